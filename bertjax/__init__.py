@@ -1,0 +1,16 @@
+"""bertjax: pretrain BERT-family encoders with JAX and Flax, from one CPU to a pod.
+
+`import bertjax` is cheap: it imports neither JAX nor TensorFlow. `bertjax.load(path)` loads a model
+for notebooks (see bertjax/api.py).
+"""
+
+__version__ = "0.1.0"
+
+
+def __getattr__(name):
+    # Lazy, so that importing the package (e.g. for the synthetic-data benchmark) pulls in nothing heavy.
+    if name == "load":
+        from bertjax.api import load
+
+        return load
+    raise AttributeError(f"module 'bertjax' has no attribute {name!r}")

@@ -1,0 +1,36 @@
+"""What the entry programs (train, summary, data.preview, ...) share: flag parsing that turns a bad
+flag or an unknown --config.key into one line that says what to change, instead of a traceback."""
+
+import sys
+
+from absl import flags
+
+
+def parse_flags(argv: list[str]) -> list[str]:
+    """absl flags_parser for app.run: like the default, but a mistake exits 2 with one clear line."""
+    try:
+        rest = flags.FLAGS(argv)
+        if "config" in flags.FLAGS:
+            # The config file is loaded lazily by ml_collections; load it now so a missing or broken
+            # file is reported here, once, and not as a traceback from deep inside the program.
+            config = flags.FLAGS["config"].value
+            if config is None:
+                _exit("--config is required, e.g. --config=configs/tiny.py")
+            config.keys()  # a stand-in for a config that failed to load raises OSError here
+        return rest
+    except OSError as e:
+        _exit(str(e).splitlines()[-1].strip() + f" (from {' '.join(a for a in argv[1:] if 'config=' in a)})")
+    except flags.Error as e:
+        _exit(str(e))
+    except (AttributeError, KeyError) as e:
+        # ml_collections reports an override of a key the config does not have this way.
+        key = str(e).strip("\"'")
+        _exit(f"unknown config key {key!r} in {' '.join(a for a in argv[1:] if key in a)}: "
+              f"check the spelling against the config file (python -m bertjax.summary prints it)")
+    except (TypeError, ValueError) as e:
+        _exit(f"bad config override: {e}")
+
+
+def _exit(message: str):
+    print(f"{sys.argv[0].rsplit('/', 1)[-1]}: error: {message}", file=sys.stderr)
+    sys.exit(2)

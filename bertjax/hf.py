@@ -1,0 +1,638 @@
+"""Hugging Face BERT checkpoints <-> bertjax params, in both directions, without torch or transformers.
+
+The whole correspondence is one table, `TABLE`: a row per Hugging Face tensor name, the bertjax param
+path it becomes and the transform between the two layouts. Both directions and the shape checks are
+driven by that table, so a name added or fixed there is right everywhere at once.
+
+Layouts differ in two ways only:
+  * torch.nn.Linear stores weight [out, in] and computes x @ W.T; flax Dense stores kernel [in, out].
+  * bertjax keeps the attention heads as their own axes (DenseGeneral kernels [H, N, D] and [N, D, H]),
+    so that the "heads" axis can be sharded; Hugging Face concatenates them head-major into one H-wide
+    axis (its view(B, S, N, D) after the projection), which is a plain reshape of ours.
+Both are exact (transposes and reshapes), so HF -> bertjax -> HF is bit-exact.
+
+Readers: model.safetensors (via safetensors.numpy), sharded safetensors (model.safetensors.index.json),
+and pytorch_model.bin (zip format, single or sharded) through a restricted unpickler that allows only
+the handful of torch classes a state dict needs, so that no torch import is needed and no code in the
+file can run.
+
+Shape legend (as in bertjax/model.py):
+  H hidden size   N attention heads   D head size H/N   F feed-forward size   V vocabulary   L layers
+  T segment (token type) vocabulary
+"""
+
+import collections
+import contextlib
+import dataclasses
+import json
+import logging
+import os
+import pickle
+import shutil
+import zipfile
+from pathlib import Path
+from typing import Any, Callable
+
+import flax.linen as nn
+import jax
+import ml_dtypes
+import numpy as np
+
+from bertjax import model as bert_model
+
+log = logging.getLogger(__name__)
+
+# --------------------------------------------------------------------------------------------------
+# Config
+# --------------------------------------------------------------------------------------------------
+
+# Hugging Face BertConfig field -> BertConfig field, with HF's own default where the field may be absent
+# (None: the field is required, because no sensible default exists).
+_CONFIG_FIELDS = (
+    ("vocab_size", "vocab_size", None),
+    ("hidden_size", "hidden_size", None),
+    ("num_hidden_layers", "num_layers", None),
+    ("num_attention_heads", "num_heads", None),
+    ("intermediate_size", "intermediate_size", None),
+    ("max_position_embeddings", "max_position_embeddings", 512),
+    ("type_vocab_size", "type_vocab_size", 2),
+    ("hidden_dropout_prob", "hidden_dropout_rate", 0.1),
+    ("attention_probs_dropout_prob", "attention_dropout_rate", 0.1),
+    ("layer_norm_eps", "layer_norm_eps", 1e-12),
+    ("initializer_range", "initializer_range", 0.02),
+)
+
+
+def config_from_hf(hf_config: dict, **overrides: Any) -> bert_model.BertConfig:
+    """A Hugging Face BERT config.json (as a dict) -> BertConfig; `overrides` set BertConfig fields.
+
+    Rejects what the bertjax network cannot reproduce rather than loading it into a subtly different
+    model: another model type (RoBERTa, for instance, offsets its positions), a non-exact GELU, or
+    relative position embeddings.
+    """
+    model_type = hf_config.get("model_type", "bert")
+    if model_type != "bert":
+        raise ValueError(f"config.json has model_type={model_type!r}: only 'bert' checkpoints can be loaded")
+    act = hf_config.get("hidden_act", "gelu")
+    if act != "gelu":
+        raise ValueError(
+            f"config.json has hidden_act={act!r}: bertjax BERT uses the exact (erf) GELU, hidden_act='gelu'"
+        )
+    position = hf_config.get("position_embedding_type", "absolute")
+    if position != "absolute":
+        raise ValueError(
+            f"config.json has position_embedding_type={position!r}: bertjax BERT has only 'absolute' "
+            "(learned) position embeddings"
+        )
+    fields = {}
+    for hf_name, name, default in _CONFIG_FIELDS:
+        if hf_name in hf_config:
+            fields[name] = hf_config[hf_name]
+        elif default is None:
+            raise ValueError(f"config.json has no {hf_name!r}, which a BERT config must give")
+        else:
+            fields[name] = default
+    known = {f.name for f in dataclasses.fields(bert_model.BertConfig)}
+    unknown = sorted(set(overrides) - known)
+    if unknown:
+        raise ValueError(f"unknown BertConfig field(s) {unknown} in the overrides: choose from {sorted(known)}")
+    if overrides.get("pre_layer_norm"):
+        # Hugging Face BERT is post-LN; the same weights in a pre-LN network compute something else.
+        raise ValueError("pre_layer_norm=True cannot be used with a Hugging Face BERT checkpoint (post-LN)")
+    fields.update(overrides)
+    return bert_model.BertConfig(**fields)
+
+
+def config_to_hf(cfg: bert_model.BertConfig) -> dict:
+    """BertConfig -> a config.json dict that transformers.BertForPreTraining reads."""
+    if cfg.pre_layer_norm:
+        raise ValueError("a pre_layer_norm=True model has no Hugging Face BERT equivalent (which is post-LN)")
+    hf = {"model_type": "bert", "architectures": ["BertForPreTraining"]}
+    for hf_name, name, _ in _CONFIG_FIELDS:
+        hf[hf_name] = getattr(cfg, name)
+    hf.update(
+        hidden_act="gelu",
+        position_embedding_type="absolute",
+        pad_token_id=0,  # BERT vocabularies put [PAD] at 0; HF uses it only to zero that row at init.
+        tie_word_embeddings=True,  # the MLM decoder is the word-embedding matrix, as in bertjax
+        # The dtype the weights are written in (save_hf_checkpoint writes the params' own dtype).
+        # transformers 5 reads "dtype", 4.x "torch_dtype".
+        dtype=cfg.param_dtype,
+        torch_dtype=cfg.param_dtype,
+    )
+    return hf
+
+
+# --------------------------------------------------------------------------------------------------
+# The table
+# --------------------------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class Transform:
+    """How one tensor changes layout; the three functions must agree (each other's inverse / shape)."""
+
+    name: str
+    # HF array, bertjax shape -> bertjax array
+    to_bertjax: Callable[[np.ndarray, tuple], np.ndarray]
+    # bertjax array -> HF array
+    to_hf: Callable[[np.ndarray], np.ndarray]
+    # bertjax shape -> the HF shape it corresponds to (for the shape checks in both directions)
+    hf_shape: Callable[[tuple], tuple]
+
+
+COPY = Transform("copy", lambda x, shape: x, lambda p: p, lambda shape: tuple(shape))
+# torch Linear weight [out, in] <-> flax Dense kernel [in, out].
+LINEAR = Transform("linear", lambda x, shape: x.T, lambda p: p.T, lambda shape: tuple(shape[::-1]))
+# q/k/v projection: Linear weight [N*D, H] <-> DenseGeneral kernel [H, N, D]. HF's heads are
+# head-major along the output axis (it views [B, S, N*D] as [B, S, N, D]), which is C order.
+QKV_KERNEL = Transform(
+    "qkv_kernel",
+    lambda x, shape: x.T.reshape(shape),  # [N*D, H] -> [H, N*D] -> [H, N, D]
+    lambda p: p.reshape(p.shape[0], -1).T,  # [H, N, D] -> [H, N*D] -> [N*D, H]
+    lambda shape: (shape[1] * shape[2], shape[0]),
+)
+# q/k/v bias [N*D] <-> [N, D].
+QKV_BIAS = Transform(
+    "qkv_bias",
+    lambda x, shape: x.reshape(shape),
+    lambda p: p.reshape(-1),
+    lambda shape: (shape[0] * shape[1],),
+)
+# Attention output: Linear weight [H, N*D] <-> DenseGeneral kernel [N, D, H] (contracting heads and D).
+ATTENTION_OUT_KERNEL = Transform(
+    "attention_out_kernel",
+    lambda x, shape: x.T.reshape(shape),  # [H, N*D] -> [N*D, H] -> [N, D, H]
+    lambda p: p.reshape(-1, p.shape[-1]).T,  # [N, D, H] -> [N*D, H] -> [H, N*D]
+    lambda shape: (shape[2], shape[0] * shape[1]),
+)
+
+_LAYER = "bert.encoder.layer.{i}."
+_BJ_LAYER = "bert/encoder/layers_{i}/"
+
+# (Hugging Face name in a BertForPreTraining state dict, bertjax param path, transform).
+# Rows with {i} are repeated for every layer. The MLM decoder weight is not a row: both sides tie it to
+# the word embeddings (see _TIED below).
+TABLE = (
+    # Embeddings: [V, H], [512, H], [T, H] tables and their LayerNorm.
+    ("bert.embeddings.word_embeddings.weight", "bert/embeddings/word_embeddings/embedding", COPY),
+    ("bert.embeddings.position_embeddings.weight", "bert/embeddings/position_embeddings/embedding", COPY),
+    ("bert.embeddings.token_type_embeddings.weight", "bert/embeddings/token_type_embeddings/embedding", COPY),
+    ("bert.embeddings.LayerNorm.weight", "bert/embeddings/layer_norm/scale", COPY),
+    ("bert.embeddings.LayerNorm.bias", "bert/embeddings/layer_norm/bias", COPY),
+    # Encoder block i: self-attention.
+    (_LAYER + "attention.self.query.weight", _BJ_LAYER + "attention/query/kernel", QKV_KERNEL),
+    (_LAYER + "attention.self.query.bias", _BJ_LAYER + "attention/query/bias", QKV_BIAS),
+    (_LAYER + "attention.self.key.weight", _BJ_LAYER + "attention/key/kernel", QKV_KERNEL),
+    (_LAYER + "attention.self.key.bias", _BJ_LAYER + "attention/key/bias", QKV_BIAS),
+    (_LAYER + "attention.self.value.weight", _BJ_LAYER + "attention/value/kernel", QKV_KERNEL),
+    (_LAYER + "attention.self.value.bias", _BJ_LAYER + "attention/value/bias", QKV_BIAS),
+    (_LAYER + "attention.output.dense.weight", _BJ_LAYER + "attention/output/kernel", ATTENTION_OUT_KERNEL),
+    (_LAYER + "attention.output.dense.bias", _BJ_LAYER + "attention/output/bias", COPY),
+    (_LAYER + "attention.output.LayerNorm.weight", _BJ_LAYER + "attention_layer_norm/scale", COPY),
+    (_LAYER + "attention.output.LayerNorm.bias", _BJ_LAYER + "attention_layer_norm/bias", COPY),
+    # Encoder block i: feed-forward H -> F -> H.
+    (_LAYER + "intermediate.dense.weight", _BJ_LAYER + "mlp/intermediate/kernel", LINEAR),
+    (_LAYER + "intermediate.dense.bias", _BJ_LAYER + "mlp/intermediate/bias", COPY),
+    (_LAYER + "output.dense.weight", _BJ_LAYER + "mlp/output/kernel", LINEAR),
+    (_LAYER + "output.dense.bias", _BJ_LAYER + "mlp/output/bias", COPY),
+    (_LAYER + "output.LayerNorm.weight", _BJ_LAYER + "mlp_layer_norm/scale", COPY),
+    (_LAYER + "output.LayerNorm.bias", _BJ_LAYER + "mlp_layer_norm/bias", COPY),
+    # Pooler: dense H -> H (tanh) on [CLS].
+    ("bert.pooler.dense.weight", "bert/pooler/kernel", LINEAR),
+    ("bert.pooler.dense.bias", "bert/pooler/bias", COPY),
+    # Masked-LM head: transform dense H -> H, GELU, LayerNorm; output bias [V] (decoder tied).
+    ("cls.predictions.transform.dense.weight", "mlm_head/transform/kernel", LINEAR),
+    ("cls.predictions.transform.dense.bias", "mlm_head/transform/bias", COPY),
+    ("cls.predictions.transform.LayerNorm.weight", "mlm_head/layer_norm/scale", COPY),
+    ("cls.predictions.transform.LayerNorm.bias", "mlm_head/layer_norm/bias", COPY),
+    ("cls.predictions.bias", "mlm_head/output_bias", COPY),
+    # Next-sentence head: dense H -> 2 on the pooled output.
+    ("cls.seq_relationship.weight", "nsp_head/kernel", LINEAR),
+    ("cls.seq_relationship.bias", "nsp_head/bias", COPY),
+)
+
+# Tensors some checkpoints carry that are copies of a table tensor (older transformers wrote the tied
+# decoder out): accepted if equal to their source, never written.
+_TIED = {
+    "cls.predictions.decoder.weight": "bert.embeddings.word_embeddings.weight",
+    "cls.predictions.decoder.bias": "cls.predictions.bias",
+}
+# Non-parameter buffers of the torch module, ignored (suffixes, so they match with or without "bert.").
+_BUFFERS = ("embeddings.position_ids", "embeddings.token_type_ids")
+# bertjax params a checkpoint may lack (BertModel checkpoints, possibly without a pooler): these are
+# freshly initialised instead. Everything else must be in the checkpoint.
+_OPTIONAL_PREFIXES = ("bert/pooler/", "mlm_head/", "nsp_head/")
+
+
+def _expanded_table(num_layers: int) -> list[tuple[str, str, Transform]]:
+    rows = []
+    for hf_name, path, transform in TABLE:
+        if "{i}" in hf_name:
+            rows.extend((hf_name.format(i=i), path.format(i=i), transform) for i in range(num_layers))
+        else:
+            rows.append((hf_name, path, transform))
+    return rows
+
+
+def _unrolled(cfg: bert_model.BertConfig) -> bert_model.BertConfig:
+    # The table speaks of layers_0 ... layers_{L-1}; the scanned layout is converted at the edges.
+    return dataclasses.replace(cfg, scan_layers=False)
+
+
+def _param_shapes(cfg: bert_model.BertConfig) -> dict[str, tuple]:
+    """bertjax param path -> shape, from the model itself (eval_shape: no memory, no FLOPs)."""
+    module = bert_model.BertForPreTraining(_unrolled(cfg))
+    variables = jax.eval_shape(module.init, jax.random.PRNGKey(0), **bert_model.dummy_batch(1, 1, 1))
+    flat = _flatten(nn.meta.unbox(variables["params"]))
+    return {path: tuple(x.shape) for path, x in flat.items()}
+
+
+def _flatten(tree: dict, prefix: str = "") -> dict[str, Any]:
+    out = {}
+    for key, value in tree.items():
+        if isinstance(value, dict) or hasattr(value, "items"):
+            out.update(_flatten(value, f"{prefix}{key}/"))
+        else:
+            out[f"{prefix}{key}"] = value
+    return out
+
+
+def _unflatten(flat: dict[str, Any]) -> dict:
+    tree: dict = {}
+    for path, value in flat.items():
+        *parents, leaf = path.split("/")
+        node = tree
+        for name in parents:
+            node = node.setdefault(name, {})
+        node[leaf] = value
+    return tree
+
+
+def _check_float(name: str, x: np.ndarray):
+    if not (x.dtype.kind == "f" or x.dtype == ml_dtypes.bfloat16):
+        raise ValueError(f"HF tensor {name!r} has dtype {x.dtype}, expected a floating-point tensor")
+
+
+def _canonical_names(state: dict[str, np.ndarray]) -> dict[str, str]:
+    """Canonical (BertForPreTraining, LayerNorm.weight/bias) name -> the name used in this checkpoint.
+
+    BertModel checkpoints have no "bert." prefix; checkpoints converted from TensorFlow long ago name
+    the LayerNorm parameters gamma/beta.
+    """
+    canonical = {}
+    for name in state:
+        new = name
+        if not new.startswith(("bert.", "cls.")):
+            new = "bert." + new
+        if ".LayerNorm.gamma" in new or ".LayerNorm.beta" in new:
+            new = new.replace(".LayerNorm.gamma", ".LayerNorm.weight").replace(".LayerNorm.beta", ".LayerNorm.bias")
+        if new in canonical:
+            raise ValueError(f"HF tensors {canonical[new]!r} and {name!r} are the same parameter under two names")
+        canonical[new] = name
+    return canonical
+
+
+# --------------------------------------------------------------------------------------------------
+# The table-driven core
+# --------------------------------------------------------------------------------------------------
+
+
+def hf_to_params(state: dict[str, np.ndarray], cfg: bert_model.BertConfig, seed: int = 0):
+    """A Hugging Face BERT state dict (name -> numpy array) -> (bertjax params, missing).
+
+    params: the plain nested dict of BertForPreTraining params in cfg.param_dtype, in the layout
+    cfg.scan_layers asks for. missing: the bertjax param paths that were not in the checkpoint (pooler
+    and heads of a BertModel checkpoint); those keep a fresh initialisation from `seed`.
+    Every tensor's shape is checked against the config; a mismatch raises ValueError naming it.
+    """
+    shapes = _param_shapes(cfg)
+    names = _canonical_names(state)
+    param_dtype = np.dtype(cfg.param_dtype)
+    flat: dict[str, np.ndarray] = {}
+    used = set()
+    for hf_name, path, transform in _expanded_table(cfg.num_layers):
+        if hf_name not in names:
+            continue
+        source = names[hf_name]
+        x = state[source]
+        expected = transform.hf_shape(shapes[path])
+        if tuple(x.shape) != expected:
+            raise ValueError(
+                f"HF tensor {source!r}: the config implies shape {expected}, the checkpoint has {tuple(x.shape)}"
+            )
+        _check_float(source, x)
+        # np.array copies: the result owns its memory (not a view into a file buffer) in param_dtype.
+        flat[path] = np.array(transform.to_bertjax(np.asarray(x), shapes[path]), dtype=param_dtype)
+        used.add(hf_name)
+
+    for tied, source_name in _TIED.items():
+        if tied in names:
+            x, source = state[names[tied]], state.get(names.get(source_name, ""))
+            if source is None or x.shape != source.shape or not np.array_equal(x, source):
+                raise ValueError(
+                    f"HF tensor {names[tied]!r} is not equal to {source_name!r}: bertjax ties the masked-LM "
+                    "decoder to the word embeddings (and its bias to cls.predictions.bias), so an untied "
+                    "checkpoint cannot be loaded exactly"
+                )
+            used.add(tied)
+
+    unexpected = sorted(
+        names[n] for n in names if n not in used and not n.endswith(_BUFFERS)
+    )
+    if unexpected:
+        # E.g. the classifier of a fine-tuned BertForSequenceClassification: not part of pretraining.
+        log.warning("ignoring %d tensor(s) that BertForPreTraining does not have: %s", len(unexpected), unexpected)
+
+    missing = [path for path in shapes if path not in flat]
+    required = [p for p in missing if not p.startswith(_OPTIONAL_PREFIXES)]
+    if required:
+        hf_names = {path: hf_name for hf_name, path, _ in _expanded_table(cfg.num_layers)}
+        raise ValueError(
+            f"the checkpoint lacks {len(required)} encoder tensor(s), e.g. {hf_names[required[0]]!r} "
+            f"(for {required[0]}): is it a BERT checkpoint with num_hidden_layers={cfg.num_layers}?"
+        )
+    if missing:
+        log.warning("not in the checkpoint, freshly initialised: %s", missing)
+        flat.update(_fresh_params(cfg, missing, seed))
+
+    params = _unflatten(flat)
+    if cfg.scan_layers:
+        params = _stack(params, cfg)
+    return params, missing
+
+
+def _on_host():
+    """Where host-side jax work goes: the CPU device, where the CPU backend exists (it may be switched
+    off with JAX_PLATFORMS); otherwise the default device."""
+    try:
+        return jax.default_device(jax.devices("cpu")[0])
+    except RuntimeError:
+        return contextlib.nullcontext()
+
+
+def _fresh_params(cfg: bert_model.BertConfig, paths: list[str], seed: int) -> dict[str, np.ndarray]:
+    """Fresh values for the given param paths, as BertForPreTraining.init would draw them."""
+    module = bert_model.BertForPreTraining(_unrolled(cfg))
+
+    def init(key):
+        flat = _flatten(nn.meta.unbox(module.init(key, **bert_model.dummy_batch(1, 1, 1))["params"]))
+        # Returning only the wanted leaves lets XLA drop the initialisation of everything else (the
+        # encoder, which the checkpoint did provide).
+        return {path: flat[path] for path in paths}
+
+    with _on_host():
+        fresh = jax.jit(init)(jax.random.PRNGKey(seed))
+    return {path: np.asarray(x) for path, x in fresh.items()}
+
+
+def _stack(params: dict, cfg: bert_model.BertConfig) -> dict:
+    # Stacked on the host: the result is a host tree like the unrolled one, whatever the default device.
+    with _on_host():
+        encoder = bert_model.stack_layers(params["bert"]["encoder"], cfg.num_layers)
+        encoder = jax.tree_util.tree_map(np.asarray, encoder)
+    return {**params, "bert": {**params["bert"], "encoder": encoder}}
+
+
+def params_to_hf(params: dict, cfg: bert_model.BertConfig) -> dict[str, np.ndarray]:
+    """bertjax BertForPreTraining params (boxed or plain, unrolled or scanned) -> HF state dict.
+
+    Names are those of transformers.BertForPreTraining; the tied decoder weight/bias are not written
+    (transformers ties them on load, as its own save_pretrained does).
+    """
+    params = nn.meta.unbox(params)
+    if set(params) == {"params"}:  # a whole variables dict
+        params = params["params"]
+    encoder = params["bert"]["encoder"]
+    if "layers" in encoder:  # scanned layout: back to layers_0 ... layers_{L-1}
+        encoder = bert_model.unstack_layers(encoder, cfg.num_layers)
+        params = {**params, "bert": {**params["bert"], "encoder": encoder}}
+    flat = _flatten(params)
+    shapes = _param_shapes(cfg)
+    rows = _expanded_table(cfg.num_layers)
+    unmapped = sorted(set(flat) - {path for _, path, _ in rows})
+    if unmapped:
+        raise ValueError(f"bertjax params with no Hugging Face name: {unmapped} (pre_layer_norm models have none)")
+    state = {}
+    for hf_name, path, transform in rows:
+        if path not in flat:
+            raise ValueError(f"bertjax param {path} is missing from the params being exported")
+        p = np.asarray(flat[path])
+        if tuple(p.shape) != shapes[path]:
+            raise ValueError(f"bertjax param {path}: the config implies shape {shapes[path]}, found {tuple(p.shape)}")
+        # Contiguous, because safetensors writes the raw buffer.
+        state[hf_name] = np.ascontiguousarray(transform.to_hf(p))
+    return state
+
+
+# --------------------------------------------------------------------------------------------------
+# Reading weight files
+# --------------------------------------------------------------------------------------------------
+
+# torch storage class -> numpy dtype of its elements.
+_TORCH_STORAGES = {
+    "FloatStorage": np.float32,
+    "DoubleStorage": np.float64,
+    "HalfStorage": np.float16,
+    "BFloat16Storage": ml_dtypes.bfloat16,
+    "LongStorage": np.int64,  # buffers such as position_ids
+    "IntStorage": np.int32,
+    "ShortStorage": np.int16,
+    "CharStorage": np.int8,
+    "ByteStorage": np.uint8,
+    "BoolStorage": np.bool_,
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class _StorageType:
+    """Stands in for torch.FloatStorage & co. in the pickle: all we need of it is the dtype."""
+
+    dtype: np.dtype
+
+
+def _rebuild_tensor_v2(storage, storage_offset, size, stride, requires_grad=False, backward_hooks=None, metadata=None):
+    """torch._utils._rebuild_tensor_v2 for numpy: a (possibly strided) view of a 1-D storage."""
+    size, stride = tuple(size), tuple(stride)
+    if any(n == 0 for n in size):
+        return np.zeros(size, storage.dtype)
+    # Bounds check before as_strided, which would otherwise read whatever memory lies beyond.
+    last = storage_offset + sum((n - 1) * s for n, s in zip(size, stride))
+    if storage_offset < 0 or min(stride, default=0) < 0 or last >= storage.size:
+        raise ValueError(f"corrupt tensor in pytorch checkpoint: size {size}, stride {stride} beyond its storage")
+    view = np.lib.stride_tricks.as_strided(
+        storage[storage_offset:], shape=size, strides=[s * storage.itemsize for s in stride], writeable=False
+    )
+    return np.ascontiguousarray(view)
+
+
+def _rebuild_parameter(data, requires_grad=False, backward_hooks=None):
+    return data  # an nn.Parameter is its tensor, for our purposes
+
+
+class _RestrictedTorchUnpickler(pickle.Unpickler):
+    """Unpickles a torch.save'd state dict into numpy arrays, refusing every class but a state dict's.
+
+    A pickle can call any importable function; allowing only these few makes loading a downloaded
+    pytorch_model.bin as safe as reading a safetensors file.
+    """
+
+    _ALLOWED = {
+        ("torch._utils", "_rebuild_tensor_v2"): _rebuild_tensor_v2,
+        ("torch._utils", "_rebuild_parameter"): _rebuild_parameter,
+        ("collections", "OrderedDict"): collections.OrderedDict,
+    }
+
+    def __init__(self, file, archive: zipfile.ZipFile, root: str, byteorder: str):
+        super().__init__(file)
+        self._archive, self._root, self._byteorder = archive, root, byteorder
+        self._storages: dict[str, np.ndarray] = {}
+
+    def find_class(self, module, name):
+        if (module, name) in self._ALLOWED:
+            return self._ALLOWED[(module, name)]
+        if module == "torch" and name in _TORCH_STORAGES:
+            return _StorageType(np.dtype(_TORCH_STORAGES[name]))
+        raise pickle.UnpicklingError(
+            f"pytorch checkpoint refers to {module}.{name}, which a plain state dict does not contain: "
+            "refusing to load it (re-save the weights as safetensors)"
+        )
+
+    def persistent_load(self, pid):
+        # pid = ("storage", storage type, key, location, numel); the bytes live in <root>/data/<key>.
+        if not (isinstance(pid, tuple) and len(pid) == 5 and pid[0] == "storage"):
+            raise pickle.UnpicklingError(f"unsupported persistent id in pytorch checkpoint: {pid!r}")
+        _, storage_type, key, _, numel = pid
+        if not isinstance(storage_type, _StorageType):
+            raise pickle.UnpicklingError(f"unsupported storage type in pytorch checkpoint: {storage_type!r}")
+        if key not in self._storages:
+            raw = self._archive.read(f"{self._root}/data/{key}")
+            dtype = storage_type.dtype.newbyteorder("<" if self._byteorder == "little" else ">")
+            storage = np.frombuffer(raw, dtype=dtype)  # a read-only view of the bytes
+            if storage.size < numel:
+                raise ValueError(f"pytorch checkpoint storage {key} holds {storage.size} elements, expected {numel}")
+            self._storages[key] = storage.astype(storage_type.dtype, copy=False)  # native order
+        return self._storages[key]
+
+
+def read_torch_state_dict(path: str | os.PathLike) -> dict[str, np.ndarray]:
+    """A torch.save'd state dict (zip format, torch >= 1.6) -> name -> numpy array, without torch."""
+    path = Path(path)
+    if not zipfile.is_zipfile(path):
+        raise ValueError(
+            f"{path} is not a zip-format PyTorch checkpoint (legacy torch < 1.6 format?): re-save it with a "
+            "recent torch (torch.save(torch.load(f), f)) or as safetensors (model.save_pretrained(dir))"
+        )
+    with zipfile.ZipFile(path) as archive:
+        pickles = [n for n in archive.namelist() if n.endswith("/data.pkl") and n.count("/") == 1]
+        if len(pickles) != 1:
+            raise ValueError(f"{path}: expected one <root>/data.pkl in the zip, found {pickles}")
+        root = pickles[0].split("/")[0]
+        byteorder = "little"
+        if f"{root}/byteorder" in archive.namelist():
+            byteorder = archive.read(f"{root}/byteorder").decode().strip()
+        with archive.open(pickles[0]) as f:
+            state = _RestrictedTorchUnpickler(f, archive, root, byteorder).load()
+    if not isinstance(state, dict):
+        raise ValueError(f"{path} does not hold a state dict (name -> tensor) but a {type(state).__name__}")
+    if "state_dict" in state and isinstance(state["state_dict"], dict):  # a training checkpoint wrapper
+        state = state["state_dict"]
+    return {name: value for name, value in state.items() if isinstance(value, np.ndarray)}
+
+
+def _read_safetensors(path: Path) -> dict[str, np.ndarray]:
+    import safetensors.numpy  # numpy flavour: no torch
+
+    return safetensors.numpy.load_file(str(path))
+
+
+# Weight files in the order transformers prefers them: (file name or shard index, reader of one file).
+_WEIGHT_FILES = (
+    ("model.safetensors", _read_safetensors),
+    ("model.safetensors.index.json", _read_safetensors),
+    ("pytorch_model.bin", read_torch_state_dict),
+    ("pytorch_model.bin.index.json", read_torch_state_dict),
+)
+
+
+def find_weights(directory: str | os.PathLike) -> Path | None:
+    """The weight file (or shard index) transformers would load from this directory, or None."""
+    for name, _ in _WEIGHT_FILES:
+        if (Path(directory) / name).is_file():
+            return Path(directory) / name
+    return None
+
+
+def read_hf_weights(directory: str | os.PathLike) -> dict[str, np.ndarray]:
+    """All tensors of a Hugging Face model directory (single or sharded safetensors / pytorch .bin)."""
+    directory = Path(directory)
+    path = find_weights(directory)
+    if path is None:
+        raise ValueError(
+            f"{directory} has no weights: expected one of {[name for name, _ in _WEIGHT_FILES]}"
+        )
+    reader = dict(_WEIGHT_FILES)[path.name]
+    if not path.name.endswith(".index.json"):
+        return reader(path)
+    # Sharded: the index maps every tensor name to its shard file.
+    weight_map = json.loads(path.read_text())["weight_map"]
+    state = {}
+    for shard in sorted(set(weight_map.values())):
+        state.update(reader(directory / shard))
+    absent = sorted(set(weight_map) - set(state))
+    if absent:
+        raise ValueError(f"{path} lists tensors that are in none of its shards, e.g. {absent[:3]}")
+    return state
+
+
+# --------------------------------------------------------------------------------------------------
+# Directories
+# --------------------------------------------------------------------------------------------------
+
+
+def load_hf_checkpoint(path: str | os.PathLike, model_config_overrides: dict | None = None):
+    """A Hugging Face BERT directory -> (BertConfig, params, missing).
+
+    params are the plain BertForPreTraining params (unrolled, or stacked when the overrides set
+    scan_layers=True); missing lists the bertjax params the checkpoint did not have (heads of a BertModel
+    checkpoint), which are freshly initialised. model_config_overrides set BertConfig fields that the
+    checkpoint does not fix (dtype, dropout, scan_layers, remat_policy, ...).
+    """
+    path = Path(path)
+    if not (path / "config.json").is_file():
+        raise ValueError(f"{path} is not a Hugging Face model directory: it has no config.json")
+    cfg = config_from_hf(json.loads((path / "config.json").read_text()), **(model_config_overrides or {}))
+    params, missing = hf_to_params(read_hf_weights(path), cfg)
+    return cfg, params, missing
+
+
+def save_hf_checkpoint(path: str | os.PathLike, cfg: bert_model.BertConfig, params: dict,
+                       vocab_path: str | os.PathLike | None = None, lower_case: bool = True):
+    """Write a directory that transformers.BertForPreTraining.from_pretrained(path) loads.
+
+    config.json, model.safetensors (the params' own dtype, BertForPreTraining names, tied decoder left
+    out as transformers does itself) and, given a vocabulary, vocab.txt plus a tokenizer_config.json
+    so that AutoTokenizer.from_pretrained(path) works too.
+    """
+    import safetensors.numpy
+
+    path = Path(path)
+    path.mkdir(parents=True, exist_ok=True)
+    state = params_to_hf(params, cfg)
+    hf_config = config_to_hf(cfg)
+    dtypes = {str(x.dtype) for x in state.values()}
+    if len(dtypes) == 1:  # say what was written, so that transformers loads it in that dtype
+        hf_config["dtype"] = hf_config["torch_dtype"] = dtypes.pop()
+    # "format": "pt" is the metadata transformers' own files carry.
+    safetensors.numpy.save_file(state, str(path / "model.safetensors"), metadata={"format": "pt"})
+    (path / "config.json").write_text(json.dumps(hf_config, indent=2, sort_keys=True) + "\n")
+    if vocab_path is not None:
+        if Path(vocab_path).resolve() != (path / "vocab.txt").resolve():
+            shutil.copyfile(vocab_path, path / "vocab.txt")
+        tokenizer_config = {
+            "tokenizer_class": "BertTokenizer",
+            "do_lower_case": lower_case,
+            "model_max_length": cfg.max_position_embeddings,
+        }
+        (path / "tokenizer_config.json").write_text(json.dumps(tokenizer_config, indent=2) + "\n")
+    log.info("wrote Hugging Face checkpoint %s (%d tensors)", path, len(state))

@@ -1,0 +1,471 @@
+"""The BERT encoder with its pretraining heads (masked LM and next sentence), in Flax linen.
+
+Faithful to Devlin et al. 2018 and the original TensorFlow release: summed token + segment + learned
+position embeddings with LayerNorm (eps 1e-12), post-LN Transformer blocks with exact (erf) GELU, a tanh
+pooler on [CLS], and a masked-LM head whose decoder is the transposed word-embedding matrix plus a bias,
+evaluated only at the gathered masked positions.
+
+Every parameter carries logical axis names and the key activations carry logical constraints; the
+config's one rules table (configs/common.py) maps them onto the mesh axes (data, fsdp, tensor).
+
+Shape legend:
+  B batch           S sequence length      H hidden size          N attention heads
+  D head size H/N   F feed-forward size    P masked-LM predictions per sequence (max_predictions_per_seq)
+  V vocabulary      L layers               T segment (token type) vocabulary
+"""
+
+import dataclasses
+from typing import Any
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+# (layers, hidden) of the published BERT sizes; heads = hidden / 64, feed-forward = 4 * hidden.
+# tiny, mini, small, medium: Turc et al. 2019, "Well-Read Students Learn Better" (Table 6 grid).
+# base, large: Devlin et al. 2018, "BERT: Pre-training of Deep Bidirectional Transformers".
+SIZES = {
+    "tiny": (2, 128),
+    "mini": (4, 256),
+    "small": (4, 512),
+    "medium": (8, 512),
+    "base": (12, 768),
+    "large": (24, 1024),
+}
+
+# Logical axis names used below. Parameters: vocab, embed, mlp, heads, kv, layers (scan axis).
+# Activations: batch, length, hidden, heads, mlp, vocab. The hidden size of activations is named
+# "hidden" rather than "embed" so that FSDP can shard parameters over "embed" while the batch of the
+# activations takes the same mesh axis.
+
+# Activation-rematerialisation policies for nn.remat, by config name.
+REMAT_POLICIES = {
+    "none": None,
+    # Save nothing: recompute the whole block in the backward pass (least memory).
+    "full": jax.checkpoint_policies.nothing_saveable,
+    # Save every matmul output: recompute only the cheap element-wise work.
+    "dots": jax.checkpoint_policies.checkpoint_dots,
+    # Save matmul outputs without batch dimensions (the dense layers), recompute attention scores.
+    "dots_no_batch": jax.checkpoint_policies.dots_with_no_batch_dims_saveable,
+}
+
+ATTENTION_IMPLS = ("xla", "cudnn")
+
+
+@dataclasses.dataclass(frozen=True)
+class BertConfig:
+    """Everything that defines the network. Hashable, so it can be a static jit argument."""
+
+    vocab_size: int = 30522
+    hidden_size: int = 768
+    num_layers: int = 12
+    num_heads: int = 12
+    intermediate_size: int = 3072
+    max_position_embeddings: int = 512
+    type_vocab_size: int = 2
+    hidden_dropout_rate: float = 0.1
+    attention_dropout_rate: float = 0.1
+    layer_norm_eps: float = 1e-12
+    initializer_range: float = 0.02
+    dtype: str = "float32"  # compute dtype of matmuls and activations ("bfloat16" on accelerators)
+    param_dtype: str = "float32"  # storage dtype of the parameters (and so of the optimizer state)
+    attention_impl: str = "xla"  # "xla" or "cudnn" (flash attention on NVIDIA GPUs)
+    remat_policy: str = "none"  # a key of REMAT_POLICIES
+    scan_layers: bool = False  # nn.scan over the blocks: one compiled block, params stacked on "layers"
+    pre_layer_norm: bool = False  # LayerNorm before each sub-layer plus a final one (not original BERT)
+
+    def __post_init__(self):
+        if self.hidden_size % self.num_heads:
+            raise ValueError(
+                f"model.hidden_size={self.hidden_size} is not divisible by model.num_heads={self.num_heads}"
+            )
+        if self.attention_impl not in ATTENTION_IMPLS:
+            raise ValueError(f"model.attention_impl={self.attention_impl!r}: choose one of {ATTENTION_IMPLS}")
+        if self.attention_impl == "cudnn" and self.attention_dropout_rate > 0:
+            raise ValueError(
+                "model.attention_impl='cudnn' has no attention-probability dropout in "
+                "jax.nn.dot_product_attention: set model.attention_dropout_rate=0.0 or model.attention_impl='xla'"
+            )
+        if self.remat_policy not in REMAT_POLICIES:
+            raise ValueError(f"model.remat_policy={self.remat_policy!r}: choose one of {sorted(REMAT_POLICIES)}")
+        for name in ("dtype", "param_dtype"):
+            jnp.dtype(getattr(self, name))  # raises on an unknown dtype name
+
+    @classmethod
+    def from_size(cls, size: str, **overrides: Any) -> "BertConfig":
+        if size not in SIZES:
+            raise ValueError(f"model size {size!r} is unknown: choose one of {list(SIZES)}")
+        layers, hidden = SIZES[size]
+        fields = dict(num_layers=layers, hidden_size=hidden, num_heads=hidden // 64, intermediate_size=4 * hidden)
+        fields.update(overrides)
+        return cls(**fields)
+
+    @classmethod
+    def from_dict(cls, fields: dict) -> "BertConfig":
+        """From the config's model section; an unknown key is an error, not silently ignored."""
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(fields) - known)
+        if unknown:
+            raise ValueError(f"unknown model config key(s) {unknown}: valid keys are {sorted(known)}")
+        return cls(**dict(fields))
+
+    @property
+    def head_dim(self) -> int:
+        return self.hidden_size // self.num_heads
+
+
+def bert_init(stddev: float):
+    """BERT's initializer: normal(0, stddev) cut at two standard deviations (tf.truncated_normal).
+
+    jax.nn.initializers.truncated_normal rescales so that the *truncated* distribution has `stddev`;
+    the original does not, so we draw the unit truncated normal and scale it ourselves.
+    """
+
+    def init(key, shape, dtype=jnp.float32):
+        return stddev * jax.random.truncated_normal(key, -2.0, 2.0, shape, dtype)
+
+    return init
+
+
+def _kernel(cfg: BertConfig, names):
+    return nn.with_logical_partitioning(bert_init(cfg.initializer_range), names)
+
+
+def _zeros(names):
+    return nn.with_logical_partitioning(nn.initializers.zeros_init(), names)
+
+
+def _layer_norm(cfg: BertConfig, name: str) -> nn.LayerNorm:
+    return nn.LayerNorm(
+        epsilon=cfg.layer_norm_eps,
+        dtype=cfg.dtype,
+        param_dtype=cfg.param_dtype,
+        # The exact two-pass variance, as BERT computes it; E[x^2]-E[x]^2 loses digits.
+        use_fast_variance=False,
+        scale_init=nn.with_logical_partitioning(nn.initializers.ones_init(), ("embed",)),
+        bias_init=_zeros(("embed",)),
+        name=name,
+    )
+
+
+def _dense(cfg: BertConfig, features: int, names, name: str) -> nn.Dense:
+    return nn.Dense(
+        features,
+        dtype=cfg.dtype,
+        param_dtype=cfg.param_dtype,
+        kernel_init=_kernel(cfg, names),
+        bias_init=_zeros(names[-1:]),
+        name=name,
+    )
+
+
+class Embeddings(nn.Module):
+    """Token + segment + learned position embeddings, summed, LayerNorm, dropout."""
+
+    config: BertConfig
+
+    def setup(self):
+        cfg = self.config
+        embed = lambda n, names: nn.Embed(  # noqa: E731
+            n,
+            cfg.hidden_size,
+            dtype=cfg.dtype,
+            param_dtype=cfg.param_dtype,
+            embedding_init=_kernel(cfg, names),
+        )
+        self.word_embeddings = embed(cfg.vocab_size, ("vocab", "embed"))
+        self.position_embeddings = embed(cfg.max_position_embeddings, (None, "embed"))
+        self.token_type_embeddings = embed(cfg.type_vocab_size, (None, "embed"))
+        self.layer_norm = _layer_norm(cfg, "layer_norm")
+        self.dropout = nn.Dropout(cfg.hidden_dropout_rate)
+
+    def __call__(self, input_ids, segment_ids, deterministic: bool):
+        # input_ids, segment_ids: [B, S] int
+        seq_len = input_ids.shape[1]
+        if seq_len > self.config.max_position_embeddings:
+            raise ValueError(
+                f"sequence length {seq_len} exceeds model.max_position_embeddings="
+                f"{self.config.max_position_embeddings}: shorten data.max_seq_length"
+            )
+        x = self.word_embeddings(input_ids)  # [B, S, H]
+        x = x + self.position_embeddings(jnp.arange(seq_len)[None, :])  # [1, S, H] broadcast over B
+        x = x + self.token_type_embeddings(segment_ids)
+        x = self.layer_norm(x)
+        x = self.dropout(x, deterministic=deterministic)
+        return nn.with_logical_constraint(x, ("batch", "length", "hidden"))
+
+    def word_embedding_table(self):
+        return self.word_embeddings.embedding  # [V, H]
+
+
+class HeadProjection(nn.Module):
+    """A dense layer whose kernel keeps the head axes apart: [H, N, D] for q/k/v, [N, D, H] for the output.
+
+    Written as an einsum rather than nn.DenseGeneral, which initialises a flattened 2-D kernel and so
+    cannot carry the 3-axis logical names through a sharded init.
+    """
+
+    config: BertConfig
+    kernel_shape: tuple
+    kernel_names: tuple
+    bias_rank: int  # the bias covers the last bias_rank axes of the kernel (the output features)
+    equation: str
+
+    @nn.compact
+    def __call__(self, x):
+        cfg = self.config
+        kernel = self.param("kernel", _kernel(cfg, self.kernel_names), self.kernel_shape, cfg.param_dtype)
+        bias = self.param(
+            "bias", _zeros(self.kernel_names[-self.bias_rank:]), self.kernel_shape[-self.bias_rank:], cfg.param_dtype
+        )
+        x, kernel, bias = nn.dtypes.promote_dtype(x, kernel, bias, dtype=cfg.dtype)
+        return jnp.einsum(self.equation, x, kernel) + bias
+
+
+class SelfAttention(nn.Module):
+    """Multi-head self-attention with a padding mask and an output projection."""
+
+    config: BertConfig
+    deterministic: bool
+
+    @nn.compact
+    def __call__(self, x, mask):
+        # x: [B, S, H]; mask: [B, 1, 1, S] bool, True where a key position may be attended to.
+        cfg = self.config
+
+        def project(name):
+            return HeadProjection(
+                cfg, (cfg.hidden_size, cfg.num_heads, cfg.head_dim), ("embed", "heads", "kv"), 2,
+                "bsh,hnd->bsnd", name=name,
+            )(x)
+
+        q, k, v = project("query"), project("key"), project("value")  # each [B, S, N, D]
+        q = nn.with_logical_constraint(q, ("batch", "length", "heads", "kv"))
+        k = nn.with_logical_constraint(k, ("batch", "length", "heads", "kv"))
+        v = nn.with_logical_constraint(v, ("batch", "length", "heads", "kv"))
+
+        if self.deterministic or cfg.attention_dropout_rate == 0.0:
+            context = jax.nn.dot_product_attention(q, k, v, mask=mask, implementation=cfg.attention_impl)
+        else:
+            # jax.nn.dot_product_attention has no dropout on the attention probabilities, which BERT
+            # trains with (rate 0.1); this is the same computation with the dropout in the middle.
+            logits = jnp.einsum("bqnd,bknd->bnqk", q, k, preferred_element_type=jnp.float32)  # [B, N, S, S]
+            logits = logits / np.sqrt(cfg.head_dim).astype(np.float32)
+            logits = jnp.where(mask, logits, jnp.finfo(jnp.float32).min)
+            probs = jax.nn.softmax(logits, axis=-1).astype(cfg.dtype)
+            probs = nn.Dropout(cfg.attention_dropout_rate)(probs, deterministic=False)
+            context = jnp.einsum("bnqk,bknd->bqnd", probs, v)  # [B, S, N, D]
+        context = nn.with_logical_constraint(context, ("batch", "length", "heads", "kv"))
+
+        out = HeadProjection(
+            cfg, (cfg.num_heads, cfg.head_dim, cfg.hidden_size), ("heads", "kv", "embed"), 1,
+            "bsnd,ndh->bsh", name="output",
+        )(context)  # [B, S, H]
+        return nn.with_logical_constraint(out, ("batch", "length", "hidden"))
+
+
+class FeedForward(nn.Module):
+    """Dense H->F, exact GELU, dense F->H."""
+
+    config: BertConfig
+
+    @nn.compact
+    def __call__(self, x):
+        cfg = self.config
+        h = _dense(cfg, cfg.intermediate_size, ("embed", "mlp"), "intermediate")(x)  # [B, S, F]
+        # BERT's GELU is the exact erf form, not the tanh approximation.
+        h = nn.gelu(h, approximate=False)
+        h = nn.with_logical_constraint(h, ("batch", "length", "mlp"))
+        h = _dense(cfg, cfg.hidden_size, ("mlp", "embed"), "output")(h)  # [B, S, H]
+        return nn.with_logical_constraint(h, ("batch", "length", "hidden"))
+
+
+class TransformerBlock(nn.Module):
+    """One encoder block. Post-LN as in BERT: x = LN(x + Dropout(SubLayer(x))).
+
+    Returns (x, x or None) so that nn.scan can stack the per-layer outputs when they are wanted.
+    """
+
+    config: BertConfig
+    deterministic: bool
+    output_hidden_states: bool = False
+
+    @nn.compact
+    def __call__(self, x, mask):
+        cfg = self.config
+        attention = SelfAttention(cfg, self.deterministic, name="attention")
+        feed_forward = FeedForward(cfg, name="mlp")
+        attention_norm = _layer_norm(cfg, "attention_layer_norm")
+        mlp_norm = _layer_norm(cfg, "mlp_layer_norm")
+        dropout = nn.Dropout(cfg.hidden_dropout_rate)
+        if cfg.pre_layer_norm:
+            x = x + dropout(attention(attention_norm(x), mask), deterministic=self.deterministic)
+            x = x + dropout(feed_forward(mlp_norm(x)), deterministic=self.deterministic)
+        else:
+            x = attention_norm(x + dropout(attention(x, mask), deterministic=self.deterministic))
+            x = mlp_norm(x + dropout(feed_forward(x), deterministic=self.deterministic))
+        x = nn.with_logical_constraint(x, ("batch", "length", "hidden"))
+        return x, (x if self.output_hidden_states else None)
+
+
+class Encoder(nn.Module):
+    """L blocks, either unrolled (params layers_0 ... layers_{L-1}) or scanned (params stacked on axis 0)."""
+
+    config: BertConfig
+
+    @nn.compact
+    def __call__(self, x, mask, deterministic: bool, output_hidden_states: bool = False):
+        cfg = self.config
+        block = TransformerBlock
+        if cfg.remat_policy != "none":
+            # Under scan, CSE across iterations cannot happen, so prevent_cse (which costs speed) is off.
+            block = nn.remat(block, policy=REMAT_POLICIES[cfg.remat_policy], prevent_cse=not cfg.scan_layers)
+        if cfg.scan_layers:
+            stack = nn.scan(
+                block,
+                variable_axes={"params": 0},
+                split_rngs={"params": True, "dropout": True},
+                in_axes=nn.broadcast,
+                length=cfg.num_layers,
+                metadata_params={nn.PARTITION_NAME: "layers"},
+            )
+            x, per_layer = stack(cfg, deterministic, output_hidden_states, name="layers")(x, mask)
+            layer_outputs = list(per_layer) if output_hidden_states else []  # L x [B, S, H]
+        else:
+            layer_outputs = []
+            for i in range(cfg.num_layers):
+                x, out = block(cfg, deterministic, output_hidden_states, name=f"layers_{i}")(x, mask)
+                layer_outputs.append(out)
+        if cfg.pre_layer_norm:
+            x = _layer_norm(cfg, "final_layer_norm")(x)
+        return x, layer_outputs
+
+
+class BertModel(nn.Module):
+    """Embeddings + encoder + tanh pooler on [CLS]: what BertModel is in every BERT implementation."""
+
+    config: BertConfig
+
+    def setup(self):
+        cfg = self.config
+        self.embeddings = Embeddings(cfg)
+        self.encoder = Encoder(cfg)
+        self.pooler = _dense(cfg, cfg.hidden_size, ("embed", None), "pooler")
+
+    def __call__(self, input_ids, segment_ids, input_mask, deterministic: bool = True,
+                 output_hidden_states: bool = False):
+        # input_ids, segment_ids, input_mask: [B, S] int; input_mask is 1 at real tokens, 0 at padding.
+        x = self.embeddings(input_ids, segment_ids, deterministic)  # [B, S, H]
+        mask = (input_mask > 0)[:, None, None, :]  # [B, 1, 1, S]
+        sequence_output, layer_outputs = self.encoder(x, mask, deterministic, output_hidden_states)
+        pooled_output = jnp.tanh(self.pooler(sequence_output[:, 0]))  # [B, H]
+        outputs = {"sequence_output": sequence_output, "pooled_output": pooled_output}
+        if output_hidden_states:
+            outputs["hidden_states"] = [x] + layer_outputs  # L+1 x [B, S, H], embeddings first
+        return outputs
+
+    def word_embedding_table(self):
+        return self.embeddings.word_embedding_table()
+
+
+class MaskedLMHead(nn.Module):
+    """Dense H->H, GELU, LayerNorm, then the tied word-embedding decoder plus a per-token bias."""
+
+    config: BertConfig
+
+    @nn.compact
+    def __call__(self, x, word_embeddings):
+        # x: [B, P, H] hidden states at the masked positions; word_embeddings: [V, H]
+        cfg = self.config
+        x = _dense(cfg, cfg.hidden_size, ("embed", None), "transform")(x)
+        x = nn.gelu(x, approximate=False)
+        x = _layer_norm(cfg, "layer_norm")(x)
+        # Accumulate in float32: the softmax over V = 30k entries is where bf16 loses most.
+        logits = jnp.einsum(
+            "bph,vh->bpv", x, word_embeddings.astype(cfg.dtype), preferred_element_type=jnp.float32
+        )  # [B, P, V]
+        bias = self.param("output_bias", _zeros(("vocab",)), (cfg.vocab_size,), cfg.param_dtype)
+        logits = logits + bias.astype(jnp.float32)
+        return nn.with_logical_constraint(logits, ("batch", None, "vocab"))
+
+
+class BertForPreTraining(nn.Module):
+    """BertModel with the masked-LM head (at gathered positions) and the next-sentence head."""
+
+    config: BertConfig
+
+    def setup(self):
+        cfg = self.config
+        self.bert = BertModel(cfg)
+        self.mlm_head = MaskedLMHead(cfg)
+        self.nsp_head = _dense(cfg, 2, ("embed", None), "nsp_head")
+
+    def __call__(self, input_ids, segment_ids, input_mask, masked_lm_positions, deterministic: bool = True):
+        # masked_lm_positions: [B, P] int, padded with 0 where there are fewer predictions (weight 0).
+        outputs = self.bert(input_ids, segment_ids, input_mask, deterministic)
+        sequence_output = outputs["sequence_output"]  # [B, S, H]
+        # Only the P gathered positions go through the head: V-wide logits at every one of S positions
+        # would cost (S/P) times more in the largest matmul of the model.
+        gathered = jnp.take_along_axis(sequence_output, masked_lm_positions[..., None], axis=1)  # [B, P, H]
+        outputs["mlm_logits"] = self.mlm_head(gathered, self.bert.word_embedding_table())  # [B, P, V] f32
+        outputs["nsp_logits"] = self.nsp_head(outputs["pooled_output"]).astype(jnp.float32)  # [B, 2]
+        return outputs
+
+
+def pretraining_loss(mlm_logits, nsp_logits, masked_lm_ids, masked_lm_weights, next_sentence_labels):
+    """BERT's loss: weighted masked-LM NLL over the real predictions plus mean NSP cross-entropy.
+
+    mlm_logits: [B, P, V]; nsp_logits: [B, 2]; masked_lm_ids: [B, P] int; masked_lm_weights: [B, P] float
+    (1 for a real prediction, 0 for padding); next_sentence_labels: [B] int (0 IsNext, 1 NotNext).
+    Returns (loss, metrics) with metrics holding sums and counts so that they add across microbatches.
+    """
+    weights = masked_lm_weights.astype(jnp.float32)
+    mlm_logp = jax.nn.log_softmax(mlm_logits.astype(jnp.float32), axis=-1)
+    mlm_nll = -jnp.take_along_axis(mlm_logp, masked_lm_ids[..., None], axis=-1)[..., 0]  # [B, P]
+    # The 1e-5 keeps a batch without predictions finite, as in the original.
+    mlm_loss = jnp.sum(weights * mlm_nll) / (jnp.sum(weights) + 1e-5)
+    nsp_logp = jax.nn.log_softmax(nsp_logits.astype(jnp.float32), axis=-1)
+    nsp_nll = -jnp.take_along_axis(nsp_logp, next_sentence_labels[:, None], axis=-1)[:, 0]  # [B]
+    nsp_loss = jnp.mean(nsp_nll)
+    metrics = {
+        "mlm_loss": mlm_loss,
+        "nsp_loss": nsp_loss,
+        "mlm_correct": jnp.sum(weights * (jnp.argmax(mlm_logits, -1) == masked_lm_ids)),
+        "mlm_count": jnp.sum(weights),
+        "nsp_correct": jnp.sum((jnp.argmax(nsp_logits, -1) == next_sentence_labels).astype(jnp.float32)),
+        "nsp_count": jnp.asarray(next_sentence_labels.shape[0], jnp.float32),
+    }
+    return mlm_loss + nsp_loss, metrics
+
+
+def dummy_batch(batch_size: int, seq_len: int, max_predictions: int) -> dict:
+    """Zero inputs of the right shapes and dtypes, for init and jax.eval_shape."""
+    ids = jnp.zeros((batch_size, seq_len), jnp.int32)
+    preds = jnp.zeros((batch_size, max_predictions), jnp.int32)
+    return {
+        "input_ids": ids,
+        "segment_ids": ids,
+        "input_mask": jnp.ones_like(ids),
+        "masked_lm_positions": preds,
+    }
+
+
+def count_params(params) -> int:
+    return int(sum(np.prod(x.shape) for x in jax.tree_util.tree_leaves(params)))
+
+
+def stack_layers(encoder_params: dict, num_layers: int) -> dict:
+    """Unrolled encoder params {layers_0: p0, ...} -> scanned {layers: stack(p0..p_{L-1})}."""
+    rest = {k: v for k, v in encoder_params.items() if not k.startswith("layers_")}
+    layers = [encoder_params[f"layers_{i}"] for i in range(num_layers)]
+    rest["layers"] = jax.tree_util.tree_map(lambda *xs: jnp.stack(xs), *layers)
+    return rest
+
+
+def unstack_layers(encoder_params: dict, num_layers: int) -> dict:
+    """Scanned encoder params {layers: stacked} -> unrolled {layers_0: p0, ...}."""
+    rest = {k: v for k, v in encoder_params.items() if k != "layers"}
+    for i in range(num_layers):
+        rest[f"layers_{i}"] = jax.tree_util.tree_map(lambda x, i=i: x[i], encoder_params["layers"])
+    return rest

@@ -1,0 +1,110 @@
+"""Defaults shared by every model size. Each configs/<size>.py starts from base_config() and writes out
+what is particular to it (the model shape, the batch, the recipe).
+
+Sections: model (the network), data (corpus, tokenizer, pairing and masking), optimizer, schedule,
+train (batch, steps, seeds, initialisation), mesh (device layout and the logical-axis rules),
+checkpoint, logging. Any key can be overridden on the command line with --config.section.key=value;
+an unknown key is an error.
+"""
+
+import ml_collections
+from ml_collections import config_dict
+
+
+def base_config() -> ml_collections.ConfigDict:
+    config = ml_collections.ConfigDict()
+
+    # --- The network (bertjax.model.BertConfig). Sizes are set by each size file.
+    config.model = ml_collections.ConfigDict(
+        dict(
+            vocab_size=30522,  # WordPiece uncased vocabulary of the original release
+            hidden_size=768,
+            num_layers=12,
+            num_heads=12,
+            intermediate_size=3072,
+            max_position_embeddings=512,
+            type_vocab_size=2,
+            hidden_dropout_rate=0.1,
+            attention_dropout_rate=0.1,
+            layer_norm_eps=1e-12,
+            initializer_range=0.02,
+            dtype="bfloat16",  # compute; parameters and optimizer state stay float32
+            param_dtype="float32",
+            attention_impl="xla",  # "cudnn": flash attention on NVIDIA GPUs (needs attention_dropout_rate=0)
+            remat_policy="none",  # none | full | dots | dots_no_batch
+            scan_layers=True,  # one compiled block for all layers: compile time independent of depth
+            pre_layer_norm=False,  # original BERT is post-LN
+        )
+    )
+
+    # --- Input pipeline.
+    config.data = ml_collections.ConfigDict(
+        dict(
+            source="demo",  # demo | text | tfds | synthetic
+            input_pattern=config_dict.placeholder(str),  # glob of text files for source=text
+            text_format="sentences",  # sentences (one per line, blank line between docs) | documents | jsonl
+            tfds_name=config_dict.placeholder(str),  # e.g. "wikipedia/20230601.en" for source=tfds
+            tfds_split="train",
+            tfds_text_feature="text",
+            eval_documents=200,  # held-out documents, never trained on
+            tokenizer="wordpiece",  # wordpiece | sentencepiece
+            vocab_path=config_dict.placeholder(str),  # empty: learn one from the corpus, cached in the workdir
+            vocab_size=30522,  # target size when a vocabulary is learned
+            lower_case=True,
+            max_seq_length=128,
+            max_predictions_per_seq=20,  # 20 at seq 128, 80 at seq 512
+            masked_lm_prob=0.15,
+            short_seq_prob=0.1,
+            whole_word_masking=False,
+            seed=0,
+        )
+    )
+
+    # --- Optimizer: BERT's Adam with decoupled weight decay (not on LayerNorm or biases).
+    config.optimizer = ml_collections.ConfigDict(
+        dict(
+            name="adamw",  # adamw | lamb
+            learning_rate=1e-4,
+            b1=0.9,
+            b2=0.999,
+            eps=1e-6,
+            weight_decay=0.01,
+            bias_correction=False,  # the original BERT Adam has none
+            clip_norm=1.0,  # global-norm clipping
+        )
+    )
+
+    # --- Learning-rate schedule: linear warmup, then decay to zero at train.num_steps.
+    config.schedule = ml_collections.ConfigDict(
+        dict(
+            warmup_steps=10000,
+            decay="linear",  # linear | poly
+            power=1.0,  # exponent of the poly decay (NVIDIA's LAMB recipe uses 0.5)
+        )
+    )
+
+    config.train = ml_collections.ConfigDict(
+        dict(
+            batch_size=256,  # global, in sequences
+            grad_accum_steps=1,  # microbatches per step; batch_size must divide by it
+            num_steps=1_000_000,
+            seed=0,
+            init_from=config_dict.placeholder(str),  # bertjax checkpoint or Hugging Face directory
+        )
+    )
+
+    # --- Device mesh. -1 takes the devices the other axes leave.
+    config.mesh = ml_collections.ConfigDict(dict(data=-1, fsdp=1, tensor=1))
+    # The one table from the model's logical axis names to mesh axes. Names not listed are replicated.
+    config.logical_axis_rules = [
+        ("batch", ("data", "fsdp")),
+        ("vocab", "tensor"),
+        ("heads", "tensor"),
+        ("mlp", "tensor"),
+        ("embed", "fsdp"),
+    ]
+
+    config.checkpoint = ml_collections.ConfigDict(dict(every_steps=1000, keep=3, async_save=True))
+
+    config.logging = ml_collections.ConfigDict(dict(log_every=100, eval_every=1000, eval_batches=20))
+    return config

@@ -1,0 +1,94 @@
+"""bertjax.load(...).encode(...) against transformers' BertTokenizer + BertModel on the same directory."""
+
+import json
+import shutil
+
+import numpy as np
+import pytest
+import torch
+import transformers
+
+import bertjax
+from bertjax import api
+
+# The reference-model helper is shared with the conversion tests (tests/ is on sys.path under pytest).
+from test_hf import make_hf_model
+
+TEXTS = ["The quick brown fox jumps over the lazy dogs.", "Hello, world!"]
+# Every word piece the texts need (lower-cased), "##s" to exercise WordPiece continuations.
+VOCAB = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "the", "quick", "brown", "fox", "jump", "##s",
+         "over", "lazy", "dog", "hello", "world", ",", "!", "."] + [f"filler{i}" for i in range(40)]
+SHAPE = dict(num_hidden_layers=2, hidden_size=64, num_attention_heads=4, intermediate_size=128,
+             vocab_size=len(VOCAB), max_position_embeddings=64)
+
+
+@pytest.fixture(scope="module")
+def hf_dir(tmp_path_factory):
+    """A Hugging Face BERT directory as save_pretrained writes it, plus the vocabulary."""
+    directory = tmp_path_factory.mktemp("hf_bert")
+    make_hf_model(SHAPE, seed=3).save_pretrained(directory)
+    (directory / "vocab.txt").write_text("\n".join(VOCAB) + "\n")
+    return directory
+
+
+@pytest.fixture(scope="module")
+def loaded(hf_dir):
+    return bertjax.load(hf_dir)
+
+
+def hf_reference(hf_dir, texts, **tokenizer_kwargs):
+    tokenizer = transformers.BertTokenizer(str(hf_dir / "vocab.txt"), do_lower_case=True)
+    encoding = tokenizer(texts, padding=True, return_tensors="pt", **tokenizer_kwargs)
+    hf_model = transformers.BertModel.from_pretrained(hf_dir, attn_implementation="eager").eval()
+    with torch.no_grad():
+        out = hf_model(**encoding, output_hidden_states=True)
+    return encoding, out
+
+
+def test_encode_matches_transformers(hf_dir, loaded):
+    assert loaded.missing == [] and loaded.config.num_layers == 2
+    out = loaded.encode(TEXTS)
+    encoding, ref = hf_reference(hf_dir, TEXTS)
+    np.testing.assert_array_equal(out["input_ids"], encoding["input_ids"].numpy())
+    np.testing.assert_array_equal(out["input_mask"], encoding["attention_mask"].numpy())
+    assert 1 not in out["input_ids"]  # no [UNK]: the vocabulary covers the texts
+    real = out["input_mask"].astype(bool)  # outputs at padding carry no meaning
+
+    close = lambda a, b: np.testing.assert_allclose(a, b.numpy(), rtol=0, atol=1e-5)  # noqa: E731
+    assert out["sequence_output"].shape == (2, real[0].sum(), 64) and out["sequence_output"].dtype == np.float32
+    close(out["sequence_output"][real], ref.last_hidden_state[torch.as_tensor(real)])
+    close(out["pooled_output"], ref.pooler_output)
+    assert len(out["hidden_states"]) == 3
+    for ours, theirs in zip(out["hidden_states"], ref.hidden_states):
+        close(ours[real], theirs[torch.as_tensor(real)])
+
+
+def test_truncation_and_lower_case_setting(hf_dir, loaded, tmp_path):
+    batch = loaded.tokenize(TEXTS, max_length=5)
+    encoding, _ = hf_reference(hf_dir, TEXTS, truncation=True, max_length=5)
+    np.testing.assert_array_equal(batch["input_ids"], encoding["input_ids"].numpy())
+    assert batch["input_ids"].shape == (2, 5) and (batch["input_ids"][:, -1] == loaded.tokenizer.sep_id).all()
+    with pytest.raises(ValueError, match="max_position_embeddings=64"):
+        loaded.tokenize(TEXTS, max_length=65)
+
+    # do_lower_case comes from tokenizer_config.json: cased, "Hello" is not in this lower-case vocab.
+    shutil.copytree(hf_dir, tmp_path / "cased")
+    (tmp_path / "cased" / "tokenizer_config.json").write_text(json.dumps({"do_lower_case": False}))
+    cased = bertjax.load(tmp_path / "cased")
+    assert cased.tokenizer.lower_case is False
+    assert cased.tokenize(["Hello world"])["input_ids"].tolist() == [[2, 1, 15, 3]]
+
+
+def test_load_rejects_what_it_cannot_read(hf_dir, tmp_path):
+    with pytest.raises(ValueError, match="does not exist"):
+        bertjax.load(tmp_path / "nowhere")
+    with pytest.raises(ValueError, match="expected a Hugging Face BERT directory"):
+        bertjax.load(tmp_path)
+    shutil.copytree(hf_dir, tmp_path / "no_vocab")
+    (tmp_path / "no_vocab" / "vocab.txt").unlink()
+    with pytest.raises(ValueError, match="no vocab.txt"):
+        bertjax.load(tmp_path / "no_vocab")
+
+
+def test_package_exports_load():
+    assert bertjax.load is api.load
