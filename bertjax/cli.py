@@ -15,22 +15,23 @@ def parse_flags(argv: list[str]) -> list[str]:
             # file is reported here, once, and not as a traceback from deep inside the program.
             config = flags.FLAGS["config"].value
             if config is None:
-                _exit("--config is required, e.g. --config=configs/tiny.py")
+                fail("--config is required, e.g. --config=configs/tiny.py")
             config.keys()  # a stand-in for a config that failed to load raises OSError here
         return rest
     except OSError as e:
-        _exit(str(e).splitlines()[-1].strip() + f" (from {' '.join(a for a in argv[1:] if 'config=' in a)})")
+        fail(str(e).splitlines()[-1].strip() + f" (from {' '.join(a for a in argv[1:] if 'config=' in a)})")
     except flags.Error as e:
-        _exit(str(e))
+        fail(str(e))
     except (AttributeError, KeyError) as e:
         # ml_collections reports an override of a key the config does not have this way.
         key = str(e).strip("\"'")
-        _exit(f"unknown config key {key!r} in {' '.join(a for a in argv[1:] if key in a)}: "
+        fail(f"unknown config key {key!r} in {' '.join(a for a in argv[1:] if key in a)}: "
               f"check the spelling against the config file (python -m bertjax.summary prints it)")
     except (TypeError, ValueError) as e:
-        _exit(f"bad config override: {e}")
+        fail(f"bad config override: {e}")
 
 
-def _exit(message: str):
+def fail(message: str):
+    """One line on stderr that says what to change, then exit code 2."""
     print(f"{sys.argv[0].rsplit('/', 1)[-1]}: error: {message}", file=sys.stderr)
     sys.exit(2)

@@ -1,9 +1,13 @@
-"""BERT WordPiece tokenization as TensorFlow ops, id-for-id equal to Hugging Face's slow tokenizer.
+"""Tokenizers as TensorFlow ops (WordPiece, SentencePiece), and the vocabulary-training program.
 
-The input pipeline tokenizes inside tf.data, so the whole tokenizer is built from graph ops
-(RE2 regexes, ICU lower-casing and normalization, tensorflow_text's FastWordpieceTokenizer). The
-reference is Hugging Face's Python BertTokenizer (`BertTokenizerLegacy` since transformers 5), which
-is the original google-research/bert algorithm plus an NFC step. For one piece of text it does:
+The input pipeline tokenizes inside tf.data, so both tokenizers are built from graph ops. They share
+one interface (`Tokenizer`): the vocabulary, the ids of the special tokens, which ids start a word
+(for whole-word masking) and which ids masking may substitute as "a random token".
+
+WordPiece is id-for-id equal to Hugging Face's Python BertTokenizer (`BertTokenizerLegacy` since
+transformers 5), which is the original google-research/bert algorithm plus an NFC step. It is built
+from RE2 regexes, ICU lower-casing and normalization and tensorflow_text's FastWordpieceTokenizer.
+For one piece of text it does:
 
   1. clean: drop U+0000, U+FFFD and control characters (category C*, but not \\t \\n \\r);
      map whitespace (\\t \\n \\r and category Zs) to a space;
@@ -14,6 +18,8 @@ is the original google-research/bert algorithm plus an NFC step. For one piece o
   5. split off every punctuation character (ASCII symbols and category P*) as its own word;
   6. WordPiece: greedy longest match first with "##" continuations; a word longer than 100
      characters, or one that cannot be pieced completely, becomes a single [UNK].
+Steps 1-5 are `basic_tokenize`, which vocabulary learning (bertjax/vocab.py) reuses, so a learned
+vocabulary is made from exactly the words the tokenizer will later look up.
 
 Why not tensorflow_text.BertTokenizer: it lower-cases with NFKC_Casefold, which differs from
 `str.lower()` (NFKC folds ligatures, full-width forms, superscripts, "ß" -> "ss", ...), so on such
@@ -26,7 +32,18 @@ Remaining difference: RE2's and ICU's Unicode tables are newer than Python 3.11'
 (Unicode 14), so the ~4,500 codepoints first assigned since (e.g. CJK Extension H) are kept as
 letters here while HF deletes them as unassigned. Every other codepoint, tried one at a time in
 both modes, gives the same ids.
+
+SentencePiece runs tensorflow_text's SentencepieceTokenizer on the serialized .model, so its ids are
+those of the `sentencepiece` library itself.
+
+Learning a vocabulary (WordPiece vocab.txt or SentencePiece .model):
+
+    python -m bertjax.tokenizer train --input='corpus/*.txt.gz' --vocab_size=30522 \\
+        --kind=wordpiece --out=vocab.txt [--lower_case=true] [--max_sentences=N]
 """
+
+import re
+import time
 
 import numpy as np
 import tensorflow as tf
@@ -52,6 +69,12 @@ _CJK = (
 # ASCII 33-47, 58-64, 91-96, 123-126 count as punctuation even where Unicode says Sm/Sc/Sk
 # ("$", "+", "^", "`"), as in the original BERT.
 _PUNCT = r"[\x{21}-\x{2F}\x{3A}-\x{40}\x{5B}-\x{60}\x{7B}-\x{7E}\p{P}]"
+# Characters basic_tokenize always makes a word of their own: a "##" form of them is never looked up.
+ALWAYS_SPLIT_CHAR = f"{_PUNCT}|{_CJK}"
+
+# Placeholders of the original BERT vocabularies, kept for later use; they are never in real text.
+_UNUSED_WORDPIECE = re.compile(r"\[unused\d+\]")
+_SENTENCEPIECE_WORD_START = "\u2581"  # "▁": SentencePiece marks the start of each word with it
 
 
 def load_vocab(path) -> list[str]:
@@ -86,61 +109,61 @@ def load_vocab(path) -> list[str]:
     return lines
 
 
-class WordPieceTokenizer:
-    """WordPiece tokenizer whose `tokenize` runs as TF ops (eager or inside tf.data).
+def _replace_invalid_utf8(texts: tf.Tensor) -> tf.Tensor:
+    # Undecodable bytes become U+FFFD, as Python's decode(errors="replace") makes them; without
+    # this the ICU and SentencePiece ops would fail (or differ from the Python references) on them.
+    return tf.strings.unicode_transcode(
+        texts, "UTF-8", "UTF-8", errors="replace", replacement_char=0xFFFD
+    )
 
-    Args:
-      vocab_path: vocab.txt, one token per line; must contain all of SPECIAL_TOKENS.
-      lower_case: True for uncased vocabularies (lower-case and strip accents), False for cased.
+
+def basic_tokenize(texts: tf.Tensor, lower_case: bool) -> tf.RaggedTensor:
+    """HF's BasicTokenizer (steps 1-5 above) on a batch: [N] strings -> ragged [N, (words)] strings."""
+    x = _replace_invalid_utf8(texts)  # U+FFFD is then dropped by the cleaning, as HF drops it
+    x = tf.strings.regex_replace(x, _CONTROL, "")
+    x = tf.strings.regex_replace(x, _WHITESPACE, " ")
+    x = tf.strings.regex_replace(x, _CJK, r" \1 ")
+    x = tf_text.normalize_utf8(x, "NFC")
+    if lower_case:
+        # ICU's full lower-casing matches str.lower(), including "İ" -> "i̇" and the Greek
+        # final sigma, which depends on context; HF lowers per whitespace-separated word,
+        # but a space never counts as context, so lowering the whole string is the same.
+        x = tf.strings.lower(x, encoding="utf-8")
+        x = tf_text.normalize_utf8(x, "NFD")
+        x = tf.strings.regex_replace(x, r"\p{Mn}+", "")
+    # Spaces separate words and are dropped; each punctuation character is kept as a word.
+    return tf_text.regex_split(x, rf" +|({_PUNCT})", _PUNCT)
+
+
+class Tokenizer:
+    """What the input pipeline needs from a tokenizer; WordPiece and SentencePiece both provide it.
+
+    Attributes:
+      vocab: the tokens, id order. vocab_size: len(vocab).
+      pad_id, unk_id, cls_id, sep_id, mask_id: ids of SPECIAL_TOKENS; special_ids: them as int32.
+      word_start: bool [vocab_size], True where a token begins a word; whole-word masking groups a
+        word-start token with the continuation tokens after it. True for the special tokens.
+      replacement_ids: int32, the ids masking may put in as "a random token": all but the special
+        tokens and placeholders that never occur in text, so the model is not shown impossible inputs.
     """
 
-    def __init__(self, vocab_path: str, lower_case: bool = True):
-        self.vocab = load_vocab(vocab_path)
+    vocab: list[str]
+    lower_case: bool
+
+    def _set_ids(self, token_to_id: dict, word_start: np.ndarray, never_in_text: np.ndarray):
         self.vocab_size = len(self.vocab)
-        self.lower_case = lower_case
-        token_to_id = {t: i for i, t in enumerate(self.vocab)}
-        missing = [t for t in SPECIAL_TOKENS if t not in token_to_id]
-        if missing:
-            more = f" (and {', '.join(missing[1:])})" if len(missing) > 1 else ""
-            raise ValueError(
-                f"vocab {vocab_path} lacks {missing[0]}{more}: add these tokens, one per line"
-            )
         self.pad_id, self.unk_id, self.cls_id, self.sep_id, self.mask_id = (
             token_to_id[t] for t in SPECIAL_TOKENS
         )
         self.special_ids = np.array([token_to_id[t] for t in SPECIAL_TOKENS], np.int32)
-        # Whole-word masking groups a word-start piece with the "##" pieces that follow it.
-        self.word_start = np.array([not t.startswith("##") for t in self.vocab], bool)
-        # no_pretokenization: words arrive already split by our HF-compatible basic tokenizer.
-        self._wordpiece = tf_text.FastWordpieceTokenizer(
-            vocab=self.vocab,
-            suffix_indicator="##",
-            max_bytes_per_word=4 * MAX_CHARS_PER_WORD,
-            token_out_type=tf.int32,
-            unknown_token="[UNK]",
-            no_pretokenization=True,
-        )
+        self.word_start = word_start.astype(bool)
+        self.word_start[self.special_ids] = True
+        never_in_text = never_in_text.astype(bool)
+        never_in_text[self.special_ids] = True
+        self.replacement_ids = np.flatnonzero(~never_in_text).astype(np.int32)
 
-    def _split_words(self, texts: tf.Tensor) -> tf.RaggedTensor:
-        """HF's BasicTokenizer on a batch: [N] strings -> ragged [N, (words)] strings."""
-        # Undecodable bytes become U+FFFD, which the cleaning below drops, as HF drops the U+FFFD
-        # that Python's decode(errors="replace") leaves; without this the ICU ops would fail.
-        x = tf.strings.unicode_transcode(
-            texts, "UTF-8", "UTF-8", errors="replace", replacement_char=0xFFFD
-        )
-        x = tf.strings.regex_replace(x, _CONTROL, "")
-        x = tf.strings.regex_replace(x, _WHITESPACE, " ")
-        x = tf.strings.regex_replace(x, _CJK, r" \1 ")
-        x = tf_text.normalize_utf8(x, "NFC")
-        if self.lower_case:
-            # ICU's full lower-casing matches str.lower(), including "İ" -> "i̇" and the Greek
-            # final sigma, which depends on context; HF lowers per whitespace-separated word,
-            # but a space never counts as context, so lowering the whole string is the same.
-            x = tf.strings.lower(x, encoding="utf-8")
-            x = tf_text.normalize_utf8(x, "NFD")
-            x = tf.strings.regex_replace(x, r"\p{Mn}+", "")
-        # Spaces separate words and are dropped; each punctuation character is kept as a word.
-        return tf_text.regex_split(x, rf" +|({_PUNCT})", _PUNCT)
+    def _tokenize_batch(self, texts: tf.Tensor) -> tf.RaggedTensor:
+        raise NotImplementedError
 
     def tokenize(self, texts: tf.Tensor) -> tf.Tensor | tf.RaggedTensor:
         """[N] strings -> ragged int32 [N, (tokens)]; a scalar string -> int32 [tokens].
@@ -152,13 +175,7 @@ class WordPieceTokenizer:
             return self.tokenize(texts[tf.newaxis])[0]
         if texts.shape.rank != 1:
             raise ValueError(f"tokenize expects a scalar or [N] strings, got shape {texts.shape}")
-        words = self._split_words(texts)  # [N, (W)]
-        flat = words.flat_values  # [sum W]
-        # Over-long words become the literal "[UNK]", which WordPiece maps to the one unk id.
-        too_long = tf.strings.length(flat, unit="UTF8_CHAR") > MAX_CHARS_PER_WORD
-        flat = tf.where(too_long, "[UNK]", flat)
-        pieces = self._wordpiece.tokenize(flat)  # [sum W, (P)]
-        return words.with_flat_values(pieces).merge_dims(1, 2)  # [N, (T)]
+        return self._tokenize_batch(texts)
 
     def encode(self, texts: list[str]) -> list[list[int]]:
         """Eager convenience: Python strings -> lists of ids."""
@@ -168,6 +185,49 @@ class WordPieceTokenizer:
 
     def convert_ids_to_tokens(self, ids) -> list[str]:
         return [self.vocab[int(i)] for i in np.asarray(ids).reshape(-1)]
+
+
+class WordPieceTokenizer(Tokenizer):
+    """WordPiece tokenizer whose `tokenize` runs as TF ops (eager or inside tf.data).
+
+    Args:
+      vocab_path: vocab.txt, one token per line; must contain all of SPECIAL_TOKENS.
+      lower_case: True for uncased vocabularies (lower-case and strip accents), False for cased.
+    """
+
+    def __init__(self, vocab_path: str, lower_case: bool = True):
+        self.vocab = load_vocab(vocab_path)
+        self.lower_case = lower_case
+        token_to_id = {t: i for i, t in enumerate(self.vocab)}
+        missing = [t for t in SPECIAL_TOKENS if t not in token_to_id]
+        if missing:
+            more = f" (and {', '.join(missing[1:])})" if len(missing) > 1 else ""
+            raise ValueError(
+                f"vocab {vocab_path} lacks {missing[0]}{more}: add these tokens, one per line"
+            )
+        self._set_ids(
+            token_to_id,
+            word_start=np.array([not t.startswith("##") for t in self.vocab]),
+            never_in_text=np.array([bool(_UNUSED_WORDPIECE.fullmatch(t)) for t in self.vocab]),
+        )
+        # no_pretokenization: words arrive already split by our HF-compatible basic tokenizer.
+        self._wordpiece = tf_text.FastWordpieceTokenizer(
+            vocab=self.vocab,
+            suffix_indicator="##",
+            max_bytes_per_word=4 * MAX_CHARS_PER_WORD,
+            token_out_type=tf.int32,
+            unknown_token="[UNK]",
+            no_pretokenization=True,
+        )
+
+    def _tokenize_batch(self, texts: tf.Tensor) -> tf.RaggedTensor:
+        words = basic_tokenize(texts, self.lower_case)  # [N, (W)]
+        flat = words.flat_values  # [sum W]
+        # Over-long words become the literal "[UNK]", which WordPiece maps to the one unk id.
+        too_long = tf.strings.length(flat, unit="UTF8_CHAR") > MAX_CHARS_PER_WORD
+        flat = tf.where(too_long, "[UNK]", flat)
+        pieces = self._wordpiece.tokenize(flat)  # [sum W, (P)]
+        return words.with_flat_values(pieces).merge_dims(1, 2)  # [N, (T)]
 
     def decode(self, ids) -> str:
         """Tokens joined by spaces, "##" pieces glued to the previous token. For humans only:
@@ -179,3 +239,138 @@ class WordPieceTokenizer:
             else:
                 text += (" " if text else "") + token
         return text
+
+
+class SentencePieceTokenizer(Tokenizer):
+    """SentencePiece tokenizer whose `tokenize` runs as TF ops; ids equal the `sentencepiece` library's.
+
+    Args:
+      model_path: a SentencePiece .model holding the pieces [PAD] and [UNK] as its pad and unknown
+        pieces and [CLS] [SEP] [MASK] as control (or user-defined) pieces, as
+        `python -m bertjax.tokenizer train --kind=sentencepiece` makes them. Control pieces are
+        never produced from text, so a literal "[MASK]" in the corpus stays plain text; a model
+        with user-defined ones would map it to the mask id.
+
+    Case and normalization are part of the model (its normalization rule), not an argument;
+    `lower_case` reports whether the rule case-folds.
+    """
+
+    def __init__(self, model_path: str):
+        import sentencepiece
+        from sentencepiece import sentencepiece_model_pb2
+
+        model_path = str(model_path)
+        try:
+            with tf.io.gfile.GFile(model_path, "rb") as f:
+                model = f.read()
+        except tf.errors.NotFoundError:
+            raise FileNotFoundError(f"SentencePiece model not found: {model_path}") from None
+        # The Python processor answers piece types and decodes for humans; the TF op tokenizes.
+        self._processor = sentencepiece.SentencePieceProcessor(model_proto=model)
+        sp = self._processor
+        self.vocab = [sp.id_to_piece(i) for i in range(sp.get_piece_size())]
+        token_to_id = {t: i for i, t in enumerate(self.vocab)}
+        missing = [t for t in SPECIAL_TOKENS if t not in token_to_id]
+        if missing:
+            raise ValueError(
+                f"SentencePiece model {model_path} lacks the pieces {' '.join(missing)}: train it with"
+                " `python -m bertjax.tokenizer train --kind=sentencepiece`, which adds them"
+            )
+        if sp.unk_id() != token_to_id["[UNK]"]:
+            raise ValueError(
+                f"SentencePiece model {model_path}: its unknown piece is {sp.id_to_piece(sp.unk_id())!r},"
+                " not [UNK]: train it with `python -m bertjax.tokenizer train --kind=sentencepiece`"
+            )
+        proto = sentencepiece_model_pb2.ModelProto()
+        proto.ParseFromString(model)
+        self.lower_case = proto.normalizer_spec.name.endswith("_cf")  # e.g. nmt_nfkc_cf
+        self._set_ids(
+            token_to_id,
+            word_start=np.array([t.startswith(_SENTENCEPIECE_WORD_START) for t in self.vocab]),
+            never_in_text=np.array(
+                [sp.is_control(i) or sp.is_unknown(i) or sp.is_unused(i) for i in range(len(self.vocab))]
+            ),
+        )
+        self._sentencepiece = tf_text.SentencepieceTokenizer(model=model, out_type=tf.int32)
+
+    def _tokenize_batch(self, texts: tf.Tensor) -> tf.RaggedTensor:
+        return self._sentencepiece.tokenize(_replace_invalid_utf8(texts))
+
+    def decode(self, ids) -> str:
+        """The text SentencePiece restores (normalized: case-folded if the model folds), with the
+        special tokens written out by name, which the library itself would drop."""
+        special = set(self.special_ids.tolist())
+        parts, run = [], []
+        for i in np.asarray(ids).reshape(-1).tolist():
+            if i in special:
+                parts += [self._processor.decode(run), self.vocab[i]]
+                run = []
+            else:
+                run.append(i)
+        parts.append(self._processor.decode(run))
+        return " ".join(p for p in parts if p)
+
+
+def load_tokenizer(kind: str, path: str, lower_case: bool = True) -> Tokenizer:
+    """The tokenizer for config.data.tokenizer: "wordpiece" reads a vocab.txt, "sentencepiece" a
+    .model (lower_case is then ignored: the model's own normalization rule decides)."""
+    if kind == "wordpiece":
+        return WordPieceTokenizer(path, lower_case=lower_case)
+    if kind == "sentencepiece":
+        return SentencePieceTokenizer(path)
+    raise ValueError(f"unknown tokenizer {kind!r}: set data.tokenizer to wordpiece or sentencepiece")
+
+
+# --- python -m bertjax.tokenizer train ...
+
+
+def _define_flags():
+    # Defined only when this module is the program, so that importing it defines no global flags.
+    from absl import flags
+
+    flags.DEFINE_string("input", None, "Text files, one sentence or paragraph per line (.gz too); "
+                        "comma-separated globs.")
+    flags.DEFINE_integer("vocab_size", None, "Vocabulary size to learn, special tokens included.")
+    flags.DEFINE_enum("kind", "wordpiece", ["wordpiece", "sentencepiece"], "Tokenizer to learn.")
+    flags.DEFINE_string("out", None, "vocab.txt for wordpiece; the .model for sentencepiece "
+                        "(a .vocab is written beside it).")
+    flags.DEFINE_boolean("lower_case", True, "Uncased: lower-case (and, for wordpiece, strip accents).")
+    flags.DEFINE_integer("max_sentences", None, "Read at most this many non-blank lines.")
+    flags.mark_flags_as_required(["input", "vocab_size", "out"])
+
+
+def main(argv):
+    from absl import flags
+
+    from bertjax import cli, vocab
+
+    # Mistakes end in cli.fail: one line on stderr and exit code 2, like a bad flag.
+    if argv[1:] != ["train"]:
+        cli.fail(f"expected the command `train`, got {' '.join(argv[1:]) or 'none'}: "
+               "python -m bertjax.tokenizer train --input=GLOB --vocab_size=N --out=PATH")
+    FLAGS = flags.FLAGS
+    start = time.time()
+    try:
+        sentences = vocab.read_text_lines(FLAGS.input, max_lines=FLAGS.max_sentences)
+        if FLAGS.kind == "wordpiece":
+            path = vocab.learn_wordpiece_vocab(sentences, FLAGS.vocab_size, FLAGS.lower_case, FLAGS.out)
+            size = len(load_vocab(path))
+        else:
+            path = vocab.learn_sentencepiece_model(sentences, FLAGS.vocab_size, FLAGS.out, FLAGS.lower_case)
+            size = SentencePieceTokenizer(path).vocab_size
+    except FileNotFoundError as e:
+        cli.fail(f"--input={FLAGS.input}: {e}")
+    except ValueError as e:
+        cli.fail(str(e))
+    print(f"wrote {FLAGS.kind} vocabulary of {size} tokens to {path} in {time.time() - start:.1f} s")
+    if size < FLAGS.vocab_size:
+        print(f"note: the text gives fewer distinct pieces than --vocab_size={FLAGS.vocab_size}")
+
+
+if __name__ == "__main__":
+    from absl import app
+
+    from bertjax import cli
+
+    _define_flags()
+    app.run(main, flags_parser=cli.parse_flags)

@@ -37,26 +37,30 @@ def base_config() -> ml_collections.ConfigDict:
         )
     )
 
-    # --- Input pipeline.
+    # --- Input pipeline (bertjax/data): documents -> NSP pairs -> dynamic masking.
     config.data = ml_collections.ConfigDict(
         dict(
-            source="demo",  # demo | text | tfds | synthetic
-            input_pattern=config_dict.placeholder(str),  # glob of text files for source=text
-            text_format="sentences",  # sentences (one per line, blank line between docs) | documents | jsonl
-            tfds_name=config_dict.placeholder(str),  # e.g. "wikipedia/20230601.en" for source=tfds
+            source="demo",  # demo | text | tfds | prepared | synthetic (random batches, no TensorFlow)
+            input_pattern=config_dict.placeholder(str),  # comma-separated globs of text files, source=text
+            text_format="sentences",  # sentences (one per line, blank line between documents) | documents
+            #                           (one per line) | jsonl | document_per_file
+            text_field="text",  # the JSON field of text_format=jsonl
+            tfds_name=config_dict.placeholder(str),  # e.g. "wikipedia/20230601.en", source=tfds
             tfds_split="train",
             tfds_text_feature="text",
-            eval_documents=200,  # held-out documents, never trained on
+            tfds_data_dir=config_dict.placeholder(str),
+            prepared_dir=config_dict.placeholder(str),  # written by python -m bertjax.data.prepare
+            eval_fraction=0.01,  # share of documents held out (chosen by a stable hash of their text)
             tokenizer="wordpiece",  # wordpiece | sentencepiece
-            vocab_path=config_dict.placeholder(str),  # empty: learn one from the corpus, cached in the workdir
-            vocab_size=30522,  # target size when a vocabulary is learned
+            vocab_path=config_dict.placeholder(str),  # unset: learned from the corpus, cached in the workdir
+            vocab_size=30522,  # size of a learned vocabulary
             lower_case=True,
             max_seq_length=128,
-            max_predictions_per_seq=20,  # 20 at seq 128, 80 at seq 512
+            max_predictions_per_seq=20,  # 20 at seq 128, 80 at seq 512 (MLPerf: 76)
             masked_lm_prob=0.15,
             short_seq_prob=0.1,
             whole_word_masking=False,
-            seed=0,
+            seed=0,  # pairs and masks: the batch at step N is a function of (corpus, config, seed, N)
         )
     )
 

@@ -18,6 +18,8 @@ def get_config():
     # A vocabulary learned from the corpus on first use; 8k suits the few-MB demo corpus.
     config.model.vocab_size = 8192
     config.data.vocab_size = 8192
+    # The demo corpus has about 1,000 documents: hold out about 50 of them.
+    config.data.eval_fraction = 0.05
     # On a CPU, bfloat16 matmuls are emulated and slower than float32.
     config.model.dtype = "float32"
     return config

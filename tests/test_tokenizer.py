@@ -233,6 +233,15 @@ def test_special_ids_and_word_start(pair):
     assert ours.word_start[ours.special_ids].all()
 
 
+def test_replacement_ids_leave_out_specials_and_unused(pair):
+    # Masking's "random token" must be one that can occur in text: not a special token, and not
+    # one of the [unusedN] placeholders that no text ever produces.
+    ours, _ = pair
+    assert ours.replacement_ids.dtype == np.int32
+    left_out = set(range(ours.vocab_size)) - set(ours.replacement_ids.tolist())
+    assert {ours.vocab[i] for i in left_out} == set(SPECIAL_TOKENS) | {f"[unused{i}]" for i in range(10)}
+
+
 def test_decode_glues_pieces(tmp_path):
     path = tmp_path / "vocab.txt"
     path.write_text("\n".join(list(SPECIAL_TOKENS) + ["hello", "wo", "##rld", ",", "!"]) + "\n")

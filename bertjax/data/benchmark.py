@@ -1,0 +1,89 @@
+"""python -m bertjax.data.benchmark: examples per second of the input pipeline, per CPU core.
+
+    python -m bertjax.data.benchmark                       # the demo corpus, a vocabulary learned once
+    python -m bertjax.data.benchmark --input_pattern='/data/wiki/*.txt' --vocab_path=vocab.txt
+
+For seq 128 and 512 it measures, on one tf.data thread (one core) and on all of them:
+  prepared: from prepared shards (load, plan, pair, mask, batch) -- the training path for large corpora;
+  raw text: from documents of sentence strings, tokenization included -- the in-memory path.
+Figures are printed as a table; docs/data.md records them.
+"""
+
+import os
+import tempfile
+import time
+
+from absl import app, flags
+
+from bertjax import cli
+
+_INPUT = flags.DEFINE_string("input_pattern", None, "Text files (sentence per line); the demo corpus if unset.")
+_VOCAB = flags.DEFINE_string("vocab_path", None, "A WordPiece vocab.txt; learned from the corpus if unset.")
+_NUM_EXAMPLES = flags.DEFINE_integer("num_examples", 20_000, "Examples to time per measurement.")
+_BATCH = flags.DEFINE_integer("batch_size", 256, "Examples per batch.")
+
+
+def measure(stream, num_examples: int, batch_size: int, threads: int | None) -> float:
+    """Examples per second once the pipeline is warm."""
+    batches = iter(stream.dataset(batch_size, threads=threads).as_numpy_iterator())
+    next(batches)  # first batch: plan and tracing, not throughput
+    steps = max(1, num_examples // batch_size)
+    start = time.perf_counter()
+    for _ in range(steps):
+        next(batches)
+    return steps * batch_size / (time.perf_counter() - start)
+
+
+def main(argv):
+    if len(argv) > 1:
+        raise app.UsageError(f"unexpected arguments: {argv[1:]}")
+    import tensorflow as tf
+
+    from bertjax import tokenizer as tokenizers
+    from bertjax import vocab as vocabularies
+    from bertjax.data import corpus as corpora
+    from bertjax.data import prepared
+    from bertjax.data import pretraining as pt
+
+    tf.config.set_visible_devices([], "GPU")
+    if _INPUT.value:
+        documents = list(corpora.read_text_documents(corpora.expand_pattern(_INPUT.value), "sentences"))
+    else:
+        documents = corpora.demo_documents()
+    tmp = tempfile.mkdtemp(prefix="bertjax-data-benchmark-")
+    vocab_path = _VOCAB.value
+    if not vocab_path:
+        vocab_path = vocabularies.learn_wordpiece_vocab(
+            (s for d in documents for s in d), 8192, True, os.path.join(tmp, "vocab.txt"))
+    tokenizer = tokenizers.load_tokenizer("wordpiece", vocab_path)
+    num_sentences = sum(len(d) for d in documents)
+    print(f"corpus: {len(documents)} documents, {num_sentences} sentences; cores: {os.cpu_count()}")
+
+    start = time.perf_counter()
+    corpus = pt.tokenize_documents(documents, tokenizer)
+    tokenize_s = time.perf_counter() - start
+    print(f"tokenization: {num_sentences / tokenize_s:,.0f} sentences/s ({len(corpus.tokens):,} tokens in "
+          f"{tokenize_s:.1f}s, all cores)")
+    prepared.write_shard(prepared.shard_path(tmp, "train", 0, 1), corpus)
+    prepared.write_metadata(tmp, tokenizer="wordpiece", vocab_name="vocab.txt", lower_case=True, num_shards=1,
+                            eval_fraction=0.0)
+
+    print(f"{'seq':>4} {'source':>9} {'threads':>8} {'examples/s':>11} {'per core':>9}  plan build")
+    for seq, predictions in ((128, 20), (512, 80)):
+        spec = pt.MaskingSpec.from_tokenizer(tokenizer, max_predictions_per_seq=predictions)
+        for source in ("prepared", "raw text"):
+            start = time.perf_counter()
+            if source == "prepared":
+                source_corpus = prepared.load_corpus(tmp, "train", 0, 1)
+            else:
+                source_corpus = pt.tokenize_documents(documents, tokenizer)
+            stream = pt.PretrainingStream(source_corpus, spec, seed=0, max_seq_length=seq)
+            setup_s = time.perf_counter() - start
+            for threads in (1, os.cpu_count()):
+                rate = measure(stream, _NUM_EXAMPLES.value, _BATCH.value, threads)
+                print(f"{seq:>4} {source:>9} {threads:>8} {rate:>11,.0f} {rate / threads:>9,.0f}  "
+                      f"{setup_s:.1f}s to examples ({stream.examples_per_epoch:,} pairs/epoch)")
+
+
+if __name__ == "__main__":
+    app.run(main, flags_parser=cli.parse_flags)

@@ -1,0 +1,158 @@
+"""From the config's data section to the streams an entry program consumes.
+
+    documents (demo | text | tfds | prepared shards)
+      -> this host's share                     (document i belongs to host i % process_count)
+      -> held-out split                         (a stable hash of each document: training never sees it)
+      -> tokenizer                              (data.vocab_path, or learned once and cached in the workdir)
+      -> TokenizedCorpus -> PretrainingStream   (train and eval)
+
+Entry programs (train, data.preview, the benchmark) call build_inputs(config.data, ...); everything
+below it takes explicit arguments.
+"""
+
+import dataclasses
+import os
+from typing import Iterable, Iterator, Sequence, TypeVar
+
+from absl import logging
+
+from bertjax import tokenizer as tokenizers
+from bertjax import vocab as vocabularies
+from bertjax.data import corpus as corpora
+from bertjax.data import prepared
+from bertjax.data import pretraining as pt
+
+T = TypeVar("T")
+
+
+def host_documents(documents: Iterable[T], process_index: int, process_count: int) -> list[T]:
+    """This host's share: every process_count-th document from process_index on.
+
+    Interleaving rather than contiguous blocks keeps the shares alike when a corpus is ordered
+    (by topic, by source file, by date).
+    """
+    return [d for i, d in enumerate(documents) if i % process_count == process_index]
+
+
+@dataclasses.dataclass
+class PretrainingInputs:
+    tokenizer: object
+    train: pt.PretrainingStream
+    eval: pt.PretrainingStream
+
+    def train_batches(self, batch_size: int, start_step: int = 0) -> Iterator[dict]:
+        """numpy batches of this host's examples, from step start_step on, without end."""
+        return self.train.dataset(batch_size, start_step=start_step).as_numpy_iterator()
+
+    def eval_batches(self, batch_size: int, num_batches: int) -> list[dict]:
+        """The fixed held-out batches: the same examples and masks at every evaluation."""
+        return list(self.eval.dataset(batch_size).take(num_batches).as_numpy_iterator())
+
+
+def read_source_documents(data) -> Iterator[list[str]]:
+    """The documents of the configured raw-text source (demo, text files, TFDS)."""
+    return corpora.read_documents(
+        data.source,
+        input_pattern=data.input_pattern,
+        text_format=data.text_format,
+        text_field=data.text_field,
+        tfds_name=data.tfds_name,
+        tfds_split=data.tfds_split,
+        tfds_text_feature=data.tfds_text_feature,
+        tfds_data_dir=data.tfds_data_dir,
+    )
+
+
+def vocabulary_path(data, workdir: str | None) -> str:
+    """Where the tokenizer's vocabulary is: data.vocab_path, or the one learned into the workdir."""
+    if data.vocab_path:
+        return data.vocab_path
+    if not workdir:
+        raise ValueError("data.vocab_path is not set and there is no workdir to learn a vocabulary into")
+    name = "vocab.txt" if data.tokenizer == "wordpiece" else "sentencepiece.model"
+    return os.path.join(workdir, name)
+
+
+def load_or_learn_tokenizer(data, workdir: str | None, train_documents: Sequence[list[str]] | None):
+    """The configured tokenizer. Without data.vocab_path, a vocabulary of data.vocab_size is learned
+    from the training documents on first use and cached in the workdir, so a resumed or repeated run
+    reads the very same vocabulary."""
+    path = vocabulary_path(data, workdir)
+    if not os.path.exists(path):
+        if data.vocab_path:
+            raise FileNotFoundError(f"data.vocab_path={data.vocab_path} does not exist")
+        if train_documents is None:
+            raise ValueError("no vocabulary to read and no documents to learn one from: set data.vocab_path")
+        os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+        logging.info("learning a %s vocabulary of %d from the training documents into %s",
+                     data.tokenizer, data.vocab_size, path)
+        sentences = (s for doc in train_documents for s in doc)
+        # The learners write beside and rename: a crash or a second host never leaves a half file.
+        if data.tokenizer == "wordpiece":
+            vocabularies.learn_wordpiece_vocab(sentences, data.vocab_size, data.lower_case, path)
+        elif data.tokenizer == "sentencepiece":
+            vocabularies.learn_sentencepiece_model(sentences, data.vocab_size, path, data.lower_case)
+        else:
+            raise ValueError(f"data.tokenizer={data.tokenizer!r}: choose wordpiece or sentencepiece")
+    return tokenizers.load_tokenizer(data.tokenizer, path, lower_case=data.lower_case)
+
+
+def masking_spec(data, tokenizer) -> pt.MaskingSpec:
+    return pt.MaskingSpec.from_tokenizer(
+        tokenizer,
+        max_predictions_per_seq=data.max_predictions_per_seq,
+        masked_lm_prob=data.masked_lm_prob,
+        whole_word_masking=data.whole_word_masking,
+    )
+
+
+def make_stream(corpus: pt.TokenizedCorpus, data, tokenizer, *, shard: int, seed_offset: int = 0):
+    return pt.PretrainingStream(
+        corpus, masking_spec(data, tokenizer), seed=data.seed + seed_offset, max_seq_length=data.max_seq_length,
+        short_seq_prob=data.short_seq_prob, shard=shard,
+    )
+
+
+def build_inputs(data, *, workdir: str | None, process_index: int = 0, process_count: int = 1) -> PretrainingInputs:
+    """The train and held-out streams of this host, from the config's data section."""
+    if data.source == "prepared":
+        if not data.prepared_dir:
+            raise ValueError("data.source='prepared' needs data.prepared_dir (written by python -m bertjax.data.prepare)")
+        meta = prepared.read_metadata(data.prepared_dir)
+        tokenizer = tokenizers.load_tokenizer(meta["tokenizer"], prepared.vocab_file(data.prepared_dir, meta),
+                                              lower_case=meta["lower_case"])
+        train_corpus = prepared.load_corpus(data.prepared_dir, "train", process_index, process_count)
+        eval_corpus = prepared.load_corpus(data.prepared_dir, "eval", process_index, process_count)
+    else:
+        documents = list(read_source_documents(data))
+        held_out = [corpora.is_eval_document(doc, data.eval_fraction) for doc in documents]
+        logging.info("corpus: %d documents, %d held out for evaluation", len(documents), sum(held_out))
+        if not any(held_out):
+            raise ValueError(
+                f"no document of the {len(documents)} fell into the held-out split: raise data.eval_fraction "
+                f"(now {data.eval_fraction}) or give a larger corpus"
+            )
+        # Every host learns (or reads) the same vocabulary, from all training documents.
+        tokenizer = load_or_learn_tokenizer(data, workdir, [d for d, e in zip(documents, held_out) if not e])
+        # Split between hosts first, as prepare does with --num_shards=process_count, so that both paths
+        # give a host the very same documents.
+        mine = host_documents(zip(documents, held_out), process_index, process_count)
+        for split, wanted in (("training", False), ("held-out", True)):
+            if not any(e == wanted for _, e in mine):
+                raise ValueError(
+                    f"host {process_index} of {process_count} gets no {split} document of the {len(documents)}: "
+                    f"give a larger corpus{' or raise data.eval_fraction' if wanted else ''}"
+                )
+        train_corpus = pt.tokenize_documents([d for d, e in mine if not e], tokenizer)
+        eval_corpus = pt.tokenize_documents([d for d, e in mine if e], tokenizer)
+    logging.info(
+        "host %d/%d: %d training documents (%d sentences, %d tokens), %d held-out documents",
+        process_index, process_count, train_corpus.num_documents, train_corpus.num_sentences,
+        len(train_corpus.tokens), eval_corpus.num_documents,
+    )
+    return PretrainingInputs(
+        tokenizer=tokenizer,
+        train=make_stream(train_corpus, data, tokenizer, shard=process_index),
+        # Its own seed stream, so held-out examples share no random draws with training ones.
+        eval=make_stream(eval_corpus, data, tokenizer, shard=process_index, seed_offset=1_000_003),
+    )

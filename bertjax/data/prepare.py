@@ -1,0 +1,115 @@
+"""python -m bertjax.data.prepare: tokenize and index a corpus once, into sharded files.
+
+    python -m bertjax.data.prepare --config=configs/base.py \\
+        --config.data.source=text --config.data.input_pattern='/data/wiki/*.txt' \\
+        --config.data.vocab_path=/data/vocab.txt --output_dir=/data/wiki-prepared --num_shards=64
+
+Then train with --config.data.source=prepared --config.data.prepared_dir=/data/wiki-prepared.
+
+Output shard k holds the documents of input files j with j % num_shards == k (or, with fewer files
+than shards, of documents i with i % num_shards == k; for TFDS, the k-th of num_shards even splits),
+divided into train and eval by the same stable hash as the in-memory path. The shards are written by a
+pool of worker processes; on many hosts each host writes the shards k with k % process_count ==
+process_index, which are the shards it reads when training.
+"""
+
+import concurrent.futures
+import multiprocessing
+import os
+import shutil
+import time
+
+from absl import app, flags, logging
+from ml_collections import config_flags
+
+from bertjax import cli
+
+_CONFIG = config_flags.DEFINE_config_file("config", None, "A configs/<size>.py file (its data section is used).")
+_OUTPUT_DIR = flags.DEFINE_string("output_dir", None, "Where the shards and metadata.json go.")
+_NUM_SHARDS = flags.DEFINE_integer("num_shards", 16, "Output shards per split; a multiple of the training hosts.")
+_NUM_WORKERS = flags.DEFINE_integer("num_workers", os.cpu_count() or 1, "Worker processes on this host.")
+_PROCESS_INDEX = flags.DEFINE_integer("process_index", 0, "This host's index, when several hosts prepare.")
+_PROCESS_COUNT = flags.DEFINE_integer("process_count", 1, "How many hosts prepare (and will train).")
+
+
+def shard_documents(data, shard: int, num_shards: int):
+    """The raw documents of output shard `shard`, in a deterministic order."""
+    from bertjax.data import corpus as corpora
+
+    if data.source == "text":
+        files = corpora.expand_pattern(data.input_pattern)
+        if len(files) >= num_shards:
+            return list(corpora.read_text_documents(files[shard::num_shards], data.text_format, data.text_field))
+        docs = corpora.read_text_documents(files, data.text_format, data.text_field)
+    elif data.source == "tfds":
+        import tensorflow_datasets as tfds
+
+        split = tfds.even_splits(data.tfds_split, n=num_shards)[shard]
+        return list(corpora.read_tfds_documents(data.tfds_name, split, data.tfds_text_feature, data.tfds_data_dir))
+    elif data.source == "demo":
+        docs = corpora.demo_documents()
+    else:
+        raise ValueError(f"data.source={data.source!r} cannot be prepared: use text, tfds or demo")
+    return [d for i, d in enumerate(docs) if i % num_shards == shard]
+
+
+def prepare_shard(data_dict: dict, shard: int, num_shards: int, output_dir: str) -> dict:
+    """Read, split, tokenize and write one output shard (both splits). Runs in a worker process."""
+    import ml_collections
+
+    from bertjax import tokenizer as tokenizers
+    from bertjax.data import corpus as corpora
+    from bertjax.data import prepared
+    from bertjax.data import pretraining as pt
+
+    data = ml_collections.ConfigDict(data_dict)
+    tokenizer = tokenizers.load_tokenizer(data.tokenizer, data.vocab_path, lower_case=data.lower_case)
+    documents = shard_documents(data, shard, num_shards)
+    counts = {}
+    for split in prepared.SPLITS:
+        docs = [d for d in documents if corpora.is_eval_document(d, data.eval_fraction) == (split == "eval")]
+        corpus = pt.tokenize_documents(docs, tokenizer) if docs else None
+        prepared.write_shard(prepared.shard_path(output_dir, split, shard, num_shards), corpus)
+        counts[split] = (corpus.num_documents, len(corpus.tokens)) if corpus is not None else (0, 0)
+    return counts
+
+
+def main(argv):
+    if len(argv) > 1:
+        raise app.UsageError(f"unexpected arguments: {argv[1:]}")
+    from bertjax.data import prepared
+
+    data = _CONFIG.value.data
+    output_dir, num_shards = _OUTPUT_DIR.value, _NUM_SHARDS.value
+    if not output_dir:
+        cli.fail("--output_dir is required")
+    if not data.vocab_path:
+        cli.fail("prepare needs --config.data.vocab_path: learn one first with "
+                 "python -m bertjax.tokenizer train --input=... --vocab_size=... --out=...")
+    if num_shards % _PROCESS_COUNT.value:
+        cli.fail(f"--num_shards={num_shards} must be a multiple of --process_count={_PROCESS_COUNT.value}")
+    os.makedirs(output_dir, exist_ok=True)
+    if _PROCESS_INDEX.value == 0:
+        vocab_name = os.path.basename(data.vocab_path)
+        shutil.copy(data.vocab_path, os.path.join(output_dir, vocab_name))
+        prepared.write_metadata(output_dir, tokenizer=data.tokenizer, vocab_name=vocab_name,
+                                lower_case=data.lower_case, num_shards=num_shards, eval_fraction=data.eval_fraction)
+    shards = list(range(_PROCESS_INDEX.value, num_shards, _PROCESS_COUNT.value))
+    start = time.time()
+    # Spawned, not forked: TensorFlow's runtime does not survive a fork.
+    context = multiprocessing.get_context("spawn")
+    with concurrent.futures.ProcessPoolExecutor(max_workers=_NUM_WORKERS.value, mp_context=context) as pool:
+        futures = {pool.submit(prepare_shard, data.to_dict(), k, num_shards, output_dir): k for k in shards}
+        totals = {"train": [0, 0], "eval": [0, 0]}
+        for future in concurrent.futures.as_completed(futures):
+            for split, (docs, tokens) in future.result().items():
+                totals[split][0] += docs
+                totals[split][1] += tokens
+            logging.info("shard %d done", futures[future])
+    for split, (docs, tokens) in totals.items():
+        print(f"{split}: {docs} documents, {tokens} tokens in {len(shards)} shards")
+    print(f"prepared {output_dir} in {time.time() - start:.1f}s")
+
+
+if __name__ == "__main__":
+    app.run(main, flags_parser=cli.parse_flags)

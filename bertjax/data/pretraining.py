@@ -1,0 +1,397 @@
+"""Pretraining examples: next-sentence pairs built online, dynamic 80/10/10 masking, an exactly resumable stream.
+
+How the stream is laid out, and why it resumes exactly without saving tf.data state:
+
+  * A host holds its shard of the corpus as one flat token array (a `TokenizedCorpus`): sentences are
+    contiguous token ranges, documents contiguous sentence ranges.
+  * Each epoch has a *plan*: the NSP pairs of create_instances_from_document (Devlin et al.), drawn
+    from a generator seeded by (seed, epoch, host), shuffled. A pair is five integers, because every
+    segment of a pair -- A, the real continuation B, a random B, each after truncation -- is one
+    contiguous range of the flat token array. The plan is light metadata; no token is copied.
+  * Every epoch has the same length K (the length of epoch 0's plan; later epochs, whose pair counts
+    differ by a fraction of a percent, are cut or wrapped to K), so example j of the host's stream is
+    example j % K of epoch j // K. Resuming at step N builds one plan and skips within it: the cost
+    does not grow with N.
+  * Masks are drawn in TensorFlow from a stateless RNG keyed by (seed, epoch, index in epoch), so the
+    same example gets the same mask in every run and a new one every epoch.
+
+Shape legend: S max_seq_length, P max_predictions_per_seq, n length of an unpadded example.
+"""
+
+import dataclasses
+import functools
+import random
+from typing import Iterable, Sequence
+
+import numpy as np
+import tensorflow as tf
+
+# Columns of a plan row.
+A_START, A_END, B_START, B_END, IS_RANDOM_NEXT = range(5)
+# Stream keys for tf.random.experimental.stateless_fold_in: one independent stream per purpose.
+_GROUP_ORDER, _MASK_CHOICE, _RANDOM_TOKEN = 1, 2, 3
+
+
+@dataclasses.dataclass(frozen=True)
+class TokenizedCorpus:
+    """A host's documents, tokenized, in three flat arrays.
+
+    tokens:          [num_tokens] token ids of all sentences, back to back
+    sentence_starts: [num_sentences + 1] offset of each sentence in tokens (last = num_tokens)
+    doc_starts:      [num_documents + 1] offset of each document in sentences (last = num_sentences)
+    """
+
+    tokens: np.ndarray
+    sentence_starts: np.ndarray
+    doc_starts: np.ndarray
+
+    @property
+    def num_documents(self) -> int:
+        return len(self.doc_starts) - 1
+
+    @property
+    def num_sentences(self) -> int:
+        return len(self.sentence_starts) - 1
+
+    def document(self, d: int) -> list[np.ndarray]:
+        """The sentences of document d, as token arrays (for tests and previews)."""
+        s0, s1 = self.doc_starts[d], self.doc_starts[d + 1]
+        return [self.tokens[self.sentence_starts[s]:self.sentence_starts[s + 1]] for s in range(s0, s1)]
+
+
+def corpus_from_token_lists(documents: Iterable[Sequence[Sequence[int]]], vocab_size: int) -> TokenizedCorpus:
+    """Documents given as lists of sentences of token ids -> TokenizedCorpus.
+
+    Sentences without tokens and documents without sentences are dropped: they can take part in no pair.
+    """
+    lengths, doc_sizes, pieces = [], [], []
+    for doc in documents:
+        kept = [np.asarray(s) for s in doc if len(s)]
+        if not kept:
+            continue
+        doc_sizes.append(len(kept))
+        lengths.extend(len(s) for s in kept)
+        pieces.extend(kept)
+    if not doc_sizes:
+        raise ValueError("the corpus has no document with a non-empty sentence after tokenization")
+    # uint16 halves the host memory of a corpus whenever the vocabulary fits (BERT's 30,522 does).
+    dtype = np.uint16 if vocab_size <= np.iinfo(np.uint16).max + 1 else np.int32
+    tokens = np.concatenate(pieces).astype(dtype)
+    sentence_starts = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
+    doc_starts = np.concatenate([[0], np.cumsum(doc_sizes)]).astype(np.int64)
+    return TokenizedCorpus(tokens, sentence_starts, doc_starts)
+
+
+def tokenize_documents(documents: Iterable[list[str]], tokenizer, batch_sentences: int = 4096) -> TokenizedCorpus:
+    """Documents of sentence strings -> TokenizedCorpus, tokenizing many sentences per TF call."""
+    documents = list(documents)
+    sentences = [s for doc in documents for s in doc]
+    ids: list[np.ndarray] = []
+    for i in range(0, len(sentences), batch_sentences):
+        ragged = tokenizer.tokenize(tf.constant(sentences[i:i + batch_sentences]))
+        values, splits = ragged.flat_values.numpy(), ragged.row_splits.numpy()
+        ids.extend(np.split(values, splits[1:-1]))
+    docs, k = [], 0
+    for doc in documents:
+        docs.append(ids[k:k + len(doc)])
+        k += len(doc)
+    return corpus_from_token_lists(docs, tokenizer.vocab_size)
+
+
+# ----------------------------------------------------------------------------------------------------
+# Pairs (create_instances_from_document, planned as token ranges)
+# ----------------------------------------------------------------------------------------------------
+
+
+def _truncate_pair(a: list[int], b: list[int], max_num_tokens: int, rng: random.Random) -> None:
+    """truncate_seq_pair on [start, end) ranges: trim the longer segment, from the front or the back
+    with probability 1/2 each, until the pair fits. Trimming the front too keeps the model from
+    learning that a segment always ends a sentence."""
+    while (a[1] - a[0]) + (b[1] - b[0]) > max_num_tokens:
+        seg = a if (a[1] - a[0]) > (b[1] - b[0]) else b
+        if rng.random() < 0.5:
+            seg[0] += 1
+        else:
+            seg[1] -= 1
+
+
+def build_epoch_plan(corpus: TokenizedCorpus, *, seed: int, epoch: int, shard: int, max_seq_length: int,
+                     short_seq_prob: float) -> np.ndarray:
+    """All NSP pairs of one epoch of this host's shard, shuffled: int64 [num_pairs, 5] token ranges.
+
+    The algorithm is create_instances_from_document of the original release, document by document:
+    whole sentences fill a chunk up to a target length (max_seq_length - 3, or with probability
+    short_seq_prob a random shorter one, so that the model also sees the short inputs of fine-tuning);
+    A is a random prefix of the chunk; B is the rest of the chunk, or -- for half of the pairs, and
+    always when the chunk is a single sentence -- text from a random other document of the whole shard,
+    in which case the chunk's unused sentences go back to be used by the next pair.
+    """
+    max_num_tokens = max_seq_length - 3  # [CLS] A [SEP] B [SEP]
+    # random.Random seeded by a string is stable across platforms and Python versions.
+    rng = random.Random(f"bertjax-pairs:{seed}:{epoch}:{shard}")
+    starts = corpus.sentence_starts.tolist()
+    doc_starts = corpus.doc_starts.tolist()
+    num_docs = len(doc_starts) - 1
+    plan: list[tuple[int, int, int, int, int]] = []
+    for d in range(num_docs):
+        first, last = doc_starts[d], doc_starts[d + 1]  # sentence range of the document
+        target = max_num_tokens
+        if rng.random() < short_seq_prob:
+            target = rng.randint(2, max_num_tokens)
+        chunk_start, i = first, first
+        while i < last:
+            chunk_end = i + 1  # the chunk is sentences [chunk_start, chunk_end)
+            if chunk_end < last and starts[chunk_end] - starts[chunk_start] < target:
+                i += 1
+                continue
+            num_chunk = chunk_end - chunk_start
+            a_end = chunk_start + (rng.randint(1, num_chunk - 1) if num_chunk >= 2 else 1)
+            a = [starts[chunk_start], starts[a_end]]
+            if num_chunk == 1 or rng.random() < 0.5:
+                is_random = 1
+                target_b = target - (a[1] - a[0])
+                for _ in range(10):  # a different document, if the shard has one
+                    other = rng.randint(0, num_docs - 1)
+                    if other != d:
+                        break
+                o_first, o_last = doc_starts[other], doc_starts[other + 1]
+                j = rng.randint(o_first, o_last - 1)
+                b_first = j
+                while True:  # whole sentences until B reaches its target
+                    j += 1
+                    if starts[j] - starts[b_first] >= target_b or j == o_last:
+                        break
+                b = [starts[b_first], starts[j]]
+                i = a_end  # the chunk's unused sentences are put back
+            else:
+                is_random = 0
+                b = [starts[a_end], starts[chunk_end]]
+                i = chunk_end
+            _truncate_pair(a, b, max_num_tokens, rng)
+            plan.append((a[0], a[1], b[0], b[1], is_random))
+            chunk_start = i
+    rng.shuffle(plan)
+    return np.asarray(plan, dtype=np.int64).reshape(-1, 5)
+
+
+# ----------------------------------------------------------------------------------------------------
+# Examples and masking, in TensorFlow ops (eager or inside tf.data)
+# ----------------------------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class MaskingSpec:
+    """What masking needs to know about the vocabulary and the recipe."""
+
+    cls_id: int
+    sep_id: int
+    pad_id: int
+    mask_id: int
+    replacement_ids: np.ndarray  # ids a "random token" is drawn from: the vocabulary without specials
+    word_start: np.ndarray  # bool [vocab_size]: the token begins a word (whole-word masking)
+    max_predictions_per_seq: int
+    masked_lm_prob: float = 0.15
+    whole_word_masking: bool = False
+
+    @classmethod
+    def from_tokenizer(cls, tokenizer, **recipe) -> "MaskingSpec":
+        return cls(
+            cls_id=tokenizer.cls_id, sep_id=tokenizer.sep_id, pad_id=tokenizer.pad_id, mask_id=tokenizer.mask_id,
+            replacement_ids=np.asarray(tokenizer.replacement_ids, np.int32),
+            word_start=np.asarray(tokenizer.word_start, bool), **recipe,
+        )
+
+
+def example_key(seed: int, epoch, index):
+    """The stateless RNG key of one example: a pure function of (seed, epoch, index in epoch)."""
+    key = tf.constant([seed, 0x5EED], tf.int64)
+    key = tf.random.experimental.stateless_fold_in(key, tf.cast(epoch, tf.int64))
+    return tf.random.experimental.stateless_fold_in(key, tf.cast(index, tf.int64))
+
+
+def _greedy_fill(sizes, budget):
+    """Which groups the original takes, visiting them in order: a group is taken when it still fits in
+    the budget, else skipped for good. sizes: [G] int32 in visiting order -> [G] bool.
+
+    Done in passes over the whole vector instead of one group at a time: each pass takes the longest
+    prefix that fits, then drops every group larger than what is left (the first one that did not fit
+    among them); what remains is visited by the next pass exactly as the sequential loop would.
+    """
+    def body(taken, alive, total):
+        s = tf.where(alive, sizes, 0)
+        fits = alive & (total + tf.cumsum(s) <= budget)
+        total += tf.reduce_sum(tf.where(fits, s, 0))
+        taken |= fits
+        alive &= ~fits & (sizes <= budget - total)
+        return taken, alive, total
+
+    taken = tf.zeros_like(sizes, tf.bool)
+    alive = sizes > 0
+    taken, _, _ = tf.while_loop(
+        lambda taken, alive, total: (total < budget) & tf.reduce_any(alive),
+        body, (taken, alive, tf.constant(0, sizes.dtype)),
+    )
+    return taken
+
+
+def mask_tokens(ids, key, spec: MaskingSpec):
+    """BERT's masked-LM corruption of one unpadded example.
+
+    ids: [n] int32 ([CLS] A [SEP] B [SEP]); key: stateless RNG key.
+    Returns (masked ids [n], masked_lm_positions [P], masked_lm_ids [P], masked_lm_weights [P]).
+
+    num_to_predict = min(P, max(1, round(n * masked_lm_prob))) positions, never [CLS]/[SEP], are
+    chosen at random (whole words together under whole-word masking, skipping a word that would
+    overshoot, as the original does). Of those, 80% become [MASK], 10% a random token, 10% stay:
+    the model cannot rely on [MASK] marking every position it is asked about, so it must keep a
+    useful representation of every token -- and [MASK] never appears at fine-tuning time.
+    """
+    ids = tf.cast(ids, tf.int32)
+    n = tf.shape(ids)[0]
+    max_predictions = spec.max_predictions_per_seq
+    candidate = (ids != spec.cls_id) & (ids != spec.sep_id) & (ids != spec.pad_id)
+    # tf.round rounds half to even, like Python's round() in the original.
+    num_to_predict = tf.cast(tf.round(tf.cast(n, tf.float32) * spec.masked_lm_prob), tf.int32)
+    num_to_predict = tf.minimum(max_predictions, tf.maximum(1, num_to_predict))
+
+    # Groups of positions chosen together: single tokens, or whole words. A group starts at a candidate
+    # that begins a word or follows a non-candidate ([CLS], [SEP]): a "##" piece right after [SEP]
+    # (B cut mid-word) starts its own group instead of joining the last word of A.
+    if spec.whole_word_masking:
+        begins_word = tf.gather(tf.constant(spec.word_start), ids)
+        after_candidate = tf.concat([[False], candidate[:-1]], 0)
+        starts = candidate & (begins_word | ~after_candidate)
+    else:
+        starts = candidate
+    group = tf.cumsum(tf.cast(starts, tf.int32)) - 1  # [n], group index at candidates
+    num_groups = tf.reduce_sum(tf.cast(starts, tf.int32))
+    sizes = tf.math.unsorted_segment_sum(
+        tf.cast(candidate, tf.int32), tf.where(candidate, group, num_groups), num_groups + 1
+    )[:num_groups]
+    # A random visiting order of the groups (the original shuffles its candidate list).
+    scores = tf.random.stateless_uniform([num_groups], tf.random.experimental.stateless_fold_in(key, _GROUP_ORDER))
+    order = tf.argsort(scores)
+    taken_in_order = _greedy_fill(tf.gather(sizes, order), num_to_predict)
+    taken = tf.scatter_nd(order[:, None], taken_in_order, [num_groups])
+    chosen = candidate & tf.gather(tf.concat([taken, [False]], 0), tf.where(candidate, group, num_groups))
+
+    u = tf.random.stateless_uniform([n], tf.random.experimental.stateless_fold_in(key, _MASK_CHOICE))
+    random_index = tf.random.stateless_uniform(
+        [n], tf.random.experimental.stateless_fold_in(key, _RANDOM_TOKEN),
+        minval=0, maxval=len(spec.replacement_ids), dtype=tf.int32,
+    )
+    random_tokens = tf.gather(tf.constant(spec.replacement_ids, tf.int32), random_index)
+    replacement = tf.where(u < 0.8, spec.mask_id, tf.where(u < 0.9, ids, random_tokens))
+    masked = tf.where(chosen, replacement, ids)
+
+    positions = tf.cast(tf.where(chosen)[:, 0], tf.int32)  # ascending, as the original sorts them
+    labels = tf.gather(ids, positions)
+    count = tf.shape(positions)[0]
+    pad = [[0, max_predictions - count]]
+    return (
+        masked,
+        tf.pad(positions, pad),
+        tf.pad(labels, pad),
+        tf.pad(tf.ones([count], tf.float32), pad),
+    )
+
+
+def make_example(tokens, pair, key, spec: MaskingSpec, max_seq_length: int) -> dict:
+    """One plan row -> one padded, masked pretraining example (a dict of fixed-shape tensors).
+
+    tokens: the host's flat token array; pair: [5] int64 plan row; key: the example's RNG key.
+    """
+    a = tf.cast(tokens[pair[A_START]:pair[A_END]], tf.int32)
+    b = tf.cast(tokens[pair[B_START]:pair[B_END]], tf.int32)
+    ids = tf.concat([[spec.cls_id], a, [spec.sep_id], b, [spec.sep_id]], 0)  # [n]
+    n = tf.shape(ids)[0]
+    segment_ids = tf.concat([tf.zeros([tf.shape(a)[0] + 2], tf.int32), tf.ones([tf.shape(b)[0] + 1], tf.int32)], 0)
+    masked, positions, labels, weights = mask_tokens(ids, key, spec)
+    pad = [[0, max_seq_length - n]]
+    return {
+        "input_ids": tf.ensure_shape(tf.pad(masked, pad, constant_values=spec.pad_id), [max_seq_length]),
+        "input_mask": tf.ensure_shape(tf.pad(tf.ones([n], tf.int32), pad), [max_seq_length]),
+        "segment_ids": tf.ensure_shape(tf.pad(segment_ids, pad), [max_seq_length]),
+        "masked_lm_positions": tf.ensure_shape(positions, [spec.max_predictions_per_seq]),
+        "masked_lm_ids": tf.ensure_shape(labels, [spec.max_predictions_per_seq]),
+        "masked_lm_weights": tf.ensure_shape(weights, [spec.max_predictions_per_seq]),
+        # The original's convention: 0 = IsNext, 1 = NotNext (B from a random document).
+        "next_sentence_labels": tf.cast(pair[IS_RANDOM_NEXT], tf.int32),
+    }
+
+
+# ----------------------------------------------------------------------------------------------------
+# The stream
+# ----------------------------------------------------------------------------------------------------
+
+
+class PretrainingStream:
+    """A host's infinite, deterministic stream of pretraining examples, startable at any step.
+
+    The batch at step N is a pure function of (corpus shard, recipe, seed, N): nothing else is stored
+    to resume.
+    """
+
+    def __init__(self, corpus: TokenizedCorpus, spec: MaskingSpec, *, seed: int, max_seq_length: int,
+                 short_seq_prob: float = 0.1, shard: int = 0):
+        if max_seq_length < 5:
+            raise ValueError(f"data.max_seq_length={max_seq_length}: needs at least 5 ([CLS] A [SEP] B [SEP])")
+        # Full-length sequences would be capped below 15%: BERT uses 20 at 128, MLPerf 76 at 512.
+        needed = int(max_seq_length * spec.masked_lm_prob)
+        if spec.max_predictions_per_seq < max(1, needed):
+            raise ValueError(
+                f"data.max_predictions_per_seq={spec.max_predictions_per_seq} is too small for "
+                f"{spec.masked_lm_prob:.0%} of data.max_seq_length={max_seq_length}: set it to at least {needed}"
+            )
+        self.corpus, self.spec, self.seed, self.shard = corpus, spec, seed, shard
+        self.max_seq_length, self.short_seq_prob = max_seq_length, short_seq_prob
+        self.examples_per_epoch = len(self.plan(0))
+        if self.examples_per_epoch == 0:
+            raise ValueError("the corpus yields no sentence pairs")
+
+    @functools.lru_cache(maxsize=2)
+    def plan(self, epoch: int) -> np.ndarray:
+        """The epoch's pairs, cut or wrapped to the length of epoch 0 (after the first call)."""
+        plan = build_epoch_plan(self.corpus, seed=self.seed, epoch=epoch, shard=self.shard,
+                                max_seq_length=self.max_seq_length, short_seq_prob=self.short_seq_prob)
+        if epoch == 0 or len(plan) == self.examples_per_epoch:
+            return plan
+        return plan[np.arange(self.examples_per_epoch) % len(plan)]
+
+    def locate(self, example: int) -> tuple[int, int]:
+        """Example number in the host's stream -> (epoch, index in the epoch)."""
+        return divmod(example, self.examples_per_epoch)
+
+    def dataset(self, batch_size: int, start_step: int = 0, num_epochs: int | None = None,
+                threads: int | None = None) -> tf.data.Dataset:
+        """Batches of `batch_size` examples from step `start_step` on.
+
+        Built from the plan of the epoch the step falls in: resuming at step 1,000,000 costs what
+        starting at step 0 costs. threads: cap tf.data's worker threads (benchmarks per core).
+        """
+        first_epoch, offset = self.locate(start_step * batch_size)
+        tokens = tf.constant(self.corpus.tokens)
+        spec, seed, max_seq_length = self.spec, self.seed, self.max_seq_length
+
+        def epoch_rows(epoch):
+            plan = tf.numpy_function(lambda e: self.plan(int(e)), [epoch], tf.int64, stateful=False)
+            plan = tf.ensure_shape(plan, [self.examples_per_epoch, 5])
+            index = tf.range(self.examples_per_epoch, dtype=tf.int64)
+            rows = tf.data.Dataset.from_tensor_slices((tf.fill([self.examples_per_epoch], epoch), index, plan))
+            return rows.skip(tf.where(epoch == first_epoch, tf.constant(offset, tf.int64), tf.constant(0, tf.int64)))
+
+        last = None if num_epochs is None else first_epoch + num_epochs
+        epochs = tf.data.Dataset.range(first_epoch, last if last is not None else np.iinfo(np.int64).max)
+        ds = epochs.flat_map(epoch_rows)
+        ds = ds.map(
+            lambda epoch, index, pair: make_example(tokens, pair, example_key(seed, epoch, index), spec,
+                                                    max_seq_length),
+            num_parallel_calls=tf.data.AUTOTUNE, deterministic=True,
+        )
+        ds = ds.batch(batch_size, drop_remainder=True)
+        options = tf.data.Options()
+        options.deterministic = True
+        if threads:
+            options.threading.private_threadpool_size = threads
+            options.threading.max_intra_op_parallelism = 1
+        return ds.with_options(options).prefetch(tf.data.AUTOTUNE)

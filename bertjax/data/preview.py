@@ -1,0 +1,87 @@
+"""python -m bertjax.data.preview: see exactly what the model will be fed.
+
+    python -m bertjax.data.preview --config=configs/tiny.py --num_examples=3
+    python -m bertjax.data.preview --config=configs/tiny.py --num_examples=100 --format=jsonl > examples.jsonl
+
+The text form shows each pair as segments A and B with every masked position marked
+[MASK→original] (or «replacement→original» for a random token, =original= for one left unchanged),
+and the NSP label. The jsonl form writes one example per line with every model input and the decoded
+tokens. --start_step shows the examples of a later training step (as a resumed run would see them).
+"""
+
+import json
+import sys
+import tempfile
+
+from absl import app, flags
+from ml_collections import config_flags
+
+from bertjax import cli
+
+_CONFIG = config_flags.DEFINE_config_file("config", None, "A configs/<size>.py file.")
+_NUM_EXAMPLES = flags.DEFINE_integer("num_examples", 5, "How many examples to show.")
+_FORMAT = flags.DEFINE_enum("format", "text", ["text", "jsonl"], "text for people, jsonl for tools.")
+_SPLIT = flags.DEFINE_enum("split", "train", ["train", "eval"], "The training stream or the held-out one.")
+_START_STEP = flags.DEFINE_integer("start_step", 0, "Show the examples of this training step on.")
+_WORKDIR = flags.DEFINE_string(
+    "workdir", None, "Where a learned vocabulary is cached (as in training); a temporary folder if unset."
+)
+
+
+def example_record(tokenizer, ex: dict) -> dict:
+    """One example as plain lists, with its decoded tokens, for the jsonl form."""
+    record = {key: value.tolist() for key, value in ex.items()}
+    n = int(sum(record["input_mask"]))
+    record["tokens"] = tokenizer.convert_ids_to_tokens(record["input_ids"][:n])
+    k = int(sum(record["masked_lm_weights"]))
+    record["masked_lm_tokens"] = tokenizer.convert_ids_to_tokens(record["masked_lm_ids"][:k])
+    return record
+
+
+def format_text(tokenizer, ex: dict, number: int) -> str:
+    record = example_record(tokenizer, ex)
+    tokens = list(record["tokens"])
+    originals = dict(zip(record["masked_lm_positions"], record["masked_lm_tokens"]))
+    for position, original in originals.items():
+        shown = tokens[position]
+        if shown == "[MASK]":
+            tokens[position] = f"[MASK→{original}]"
+        elif shown == original:
+            tokens[position] = f"={original}="
+        else:
+            tokens[position] = f"«{shown}→{original}»"
+    n = len(tokens)
+    segments = record["segment_ids"][:n]
+    a = [t for t, s in zip(tokens, segments) if s == 0]
+    b = [t for t, s in zip(tokens, segments) if s == 1]
+    label = "NotNext (B from a random document)" if record["next_sentence_labels"] else "IsNext"
+    return "\n".join([
+        f"--- example {number}: {n} tokens, {len(originals)} to predict, {label}",
+        "A: " + " ".join(a),
+        "B: " + " ".join(b),
+    ])
+
+
+def main(argv):
+    if len(argv) > 1:
+        raise app.UsageError(f"unexpected arguments: {argv[1:]}")
+    from bertjax.data import inputs
+
+    config = _CONFIG.value
+    workdir = _WORKDIR.value or tempfile.mkdtemp(prefix="bertjax-preview-")
+    try:
+        data = inputs.build_inputs(config.data, workdir=workdir)
+    except (ValueError, FileNotFoundError) as e:
+        cli.fail(str(e))
+    stream = data.train if _SPLIT.value == "train" else data.eval
+    dataset = stream.dataset(1, start_step=_START_STEP.value).unbatch().take(_NUM_EXAMPLES.value)
+    for i, ex in enumerate(dataset.as_numpy_iterator()):
+        if _FORMAT.value == "jsonl":
+            print(json.dumps(example_record(data.tokenizer, ex)))
+        else:
+            print(format_text(data.tokenizer, ex, _START_STEP.value + i), end="\n\n")
+    sys.stdout.flush()
+
+
+if __name__ == "__main__":
+    app.run(main, flags_parser=cli.parse_flags)

@@ -1,0 +1,191 @@
+"""From the config's data section to streams: held-out split, prepared shards, the CLIs, bad input."""
+
+import json
+import os
+import pathlib
+import runpy
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from bertjax import vocab as vocabularies
+from bertjax.data import inputs
+
+REPO = pathlib.Path(__file__).resolve().parents[1]
+WORDS = ("the river city north old museum built century king village church music long bridge water "
+         "school road first new large small known several people many early later during because "
+         "however although famous station market island mountain forest garden library tower").split()
+
+
+def write_corpus(path, num_docs=160, seed=0):
+    """A sentence-per-line corpus, blank line between documents, of varied English-like sentences."""
+    rng = np.random.default_rng(seed)
+    lines = []
+    for _ in range(num_docs):
+        for _ in range(rng.integers(1, 12)):
+            words = rng.choice(WORDS, size=rng.integers(4, 18))
+            lines.append(" ".join(words).capitalize() + rng.choice([".", ".", "!", "?"]))
+        lines.append("")
+    path.write_text("\n".join(lines), encoding="utf-8")
+    return path
+
+
+@pytest.fixture(scope="module")
+def corpus_dir(tmp_path_factory):
+    root = tmp_path_factory.mktemp("corpus")
+    write_corpus(root / "part-0.txt", seed=0)
+    write_corpus(root / "part-1.txt", seed=1)
+    sentences = (line for p in sorted(root.glob("*.txt")) for line in p.read_text().splitlines() if line)
+    vocabularies.learn_wordpiece_vocab(sentences, 400, True, str(root / "vocab.txt"))
+    return root
+
+
+def data_config(corpus_dir, **overrides):
+    config = runpy.run_path(str(REPO / "configs" / "tiny.py"))["get_config"]()
+    config.data.source = "text"
+    config.data.input_pattern = str(corpus_dir / "*.txt")
+    config.data.vocab_path = str(corpus_dir / "vocab.txt")
+    config.data.eval_fraction = 0.1
+    config.data.max_seq_length = 64
+    config.data.max_predictions_per_seq = 10
+    for key, value in overrides.items():
+        setattr(config.data, key, value)
+    return config.data
+
+
+def documents_of(corpus):
+    return {tuple(tuple(s.tolist()) for s in corpus.document(d)) for d in range(corpus.num_documents)}
+
+
+def test_held_out_documents_are_never_trained_on(corpus_dir):
+    data = inputs.build_inputs(data_config(corpus_dir), workdir=None)
+    train, held_out = documents_of(data.train.corpus), documents_of(data.eval.corpus)
+    assert held_out and train and not (train & held_out)
+    assert 0.04 < len(held_out) / (len(train) + len(held_out)) < 0.2
+    # The evaluation batches are fixed: the same examples and masks every time.
+    a, b = data.eval_batches(8, 2), data.eval_batches(8, 2)
+    for x, y in zip(a, b):
+        for key in x:
+            np.testing.assert_array_equal(x[key], y[key])
+
+
+def test_host_shares_are_disjoint_and_complete_from_the_config(corpus_dir):
+    data = data_config(corpus_dir)
+    whole = inputs.build_inputs(data, workdir=None)
+    parts = [inputs.build_inputs(data, workdir=None, process_index=p, process_count=3) for p in range(3)]
+    for split in ("train", "eval"):
+        shares = [documents_of(getattr(part, split).corpus) for part in parts]
+        assert sum(len(s) for s in shares) == len(set().union(*shares))  # disjoint
+        assert set().union(*shares) == documents_of(getattr(whole, split).corpus)  # complete
+
+
+def run_module(module, *args, cwd=REPO):
+    return subprocess.run(
+        [sys.executable, "-m", module, *args], capture_output=True, text=True, cwd=cwd, timeout=300,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+    )
+
+
+def config_flags(corpus_dir, **overrides):
+    values = dict(source="text", input_pattern=str(corpus_dir / "*.txt"), vocab_path=str(corpus_dir / "vocab.txt"),
+                  eval_fraction=0.1, max_seq_length=64, max_predictions_per_seq=10)
+    values.update(overrides)
+    return ["--config=configs/tiny.py"] + [f"--config.data.{k}={v}" for k, v in values.items()]
+
+
+def prepare(corpus_dir, out, input_pattern, num_shards=2):
+    result = run_module("bertjax.data.prepare", *config_flags(corpus_dir, input_pattern=input_pattern),
+                        f"--output_dir={out}", f"--num_shards={num_shards}", "--num_workers=2")
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert "train:" in result.stdout and json.loads((out / "metadata.json").read_text())["num_shards"] == num_shards
+    return data_config(corpus_dir, source="prepared", prepared_dir=str(out), input_pattern=None, vocab_path=None)
+
+
+def test_prepared_shards_give_each_host_the_in_memory_stream(corpus_dir, tmp_path):
+    # One input file, two shards: documents are dealt to shards as the in-memory path deals them to hosts.
+    one_file = str(corpus_dir / "part-0.txt")
+    shards = prepare(corpus_dir, tmp_path / "one", one_file)
+    for host in range(2):
+        in_memory = inputs.build_inputs(data_config(corpus_dir, input_pattern=one_file), workdir=None,
+                                        process_index=host, process_count=2)
+        from_shards = inputs.build_inputs(shards, workdir=None, process_index=host, process_count=2)
+        for split in ("train", "eval"):
+            a, b = getattr(in_memory, split).corpus, getattr(from_shards, split).corpus
+            np.testing.assert_array_equal(a.tokens, b.tokens)
+            np.testing.assert_array_equal(a.sentence_starts, b.sentence_starts)
+            np.testing.assert_array_equal(a.doc_starts, b.doc_starts)
+        for x, y in zip(in_memory.train.dataset(16, start_step=5).take(2), from_shards.train.dataset(16, start_step=5).take(2)):
+            for key in x:
+                np.testing.assert_array_equal(x[key].numpy(), y[key].numpy())
+    # More hosts than shards cannot be served.
+    with pytest.raises(ValueError, match="2 shards for 3 processes"):
+        inputs.build_inputs(shards, workdir=None, process_index=0, process_count=3)
+
+
+def test_prepared_file_shards_are_disjoint_and_complete(corpus_dir, tmp_path):
+    # As many files as shards: each shard is written from whole files, read in parallel.
+    shards = prepare(corpus_dir, tmp_path / "two", str(corpus_dir / "*.txt"))
+    whole = inputs.build_inputs(data_config(corpus_dir), workdir=None)
+    for split in ("train", "eval"):
+        parts = [documents_of(getattr(inputs.build_inputs(shards, workdir=None, process_index=p, process_count=2),
+                                      split).corpus) for p in range(2)]
+        assert not (parts[0] & parts[1]) and parts[0] | parts[1] == documents_of(getattr(whole, split).corpus)
+
+
+def test_preview_text_and_jsonl(corpus_dir):
+    text = run_module("bertjax.data.preview", *config_flags(corpus_dir), "--num_examples=3")
+    assert text.returncode == 0, text.stderr[-2000:]
+    assert text.stdout.count("--- example") == 3 and "[MASK→" in text.stdout and "A: [CLS]" in text.stdout
+    jsonl = run_module("bertjax.data.preview", *config_flags(corpus_dir), "--num_examples=4", "--format=jsonl",
+                       "--start_step=7")
+    assert jsonl.returncode == 0, jsonl.stderr[-2000:]
+    records = [json.loads(line) for line in jsonl.stdout.splitlines()]
+    assert len(records) == 4
+    for r in records:
+        assert set(r) >= {"input_ids", "segment_ids", "input_mask", "masked_lm_positions", "masked_lm_ids",
+                          "masked_lm_weights", "next_sentence_labels", "tokens"}
+        n = sum(r["input_mask"])
+        assert len(r["input_ids"]) == 64 and r["tokens"][0] == "[CLS]" and len(r["tokens"]) == n
+    # --start_step shows what a run resumed at that step is fed: the stream's examples 7, 8, ...
+    data = inputs.build_inputs(data_config(corpus_dir), workdir=None)
+    batch = next(data.train.dataset(1, start_step=7).as_numpy_iterator())
+    assert records[0]["input_ids"] == batch["input_ids"][0].tolist()
+
+
+def expect_cli_error(result, *fragments):
+    assert result.returncode == 2, (result.returncode, result.stderr[-2000:])
+    assert "Traceback" not in result.stderr, result.stderr[-2000:]
+    last = result.stderr.strip().splitlines()[-1]
+    assert "error:" in last, last
+    for fragment in fragments:
+        assert fragment in last, (fragment, last)
+
+
+def test_bad_input_gets_one_clear_line(corpus_dir, tmp_path):
+    empty = tmp_path / "empty.txt"
+    empty.write_text("\n\n")
+    expect_cli_error(run_module("bertjax.data.preview", *config_flags(corpus_dir, input_pattern=empty)),
+                     "no documents")
+    bad = tmp_path / "bad.txt"
+    bad.write_bytes(b"A fine sentence.\nAnother one \xff\xfe here.\n")
+    expect_cli_error(run_module("bertjax.data.preview", *config_flags(corpus_dir, input_pattern=bad)),
+                     "bad.txt", "line 2", "UTF-8")
+    expect_cli_error(run_module("bertjax.data.preview", *config_flags(corpus_dir, input_pattern=tmp_path / "nope*.txt")),
+                     "nope")
+    no_mask = tmp_path / "vocab.txt"
+    no_mask.write_text("\n".join(t for t in (corpus_dir / "vocab.txt").read_text().splitlines() if t != "[MASK]"))
+    expect_cli_error(run_module("bertjax.data.preview", *config_flags(corpus_dir, vocab_path=no_mask)), "[MASK]")
+    expect_cli_error(run_module("bertjax.data.preview", *config_flags(corpus_dir, max_predictions_per_seq=3)),
+                     "data.max_predictions_per_seq=3")
+    expect_cli_error(run_module("bertjax.data.preview", *config_flags(corpus_dir), "--config.data.bogus=1"),
+                     "bogus")
+
+
+def test_one_sentence_documents_pair_with_random_next(corpus_dir, tmp_path):
+    single = tmp_path / "single.txt"
+    single.write_text("\n\n".join(f"The {w} was built early in the century." for w in WORDS) + "\n")
+    data = inputs.build_inputs(data_config(corpus_dir, input_pattern=str(single), eval_fraction=0.2), workdir=None)
+    batch = next(data.train.dataset(32).as_numpy_iterator())
+    assert (batch["next_sentence_labels"] == 1).all()  # a lone sentence has no real continuation
