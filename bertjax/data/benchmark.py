@@ -84,6 +84,16 @@ def main(argv):
                 print(f"{seq:>4} {source:>9} {threads:>8} {rate:>11,.0f} {rate / threads:>9,.0f}  "
                       f"{setup_s:.1f}s to examples ({stream.examples_per_epoch:,} pairs/epoch)")
 
+    # Resuming: the first batch at step 1,000,000 against the first batch at step 0, each on a fresh
+    # stream (one epoch plan built either way).
+    spec = pt.MaskingSpec.from_tokenizer(tokenizer, max_predictions_per_seq=20)
+    for step in (0, 1_000_000):
+        start = time.perf_counter()
+        stream = pt.PretrainingStream(prepared.load_corpus(tmp, "train", 0, 1), spec, seed=0, max_seq_length=128)
+        next(stream.dataset(_BATCH.value, start_step=step).as_numpy_iterator())
+        epoch, _ = stream.locate(step * _BATCH.value)
+        print(f"first batch at step {step:>9,} (epoch {epoch:,}): {time.perf_counter() - start:.2f}s")
+
 
 if __name__ == "__main__":
     app.run(main, flags_parser=cli.parse_flags)
