@@ -28,6 +28,6 @@ setuptools.setup(
     ],
     extras_require={
         # Reference implementations for the tests only; never imported by bertjax itself.
-        "test": ["pytest>=8", "torch==2.13.0", "transformers>=4.40"],
+        "test": ["pytest>=8", "torch==2.13.0", "transformers>=4.40", "tensorboard>=2.16"],
     },
 )

@@ -24,8 +24,8 @@ from bertjax import hf
 from bertjax import model as bert_model
 
 
-def _make_tokenizer(vocab_path: Path, lower_case: bool):
-    """The project's WordPiece tokenizer, with TensorFlow kept off the accelerators.
+def _make_tokenizer(vocab_path: Path, lower_case: bool, kind: str = "wordpiece"):
+    """The project's tokenizer (WordPiece or SentencePiece), with TensorFlow kept off the accelerators.
 
     The tokenizer runs TF ops eagerly; left alone, TF would claim every visible GPU's memory on its
     first op, which the JAX model next to it in the same notebook needs.
@@ -36,9 +36,9 @@ def _make_tokenizer(vocab_path: Path, lower_case: bool):
         tf.config.set_visible_devices([], "GPU")
     except RuntimeError:
         pass  # TF was initialised already (by the caller): its device choice stands.
-    from bertjax.tokenizer import WordPieceTokenizer
+    from bertjax.tokenizer import load_tokenizer
 
-    return WordPieceTokenizer(str(vocab_path), lower_case=lower_case)
+    return load_tokenizer(kind, str(vocab_path), lower_case=lower_case)
 
 
 @dataclasses.dataclass
@@ -139,8 +139,37 @@ def _load_hf_directory(path: Path, dtype: str) -> LoadedBert:
     return LoadedBert(cfg, params, _make_tokenizer(vocab_path, lower_case), source=str(path), missing=missing)
 
 
-# The order is the order of trial. The bertjax checkpoint/workdir source goes here.
+def _is_bertjax_checkpoint(path: Path) -> bool:
+    from bertjax import checkpoint
+
+    return checkpoint.is_checkpoint(str(path))
+
+
+def _load_bertjax_checkpoint(path: Path, dtype: str) -> LoadedBert:
+    """The newest checkpoint of a training workdir (or a checkpoints/ or step directory): its params,
+    the model config and the tokenizer recorded with it."""
+    from bertjax import checkpoint
+
+    params, meta = checkpoint.restore_params(str(path))
+    cfg = bert_model.BertConfig.from_dict(dict(meta["model"], dtype=dtype))
+    info = meta.get("tokenizer")
+    if not info:
+        raise ValueError(f"{path} was trained on synthetic data and has no tokenizer: load it with "
+                         f"bertjax.checkpoint.restore_params instead")
+    if not os.path.exists(info["path"]):
+        raise ValueError(f"{path}: its vocabulary {info['path']} is gone; put it back there to load the model")
+    tokenizer = _make_tokenizer(info["path"], info["lower_case"], kind=info["kind"])
+    params = jax.tree_util.tree_map(np.asarray, params)
+    return LoadedBert(cfg, params, tokenizer, source=str(path))
+
+
+# The order is the order of trial.
 _SOURCES = (
+    _Source(
+        "a bertjax training workdir, its checkpoints/ directory or one step's directory",
+        _is_bertjax_checkpoint,
+        _load_bertjax_checkpoint,
+    ),
     _Source(
         "a Hugging Face BERT directory (config.json, model.safetensors / model.safetensors.index.json / "
         "pytorch_model.bin, vocab.txt)",

@@ -88,8 +88,8 @@ def assert_trees_close(a, b, atol, rtol=0.0):
 @pytest.mark.parametrize("size", SIZES)
 def test_config_builds_model_with_hf_parameter_count(size):
     """Each config's model has exactly as many parameters as HF BertForPreTraining of that shape."""
-    torch = pytest.importorskip("torch")
-    transformers = pytest.importorskip("transformers")
+    import torch
+    import transformers
     config = load_config(size)
     cfg = model.BertConfig.from_dict(config.model)
     batch = model.dummy_batch(2, config.data.max_seq_length, config.data.max_predictions_per_seq)

@@ -39,6 +39,7 @@ class PretrainingInputs:
     tokenizer: object
     train: pt.PretrainingStream
     eval: pt.PretrainingStream
+    vocab_path: str  # the tokenizer's file, recorded in checkpoints so bertjax.load finds it
 
     def train_batches(self, batch_size: int, start_step: int = 0) -> Iterator[dict]:
         """numpy batches of this host's examples, from step start_step on, without end."""
@@ -119,8 +120,8 @@ def build_inputs(data, *, workdir: str | None, process_index: int = 0, process_c
         if not data.prepared_dir:
             raise ValueError("data.source='prepared' needs data.prepared_dir (written by python -m bertjax.data.prepare)")
         meta = prepared.read_metadata(data.prepared_dir)
-        tokenizer = tokenizers.load_tokenizer(meta["tokenizer"], prepared.vocab_file(data.prepared_dir, meta),
-                                              lower_case=meta["lower_case"])
+        vocab_path = prepared.vocab_file(data.prepared_dir, meta)
+        tokenizer = tokenizers.load_tokenizer(meta["tokenizer"], vocab_path, lower_case=meta["lower_case"])
         train_corpus = prepared.load_corpus(data.prepared_dir, "train", process_index, process_count)
         eval_corpus = prepared.load_corpus(data.prepared_dir, "eval", process_index, process_count)
     else:
@@ -134,6 +135,7 @@ def build_inputs(data, *, workdir: str | None, process_index: int = 0, process_c
             )
         # Every host learns (or reads) the same vocabulary, from all training documents.
         tokenizer = load_or_learn_tokenizer(data, workdir, [d for d, e in zip(documents, held_out) if not e])
+        vocab_path = vocabulary_path(data, workdir)
         # Split between hosts first, as prepare does with --num_shards=process_count, so that both paths
         # give a host the very same documents.
         mine = host_documents(zip(documents, held_out), process_index, process_count)
@@ -152,6 +154,7 @@ def build_inputs(data, *, workdir: str | None, process_index: int = 0, process_c
     )
     return PretrainingInputs(
         tokenizer=tokenizer,
+        vocab_path=os.path.abspath(vocab_path),
         train=make_stream(train_corpus, data, tokenizer, shard=process_index),
         # Its own seed stream, so held-out examples share no random draws with training ones.
         eval=make_stream(eval_corpus, data, tokenizer, shard=process_index, seed_offset=1_000_003),

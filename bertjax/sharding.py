@@ -1,0 +1,140 @@
+"""Processes, devices, the mesh, and how arrays are laid out on it.
+
+The mesh has three axes: data (pure data parallelism), fsdp (data parallelism with parameters and
+optimizer state sharded too) and tensor (heads, feed-forward and vocabulary split across devices).
+The model names the axes of every parameter and key activation; the config's logical_axis_rules map
+those names onto mesh axes. This module turns the two into jax.sharding objects. No TensorFlow here.
+"""
+
+import os
+from typing import Any, Sequence
+
+import flax.linen as nn
+import jax
+import numpy as np
+from absl import logging
+from jax.sharding import NamedSharding, PartitionSpec
+
+MESH_AXES = ("data", "fsdp", "tensor")
+
+# Set by launch/local.py for each process it starts; explicit flags take precedence.
+ENV_COORDINATOR = "BERTJAX_COORDINATOR_ADDRESS"
+ENV_NUM_PROCESSES = "BERTJAX_NUM_PROCESSES"
+ENV_PROCESS_ID = "BERTJAX_PROCESS_ID"
+
+
+def _on_cluster() -> bool:
+    """Cloud TPU VMs and SLURM jobs of several tasks, where jax.distributed finds its peers itself."""
+    if os.environ.get("TPU_WORKER_HOSTNAMES", "").count(",") >= 1:  # GKE sets it; TPU VMs do not
+        return True
+    # A TPU VM made with `gcloud compute tpus tpu-vm create` has no such variable: JAX finds its workers
+    # in the VM's metadata. JAX sets this flag when it is imported and finds TPU chips and libtpu
+    # (private, hence the getattr; on a single-host TPU VM initialize() simply finds one process).
+    try:
+        from jax._src import cloud_tpu_init
+    except ImportError:
+        cloud_tpu_init = None
+    if getattr(cloud_tpu_init, "running_in_cloud_tpu_vm", False):
+        return True
+    return int(os.environ.get("SLURM_NTASKS", "1")) > 1 and "SLURM_JOB_ID" in os.environ
+
+
+def initialize_distributed(coordinator_address: str | None = None, num_processes: int | None = None,
+                           process_id: int | None = None) -> None:
+    """Join the other processes of this run, if there are any.
+
+    Explicit arguments (or the BERTJAX_* variables the local launcher sets) name the coordinator;
+    on Cloud TPU pods and SLURM clusters JAX detects everything itself; a lone process does nothing.
+    """
+    coordinator_address = coordinator_address or os.environ.get(ENV_COORDINATOR)
+    if coordinator_address:
+        num_processes = num_processes if num_processes is not None else int(os.environ[ENV_NUM_PROCESSES])
+        process_id = process_id if process_id is not None else int(os.environ[ENV_PROCESS_ID])
+        jax.distributed.initialize(coordinator_address, num_processes, process_id)
+    elif _on_cluster():
+        jax.distributed.initialize()
+    else:
+        return
+    logging.info("process %d of %d, %d local devices of %d", jax.process_index(), jax.process_count(),
+                 jax.local_device_count(), jax.device_count())
+
+
+def mesh_shape(mesh_config: dict, num_devices: int) -> tuple[int, ...]:
+    """(data, fsdp, tensor) sizes; one axis may be -1 and takes the devices the others leave."""
+    unknown = sorted(set(mesh_config) - set(MESH_AXES))
+    if unknown:
+        raise ValueError(f"unknown mesh axes {unknown}: the mesh axes are {MESH_AXES}")
+    sizes = [int(mesh_config.get(axis, 1)) for axis in MESH_AXES]
+    if sizes.count(-1) > 1:
+        raise ValueError("at most one mesh axis may be -1")
+    known = int(np.prod([s for s in sizes if s != -1]))
+    if -1 in sizes:
+        if num_devices % known:
+            raise ValueError(f"mesh {dict(zip(MESH_AXES, sizes))} cannot be filled from {num_devices} devices: "
+                             f"the fixed axes multiply to {known}")
+        sizes[sizes.index(-1)] = num_devices // known
+    if int(np.prod(sizes)) != num_devices:
+        raise ValueError(f"mesh data*fsdp*tensor = {'*'.join(map(str, sizes))} = {int(np.prod(sizes))} "
+                         f"does not match the {num_devices} devices: set one of config.mesh.* to -1")
+    return tuple(sizes)
+
+
+def make_mesh(mesh_config: dict, devices: Sequence[Any] | None = None) -> jax.sharding.Mesh:
+    """The device mesh. Axes are Auto: the model's logical constraints guide the partitioner (JAX's
+    default Explicit axes would turn every constraint into an assertion)."""
+    devices = list(devices) if devices is not None else jax.devices()
+    shape = mesh_shape(mesh_config, len(devices))
+    return jax.make_mesh(shape, MESH_AXES, axis_types=(jax.sharding.AxisType.Auto,) * len(MESH_AXES),
+                         devices=devices)
+
+
+def logical_rules(rules: Sequence[Sequence[Any]]) -> tuple:
+    """The config's rules table as flax expects it: ((logical name, mesh axis or axes or None), ...)."""
+    out = []
+    for rule in rules:
+        name, target = rule
+        target = tuple(target) if isinstance(target, (list, tuple)) else target
+        for axis in (target if isinstance(target, tuple) else (target,)):
+            if axis is not None and axis not in MESH_AXES:
+                raise ValueError(f"logical_axis_rules maps {name!r} to unknown mesh axis {axis!r}")
+        out.append((name, target))
+    return tuple(out)
+
+
+def tree_shardings(abstract_boxed_tree, mesh, rules) -> Any:
+    """NamedShardings for a tree whose leaves carry logical axis names (nn.LogicallyPartitioned);
+    leaves without names (step counters, optimizer counts) are replicated."""
+    return nn.logical_to_mesh_sharding(nn.get_partition_spec(abstract_boxed_tree), mesh, rules)
+
+
+def batch_sharding(mesh, rules) -> NamedSharding:
+    """Batches are split over the mesh axes the rules give the logical "batch" axis."""
+    return NamedSharding(mesh, nn.logical_to_mesh_axes(("batch",), rules))
+
+
+def data_parallel_size(mesh, rules) -> int:
+    spec = batch_sharding(mesh, rules).spec[0]
+    axes = spec if isinstance(spec, tuple) else (spec,) if spec else ()
+    return int(np.prod([mesh.shape[a] for a in axes]))
+
+
+def check_batch_size(batch_size: int, grad_accum_steps: int, mesh, rules) -> None:
+    """Fail early, with what to change, when the batch cannot be split as configured."""
+    if batch_size % grad_accum_steps:
+        raise ValueError(f"train.batch_size={batch_size} is not divisible by train.grad_accum_steps={grad_accum_steps}")
+    micro = batch_size // grad_accum_steps
+    dp = data_parallel_size(mesh, rules)
+    if micro % dp:
+        raise ValueError(
+            f"the microbatch of {micro} sequences (train.batch_size={batch_size} / train.grad_accum_steps="
+            f"{grad_accum_steps}) does not divide over the {dp} data-parallel devices of mesh {dict(mesh.shape)}: "
+            f"make train.batch_size a multiple of {dp * grad_accum_steps}"
+        )
+    if batch_size % jax.process_count():
+        raise ValueError(f"train.batch_size={batch_size} does not divide over {jax.process_count()} processes")
+
+
+def global_batch(host_batch: dict, sharding: NamedSharding) -> dict:
+    """This process's share of a batch (numpy, leading axis = B / process_count) -> global jax.Arrays
+    sharded over the data axes. Every process passes its own share; none sees the others'."""
+    return {k: jax.make_array_from_process_local_data(sharding, np.asarray(v)) for k, v in host_batch.items()}

@@ -1,0 +1,393 @@
+"""python -m bertjax.train: BERT pretraining, from one CPU to a pod.
+
+    python -m bertjax.train --config=configs/tiny.py --workdir=/tmp/bertjax-tiny
+    python -m bertjax.train --config=configs/large.py:lamb_phase1 --workdir=gs://bucket/large-p1
+
+Re-running the same command resumes from the workdir's latest checkpoint; SIGTERM (preemption) saves
+and exits cleanly. The story below reads top to bottom: distributed init -> mesh -> data -> model and
+optimizer (shapes first, then created sharded) -> restore -> jitted step -> loop.
+
+The model, the step and the synthetic data path import no TensorFlow: only the real input pipeline does.
+"""
+
+import dataclasses
+import functools
+import os
+import signal
+import time
+from typing import Any
+
+import flax.linen as nn
+import flax.struct
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+from absl import app, flags, logging
+from ml_collections import config_flags
+
+from bertjax import checkpoint, cli, metrics, model, optim, sharding
+
+_CONFIG = config_flags.DEFINE_config_file("config", None, "A configs/<size>.py file.", lock_config=True)
+_WORKDIR = flags.DEFINE_string("workdir", None, "Checkpoints, metrics.jsonl and TensorBoard events go here.")
+_COORDINATOR = flags.DEFINE_string("coordinator_address", None, "host:port of process 0, for several processes.")
+_NUM_PROCESSES = flags.DEFINE_integer("num_processes", None, "How many processes take part.")
+_PROCESS_ID = flags.DEFINE_integer("process_id", None, "This process's index.")
+
+BATCH_KEYS = ("input_ids", "segment_ids", "input_mask", "masked_lm_positions", "masked_lm_ids",
+              "masked_lm_weights", "next_sentence_labels")
+
+
+@flax.struct.dataclass
+class TrainState:
+    step: jax.Array  # completed steps
+    params: Any
+    opt_state: Any
+
+
+# ----------------------------------------------------------------------------------------------------
+# Pure step functions (jitted once in main with explicit shardings)
+# ----------------------------------------------------------------------------------------------------
+
+
+def loss_fn(params, batch, dropout_rng, *, net):
+    out = net.apply(
+        {"params": params}, batch["input_ids"], batch["segment_ids"], batch["input_mask"],
+        batch["masked_lm_positions"], deterministic=False, rngs={"dropout": dropout_rng},
+    )
+    loss, sums = model.pretraining_loss(out["mlm_logits"], out["nsp_logits"], batch["masked_lm_ids"],
+                                        batch["masked_lm_weights"], batch["next_sentence_labels"])
+    sums["real_tokens"] = jnp.sum(batch["input_mask"]).astype(jnp.float32)
+    return loss, sums
+
+
+def train_step(state: TrainState, batch: dict, dropout_key, *, net, tx, grad_accum_steps: int):
+    """One optimizer step over the global batch (in grad_accum_steps microbatches). Returns the new
+    state and the step's metric sums (added up over a logging interval on the device)."""
+    rng = jax.random.fold_in(dropout_key, state.step)  # a new dropout mask each step, reproducibly
+    grad_fn = jax.value_and_grad(functools.partial(loss_fn, net=net), has_aux=True)
+    (loss, sums), grads = optim.accumulate_gradients(grad_fn, state.params, batch, grad_accum_steps, rng)
+    # The per-microbatch means come back added up over the microbatches.
+    sums = dict(sums, mlm_loss=sums["mlm_loss"] / grad_accum_steps, nsp_loss=sums["nsp_loss"] / grad_accum_steps)
+    grad_norm = optax.tree.norm(grads)
+    updates, opt_state = tx.update(grads, state.opt_state, state.params)
+    params = optax.apply_updates(state.params, updates)
+    sums = dict(sums, loss_sum=loss, grad_norm_sum=grad_norm, steps=jnp.float32(1),
+                # Counts the steps whose loss or gradient was not finite: the host stops the run.
+                nonfinite=jnp.float32(~(jnp.isfinite(loss) & jnp.isfinite(grad_norm))))
+    return TrainState(state.step + 1, params, opt_state), sums
+
+
+def eval_step(params, batch, *, net):
+    out = net.apply({"params": params}, batch["input_ids"], batch["segment_ids"], batch["input_mask"],
+                    batch["masked_lm_positions"], deterministic=True)
+    loss, sums = model.pretraining_loss(out["mlm_logits"], out["nsp_logits"], batch["masked_lm_ids"],
+                                        batch["masked_lm_weights"], batch["next_sentence_labels"])
+    return dict(sums, loss_sum=loss, steps=jnp.float32(1))
+
+
+def summarize(sums: dict) -> dict:
+    """Metric sums over some steps -> the logged means and accuracies."""
+    steps = max(sums["steps"], 1.0)
+    out = {
+        "loss": sums["loss_sum"] / steps,
+        "mlm_loss": sums["mlm_loss"] / steps,
+        "nsp_loss": sums["nsp_loss"] / steps,
+        "mlm_accuracy": sums["mlm_correct"] / max(sums["mlm_count"], 1.0),
+        "nsp_accuracy": sums["nsp_correct"] / max(sums["nsp_count"], 1.0),
+    }
+    if "grad_norm_sum" in sums:
+        out["grad_norm"] = sums["grad_norm_sum"] / steps
+    return out
+
+
+class Preemption:
+    """SIGTERM (a preempted VM, a cancelled job) asks the loop to save and exit; it is not obeyed
+    mid-step. With several processes, all of them stop at the same step."""
+
+    def __init__(self):
+        self.requested = False
+        signal.signal(signal.SIGTERM, self._handler)
+
+    def _handler(self, signum, frame):
+        self.requested = True
+
+    def should_stop(self) -> bool:
+        if jax.process_count() == 1:
+            return self.requested
+        from jax.experimental import multihost_utils
+
+        return bool(np.any(multihost_utils.process_allgather(np.array(self.requested))))
+
+
+@dataclasses.dataclass
+class Setup:
+    """The model, optimizer and state layout of a run: shapes first (jax.eval_shape), shardings from
+    the logical axis names, then parameters created already sharded. Shared by main and the tests."""
+
+    config: Any
+    mesh: Any
+    rules: tuple
+    bert_config: model.BertConfig
+    net: model.BertForPreTraining
+    tx: optax.GradientTransformation
+    schedule: Any
+    init_state: Any  # rng -> boxed TrainState
+    state_sharding: Any
+    abstract_state: Any  # ShapeDtypeStructs carrying the shardings
+
+    @classmethod
+    def create(cls, config, mesh, rules, init_key) -> "Setup":
+        bert_config = model.BertConfig.from_dict(config.model)
+        net = model.BertForPreTraining(bert_config)
+        tx, schedule = optim.optimizer_from_config(config.optimizer, config.schedule, config.train.num_steps)
+        example = model.dummy_batch(1, config.data.max_seq_length, config.data.max_predictions_per_seq)
+
+        def init_state(rng):
+            params = net.init({"params": rng}, **example)["params"]  # boxed with logical axis names
+            return TrainState(step=jnp.int32(0), params=params, opt_state=tx.init(params))
+
+        abstract_boxed = jax.eval_shape(init_state, init_key)
+        state_sharding = sharding.tree_shardings(abstract_boxed, mesh, rules)
+        abstract_state = jax.tree_util.tree_map(
+            lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s), nn.unbox(abstract_boxed), state_sharding)
+        return cls(config, mesh, rules, bert_config, net, tx, schedule, init_state, state_sharding, abstract_state)
+
+    def init(self, rng) -> TrainState:
+        """A fresh state, each array created directly in its shards (never whole on one device)."""
+        with jax.set_mesh(self.mesh), nn.logical_axis_rules(self.rules):
+            return jax.jit(lambda r: nn.unbox(self.init_state(r)), out_shardings=self.state_sharding)(rng)
+
+    def compile_steps(self, data_sharding, grad_accum_steps: int):
+        """train_step and eval_step, jitted once with explicit shardings; the state is donated."""
+        with jax.set_mesh(self.mesh), nn.logical_axis_rules(self.rules):
+            p_train_step = jax.jit(
+                functools.partial(train_step, net=self.net, tx=self.tx, grad_accum_steps=grad_accum_steps),
+                in_shardings=(self.state_sharding, data_sharding, None),
+                out_shardings=(self.state_sharding, None),
+                donate_argnums=(0,),
+            )
+            p_eval_step = jax.jit(functools.partial(eval_step, net=self.net),
+                                  in_shardings=(self.state_sharding.params, data_sharding))
+        return p_train_step, p_eval_step
+
+
+def host_batches(config, workdir: str, start_step: int, process_index: int, process_count: int):
+    """This process's stream of numpy batches from start_step on, its fixed eval batches, and the
+    tokenizer (None for synthetic data) with the path of its vocabulary."""
+    local_batch = config.train.batch_size // process_count
+    data = config.data
+    if data.source == "synthetic":
+        from bertjax.data import synthetic
+
+        kwargs = dict(batch_size=local_batch, max_seq_length=data.max_seq_length,
+                      max_predictions_per_seq=data.max_predictions_per_seq, vocab_size=config.model.vocab_size,
+                      seed=data.seed, shard=process_index)
+        evals = [synthetic.synthetic_batch(i, split=1, **kwargs) for i in range(config.logging.eval_batches)]
+        return synthetic.synthetic_batches(start_step, **kwargs), evals, None, None
+    import tensorflow as tf
+
+    # TensorFlow only reads and masks text here: the accelerators belong to JAX.
+    tf.config.set_visible_devices([], "GPU")
+    from bertjax.data import inputs
+
+    streams = inputs.build_inputs(data, workdir=workdir, process_index=process_index, process_count=process_count)
+    evals = streams.eval_batches(local_batch, config.logging.eval_batches)
+    return streams.train_batches(local_batch, start_step), evals, streams.tokenizer, streams.vocab_path
+
+
+def say(message: str) -> None:
+    """A line for the person running the job (process 0 only); library INFO logs stay off by default."""
+    if jax.process_index() == 0:
+        print(message, flush=True)
+
+
+def main(argv):
+    if len(argv) > 1:
+        raise app.UsageError(f"unexpected arguments: {argv[1:]}")
+    if not flags.FLAGS["verbosity"].present:
+        # Orbax and JAX log every checkpoint file at INFO; --verbosity=0 brings them back.
+        logging.set_verbosity(logging.WARNING)
+    config, workdir = _CONFIG.value, _WORKDIR.value
+    if not workdir:
+        cli.fail("--workdir is required (checkpoints and metrics go there)")
+    try:
+        run(config, workdir)
+    except (ValueError, FileNotFoundError, FloatingPointError) as e:
+        cli.fail(str(e))
+
+
+def run(config, workdir: str) -> None:
+    # ---------------------------------------------------------------- distributed init
+    sharding.initialize_distributed(_COORDINATOR.value, _NUM_PROCESSES.value, _PROCESS_ID.value)
+    process_index, process_count = jax.process_index(), jax.process_count()
+    is_primary = process_index == 0
+    os.makedirs(workdir, exist_ok=True)
+
+    # ---------------------------------------------------------------- mesh
+    mesh = sharding.make_mesh(config.mesh)
+    rules = sharding.logical_rules(config.logical_axis_rules)
+    grad_accum = config.train.grad_accum_steps
+    sharding.check_batch_size(config.train.batch_size, grad_accum, mesh, rules)
+    data_sharding = sharding.batch_sharding(mesh, rules)
+    say(f"{jax.process_count()} process(es), {jax.device_count()} {jax.devices()[0].device_kind} device(s), "
+        f"mesh {dict(mesh.shape)}")
+
+    # ---------------------------------------------------------------- model and optimizer: shapes first
+    root_key = jax.random.key(config.train.seed)
+    init_key, dropout_key = jax.random.split(root_key)
+    setup = Setup.create(config, mesh, rules, init_key)
+    bert_config, tx, schedule = setup.bert_config, setup.tx, setup.schedule
+    state_sharding, abstract_state = setup.state_sharding, setup.abstract_state
+    say(f"model: {bert_config.num_layers} layers, hidden {bert_config.hidden_size}, "
+        f"{model.count_params(abstract_state.params):,} parameters")
+
+    # ---------------------------------------------------------------- restore: workdir > init_from > scratch
+    checkpointer = checkpoint.Checkpointer(workdir, every_steps=config.checkpoint.every_steps,
+                                           keep=config.checkpoint.keep, async_save=config.checkpoint.async_save)
+    restored = checkpointer.restore_latest(abstract_state.params, abstract_state.opt_state)
+    with jax.set_mesh(mesh), nn.logical_axis_rules(rules):
+        if restored is not None:
+            check_same_stream(restored.meta, config, process_count)
+            state = TrainState(jnp.int32(restored.step), restored.params, restored.opt_state)
+            say(f"resumed from step {restored.step} ({checkpointer.directory})")
+        else:
+            state = setup.init(init_key)
+            if config.train.init_from:
+                state = state.replace(params=initial_params(config.train.init_from, bert_config,
+                                                            abstract_state.params))
+                say(f"parameters from {config.train.init_from}")
+    start_step = int(state.step)
+
+    # ---------------------------------------------------------------- data
+    train_batches, eval_batches, tokenizer, vocab_path = host_batches(config, workdir, start_step, process_index,
+                                                                      process_count)
+    if tokenizer is not None and tokenizer.vocab_size > bert_config.vocab_size:
+        raise ValueError(f"the tokenizer has {tokenizer.vocab_size} tokens but model.vocab_size="
+                         f"{bert_config.vocab_size}: set model.vocab_size to at least {tokenizer.vocab_size}")
+    tokenizer_meta = None if tokenizer is None else {
+        "kind": config.data.tokenizer, "path": vocab_path, "lower_case": bool(tokenizer.lower_case)}
+    eval_global = [sharding.global_batch(b, data_sharding) for b in eval_batches]
+
+    # ---------------------------------------------------------------- jitted steps
+    p_train_step, p_eval_step = setup.compile_steps(data_sharding, grad_accum)
+
+    # ---------------------------------------------------------------- loop
+    writer = metrics.MetricWriter(workdir, enabled=is_primary)
+    flops_per_token = None
+    peak = metrics.peak_flops_per_device(jax.devices()[0].device_kind)
+    timer = metrics.StepTimer(config.train.num_steps, start_step=start_step)
+    preemption = Preemption()
+    num_steps, log_every = config.train.num_steps, config.logging.log_every
+    window, window_start = None, start_step
+    # Tokens of the current logging window processed outside the timed span (compiling, evaluating).
+    timed_from, untimed_tokens = start_step, 0.0
+
+    def pause_timer(step):
+        nonlocal timed_from, untimed_tokens
+        untimed_tokens = float(jax.device_get(window["real_tokens"])) if window is not None else 0.0
+        timer.restart(step)
+        timed_from = step
+
+    def save(step, force=False):
+        meta = {"step": step, "model": bert_config.__dict__, "data": stream_position(config, process_count),
+                "tokenizer": tokenizer_meta}
+        checkpointer.save(step, state.params, state.opt_state, meta, force=force)
+
+    def check_finite(upto):
+        if window is not None and float(window["nonfinite"]) > 0:
+            raise FloatingPointError(
+                f"the loss or the gradients became NaN or inf between steps {window_start + 1} and {upto}: "
+                f"resume from the last checkpoint with a lower optimizer.learning_rate, or inspect those "
+                f"batches with python -m bertjax.data.preview --start_step={window_start}")
+
+    with jax.set_mesh(mesh), nn.logical_axis_rules(rules):
+        for step in range(start_step + 1, num_steps + 1):
+            host_batch = next(train_batches)
+            batch = sharding.global_batch({k: host_batch[k] for k in BATCH_KEYS}, data_sharding)
+            state, sums = p_train_step(state, batch, dropout_key)
+            window = sums if window is None else jax.tree_util.tree_map(jnp.add, window, sums)
+            if step == start_step + 1:
+                pause_timer(step)  # the first step includes compilation
+
+            if step % log_every == 0 or step == num_steps:
+                window = jax.device_get(window)
+                check_finite(step)
+                out = summarize(window)
+                real_tokens = float(window["real_tokens"])
+                speed = timer.update(step, real_tokens - untimed_tokens) if step > timed_from else {}
+                timed_from, untimed_tokens = step, 0.0
+                out.update(learning_rate=float(schedule(step - 1)), **speed,
+                           padding_efficiency=real_tokens / (window["steps"] * config.train.batch_size
+                                                             * config.data.max_seq_length))
+                if flops_per_token is None:
+                    fraction = float(window["mlm_count"]) / max(real_tokens, 1.0)
+                    flops_per_token = metrics.train_flops_per_token(
+                        bert_config.num_layers, bert_config.hidden_size, config.data.max_seq_length,
+                        bert_config.vocab_size, fraction)
+                if peak and "tokens_per_second" in speed:
+                    out["mfu"] = metrics.mfu(speed["tokens_per_second"], flops_per_token, jax.device_count(), peak)
+                writer.write(step, out)
+                window, window_start = None, step
+
+            if step % config.logging.eval_every == 0 or step == num_steps:
+                totals = None
+                for b in eval_global:
+                    s = p_eval_step(state.params, b)
+                    totals = s if totals is None else jax.tree_util.tree_map(jnp.add, totals, s)
+                if totals is not None:
+                    writer.write(step, summarize(jax.device_get(totals)), split="eval")
+                pause_timer(step)
+
+            stop = preemption.should_stop()
+            if step % config.checkpoint.every_steps == 0 or step == num_steps or stop:
+                if window is not None:  # never save a state whose last steps were not checked
+                    window = jax.device_get(window)
+                    check_finite(step)
+                save(step, force=stop or step == num_steps)
+            if stop:
+                say(f"SIGTERM: saved the checkpoint of step {step}; re-run the same command to resume")
+                break
+    checkpointer.wait()
+    checkpointer.close()
+    writer.close()
+
+
+def stream_position(config, process_count: int) -> dict:
+    """What decides the data stream besides the step: a resumed run must agree on all of it."""
+    return {"seed": config.data.seed, "batch_size": config.train.batch_size, "process_count": process_count,
+            "max_seq_length": config.data.max_seq_length, "source": config.data.source}
+
+
+def check_same_stream(meta: dict, config, process_count: int) -> None:
+    saved, now = meta.get("data", {}), stream_position(config, process_count)
+    changed = {k: (saved.get(k), v) for k, v in now.items() if k in saved and saved[k] != v}
+    if changed:
+        logging.warning("resuming with a different data stream than the checkpoint's (%s): "
+                        "the examples after the checkpoint differ from an uninterrupted run", changed)
+
+
+def initial_params(path: str, bert_config: model.BertConfig, abstract_params):
+    """Parameters only, from a bertjax checkpoint/workdir or a Hugging Face BERT directory."""
+    if checkpoint.is_checkpoint(path):
+        params, meta = checkpoint.restore_params(path, abstract_params)
+        return params
+    if os.path.exists(os.path.join(path, "config.json")):
+        from bertjax import hf
+
+        overrides = {k: v for k, v in bert_config.__dict__.items()
+                     if k in ("dtype", "param_dtype", "attention_impl", "remat_policy", "scan_layers")}
+        hf_config, params, missing = hf.load_hf_checkpoint(path, model_config_overrides=overrides)
+        for field in ("vocab_size", "hidden_size", "num_layers", "num_heads", "max_position_embeddings"):
+            if getattr(hf_config, field) != getattr(bert_config, field):
+                raise ValueError(f"train.init_from={path} has {field}={getattr(hf_config, field)} but the config "
+                                 f"has model.{field}={getattr(bert_config, field)}")
+        if missing:
+            logging.info("initialised fresh (not in %s): %s", path, missing)
+        return jax.device_put(params, jax.tree_util.tree_map(lambda a: a.sharding, abstract_params))
+    raise FileNotFoundError(f"train.init_from={path} is neither a bertjax workdir/checkpoint nor a Hugging Face "
+                            f"directory with config.json")
+
+
+if __name__ == "__main__":
+    app.run(main, flags_parser=cli.parse_flags)
