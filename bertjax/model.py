@@ -160,6 +160,39 @@ def _dense(cfg: BertConfig, features: int, names, name: str) -> nn.Dense:
     )
 
 
+# Dropout draws one 16-bit uniform per element, two from each 32-bit threefry word: half the random-bit
+# work of nn.Dropout's 32-bit draws (the bits are a tenth of a CPU step for base), with the rate
+# resolved to 1/65536 (0.1 -> 0.100006). The bits of an element depend only on the key and its index,
+# so masks do not change with the mesh (jax's partitionable threefry).
+DROPOUT_BITS = 16
+
+
+def dropout_keep_mask(rng, shape: tuple, rate: float):
+    """Bool mask of `shape`, True with probability 1 - rate (to 1/65536), from half as many 32-bit words."""
+    threshold = np.uint32(round(rate * 2**DROPOUT_BITS))
+    if shape[-1] % 2:
+        words = jax.random.bits(rng, shape, jnp.uint32)
+        return (words >> DROPOUT_BITS) >= threshold
+    words = jax.random.bits(rng, (*shape[:-1], shape[-1] // 2), jnp.uint32)
+    low, high = words & np.uint32(2**DROPOUT_BITS - 1), words >> DROPOUT_BITS
+    return jnp.concatenate([low, high], axis=-1) >= threshold
+
+
+class Dropout(nn.Module):
+    """Inverted dropout (kept values scaled by 1 / (1 - rate)), as nn.Dropout, with 16-bit draws."""
+
+    rate: float
+
+    @nn.compact
+    def __call__(self, x, deterministic: bool):
+        if deterministic or self.rate == 0.0:
+            return x
+        if self.rate >= 1.0:
+            return jnp.zeros_like(x)
+        keep = dropout_keep_mask(self.make_rng("dropout"), x.shape, self.rate)
+        return jnp.where(keep, x / (1.0 - self.rate), 0).astype(x.dtype)
+
+
 class Embeddings(nn.Module):
     """Token + segment + learned position embeddings, summed, LayerNorm, dropout."""
 
@@ -178,7 +211,7 @@ class Embeddings(nn.Module):
         self.position_embeddings = embed(cfg.max_position_embeddings, (None, "embed"))
         self.token_type_embeddings = embed(cfg.type_vocab_size, (None, "embed"))
         self.layer_norm = _layer_norm(cfg, "layer_norm")
-        self.dropout = nn.Dropout(cfg.hidden_dropout_rate)
+        self.dropout = Dropout(cfg.hidden_dropout_rate)
 
     def __call__(self, input_ids, segment_ids, deterministic: bool):
         # input_ids, segment_ids: [B, S] int
@@ -230,17 +263,21 @@ class SelfAttention(nn.Module):
     deterministic: bool
 
     @nn.compact
-    def __call__(self, x, mask):
+    def __call__(self, x, mask, queries=None):
         # x: [B, S, H]; mask: [B, 1, 1, S] bool, True where a key position may be attended to.
+        # queries: [B, Q, H] rows to compute outputs for (default x itself, Q = S); keys and values
+        # always come from every position of x.
         cfg = self.config
+        queries = x if queries is None else queries
 
-        def project(name):
+        def project(name, source):
             return HeadProjection(
                 cfg, (cfg.hidden_size, cfg.num_heads, cfg.head_dim), ("embed", "heads", "kv"), 2,
                 "bsh,hnd->bsnd", name=name,
-            )(x)
+            )(source)
 
-        q, k, v = project("query"), project("key"), project("value")  # each [B, S, N, D]
+        q = project("query", queries)  # [B, Q, N, D]
+        k, v = project("key", x), project("value", x)  # each [B, S, N, D]
         q = nn.with_logical_constraint(q, ("batch", "length", "heads", "kv"))
         k = nn.with_logical_constraint(k, ("batch", "length", "heads", "kv"))
         v = nn.with_logical_constraint(v, ("batch", "length", "heads", "kv"))
@@ -250,18 +287,18 @@ class SelfAttention(nn.Module):
         else:
             # jax.nn.dot_product_attention has no dropout on the attention probabilities, which BERT
             # trains with (rate 0.1); this is the same computation with the dropout in the middle.
-            logits = jnp.einsum("bqnd,bknd->bnqk", q, k, preferred_element_type=jnp.float32)  # [B, N, S, S]
+            logits = jnp.einsum("bqnd,bknd->bnqk", q, k, preferred_element_type=jnp.float32)  # [B, N, Q, S]
             logits = logits / np.sqrt(cfg.head_dim).astype(np.float32)
             logits = jnp.where(mask, logits, jnp.finfo(jnp.float32).min)
             probs = jax.nn.softmax(logits, axis=-1).astype(cfg.dtype)
-            probs = nn.Dropout(cfg.attention_dropout_rate)(probs, deterministic=False)
-            context = jnp.einsum("bnqk,bknd->bqnd", probs, v)  # [B, S, N, D]
+            probs = Dropout(cfg.attention_dropout_rate)(probs, deterministic=False)
+            context = jnp.einsum("bnqk,bknd->bqnd", probs, v)  # [B, Q, N, D]
         context = nn.with_logical_constraint(context, ("batch", "length", "heads", "kv"))
 
         out = HeadProjection(
             cfg, (cfg.num_heads, cfg.head_dim, cfg.hidden_size), ("heads", "kv", "embed"), 1,
             "bsnd,ndh->bsh", name="output",
-        )(context)  # [B, S, H]
+        )(context)  # [B, Q, H]
         return nn.with_logical_constraint(out, ("batch", "length", "hidden"))
 
 
@@ -284,6 +321,11 @@ class FeedForward(nn.Module):
 class TransformerBlock(nn.Module):
     """One encoder block. Post-LN as in BERT: x = LN(x + Dropout(SubLayer(x))).
 
+    With `rows` ([B, Q] positions) the block computes its output only at those positions: attention
+    still reads keys and values at every position, and everything after it (residual, LayerNorms,
+    feed-forward) is per position. Exactly the rows of the full block's output, for 2 of its 12 H^2
+    per token at the other positions (only the key and value projections).
+
     Returns (x, x or None) so that nn.scan can stack the per-layer outputs when they are wanted.
     """
 
@@ -292,30 +334,37 @@ class TransformerBlock(nn.Module):
     output_hidden_states: bool = False
 
     @nn.compact
-    def __call__(self, x, mask):
+    def __call__(self, x, mask, rows=None):
+        # x: [B, S, H]; rows: None or [B, Q] int. Returns [B, S, H], or [B, Q, H] with rows.
         cfg = self.config
+        at_rows = (lambda y: y) if rows is None else (lambda y: jnp.take_along_axis(y, rows[..., None], axis=1))
         attention = SelfAttention(cfg, self.deterministic, name="attention")
         feed_forward = FeedForward(cfg, name="mlp")
         attention_norm = _layer_norm(cfg, "attention_layer_norm")
         mlp_norm = _layer_norm(cfg, "mlp_layer_norm")
-        dropout = nn.Dropout(cfg.hidden_dropout_rate)
+        dropout = Dropout(cfg.hidden_dropout_rate)
         if cfg.pre_layer_norm:
-            x = x + dropout(attention(attention_norm(x), mask), deterministic=self.deterministic)
+            normed = attention_norm(x)
+            x = at_rows(x) + dropout(attention(normed, mask, at_rows(normed)), deterministic=self.deterministic)
             x = x + dropout(feed_forward(mlp_norm(x)), deterministic=self.deterministic)
         else:
-            x = attention_norm(x + dropout(attention(x, mask), deterministic=self.deterministic))
+            x = attention_norm(at_rows(x) + dropout(attention(x, mask, at_rows(x)), deterministic=self.deterministic))
             x = mlp_norm(x + dropout(feed_forward(x), deterministic=self.deterministic))
         x = nn.with_logical_constraint(x, ("batch", "length", "hidden"))
         return x, (x if self.output_hidden_states else None)
 
 
 class Encoder(nn.Module):
-    """L blocks, either unrolled (params layers_0 ... layers_{L-1}) or scanned (params stacked on axis 0)."""
+    """L blocks, either unrolled (params layers_0 ... layers_{L-1}) or scanned (params stacked on axis 0).
+
+    With `rows` ([B, Q] positions) only those rows of the output are returned. Unrolled, the last block
+    computes only them; scanned, every block is the same compiled body, so the rows are taken after it.
+    """
 
     config: BertConfig
 
     @nn.compact
-    def __call__(self, x, mask, deterministic: bool, output_hidden_states: bool = False):
+    def __call__(self, x, mask, deterministic: bool, output_hidden_states: bool = False, rows=None):
         cfg = self.config
         block = TransformerBlock
         if cfg.remat_policy != "none":
@@ -332,10 +381,13 @@ class Encoder(nn.Module):
             )
             x, per_layer = stack(cfg, deterministic, output_hidden_states, name="layers")(x, mask)
             layer_outputs = list(per_layer) if output_hidden_states else []  # L x [B, S, H]
+            if rows is not None:
+                x = jnp.take_along_axis(x, rows[..., None], axis=1)  # [B, Q, H]
         else:
             layer_outputs = []
             for i in range(cfg.num_layers):
-                x, out = block(cfg, deterministic, output_hidden_states, name=f"layers_{i}")(x, mask)
+                last_rows = rows if i == cfg.num_layers - 1 else None
+                x, out = block(cfg, deterministic, output_hidden_states, name=f"layers_{i}")(x, mask, last_rows)
                 layer_outputs.append(out)
         if cfg.pre_layer_norm:
             x = _layer_norm(cfg, "final_layer_norm")(x)
@@ -354,12 +406,21 @@ class BertModel(nn.Module):
         self.pooler = _dense(cfg, cfg.hidden_size, ("embed", None), "pooler")
 
     def __call__(self, input_ids, segment_ids, input_mask, deterministic: bool = True,
-                 output_hidden_states: bool = False):
+                 output_hidden_states: bool = False, output_rows=None):
         # input_ids, segment_ids, input_mask: [B, S] int; input_mask is 1 at real tokens, 0 at padding.
+        # output_rows: None, or [B, Q] int positions: sequence_output is then [B, Q, H], those rows
+        # only, and the last block (unrolled) computes just them and [CLS] (for the pooler).
+        if output_rows is not None and output_hidden_states:
+            raise ValueError("output_rows and output_hidden_states exclude each other: the last layer's "
+                             "hidden state would hold only some rows")
         x = self.embeddings(input_ids, segment_ids, deterministic)  # [B, S, H]
         mask = (input_mask > 0)[:, None, None, :]  # [B, 1, 1, S]
-        sequence_output, layer_outputs = self.encoder(x, mask, deterministic, output_hidden_states)
-        pooled_output = jnp.tanh(self.pooler(sequence_output[:, 0]))  # [B, H]
+        rows = None
+        if output_rows is not None:
+            rows = jnp.concatenate([jnp.zeros_like(output_rows[:, :1]), output_rows], axis=1)  # [B, 1+Q]: [CLS] first
+        encoded, layer_outputs = self.encoder(x, mask, deterministic, output_hidden_states, rows)
+        pooled_output = jnp.tanh(self.pooler(encoded[:, 0]))  # [B, H]
+        sequence_output = encoded if rows is None else encoded[:, 1:]  # [B, S, H] or [B, Q, H]
         outputs = {"sequence_output": sequence_output, "pooled_output": pooled_output}
         if output_hidden_states:
             outputs["hidden_states"] = [x] + layer_outputs  # L+1 x [B, S, H], embeddings first
@@ -401,13 +462,20 @@ class BertForPreTraining(nn.Module):
         self.mlm_head = MaskedLMHead(cfg)
         self.nsp_head = _dense(cfg, 2, ("embed", None), "nsp_head")
 
-    def __call__(self, input_ids, segment_ids, input_mask, masked_lm_positions, deterministic: bool = True):
+    def __call__(self, input_ids, segment_ids, input_mask, masked_lm_positions, deterministic: bool = True,
+                 heads_only: bool = False):
         # masked_lm_positions: [B, P] int, padded with 0 where there are fewer predictions (weight 0).
-        outputs = self.bert(input_ids, segment_ids, input_mask, deterministic)
-        sequence_output = outputs["sequence_output"]  # [B, S, H]
         # Only the P gathered positions go through the head: V-wide logits at every one of S positions
         # would cost (S/P) times more in the largest matmul of the model.
-        gathered = jnp.take_along_axis(sequence_output, masked_lm_positions[..., None], axis=1)  # [B, P, H]
+        # heads_only (what training and evaluation use): the last block, too, runs only at the rows the
+        # heads read ([CLS] and the P positions); the same numbers, and sequence_output holds those P
+        # rows ([B, P, H]) instead of all S. For mini that is a sixth of the encoder's work.
+        if heads_only:
+            outputs = self.bert(input_ids, segment_ids, input_mask, deterministic, output_rows=masked_lm_positions)
+            gathered = outputs["sequence_output"]  # [B, P, H]
+        else:
+            outputs = self.bert(input_ids, segment_ids, input_mask, deterministic)
+            gathered = jnp.take_along_axis(outputs["sequence_output"], masked_lm_positions[..., None], axis=1)
         outputs["mlm_logits"] = self.mlm_head(gathered, self.bert.word_embedding_table())  # [B, P, V] f32
         outputs["nsp_logits"] = self.nsp_head(outputs["pooled_output"]).astype(jnp.float32)  # [B, 2]
         return outputs
@@ -421,8 +489,13 @@ def pretraining_loss(mlm_logits, nsp_logits, masked_lm_ids, masked_lm_weights, n
     Returns (loss, metrics) with metrics holding sums and counts so that they add across microbatches.
     """
     weights = masked_lm_weights.astype(jnp.float32)
-    mlm_logp = jax.nn.log_softmax(mlm_logits.astype(jnp.float32), axis=-1)
-    mlm_nll = -jnp.take_along_axis(mlm_logp, masked_lm_ids[..., None], axis=-1)[..., 0]  # [B, P]
+    logits = mlm_logits.astype(jnp.float32)
+    # NLL = logsumexp(logits) - logit[label], the label's logit picked by a one-hot select rather than
+    # a gather: the gradient (softmax - one-hot) is then one fused element-wise pass over [B, P, V]
+    # instead of a zero-filled [B, P, V] buffer plus a scatter.
+    is_label = jnp.arange(logits.shape[-1]) == masked_lm_ids[..., None]  # [B, P, V] bool
+    label_logit = jnp.sum(jnp.where(is_label, logits, 0.0), axis=-1)  # [B, P]
+    mlm_nll = jax.nn.logsumexp(logits, axis=-1) - label_logit  # [B, P]
     # The 1e-5 keeps a batch without predictions finite, as in the original.
     mlm_loss = jnp.sum(weights * mlm_nll) / (jnp.sum(weights) + 1e-5)
     nsp_logp = jax.nn.log_softmax(nsp_logits.astype(jnp.float32), axis=-1)

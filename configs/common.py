@@ -32,7 +32,10 @@ def base_config() -> ml_collections.ConfigDict:
             param_dtype="float32",
             attention_impl="xla",  # "cudnn": flash attention on NVIDIA GPUs (needs attention_dropout_rate=0)
             remat_policy="none",  # none | full | dots | dots_no_batch
-            scan_layers=True,  # one compiled block for all layers: compile time independent of depth
+            # Unrolled layers run faster (a scanned stack copies every residual into an [L, ...] buffer;
+            # 13% of a CPU step for base) and let the last block compute only the rows the heads read.
+            # True: one compiled block for all layers, compile time independent of depth (large sets it).
+            scan_layers=False,
             pre_layer_norm=False,  # original BERT is post-LN
         )
     )

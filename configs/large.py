@@ -31,6 +31,7 @@ def get_config(recipe: str = "adam"):
     config.model.hidden_size = 1024
     config.model.num_heads = 16  # hidden / 64
     config.model.intermediate_size = 4096  # 4 * hidden
+    config.model.scan_layers = True  # 24 blocks compiled once: pod compile time stays short
     if recipe == "adam":
         config.optimizer.update(name="adamw", learning_rate=1e-4, bias_correction=False)
         config.schedule.update(warmup_steps=10000, decay="linear", power=1.0)

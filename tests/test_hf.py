@@ -112,10 +112,11 @@ def _bertjax_forward(cfg: model.BertConfig):
 
     def forward(params, batch):
         inputs = {k: batch[k] for k in ("input_ids", "segment_ids", "input_mask")}
+        # The heads and the loss come from the path training runs (heads_only: the last block only at
+        # [CLS] and the masked rows); the per-position outputs from the full encoder.
         out = model.BertForPreTraining(cfg).apply(
-            {"params": params}, **inputs, masked_lm_positions=batch["masked_lm_positions"])
-        out["hidden_states"] = model.BertModel(cfg).apply(
-            {"params": params["bert"]}, **inputs, output_hidden_states=True)["hidden_states"]
+            {"params": params}, **inputs, masked_lm_positions=batch["masked_lm_positions"], heads_only=True)
+        out.update(model.BertModel(cfg).apply({"params": params["bert"]}, **inputs, output_hidden_states=True))
         out["loss"], _ = model.pretraining_loss(out["mlm_logits"], out["nsp_logits"], batch["masked_lm_ids"],
                                                 batch["masked_lm_weights"], batch["next_sentence_labels"])
         return out

@@ -139,8 +139,8 @@ def test_scan_equals_unrolled_outputs_and_gradients():
     assert_trees_close(grads, scan_grads, atol=1e-6, rtol=1e-4)
 
 
-@pytest.mark.parametrize("policy", ["full", "dots", "dots_no_batch"])
-@pytest.mark.parametrize("scan", [False, True])
+# Each policy once, two of them under scan (where the remat wraps the scanned body).
+@pytest.mark.parametrize("policy,scan", [("full", True), ("dots", False), ("dots_no_batch", True)])
 def test_remat_changes_nothing_numerically(policy, scan):
     base = small_config(scan_layers=scan)
     batch = make_batch(np.random.default_rng(1))
@@ -240,6 +240,76 @@ def test_hidden_states_are_embeddings_then_every_layer():
         )(params, batch)
         assert len(out["hidden_states"]) == cfg.num_layers + 1
         np.testing.assert_array_equal(out["hidden_states"][-1], out["sequence_output"])
+
+
+@pytest.mark.parametrize("variant", [dict(), dict(pre_layer_norm=True, remat_policy="full"), dict(scan_layers=True)])
+def test_heads_only_gives_the_full_models_heads_loss_and_gradients(variant):
+    """heads_only runs the last block only at [CLS] and the masked positions: nothing the heads read changes."""
+    cfg = small_config(**variant)
+    batch = make_batch(np.random.default_rng(11))
+    params = init(cfg, batch)
+    labels = batch["input_ids"][jnp.arange(3)[:, None], batch["masked_lm_positions"]]
+
+    def run(p, heads_only):
+        out = model.BertForPreTraining(cfg).apply({"params": p}, **batch, heads_only=heads_only)
+        loss, _ = model.pretraining_loss(out["mlm_logits"], out["nsp_logits"], labels, jnp.ones(labels.shape),
+                                         jnp.array([0, 1, 0]))
+        return loss, out
+
+    full = jax.jit(lambda p: jax.value_and_grad(lambda q: run(q, False), has_aux=True)(p))
+    sparse = jax.jit(lambda p: jax.value_and_grad(lambda q: run(q, True), has_aux=True)(p))
+    (loss_full, out_full), grads_full = full(params)
+    (loss_sparse, out_sparse), grads_sparse = sparse(params)
+    np.testing.assert_allclose(float(loss_sparse), float(loss_full), rtol=1e-6)
+    for key in ("mlm_logits", "nsp_logits", "pooled_output"):
+        np.testing.assert_allclose(np.asarray(out_sparse[key]), np.asarray(out_full[key]), atol=2e-5, err_msg=key)
+    # sequence_output holds just the masked rows of the full one.
+    rows = np.asarray(out_full["sequence_output"])[np.arange(3)[:, None], np.asarray(batch["masked_lm_positions"])]
+    np.testing.assert_allclose(np.asarray(out_sparse["sequence_output"]), rows, atol=2e-5)
+    assert_trees_close(grads_sparse, grads_full, atol=1e-6, rtol=1e-4)
+
+
+def test_heads_only_rows_exclude_hidden_states():
+    cfg = small_config()
+    batch = make_batch(np.random.default_rng(12))
+    params = init(cfg, batch)["bert"]
+    with pytest.raises(ValueError, match="exclude each other"):
+        model.BertModel(cfg).apply({"params": params}, batch["input_ids"], batch["segment_ids"], batch["input_mask"],
+                                   output_hidden_states=True, output_rows=batch["masked_lm_positions"])
+
+
+@pytest.mark.parametrize("shape", [(64, 128, 96), (4001, 33)])  # even last axis (16-bit pairs), odd (fallback)
+def test_dropout_rate_scale_and_independence(shape):
+    rate = 0.1
+    x = jnp.ones(shape, jnp.float32)
+    drop = model.Dropout(rate)
+    y = np.asarray(drop.apply({}, x, deterministic=False, rngs={"dropout": jax.random.key(0)}))
+    n = y.size
+    kept = y != 0
+    # Binomial(n, 0.9): the kept share is within 5 standard deviations of 0.9.
+    assert abs(kept.mean() - (1 - rate)) < 5 * np.sqrt(rate * (1 - rate) / n)
+    np.testing.assert_allclose(y[kept], 1 / (1 - rate), rtol=1e-6)  # inverted dropout keeps the mean
+    # The two 16-bit halves of a word are independent draws: the first and second half of the last
+    # axis agree on keep/drop as often as independent coins would (0.82), not always.
+    if shape[-1] % 2 == 0:
+        half = shape[-1] // 2
+        agree = (kept[..., :half] == kept[..., half:]).mean()
+        p_agree = (1 - rate) ** 2 + rate**2
+        assert abs(agree - p_agree) < 5 * np.sqrt(p_agree * (1 - p_agree) / (n / 2))
+    other = np.asarray(drop.apply({}, x, deterministic=False, rngs={"dropout": jax.random.key(1)}))
+    assert (kept != (other != 0)).any()  # another key, another mask
+    np.testing.assert_array_equal(np.asarray(drop.apply({}, x, deterministic=True)), np.asarray(x))
+
+
+def test_mlm_loss_gradient_is_softmax_minus_one_hot():
+    rng = np.random.default_rng(9)
+    logits = jnp.asarray(rng.normal(size=(2, 3, 11)).astype(np.float32))
+    ids = jnp.asarray(rng.integers(0, 11, size=(2, 3)))
+    weights = jnp.asarray(np.array([[1, 1, 0], [1, 0, 1]], np.float32))
+    nsp, labels = jnp.zeros((2, 2)), jnp.array([0, 1])
+    g = jax.grad(lambda x: model.pretraining_loss(x, nsp, ids, weights, labels)[0])(logits)
+    expected = (jax.nn.softmax(logits, -1) - jax.nn.one_hot(ids, 11)) * weights[..., None] / (4 + 1e-5)
+    np.testing.assert_allclose(np.asarray(g), np.asarray(expected), atol=1e-7)
 
 
 def test_pretraining_loss_against_numpy():

@@ -53,16 +53,25 @@ def run_steps(config, mesh_shape, num_steps=4, devices=None):
     return np.array(losses), state, setup
 
 
+def layer_config(scan_layers):
+    config = small_config()
+    config.model.scan_layers = scan_layers
+    return config
+
+
 @pytest.fixture(scope="module")
-def one_device_run():
-    return run_steps(small_config(), (1, 1, 1), devices=jax.devices()[:1])
+def one_device_runs():
+    """The reference, per layer layout (scanned and unrolled init differently, so each has its own)."""
+    return {scan: run_steps(layer_config(scan), (1, 1, 1), devices=jax.devices()[:1]) for scan in (False, True)}
 
 
-@pytest.mark.parametrize("mesh_shape", [(8, 1, 1), (1, 8, 1), (2, 2, 2), (1, 2, 4)])
-def test_meshes_give_the_losses_of_one_device(one_device_run, mesh_shape):
+# Each mesh shape once; the layers unrolled (the default) on two of them, scanned on the other two.
+@pytest.mark.parametrize("mesh_shape,scan_layers", [((8, 1, 1), False), ((1, 8, 1), True), ((2, 2, 2), True),
+                                                    ((1, 2, 4), False)])
+def test_meshes_give_the_losses_of_one_device(one_device_runs, mesh_shape, scan_layers):
     assert jax.device_count() == 8
-    losses, state, setup = run_steps(small_config(), mesh_shape)
-    ref_losses, ref_state, _ = one_device_run
+    losses, state, setup = run_steps(layer_config(scan_layers), mesh_shape)
+    ref_losses, ref_state, _ = one_device_runs[scan_layers]
     np.testing.assert_allclose(losses, ref_losses, rtol=2e-5)
     for a, b in zip(jax.tree_util.tree_leaves(state.params), jax.tree_util.tree_leaves(ref_state.params)):
         np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=2e-5)
@@ -70,8 +79,13 @@ def test_meshes_give_the_losses_of_one_device(one_device_run, mesh_shape):
     data, fsdp, tensor = mesh_shape
     word = state.params["bert"]["embeddings"]["word_embeddings"]["embedding"]  # [V, H] = (vocab, embed)
     assert word.addressable_shards[0].data.shape == (96 // tensor, 64 // fsdp)
-    kernel = state.params["bert"]["encoder"]["layers"]["mlp"]["intermediate"]["kernel"]  # [L, H, F]
-    assert kernel.addressable_shards[0].data.shape == (2, 64 // fsdp, 128 // tensor)
+    encoder = state.params["bert"]["encoder"]
+    if scan_layers:
+        kernel = encoder["layers"]["mlp"]["intermediate"]["kernel"]  # [L, H, F]: the layer axis is not sharded
+        assert kernel.addressable_shards[0].data.shape == (2, 64 // fsdp, 128 // tensor)
+    else:
+        kernel = encoder["layers_1"]["mlp"]["intermediate"]["kernel"]  # [H, F]
+        assert kernel.addressable_shards[0].data.shape == (64 // fsdp, 128 // tensor)
     moments = [x for x in jax.tree_util.tree_leaves(state.opt_state) if getattr(x, "shape", None) == kernel.shape]
     assert moments and all(m.sharding.is_equivalent_to(kernel.sharding, kernel.ndim) for m in moments)
 
