@@ -159,7 +159,6 @@ def _load_bertjax_checkpoint(path: Path, dtype: str) -> LoadedBert:
     if not os.path.exists(info["path"]):
         raise ValueError(f"{path}: its vocabulary {info['path']} is gone; put it back there to load the model")
     tokenizer = _make_tokenizer(info["path"], info["lower_case"], kind=info["kind"])
-    params = jax.tree_util.tree_map(np.asarray, params)
     return LoadedBert(cfg, params, tokenizer, source=str(path))
 
 

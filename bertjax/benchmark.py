@@ -7,8 +7,8 @@
 What is timed is the whole optimizer step as the trainer runs it: `train.train_step` (forward, backward,
 global-norm clipping, BERT's AdamW update) jitted with the state donated, on `synthetic_batch` batches
 (full-length sequences, max_predictions_per_seq masked positions: 20 at seq 128, 80 at seq 512). The
-state is built as bertjax.train builds it: the model section of configs/<size>.py, the optimizer from
-`optim.optimizer_from_config(config.optimizer, config.schedule, config.train.num_steps)`.
+state and the jitted step come from `train.Setup`, as in bertjax.train, from configs/<size>.py on a
+one-device mesh.
 
 CPU mode (the default when jax.default_backend() == 'cpu') runs, in the same process and on the same
 batches, Hugging Face `transformers.BertForPreTraining` in PyTorch (eager, train mode, fp32, dropout
@@ -28,7 +28,6 @@ records the figures.
 No TensorFlow is imported on this path (checked at the end): the benchmark runs on machines without it.
 """
 
-import functools
 import os
 import pathlib
 import runpy
@@ -36,13 +35,12 @@ import sys
 import time
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 from absl import app, flags
 
-from bertjax import cli, metrics, model, optim
+from bertjax import cli, metrics, model, sharding
 from bertjax.data import synthetic
-from bertjax.train import BATCH_KEYS, TrainState, train_step
+from bertjax.train import BATCH_KEYS, Setup
 
 _SIZES = flags.DEFINE_list("sizes", None, "Model sizes (configs/<size>.py). Default: mini,small,base on the CPU, "
                            "base,large with --accelerator.")
@@ -106,11 +104,13 @@ def parse_overrides(pairs) -> dict:
     return out
 
 
-def model_config(config, dtype: str, overrides: dict) -> model.BertConfig:
-    fields = dict(config.model)
-    fields.update(vocab_size=VOCAB_SIZE, dtype=dtype)
-    fields.update(overrides)
-    return model.BertConfig.from_dict(fields)
+def benchmark_config(config, dtype: str, overrides: dict, seq_len: int, num_predictions: int):
+    """The size's config with the benchmark's vocabulary, dtype, overrides and shapes; its model section
+    is checked (an unknown override key is an error) by BertConfig.from_dict, here and in Setup."""
+    config.model.update(vocab_size=VOCAB_SIZE, dtype=dtype, **overrides)
+    config.data.update(max_seq_length=seq_len, max_predictions_per_seq=num_predictions)
+    model.BertConfig.from_dict(config.model)
+    return config
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -125,34 +125,31 @@ def make_batches(n: int, batch_size: int, seq_len: int, num_predictions: int) ->
 
 
 class BertjaxStep:
-    """bertjax.train's state and jitted step (state donated) on pre-generated batches."""
+    """bertjax.train's state and jitted step on one device, built by train.Setup as the trainer builds
+    them (shardings, donated state), on pre-generated batches."""
 
     name = "bertjax"
 
-    def __init__(self, config, bert_config: model.BertConfig, batches: list):
-        import flax.linen as nn
-
-        net = model.BertForPreTraining(bert_config)
-        tx, _ = optim.optimizer_from_config(config.optimizer, config.schedule, config.train.num_steps)
-        example = model.dummy_batch(1, batches[0]["input_ids"].shape[1], batches[0]["masked_lm_positions"].shape[1])
-
-        def init_state(rng):
-            params = nn.unbox(net.init({"params": rng}, **example)["params"])
-            return TrainState(step=jnp.int32(0), params=params, opt_state=tx.init(params))
-
+    def __init__(self, config, batches: list):
+        self.mesh = sharding.make_mesh(dict.fromkeys(sharding.MESH_AXES, 1), jax.devices()[:1])
+        rules = sharding.logical_rules(config.logical_axis_rules)
         init_key, self.dropout_key = jax.random.split(jax.random.key(config.train.seed))
-        self.state = jax.jit(init_state)(init_key)
+        setup = Setup.create(config, self.mesh, rules, init_key)
+        self.bert_config = setup.bert_config
+        self.state = setup.init(init_key)
         self.params = model.count_params(self.state.params)
-        self.step_fn = jax.jit(functools.partial(train_step, net=net, tx=tx, grad_accum_steps=1), donate_argnums=(0,))
-        self.batches = [jax.device_put({k: b[k] for k in BATCH_KEYS}) for b in batches]
+        data_sharding = sharding.batch_sharding(self.mesh, rules)
+        self.step_fn, _ = setup.compile_steps(data_sharding, grad_accum_steps=1)
+        self.batches = [sharding.global_batch({k: b[k] for k in BATCH_KEYS}, data_sharding) for b in batches]
         self.count, self.sums = 0, None
 
     def step(self) -> float:
         """One step, waited for: its seconds."""
         batch = self.batches[self.count % len(self.batches)]
         start = time.perf_counter()
-        self.state, self.sums = self.step_fn(self.state, batch, self.dropout_key)
-        jax.block_until_ready((self.state, self.sums))
+        with jax.set_mesh(self.mesh):
+            self.state, self.sums = self.step_fn(self.state, batch, self.dropout_key)
+            jax.block_until_ready((self.state, self.sums))
         self.count += 1
         return time.perf_counter() - start
 
@@ -283,11 +280,11 @@ def run_cpu(sizes, batch_size, seq_len, steps, warmup, dtype, compare, overrides
     batches = make_batches(min(warmup + steps, 8), batch_size, seq_len, num_predictions)
     results, hf_info = [], None
     for size in sizes:
-        config = load_config(size, _CONFIG_DIR.value)
-        bert_config = model_config(config, dtype, overrides)
+        config = benchmark_config(load_config(size, _CONFIG_DIR.value), dtype, overrides, seq_len, num_predictions)
+        runners = [BertjaxStep(config, batches)]
+        bert_config = runners[0].bert_config
         flops = metrics.train_flops_per_token(bert_config.num_layers, bert_config.hidden_size, seq_len,
                                               bert_config.vocab_size, num_predictions / seq_len)
-        runners = [BertjaxStep(config, bert_config, batches)]
         if compare:
             runners.append(HFStep(bert_config, batches))
             hf_info = runners[1]
@@ -336,14 +333,15 @@ def run_accelerator(sizes, shapes, steps, warmup, dtype, overrides) -> list:
           f"{warmup} warmup + {steps} timed steps" + (f", overrides {overrides}" if overrides else ""), flush=True)
     results = []
     for size in sizes:
-        config = load_config(size, _CONFIG_DIR.value)
-        bert_config = model_config(config, dtype, overrides)
         for seq_len, batch_size in shapes:
             num_predictions = max_predictions(seq_len)
+            config = benchmark_config(load_config(size, _CONFIG_DIR.value), dtype, overrides, seq_len,
+                                      num_predictions)
             batches = make_batches(min(warmup + steps, 8), batch_size, seq_len, num_predictions)
+            runner = BertjaxStep(config, batches)
+            bert_config = runner.bert_config
             flops = metrics.train_flops_per_token(bert_config.num_layers, bert_config.hidden_size, seq_len,
                                                   bert_config.vocab_size, num_predictions / seq_len)
-            runner = BertjaxStep(config, bert_config, batches)
             (jx,) = measure([runner], warmup, steps)
             tps = steps * batch_size * seq_len / jx["seconds"]
             r = dict(size=size, seq_len=seq_len, batch_size=batch_size, params=runner.params, jax_tps=tps,

@@ -24,7 +24,6 @@ import time
 from typing import Callable, Mapping
 
 import numpy as np
-from absl import logging
 
 # ---------------------------------------------------------------------------------------------------
 # FLOPs and MFU
@@ -427,10 +426,6 @@ class MetricWriter:
             directory = os.path.join(self.workdir, "tensorboard", *([split] if split is not None else []))
             self._event_writers[split] = EventFileWriter(directory)
         return self._event_writers[split]
-
-    def flush(self) -> None:
-        if self._jsonl is not None and not self._closed:
-            self._jsonl.flush()
 
     def close(self) -> None:
         """Close every file; calling it twice is harmless."""

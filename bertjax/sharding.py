@@ -13,7 +13,7 @@ import flax.linen as nn
 import jax
 import numpy as np
 from absl import logging
-from jax.sharding import NamedSharding, PartitionSpec
+from jax.sharding import NamedSharding
 
 MESH_AXES = ("data", "fsdp", "tensor")
 
@@ -120,6 +120,8 @@ def data_parallel_size(mesh, rules) -> int:
 
 def check_batch_size(batch_size: int, grad_accum_steps: int, mesh, rules) -> None:
     """Fail early, with what to change, when the batch cannot be split as configured."""
+    if grad_accum_steps < 1:
+        raise ValueError(f"train.grad_accum_steps={grad_accum_steps} must be at least 1")
     if batch_size % grad_accum_steps:
         raise ValueError(f"train.batch_size={batch_size} is not divisible by train.grad_accum_steps={grad_accum_steps}")
     micro = batch_size // grad_accum_steps

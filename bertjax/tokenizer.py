@@ -353,10 +353,12 @@ def main(argv):
     try:
         sentences = vocab.read_text_lines(FLAGS.input, max_lines=FLAGS.max_sentences)
         if FLAGS.kind == "wordpiece":
-            path = vocab.learn_wordpiece_vocab(sentences, FLAGS.vocab_size, FLAGS.lower_case, FLAGS.out)
+            path = vocab.learn_wordpiece_vocab(sentences, FLAGS.vocab_size, lower_case=FLAGS.lower_case,
+                                               out_path=FLAGS.out)
             size = len(load_vocab(path))
         else:
-            path = vocab.learn_sentencepiece_model(sentences, FLAGS.vocab_size, FLAGS.out, FLAGS.lower_case)
+            path = vocab.learn_sentencepiece_model(sentences, FLAGS.vocab_size, out_path=FLAGS.out,
+                                                   lower_case=FLAGS.lower_case)
             size = SentencePieceTokenizer(path).vocab_size
     except FileNotFoundError as e:
         cli.fail(f"--input={FLAGS.input}: {e}")

@@ -14,7 +14,6 @@ import dataclasses
 import functools
 import os
 import signal
-import time
 from typing import Any
 
 import flax.linen as nn
@@ -238,8 +237,7 @@ def run(config, workdir: str) -> None:
     root_key = jax.random.key(config.train.seed)
     init_key, dropout_key = jax.random.split(root_key)
     setup = Setup.create(config, mesh, rules, init_key)
-    bert_config, tx, schedule = setup.bert_config, setup.tx, setup.schedule
-    state_sharding, abstract_state = setup.state_sharding, setup.abstract_state
+    bert_config, schedule, abstract_state = setup.bert_config, setup.schedule, setup.abstract_state
     say(f"model: {bert_config.num_layers} layers, hidden {bert_config.hidden_size}, "
         f"{model.count_params(abstract_state.params):,} parameters")
 
@@ -279,6 +277,7 @@ def run(config, workdir: str) -> None:
     peak = metrics.peak_flops_per_device(jax.devices()[0].device_kind)
     timer = metrics.StepTimer(config.train.num_steps, start_step=start_step)
     preemption = Preemption()
+    add_sums = jax.jit(functools.partial(jax.tree_util.tree_map, jnp.add))  # one dispatch, not one per metric
     num_steps, log_every = config.train.num_steps, config.logging.log_every
     window, window_start = None, start_step
     # Tokens of the current logging window processed outside the timed span (compiling, evaluating).
@@ -307,7 +306,7 @@ def run(config, workdir: str) -> None:
             host_batch = next(train_batches)
             batch = sharding.global_batch({k: host_batch[k] for k in BATCH_KEYS}, data_sharding)
             state, sums = p_train_step(state, batch, dropout_key)
-            window = sums if window is None else jax.tree_util.tree_map(jnp.add, window, sums)
+            window = sums if window is None else add_sums(window, sums)
             if step == start_step + 1:
                 pause_timer(step)  # the first step includes compilation
 
@@ -335,7 +334,7 @@ def run(config, workdir: str) -> None:
                 totals = None
                 for b in eval_global:
                     s = p_eval_step(state.params, b)
-                    totals = s if totals is None else jax.tree_util.tree_map(jnp.add, totals, s)
+                    totals = s if totals is None else add_sums(totals, s)
                 if totals is not None:
                     writer.write(step, summarize(jax.device_get(totals)), split="eval")
                 pause_timer(step)

@@ -23,9 +23,9 @@ so the same text always gives the same file.
 """
 
 import collections
-import gzip
 import heapq
 import io
+import itertools
 import logging
 import os
 from typing import Iterable, Iterator, Mapping, Sequence
@@ -38,45 +38,23 @@ log = logging.getLogger(__name__)
 
 
 def read_text_lines(input_pattern: str, max_lines: int | None = None) -> Iterator[str]:
-    """The non-blank lines of text files (gzip when the name ends in .gz), without line endings.
+    """The sentences (non-blank lines) of local text files, read as the input pipeline reads
+    data.text_format=sentences (bertjax.data.corpus), so a vocabulary learned here and one learned in a
+    run's workdir see the same text.
 
     Args:
-      input_pattern: comma-separated globs (local or any filesystem tf.io.gfile knows, e.g. gs://).
+      input_pattern: comma-separated globs; plain or gzip files.
       max_lines: stop after this many lines (None: read everything).
 
-    The files are listed now, so a pattern that matches nothing fails here rather than at the
-    first read; lines are read lazily. Raises FileNotFoundError (no match) or, while reading,
-    ValueError naming the file and line of invalid UTF-8.
+    The files are listed now, so a pattern that matches nothing fails here (FileNotFoundError) rather
+    than at the first read; lines are read lazily, and invalid UTF-8 raises ValueError naming the file
+    and line.
     """
-    paths = []
-    for pattern in (p.strip() for p in input_pattern.split(",")):
-        if not pattern:
-            continue
-        matches = sorted(tf.io.gfile.glob(pattern))
-        if not matches:
-            raise FileNotFoundError(f"no file matches {pattern!r}")
-        paths += matches
-    if not paths:
-        raise FileNotFoundError(f"no file pattern given ({input_pattern!r})")
-    return _lines(paths, max_lines)
+    from bertjax.data import corpus
 
-
-def _lines(paths: Sequence[str], max_lines: int | None) -> Iterator[str]:
-    count = 0
-    for path in paths:
-        with tf.io.gfile.GFile(path, "rb") as raw:
-            f = gzip.GzipFile(fileobj=raw) if path.endswith(".gz") else raw
-            for number, line in enumerate(f, start=1):
-                try:
-                    text = line.decode("utf-8").rstrip("\r\n")
-                except UnicodeDecodeError as e:
-                    raise ValueError(f"{path} line {number}: invalid UTF-8 ({e.reason})") from None
-                if not text.strip():
-                    continue  # blank lines separate documents; they hold no words
-                if max_lines is not None and count >= max_lines:
-                    return
-                count += 1
-                yield text
+    paths = corpus.expand_pattern(input_pattern)
+    sentences = (s for document in corpus.read_text_documents(paths, "sentences") for s in document)
+    return itertools.islice(sentences, max_lines)
 
 
 def _batches(items: Iterable[str], size: int) -> Iterator[list[str]]:

@@ -14,24 +14,13 @@ With no corpus set this trains on the built-in demo corpus; for real pretraining
 import pathlib
 import runpy
 
-base_config = runpy.run_path(str(pathlib.Path(__file__).with_name("common.py")))["base_config"]
+common = runpy.run_path(str(pathlib.Path(__file__).with_name("common.py")))
 
 
 def get_config(recipe: str = "adam"):
-    config = base_config()
+    config = common["base_config"]()
     config.model.num_layers = 12
     config.model.hidden_size = 768
     config.model.num_heads = 12  # hidden / 64
     config.model.intermediate_size = 3072  # 4 * hidden
-    if recipe == "adam":
-        config.optimizer.update(name="adamw", learning_rate=1e-4, bias_correction=False)
-        config.schedule.update(warmup_steps=10000, decay="linear", power=1.0)
-        config.train.update(batch_size=256, num_steps=900_000)
-    elif recipe == "adam_seq512":
-        config.optimizer.update(name="adamw", learning_rate=1e-5, bias_correction=False)
-        config.schedule.update(warmup_steps=0, decay="linear", power=1.0)
-        config.train.update(batch_size=256, num_steps=100_000)
-        config.data.update(max_seq_length=512, max_predictions_per_seq=80)
-    else:
-        raise ValueError(f"unknown recipe {recipe!r} for configs/base.py: choose one of adam, adam_seq512")
-    return config
+    return common["apply_recipe"](config, common["DEVLIN_RECIPES"], recipe, "configs/base.py")

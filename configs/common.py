@@ -115,3 +115,31 @@ def base_config() -> ml_collections.ConfigDict:
 
     config.logging = ml_collections.ConfigDict(dict(log_every=100, eval_every=1000, eval_batches=20))
     return config
+
+
+# The paper's pretraining (Devlin et al. 2018), the same for BERT-Base and BERT-Large:
+# {recipe: {config section: values}}. Adam b1/b2/eps/weight decay/clipping are base_config()'s.
+DEVLIN_RECIPES = {
+    # 900,000 steps at seq 128: lr 1e-4, 10,000 warmup steps then linear decay, batch 256.
+    "adam": dict(
+        optimizer=dict(name="adamw", learning_rate=1e-4, bias_correction=False),
+        schedule=dict(warmup_steps=10000, decay="linear", power=1.0),
+        train=dict(batch_size=256, num_steps=900_000),
+    ),
+    # The last 100,000 of the paper's 1,000,000 steps, at seq 512: the same decay, continued (1e-5 to 0).
+    "adam_seq512": dict(
+        optimizer=dict(name="adamw", learning_rate=1e-5, bias_correction=False),
+        schedule=dict(warmup_steps=0, decay="linear", power=1.0),
+        train=dict(batch_size=256, num_steps=100_000),
+        data=dict(max_seq_length=512, max_predictions_per_seq=80),
+    ),
+}
+
+
+def apply_recipe(config: ml_collections.ConfigDict, recipes: dict, recipe: str, config_file: str):
+    """Set the sections of `recipes[recipe]` on config; an unknown recipe name is an error."""
+    if recipe not in recipes:
+        raise ValueError(f"unknown recipe {recipe!r} for {config_file}: choose one of {', '.join(recipes)}")
+    for section, values in recipes[recipe].items():
+        config[section].update(values)
+    return config

@@ -22,36 +22,32 @@ With no corpus set this trains on the built-in demo corpus; for real pretraining
 import pathlib
 import runpy
 
-base_config = runpy.run_path(str(pathlib.Path(__file__).with_name("common.py")))["base_config"]
+common = runpy.run_path(str(pathlib.Path(__file__).with_name("common.py")))
+
+# NVIDIA's two phases; the Adam recipes are the paper's (common.DEVLIN_RECIPES), as for base.
+LAMB_RECIPES = {
+    "lamb_phase1": dict(
+        optimizer=dict(name="lamb", learning_rate=6e-3, weight_decay=0.01, b1=0.9, b2=0.999, eps=1e-6,
+                       bias_correction=True),  # as NVIDIA's FusedLAMB
+        schedule=dict(warmup_steps=2000, decay="poly", power=0.5),  # 28.43% of 7,038
+        train=dict(batch_size=65536, grad_accum_steps=128, num_steps=7038),
+    ),
+    "lamb_phase2": dict(
+        optimizer=dict(name="lamb", learning_rate=4e-3, weight_decay=0.01, b1=0.9, b2=0.999, eps=1e-6,
+                       bias_correction=True),
+        schedule=dict(warmup_steps=200, decay="poly", power=0.5),  # 12.8% of 1,563
+        train=dict(batch_size=32768, grad_accum_steps=256, num_steps=1563),
+        data=dict(max_seq_length=512, max_predictions_per_seq=80),
+    ),
+}
 
 
 def get_config(recipe: str = "adam"):
-    config = base_config()
+    config = common["base_config"]()
     config.model.num_layers = 24
     config.model.hidden_size = 1024
     config.model.num_heads = 16  # hidden / 64
     config.model.intermediate_size = 4096  # 4 * hidden
     config.model.scan_layers = True  # 24 blocks compiled once: pod compile time stays short
-    if recipe == "adam":
-        config.optimizer.update(name="adamw", learning_rate=1e-4, bias_correction=False)
-        config.schedule.update(warmup_steps=10000, decay="linear", power=1.0)
-        config.train.update(batch_size=256, num_steps=900_000)
-    elif recipe == "adam_seq512":
-        config.optimizer.update(name="adamw", learning_rate=1e-5, bias_correction=False)
-        config.schedule.update(warmup_steps=0, decay="linear", power=1.0)
-        config.train.update(batch_size=256, num_steps=100_000)
-        config.data.update(max_seq_length=512, max_predictions_per_seq=80)
-    elif recipe == "lamb_phase1":
-        config.optimizer.update(name="lamb", learning_rate=6e-3, weight_decay=0.01, b1=0.9, b2=0.999, eps=1e-6,
-                                bias_correction=True)  # as NVIDIA's FusedLAMB
-        config.schedule.update(warmup_steps=2000, decay="poly", power=0.5)  # 28.43% of 7,038
-        config.train.update(batch_size=65536, grad_accum_steps=128, num_steps=7038)
-    elif recipe == "lamb_phase2":
-        config.optimizer.update(name="lamb", learning_rate=4e-3, weight_decay=0.01, b1=0.9, b2=0.999, eps=1e-6,
-                                bias_correction=True)
-        config.schedule.update(warmup_steps=200, decay="poly", power=0.5)  # 12.8% of 1,563
-        config.train.update(batch_size=32768, grad_accum_steps=256, num_steps=1563)
-        config.data.update(max_seq_length=512, max_predictions_per_seq=80)
-    else:
-        raise ValueError(f"unknown recipe {recipe!r} for configs/large.py: choose one of adam, adam_seq512, lamb_phase1, lamb_phase2")
-    return config
+    recipes = {**common["DEVLIN_RECIPES"], **LAMB_RECIPES}
+    return common["apply_recipe"](config, recipes, recipe, "configs/large.py")

@@ -75,9 +75,9 @@ def vocabulary_path(data, workdir: str | None) -> str:
 
 
 def load_or_learn_tokenizer(data, workdir: str | None, train_documents: Sequence[list[str]] | None):
-    """The configured tokenizer. Without data.vocab_path, a vocabulary of data.vocab_size is learned
-    from the training documents on first use and cached in the workdir, so a resumed or repeated run
-    reads the very same vocabulary."""
+    """The configured tokenizer and the path of its vocabulary. Without data.vocab_path, a vocabulary of
+    data.vocab_size is learned from the training documents on first use and cached in the workdir, so a
+    resumed or repeated run reads the very same vocabulary."""
     path = vocabulary_path(data, workdir)
     if not os.path.exists(path):
         if data.vocab_path:
@@ -90,12 +90,14 @@ def load_or_learn_tokenizer(data, workdir: str | None, train_documents: Sequence
         sentences = (s for doc in train_documents for s in doc)
         # The learners write beside and rename: a crash or a second host never leaves a half file.
         if data.tokenizer == "wordpiece":
-            vocabularies.learn_wordpiece_vocab(sentences, data.vocab_size, data.lower_case, path)
+            vocabularies.learn_wordpiece_vocab(sentences, data.vocab_size, lower_case=data.lower_case,
+                                               out_path=path)
         elif data.tokenizer == "sentencepiece":
-            vocabularies.learn_sentencepiece_model(sentences, data.vocab_size, path, data.lower_case)
+            vocabularies.learn_sentencepiece_model(sentences, data.vocab_size, out_path=path,
+                                                   lower_case=data.lower_case)
         else:
             raise ValueError(f"data.tokenizer={data.tokenizer!r}: choose wordpiece or sentencepiece")
-    return tokenizers.load_tokenizer(data.tokenizer, path, lower_case=data.lower_case)
+    return tokenizers.load_tokenizer(data.tokenizer, path, lower_case=data.lower_case), path
 
 
 def masking_spec(data, tokenizer) -> pt.MaskingSpec:
@@ -134,8 +136,8 @@ def build_inputs(data, *, workdir: str | None, process_index: int = 0, process_c
                 f"(now {data.eval_fraction}) or give a larger corpus"
             )
         # Every host learns (or reads) the same vocabulary, from all training documents.
-        tokenizer = load_or_learn_tokenizer(data, workdir, [d for d, e in zip(documents, held_out) if not e])
-        vocab_path = vocabulary_path(data, workdir)
+        train_documents = [d for d, e in zip(documents, held_out) if not e]
+        tokenizer, vocab_path = load_or_learn_tokenizer(data, workdir, train_documents)
         # Split between hosts first, as prepare does with --num_shards=process_count, so that both paths
         # give a host the very same documents.
         mine = host_documents(zip(documents, held_out), process_index, process_count)

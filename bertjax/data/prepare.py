@@ -65,9 +65,10 @@ def prepare_shard(data_dict: dict, shard: int, num_shards: int, output_dir: str)
     data = ml_collections.ConfigDict(data_dict)
     tokenizer = tokenizers.load_tokenizer(data.tokenizer, data.vocab_path, lower_case=data.lower_case)
     documents = shard_documents(data, shard, num_shards)
+    held_out = [corpora.is_eval_document(d, data.eval_fraction) for d in documents]  # one hash per document
     counts = {}
     for split in prepared.SPLITS:
-        docs = [d for d in documents if corpora.is_eval_document(d, data.eval_fraction) == (split == "eval")]
+        docs = [d for d, e in zip(documents, held_out) if e == (split == "eval")]
         corpus = pt.tokenize_documents(docs, tokenizer) if docs else None
         prepared.write_shard(prepared.shard_path(output_dir, split, shard, num_shards), corpus)
         counts[split] = (corpus.num_documents, len(corpus.tokens)) if corpus is not None else (0, 0)

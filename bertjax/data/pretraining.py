@@ -19,7 +19,6 @@ Shape legend: S max_seq_length, P max_predictions_per_seq, n length of an unpadd
 """
 
 import dataclasses
-import functools
 import random
 from typing import Iterable, Sequence
 
@@ -59,43 +58,50 @@ class TokenizedCorpus:
         return [self.tokens[self.sentence_starts[s]:self.sentence_starts[s + 1]] for s in range(s0, s1)]
 
 
-def corpus_from_token_lists(documents: Iterable[Sequence[Sequence[int]]], vocab_size: int) -> TokenizedCorpus:
-    """Documents given as lists of sentences of token ids -> TokenizedCorpus.
+def corpus_from_lengths(tokens: np.ndarray, sentence_lengths: np.ndarray, sentence_document: np.ndarray,
+                        vocab_size: int) -> TokenizedCorpus:
+    """All tokens in order, each sentence's length and each sentence's document index -> TokenizedCorpus.
 
     Sentences without tokens and documents without sentences are dropped: they can take part in no pair.
     """
-    lengths, doc_sizes, pieces = [], [], []
-    for doc in documents:
-        kept = [np.asarray(s) for s in doc if len(s)]
-        if not kept:
-            continue
-        doc_sizes.append(len(kept))
-        lengths.extend(len(s) for s in kept)
-        pieces.extend(kept)
-    if not doc_sizes:
+    kept = sentence_lengths > 0
+    doc_sizes = np.bincount(sentence_document[kept], minlength=1)
+    doc_sizes = doc_sizes[doc_sizes > 0]
+    if not len(doc_sizes):
         raise ValueError("the corpus has no document with a non-empty sentence after tokenization")
     # uint16 halves the host memory of a corpus whenever the vocabulary fits (BERT's 30,522 does).
     dtype = np.uint16 if vocab_size <= np.iinfo(np.uint16).max + 1 else np.int32
-    tokens = np.concatenate(pieces).astype(dtype)
-    sentence_starts = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
+    sentence_starts = np.concatenate([[0], np.cumsum(sentence_lengths[kept])]).astype(np.int64)
     doc_starts = np.concatenate([[0], np.cumsum(doc_sizes)]).astype(np.int64)
-    return TokenizedCorpus(tokens, sentence_starts, doc_starts)
+    return TokenizedCorpus(tokens.astype(dtype), sentence_starts, doc_starts)
+
+
+def _document_index(documents: Sequence[Sequence]) -> np.ndarray:
+    """For each sentence, in order, the index of its document."""
+    return np.repeat(np.arange(len(documents)), [len(doc) for doc in documents])
+
+
+def corpus_from_token_lists(documents: Iterable[Sequence[Sequence[int]]], vocab_size: int) -> TokenizedCorpus:
+    """Documents given as lists of sentences of token ids -> TokenizedCorpus (see corpus_from_lengths)."""
+    documents = list(documents)
+    sentences = [np.asarray(s, np.int64) for doc in documents for s in doc]
+    tokens = np.concatenate(sentences) if sentences else np.zeros(0, np.int64)
+    lengths = np.array([len(s) for s in sentences], np.int64)
+    return corpus_from_lengths(tokens, lengths, _document_index(documents), vocab_size)
 
 
 def tokenize_documents(documents: Iterable[list[str]], tokenizer, batch_sentences: int = 4096) -> TokenizedCorpus:
-    """Documents of sentence strings -> TokenizedCorpus, tokenizing many sentences per TF call."""
+    """Documents of sentence strings -> TokenizedCorpus, tokenizing many sentences per TF call and
+    keeping the tokenizer's flat output (no per-sentence arrays)."""
     documents = list(documents)
     sentences = [s for doc in documents for s in doc]
-    ids: list[np.ndarray] = []
+    values, lengths = [np.zeros(0, np.int64)], [np.zeros(0, np.int64)]
     for i in range(0, len(sentences), batch_sentences):
         ragged = tokenizer.tokenize(tf.constant(sentences[i:i + batch_sentences]))
-        values, splits = ragged.flat_values.numpy(), ragged.row_splits.numpy()
-        ids.extend(np.split(values, splits[1:-1]))
-    docs, k = [], 0
-    for doc in documents:
-        docs.append(ids[k:k + len(doc)])
-        k += len(doc)
-    return corpus_from_token_lists(docs, tokenizer.vocab_size)
+        values.append(ragged.flat_values.numpy())
+        lengths.append(np.diff(ragged.row_splits.numpy()))
+    return corpus_from_lengths(np.concatenate(values), np.concatenate(lengths), _document_index(documents),
+                               tokenizer.vocab_size)
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -345,25 +351,31 @@ class PretrainingStream:
             )
         self.corpus, self.spec, self.seed, self.shard = corpus, spec, seed, shard
         self.max_seq_length, self.short_seq_prob = max_seq_length, short_seq_prob
-        self.examples_per_epoch = len(self.plan(0))
+        # The plans of the last two epochs asked for (tf.data reads epoch e while preparing e + 1).
+        self._plans = {0: self._build_plan(0)}
+        self.examples_per_epoch = len(self._plans[0])
         if self.examples_per_epoch == 0:
             raise ValueError("the corpus yields no sentence pairs")
 
-    @functools.lru_cache(maxsize=2)
-    def plan(self, epoch: int) -> np.ndarray:
-        """The epoch's pairs, cut or wrapped to the length of epoch 0 (after the first call)."""
-        plan = build_epoch_plan(self.corpus, seed=self.seed, epoch=epoch, shard=self.shard,
+    def _build_plan(self, epoch: int) -> np.ndarray:
+        return build_epoch_plan(self.corpus, seed=self.seed, epoch=epoch, shard=self.shard,
                                 max_seq_length=self.max_seq_length, short_seq_prob=self.short_seq_prob)
-        if epoch == 0 or len(plan) == self.examples_per_epoch:
-            return plan
-        return plan[np.arange(self.examples_per_epoch) % len(plan)]
+
+    def plan(self, epoch: int) -> np.ndarray:
+        """The epoch's pairs, cut or wrapped to the length of epoch 0."""
+        if epoch not in self._plans:
+            plan = self._build_plan(epoch)
+            if len(plan) != self.examples_per_epoch:
+                plan = plan[np.arange(self.examples_per_epoch) % len(plan)]
+            self._plans = {e: p for e, p in self._plans.items() if e == max(self._plans)}
+            self._plans[epoch] = plan
+        return self._plans[epoch]
 
     def locate(self, example: int) -> tuple[int, int]:
         """Example number in the host's stream -> (epoch, index in the epoch)."""
         return divmod(example, self.examples_per_epoch)
 
-    def dataset(self, batch_size: int, start_step: int = 0, num_epochs: int | None = None,
-                threads: int | None = None) -> tf.data.Dataset:
+    def dataset(self, batch_size: int, start_step: int = 0, threads: int | None = None) -> tf.data.Dataset:
         """Batches of `batch_size` examples from step `start_step` on.
 
         Built from the plan of the epoch the step falls in: resuming at step 1,000,000 costs what
@@ -380,8 +392,7 @@ class PretrainingStream:
             rows = tf.data.Dataset.from_tensor_slices((tf.fill([self.examples_per_epoch], epoch), index, plan))
             return rows.skip(tf.where(epoch == first_epoch, tf.constant(offset, tf.int64), tf.constant(0, tf.int64)))
 
-        last = None if num_epochs is None else first_epoch + num_epochs
-        epochs = tf.data.Dataset.range(first_epoch, last if last is not None else np.iinfo(np.int64).max)
+        epochs = tf.data.Dataset.range(first_epoch, np.iinfo(np.int64).max)
         ds = epochs.flat_map(epoch_rows)
         ds = ds.map(
             lambda epoch, index, pair: make_example(tokens, pair, example_key(seed, epoch, index), spec,
