@@ -139,7 +139,7 @@ def test_preview_text_and_jsonl(corpus_dir):
     assert text.returncode == 0, text.stderr[-2000:]
     assert text.stdout.count("--- example") == 3 and "[MASK→" in text.stdout and "A: [CLS]" in text.stdout
     jsonl = run_module("bertjax.data.preview", *config_flags(corpus_dir), "--num_examples=4", "--format=jsonl",
-                       "--start_step=7")
+                       "--start_step=7", "--config.train.batch_size=4")
     assert jsonl.returncode == 0, jsonl.stderr[-2000:]
     records = [json.loads(line) for line in jsonl.stdout.splitlines()]
     assert len(records) == 4
@@ -148,10 +148,11 @@ def test_preview_text_and_jsonl(corpus_dir):
                           "masked_lm_weights", "next_sentence_labels", "tokens"}
         n = sum(r["input_mask"])
         assert len(r["input_ids"]) == 64 and r["tokens"][0] == "[CLS]" and len(r["tokens"]) == n
-    # --start_step shows what a run resumed at that step is fed: the stream's examples 7, 8, ...
+    # --start_step shows what a run resumed at that step is fed: with batches of 4, step 7's batch,
+    # the stream's examples 28 to 31.
     data = inputs.build_inputs(data_config(corpus_dir), workdir=None)
-    batch = next(data.train.dataset(1, start_step=7).as_numpy_iterator())
-    assert records[0]["input_ids"] == batch["input_ids"][0].tolist()
+    batch = next(data.train.dataset(4, start_step=7).as_numpy_iterator())
+    assert [r["input_ids"] for r in records] == batch["input_ids"].tolist()
 
 
 def expect_cli_error(result, *fragments):

@@ -22,7 +22,8 @@ _CONFIG = config_flags.DEFINE_config_file("config", None, "A configs/<size>.py f
 _NUM_EXAMPLES = flags.DEFINE_integer("num_examples", 5, "How many examples to show.")
 _FORMAT = flags.DEFINE_enum("format", "text", ["text", "jsonl"], "text for people, jsonl for tools.")
 _SPLIT = flags.DEFINE_enum("split", "train", ["train", "eval"], "The training stream or the held-out one.")
-_START_STEP = flags.DEFINE_integer("start_step", 0, "Show the examples of this training step on.")
+_START_STEP = flags.DEFINE_integer("start_step", 0, "Show the examples of this training step on (those of a "
+                                   "one-host run: from example start_step x train.batch_size).")
 _WORKDIR = flags.DEFINE_string(
     "workdir", None, "Where a learned vocabulary is cached (as in training); a temporary folder if unset."
 )
@@ -74,12 +75,14 @@ def main(argv):
     except (ValueError, FileNotFoundError) as e:
         cli.fail(str(e))
     stream = data.train if _SPLIT.value == "train" else data.eval
-    dataset = stream.dataset(1, start_step=_START_STEP.value).unbatch().take(_NUM_EXAMPLES.value)
+    # The stream batched as training batches it, so that step N means the examples training sees at step N.
+    batch_size = config.train.batch_size
+    dataset = stream.dataset(batch_size, start_step=_START_STEP.value).unbatch().take(_NUM_EXAMPLES.value)
     for i, ex in enumerate(dataset.as_numpy_iterator()):
         if _FORMAT.value == "jsonl":
             print(json.dumps(example_record(data.tokenizer, ex)))
         else:
-            print(format_text(data.tokenizer, ex, _START_STEP.value + i), end="\n\n")
+            print(format_text(data.tokenizer, ex, _START_STEP.value * batch_size + i), end="\n\n")
     sys.stdout.flush()
 
 
