@@ -144,6 +144,11 @@ class StepTimer:
         self._clock = clock
         self.restart(start_step)
 
+    @property
+    def last_step(self) -> int:
+        """The step the current interval started at (the last update or restart)."""
+        return self._last_step
+
     def restart(self, step: int) -> None:
         """Start a new interval at `step`, now."""
         self._last_step = int(step)

@@ -281,13 +281,12 @@ def run(config, workdir: str) -> None:
     num_steps, log_every = config.train.num_steps, config.logging.log_every
     window, window_start = None, start_step
     # Tokens of the current logging window processed outside the timed span (compiling, evaluating).
-    timed_from, untimed_tokens = start_step, 0.0
+    untimed_tokens = 0.0
 
     def pause_timer(step):
-        nonlocal timed_from, untimed_tokens
+        nonlocal untimed_tokens
         untimed_tokens = float(jax.device_get(window["real_tokens"])) if window is not None else 0.0
         timer.restart(step)
-        timed_from = step
 
     def save(step, force=False):
         meta = {"step": step, "model": bert_config.__dict__, "data": stream_position(config, process_count),
@@ -315,8 +314,8 @@ def run(config, workdir: str) -> None:
                 check_finite(step)
                 out = summarize(window)
                 real_tokens = float(window["real_tokens"])
-                speed = timer.update(step, real_tokens - untimed_tokens) if step > timed_from else {}
-                timed_from, untimed_tokens = step, 0.0
+                speed = timer.update(step, real_tokens - untimed_tokens) if step > timer.last_step else {}
+                untimed_tokens = 0.0
                 out.update(learning_rate=float(schedule(step - 1)), **speed,
                            padding_efficiency=real_tokens / (window["steps"] * config.train.batch_size
                                                              * config.data.max_seq_length))

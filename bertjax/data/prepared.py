@@ -89,11 +89,7 @@ def load_corpus(directory: str, split: str, process_index: int, process_count: i
         doc_sizes.append(batch["sentence_lengths"].row_lengths().numpy())
     if not doc_sizes or sum(len(d) for d in doc_sizes) == 0:
         raise ValueError(f"the {split} shards {paths[0]} ... of host {process_index} hold no documents")
-    lengths = np.concatenate(lengths)
-    flat = np.concatenate(tokens)
-    dtype = np.uint16 if flat.max(initial=0) <= np.iinfo(np.uint16).max else np.int32
-    return pt.TokenizedCorpus(
-        tokens=flat.astype(dtype),
-        sentence_starts=np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64),
-        doc_starts=np.concatenate([[0], np.cumsum(np.concatenate(doc_sizes))]).astype(np.int64),
-    )
+    flat, doc_sizes = np.concatenate(tokens), np.concatenate(doc_sizes)
+    sentence_document = np.repeat(np.arange(len(doc_sizes)), doc_sizes)
+    # The shards record no vocabulary size: the largest id present decides the token dtype.
+    return pt.corpus_from_lengths(flat, np.concatenate(lengths), sentence_document, int(flat.max(initial=0)) + 1)
