@@ -151,7 +151,9 @@ def _load_bertjax_checkpoint(path: Path, dtype: str) -> LoadedBert:
     from bertjax import checkpoint
 
     params, meta = checkpoint.restore_params(str(path))
-    cfg = bert_model.BertConfig.from_dict(dict(meta["model"], dtype=dtype))
+    # How it was computed in training (cuDNN attention on a GPU, say) is chosen anew for this machine.
+    cfg = bert_model.BertConfig.from_dict(dict(meta["model"], dtype=dtype, attention_impl="auto",
+                                               word_embedding="auto", remat_policy="none"))
     info = meta.get("tokenizer")
     if not info:
         raise ValueError(f"{path} was trained on synthetic data and has no tokenizer: load it with "

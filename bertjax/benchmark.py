@@ -1,35 +1,28 @@
-"""python -m bertjax.benchmark: tokens/s of the full training step, against Hugging Face on the CPU.
+"""python -m bertjax.benchmark: tokens/s of the full training step, beside Hugging Face on the same shapes.
 
     python -m bertjax.benchmark                                   # CPU: mini, small, base at 32 x 128, vs HF
     python -m bertjax.benchmark --sizes=base --steps=5 --no_torch # bertjax alone
-    python -m bertjax.benchmark --accelerator                     # GPU/TPU: base, large, bf16, MFU
+    python -m bertjax.benchmark --accelerator                     # GPU/TPU: base and large, bf16, vs HF
+    python -m bertjax.benchmark --accelerator --profile=/tmp/prof # and a trace, kernel time by category
 
-What is timed is the whole optimizer step as the trainer runs it: `train.train_step` (forward, backward,
-global-norm clipping, BERT's AdamW update) jitted with the state donated, on `synthetic_batch` batches
-(full-length sequences, max_predictions_per_seq masked positions: 20 at seq 128, 80 at seq 512). The
-state and the jitted step come from `train.Setup`, as in bertjax.train, from configs/<size>.py on a
-one-device mesh.
-
-CPU mode (the default when jax.default_backend() == 'cpu') runs, in the same process and on the same
-batches, Hugging Face `transformers.BertForPreTraining` in PyTorch (eager, train mode, fp32, dropout
-0.1, exact GELU, torch.optim.AdamW(lr=1e-4, eps=1e-6, weight_decay=0.01), all CPU threads), and prints
-tokens/s of both, their ratio, bertjax's ms/step and the model TFLOP/s achieved
-(`metrics.train_flops_per_token` x tokens/s). Compute is float32 on the CPU (bfloat16 matmuls are
-emulated there), whatever the config says.
-
-Accelerator mode (the default on a GPU or TPU) times base and large in bfloat16 compute at batch 64 x
-seq 128 and batch 32 x seq 512 on one device, and prints tokens/s and MFU against
-`metrics.peak_flops_per_device(jax.devices()[0].device_kind)`. PyTorch is not imported there.
-
-Variants for investigating performance: --model_overrides=scan_layers=false,remat_policy=full,...
-(any BertConfig field), and the environment: XLA_FLAGS, JAX_DEFAULT_MATMUL_PRECISION. docs/performance.md
-records the figures.
-
-No TensorFlow is imported on this path (checked at the end): the benchmark runs on machines without it.
+What is timed is the whole optimizer step as the trainer runs it (trainer.train_step: forward, backward,
+global-norm clipping, BERT's AdamW; state donated), built by trainer.Setup from configs/<size>.py on a
+one-device mesh, on synthetic full-length batches. The platform's defaults apply (model.PLATFORM_DEFAULTS:
+bf16 and cuDNN attention on GPUs, float32 and XLA attention on CPUs) unless --dtype or --model_overrides
+say otherwise. Hugging Face `BertForPreTraining` runs the same batches in PyTorch: on the CPU eager in
+float32; on a GPU eager and torch.compile'd, with sdpa attention, bf16 autocast, fused AdamW and
+clipping 1.0. Printed: tokens/s, model TFLOP/s and MFU, the step's memory (bertjax: the compiled step's
+memory_analysis(); HF: torch's peak allocation) and bertjax's ratio to each HF variant.
+docs/performance.md records the figures. No TensorFlow is imported here.
 """
 
+import collections
+import contextlib
+import gzip
+import json
 import os
 import pathlib
+import re
 import runpy
 import sys
 import time
@@ -38,29 +31,34 @@ import jax
 import numpy as np
 from absl import app, flags
 
-from bertjax import cli, metrics, model, sharding
+from bertjax import cli, metrics, model, sharding, trainer
 from bertjax.data import synthetic
-from bertjax.train import BATCH_KEYS, Setup
 
 _SIZES = flags.DEFINE_list("sizes", None, "Model sizes (configs/<size>.py). Default: mini,small,base on the CPU, "
                            "base,large with --accelerator.")
-_BATCH = flags.DEFINE_integer("batch_size", 32, "Sequences per step (CPU mode; in accelerator mode it "
-                              "replaces the 64/32 grid when given).")
-_SEQ = flags.DEFINE_integer("seq_len", 128, "Tokens per sequence (CPU mode; in accelerator mode it replaces "
-                            "the 128/512 grid when given).")
+_BATCH = flags.DEFINE_integer("batch_size", 32, "Sequences per step (CPU mode; with --accelerator it replaces "
+                              "the default shapes when given).")
+_SEQ = flags.DEFINE_integer("seq_len", 128, "Tokens per sequence (CPU mode; with --accelerator it replaces the "
+                            "default shapes when given).")
 _STEPS = flags.DEFINE_integer("steps", 10, "Timed steps per measurement.")
 _WARMUP = flags.DEFINE_integer("warmup", 3, "Untimed steps first (the first one compiles).")
-_DTYPE = flags.DEFINE_string("dtype", None, "Compute dtype of bertjax: float32 on the CPU, bfloat16 with "
-                             "--accelerator, unless given.")
+_DTYPE = flags.DEFINE_string("dtype", None, "Compute dtype of bertjax (default: the platform's, float32 on "
+                             "the CPU, bfloat16 on accelerators).")
 _NO_TORCH = flags.DEFINE_bool("no_torch", False, "Time bertjax only (no PyTorch import).")
+_NO_COMPILE = flags.DEFINE_bool("no_torch_compile", False, "On a GPU, skip the torch.compile variant of HF.")
 _ACCELERATOR = flags.DEFINE_bool("accelerator", None, "Accelerator mode: base and large, bf16, MFU. Default: on "
                                  "when jax.default_backend() is not 'cpu'.")
 _OVERRIDES = flags.DEFINE_list("model_overrides", [], "key=value pairs for the model config, e.g. "
                                "scan_layers=false,remat_policy=full (for performance investigations).")
+_DROPOUT_RNG = flags.DEFINE_string("dropout_rng", "threefry", "train.dropout_rng: threefry | rbg.")
+_PROFILE = flags.DEFINE_string("profile", None, "Write a jax.profiler trace of a few bertjax steps under this "
+                               "directory and print the device time per step by kernel category.")
+_MEMORY_ONLY = flags.DEFINE_bool("memory_only", False, "Compile bertjax's step and print its memory; run nothing "
+                                  "(e.g. to choose a remat policy for a GPU on a CPU machine).")
 _CONFIG_DIR = flags.DEFINE_string("config_dir", None, "Where configs/<size>.py live (default: the repository's).")
 
 VOCAB_SIZE = 30522
-ACCELERATOR_SHAPES = ((128, 64), (512, 32))  # (seq_len, batch_size)
+ACCELERATOR_SHAPES = ((128, 256), (512, 32))  # (seq_len, batch_size)
 
 
 def max_predictions(seq_len: int) -> int:
@@ -104,11 +102,13 @@ def parse_overrides(pairs) -> dict:
     return out
 
 
-def benchmark_config(config, dtype: str, overrides: dict, seq_len: int, num_predictions: int):
+def benchmark_config(config, dtype: str | None, overrides: dict, seq_len: int, num_predictions: int,
+                     dropout_rng: str = "threefry"):
     """The size's config with the benchmark's vocabulary, dtype, overrides and shapes; its model section
     is checked (an unknown override key is an error) by BertConfig.from_dict, here and in Setup."""
-    config.model.update(vocab_size=VOCAB_SIZE, dtype=dtype, **overrides)
+    config.model.update(vocab_size=VOCAB_SIZE, **({"dtype": dtype} if dtype else {}), **overrides)
     config.data.update(max_seq_length=seq_len, max_predictions_per_seq=num_predictions)
+    config.train.dropout_rng = dropout_rng
     model.BertConfig.from_dict(config.model)
     return config
 
@@ -125,36 +125,57 @@ def make_batches(n: int, batch_size: int, seq_len: int, num_predictions: int) ->
 
 
 class BertjaxStep:
-    """bertjax.train's state and jitted step on one device, built by train.Setup as the trainer builds
-    them (shardings, donated state), on pre-generated batches."""
+    """The trainer's state and step on one device, built by trainer.Setup as the training program builds
+    them (shardings, donated state), compiled ahead of time so that its memory can be read."""
 
     name = "bertjax"
 
     def __init__(self, config, batches: list):
         self.mesh = sharding.make_mesh(dict.fromkeys(sharding.MESH_AXES, 1), jax.devices()[:1])
         rules = sharding.logical_rules(config.logical_axis_rules)
-        init_key, self.dropout_key = jax.random.split(jax.random.key(config.train.seed))
-        setup = Setup.create(config, self.mesh, rules, init_key)
+        init_key, self.dropout_key = trainer.root_keys(config.train.seed, config.train.dropout_rng)
+        setup = trainer.Setup.create(config, self.mesh, rules, init_key)
         self.bert_config = setup.bert_config
         self.state = setup.init(init_key)
         self.params = model.count_params(self.state.params)
         data_sharding = sharding.batch_sharding(self.mesh, rules)
-        self.step_fn, _ = setup.compile_steps(data_sharding, grad_accum_steps=1)
-        self.batches = [sharding.global_batch({k: b[k] for k in BATCH_KEYS}, data_sharding) for b in batches]
+        step_fn, _ = setup.compile_steps(data_sharding, grad_accum_steps=1)
+        self.batches = [sharding.global_batch({k: b[k] for k in trainer.BATCH_KEYS}, data_sharding)
+                        for b in batches]
+        start = time.perf_counter()
+        with jax.set_mesh(self.mesh):
+            self.compiled = step_fn.lower(self.state, self.batches[0], self.dropout_key).compile()
+        self.compile_seconds = time.perf_counter() - start
+        self.memory_bytes = compiled_memory(self.compiled)
         self.count, self.sums = 0, None
 
     def step(self) -> float:
         """One step, waited for: its seconds."""
         batch = self.batches[self.count % len(self.batches)]
         start = time.perf_counter()
-        with jax.set_mesh(self.mesh):
-            self.state, self.sums = self.step_fn(self.state, batch, self.dropout_key)
-            jax.block_until_ready((self.state, self.sums))
+        self.state, self.sums = self.compiled(self.state, batch, self.dropout_key)
+        jax.block_until_ready((self.state, self.sums))
         self.count += 1
         return time.perf_counter() - start
 
     def loss(self) -> float:
         return float(self.sums["loss_sum"])
+
+    def peak_bytes(self) -> int | None:
+        stats = jax.devices()[0].memory_stats() or {}
+        return stats.get("peak_bytes_in_use")
+
+
+def compiled_memory(compiled) -> int | None:
+    """Bytes the compiled step holds at its peak: arguments + outputs + temporaries, less what the
+    donated state shares between arguments and outputs."""
+    try:
+        m = compiled.memory_analysis()
+    except (NotImplementedError, AttributeError):
+        return None
+    if m is None:
+        return None
+    return int(m.argument_size_in_bytes + m.output_size_in_bytes + m.temp_size_in_bytes - m.alias_size_in_bytes)
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -162,16 +183,28 @@ class BertjaxStep:
 # ---------------------------------------------------------------------------------------------------
 
 
+def torch_cuda_available() -> bool:
+    try:
+        import torch
+    except ImportError:
+        return False
+    return torch.cuda.is_available()
+
+
 class HFStep:
-    """transformers.BertForPreTraining, eager, train mode, fp32, torch.optim.AdamW, on the same batches."""
+    """transformers.BertForPreTraining in train mode with torch.optim.AdamW, on the same batches.
 
-    name = "HF"
+    On the CPU: eager, float32. On a GPU: sdpa attention, bf16 autocast, fused AdamW, global-norm
+    clipping 1.0, eager or torch.compile'd."""
 
-    def __init__(self, bert_config: model.BertConfig, batches: list):
+    def __init__(self, bert_config: model.BertConfig, batches: list, device: str = "cpu", compile: bool = False):
         import torch
         import transformers
 
-        torch.set_num_threads(os.cpu_count())
+        self.torch, self.device, self.compiled = torch, device, compile
+        self.name = "HF compiled" if compile else "HF eager"
+        if device == "cpu":
+            torch.set_num_threads(os.cpu_count())
         torch.manual_seed(0)
         hf_config = transformers.BertConfig(
             vocab_size=bert_config.vocab_size, hidden_size=bert_config.hidden_size,
@@ -180,44 +213,60 @@ class HFStep:
             hidden_dropout_prob=0.1, attention_probs_dropout_prob=0.1,
             max_position_embeddings=bert_config.max_position_embeddings, type_vocab_size=bert_config.type_vocab_size,
             layer_norm_eps=bert_config.layer_norm_eps, initializer_range=bert_config.initializer_range,
+            attn_implementation="sdpa",
         )
-        self.net = transformers.BertForPreTraining(hf_config).train()
-        self.opt = torch.optim.AdamW(self.net.parameters(), lr=1e-4, eps=1e-6, weight_decay=0.01)
-        self.params = sum(p.numel() for p in self.net.parameters())
-        self.attention = getattr(self.net.config, "_attn_implementation", None) or "eager"
+        net = transformers.BertForPreTraining(hf_config).to(device).train()
+        self.params = sum(p.numel() for p in net.parameters())
+        self.attention = getattr(net.config, "_attn_implementation", None) or "eager"
         self.threads = torch.get_num_threads()
         self.versions = f"transformers {transformers.__version__}, torch {torch.__version__}"
+        on_gpu = device != "cpu"
+        self.opt = torch.optim.AdamW(net.parameters(), lr=1e-4, eps=1e-6, weight_decay=0.01, fused=on_gpu)
+        self.params_list = list(net.parameters())
+        self.net = torch.compile(net) if compile else net
+        self.autocast = (lambda: torch.autocast("cuda", dtype=torch.bfloat16)) if on_gpu else contextlib.nullcontext
 
         def to_torch(b):
             # MLM labels at every position, -100 (ignored) except at the masked ones.
             labels = np.full(b["input_ids"].shape, -100, np.int64)
             rows = np.arange(labels.shape[0])[:, None]
             labels[rows, b["masked_lm_positions"]] = np.where(b["masked_lm_weights"] > 0, b["masked_lm_ids"], -100)
-            return dict(
-                input_ids=torch.from_numpy(b["input_ids"].astype(np.int64)),
-                token_type_ids=torch.from_numpy(b["segment_ids"].astype(np.int64)),
-                attention_mask=torch.from_numpy(b["input_mask"].astype(np.int64)),
-                labels=torch.from_numpy(labels),
-                next_sentence_label=torch.from_numpy(b["next_sentence_labels"].astype(np.int64)),
+            tensors = dict(
+                input_ids=b["input_ids"], token_type_ids=b["segment_ids"], attention_mask=b["input_mask"],
+                labels=labels, next_sentence_label=b["next_sentence_labels"],
             )
+            return {k: torch.from_numpy(np.asarray(v).astype(np.int64)).to(device) for k, v in tensors.items()}
 
         self.batches = [to_torch(b) for b in batches]
         self.count, self._loss = 0, None
+        if on_gpu:
+            torch.cuda.reset_peak_memory_stats()
+
+    def _sync(self):
+        if self.device != "cpu":
+            self.torch.cuda.synchronize()
 
     def step(self) -> float:
         batch = self.batches[self.count % len(self.batches)]
+        self._sync()
         start = time.perf_counter()
-        loss = self.net(**batch).loss
+        with self.autocast():
+            loss = self.net(**batch).loss
         loss.backward()
+        if self.device != "cpu":
+            self.torch.nn.utils.clip_grad_norm_(self.params_list, 1.0)
         self.opt.step()
         self.opt.zero_grad(set_to_none=True)
+        self._sync()
         self.count += 1
-        seconds = time.perf_counter() - start
         self._loss = loss
-        return seconds
+        return time.perf_counter() - start
 
     def loss(self) -> float:
-        return float(self._loss.detach())
+        return float(self._loss.detach().float())
+
+    def peak_bytes(self) -> int | None:
+        return int(self.torch.cuda.max_memory_allocated()) if self.device != "cpu" else None
 
 
 def measure(runners: list, warmup: int, steps: int) -> list[dict]:
@@ -243,6 +292,85 @@ def measure(runners: list, warmup: int, steps: int) -> list[dict]:
 
 
 # ---------------------------------------------------------------------------------------------------
+# Profile: device time by kernel category
+# ---------------------------------------------------------------------------------------------------
+
+# The first pattern that a kernel's lower-cased name contains decides its category.
+KERNEL_CATEGORIES = (
+    ("collective", ("nccl", "all-reduce", "all_reduce", "allreduce", "all-gather", "all_gather",
+                    "reduce-scatter", "reduce_scatter", "collective", "all-to-all")),
+    ("attention", ("flash", "fmha", "cudnn", "attention", "sdpa")),
+    ("matmul", ("gemm", "cublas", "cutlass", "xmma", "nvjet", "wgmma", "matmul", "convolution", "dot")),
+    ("scatter/gather", ("scatter", "gather")),
+    ("copy", ("memcpy", "memset", "copy", "dynamic-update-slice", "dynamic_update_slice", "transpose")),
+    ("reduction", ("reduce", "reduction")),
+    ("element-wise", ("fusion", "loop", "elementwise", "kernel", "rng", "threefry")),
+)
+
+
+def kernel_category(name: str) -> str:
+    lowered = name.lower()
+    for category, patterns in KERNEL_CATEGORIES:
+        if any(p in lowered for p in patterns):
+            return category
+    return "other"
+
+
+def device_kernel_seconds(trace: dict) -> dict[str, float]:
+    """Seconds of device kernels by category, from a Chrome/Perfetto trace ({"traceEvents": [...]}).
+
+    Device processes are those named like /device:GPU:0 or /device:TPU:0. On a GPU the kernels are the
+    events of its stream threads; on a TPU those of its "XLA Ops" line (other lines of the same device
+    repeat them at coarser grain)."""
+    events = trace.get("traceEvents", trace if isinstance(trace, list) else [])
+    process_names, thread_names = {}, {}
+    for e in events:
+        if e.get("ph") == "M" and e.get("name") == "process_name":
+            process_names[e.get("pid")] = str(e.get("args", {}).get("name", ""))
+        elif e.get("ph") == "M" and e.get("name") == "thread_name":
+            thread_names[(e.get("pid"), e.get("tid"))] = str(e.get("args", {}).get("name", ""))
+    devices = {pid for pid, name in process_names.items() if re.search(r"/device:(gpu|tpu)", name, re.I)}
+
+    def is_kernel_line(pid, tid) -> bool:
+        name = thread_names.get((pid, tid), "").lower()
+        if re.search(r"/device:gpu", process_names[pid], re.I):
+            return "stream" in name
+        return name == "xla ops"
+
+    totals = collections.Counter()
+    for e in events:
+        pid = e.get("pid")
+        if e.get("ph") == "X" and pid in devices and is_kernel_line(pid, e.get("tid")):
+            totals[kernel_category(str(e.get("name", "")))] += float(e.get("dur", 0.0)) * 1e-6
+    return dict(totals)
+
+
+def profile_steps(runner: BertjaxStep, directory: str, steps: int = 3) -> dict[str, float]:
+    """Traces `steps` steps into `directory`; returns device seconds per step by category."""
+    os.makedirs(directory, exist_ok=True)
+    with jax.profiler.trace(directory, create_perfetto_trace=True):
+        for _ in range(steps):
+            runner.step()
+    traces = sorted(pathlib.Path(directory).rglob("perfetto_trace.json.gz"), key=lambda p: p.stat().st_mtime)
+    if not traces:
+        return {}
+    with gzip.open(traces[-1], "rt") as f:
+        seconds = device_kernel_seconds(json.load(f))
+    return {k: v / steps for k, v in seconds.items()}
+
+
+def print_profile(label: str, per_step: dict[str, float]) -> None:
+    if not per_step:
+        print(f"  {label}: no device kernels in the trace (a CPU run has none; the trace is still written)",
+              flush=True)
+        return
+    total = sum(per_step.values())
+    parts = ", ".join(f"{k} {1e3 * v:.1f} ms ({100 * v / total:.0f}%)"
+                      for k, v in sorted(per_step.items(), key=lambda kv: -kv[1]))
+    print(f"  {label}: device kernel time {1e3 * total:.1f} ms/step: {parts}", flush=True)
+
+
+# ---------------------------------------------------------------------------------------------------
 # Modes
 # ---------------------------------------------------------------------------------------------------
 
@@ -252,6 +380,10 @@ def _si(x: float) -> str:
         if abs(x) >= scale:
             return f"{x / scale:.3g}{unit}"
     return f"{x:.3g}"
+
+
+def _gib(n: int | None) -> str:
+    return "-" if n is None else f"{n / 2**30:.1f} GiB"
 
 
 def load_average() -> str:
@@ -270,95 +402,59 @@ def print_table(header, rows) -> None:
             print("  ".join("-" * w for w in widths), flush=True)
 
 
-def run_cpu(sizes, batch_size, seq_len, steps, warmup, dtype, compare, overrides) -> list:
+def run_shape(size: str, seq_len: int, batch_size: int, *, steps: int, warmup: int, dtype, overrides: dict,
+              dropout_rng: str, hf_variants: list, profile: str | None, peak: float | None) -> list[dict]:
+    """bertjax and the HF variants ((device, compile) pairs) on one shape; one result row per runner."""
     num_predictions = max_predictions(seq_len)
-    tokens = batch_size * seq_len
-    print(f"backend {jax.default_backend()}, {os.cpu_count()} CPUs, load {load_average()}; "
-          f"batch {batch_size} x seq {seq_len}, {num_predictions} predictions/seq, {warmup} warmup + {steps} "
-          f"timed steps{' (interleaved with HF)' if compare else ''}, bertjax {dtype}"
-          + (f", overrides {overrides}" if overrides else ""), flush=True)
+    config = benchmark_config(load_config(size, _CONFIG_DIR.value), dtype, overrides, seq_len, num_predictions,
+                              dropout_rng)
     batches = make_batches(min(warmup + steps, 8), batch_size, seq_len, num_predictions)
-    results, hf_info = [], None
-    for size in sizes:
-        config = benchmark_config(load_config(size, _CONFIG_DIR.value), dtype, overrides, seq_len, num_predictions)
-        runners = [BertjaxStep(config, batches)]
-        bert_config = runners[0].bert_config
-        flops = metrics.train_flops_per_token(bert_config.num_layers, bert_config.hidden_size, seq_len,
-                                              bert_config.vocab_size, num_predictions / seq_len)
-        if compare:
-            runners.append(HFStep(bert_config, batches))
-            hf_info = runners[1]
-        timings = measure(runners, warmup, steps)
-        jx = timings[0]
-        r = dict(size=size, params=runners[0].params, flops_per_token=flops, jax_tps=steps * tokens / jx["seconds"],
-                 jax_ms=1e3 * jx["seconds"] / steps, jax_best_tps=tokens / jx["best"], load=load_average())
-        line = (f"  {size}: bertjax {_si(r['jax_tps'])} tok/s ({r['jax_ms']:.0f} ms/step, fastest "
-                f"{1e3 * jx['best']:.0f}, first {jx['first_step']:.1f} s, loss {jx['loss']:.2f})")
-        if compare:
-            hf = timings[1]
-            r.update(hf_tps=steps * tokens / hf["seconds"], hf_ms=1e3 * hf["seconds"] / steps,
-                     hf_best_tps=tokens / hf["best"])
-            line += (f"; HF {_si(r['hf_tps'])} tok/s ({r['hf_ms']:.0f} ms/step, fastest {1e3 * hf['best']:.0f}, "
-                     f"loss {hf['loss']:.2f})")
-        print(line + f"; load {r['load']}", flush=True)
-        results.append(r)
-        del runners
-
-    header = ["size", "params", "bertjax tok/s", "HF tok/s", "ratio", "bertjax ms/step", "HF ms/step",
-              "model TFLOP/s", "ratio (fastest steps)"]
+    runners = [BertjaxStep(config, batches)]
+    cfg = runners[0].bert_config
+    flops = metrics.train_flops_per_token(cfg.num_layers, cfg.hidden_size, seq_len, cfg.vocab_size,
+                                          num_predictions / seq_len)
+    print(f"  {size} {batch_size} x {seq_len}: bertjax {cfg.dtype}, {cfg.attention_impl} attention, "
+          f"{cfg.word_embedding} embedding, remat {cfg.remat_policy}, scan {cfg.scan_layers}; compiled in "
+          f"{runners[0].compile_seconds:.1f} s, step memory {_gib(runners[0].memory_bytes)}", flush=True)
+    if _MEMORY_ONLY.value:
+        return []
+    for device, compile in hf_variants:
+        runners.append(HFStep(cfg, batches, device=device, compile=compile))
+    timings = measure(runners, warmup, steps)
+    tokens = batch_size * seq_len
     rows = []
-    for r in results:
-        hf = "hf_tps" in r
-        rows.append([r["size"], f"{r['params'] / 1e6:.1f}M", f"{r['jax_tps']:,.0f}",
-                     f"{r['hf_tps']:,.0f}" if hf else "-", f"{r['jax_tps'] / r['hf_tps']:.2f}x" if hf else "-",
-                     f"{r['jax_ms']:,.0f}", f"{r['hf_ms']:,.0f}" if hf else "-",
-                     f"{r['flops_per_token'] * r['jax_tps'] / 1e12:.3f}",
-                     f"{r['jax_best_tps'] / r['hf_best_tps']:.2f}x" if hf else "-"])
-    print()
-    print_table(header, rows)
-    print(f"model TFLOP/s: bertjax tokens/s x metrics.train_flops_per_token (MLM head at the "
-          f"{num_predictions}/{seq_len} predicted positions)")
-    if hf_info is not None:
-        print(f"HF: {hf_info.versions}, attn_implementation {hf_info.attention}, {hf_info.threads} threads")
-    print(f"jax {jax.__version__}, XLA_FLAGS={os.environ.get('XLA_FLAGS', '')!r}; load average {load_average()}",
-          flush=True)
-    return results
+    for runner, t in zip(runners, timings):
+        tps = steps * tokens / t["seconds"]
+        memory = runner.memory_bytes if runner.name == "bertjax" else None
+        rows.append(dict(size=size, seq_len=seq_len, batch_size=batch_size, runner=runner.name,
+                         params=runner.params, tps=tps, best_tps=tokens / t["best"],
+                         ms=1e3 * t["seconds"] / steps, tflops=flops * tps / 1e12, first=t["first_step"],
+                         mfu=None if peak is None else metrics.mfu(tps, flops, 1, peak), loss=t["loss"],
+                         memory=memory, peak_memory=runner.peak_bytes()))
+        print(f"    {runner.name}: {_si(tps)} tok/s ({rows[-1]['ms']:.1f} ms/step, fastest "
+              f"{1e3 * t['best']:.1f}, first {t['first_step']:.1f} s, loss {t['loss']:.2f})", flush=True)
+    if profile:
+        print_profile(f"{size} {batch_size} x {seq_len} bertjax",
+                      profile_steps(runners[0], os.path.join(profile, f"{size}_{batch_size}x{seq_len}")))
+    for row in rows[1:]:
+        row["ratio"] = rows[0]["tps"] / row["tps"]
+    return rows
 
 
-def run_accelerator(sizes, shapes, steps, warmup, dtype, overrides) -> list:
-    device = jax.devices()[0]
-    peak = metrics.peak_flops_per_device(device.device_kind)
-    print(f"backend {jax.default_backend()}: {device.device_kind} (peak bf16 "
-          f"{'unknown' if peak is None else f'{peak / 1e12:.0f} TFLOP/s'}), one device; bertjax {dtype}, "
-          f"{warmup} warmup + {steps} timed steps" + (f", overrides {overrides}" if overrides else ""), flush=True)
-    results = []
-    for size in sizes:
-        for seq_len, batch_size in shapes:
-            num_predictions = max_predictions(seq_len)
-            config = benchmark_config(load_config(size, _CONFIG_DIR.value), dtype, overrides, seq_len,
-                                      num_predictions)
-            batches = make_batches(min(warmup + steps, 8), batch_size, seq_len, num_predictions)
-            runner = BertjaxStep(config, batches)
-            bert_config = runner.bert_config
-            flops = metrics.train_flops_per_token(bert_config.num_layers, bert_config.hidden_size, seq_len,
-                                                  bert_config.vocab_size, num_predictions / seq_len)
-            (jx,) = measure([runner], warmup, steps)
-            tps = steps * batch_size * seq_len / jx["seconds"]
-            r = dict(size=size, seq_len=seq_len, batch_size=batch_size, params=runner.params, jax_tps=tps,
-                     jax_ms=1e3 * jx["seconds"] / steps, tflops=flops * tps / 1e12,
-                     mfu=None if peak is None else metrics.mfu(tps, flops, 1, peak))
-            print(f"  {size} {batch_size} x {seq_len}: {_si(tps)} tok/s, {r['jax_ms']:.1f} ms/step, "
-                  f"first step {jx['first_step']:.1f} s", flush=True)
-            results.append(r)
-            del runner
-    header = ["size", "params", "batch x seq", "tok/s", "ms/step", "model TFLOP/s", "MFU"]
-    rows = [[r["size"], f"{r['params'] / 1e6:.0f}M", f"{r['batch_size']} x {r['seq_len']}", f"{r['jax_tps']:,.0f}",
-             f"{r['jax_ms']:.1f}", f"{r['tflops']:.1f}", "-" if r["mfu"] is None else f"{100 * r['mfu']:.1f}%"]
-            for r in results]
+def print_results(rows: list[dict], peak: float | None) -> None:
+    header = ["shape", "runner", "params", "tok/s", "ms/step", "model TFLOP/s", "MFU", "memory", "bertjax / this"]
+    table = []
+    for r in rows:
+        memory = r["memory"] if r["memory"] is not None else r["peak_memory"]
+        table.append([f"{r['size']} {r['batch_size']} x {r['seq_len']}", r["runner"], f"{r['params'] / 1e6:.1f}M",
+                      f"{r['tps']:,.0f}", f"{r['ms']:,.1f}", f"{r['tflops']:.3f}",
+                      "-" if r["mfu"] is None else f"{100 * r['mfu']:.1f}%", _gib(memory),
+                      f"{r['ratio']:.2f}x" if "ratio" in r else "-"])
     print()
-    print_table(header, rows)
-    print(f"jax {jax.__version__}", flush=True)
-    return results
+    print_table(header, table)
+    print("model TFLOP/s: tokens/s x metrics.train_flops_per_token (the MLM head at the predicted positions); "
+          "memory: bertjax's compiled step (arguments + outputs + temporaries - donated), HF's peak allocation"
+          + ("" if peak else "; MFU needs a known accelerator peak"))
 
 
 def main(argv):
@@ -367,23 +463,50 @@ def main(argv):
     accelerator = _ACCELERATOR.value
     if accelerator is None:
         accelerator = jax.default_backend() != "cpu"
-    dtype = _DTYPE.value or ("bfloat16" if accelerator else "float32")
     try:
         overrides = parse_overrides(_OVERRIDES.value)
         if _STEPS.value < 1 or _WARMUP.value < 1:
             raise ValueError("--steps and --warmup must be at least 1 (the first warmup step compiles)")
+        device = jax.devices()[0]
+        peak = metrics.peak_flops_per_device(device.device_kind)
         if accelerator:
+            sizes = _SIZES.value or ["base", "large"]
             shapes = ACCELERATOR_SHAPES
             if flags.FLAGS["seq_len"].present or flags.FLAGS["batch_size"].present:
                 shapes = ((_SEQ.value, _BATCH.value),)
-            run_accelerator(_SIZES.value or ["base", "large"], shapes, _STEPS.value, _WARMUP.value, dtype, overrides)
+            cuda = not _NO_TORCH.value and torch_cuda_available()
+            hf_variants = [("cuda", False)] + ([] if _NO_COMPILE.value else [("cuda", True)]) if cuda else []
         else:
-            run_cpu(_SIZES.value or ["mini", "small", "base"], _BATCH.value, _SEQ.value, _STEPS.value,
-                    _WARMUP.value, dtype, not _NO_TORCH.value, overrides)
+            sizes, shapes = _SIZES.value or ["mini", "small", "base"], ((_SEQ.value, _BATCH.value),)
+            hf_variants = [] if _NO_TORCH.value else [("cpu", False)]
+        print(f"backend {jax.default_backend()}: {device.device_kind}, {os.cpu_count()} CPUs, load "
+              f"{load_average()}; peak bf16 {'unknown' if peak is None else f'{peak / 1e12:.0f} TFLOP/s'}; "
+              f"{_WARMUP.value} warmup + {_STEPS.value} timed steps, interleaved; HF: "
+              f"{', '.join(('compiled' if c else 'eager') + ' on ' + d for d, c in hf_variants) or 'not run'}"
+              + (f"; overrides {overrides}" if overrides else ""), flush=True)
+        rows = []
+        for size in sizes:
+            for seq_len, batch_size in shapes:
+                rows += run_shape(size, seq_len, batch_size, steps=_STEPS.value, warmup=_WARMUP.value,
+                                  dtype=_DTYPE.value, overrides=overrides, dropout_rng=_DROPOUT_RNG.value,
+                                  hf_variants=hf_variants, profile=_PROFILE.value, peak=peak)
+        if rows:
+            print_results(rows, peak)
+        if hf_variants and rows:
+            import torch
+            import transformers
+
+            print(f"HF: transformers {transformers.__version__}, torch {torch.__version__}, sdpa attention")
+        print(f"jax {jax.__version__}, XLA_FLAGS={os.environ.get('XLA_FLAGS', '')!r}; load average "
+              f"{load_average()}", flush=True)
     except (ValueError, FileNotFoundError) as e:
         cli.fail(str(e))
     assert "tensorflow" not in sys.modules, "TensorFlow was imported on the benchmark path"
 
 
-if __name__ == "__main__":
+def entry():
     app.run(main)
+
+
+if __name__ == "__main__":
+    entry()

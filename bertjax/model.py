@@ -21,6 +21,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax.ad_checkpoint import checkpoint_name
 
 # (layers, hidden) of the published BERT sizes; heads = hidden / 64, feed-forward = 4 * hidden.
 # tiny, mini, small, medium: Turc et al. 2019, "Well-Read Students Learn Better" (Table 6 grid).
@@ -39,6 +40,12 @@ SIZES = {
 # "hidden" rather than "embed" so that FSDP can shard parameters over "embed" while the batch of the
 # activations takes the same mesh axis.
 
+# Activations a remat policy may keep, tagged with jax.ad_checkpoint.checkpoint_name in the block.
+#   qkv: the query/key/value projections [B, S, N, D] each    context: attention output [B, S, N, D]
+#   attention_out: after the output projection [B, S, H]      mlp_in: feed-forward pre-activation [B, S, F]
+#   mlp_out: the feed-forward output [B, S, H]                block_out: the block's output [B, S, H]
+CHECKPOINT_NAMES = ("qkv", "context", "attention_out", "mlp_in", "mlp_out", "block_out")
+
 # Activation-rematerialisation policies for nn.remat, by config name.
 REMAT_POLICIES = {
     "none": None,
@@ -48,9 +55,51 @@ REMAT_POLICIES = {
     "dots": jax.checkpoint_policies.checkpoint_dots,
     # Save matmul outputs without batch dimensions (the dense layers), recompute attention scores.
     "dots_no_batch": jax.checkpoint_policies.dots_with_no_batch_dims_saveable,
+    # Save the H-wide and attention tensors, recompute the F-wide (4H) feed-forward activation, the
+    # largest per token, from the saved attention output: one F-wide matmul more per layer.
+    "save_attention": jax.checkpoint_policies.save_only_these_names("qkv", "context", "attention_out", "mlp_out"),
+    # Save every named tensor: recompute only element-wise work (GELU, dropout, LayerNorm).
+    "save_named": jax.checkpoint_policies.save_only_these_names(*CHECKPOINT_NAMES),
+    # Save only the block outputs: recompute each block once in the backward pass, like "full", but
+    # without recomputing the attention projections of the block boundaries twice.
+    "save_block_out": jax.checkpoint_policies.save_only_these_names("block_out"),
 }
 
 ATTENTION_IMPLS = ("xla", "cudnn")
+WORD_EMBEDDINGS = ("gather", "one_hot")
+
+# What "auto" means per platform (jax.default_backend()), for the fields that are a matter of speed
+# on a given chip and not of the network: bfloat16 compute on accelerators; cuDNN flash attention on
+# NVIDIA GPUs (where, as JAX's public API has no dropout for it, attention-probability dropout is off:
+# docs/performance.md); the word embedding as a one-hot matmul on TPUs, which prefer it to a gather.
+PLATFORM_DEFAULTS = {
+    "cpu": dict(dtype="float32", attention_impl="xla", word_embedding="gather"),
+    "gpu": dict(dtype="bfloat16", attention_impl="cudnn", word_embedding="gather"),
+    "tpu": dict(dtype="bfloat16", attention_impl="xla", word_embedding="one_hot"),
+}
+# Fields that choose how the network is computed, not what it is: a checkpoint loads under any of them.
+COMPUTE_FIELDS = ("dtype", "attention_impl", "word_embedding", "remat_policy")
+
+
+def resolve_platform(fields: dict, platform: str | None = None) -> dict:
+    """The model fields with every "auto" replaced by PLATFORM_DEFAULTS[platform] (default: the backend
+    JAX runs on). cuDNN attention needs 16-bit compute and has no dropout: "auto" picks it only for
+    16-bit compute, and then trains without attention-probability dropout."""
+    platform = platform or jax.default_backend()
+    if platform not in PLATFORM_DEFAULTS:
+        platform = "gpu" if platform in ("cuda", "rocm") else "cpu"
+    defaults = PLATFORM_DEFAULTS[platform]
+    out = dict(fields)
+    auto_attention = out.get("attention_impl") == "auto"
+    for name, value in defaults.items():
+        if out.get(name) == "auto":
+            out[name] = value
+    if auto_attention and out["attention_impl"] == "cudnn":
+        if jnp.dtype(out.get("dtype", "float32")).itemsize != 2:
+            out["attention_impl"] = "xla"
+        else:
+            out["attention_dropout_rate"] = 0.0
+    return out
 
 
 @dataclasses.dataclass(frozen=True)
@@ -70,12 +119,17 @@ class BertConfig:
     initializer_range: float = 0.02
     dtype: str = "float32"  # compute dtype of matmuls and activations ("bfloat16" on accelerators)
     param_dtype: str = "float32"  # storage dtype of the parameters (and so of the optimizer state)
-    attention_impl: str = "xla"  # "xla" or "cudnn" (flash attention on NVIDIA GPUs)
+    attention_impl: str = "xla"  # "xla" or "cudnn" (flash attention on NVIDIA GPUs; padding as lengths)
+    word_embedding: str = "gather"  # "gather" or "one_hot" (a [B, S, V] x [V, H] matmul: what TPUs prefer)
     remat_policy: str = "none"  # a key of REMAT_POLICIES
     scan_layers: bool = False  # nn.scan over the blocks: one compiled block, params stacked on "layers"
     pre_layer_norm: bool = False  # LayerNorm before each sub-layer plus a final one (not original BERT)
 
     def __post_init__(self):
+        autos = [f.name for f in dataclasses.fields(self) if getattr(self, f.name) == "auto"]
+        if autos:
+            raise ValueError(f"model fields {autos} are 'auto': resolve them with BertConfig.from_dict "
+                             "(or model.resolve_platform) for the platform the model runs on")
         if self.hidden_size % self.num_heads:
             raise ValueError(
                 f"model.hidden_size={self.hidden_size} is not divisible by model.num_heads={self.num_heads}"
@@ -87,6 +141,8 @@ class BertConfig:
                 "model.attention_impl='cudnn' has no attention-probability dropout in "
                 "jax.nn.dot_product_attention: set model.attention_dropout_rate=0.0 or model.attention_impl='xla'"
             )
+        if self.word_embedding not in WORD_EMBEDDINGS:
+            raise ValueError(f"model.word_embedding={self.word_embedding!r}: choose one of {WORD_EMBEDDINGS}")
         if self.remat_policy not in REMAT_POLICIES:
             raise ValueError(f"model.remat_policy={self.remat_policy!r}: choose one of {sorted(REMAT_POLICIES)}")
         for name in ("dtype", "param_dtype"):
@@ -99,16 +155,17 @@ class BertConfig:
         layers, hidden = SIZES[size]
         fields = dict(num_layers=layers, hidden_size=hidden, num_heads=hidden // 64, intermediate_size=4 * hidden)
         fields.update(overrides)
-        return cls(**fields)
+        return cls(**resolve_platform(fields))
 
     @classmethod
-    def from_dict(cls, fields: dict) -> "BertConfig":
-        """From the config's model section; an unknown key is an error, not silently ignored."""
+    def from_dict(cls, fields: dict, platform: str | None = None) -> "BertConfig":
+        """From the config's model section, "auto" fields resolved for `platform` (default: the backend
+        JAX runs on); an unknown key is an error, not silently ignored."""
         known = {f.name for f in dataclasses.fields(cls)}
         unknown = sorted(set(fields) - known)
         if unknown:
             raise ValueError(f"unknown model config key(s) {unknown}: valid keys are {sorted(known)}")
-        return cls(**dict(fields))
+        return cls(**resolve_platform(dict(fields), platform))
 
     @property
     def head_dim(self) -> int:
@@ -194,7 +251,14 @@ class Dropout(nn.Module):
 
 
 class Embeddings(nn.Module):
-    """Token + segment + learned position embeddings, summed, LayerNorm, dropout."""
+    """Token + segment + learned position embeddings, summed, LayerNorm, dropout.
+
+    Only the word embedding is looked up by index. The position rows are a slice of their table and the
+    segment rows a select between the table's rows: the gradient of a gather is a scatter-add, and with
+    every sequence of the batch reading the same position and segment rows those updates collide on a
+    handful of rows (slow on GPUs). The word embedding is a gather, or with word_embedding="one_hot" a
+    one-hot matmul whose gradient is a matmul too.
+    """
 
     config: BertConfig
 
@@ -215,15 +279,26 @@ class Embeddings(nn.Module):
 
     def __call__(self, input_ids, segment_ids, deterministic: bool):
         # input_ids, segment_ids: [B, S] int
+        cfg = self.config
         seq_len = input_ids.shape[1]
-        if seq_len > self.config.max_position_embeddings:
+        if seq_len > cfg.max_position_embeddings:
             raise ValueError(
                 f"sequence length {seq_len} exceeds model.max_position_embeddings="
-                f"{self.config.max_position_embeddings}: shorten data.max_seq_length"
+                f"{cfg.max_position_embeddings}: shorten data.max_seq_length"
             )
-        x = self.word_embeddings(input_ids)  # [B, S, H]
-        x = x + self.position_embeddings(jnp.arange(seq_len)[None, :])  # [1, S, H] broadcast over B
-        x = x + self.token_type_embeddings(segment_ids)
+        words = self.word_embeddings.embedding.astype(cfg.dtype)  # [V, H]
+        if cfg.word_embedding == "one_hot":
+            one_hot = jax.nn.one_hot(input_ids, cfg.vocab_size, dtype=cfg.dtype)  # [B, S, V]
+            # HIGHEST keeps float32 exact (one product per output); 16-bit products are exact anyway.
+            x = jnp.einsum("bsv,vh->bsh", one_hot, words, precision=jax.lax.Precision.HIGHEST)
+        else:
+            x = jnp.take(words, input_ids, axis=0)  # [B, S, H]
+        x = x + self.position_embeddings.embedding[:seq_len].astype(cfg.dtype)  # [S, H] broadcast over B
+        types = self.token_type_embeddings.embedding.astype(cfg.dtype)  # [T, H]
+        segment_rows = types[0]
+        for t in range(1, cfg.type_vocab_size):
+            segment_rows = jnp.where(segment_ids[..., None] == t, types[t], segment_rows)  # [B, S, H]
+        x = x + segment_rows
         x = self.layer_norm(x)
         x = self.dropout(x, deterministic=deterministic)
         return nn.with_logical_constraint(x, ("batch", "length", "hidden"))
@@ -256,6 +331,19 @@ class HeadProjection(nn.Module):
         return jnp.einsum(self.equation, x, kernel) + bias
 
 
+def fused_attention(q, k, v, *, mask, kv_lengths, implementation: str):
+    """softmax(q k^T / sqrt(D)) v over the real keys, by jax.nn.dot_product_attention.
+
+    q: [B, Q, N, D]; k, v: [B, S, N, D]; mask: [B, 1, 1, S] bool, True at real keys; kv_lengths: None or
+    [B] int32, the number of real keys of each row when padding is on the right. Given, the padding goes
+    to the kernel as lengths (the form cuDNN's flash attention takes, which then skips padded blocks),
+    else as the mask. The two forms are the same function for right-padded rows.
+    """
+    if kv_lengths is not None:
+        return jax.nn.dot_product_attention(q, k, v, key_value_seq_lengths=kv_lengths, implementation=implementation)
+    return jax.nn.dot_product_attention(q, k, v, mask=mask, implementation=implementation)
+
+
 class SelfAttention(nn.Module):
     """Multi-head self-attention with a padding mask and an output projection."""
 
@@ -263,11 +351,12 @@ class SelfAttention(nn.Module):
     deterministic: bool
 
     @nn.compact
-    def __call__(self, x, mask, queries=None):
-        # x: [B, S, H]; mask: [B, 1, 1, S] bool, True where a key position may be attended to.
-        # queries: [B, Q, H] rows to compute outputs for (default x itself, Q = S); keys and values
-        # always come from every position of x.
+    def __call__(self, x, padding, queries=None):
+        # x: [B, S, H]; padding: (mask [B, 1, 1, S] bool, True at keys that may be attended to; lengths [B]
+        # int32, real tokens per row, which are right-padded). queries: [B, Q, H] rows to compute
+        # outputs for (default x itself, Q = S); keys and values always come from every position of x.
         cfg = self.config
+        mask, lengths = padding
         queries = x if queries is None else queries
 
         def project(name, source):
@@ -278,12 +367,13 @@ class SelfAttention(nn.Module):
 
         q = project("query", queries)  # [B, Q, N, D]
         k, v = project("key", x), project("value", x)  # each [B, S, N, D]
-        q = nn.with_logical_constraint(q, ("batch", "length", "heads", "kv"))
-        k = nn.with_logical_constraint(k, ("batch", "length", "heads", "kv"))
-        v = nn.with_logical_constraint(v, ("batch", "length", "heads", "kv"))
+        q = checkpoint_name(nn.with_logical_constraint(q, ("batch", "length", "heads", "kv")), "qkv")
+        k = checkpoint_name(nn.with_logical_constraint(k, ("batch", "length", "heads", "kv")), "qkv")
+        v = checkpoint_name(nn.with_logical_constraint(v, ("batch", "length", "heads", "kv")), "qkv")
 
         if self.deterministic or cfg.attention_dropout_rate == 0.0:
-            context = jax.nn.dot_product_attention(q, k, v, mask=mask, implementation=cfg.attention_impl)
+            kv_lengths = lengths if cfg.attention_impl == "cudnn" else None
+            context = fused_attention(q, k, v, mask=mask, kv_lengths=kv_lengths, implementation=cfg.attention_impl)
         else:
             # jax.nn.dot_product_attention has no dropout on the attention probabilities, which BERT
             # trains with (rate 0.1); this is the same computation with the dropout in the middle.
@@ -293,13 +383,13 @@ class SelfAttention(nn.Module):
             probs = jax.nn.softmax(logits, axis=-1).astype(cfg.dtype)
             probs = Dropout(cfg.attention_dropout_rate)(probs, deterministic=False)
             context = jnp.einsum("bnqk,bknd->bqnd", probs, v)  # [B, Q, N, D]
-        context = nn.with_logical_constraint(context, ("batch", "length", "heads", "kv"))
+        context = checkpoint_name(nn.with_logical_constraint(context, ("batch", "length", "heads", "kv")), "context")
 
         out = HeadProjection(
             cfg, (cfg.num_heads, cfg.head_dim, cfg.hidden_size), ("heads", "kv", "embed"), 1,
             "bsnd,ndh->bsh", name="output",
         )(context)  # [B, Q, H]
-        return nn.with_logical_constraint(out, ("batch", "length", "hidden"))
+        return checkpoint_name(nn.with_logical_constraint(out, ("batch", "length", "hidden")), "attention_out")
 
 
 class FeedForward(nn.Module):
@@ -311,11 +401,12 @@ class FeedForward(nn.Module):
     def __call__(self, x):
         cfg = self.config
         h = _dense(cfg, cfg.intermediate_size, ("embed", "mlp"), "intermediate")(x)  # [B, S, F]
+        h = checkpoint_name(h, "mlp_in")
         # BERT's GELU is the exact erf form, not the tanh approximation.
         h = nn.gelu(h, approximate=False)
         h = nn.with_logical_constraint(h, ("batch", "length", "mlp"))
         h = _dense(cfg, cfg.hidden_size, ("mlp", "embed"), "output")(h)  # [B, S, H]
-        return nn.with_logical_constraint(h, ("batch", "length", "hidden"))
+        return checkpoint_name(nn.with_logical_constraint(h, ("batch", "length", "hidden")), "mlp_out")
 
 
 class TransformerBlock(nn.Module):
@@ -334,8 +425,9 @@ class TransformerBlock(nn.Module):
     output_hidden_states: bool = False
 
     @nn.compact
-    def __call__(self, x, mask, rows=None):
-        # x: [B, S, H]; rows: None or [B, Q] int. Returns [B, S, H], or [B, Q, H] with rows.
+    def __call__(self, x, padding, rows=None):
+        # x: [B, S, H]; padding: (mask, lengths) as SelfAttention takes it; rows: None or [B, Q] int.
+        # Returns [B, S, H], or [B, Q, H] with rows.
         cfg = self.config
         at_rows = (lambda y: y) if rows is None else (lambda y: jnp.take_along_axis(y, rows[..., None], axis=1))
         attention = SelfAttention(cfg, self.deterministic, name="attention")
@@ -345,12 +437,12 @@ class TransformerBlock(nn.Module):
         dropout = Dropout(cfg.hidden_dropout_rate)
         if cfg.pre_layer_norm:
             normed = attention_norm(x)
-            x = at_rows(x) + dropout(attention(normed, mask, at_rows(normed)), deterministic=self.deterministic)
+            x = at_rows(x) + dropout(attention(normed, padding, at_rows(normed)), deterministic=self.deterministic)
             x = x + dropout(feed_forward(mlp_norm(x)), deterministic=self.deterministic)
         else:
-            x = attention_norm(at_rows(x) + dropout(attention(x, mask, at_rows(x)), deterministic=self.deterministic))
+            x = attention_norm(at_rows(x) + dropout(attention(x, padding, at_rows(x)), deterministic=self.deterministic))
             x = mlp_norm(x + dropout(feed_forward(x), deterministic=self.deterministic))
-        x = nn.with_logical_constraint(x, ("batch", "length", "hidden"))
+        x = checkpoint_name(nn.with_logical_constraint(x, ("batch", "length", "hidden")), "block_out")
         return x, (x if self.output_hidden_states else None)
 
 
@@ -364,7 +456,7 @@ class Encoder(nn.Module):
     config: BertConfig
 
     @nn.compact
-    def __call__(self, x, mask, deterministic: bool, output_hidden_states: bool = False, rows=None):
+    def __call__(self, x, padding, deterministic: bool, output_hidden_states: bool = False, rows=None):
         cfg = self.config
         block = TransformerBlock
         if cfg.remat_policy != "none":
@@ -379,7 +471,7 @@ class Encoder(nn.Module):
                 length=cfg.num_layers,
                 metadata_params={nn.PARTITION_NAME: "layers"},
             )
-            x, per_layer = stack(cfg, deterministic, output_hidden_states, name="layers")(x, mask)
+            x, per_layer = stack(cfg, deterministic, output_hidden_states, name="layers")(x, padding)
             layer_outputs = list(per_layer) if output_hidden_states else []  # L x [B, S, H]
             if rows is not None:
                 x = jnp.take_along_axis(x, rows[..., None], axis=1)  # [B, Q, H]
@@ -387,7 +479,7 @@ class Encoder(nn.Module):
             layer_outputs = []
             for i in range(cfg.num_layers):
                 last_rows = rows if i == cfg.num_layers - 1 else None
-                x, out = block(cfg, deterministic, output_hidden_states, name=f"layers_{i}")(x, mask, last_rows)
+                x, out = block(cfg, deterministic, output_hidden_states, name=f"layers_{i}")(x, padding, last_rows)
                 layer_outputs.append(out)
         if cfg.pre_layer_norm:
             x = _layer_norm(cfg, "final_layer_norm")(x)
@@ -415,10 +507,11 @@ class BertModel(nn.Module):
                              "hidden state would hold only some rows")
         x = self.embeddings(input_ids, segment_ids, deterministic)  # [B, S, H]
         mask = (input_mask > 0)[:, None, None, :]  # [B, 1, 1, S]
+        lengths = jnp.sum(input_mask > 0, axis=-1, dtype=jnp.int32)  # [B]: rows are right-padded
         rows = None
         if output_rows is not None:
             rows = jnp.concatenate([jnp.zeros_like(output_rows[:, :1]), output_rows], axis=1)  # [B, 1+Q]: [CLS] first
-        encoded, layer_outputs = self.encoder(x, mask, deterministic, output_hidden_states, rows)
+        encoded, layer_outputs = self.encoder(x, (mask, lengths), deterministic, output_hidden_states, rows)
         pooled_output = jnp.tanh(self.pooler(encoded[:, 0]))  # [B, H]
         sequence_output = encoded if rows is None else encoded[:, 1:]  # [B, S, H] or [B, Q, H]
         outputs = {"sequence_output": sequence_output, "pooled_output": pooled_output}

@@ -7,7 +7,9 @@ those names onto mesh axes. This module turns the two into jax.sharding objects.
 """
 
 import os
-from typing import Any, Sequence
+import queue
+import threading
+from typing import Any, Iterable, Sequence
 
 import flax.linen as nn
 import jax
@@ -140,3 +142,62 @@ def global_batch(host_batch: dict, sharding: NamedSharding) -> dict:
     """This process's share of a batch (numpy, leading axis = B / process_count) -> global jax.Arrays
     sharded over the data axes. Every process passes its own share; none sees the others'."""
     return {k: jax.make_array_from_process_local_data(sharding, np.asarray(v)) for k, v in host_batch.items()}
+
+
+class prefetch_to_devices:
+    """Iterates global batches made from host batches by a background thread, `size` batches ahead.
+
+    The thread builds each host batch (the input pipeline's work) and transfers it to the devices while
+    the devices run earlier steps, so the step never waits for the host. The order is the host
+    stream's. An error in the stream is raised by next() in the caller's thread. Use as a context
+    manager: leaving it stops the thread.
+    """
+
+    _END = object()
+
+    def __init__(self, host_batches: Iterable[dict], sharding: NamedSharding, size: int = 2):
+        if size < 1:
+            raise ValueError(f"train.prefetch_batches={size} must be at least 1")
+        self._queue = queue.Queue(maxsize=size)
+        self._stopped = threading.Event()
+        self._thread = threading.Thread(target=self._fill, args=(iter(host_batches), sharding), daemon=True)
+        self._thread.start()
+
+    def _put(self, item) -> bool:
+        while not self._stopped.is_set():
+            try:
+                self._queue.put(item, timeout=0.1)
+                return True
+            except queue.Full:
+                continue
+        return False
+
+    def _fill(self, host_batches, sharding) -> None:
+        try:
+            for host_batch in host_batches:
+                if not self._put(global_batch(host_batch, sharding)):
+                    return
+            self._put(self._END)
+        except BaseException as e:  # handed to the caller's thread
+            self._put(e)
+
+    def __iter__(self):
+        return self
+
+    def __next__(self) -> dict:
+        item = self._queue.get()
+        if item is self._END:
+            raise StopIteration
+        if isinstance(item, BaseException):
+            raise item
+        return item
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        self.close()
+
+    def close(self) -> None:
+        self._stopped.set()
+        self._thread.join(timeout=5.0)

@@ -10,95 +10,26 @@ optimizer (shapes first, then created sharded) -> restore -> jitted step -> loop
 The model, the step and the synthetic data path import no TensorFlow: only the real input pipeline does.
 """
 
-import dataclasses
 import functools
 import os
 import signal
-from typing import Any
 
 import flax.linen as nn
-import flax.struct
 import jax
 import jax.numpy as jnp
 import numpy as np
-import optax
 from absl import app, flags, logging
 from ml_collections import config_flags
 
-from bertjax import checkpoint, cli, metrics, model, optim, sharding
+from bertjax import checkpoint, cli, metrics, model, sharding
+from bertjax import trainer
+from bertjax.trainer import BATCH_KEYS, Setup, TrainState, summarize
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "A configs/<size>.py file.", lock_config=True)
 _WORKDIR = flags.DEFINE_string("workdir", None, "Checkpoints, metrics.jsonl and TensorBoard events go here.")
 _COORDINATOR = flags.DEFINE_string("coordinator_address", None, "host:port of process 0, for several processes.")
 _NUM_PROCESSES = flags.DEFINE_integer("num_processes", None, "How many processes take part.")
 _PROCESS_ID = flags.DEFINE_integer("process_id", None, "This process's index.")
-
-BATCH_KEYS = ("input_ids", "segment_ids", "input_mask", "masked_lm_positions", "masked_lm_ids",
-              "masked_lm_weights", "next_sentence_labels")
-
-
-@flax.struct.dataclass
-class TrainState:
-    step: jax.Array  # completed steps
-    params: Any
-    opt_state: Any
-
-
-# ----------------------------------------------------------------------------------------------------
-# Pure step functions (jitted once in main with explicit shardings)
-# ----------------------------------------------------------------------------------------------------
-
-
-def loss_fn(params, batch, dropout_rng, *, net):
-    out = net.apply(
-        {"params": params}, batch["input_ids"], batch["segment_ids"], batch["input_mask"],
-        batch["masked_lm_positions"], deterministic=False, rngs={"dropout": dropout_rng},
-        heads_only=True,  # the last block only where the heads read: same loss, less work
-    )
-    loss, sums = model.pretraining_loss(out["mlm_logits"], out["nsp_logits"], batch["masked_lm_ids"],
-                                        batch["masked_lm_weights"], batch["next_sentence_labels"])
-    sums["real_tokens"] = jnp.sum(batch["input_mask"]).astype(jnp.float32)
-    return loss, sums
-
-
-def train_step(state: TrainState, batch: dict, dropout_key, *, net, tx, grad_accum_steps: int):
-    """One optimizer step over the global batch (in grad_accum_steps microbatches). Returns the new
-    state and the step's metric sums (added up over a logging interval on the device)."""
-    rng = jax.random.fold_in(dropout_key, state.step)  # a new dropout mask each step, reproducibly
-    grad_fn = jax.value_and_grad(functools.partial(loss_fn, net=net), has_aux=True)
-    (loss, sums), grads = optim.accumulate_gradients(grad_fn, state.params, batch, grad_accum_steps, rng)
-    # The per-microbatch means come back added up over the microbatches.
-    sums = dict(sums, mlm_loss=sums["mlm_loss"] / grad_accum_steps, nsp_loss=sums["nsp_loss"] / grad_accum_steps)
-    grad_norm = optax.tree.norm(grads)
-    updates, opt_state = tx.update(grads, state.opt_state, state.params)
-    params = optax.apply_updates(state.params, updates)
-    sums = dict(sums, loss_sum=loss, grad_norm_sum=grad_norm, steps=jnp.float32(1),
-                # Counts the steps whose loss or gradient was not finite: the host stops the run.
-                nonfinite=jnp.float32(~(jnp.isfinite(loss) & jnp.isfinite(grad_norm))))
-    return TrainState(state.step + 1, params, opt_state), sums
-
-
-def eval_step(params, batch, *, net):
-    out = net.apply({"params": params}, batch["input_ids"], batch["segment_ids"], batch["input_mask"],
-                    batch["masked_lm_positions"], deterministic=True, heads_only=True)
-    loss, sums = model.pretraining_loss(out["mlm_logits"], out["nsp_logits"], batch["masked_lm_ids"],
-                                        batch["masked_lm_weights"], batch["next_sentence_labels"])
-    return dict(sums, loss_sum=loss, steps=jnp.float32(1))
-
-
-def summarize(sums: dict) -> dict:
-    """Metric sums over some steps -> the logged means and accuracies."""
-    steps = max(sums["steps"], 1.0)
-    out = {
-        "loss": sums["loss_sum"] / steps,
-        "mlm_loss": sums["mlm_loss"] / steps,
-        "nsp_loss": sums["nsp_loss"] / steps,
-        "mlm_accuracy": sums["mlm_correct"] / max(sums["mlm_count"], 1.0),
-        "nsp_accuracy": sums["nsp_correct"] / max(sums["nsp_count"], 1.0),
-    }
-    if "grad_norm_sum" in sums:
-        out["grad_norm"] = sums["grad_norm_sum"] / steps
-    return out
 
 
 class Preemption:
@@ -118,58 +49,6 @@ class Preemption:
         from jax.experimental import multihost_utils
 
         return bool(np.any(multihost_utils.process_allgather(np.array(self.requested))))
-
-
-@dataclasses.dataclass
-class Setup:
-    """The model, optimizer and state layout of a run: shapes first (jax.eval_shape), shardings from
-    the logical axis names, then parameters created already sharded. Shared by main and the tests."""
-
-    config: Any
-    mesh: Any
-    rules: tuple
-    bert_config: model.BertConfig
-    net: model.BertForPreTraining
-    tx: optax.GradientTransformation
-    schedule: Any
-    init_state: Any  # rng -> boxed TrainState
-    state_sharding: Any
-    abstract_state: Any  # ShapeDtypeStructs carrying the shardings
-
-    @classmethod
-    def create(cls, config, mesh, rules, init_key) -> "Setup":
-        bert_config = model.BertConfig.from_dict(config.model)
-        net = model.BertForPreTraining(bert_config)
-        tx, schedule = optim.optimizer_from_config(config.optimizer, config.schedule, config.train.num_steps)
-        example = model.dummy_batch(1, config.data.max_seq_length, config.data.max_predictions_per_seq)
-
-        def init_state(rng):
-            params = net.init({"params": rng}, **example)["params"]  # boxed with logical axis names
-            return TrainState(step=jnp.int32(0), params=params, opt_state=tx.init(params))
-
-        abstract_boxed = jax.eval_shape(init_state, init_key)
-        state_sharding = sharding.tree_shardings(abstract_boxed, mesh, rules)
-        abstract_state = jax.tree_util.tree_map(
-            lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s), nn.unbox(abstract_boxed), state_sharding)
-        return cls(config, mesh, rules, bert_config, net, tx, schedule, init_state, state_sharding, abstract_state)
-
-    def init(self, rng) -> TrainState:
-        """A fresh state, each array created directly in its shards (never whole on one device)."""
-        with jax.set_mesh(self.mesh), nn.logical_axis_rules(self.rules):
-            return jax.jit(lambda r: nn.unbox(self.init_state(r)), out_shardings=self.state_sharding)(rng)
-
-    def compile_steps(self, data_sharding, grad_accum_steps: int):
-        """train_step and eval_step, jitted once with explicit shardings; the state is donated."""
-        with jax.set_mesh(self.mesh), nn.logical_axis_rules(self.rules):
-            p_train_step = jax.jit(
-                functools.partial(train_step, net=self.net, tx=self.tx, grad_accum_steps=grad_accum_steps),
-                in_shardings=(self.state_sharding, data_sharding, None),
-                out_shardings=(self.state_sharding, None),
-                donate_argnums=(0,),
-            )
-            p_eval_step = jax.jit(functools.partial(eval_step, net=self.net),
-                                  in_shardings=(self.state_sharding.params, data_sharding))
-        return p_train_step, p_eval_step
 
 
 def host_batches(config, workdir: str, start_step: int, process_index: int, process_count: int):
@@ -234,12 +113,14 @@ def run(config, workdir: str) -> None:
         f"mesh {dict(mesh.shape)}")
 
     # ---------------------------------------------------------------- model and optimizer: shapes first
-    root_key = jax.random.key(config.train.seed)
-    init_key, dropout_key = jax.random.split(root_key)
+    init_key, dropout_key = trainer.root_keys(config.train.seed, config.train.dropout_rng)
     setup = Setup.create(config, mesh, rules, init_key)
     bert_config, schedule, abstract_state = setup.bert_config, setup.schedule, setup.abstract_state
     say(f"model: {bert_config.num_layers} layers, hidden {bert_config.hidden_size}, "
-        f"{model.count_params(abstract_state.params):,} parameters")
+        f"{model.count_params(abstract_state.params):,} parameters; {bert_config.dtype} compute, "
+        f"{bert_config.attention_impl} attention (dropout {bert_config.attention_dropout_rate}), "
+        f"{bert_config.word_embedding} word embedding, remat {bert_config.remat_policy}"
+        + (", scanned layers" if bert_config.scan_layers else ""))
 
     # ---------------------------------------------------------------- restore: workdir > init_from > scratch
     checkpointer = checkpoint.Checkpointer(workdir, every_steps=config.checkpoint.every_steps,
@@ -300,10 +181,12 @@ def run(config, workdir: str) -> None:
                 f"resume from the last checkpoint with a lower optimizer.learning_rate, or inspect those "
                 f"batches with python -m bertjax.data.preview --start_step={window_start}")
 
-    with jax.set_mesh(mesh), nn.logical_axis_rules(rules):
+    # Batches are made and put on the devices by a thread, ahead of the step that takes them.
+    device_batches = sharding.prefetch_to_devices(({k: b[k] for k in BATCH_KEYS} for b in train_batches),
+                                                  data_sharding, size=config.train.prefetch_batches)
+    with jax.set_mesh(mesh), nn.logical_axis_rules(rules), device_batches:
         for step in range(start_step + 1, num_steps + 1):
-            host_batch = next(train_batches)
-            batch = sharding.global_batch({k: host_batch[k] for k in BATCH_KEYS}, data_sharding)
+            batch = next(device_batches)
             state, sums = p_train_step(state, batch, dropout_key)
             window = sums if window is None else add_sums(window, sums)
             if step == start_step + 1:

@@ -28,9 +28,13 @@ def base_config() -> ml_collections.ConfigDict:
             attention_dropout_rate=0.1,
             layer_norm_eps=1e-12,
             initializer_range=0.02,
-            dtype="bfloat16",  # compute; parameters and optimizer state stay float32
+            # "auto" fields take model.PLATFORM_DEFAULTS for the platform the run is on.
+            dtype="auto",  # compute: float32 on CPUs, bfloat16 on GPUs and TPUs; parameters stay float32
             param_dtype="float32",
-            attention_impl="xla",  # "cudnn": flash attention on NVIDIA GPUs (needs attention_dropout_rate=0)
+            # auto: cuDNN flash attention on NVIDIA GPUs (trained without attention-probability dropout,
+            # which it lacks: docs/performance.md), XLA elsewhere. "xla" keeps the dropout everywhere.
+            attention_impl="auto",
+            word_embedding="auto",  # gather | one_hot; auto: one_hot on TPUs, gather elsewhere
             remat_policy="none",  # none | full | dots | dots_no_batch
             # Unrolled layers run faster (a scanned stack copies every residual into an [L, ...] buffer;
             # 13% of a CPU step for base) and let the last block compute only the rows the heads read.
@@ -97,6 +101,9 @@ def base_config() -> ml_collections.ConfigDict:
             num_steps=1_000_000,
             seed=0,
             init_from=config_dict.placeholder(str),  # bertjax checkpoint or Hugging Face directory
+            # Dropout bits: threefry (the same masks on every mesh) | rbg (the hardware generator).
+            dropout_rng="threefry",
+            prefetch_batches=2,  # batches made and put on the devices ahead of the step
         )
     )
 

@@ -49,5 +49,8 @@ def get_config(recipe: str = "adam"):
     config.model.num_heads = 16  # hidden / 64
     config.model.intermediate_size = 4096  # 4 * hidden
     config.model.scan_layers = True  # 24 blocks compiled once: pod compile time stays short
+    # Keep the named matmul outputs, recompute the element-wise work (GELU, dropout, LayerNorm): batch
+    # 256 x 128 then fits one 80 GB GPU (docs/performance.md has the compiled step's memory per policy).
+    config.model.remat_policy = "save_named"
     recipes = {**common["DEVLIN_RECIPES"], **LAMB_RECIPES}
     return common["apply_recipe"](config, recipes, recipe, "configs/large.py")

@@ -15,7 +15,7 @@ import jax
 import numpy as np
 import pytest
 
-from bertjax import sharding, train, vocab
+from bertjax import sharding, trainer, vocab
 from bertjax.data import synthetic
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
@@ -36,7 +36,7 @@ def run_steps(config, mesh_shape, num_steps=4, devices=None):
     mesh = sharding.make_mesh(dict(zip(sharding.MESH_AXES, mesh_shape)), devices)
     rules = sharding.logical_rules(config.logical_axis_rules)
     init_key, dropout_key = jax.random.split(jax.random.key(config.train.seed))
-    setup = train.Setup.create(config, mesh, rules, init_key)
+    setup = trainer.Setup.create(config, mesh, rules, init_key)
     data_sharding = sharding.batch_sharding(mesh, rules)
     step_fn, _ = setup.compile_steps(data_sharding, config.train.grad_accum_steps)
     state = setup.init(init_key)

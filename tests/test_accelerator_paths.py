@@ -1,0 +1,232 @@
+"""The model's accelerator paths, checked on the CPU: embeddings without colliding scatters, padding as
+sequence lengths (the form cuDNN flash attention takes), the platform defaults, named remat policies,
+batches prefetched to the devices, and the benchmark's kernel breakdown."""
+
+import re
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from bertjax import benchmark, model, sharding
+
+VOCAB, HIDDEN, MAX_POS = 97, 64, 40
+
+
+def tiny_config(**overrides):
+    fields = dict(vocab_size=VOCAB, hidden_size=HIDDEN, num_layers=2, num_heads=4, intermediate_size=128,
+                  max_position_embeddings=MAX_POS, hidden_dropout_rate=0.1, attention_dropout_rate=0.1)
+    fields.update(overrides)
+    return model.BertConfig(**fields)
+
+
+def make_batch(seed=0, batch=4, seq=16, preds=3, lengths=(16, 9, 12, 5)):
+    rng = np.random.default_rng(seed)
+    mask = (np.arange(seq)[None, :] < np.array(lengths)[:, None]).astype(np.int32)
+    ids = rng.integers(5, VOCAB, size=(batch, seq)).astype(np.int32) * mask
+    segments = ((np.arange(seq)[None, :] >= np.array(lengths)[:, None] // 2) * mask).astype(np.int32)
+    positions = np.stack([np.sort(rng.choice(np.arange(1, n - 1), size=preds, replace=False)) for n in lengths])
+    return dict(input_ids=ids, segment_ids=segments, input_mask=mask,
+                masked_lm_positions=positions.astype(np.int32),
+                masked_lm_ids=rng.integers(5, VOCAB, size=(batch, preds)).astype(np.int32),
+                masked_lm_weights=np.ones((batch, preds), np.float32),
+                next_sentence_labels=rng.integers(0, 2, size=(batch,)).astype(np.int32))
+
+
+def train_loss(cfg):
+    net = model.BertForPreTraining(cfg)
+
+    def loss(params, batch, rng):
+        out = net.apply({"params": params}, batch["input_ids"], batch["segment_ids"], batch["input_mask"],
+                        batch["masked_lm_positions"], deterministic=False, rngs={"dropout": rng}, heads_only=True)
+        value, _ = model.pretraining_loss(out["mlm_logits"], out["nsp_logits"], batch["masked_lm_ids"],
+                                          batch["masked_lm_weights"], batch["next_sentence_labels"])
+        return value
+
+    return net, loss
+
+
+def scatter_result_shapes(hlo_text: str) -> list[tuple[int, ...]]:
+    """Result shapes of every scatter in a StableHLO module's text."""
+    # '%r = "stablehlo.scatter"(operands) <{attributes}> ({ update region }) : (types) -> tensor<AxBxf32>'
+    found = re.findall(r'"stablehlo\.scatter".*?\}\)\s*:\s*\([^)]*\)\s*->\s*tensor<([0-9x]+)x[a-z]+[0-9]*>',
+                       hlo_text, flags=re.S)
+    assert len(found) == hlo_text.count('"stablehlo.scatter"'), "a scatter's result type was not read"
+    return [tuple(int(d) for d in shape.split("x")) for shape in found]
+
+
+def lowered_grad_text(cfg) -> str:
+    net, loss = train_loss(cfg)
+    batch = {k: jnp.asarray(v) for k, v in make_batch().items()}
+    params = nn.unbox(jax.eval_shape(lambda: net.init(jax.random.key(0), **model.dummy_batch(1, 16, 3)))["params"])
+    return jax.jit(jax.grad(loss)).lower(params, batch, jax.random.key(1)).as_text()
+
+
+def test_scatter_detection_finds_the_gather_gradient_of_a_table():
+    """The control for the tests below: a row lookup by index shows up as a scatter into its table."""
+    table = jnp.zeros((MAX_POS, HIDDEN))
+    text = jax.jit(jax.grad(lambda t: jnp.sum(jnp.take(t, jnp.arange(16)[None, :].repeat(4, 0), axis=0) ** 2))) \
+        .lower(table).as_text()
+    assert (MAX_POS, HIDDEN) in scatter_result_shapes(text)
+
+
+@pytest.mark.parametrize("word_embedding", ["gather", "one_hot"])
+def test_train_step_has_no_scatter_into_position_or_segment_tables(word_embedding):
+    shapes = scatter_result_shapes(lowered_grad_text(tiny_config(word_embedding=word_embedding)))
+    assert (MAX_POS, HIDDEN) not in shapes
+    assert (2, HIDDEN) not in shapes
+    if word_embedding == "one_hot":
+        assert (VOCAB, HIDDEN) not in shapes  # the word table's gradient is a matmul too
+    else:
+        assert (VOCAB, HIDDEN) in shapes  # the gather's gradient: the one scatter left
+
+
+def test_embedding_forms_give_the_same_outputs_and_gradients():
+    """Sliced positions, selected segments and the one-hot word lookup equal nn.Embed gathers."""
+    batch = {k: jnp.asarray(v) for k, v in make_batch(3).items()}
+    cfg = tiny_config(hidden_dropout_rate=0.0, attention_dropout_rate=0.0)
+    emb = model.Embeddings(cfg)
+    params = nn.unbox(emb.init(jax.random.key(0), batch["input_ids"], batch["segment_ids"], True))["params"]
+
+    def reference(p):  # what nn.Embed's lookups compute
+        x = p["word_embeddings"]["embedding"][batch["input_ids"]]
+        x = x + p["position_embeddings"]["embedding"][jnp.arange(16)][None]
+        x = x + p["token_type_embeddings"]["embedding"][batch["segment_ids"]]
+        return nn.LayerNorm(epsilon=cfg.layer_norm_eps, use_fast_variance=False).apply(
+            {"params": p["layer_norm"]}, x)
+
+    def ours(p, word_embedding):
+        return model.Embeddings(tiny_config(hidden_dropout_rate=0.0, word_embedding=word_embedding)).apply(
+            {"params": p}, batch["input_ids"], batch["segment_ids"], True)
+
+    weights = jax.random.normal(jax.random.key(5), (4, 16, HIDDEN))
+    ref_out, ref_grad = jax.value_and_grad(lambda p: jnp.sum(reference(p) * weights))(params)
+    for form in ("gather", "one_hot"):
+        out, grads = jax.jit(jax.value_and_grad(lambda p: jnp.sum(ours(p, form) * weights)))(params)
+        np.testing.assert_allclose(float(out), float(ref_out), rtol=1e-6)
+        for a, b in zip(jax.tree_util.tree_leaves(grads), jax.tree_util.tree_leaves(ref_grad)):
+            np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=2e-5, atol=1e-4)
+
+
+@pytest.mark.parametrize("queries", [16, 5])
+def test_padding_as_lengths_equals_the_mask_outputs_and_gradients(queries):
+    """The sequence-length form of padding (cuDNN's) against the boolean mask, through XLA."""
+    rng = np.random.default_rng(0)
+    lengths = np.array([16, 9, 1, 12], np.int32)
+    q = jnp.asarray(rng.normal(size=(4, queries, 4, 8)), jnp.float32)
+    k, v = (jnp.asarray(rng.normal(size=(4, 16, 4, 8)), jnp.float32) for _ in range(2))
+    mask = jnp.asarray(np.arange(16)[None, :] < lengths[:, None])[:, None, None, :]
+    weights = jnp.asarray(rng.normal(size=q.shape), jnp.float32)
+
+    def run(form):
+        def f(q, k, v):
+            out = model.fused_attention(q, k, v, mask=mask, implementation="xla",
+                                        kv_lengths=jnp.asarray(lengths) if form == "lengths" else None)
+            return jnp.sum(out * weights), out
+        return jax.jit(jax.value_and_grad(f, argnums=(0, 1, 2), has_aux=True))(q, k, v)
+
+    (_, with_lengths), grads_lengths = run("lengths")
+    (_, with_mask), grads_mask = run("mask")
+    np.testing.assert_allclose(np.asarray(with_lengths), np.asarray(with_mask), atol=1e-6)
+    for a, b in zip(grads_lengths, grads_mask):
+        np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=1e-6)
+    # Padded keys matter to neither: changing them changes nothing.
+    k2 = k.at[1, 9:].set(100.0)
+    moved = model.fused_attention(q, k2, v, mask=mask, kv_lengths=jnp.asarray(lengths), implementation="xla")
+    np.testing.assert_allclose(np.asarray(moved), np.asarray(with_lengths), atol=1e-6)
+
+
+def test_platform_defaults():
+    fields = dict(dtype="auto", attention_impl="auto", word_embedding="auto", attention_dropout_rate=0.1)
+    cpu = model.resolve_platform(fields, "cpu")
+    assert (cpu["dtype"], cpu["attention_impl"], cpu["word_embedding"], cpu["attention_dropout_rate"]) == \
+        ("float32", "xla", "gather", 0.1)
+    gpu = model.resolve_platform(fields, "gpu")
+    assert (gpu["dtype"], gpu["attention_impl"], gpu["word_embedding"], gpu["attention_dropout_rate"]) == \
+        ("bfloat16", "cudnn", "gather", 0.0)
+    tpu = model.resolve_platform(fields, "tpu")
+    assert (tpu["dtype"], tpu["attention_impl"], tpu["word_embedding"], tpu["attention_dropout_rate"]) == \
+        ("bfloat16", "xla", "one_hot", 0.1)
+    # Float32 compute on a GPU: cuDNN's flash attention needs 16 bits, so auto keeps XLA and its dropout.
+    gpu32 = model.resolve_platform(dict(fields, dtype="float32"), "gpu")
+    assert (gpu32["attention_impl"], gpu32["attention_dropout_rate"]) == ("xla", 0.1)
+    # An explicit choice is kept as it is.
+    assert model.resolve_platform(dict(fields, attention_impl="xla"), "gpu")["attention_dropout_rate"] == 0.1
+    with pytest.raises(ValueError, match="'auto'"):
+        model.BertConfig(dtype="auto")
+
+
+@pytest.mark.parametrize("size", ["base", "large"])
+def test_size_configs_choose_per_platform(size):
+    config = benchmark.load_config(size)
+    cpu = model.BertConfig.from_dict(config.model, platform="cpu")
+    gpu = model.BertConfig.from_dict(config.model, platform="gpu")
+    tpu = model.BertConfig.from_dict(config.model, platform="tpu")
+    assert (cpu.dtype, cpu.attention_impl) == ("float32", "xla")
+    assert (gpu.dtype, gpu.attention_impl, gpu.word_embedding) == ("bfloat16", "cudnn", "gather")
+    assert (tpu.dtype, tpu.attention_impl, tpu.word_embedding) == ("bfloat16", "xla", "one_hot")
+
+
+def step_temp_bytes(policy: str) -> int:
+    cfg = tiny_config(num_layers=4, intermediate_size=512, max_position_embeddings=64, remat_policy=policy,
+                      scan_layers=True, hidden_dropout_rate=0.0, attention_dropout_rate=0.0)
+    net, loss = train_loss(cfg)
+    batch = {k: jnp.asarray(v) for k, v in make_batch(batch=32, seq=32, lengths=(32,) * 32).items()}
+    params = nn.unbox(net.init(jax.random.key(0), **model.dummy_batch(1, 32, 3)))["params"]
+    compiled = jax.jit(jax.grad(loss)).lower(params, batch, jax.random.key(1)).compile()
+    return compiled.memory_analysis().temp_size_in_bytes
+
+
+def test_named_remat_policies_keep_what_their_names_say():
+    """Under scan, the memory of the step's backward pass follows what each policy saves: the block
+    outputs alone < the attention tensors (the F-wide activation recomputed) < every named tensor < all."""
+    block, attention, named, everything = (
+        step_temp_bytes(p) for p in ("save_block_out", "save_attention", "save_named", "none"))
+    assert block < attention < named < everything, (block, attention, named, everything)
+
+
+def test_prefetch_keeps_order_and_raises_stream_errors():
+    mesh = sharding.make_mesh(dict(data=-1, fsdp=1, tensor=1))
+    data_sharding = sharding.batch_sharding(mesh, sharding.logical_rules([("batch", ("data", "fsdp"))]))
+    host = [{"x": np.full((8, 2), i, np.int32)} for i in range(5)]
+    with sharding.prefetch_to_devices(iter(host), data_sharding, size=2) as batches:
+        got = list(batches)
+    assert [int(b["x"][0, 0]) for b in got] == [0, 1, 2, 3, 4]
+    assert all(b["x"].sharding == data_sharding for b in got)
+
+    def broken():
+        yield {"x": np.zeros((8, 2), np.int32)}
+        raise ValueError("no files match data.input_pattern")
+
+    with sharding.prefetch_to_devices(broken(), data_sharding, size=1) as batches:
+        first = next(batches)
+        assert first["x"].sharding == data_sharding
+        with pytest.raises(ValueError, match="no files match"):
+            next(batches)
+
+
+def test_kernel_breakdown_of_a_gpu_trace():
+    trace = {"traceEvents": [
+        {"ph": "M", "name": "process_name", "pid": 1, "args": {"name": "/device:GPU:0"}},
+        {"ph": "M", "name": "thread_name", "pid": 1, "tid": 7, "args": {"name": "Stream #7(Compute)"}},
+        {"ph": "M", "name": "thread_name", "pid": 1, "tid": 9, "args": {"name": "XLA Ops"}},
+        {"ph": "M", "name": "process_name", "pid": 2, "args": {"name": "/host:CPU"}},
+        {"ph": "X", "pid": 1, "tid": 7, "name": "sm90_xmma_gemm_bf16bf16_bf16f32", "dur": 3000},
+        {"ph": "X", "pid": 1, "tid": 7, "name": "nvjet_hsh_128x256", "dur": 1000},
+        {"ph": "X", "pid": 1, "tid": 7, "name": "cudnn_generated_fort_native_sdpa_sm90", "dur": 500},
+        {"ph": "X", "pid": 1, "tid": 7, "name": "loop_multiply_fusion_3", "dur": 2000},
+        {"ph": "X", "pid": 1, "tid": 7, "name": "input_reduce_fusion_1", "dur": 700},
+        {"ph": "X", "pid": 1, "tid": 7, "name": "scatter_add_fusion", "dur": 400},
+        {"ph": "X", "pid": 1, "tid": 7, "name": "MemcpyD2D", "dur": 100},
+        {"ph": "X", "pid": 1, "tid": 7, "name": "ncclDevKernel_AllReduce_Sum_bf16", "dur": 50},
+        {"ph": "X", "pid": 1, "tid": 9, "name": "fusion.3", "dur": 99999},  # a coarser line: not counted
+        {"ph": "X", "pid": 2, "tid": 1, "name": "gemm_on_host", "dur": 99999},  # the host: not counted
+    ]}
+    seconds = benchmark.device_kernel_seconds(trace)
+    expected = {"matmul": 4e-3, "attention": 0.5e-3, "element-wise": 2e-3, "reduction": 0.7e-3,
+                "scatter/gather": 0.4e-3, "copy": 0.1e-3, "collective": 0.05e-3}
+    assert seconds.keys() == expected.keys()
+    for k, v in expected.items():
+        assert seconds[k] == pytest.approx(v), k
