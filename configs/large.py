@@ -19,10 +19,7 @@ lr * (1 - step/total)^0.5. grad_accum_steps is set for 8 accelerators holding 64
 With no corpus set this trains on the built-in demo corpus; for real pretraining set data.source.
 """
 
-import pathlib
-import runpy
-
-common = runpy.run_path(str(pathlib.Path(__file__).with_name("common.py")))
+from configs import common
 
 # NVIDIA's two phases; the Adam recipes are the paper's (common.DEVLIN_RECIPES), as for base.
 LAMB_RECIPES = {
@@ -43,11 +40,11 @@ LAMB_RECIPES = {
 
 
 def get_config(recipe: str = "adam"):
-    config = common["base_config"]()
+    config = common.base_config()
     config.model.num_layers = 24
     config.model.hidden_size = 1024
     config.model.num_heads = 16  # hidden / 64
     config.model.intermediate_size = 4096  # 4 * hidden
     config.model.scan_layers = True  # 24 blocks compiled once: pod compile time stays short
-    recipes = {**common["DEVLIN_RECIPES"], **LAMB_RECIPES}
-    return common["apply_recipe"](config, recipes, recipe, "configs/large.py")
+    recipes = {**common.DEVLIN_RECIPES, **LAMB_RECIPES}
+    return common.apply_recipe(config, recipes, recipe, "configs/large.py")

@@ -7,14 +7,11 @@ trains 600 steps of 32 sequences of 128 tokens. Expected on a 2-core CPU: see th
 table (held-out masked-LM accuracy far above the most-frequent-token baseline).
 """
 
-import pathlib
-import runpy
-
-base_config = runpy.run_path(str(pathlib.Path(__file__).with_name("common.py")))["base_config"]
+from configs import common
 
 
 def get_config():
-    config = base_config()
+    config = common.base_config()
     config.model.num_layers = 2
     config.model.hidden_size = 128
     config.model.num_heads = 2  # hidden / 64
