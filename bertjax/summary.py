@@ -36,5 +36,10 @@ def main(argv):
     print(f"parameter memory: {total * np.dtype(cfg.param_dtype).itemsize / 2**20:.1f} MiB as {cfg.param_dtype}")
 
 
-if __name__ == "__main__":
+def entry():
+    """The console script's entry point (pyproject.toml)."""
     app.run(main, flags_parser=cli.parse_flags)
+
+
+if __name__ == "__main__":
+    entry()

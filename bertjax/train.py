@@ -271,5 +271,9 @@ def initial_params(path: str, bert_config: model.BertConfig, abstract_params):
                             f"directory with config.json")
 
 
-if __name__ == "__main__":
+def entry():
     app.run(main, flags_parser=cli.parse_flags)
+
+
+if __name__ == "__main__":
+    entry()

@@ -11,16 +11,13 @@ from the seq-128 parameters: the same linear decay, continued (lr 1e-5 down to 0
 With no corpus set this trains on the built-in demo corpus; for real pretraining set data.source.
 """
 
-import pathlib
-import runpy
-
-common = runpy.run_path(str(pathlib.Path(__file__).with_name("common.py")))
+from configs import common
 
 
 def get_config(recipe: str = "adam"):
-    config = common["base_config"]()
+    config = common.base_config()
     config.model.num_layers = 12
     config.model.hidden_size = 768
     config.model.num_heads = 12  # hidden / 64
     config.model.intermediate_size = 3072  # 4 * hidden
-    return common["apply_recipe"](config, common["DEVLIN_RECIPES"], recipe, "configs/base.py")
+    return common.apply_recipe(config, common.DEVLIN_RECIPES, recipe, "configs/base.py")

@@ -19,10 +19,7 @@ lr * (1 - step/total)^0.5. grad_accum_steps is set for 8 accelerators holding 64
 With no corpus set this trains on the built-in demo corpus; for real pretraining set data.source.
 """
 
-import pathlib
-import runpy
-
-common = runpy.run_path(str(pathlib.Path(__file__).with_name("common.py")))
+from configs import common
 
 # NVIDIA's two phases; the Adam recipes are the paper's (common.DEVLIN_RECIPES), as for base.
 LAMB_RECIPES = {
@@ -43,7 +40,7 @@ LAMB_RECIPES = {
 
 
 def get_config(recipe: str = "adam"):
-    config = common["base_config"]()
+    config = common.base_config()
     config.model.num_layers = 24
     config.model.hidden_size = 1024
     config.model.num_heads = 16  # hidden / 64
@@ -52,5 +49,5 @@ def get_config(recipe: str = "adam"):
     # Keep the named matmul outputs, recompute the element-wise work (GELU, dropout, LayerNorm): batch
     # 256 x 128 then fits one 80 GB GPU (docs/performance.md has the compiled step's memory per policy).
     config.model.remat_policy = "save_named"
-    recipes = {**common["DEVLIN_RECIPES"], **LAMB_RECIPES}
-    return common["apply_recipe"](config, recipes, recipe, "configs/large.py")
+    recipes = {**common.DEVLIN_RECIPES, **LAMB_RECIPES}
+    return common.apply_recipe(config, recipes, recipe, "configs/large.py")

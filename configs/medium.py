@@ -3,14 +3,11 @@
   python -m bertjax.train --config=configs/medium.py --workdir=/tmp/bertjax-medium
 """
 
-import pathlib
-import runpy
-
-base_config = runpy.run_path(str(pathlib.Path(__file__).with_name("common.py")))["base_config"]
+from configs import common
 
 
 def get_config():
-    config = base_config()
+    config = common.base_config()
     config.model.num_layers = 8
     config.model.hidden_size = 512
     config.model.num_heads = 8  # hidden / 64

@@ -7,14 +7,11 @@ trains 600 steps of 32 sequences of 128 tokens. Expected on a 2-core CPU: see th
 table (held-out masked-LM accuracy far above the most-frequent-token baseline).
 """
 
-import pathlib
-import runpy
-
-base_config = runpy.run_path(str(pathlib.Path(__file__).with_name("common.py")))["base_config"]
+from configs import common
 
 
 def get_config():
-    config = base_config()
+    config = common.base_config()
     config.model.num_layers = 2
     config.model.hidden_size = 128
     config.model.num_heads = 2  # hidden / 64
@@ -24,8 +21,6 @@ def get_config():
     config.data.vocab_size = 8192
     # The demo corpus has about 1,000 documents: hold out about 50 of them.
     config.data.eval_fraction = 0.05
-    # On a CPU, bfloat16 matmuls are emulated and slower than float32.
-    config.model.dtype = "float32"
 
     # A small model on a small corpus takes a higher learning rate and a short warmup. 600 steps of
     # 32 x 128 tokens (about 2 passes over the corpus) take a few minutes on a 2-core CPU.

@@ -103,6 +103,7 @@ def prepare(corpus_dir, out, input_pattern, num_shards=2):
     return data_config(corpus_dir, source="prepared", prepared_dir=str(out), input_pattern=None, vocab_path=None)
 
 
+@pytest.mark.slow
 def test_prepared_shards_give_each_host_the_in_memory_stream(corpus_dir, tmp_path):
     # One input file, two shards: documents are dealt to shards as the in-memory path deals them to hosts.
     one_file = str(corpus_dir / "part-0.txt")
@@ -124,6 +125,7 @@ def test_prepared_shards_give_each_host_the_in_memory_stream(corpus_dir, tmp_pat
         inputs.build_inputs(shards, workdir=None, process_index=0, process_count=3)
 
 
+@pytest.mark.slow
 def test_prepared_file_shards_are_disjoint_and_complete(corpus_dir, tmp_path):
     # As many files as shards: each shard is written from whole files, read in parallel.
     shards = prepare(corpus_dir, tmp_path / "two", str(corpus_dir / "*.txt"))
@@ -134,6 +136,7 @@ def test_prepared_file_shards_are_disjoint_and_complete(corpus_dir, tmp_path):
         assert not (parts[0] & parts[1]) and parts[0] | parts[1] == documents_of(getattr(whole, split).corpus)
 
 
+@pytest.mark.slow
 def test_preview_text_and_jsonl(corpus_dir):
     text = run_module("bertjax.data.preview", *config_flags(corpus_dir), "--num_examples=3")
     assert text.returncode == 0, text.stderr[-2000:]
@@ -164,6 +167,7 @@ def expect_cli_error(result, *fragments):
         assert fragment in last, (fragment, last)
 
 
+@pytest.mark.slow
 def test_bad_input_gets_one_clear_line(corpus_dir, tmp_path):
     empty = tmp_path / "empty.txt"
     empty.write_text("\n\n")

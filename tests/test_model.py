@@ -122,6 +122,7 @@ def test_cudnn_with_attention_dropout_is_refused():
         model.BertConfig(attention_impl="cudnn", attention_dropout_rate=0.1)
 
 
+@pytest.mark.slow
 def test_scan_equals_unrolled_outputs_and_gradients():
     cfg = small_config()
     batch = make_batch(np.random.default_rng(0))
@@ -140,6 +141,7 @@ def test_scan_equals_unrolled_outputs_and_gradients():
 
 
 # Each policy once, two of them under scan (where the remat wraps the scanned body).
+@pytest.mark.slow
 @pytest.mark.parametrize("policy,scan", [("full", True), ("dots", False), ("dots_no_batch", True)])
 def test_remat_changes_nothing_numerically(policy, scan):
     base = small_config(scan_layers=scan)
@@ -173,6 +175,7 @@ def test_padding_does_not_change_real_positions(pre_ln):
         np.testing.assert_allclose(np.asarray(out_padded[key]), np.asarray(out[key]), atol=1e-5, err_msg=key)
 
 
+@pytest.mark.slow
 def test_dropout_only_in_training():
     cfg = small_config(hidden_dropout_rate=0.1, attention_dropout_rate=0.1)
     batch = make_batch(np.random.default_rng(3))
@@ -197,6 +200,7 @@ def test_attention_with_dropout_path_matches_dot_product_attention():
     assert_trees_close(fused, manual, atol=1e-5)
 
 
+@pytest.mark.slow
 def test_bfloat16_compute_keeps_float32_parameters():
     batch = make_batch(np.random.default_rng(5))
     cfg32 = small_config()
@@ -242,6 +246,7 @@ def test_hidden_states_are_embeddings_then_every_layer():
         np.testing.assert_array_equal(out["hidden_states"][-1], out["sequence_output"])
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("variant", [dict(), dict(pre_layer_norm=True, remat_policy="full"), dict(scan_layers=True)])
 def test_heads_only_gives_the_full_models_heads_loss_and_gradients(variant):
     """heads_only runs the last block only at [CLS] and the masked positions: nothing the heads read changes."""
@@ -347,6 +352,7 @@ def test_every_parameter_has_logical_axis_names(scan):
             assert leaf.names[0] == "layers"
 
 
+@pytest.mark.slow
 def test_sharded_model_equals_one_device():
     """The config's rules table lays the model out over a (data, fsdp, tensor) = (2, 2, 2) mesh."""
     assert jax.device_count() == 8, "tests/conftest.py sets 8 virtual CPU devices"

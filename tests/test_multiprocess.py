@@ -136,6 +136,7 @@ def runs(tmp_path_factory):
     return dict(a=a, a_dir=a_dir, b_first=b_first, b_resumed=b_resumed, b_dir=b_dir)
 
 
+@pytest.mark.slow
 def test_two_processes_train_and_only_process_0_writes(runs):
     a, a_dir = runs["a"], runs["a_dir"]
     assert "[0] 2 process(es), 2 cpu device(s), mesh {'data': 2" in a.output
@@ -154,6 +155,7 @@ def test_two_processes_train_and_only_process_0_writes(runs):
     assert sum(x.size for x in jax.tree_util.tree_leaves(params)) > 100_000
 
 
+@pytest.mark.slow
 def test_sigterm_saves_and_the_resumed_run_matches_the_uninterrupted_one(runs):
     first, resumed = runs["b_first"], runs["b_resumed"]
     saved = re.search(r"SIGTERM: saved the checkpoint of step (\d+)", first.output)
@@ -176,6 +178,7 @@ def test_sigterm_saves_and_the_resumed_run_matches_the_uninterrupted_one(runs):
     jax.tree_util.tree_map(np.testing.assert_array_equal, a_params, b_params)
 
 
+@pytest.mark.slow
 def test_each_process_reads_its_half_of_the_documents(runs):
     out = runs["a"].output
     total = re.search(r"corpus: (\d+) documents, (\d+) held out", out)

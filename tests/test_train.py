@@ -18,6 +18,9 @@ import pytest
 from bertjax import sharding, trainer, vocab
 from bertjax.data import synthetic
 
+# Every test here compiles and runs training steps, most of them in fresh processes.
+pytestmark = pytest.mark.slow
+
 REPO = pathlib.Path(__file__).resolve().parents[1]
 
 

@@ -112,5 +112,10 @@ def main(argv):
     print(f"prepared {output_dir} in {time.time() - start:.1f}s")
 
 
-if __name__ == "__main__":
+def entry():
+    """The console script's entry point (pyproject.toml)."""
     app.run(main, flags_parser=cli.parse_flags)
+
+
+if __name__ == "__main__":
+    entry()

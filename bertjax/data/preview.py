@@ -86,5 +86,10 @@ def main(argv):
     sys.stdout.flush()
 
 
-if __name__ == "__main__":
+def entry():
+    """The console script's entry point (pyproject.toml)."""
     app.run(main, flags_parser=cli.parse_flags)
+
+
+if __name__ == "__main__":
+    entry()

@@ -1,0 +1,61 @@
+"""The config files: their model shapes against the one size table, and loading them as programs do
+(by path, from any working directory, with a recipe and --config overrides)."""
+
+import json
+import os
+import pathlib
+import runpy
+import subprocess
+import sys
+
+import pytest
+
+from bertjax import model
+
+REPO = pathlib.Path(__file__).resolve().parents[1]
+SHAPE = ("num_layers", "hidden_size", "num_heads", "intermediate_size")
+
+# What a program does with --config=FILE[:recipe] --config.key=value, run from another directory.
+LOAD = """
+import json, sys
+from absl import flags
+from ml_collections import config_flags
+values = flags.FlagValues()
+config_flags.DEFINE_config_file("config", None, "", flag_values=values)
+try:
+    values(["prog", *sys.argv[1:]])
+    config = values.config
+except Exception as e:  # absl reports the config file's error as a flags.Error
+    print(json.dumps({"error": str(e)}))
+else:
+    print(json.dumps({"num_layers": config.model.num_layers, "max_seq_length": config.data.max_seq_length,
+                      "learning_rate": config.optimizer.learning_rate, "num_steps": config.train.num_steps}))
+"""
+
+
+def test_every_size_has_a_config_file():
+    files = {p.stem for p in (REPO / "configs").glob("*.py")} - {"__init__", "common"}
+    assert files == set(model.SIZES)
+
+
+@pytest.mark.parametrize("size", model.SIZES)
+def test_config_file_model_shape_is_the_size_table(size):
+    """Each file writes its shape out; bertjax.model.SIZES (through BertConfig.from_size) is the source."""
+    config = runpy.run_path(str(REPO / "configs" / f"{size}.py"))["get_config"]()
+    expected = model.BertConfig.from_size(size)
+    assert {k: config.model[k] for k in SHAPE} == {k: getattr(expected, k) for k in SHAPE}
+
+
+def load(tmp_path, *args):
+    result = subprocess.run([sys.executable, "-c", LOAD, *args], cwd=tmp_path, capture_output=True, text=True,
+                            timeout=120, env={**os.environ, "PYTHONPATH": str(REPO)})
+    assert result.returncode == 0, result.stderr[-3000:]
+    return json.loads(result.stdout.splitlines()[-1])
+
+
+def test_config_file_loads_by_path_from_another_directory(tmp_path):
+    large = REPO / "configs" / "large.py"
+    assert load(tmp_path, f"--config={large}:adam_seq512", "--config.train.num_steps=7") == dict(
+        num_layers=24, max_seq_length=512, learning_rate=1e-5, num_steps=7)
+    error = load(tmp_path, f"--config={large}:lamb_phase3")["error"]
+    assert "unknown recipe 'lamb_phase3' for configs/large.py: choose one of adam, adam_seq512" in error
