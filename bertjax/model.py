@@ -76,7 +76,16 @@ PLATFORM_DEFAULTS = {
     "cpu": dict(dtype="float32", attention_impl="xla", word_embedding="gather"),
     "gpu": dict(dtype="bfloat16", attention_impl="cudnn", word_embedding="gather"),
     "tpu": dict(dtype="bfloat16", attention_impl="xla", word_embedding="one_hot"),
+    "rocm": dict(dtype="bfloat16", attention_impl="xla", word_embedding="gather"),  # AMD GPUs: no cuDNN
 }
+
+
+def current_platform() -> str:
+    """The key of PLATFORM_DEFAULTS for the backend JAX runs on."""
+    backend = jax.default_backend()
+    if backend == "gpu" and "rocm" in getattr(jax.devices()[0].client, "platform_version", "").lower():
+        return "rocm"
+    return backend if backend in PLATFORM_DEFAULTS else "cpu"
 # Fields that choose how the network is computed, not what it is: a checkpoint loads under any of them.
 COMPUTE_FIELDS = ("dtype", "attention_impl", "word_embedding", "remat_policy")
 
@@ -85,9 +94,9 @@ def resolve_platform(fields: dict, platform: str | None = None) -> dict:
     """The model fields with every "auto" replaced by PLATFORM_DEFAULTS[platform] (default: the backend
     JAX runs on). cuDNN attention needs 16-bit compute and has no dropout: "auto" picks it only for
     16-bit compute, and then trains without attention-probability dropout."""
-    platform = platform or jax.default_backend()
+    platform = platform or current_platform()
     if platform not in PLATFORM_DEFAULTS:
-        platform = "gpu" if platform in ("cuda", "rocm") else "cpu"
+        raise ValueError(f"platform {platform!r} is unknown: choose one of {sorted(PLATFORM_DEFAULTS)}")
     defaults = PLATFORM_DEFAULTS[platform]
     out = dict(fields)
     auto_attention = out.get("attention_impl") == "auto"
