@@ -13,7 +13,7 @@ The one restore order (train.py follows it):
 import dataclasses
 import os
 import time
-from typing import Any
+from typing import Any, Callable
 
 import jax
 import orbax.checkpoint as ocp
@@ -30,6 +30,33 @@ def checkpoint_dir(workdir: str) -> str:
     return os.path.join(os.path.abspath(workdir), CHECKPOINT_DIR)
 
 
+class SaveFailed(ValueError):
+    """A checkpoint could not be written: the run stops with this one line."""
+
+
+def first_line(error: Exception) -> str:
+    text = str(error).strip()
+    return text.splitlines()[0][:300] if text else type(error).__name__
+
+
+def _size(num_bytes: int) -> str:
+    return f"{num_bytes / 2**30:.2f} GiB" if num_bytes >= 2**30 else f"{num_bytes / 2**20:.1f} MiB"
+
+
+def remove_partial_saves(directory: str) -> list[str]:
+    """Delete the temporary directories of saves that never finished (Orbax writes a step under a
+    temporary name and renames it when complete). Process 0 only."""
+    removed = []
+    root = epath.Path(directory)
+    if jax.process_index() != 0 or not root.exists():
+        return removed
+    for child in root.iterdir():
+        if ".orbax-checkpoint-tmp" in child.name:
+            child.rmtree(missing_ok=True)
+            removed.append(child.name)
+    return removed
+
+
 @dataclasses.dataclass
 class Restored:
     step: int
@@ -42,11 +69,14 @@ class Checkpointer:
     """Saves every `every_steps` steps (and when forced), keeps the last `keep`, asynchronously: the
     next training steps run while the arrays are written."""
 
-    def __init__(self, workdir: str, *, every_steps: int, keep: int, async_save: bool = True):
+    def __init__(self, workdir: str, *, every_steps: int, keep: int, async_save: bool = True,
+                 bytes_per_checkpoint: int | None = None):
         options = ocp.CheckpointManagerOptions(
             save_interval_steps=every_steps, max_to_keep=keep, enable_async_checkpointing=async_save, create=True
         )
         self.directory = checkpoint_dir(workdir)
+        self.bytes_per_checkpoint = bytes_per_checkpoint  # for the message when a save fails
+        remove_partial_saves(self.directory)  # of a run that died while saving
         self.manager = ocp.CheckpointManager(self.directory, options=options, item_names=ITEMS)
 
     def save(self, step: int, params, opt_state, meta: dict, force: bool = False) -> bool:
@@ -55,29 +85,61 @@ class Checkpointer:
             opt_state=ocp.args.StandardSave(opt_state),
             meta=ocp.args.JsonSave(meta),
         )
-        return self.manager.save(step, args=args, force=force)
+        try:
+            return self.manager.save(step, args=args, force=force)
+        except Exception as e:  # noqa: BLE001 -- a save that cannot be written stops the run
+            raise self._save_failed(e) from None
 
-    def restore_latest(self, abstract_params, abstract_opt_state) -> Restored | None:
+    def restore_latest(self, abstract_params, abstract_opt_state,
+                       check_meta: Callable[[int, dict], None] | None = None) -> Restored | None:
         """The newest checkpoint that reads back whole, restored straight into the target shardings
-        (the abstract trees are jax.ShapeDtypeStructs carrying them). An unreadable newer checkpoint
-        is reported and moved aside (kept, for a post-mortem) and the one before it is used."""
+        (the abstract trees are jax.ShapeDtypeStructs carrying them). Its meta is read first and given
+        to check_meta(step, meta), which raises ValueError when the checkpoint does not fit the config:
+        that stops the run and leaves every checkpoint as it is. Only a checkpoint that cannot be read
+        is reported and moved aside (kept, for a post-mortem), and the one before it is used."""
         for step in sorted(self.manager.all_steps(), reverse=True):
+            try:
+                meta = dict(self.manager.restore(step, args=ocp.args.Composite(meta=ocp.args.JsonRestore())).meta)
+            except Exception as e:  # noqa: BLE001 -- any failure to read means: use the previous one
+                self._unreadable(step, e)
+                continue
+            if check_meta is not None:
+                check_meta(step, meta)
             try:
                 restored = self.manager.restore(step, args=ocp.args.Composite(
                     params=ocp.args.StandardRestore(abstract_params),
                     opt_state=ocp.args.StandardRestore(abstract_opt_state),
-                    meta=ocp.args.JsonRestore(),
                 ))
-            except Exception as e:  # noqa: BLE001 -- any failure to read means: use the previous one
-                reason = str(e).strip().splitlines()[0][:300] if str(e).strip() else type(e).__name__
-                logging.error("checkpoint %s/%d is unreadable (%s): falling back to the previous one",
-                              self.directory, step, reason)
-                print(f"warning: checkpoint at step {step} is unreadable ({reason}); using the previous one",
-                      flush=True)
-                self._set_aside(step)
+            except Exception as e:  # noqa: BLE001
+                self._unreadable(step, e)
                 continue
-            return Restored(step, restored.params, restored.opt_state, dict(restored.meta))
+            return Restored(step, restored.params, restored.opt_state, meta)
         return None
+
+    def _unreadable(self, step: int, error: Exception) -> None:
+        reason = first_line(error)
+        logging.error("checkpoint %s/%d is unreadable (%s): falling back to the previous one",
+                      self.directory, step, reason)
+        print(f"warning: checkpoint at step {step} is unreadable ({reason}); using the previous one", flush=True)
+        self._set_aside(step)
+
+    def check_for_errors(self) -> None:
+        """Raise SaveFailed, with what to do, if a background save has failed; its partial files are
+        removed and the checkpoints before it stay usable."""
+        try:
+            self.manager.check_for_errors()
+        except Exception as e:  # noqa: BLE001 -- whatever the storage said, the run must stop here
+            raise self._save_failed(e) from None
+
+    def _save_failed(self, error: Exception) -> "SaveFailed":
+        removed = remove_partial_saves(self.directory)
+        good = [s for s in self.manager.all_steps() if (epath.Path(self.directory) / str(s)).exists()]
+        size = "" if self.bytes_per_checkpoint is None else f"; a checkpoint needs about {_size(self.bytes_per_checkpoint)}"
+        last = f"the last good checkpoint is step {max(good)}" if good else "no checkpoint was completed"
+        reason = "no space left on device" if "No space left on device" in str(error) else first_line(error)
+        return SaveFailed(f"saving a checkpoint to {self.directory} failed ({reason}){size}; {last}"
+                          f"{' (partial files removed)' if removed else ''}: free space or choose another workdir, "
+                          f"then re-run the same command to resume")
 
     def _set_aside(self, step: int) -> None:
         """Rename a broken checkpoint so that it is neither restored nor overwritten by a later save."""
@@ -93,7 +155,10 @@ class Checkpointer:
         self.manager.reload()
 
     def wait(self) -> None:
-        self.manager.wait_until_finished()
+        try:
+            self.manager.wait_until_finished()
+        except Exception as e:  # noqa: BLE001
+            raise self._save_failed(e) from None
 
     def close(self) -> None:
         self.manager.close()
@@ -121,21 +186,34 @@ def is_checkpoint(path: str) -> bool:
 
 
 def restore_params(path: str, abstract_params=None) -> tuple[Any, dict]:
-    """Parameters and meta of the newest checkpoint under `path`. With abstract_params (ShapeDtypeStructs
+    """Parameters and meta of the newest readable checkpoint under `path` (an unreadable newer one is
+    reported and skipped, as training does, but left in place). With abstract_params (ShapeDtypeStructs
     with shardings) they are restored straight into that layout; without, onto the default device."""
-    directory, step = find_checkpoint(path)
+    directory, newest = find_checkpoint(path)
+    p = epath.Path(directory)
+    steps = sorted((int(c.name) for c in p.iterdir() if c.name.isdigit() and int(c.name) <= newest), reverse=True)
     # Handlers named up front: with item_names alone, item_metadata() returns None for params (no
     # handler is known before a restore), the target tree below came out None, and Orbax then restored
     # onto the saving run's devices -- which fails for a checkpoint of a multi-process or multi-device run.
     manager = ocp.CheckpointManager(directory, item_handlers={"params": ocp.StandardCheckpointHandler(),
                                                               "meta": ocp.JsonCheckpointHandler()},
                                     options=ocp.CheckpointManagerOptions(read_only=True, create=False))
-    if abstract_params is None:
-        saved = manager.item_metadata(step)["params"]
-        device = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
-        abstract_params = jax.tree_util.tree_map(
-            lambda m: jax.ShapeDtypeStruct(m.shape, m.dtype, sharding=device), saved)
-    restored = manager.restore(step, args=ocp.args.Composite(
-        params=ocp.args.StandardRestore(abstract_params), meta=ocp.args.JsonRestore()))
-    manager.close()
-    return restored.params, dict(restored.meta)
+    try:
+        for step in steps:
+            try:
+                target = abstract_params
+                if target is None:
+                    saved = manager.item_metadata(step)["params"]
+                    device = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
+                    target = jax.tree_util.tree_map(
+                        lambda m: jax.ShapeDtypeStruct(m.shape, m.dtype, sharding=device), saved)
+                restored = manager.restore(step, args=ocp.args.Composite(
+                    params=ocp.args.StandardRestore(target), meta=ocp.args.JsonRestore()))
+            except Exception as e:  # noqa: BLE001 -- an unreadable checkpoint: try the one before
+                print(f"warning: checkpoint at step {step} in {directory} is unreadable ({first_line(e)}); "
+                      f"trying the previous one", flush=True)
+                continue
+            return restored.params, dict(restored.meta)
+    finally:
+        manager.close()
+    raise FileNotFoundError(f"no readable bertjax checkpoint in {path}: every one of steps {steps} failed to load")

@@ -25,38 +25,26 @@ ENV_NUM_PROCESSES = "BERTJAX_NUM_PROCESSES"
 ENV_PROCESS_ID = "BERTJAX_PROCESS_ID"
 
 
-def _on_cluster() -> bool:
-    """Cloud TPU VMs and SLURM jobs of several tasks, where jax.distributed finds its peers itself."""
-    if os.environ.get("TPU_WORKER_HOSTNAMES", "").count(",") >= 1:  # GKE sets it; TPU VMs do not
-        return True
-    # A TPU VM made with `gcloud compute tpus tpu-vm create` has no such variable: JAX finds its workers
-    # in the VM's metadata. JAX sets this flag when it is imported and finds TPU chips and libtpu
-    # (private, hence the getattr; on a single-host TPU VM initialize() simply finds one process).
-    try:
-        from jax._src import cloud_tpu_init
-    except ImportError:
-        cloud_tpu_init = None
-    if getattr(cloud_tpu_init, "running_in_cloud_tpu_vm", False):
-        return True
-    return int(os.environ.get("SLURM_NTASKS", "1")) > 1 and "SLURM_JOB_ID" in os.environ
-
-
 def initialize_distributed(coordinator_address: str | None = None, num_processes: int | None = None,
                            process_id: int | None = None) -> None:
     """Join the other processes of this run, if there are any.
 
     Explicit arguments (or the BERTJAX_* variables the local launcher sets) name the coordinator;
-    on Cloud TPU pods and SLURM clusters JAX detects everything itself; a lone process does nothing.
+    otherwise JAX's own cluster detection finds it (Cloud TPU, SLURM, Open MPI, mpi4py, Kubernetes,
+    ...), and where it detects no cluster this is the one process of the run.
     """
     coordinator_address = coordinator_address or os.environ.get(ENV_COORDINATOR)
     if coordinator_address:
         num_processes = num_processes if num_processes is not None else int(os.environ[ENV_NUM_PROCESSES])
         process_id = process_id if process_id is not None else int(os.environ[ENV_PROCESS_ID])
         jax.distributed.initialize(coordinator_address, num_processes, process_id)
-    elif _on_cluster():
-        jax.distributed.initialize()
     else:
-        return
+        try:
+            jax.distributed.initialize()
+        except ValueError as e:
+            if "coordinator_address" not in str(e):  # a cluster was detected but is misconfigured
+                raise
+            return  # no cluster detected: a single process
     logging.info("process %d of %d, %d local devices of %d", jax.process_index(), jax.process_count(),
                  jax.local_device_count(), jax.device_count())
 

@@ -10,9 +10,12 @@ optimizer (shapes first, then created sharded) -> restore -> jitted step -> loop
 The model, the step and the synthetic data path import no TensorFlow: only the real input pipeline does.
 """
 
+import contextlib
 import functools
+import logging as pylogging
 import os
 import signal
+import sys
 
 import flax.linen as nn
 import jax
@@ -22,6 +25,7 @@ from absl import app, flags, logging
 from ml_collections import config_flags
 
 from bertjax import checkpoint, cli, metrics, model, sharding
+from bertjax import workdir as workdirs
 from bertjax import trainer
 from bertjax.trainer import BATCH_KEYS, Setup, TrainState, summarize
 
@@ -33,22 +37,35 @@ _PROCESS_ID = flags.DEFINE_integer("process_id", None, "This process's index.")
 
 
 class Preemption:
-    """SIGTERM (a preempted VM, a cancelled job) asks the loop to save and exit; it is not obeyed
-    mid-step. With several processes, all of them stop at the same step."""
+    """SIGTERM (a preempted VM, a cancelled job) or Ctrl-C asks the loop to save and exit; it is not
+    obeyed mid-step. A second Ctrl-C stops at once, without saving. With several processes, all of
+    them stop at the same step."""
 
     def __init__(self):
-        self.requested = False
+        self.requested = None  # the signal that asked, once one has
         signal.signal(signal.SIGTERM, self._handler)
+        signal.signal(signal.SIGINT, self._handler)
 
     def _handler(self, signum, frame):
-        self.requested = True
+        if signum == signal.SIGINT and self.requested == signal.SIGINT:
+            print("second Ctrl-C: stopped without saving; the last checkpoint stays the one to resume from",
+                  file=sys.stderr, flush=True)
+            os._exit(130)
+        if signum == signal.SIGINT:
+            print("Ctrl-C: saving a checkpoint after this step, then stopping (Ctrl-C again stops at once)",
+                  file=sys.stderr, flush=True)
+        self.requested = signum
+
+    @property
+    def interrupted(self) -> bool:
+        return self.requested == signal.SIGINT
 
     def should_stop(self) -> bool:
         if jax.process_count() == 1:
-            return self.requested
+            return self.requested is not None
         from jax.experimental import multihost_utils
 
-        return bool(np.any(multihost_utils.process_allgather(np.array(self.requested))))
+        return bool(np.any(multihost_utils.process_allgather(np.array(self.requested is not None))))
 
 
 def host_batches(config, workdir: str, start_step: int, process_index: int, process_count: int):
@@ -87,21 +104,35 @@ def main(argv):
     if not flags.FLAGS["verbosity"].present:
         # Orbax and JAX log every checkpoint file at INFO; --verbosity=0 brings them back.
         logging.set_verbosity(logging.WARNING)
+        # A failed background save is logged by Orbax's thread with its traceback; the run reports it
+        # itself, in one line (checkpoint.SaveFailed).
+        logging.get_absl_handler().addFilter(
+            lambda record: not (record.levelno >= pylogging.ERROR and "/orbax/" in record.pathname))
     config, workdir = _CONFIG.value, _WORKDIR.value
     if not workdir:
         cli.fail("--workdir is required (checkpoints and metrics go there)")
     try:
-        run(config, workdir)
+        code = run(config, workdir)
     except (ValueError, FileNotFoundError, FloatingPointError) as e:
         cli.fail(str(e))
+    except KeyboardInterrupt:  # before the loop took over Ctrl-C: nothing was trained, nothing to save
+        print("Ctrl-C before the first step: stopped; no checkpoint was written", file=sys.stderr)
+        sys.exit(130)
+    sys.exit(code)
 
 
-def run(config, workdir: str) -> None:
-    # ---------------------------------------------------------------- distributed init
+def run(config, workdir: str) -> int:
+    """The whole run; returns the exit code (130 when Ctrl-C stopped it, after saving)."""
+    # ---------------------------------------------------------------- distributed init, the workdir's lock
     sharding.initialize_distributed(_COORDINATOR.value, _NUM_PROCESSES.value, _PROCESS_ID.value)
+    os.makedirs(workdir, exist_ok=True)
+    with workdirs.WorkdirLock(workdir) if jax.process_index() == 0 else contextlib.nullcontext():
+        return train(config, workdir)
+
+
+def train(config, workdir: str) -> int:
     process_index, process_count = jax.process_index(), jax.process_count()
     is_primary = process_index == 0
-    os.makedirs(workdir, exist_ok=True)
 
     # ---------------------------------------------------------------- mesh
     mesh = sharding.make_mesh(config.mesh)
@@ -123,9 +154,13 @@ def run(config, workdir: str) -> None:
         + (", scanned layers" if bert_config.scan_layers else ""))
 
     # ---------------------------------------------------------------- restore: workdir > init_from > scratch
-    checkpointer = checkpoint.Checkpointer(workdir, every_steps=config.checkpoint.every_steps,
-                                           keep=config.checkpoint.keep, async_save=config.checkpoint.async_save)
-    restored = checkpointer.restore_latest(abstract_state.params, abstract_state.opt_state)
+    checkpointer = checkpoint.Checkpointer(
+        workdir, every_steps=config.checkpoint.every_steps, keep=config.checkpoint.keep,
+        async_save=config.checkpoint.async_save,
+        bytes_per_checkpoint=sum(x.size * x.dtype.itemsize for x in jax.tree_util.tree_leaves(abstract_state)))
+    restored = checkpointer.restore_latest(abstract_state.params, abstract_state.opt_state,
+                                           check_meta=functools.partial(check_same_run, config=config,
+                                                                        bert_config=bert_config))
     with jax.set_mesh(mesh), nn.logical_axis_rules(rules):
         if restored is not None:
             check_same_stream(restored.meta, config, process_count)
@@ -170,8 +205,8 @@ def run(config, workdir: str) -> None:
         timer.restart(step)
 
     def save(step, force=False):
-        meta = {"step": step, "model": bert_config.__dict__, "data": stream_position(config, process_count),
-                "tokenizer": tokenizer_meta}
+        meta = {"step": step, "model": bert_config.__dict__, "optimizer": config.optimizer.to_dict(),
+                "data": stream_position(config, process_count), "tokenizer": tokenizer_meta}
         checkpointer.save(step, state.params, state.opt_state, meta, force=force)
 
     def check_finite(upto):
@@ -188,6 +223,7 @@ def run(config, workdir: str) -> None:
         for step in range(start_step + 1, num_steps + 1):
             batch = next(device_batches)
             state, sums = p_train_step(state, batch, dropout_key)
+            checkpointer.check_for_errors()  # a failed background save stops the run now
             window = sums if window is None else add_sums(window, sums)
             if step == start_step + 1:
                 pause_timer(step)  # the first step includes compilation
@@ -228,11 +264,32 @@ def run(config, workdir: str) -> None:
                     check_finite(step)
                 save(step, force=stop or step == num_steps)
             if stop:
-                say(f"SIGTERM: saved the checkpoint of step {step}; re-run the same command to resume")
+                checkpointer.wait()
+                say(f"{'Ctrl-C' if preemption.interrupted else 'SIGTERM'}: saved the checkpoint of step {step}; "
+                    f"re-run the same command to resume")
                 break
     checkpointer.wait()
     checkpointer.close()
     writer.close()
+    return 130 if preemption.interrupted else 0
+
+
+# What a checkpoint's arrays are: a resumed run must agree on all of it (checked before reading them).
+ARCHITECTURE_FIELDS = ("vocab_size", "hidden_size", "num_layers", "num_heads", "intermediate_size",
+                       "max_position_embeddings", "type_vocab_size", "pre_layer_norm", "scan_layers", "param_dtype")
+
+
+def check_same_run(step: int, meta: dict, *, config, bert_config: model.BertConfig) -> None:
+    """Stop, naming what differs, when the workdir's checkpoint is not of this config's model and
+    optimizer; the checkpoints stay as they are."""
+    saved_model, saved_optimizer = meta.get("model", {}), meta.get("optimizer")
+    differences = [f"model.{k}={saved_model[k]!r}, the config {getattr(bert_config, k)!r}"
+                   for k in ARCHITECTURE_FIELDS if k in saved_model and saved_model[k] != getattr(bert_config, k)]
+    if saved_optimizer is not None and saved_optimizer.get("name") != config.optimizer.name:
+        differences.append(f"optimizer.name={saved_optimizer.get('name')!r}, the config {config.optimizer.name!r}")
+    if differences:
+        raise ValueError(f"the checkpoint at step {step} has {'; '.join(differences)}: use a new workdir, or "
+                         f"train.init_from=<this workdir> in a new one for the parameters only")
 
 
 def stream_position(config, process_count: int) -> dict:
