@@ -15,8 +15,9 @@ import jax
 import numpy as np
 import pytest
 
-from bertjax import sharding, train, vocab
+from bertjax import sharding, train
 from bertjax.data import synthetic
+from bertjax.text import vocab
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 

@@ -86,5 +86,10 @@ def main(argv):
     sys.stdout.flush()
 
 
-if __name__ == "__main__":
+def entry():
+    """The console program `bertjax-preview`, as `python -m bertjax.data.preview`."""
     app.run(main, flags_parser=cli.parse_flags)
+
+
+if __name__ == "__main__":
+    entry()
