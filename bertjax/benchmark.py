@@ -14,12 +14,12 @@ CPU mode (the default when jax.default_backend() == 'cpu') runs, in the same pro
 batches, Hugging Face `transformers.BertForPreTraining` in PyTorch (eager, train mode, fp32, dropout
 0.1, exact GELU, torch.optim.AdamW(lr=1e-4, eps=1e-6, weight_decay=0.01), all CPU threads), and prints
 tokens/s of both, their ratio, bertjax's ms/step and the model TFLOP/s achieved
-(`metrics.train_flops_per_token` x tokens/s). Compute is float32 on the CPU (bfloat16 matmuls are
+(`flops.train_flops_per_token` x tokens/s). Compute is float32 on the CPU (bfloat16 matmuls are
 emulated there), whatever the config says.
 
 Accelerator mode (the default on a GPU or TPU) times base and large in bfloat16 compute at batch 64 x
 seq 128 and batch 32 x seq 512 on one device, and prints tokens/s and MFU against
-`metrics.peak_flops_per_device(jax.devices()[0].device_kind)`. PyTorch is not imported there.
+`flops.peak_flops_per_device(jax.devices()[0].device_kind)`. PyTorch is not imported there.
 
 Variants for investigating performance: --model_overrides=scan_layers=false,remat_policy=full,...
 (any BertConfig field), and the environment: XLA_FLAGS, JAX_DEFAULT_MATMUL_PRECISION. docs/performance.md
@@ -38,7 +38,8 @@ import jax
 import numpy as np
 from absl import app, flags
 
-from bertjax import cli, metrics, model, sharding
+from bertjax import cli, model, sharding
+from bertjax import flops as model_flops
 from bertjax.data import synthetic
 from bertjax.train import BATCH_KEYS, Setup
 
@@ -283,7 +284,7 @@ def run_cpu(sizes, batch_size, seq_len, steps, warmup, dtype, compare, overrides
         config = benchmark_config(load_config(size, _CONFIG_DIR.value), dtype, overrides, seq_len, num_predictions)
         runners = [BertjaxStep(config, batches)]
         bert_config = runners[0].bert_config
-        flops = metrics.train_flops_per_token(bert_config.num_layers, bert_config.hidden_size, seq_len,
+        flops = model_flops.train_flops_per_token(bert_config.num_layers, bert_config.hidden_size, seq_len,
                                               bert_config.vocab_size, num_predictions / seq_len)
         if compare:
             runners.append(HFStep(bert_config, batches))
@@ -316,7 +317,7 @@ def run_cpu(sizes, batch_size, seq_len, steps, warmup, dtype, compare, overrides
                      f"{r['jax_best_tps'] / r['hf_best_tps']:.2f}x" if hf else "-"])
     print()
     print_table(header, rows)
-    print(f"model TFLOP/s: bertjax tokens/s x metrics.train_flops_per_token (MLM head at the "
+    print(f"model TFLOP/s: bertjax tokens/s x flops.train_flops_per_token (MLM head at the "
           f"{num_predictions}/{seq_len} predicted positions)")
     if hf_info is not None:
         print(f"HF: {hf_info.versions}, attn_implementation {hf_info.attention}, {hf_info.threads} threads")
@@ -327,7 +328,7 @@ def run_cpu(sizes, batch_size, seq_len, steps, warmup, dtype, compare, overrides
 
 def run_accelerator(sizes, shapes, steps, warmup, dtype, overrides) -> list:
     device = jax.devices()[0]
-    peak = metrics.peak_flops_per_device(device.device_kind)
+    peak = model_flops.peak_flops_per_device(device.device_kind)
     print(f"backend {jax.default_backend()}: {device.device_kind} (peak bf16 "
           f"{'unknown' if peak is None else f'{peak / 1e12:.0f} TFLOP/s'}), one device; bertjax {dtype}, "
           f"{warmup} warmup + {steps} timed steps" + (f", overrides {overrides}" if overrides else ""), flush=True)
@@ -340,13 +341,13 @@ def run_accelerator(sizes, shapes, steps, warmup, dtype, overrides) -> list:
             batches = make_batches(min(warmup + steps, 8), batch_size, seq_len, num_predictions)
             runner = BertjaxStep(config, batches)
             bert_config = runner.bert_config
-            flops = metrics.train_flops_per_token(bert_config.num_layers, bert_config.hidden_size, seq_len,
+            flops = model_flops.train_flops_per_token(bert_config.num_layers, bert_config.hidden_size, seq_len,
                                                   bert_config.vocab_size, num_predictions / seq_len)
             (jx,) = measure([runner], warmup, steps)
             tps = steps * batch_size * seq_len / jx["seconds"]
             r = dict(size=size, seq_len=seq_len, batch_size=batch_size, params=runner.params, jax_tps=tps,
                      jax_ms=1e3 * jx["seconds"] / steps, tflops=flops * tps / 1e12,
-                     mfu=None if peak is None else metrics.mfu(tps, flops, 1, peak))
+                     mfu=None if peak is None else model_flops.mfu(tps, flops, 1, peak))
             print(f"  {size} {batch_size} x {seq_len}: {_si(tps)} tok/s, {r['jax_ms']:.1f} ms/step, "
                   f"first step {jx['first_step']:.1f} s", flush=True)
             results.append(r)
