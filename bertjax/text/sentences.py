@@ -138,11 +138,12 @@ def split_sentences_multilingual(text: str) -> list[str]:
         paragraph = " ".join(paragraph.split())
         if not paragraph:
             continue
+        first = len(sentences)
         for piece in text_to_sentences(paragraph).split("\n"):
             for sentence in _split_at_script_ends(piece):
                 # blingfire starts the next sentence with the quote closing this one: 。” -> 。\n”
                 closing = len(sentence) - len(sentence.lstrip(_CLOSING))
-                if closing and sentences:
+                if closing and len(sentences) > first:
                     sentences[-1] += sentence[:closing]
                     sentence = sentence[closing:].lstrip()
                 if sentence:
@@ -164,7 +165,8 @@ def _blingfire():
     try:
         import blingfire
     except ImportError:
-        raise ImportError(
+        # A ValueError, as for any other setting the programs report in one line.
+        raise ValueError(
             "data.sentence_splitter='multilingual' needs the blingfire package: pip install blingfire"
         ) from None
     return blingfire.text_to_sentences
