@@ -1,5 +1,5 @@
-"""bertjax.data.sources: text files in every format, TFDS (mocked, offline), the configured source
-and the held-out split.
+"""bertjax.data.sources and bertjax.text.files: text files in every format, TFDS (mocked, offline),
+the configured source and the held-out split.
 
 Every test writes its own small files into tmp_path; nothing is downloaded.
 """
@@ -14,13 +14,13 @@ import time
 import pytest
 
 from bertjax.data.sources import (
-    expand_pattern,
     is_eval_document,
     read_documents,
     read_text_documents,
     read_tfds_documents,
     require_documents,
 )
+from bertjax.text.files import expand_pattern
 
 # --------------------------------------------------------------------------------------------------
 # Text files

@@ -84,6 +84,7 @@ def main(argv):
     if len(argv) > 1:
         raise app.UsageError(f"unexpected arguments: {argv[1:]}")
     from bertjax.data import prepared
+    from bertjax.text import sentences
 
     data = _CONFIG.value.data
     output_dir, num_shards = _OUTPUT_DIR.value, _NUM_SHARDS.value
@@ -92,6 +93,10 @@ def main(argv):
     if not data.vocab_path:
         cli.fail("prepare needs --config.data.vocab_path: learn one first with "
                  "python -m bertjax.text.vocab train --input=... --vocab_size=... --out=...")
+    try:  # here, not in a worker: a missing package is one line, not a worker's traceback
+        sentences.get_splitter(data.sentence_splitter)
+    except ValueError as e:
+        cli.fail(str(e))
     if num_shards % _PROCESS_COUNT.value:
         cli.fail(f"--num_shards={num_shards} must be a multiple of --process_count={_PROCESS_COUNT.value}")
     os.makedirs(output_dir, exist_ok=True)

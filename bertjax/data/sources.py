@@ -22,7 +22,6 @@ from collections.abc import Callable, Iterable, Iterator
 
 from bertjax.data import demo
 from bertjax.text import files
-from bertjax.text.files import expand_pattern  # noqa: F401  (part of this module's interface)
 from bertjax.text.sentences import get_splitter, split_sentences
 
 TEXT_FORMATS = ("sentences", "documents", "jsonl", "document_per_file")
