@@ -36,7 +36,7 @@ def _make_tokenizer(vocab_path: Path, lower_case: bool, kind: str = "wordpiece")
         tf.config.set_visible_devices([], "GPU")
     except RuntimeError:
         pass  # TF was initialised already (by the caller): its device choice stands.
-    from bertjax.tokenizer import load_tokenizer
+    from bertjax.text.tokenizers import load_tokenizer
 
     return load_tokenizer(kind, str(vocab_path), lower_case=lower_case)
 
@@ -47,7 +47,7 @@ class LoadedBert:
 
     config: bert_model.BertConfig
     params: dict  # plain BertForPreTraining params ("bert", "mlm_head", "nsp_head")
-    tokenizer: Any  # bertjax.tokenizer.WordPieceTokenizer
+    tokenizer: Any  # bertjax.text.tokenizers.WordPieceTokenizer
     source: str = ""  # where it was loaded from, for repr and error messages
     missing: list[str] = dataclasses.field(default_factory=list)  # params the checkpoint lacked
     _forward: Callable = dataclasses.field(init=False, repr=False)

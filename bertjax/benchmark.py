@@ -31,7 +31,7 @@ import jax
 import numpy as np
 from absl import app, flags
 
-from bertjax import cli, metrics, model, sharding, trainer
+from bertjax import cli, flops, model, sharding, trainer
 from bertjax.data import synthetic
 
 _SIZES = flags.DEFINE_list("sizes", None, "Model sizes (configs/<size>.py). Default: mini,small,base on the CPU, "
@@ -411,8 +411,8 @@ def run_shape(size: str, seq_len: int, batch_size: int, *, steps: int, warmup: i
     batches = make_batches(min(warmup + steps, 8), batch_size, seq_len, num_predictions)
     runners = [BertjaxStep(config, batches)]
     cfg = runners[0].bert_config
-    flops = metrics.train_flops_per_token(cfg.num_layers, cfg.hidden_size, seq_len, cfg.vocab_size,
-                                          num_predictions / seq_len)
+    flops_per_token = flops.train_flops_per_token(cfg.num_layers, cfg.hidden_size, seq_len, cfg.vocab_size,
+                                                  num_predictions / seq_len)
     print(f"  {size} {batch_size} x {seq_len}: bertjax {cfg.dtype}, {cfg.attention_impl} attention, "
           f"{cfg.word_embedding} embedding, remat {cfg.remat_policy}, scan {cfg.scan_layers}; compiled in "
           f"{runners[0].compile_seconds:.1f} s, step memory {_gib(runners[0].memory_bytes)}", flush=True)
@@ -428,8 +428,8 @@ def run_shape(size: str, seq_len: int, batch_size: int, *, steps: int, warmup: i
         memory = runner.memory_bytes if runner.name == "bertjax" else None
         rows.append(dict(size=size, seq_len=seq_len, batch_size=batch_size, runner=runner.name,
                          params=runner.params, tps=tps, best_tps=tokens / t["best"],
-                         ms=1e3 * t["seconds"] / steps, tflops=flops * tps / 1e12, first=t["first_step"],
-                         mfu=None if peak is None else metrics.mfu(tps, flops, 1, peak), loss=t["loss"],
+                         ms=1e3 * t["seconds"] / steps, tflops=flops_per_token * tps / 1e12, first=t["first_step"],
+                         mfu=None if peak is None else flops.mfu(tps, flops_per_token, 1, peak), loss=t["loss"],
                          memory=memory, peak_memory=runner.peak_bytes()))
         print(f"    {runner.name}: {_si(tps)} tok/s ({rows[-1]['ms']:.1f} ms/step, fastest "
               f"{1e3 * t['best']:.1f}, first {t['first_step']:.1f} s, loss {t['loss']:.2f})", flush=True)
@@ -452,7 +452,7 @@ def print_results(rows: list[dict], peak: float | None) -> None:
                       f"{r['ratio']:.2f}x" if "ratio" in r else "-"])
     print()
     print_table(header, table)
-    print("model TFLOP/s: tokens/s x metrics.train_flops_per_token (the MLM head at the predicted positions); "
+    print("model TFLOP/s: tokens/s x flops.train_flops_per_token (the MLM head at the predicted positions); "
           "memory: bertjax's compiled step (arguments + outputs + temporaries - donated), HF's peak allocation"
           + ("" if peak else "; MFU needs a known accelerator peak"))
 
@@ -468,7 +468,7 @@ def main(argv):
         if _STEPS.value < 1 or _WARMUP.value < 1:
             raise ValueError("--steps and --warmup must be at least 1 (the first warmup step compiles)")
         device = jax.devices()[0]
-        peak = metrics.peak_flops_per_device(device.device_kind)
+        peak = flops.peak_flops_per_device(device.device_kind)
         if accelerator:
             sizes = _SIZES.value or ["base", "large"]
             shapes = ACCELERATOR_SHAPES

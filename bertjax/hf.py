@@ -37,6 +37,7 @@ import flax.linen as nn
 import jax
 import ml_dtypes
 import numpy as np
+from flax import traverse_util
 
 from bertjax import model as bert_model
 
@@ -248,25 +249,13 @@ def _param_shapes(cfg: bert_model.BertConfig) -> dict[str, tuple]:
     return {path: tuple(x.shape) for path, x in flat.items()}
 
 
-def _flatten(tree: dict, prefix: str = "") -> dict[str, Any]:
-    out = {}
-    for key, value in tree.items():
-        if isinstance(value, dict) or hasattr(value, "items"):
-            out.update(_flatten(value, f"{prefix}{key}/"))
-        else:
-            out[f"{prefix}{key}"] = value
-    return out
+def _flatten(tree: dict) -> dict[str, Any]:
+    """{"bert": {"pooler": {"kernel": x}}} -> {"bert/pooler/kernel": x}."""
+    return traverse_util.flatten_dict(tree, sep="/")
 
 
 def _unflatten(flat: dict[str, Any]) -> dict:
-    tree: dict = {}
-    for path, value in flat.items():
-        *parents, leaf = path.split("/")
-        node = tree
-        for name in parents:
-            node = node.setdefault(name, {})
-        node[leaf] = value
-    return tree
+    return traverse_util.unflatten_dict(flat, sep="/")
 
 
 def _check_float(name: str, x: np.ndarray):

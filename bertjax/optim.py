@@ -39,22 +39,10 @@ DECAYS = ("linear", "poly")
 Mask = Union[Any, Callable[[Any], Any]]
 
 
-def _path_names(path) -> tuple:
-    """Key path -> the names in it, e.g. ('bert', 'encoder', 'layers_0', 'mlp', 'intermediate', 'kernel').
-
-    Box attributes (the `.value` of nn.LogicallyPartitioned) are skipped, so boxed and plain params
-    give the same names.
-    """
-    names = []
-    for key in path:
-        if isinstance(key, jax.tree_util.DictKey):
-            names.append(str(key.key))
-        elif isinstance(key, jax.tree_util.SequenceKey):
-            names.append(str(key.idx))
-        elif isinstance(key, jax.tree_util.FlattenedIndexKey):
-            names.append(str(key.key))
-        # GetAttrKey: a box's field ("value"), not part of the parameter's name.
-    return tuple(names)
+def _path_name(path) -> str:
+    """Key path -> "bert/encoder/layers_0/mlp/intermediate/kernel"; a boxed (nn.LogicallyPartitioned)
+    parameter's path ends in "/value", which no name pattern below looks for."""
+    return jax.tree_util.keystr(path, simple=True, separator="/")
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -121,7 +109,7 @@ def weight_decay_mask(params):
     """
 
     def decays(path, _):
-        name = "/".join(_path_names(path))
+        name = _path_name(path)
         return not any(pattern in name for pattern in NO_DECAY_PATTERNS)
 
     return jax.tree_util.tree_map_with_path(decays, params)
@@ -202,7 +190,7 @@ def scale_by_trust_ratio(mask: Mask = True, stacked_key: Optional[str] = SCANNED
             apply = jax.tree_util.tree_map(lambda _: apply, params)
 
         def scale(path, u, p, on):
-            stacked = stacked_key is not None and stacked_key in _path_names(path) and p.ndim > 0
+            stacked = stacked_key is not None and stacked_key in _path_name(path).split("/") and p.ndim > 0
             axes = tuple(range(1, p.ndim)) if stacked else None
             # float32 norms: a bfloat16 sum of squares over a 30k x 1k embedding loses the ratio.
             p_norm = jnp.sqrt(jnp.sum(jnp.square(p.astype(jnp.float32)), axis=axes, keepdims=True))

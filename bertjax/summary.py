@@ -26,7 +26,7 @@ def main(argv):
     is_box = lambda x: isinstance(x, nn.LogicallyPartitioned)  # noqa: E731
     print(f"{'parameter':72} {'shape':>20}  logical axes -> mesh axes")
     for path, leaf in jax.tree_util.tree_leaves_with_path(boxed, is_leaf=is_box):
-        name = "/".join(str(getattr(k, "key", k)) for k in path)
+        name = jax.tree_util.keystr(path, simple=True, separator="/")
         mesh_axes = nn.logical_to_mesh_axes(leaf.names, rules)
         print(f"{name:72} {str(leaf.value.shape):>20}  {leaf.names} -> {tuple(mesh_axes)}")
     total = model.count_params(nn.unbox(boxed))
@@ -37,7 +37,7 @@ def main(argv):
 
 
 def entry():
-    """The console script's entry point (pyproject.toml)."""
+    """`python -m bertjax.summary` as a console program."""
     app.run(main, flags_parser=cli.parse_flags)
 
 

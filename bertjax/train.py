@@ -24,9 +24,8 @@ import numpy as np
 from absl import app, flags, logging
 from ml_collections import config_flags
 
-from bertjax import checkpoint, cli, metrics, model, sharding
+from bertjax import checkpoint, cli, flops, model, sharding, trainer, writers
 from bertjax import workdir as workdirs
-from bertjax import trainer
 from bertjax.trainer import BATCH_KEYS, Setup, TrainState, summarize
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "A configs/<size>.py file.", lock_config=True)
@@ -188,10 +187,11 @@ def train(config, workdir: str) -> int:
     p_train_step, p_eval_step = setup.compile_steps(data_sharding, grad_accum)
 
     # ---------------------------------------------------------------- loop
-    writer = metrics.MetricWriter(workdir, enabled=is_primary)
+    writer = writers.MetricWriter(workdir, enabled=is_primary)
+    writer.write_config(config.to_dict())
     flops_per_token = None
-    peak = metrics.peak_flops_per_device(jax.devices()[0].device_kind)
-    timer = metrics.StepTimer(config.train.num_steps, start_step=start_step)
+    peak = flops.peak_flops_per_device(jax.devices()[0].device_kind)
+    timer = writers.StepTimer(config.train.num_steps, start_step=start_step)
     preemption = Preemption()
     add_sums = jax.jit(functools.partial(jax.tree_util.tree_map, jnp.add))  # one dispatch, not one per metric
     num_steps, log_every = config.train.num_steps, config.logging.log_every
@@ -240,11 +240,11 @@ def train(config, workdir: str) -> int:
                                                              * config.data.max_seq_length))
                 if flops_per_token is None:
                     fraction = float(window["mlm_count"]) / max(real_tokens, 1.0)
-                    flops_per_token = metrics.train_flops_per_token(
+                    flops_per_token = flops.train_flops_per_token(
                         bert_config.num_layers, bert_config.hidden_size, config.data.max_seq_length,
                         bert_config.vocab_size, fraction)
                 if peak and "tokens_per_second" in speed:
-                    out["mfu"] = metrics.mfu(speed["tokens_per_second"], flops_per_token, jax.device_count(), peak)
+                    out["mfu"] = flops.mfu(speed["tokens_per_second"], flops_per_token, jax.device_count(), peak)
                 writer.write(step, out)
                 window, window_start = None, step
 

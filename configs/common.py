@@ -52,6 +52,7 @@ def base_config() -> ml_collections.ConfigDict:
             text_format="sentences",  # sentences (one per line, blank line between documents) | documents
             #                           (one per line) | jsonl | document_per_file
             text_field="text",  # the JSON field of text_format=jsonl
+            sentence_splitter="default",  # default (English rules) | multilingual (needs pip install blingfire)
             tfds_name=config_dict.placeholder(str),  # e.g. "wikipedia/20230601.en", source=tfds
             tfds_split="train",
             tfds_text_feature="text",

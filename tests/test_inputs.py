@@ -10,7 +10,7 @@ import sys
 import numpy as np
 import pytest
 
-from bertjax import vocab as vocabularies
+from bertjax.text import vocab as vocabularies
 from bertjax.data import inputs
 
 REPO = pathlib.Path(__file__).resolve().parents[1]

@@ -1,4 +1,4 @@
-"""bertjax.tokenizer against Hugging Face's Python BertTokenizer, eagerly and inside tf.data.
+"""bertjax.text.tokenizers against Hugging Face's Python BertTokenizer, eagerly and inside tf.data.
 
 The reference is HF's slow tokenizer (`BertTokenizerLegacy` in transformers 5, `BertTokenizer` before):
 it is the original BERT algorithm in readable Python. The Rust `BertTokenizer` of transformers 5 is not
@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from bertjax.tokenizer import SPECIAL_TOKENS, WordPieceTokenizer, load_vocab
+from bertjax.text.tokenizers import SPECIAL_TOKENS, WordPieceTokenizer, load_vocab
 
 # Texts chosen for the rules most likely to go wrong in a re-implementation; each comment says which.
 TEXTS = [

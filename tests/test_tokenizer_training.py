@@ -1,4 +1,4 @@
-"""Learning vocabularies (bertjax/vocab.py, `python -m bertjax.tokenizer train`) and the SentencePiece
+"""Learning vocabularies (bertjax/text/vocab.py, `python -m bertjax.tokenizer train`) and the SentencePiece
 tokenizer, on a small English corpus the tests write themselves."""
 
 import gzip
@@ -14,8 +14,8 @@ import pytest
 import sentencepiece
 import tensorflow as tf
 
-from bertjax import vocab
-from bertjax.tokenizer import (
+from bertjax.text import vocab
+from bertjax.text.tokenizers import (
     SPECIAL_TOKENS,
     SentencePieceTokenizer,
     WordPieceTokenizer,

@@ -15,8 +15,9 @@ import jax
 import numpy as np
 import pytest
 
-from bertjax import sharding, trainer, vocab
+from bertjax import sharding, trainer
 from bertjax.data import synthetic
+from bertjax.text import vocab
 
 # Every test here compiles and runs training steps, most of them in fresh processes.
 pytestmark = pytest.mark.slow

@@ -39,17 +39,16 @@ def main(argv):
         raise app.UsageError(f"unexpected arguments: {argv[1:]}")
     import tensorflow as tf
 
-    from bertjax import tokenizer as tokenizers
-    from bertjax import vocab as vocabularies
-    from bertjax.data import corpus as corpora
-    from bertjax.data import prepared
+    from bertjax.data import demo, prepared, sources
     from bertjax.data import pretraining as pt
+    from bertjax.text import files, tokenizers
+    from bertjax.text import vocab as vocabularies
 
     tf.config.set_visible_devices([], "GPU")
     if _INPUT.value:
-        documents = list(corpora.read_text_documents(corpora.expand_pattern(_INPUT.value), "sentences"))
+        documents = list(sources.read_text_documents(files.expand_pattern(_INPUT.value), "sentences"))
     else:
-        documents = corpora.demo_documents()
+        documents = demo.demo_documents()
     tmp = tempfile.mkdtemp(prefix="bertjax-data-benchmark-")
     vocab_path = _VOCAB.value
     if not vocab_path:
@@ -95,5 +94,9 @@ def main(argv):
         print(f"first batch at step {step:>9,} (epoch {epoch:,}): {time.perf_counter() - start:.2f}s")
 
 
-if __name__ == "__main__":
+def entry():
     app.run(main, flags_parser=cli.parse_flags)
+
+
+if __name__ == "__main__":
+    entry()

@@ -16,11 +16,11 @@ from typing import Iterable, Iterator, Sequence, TypeVar
 
 from absl import logging
 
-from bertjax import tokenizer as tokenizers
-from bertjax import vocab as vocabularies
-from bertjax.data import corpus as corpora
 from bertjax.data import prepared
 from bertjax.data import pretraining as pt
+from bertjax.data import sources
+from bertjax.text import tokenizers
+from bertjax.text import vocab as vocabularies
 
 T = TypeVar("T")
 
@@ -52,7 +52,7 @@ class PretrainingInputs:
 
 def read_source_documents(data) -> Iterator[list[str]]:
     """The documents of the configured raw-text source (demo, text files, TFDS)."""
-    return corpora.read_documents(
+    return sources.read_documents(
         data.source,
         input_pattern=data.input_pattern,
         text_format=data.text_format,
@@ -61,6 +61,7 @@ def read_source_documents(data) -> Iterator[list[str]]:
         tfds_split=data.tfds_split,
         tfds_text_feature=data.tfds_text_feature,
         tfds_data_dir=data.tfds_data_dir,
+        sentence_splitter=data.sentence_splitter,
     )
 
 
@@ -128,7 +129,7 @@ def build_inputs(data, *, workdir: str | None, process_index: int = 0, process_c
         eval_corpus = prepared.load_corpus(data.prepared_dir, "eval", process_index, process_count)
     else:
         documents = list(read_source_documents(data))
-        held_out = [corpora.is_eval_document(doc, data.eval_fraction) for doc in documents]
+        held_out = [sources.is_eval_document(doc, data.eval_fraction) for doc in documents]
         logging.info("corpus: %d documents, %d held out for evaluation", len(documents), sum(held_out))
         if not any(held_out):
             raise ValueError(

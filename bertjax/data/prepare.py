@@ -34,20 +34,25 @@ _PROCESS_COUNT = flags.DEFINE_integer("process_count", 1, "How many hosts prepar
 
 def shard_documents(data, shard: int, num_shards: int):
     """The raw documents of output shard `shard`, in a deterministic order."""
-    from bertjax.data import corpus as corpora
+    from bertjax.data import demo, sources
+    from bertjax.text import files as text_files
+    from bertjax.text import sentences
 
+    split = sentences.get_splitter(data.sentence_splitter)
     if data.source == "text":
-        files = corpora.expand_pattern(data.input_pattern)
+        files = text_files.expand_pattern(data.input_pattern)
         if len(files) >= num_shards:
-            return list(corpora.read_text_documents(files[shard::num_shards], data.text_format, data.text_field))
-        docs = corpora.read_text_documents(files, data.text_format, data.text_field)
+            return list(sources.read_text_documents(files[shard::num_shards], data.text_format, data.text_field,
+                                                    split=split))
+        docs = sources.read_text_documents(files, data.text_format, data.text_field, split=split)
     elif data.source == "tfds":
         import tensorflow_datasets as tfds
 
-        split = tfds.even_splits(data.tfds_split, n=num_shards)[shard]
-        return list(corpora.read_tfds_documents(data.tfds_name, split, data.tfds_text_feature, data.tfds_data_dir))
+        tfds_split = tfds.even_splits(data.tfds_split, n=num_shards)[shard]
+        return list(sources.read_tfds_documents(data.tfds_name, tfds_split, data.tfds_text_feature, data.tfds_data_dir,
+                                                split_text=split))
     elif data.source == "demo":
-        docs = corpora.demo_documents()
+        docs = demo.demo_documents()
     else:
         raise ValueError(f"data.source={data.source!r} cannot be prepared: use text, tfds or demo")
     return [d for i, d in enumerate(docs) if i % num_shards == shard]
@@ -57,15 +62,15 @@ def prepare_shard(data_dict: dict, shard: int, num_shards: int, output_dir: str)
     """Read, split, tokenize and write one output shard (both splits). Runs in a worker process."""
     import ml_collections
 
-    from bertjax import tokenizer as tokenizers
-    from bertjax.data import corpus as corpora
     from bertjax.data import prepared
     from bertjax.data import pretraining as pt
+    from bertjax.data import sources
+    from bertjax.text import tokenizers
 
     data = ml_collections.ConfigDict(data_dict)
     tokenizer = tokenizers.load_tokenizer(data.tokenizer, data.vocab_path, lower_case=data.lower_case)
     documents = shard_documents(data, shard, num_shards)
-    held_out = [corpora.is_eval_document(d, data.eval_fraction) for d in documents]  # one hash per document
+    held_out = [sources.is_eval_document(d, data.eval_fraction) for d in documents]  # one hash per document
     counts = {}
     for split in prepared.SPLITS:
         docs = [d for d, e in zip(documents, held_out) if e == (split == "eval")]
@@ -79,6 +84,7 @@ def main(argv):
     if len(argv) > 1:
         raise app.UsageError(f"unexpected arguments: {argv[1:]}")
     from bertjax.data import prepared
+    from bertjax.text import sentences
 
     data = _CONFIG.value.data
     output_dir, num_shards = _OUTPUT_DIR.value, _NUM_SHARDS.value
@@ -86,7 +92,11 @@ def main(argv):
         cli.fail("--output_dir is required")
     if not data.vocab_path:
         cli.fail("prepare needs --config.data.vocab_path: learn one first with "
-                 "python -m bertjax.tokenizer train --input=... --vocab_size=... --out=...")
+                 "python -m bertjax.text.vocab train --input=... --vocab_size=... --out=...")
+    try:  # here, not in a worker: a missing package is one line, not a worker's traceback
+        sentences.get_splitter(data.sentence_splitter)
+    except ValueError as e:
+        cli.fail(str(e))
     if num_shards % _PROCESS_COUNT.value:
         cli.fail(f"--num_shards={num_shards} must be a multiple of --process_count={_PROCESS_COUNT.value}")
     os.makedirs(output_dir, exist_ok=True)
@@ -113,7 +123,7 @@ def main(argv):
 
 
 def entry():
-    """The console script's entry point (pyproject.toml)."""
+    """The console program `bertjax-prepare`, as `python -m bertjax.data.prepare`."""
     app.run(main, flags_parser=cli.parse_flags)
 
 

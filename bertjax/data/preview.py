@@ -87,7 +87,7 @@ def main(argv):
 
 
 def entry():
-    """The console script's entry point (pyproject.toml)."""
+    """The console program `bertjax-preview`, as `python -m bertjax.data.preview`."""
     app.run(main, flags_parser=cli.parse_flags)
 
 

@@ -1,124 +1,24 @@
-"""What the training program logs, and how fast it runs: metric writer, throughput, FLOPs and MFU.
+"""Where the training program's figures go, and how fast it runs: metric writer, step timer, console line.
 
 One `MetricWriter` takes each logged step to three places:
   - `workdir/metrics.jsonl`, one JSON object per call, for tools and for the README results table;
-  - one compact console line (absl logging, so it sits in order with the trainer's other messages);
-  - TensorBoard event files, `workdir/tensorboard/` for training and `workdir/tensorboard/<split>/` for
-    an evaluation split, so TensorBoard overlays train and eval curves of the same tag as two runs.
+  - one compact console line on stdout;
+  - TensorBoard event files (written with tensorboardX, so no TensorFlow on accelerator hosts, where it
+    would claim device memory), `workdir/tensorboard/` for training and `workdir/tensorboard/<split>/`
+    for an evaluation split, so TensorBoard overlays train and eval curves of the same tag as two runs.
+    The run's config goes there too, as text and as hparams (`write_config`).
 
-This module imports only the standard library, numpy and absl. The event files are written here
-byte by byte (TFRecord framing around hand-encoded `Event` protocol buffers) rather than through
-TensorFlow or tensorboard, because the synthetic-data benchmark runs on accelerator machines that have
-no TensorFlow, and because TensorFlow on an accelerator host would claim its memory. The tests read the
-files back with TensorFlow's own reader.
-
-Paths are local (or mounted) file system paths: writing to gs:// would need TensorFlow's gfile.
+Paths are local (or mounted) file system paths.
 """
 
+import itertools
 import json
 import math
 import os
-import socket
-import struct
 import time
-from typing import Callable, Mapping
+from typing import Any, Callable, Mapping
 
 import numpy as np
-
-# ---------------------------------------------------------------------------------------------------
-# FLOPs and MFU
-# ---------------------------------------------------------------------------------------------------
-
-
-def train_flops_per_token(
-    num_layers: int, hidden_size: int, seq_len: int, vocab_size: int, predicted_fraction: float
-) -> float:
-    """Training FLOPs (forward + backward) per real token of BERT pretraining.
-
-        6 * 12*L*H^2  +  12*L*S*H  +  6*p*(H^2 + H*V)
-
-    - 12*L*H^2 is the multiply-accumulate count of a token's dense layers: the q, k, v and output
-      projections (4*H^2) and the feed-forward layer with F = 4H (8*H^2). Two FLOPs per
-      multiply-accumulate forward and four backward make the factor 6.
-    - 12*L*S*H is attention over S keys: Q.K^T and probabilities.V are 2*S*H FLOPs each per token and
-      layer forward, 4*S*H, and three times that with the backward pass. The formula is read as written
-      (not 6*L*S*H, the causal halving, nor 12*L*S^2*H, a per-sequence count): it is what reproduces
-      the reference numbers below.
-    - the masked-LM head (transform H*H, tied decoder H*V) runs only at the predicted positions, a
-      fraction p = predictions per sequence / S of the positions: 20/128 and 80/512 in BERT's recipes.
-      Pass the measured fraction where not every prediction slot is filled.
-    Not counted: embedding lookups (gathers, not matmuls), the pooler and NSP head (once per sequence),
-    softmax, LayerNorm and other element-wise work. Attention is charged at the padded length S.
-
-    Reference values (tested within 1%): BERT-base at S=128, p=20/128: 546 MFLOP/token;
-    BERT-large at S=128: 1.88 GFLOP/token; BERT-large at S=512, p=80/512: 1.99 GFLOP/token.
-    """
-    if min(num_layers, hidden_size, seq_len, vocab_size) <= 0:
-        raise ValueError(
-            f"model dimensions must be positive: num_layers={num_layers}, hidden_size={hidden_size}, "
-            f"seq_len={seq_len}, vocab_size={vocab_size}"
-        )
-    if not 0.0 <= predicted_fraction <= 1.0:
-        raise ValueError(f"predicted_fraction={predicted_fraction} must lie in [0, 1]")
-    L, H, S, V = num_layers, hidden_size, seq_len, vocab_size
-    dense = 6 * 12 * L * H * H
-    attention = 12 * L * S * H
-    mlm_head = 6 * predicted_fraction * (H * H + H * V)
-    return float(dense + attention + mlm_head)
-
-
-# Dense (no structured sparsity) bfloat16 peak FLOP/s of one JAX device, matched as a case-insensitive
-# substring of `jax.Device.device_kind`. The first matching row wins, so the more specific names come
-# first ("tpu v5 lite" before "tpu v5", "h100 pcie" before "h100"). A row with peak None names a device
-# that would otherwise match a wrong row. NVIDIA datasheets quote bf16 "with sparsity"; the dense peak is
-# half of that. On TPU v4 and v5p a JAX device is a whole chip (megacore), on v5e and v6e a chip has one
-# TensorCore, so the per-chip figures are per-device figures.
-PEAK_BF16_FLOPS = (
-    # NVIDIA H100 datasheet: SXM 1,979, PCIe 1,513, NVL 1,671 TFLOPS bf16 with sparsity.
-    # device_kind of the SXM part is "NVIDIA H100 80GB HBM3".
-    ("h100 pcie", 756e12),
-    ("h100 nvl", 835e12),
-    ("h100", 989e12),
-    # NVIDIA H200 datasheet: SXM 1,979, NVL 1,671 TFLOPS bf16 with sparsity. Also matches GH200.
-    ("h200 nvl", 835e12),
-    ("h200", 989e12),
-    # NVIDIA A100 datasheet: 312 TFLOPS bf16 dense, SXM4 and PCIe, 40 and 80 GB alike.
-    ("a100", 312e12),
-    # Cloud TPU system architecture pages (cloud.google.com/tpu/docs/v4, v5e, v5p, v6e), bf16 per chip.
-    ("tpu v4 lite", None),  # v4i, an inference chip; "tpu v4" below would claim it
-    ("tpu v4", 275e12),
-    ("tpu v5 lite", 197e12),  # v5e's device_kind
-    ("tpu v5e", 197e12),
-    ("tpu v5p", 459e12),
-    ("tpu v5", 459e12),  # v5p's device_kind is plain "TPU v5"
-    ("tpu v6 lite", 918e12),  # v6e (Trillium)
-    ("tpu v6e", 918e12),
-)
-
-
-def peak_flops_per_device(device_kind: str) -> float | None:
-    """Dense bf16 peak FLOP/s of one device of this `jax.Device.device_kind`, or None when unknown (CPU)."""
-    kind = device_kind.lower()
-    for pattern, peak in PEAK_BF16_FLOPS:
-        if pattern in kind:
-            return peak
-    return None
-
-
-def mfu(tokens_per_second: float, flops_per_token: float, num_devices: int, peak_per_device: float) -> float:
-    """Model FLOPs utilisation: the fraction of the devices' dense peak that the model's FLOPs use.
-
-    Counts the model's FLOPs (`train_flops_per_token` per real token), not the hardware's: work that
-    rematerialisation recomputes or that padding wastes lowers MFU, as it should.
-    """
-    if num_devices <= 0:
-        raise ValueError(f"num_devices={num_devices} must be positive")
-    if peak_per_device is None or peak_per_device <= 0:
-        raise ValueError(
-            f"peak_per_device={peak_per_device}: MFU needs a known peak (peak_flops_per_device returned None?)"
-        )
-    return tokens_per_second * flops_per_token / (num_devices * peak_per_device)
-
 
 # ---------------------------------------------------------------------------------------------------
 # Throughput
@@ -238,114 +138,61 @@ def format_console_line(step: int, metrics: Mapping[str, float], split: str | No
 
 
 # ---------------------------------------------------------------------------------------------------
-# TensorBoard event files, without TensorFlow
+# TensorBoard event files
 # ---------------------------------------------------------------------------------------------------
 
-
-def _crc32c_table() -> tuple[int, ...]:
-    # CRC-32C (Castagnoli), reflected: the polynomial 0x1EDC6F41 bit-reversed is 0x82F63B78.
-    table = []
-    for byte in range(256):
-        crc = byte
-        for _ in range(8):
-            crc = (crc >> 1) ^ 0x82F63B78 if crc & 1 else crc >> 1
-        table.append(crc)
-    return tuple(table)
-
-
-_CRC32C_TABLE = _crc32c_table()
-
-
-def crc32c(data: bytes) -> int:
-    """CRC-32C of `data`, the checksum TFRecord files use. crc32c(b"123456789") == 0xE3069283."""
-    crc = 0xFFFFFFFF
-    for byte in data:
-        crc = _CRC32C_TABLE[(crc ^ byte) & 0xFF] ^ (crc >> 8)
-    return crc ^ 0xFFFFFFFF
-
-
-def masked_crc32c(data: bytes) -> int:
-    """The CRC as TFRecord stores it: rotated and offset, so that CRCs of data holding CRCs stay strong."""
-    crc = crc32c(data)
-    return (((crc >> 15) | (crc << 17)) + 0xA282EAD8) & 0xFFFFFFFF
-
-
-def tfrecord(data: bytes) -> bytes:
-    """One TFRecord: uint64 length, masked CRC of the length, the data, masked CRC of the data (little-endian)."""
-    length = struct.pack("<Q", len(data))
-    return length + struct.pack("<I", masked_crc32c(length)) + data + struct.pack("<I", masked_crc32c(data))
-
-
-# Protocol buffer wire format: a field is a varint key (field number << 3 | wire type) and a value.
-_VARINT, _FIXED64, _LENGTH_DELIMITED, _FIXED32 = 0, 1, 2, 5
-_FLOAT32_MAX = float(np.finfo(np.float32).max)
-
-
-def _varint(value: int) -> bytes:
-    value &= (1 << 64) - 1  # negative int64 values are encoded as their 64-bit two's complement
-    out = bytearray()
-    while value >= 0x80:
-        out.append((value & 0x7F) | 0x80)
-        value >>= 7
-    out.append(value)
-    return bytes(out)
-
-
-def _field(number: int, wire_type: int, payload: bytes) -> bytes:
-    key = _varint(number << 3 | wire_type)
-    if wire_type == _LENGTH_DELIMITED:
-        return key + _varint(len(payload)) + payload
-    return key + payload
-
-
-def _float32(value: float) -> bytes:
-    # struct refuses finite values beyond the float32 range; they round to infinity, as in a cast.
-    if math.isfinite(value) and abs(value) > _FLOAT32_MAX:
-        value = math.copysign(math.inf, value)
-    return struct.pack("<f", value)
-
-
-def _summary_value(tag: str, value: float) -> bytes:
-    # tensorflow/core/framework/summary.proto, Summary.Value: tag = 1, simple_value = 2.
-    return _field(1, _LENGTH_DELIMITED, tag.encode("utf-8")) + _field(2, _FIXED32, _float32(value))
-
-
-def _event(wall_time: float, step: int, *, file_version: str | None = None, scalars=None) -> bytes:
-    """tensorflow/core/util/event.proto, Event: wall_time = 1, step = 2, file_version = 3, summary = 5."""
-    out = _field(1, _FIXED64, struct.pack("<d", wall_time)) + _field(2, _VARINT, _varint(step))
-    if file_version is not None:
-        out += _field(3, _LENGTH_DELIMITED, file_version.encode("utf-8"))
-    if scalars is not None:
-        # Summary: repeated Summary.Value value = 1. All of a step's scalars travel in one event.
-        summary = b"".join(_field(1, _LENGTH_DELIMITED, _summary_value(tag, v)) for tag, v in scalars.items())
-        out += _field(5, _LENGTH_DELIMITED, summary)
-    return out
+_event_files = itertools.count()  # with the pid, a unique file name even for two writers in one second
 
 
 class EventFileWriter:
-    """Scalar summaries in one TensorBoard event file, `events.out.tfevents.<time>.<host>.bertjax`.
+    """Summaries in one TensorBoard event file, `events.out.tfevents.<time>.<host>.<pid>.<n>.bertjax`.
 
-    The first record is the file version, as TensorFlow writes it; TensorBoard reads a file only
-    after it. Each `add_scalars` is flushed, so a killed run keeps every step it logged.
+    Written with tensorboardX's synchronous writer, so each `add_scalars` is on disk when it returns
+    and a killed run keeps every step it logged. tensorboardX is imported here, not with the module:
+    it imports PyTorch when that is installed, which a run that logs no events should not pay for.
     """
 
     def __init__(self, directory: str):
+        from tensorboardX.event_file_writer import EventsWriter
+
         os.makedirs(directory, exist_ok=True)
-        now = time.time()
-        self.path = os.path.join(directory, f"events.out.tfevents.{int(now)}.{socket.gethostname()}.bertjax")
-        # Append: a writer created in the same second (a quick restart) continues the file; a second
-        # file-version record in the middle of a file is read as a harmless event.
-        self._file = open(self.path, "ab")
-        self._file.write(tfrecord(_event(now, 0, file_version="brain.Event:2")))
-        self._file.flush()
+        suffix = f".{os.getpid()}.{next(_event_files)}.bertjax"
+        self._writer = EventsWriter(os.path.join(directory, "events"), filename_suffix=suffix)
+        self._writer.flush()  # the file-version record: TensorBoard reads a file only after it
+        (name,) = [n for n in os.listdir(directory) if n.startswith("events.out.tfevents.") and n.endswith(suffix)]
+        self.path = os.path.join(directory, name)
+
+    def add_summary(self, step: int, summary, wall_time: float | None = None) -> None:
+        """Write one `Summary` protocol buffer (tensorboardX.proto.summary_pb2) as the event of `step`."""
+        from tensorboardX.proto.event_pb2 import Event
+
+        wall_time = time.time() if wall_time is None else wall_time
+        self._writer.write_event(Event(wall_time=wall_time, step=int(step), summary=summary))
+        self._writer.flush()
 
     def add_scalars(self, step: int, scalars: Mapping[str, float], wall_time: float | None = None) -> None:
-        wall_time = time.time() if wall_time is None else wall_time
-        self._file.write(tfrecord(_event(wall_time, step, scalars=scalars)))
-        self._file.flush()
+        """All of a step's scalars in one event. Values beyond the float32 range become infinities."""
+        from tensorboardX.proto.summary_pb2 import Summary
+
+        values = [Summary.Value(tag=tag, simple_value=float(value)) for tag, value in scalars.items()]
+        self.add_summary(step, Summary(value=values), wall_time)
 
     def close(self) -> None:
-        self._file.close()
+        self._writer.close()
+
+
+def _flat_config(config: Mapping, prefix: str = "") -> dict[str, Any]:
+    """{"data": {"seed": 0}} -> {"data.seed": 0}; values hparams cannot hold (lists, None) as text."""
+    flat = {}
+    for key, value in config.items():
+        name = f"{prefix}{key}"
+        if isinstance(value, Mapping):
+            flat.update(_flat_config(value, f"{name}."))
+        elif isinstance(value, (bool, int, float, str)):
+            flat[name] = value
+        else:
+            flat[name] = json.dumps(value, default=str)
+    return flat
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -425,6 +272,25 @@ class MetricWriter:
             print(format_console_line(step, values, split), flush=True)
         if self.tensorboard and values:
             self._event_writer(split).add_scalars(step, values, wall_time)
+
+    def write_config(self, config: Mapping) -> None:
+        """Record the run's config (a nested dict, e.g. `config.to_dict()`) in TensorBoard: as one text
+        summary (JSON, shown in the Text tab) and as hyperparameters (the HParams tab, keys flattened
+        to "section.key"). Call once, at the start of a run."""
+        if self._closed:
+            raise ValueError("MetricWriter.write_config after close()")
+        if not (self.enabled and self.tensorboard):
+            return
+        from tensorboardX import summary
+
+        text = json.dumps(config, indent=2, sort_keys=True, default=str)
+        writer = self._event_writer(None)
+        # Indented four spaces: TensorBoard renders text summaries as Markdown, and this keeps it verbatim.
+        writer.add_summary(0, summary.text("config", "\n".join("    " + line for line in text.splitlines())))
+        # The session-end record is left out: the run has only begun.
+        experiment, start, _ = summary.hparams(_flat_config(config), {"loss": None, "mlm_accuracy": None})
+        writer.add_summary(0, experiment)
+        writer.add_summary(0, start)
 
     def _event_writer(self, split: str | None) -> EventFileWriter:
         if split not in self._event_writers:

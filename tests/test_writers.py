@@ -1,7 +1,8 @@
-"""The metric writer against independent readers (TensorFlow's event reader, json), FLOPs against the reference.
+"""The metric writer against independent readers (TensorFlow's event reader, TensorBoard's, json), the
+step timer and the console line.
 
-The event files are written without TensorFlow; TensorFlow's own summary_iterator and TFRecordWriter
-(and tensorboard's EventAccumulator where it is installed) are the reference for the format.
+TensorFlow's own summary_iterator and tensorboard's EventAccumulator are the reference for the event
+files, which are written without TensorFlow.
 """
 
 import glob
@@ -16,78 +17,9 @@ import sys
 import numpy as np
 import pytest
 
-from bertjax import metrics
+from bertjax import writers
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
-VOCAB = 30522
-
-
-# --- FLOPs and MFU ------------------------------------------------------------------------------------
-
-
-@pytest.mark.parametrize(
-    "layers, hidden, seq_len, predictions, expected",
-    [
-        (12, 768, 128, 20, 545e6),  # BERT-base, seq 128
-        (24, 1024, 128, 20, 1.88e9),  # BERT-large, seq 128
-        (24, 1024, 512, 80, 1.99e9),  # BERT-large, seq 512
-    ],
-)
-def test_flops_per_token_matches_reference(layers, hidden, seq_len, predictions, expected):
-    flops = metrics.train_flops_per_token(layers, hidden, seq_len, VOCAB, predictions / seq_len)
-    assert flops == pytest.approx(expected, rel=0.01)
-
-
-def test_flops_per_token_terms():
-    # Attention is linear in S per token; the head term is linear in p.
-    base = metrics.train_flops_per_token(12, 768, 128, VOCAB, 0.0)
-    assert metrics.train_flops_per_token(12, 768, 256, VOCAB, 0.0) - base == pytest.approx(12 * 12 * 128 * 768)
-    head = metrics.train_flops_per_token(12, 768, 128, VOCAB, 0.5) - base
-    assert head == pytest.approx(6 * 0.5 * (768**2 + 768 * VOCAB))
-    assert base == pytest.approx(72 * 12 * 768**2 + 12 * 12 * 128 * 768)
-    with pytest.raises(ValueError, match="predicted_fraction"):
-        metrics.train_flops_per_token(12, 768, 128, VOCAB, 1.5)
-    with pytest.raises(ValueError, match="positive"):
-        metrics.train_flops_per_token(0, 768, 128, VOCAB, 0.1)
-
-
-def test_mfu_arithmetic():
-    # 100k tokens/s * 500 MFLOP = 5e13 FLOP/s on 2 devices of 1e14 peak each: 25%.
-    assert metrics.mfu(1e5, 5e8, 2, 1e14) == pytest.approx(0.25)
-    per_device_peak = metrics.peak_flops_per_device("NVIDIA A100-SXM4-80GB")
-    assert metrics.mfu(312e12 / 545e6, 545e6, 1, per_device_peak) == pytest.approx(1.0)
-    with pytest.raises(ValueError, match="peak"):
-        metrics.mfu(1e5, 5e8, 1, None)
-    with pytest.raises(ValueError, match="num_devices"):
-        metrics.mfu(1e5, 5e8, 0, 1e14)
-
-
-@pytest.mark.parametrize(
-    "device_kind, peak",
-    [
-        ("NVIDIA A100-SXM4-40GB", 312e12),
-        ("NVIDIA A100-SXM4-80GB", 312e12),
-        ("NVIDIA A100 80GB PCIe", 312e12),
-        ("NVIDIA H100 80GB HBM3", 989e12),
-        ("NVIDIA H100", 989e12),
-        ("nvidia h100 sxm", 989e12),
-        ("NVIDIA H100 PCIe", 756e12),
-        ("NVIDIA H200", 989e12),
-        ("NVIDIA GH200 480GB", 989e12),
-        ("TPU v4", 275e12),
-        ("TPU v5 lite", 197e12),
-        ("TPU v5e", 197e12),
-        ("TPU v5", 459e12),
-        ("TPU v5p", 459e12),
-        ("TPU v6 lite", 918e12),
-        ("cpu", None),
-        ("TPU v4 lite", None),
-        ("NVIDIA A10G", None),
-        ("NVIDIA GeForce RTX 4090", None),
-    ],
-)
-def test_peak_flops_per_device(device_kind, peak):
-    assert metrics.peak_flops_per_device(device_kind) == peak
 
 
 # --- Throughput and the console line --------------------------------------------------------------------
@@ -103,7 +35,7 @@ class FakeClock:
 
 def test_step_timer_rates_over_the_last_interval():
     clock = FakeClock()
-    timer = metrics.StepTimer(total_steps=1000, start_step=100, clock=clock)
+    timer = writers.StepTimer(total_steps=1000, start_step=100, clock=clock)
     clock.now += 10.0
     rates = timer.update(200, real_tokens=50_000)
     assert rates == pytest.approx({"tokens_per_second": 5000.0, "steps_per_second": 10.0, "eta_seconds": 80.0})
@@ -119,7 +51,7 @@ def test_step_timer_rates_over_the_last_interval():
 
 
 def test_step_timer_default_clock_is_real():
-    timer = metrics.StepTimer(total_steps=10)
+    timer = writers.StepTimer(total_steps=10)
     rates = timer.update(1, real_tokens=10)
     assert rates["tokens_per_second"] > 0 and math.isfinite(rates["eta_seconds"])
 
@@ -128,14 +60,14 @@ def test_step_timer_default_clock_is_real():
     "seconds, text", [(3731, "1:02:11"), (0, "0:00:00"), (59.6, "0:01:00"), (90000, "25:00:00")]
 )
 def test_format_duration(seconds, text):
-    assert metrics.format_duration(seconds) == text
+    assert writers.format_duration(seconds) == text
 
 
 def test_format_duration_rejects_nonsense():
     with pytest.raises(ValueError):
-        metrics.format_duration(float("nan"))
+        writers.format_duration(float("nan"))
     with pytest.raises(ValueError):
-        metrics.format_duration(-1)
+        writers.format_duration(-1)
 
 
 def test_console_line():
@@ -144,54 +76,14 @@ def test_console_line():
         "learning_rate": 1.2e-4, "nsp_accuracy": 0.62, "mlm_accuracy": 0.1214, "loss": 6.2141,
         "custom": 0.123456, "count": np.int32(7),
     }
-    line = metrics.format_console_line(1200, values)
+    line = writers.format_console_line(1200, values)
     assert line == (
         "step 1200 | loss 6.214 | mlm_acc 0.121 | nsp_acc 0.620 | lr 1.2e-04 | grad_norm 1.03"
         " | 41.2k tok/s | mfu 31.2% | eta 1:02:11 | custom 0.1235 | count 7"
     )
-    eval_line = metrics.format_console_line(
+    eval_line = writers.format_console_line(
         5, {"padding_efficiency": 0.9123, "loss": float("nan"), "tokens_per_second": 2.5e6}, split="eval")
     assert eval_line == "step 5 [eval] | loss nan | 2.50M tok/s | real 91.2%"
-
-
-# --- CRC-32C and TFRecord framing ------------------------------------------------------------------------
-
-
-@pytest.mark.parametrize(
-    "data, crc",
-    [
-        (b"", 0x00000000),
-        (b"123456789", 0xE3069283),
-        # RFC 3720 (iSCSI) appendix B.4.
-        (bytes(32), 0x8A9136AA),
-        (b"\xff" * 32, 0x62A8AB43),
-        (bytes(range(32)), 0x46DD794E),
-        (bytes(range(31, -1, -1)), 0x113FDB5C),
-    ],
-)
-def test_crc32c_vectors(data, crc):
-    assert metrics.crc32c(data) == crc
-
-
-def test_crc32c_against_other_implementations():
-    data = bytes(np.random.default_rng(0).integers(0, 256, size=1000, dtype=np.uint8))
-    for module_name in ("google_crc32c", "crc32c"):
-        try:
-            module = __import__(module_name)
-        except ImportError:
-            continue
-        reference = module.value(data) if module_name == "google_crc32c" else module.crc32c(data)
-        assert metrics.crc32c(data) == reference
-
-
-def test_tfrecord_framing_is_byte_identical_to_tensorflow(tmp_path):
-    import tensorflow as tf
-    payloads = [b"", b"x", b"123456789", bytes(range(256)) * 5]
-    path = str(tmp_path / "reference.tfrecord")
-    with tf.io.TFRecordWriter(path) as writer:
-        for payload in payloads:
-            writer.write(payload)
-    assert pathlib.Path(path).read_bytes() == b"".join(metrics.tfrecord(p) for p in payloads)
 
 
 # --- Event files ---------------------------------------------------------------------------------------
@@ -207,7 +99,7 @@ def scalars_by_step(events):
 
 
 def test_event_file_read_by_tensorflow(tmp_path):
-    with metrics.MetricWriter(str(tmp_path), console=False) as writer:
+    with writers.MetricWriter(str(tmp_path), console=False) as writer:
         writer.write(10, {"loss": 6.25, "learning_rate": 1e-4, "big": 1e300})
         writer.write(20, {"loss": np.float32(5.5), "mlm_accuracy": 0.125, "steps": np.int64(3)})
         writer.write(20, {"loss": 7.0, "mlm_accuracy": float("nan")}, split="eval")
@@ -232,7 +124,7 @@ def test_event_file_read_by_tensorflow(tmp_path):
 
 
 def test_event_file_encodes_large_and_negative_steps(tmp_path):
-    writer = metrics.EventFileWriter(str(tmp_path))
+    writer = writers.EventFileWriter(str(tmp_path))
     writer.add_scalars(2**40 + 3, {"a": 1.0})
     writer.add_scalars(-5, {"b": -2.0})
     writer.close()
@@ -245,7 +137,7 @@ def test_event_file_encodes_large_and_negative_steps(tmp_path):
 
 def test_event_file_read_by_tensorboard(tmp_path):
     import tensorboard.backend.event_processing.event_accumulator as event_accumulator
-    with metrics.MetricWriter(str(tmp_path), console=False) as writer:
+    with writers.MetricWriter(str(tmp_path), console=False) as writer:
         for step in (1, 2, 3):
             writer.write(step, {"loss": 10.0 / step})
     accumulator = event_accumulator.EventAccumulator(str(tmp_path / "tensorboard"))
@@ -267,7 +159,7 @@ def read_jsonl(path):
 
 
 def test_jsonl_one_valid_object_per_write(tmp_path):
-    with metrics.MetricWriter(str(tmp_path), console=False, tensorboard=False) as writer:
+    with writers.MetricWriter(str(tmp_path), console=False, tensorboard=False) as writer:
         writer.write(1, {"loss": 6.5, "nsp_accuracy": np.float32(0.5), "examples": np.int64(256)})
         writer.write(2, {"loss": float("nan"), "grad_norm": float("inf")})
         writer.write(2, {"loss": 7.25}, split="eval")
@@ -286,7 +178,7 @@ def test_jsonl_one_valid_object_per_write(tmp_path):
 
 
 def test_jsonl_is_flushed_at_each_write_and_appended_on_resume(tmp_path):
-    writer = metrics.MetricWriter(str(tmp_path), console=False)
+    writer = writers.MetricWriter(str(tmp_path), console=False)
     writer.write(1, {"loss": 1.0})
     assert len(read_jsonl(tmp_path / "metrics.jsonl")) == 1  # readable before close
     (event_path,) = glob.glob(str(tmp_path / "tensorboard" / "events.*"))
@@ -295,7 +187,7 @@ def test_jsonl_is_flushed_at_each_write_and_appended_on_resume(tmp_path):
     writer.close()  # harmless
     with pytest.raises(ValueError, match="after close"):
         writer.write(2, {"loss": 1.0})
-    with metrics.MetricWriter(str(tmp_path), console=False) as resumed:
+    with writers.MetricWriter(str(tmp_path), console=False) as resumed:
         resumed.write(2, {"loss": 0.5})
     assert [line["step"] for line in read_jsonl(tmp_path / "metrics.jsonl")] == [1, 2]
 
@@ -303,7 +195,7 @@ def test_jsonl_is_flushed_at_each_write_and_appended_on_resume(tmp_path):
 def test_disabled_writer_writes_nothing(tmp_path, caplog):
     caplog.set_level(logging.INFO, logger="absl")
     workdir = tmp_path / "run"
-    with metrics.MetricWriter(str(workdir), enabled=False) as writer:
+    with writers.MetricWriter(str(workdir), enabled=False) as writer:
         writer.write(1, {"loss": 1.0})
         writer.write(1, {"loss": 1.0}, split="eval")
     assert not workdir.exists()
@@ -311,16 +203,16 @@ def test_disabled_writer_writes_nothing(tmp_path, caplog):
 
 
 def test_console_line_is_printed(tmp_path, capsys):
-    with metrics.MetricWriter(str(tmp_path), tensorboard=False) as writer:
+    with writers.MetricWriter(str(tmp_path), tensorboard=False) as writer:
         writer.write(7, {"loss": 2.5, "mfu": 0.5})
     assert "step 7 | loss 2.5 | mfu 50.0%" in capsys.readouterr().out
-    with metrics.MetricWriter(str(tmp_path), console=False, tensorboard=False) as writer:
+    with writers.MetricWriter(str(tmp_path), console=False, tensorboard=False) as writer:
         writer.write(8, {"loss": 2.5})
     assert "step 8" not in capsys.readouterr().out
 
 
 def test_writer_rejects_bad_input(tmp_path):
-    with metrics.MetricWriter(str(tmp_path), console=False) as writer:
+    with writers.MetricWriter(str(tmp_path), console=False) as writer:
         with pytest.raises(ValueError, match="reserved"):
             writer.write(1, {"step": 1.0})
         with pytest.raises(ValueError, match="split"):
@@ -329,12 +221,43 @@ def test_writer_rejects_bad_input(tmp_path):
             writer.write(1, {"loss": np.ones(3)})
 
 
+def test_config_is_written_as_text_and_hparams(tmp_path):
+    import tensorboard.backend.event_processing.event_accumulator as event_accumulator
+    from tensorboard.plugins.hparams import plugin_data_pb2
+
+    config = {"model": {"hidden_size": 128, "dtype": "bfloat16"}, "train": {"init_from": None},
+              "logical_axis_rules": [["batch", ["data", "fsdp"]]], "data": {"lower_case": True}}
+    with writers.MetricWriter(str(tmp_path), console=False) as writer:
+        writer.write_config(config)
+        writer.write(1, {"loss": 1.0})
+    accumulator = event_accumulator.EventAccumulator(str(tmp_path / "tensorboard"))
+    accumulator.Reload()
+    (text,) = accumulator.Tensors("config/text_summary")
+    assert json.loads(text.tensor_proto.string_val[0].decode()) == config
+    content = accumulator.PluginTagToContent("hparams")
+    start = plugin_data_pb2.HParamsPluginData.FromString(content["_hparams_/session_start_info"])
+    hparams = start.session_start_info.hparams
+    assert hparams["model.hidden_size"].number_value == 128
+    assert hparams["model.dtype"].string_value == "bfloat16"
+    assert hparams["data.lower_case"].bool_value is True
+    assert hparams["logical_axis_rules"].string_value == '[["batch", ["data", "fsdp"]]]'
+    assert "_hparams_/experiment" in content
+
+
+def test_write_config_disabled_writes_nothing(tmp_path):
+    with writers.MetricWriter(str(tmp_path / "a"), enabled=False) as writer:
+        writer.write_config({"a": 1})
+    with writers.MetricWriter(str(tmp_path / "b"), console=False, tensorboard=False) as writer:
+        writer.write_config({"a": 1})
+    assert not (tmp_path / "a").exists() and not (tmp_path / "b" / "tensorboard").exists()
+
+
 # --- No heavy imports ----------------------------------------------------------------------------------
 
 
 def test_import_pulls_in_no_heavy_framework():
     code = (
-        "import sys, bertjax.metrics\n"
+        "import sys, bertjax.writers, bertjax.flops\n"
         "heavy = [m for m in ('tensorflow', 'tensorboard', 'torch') if m in sys.modules]\n"
         "assert not heavy, heavy\n"
     )

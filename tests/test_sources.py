@@ -1,5 +1,5 @@
-"""bertjax.data.corpus: sentence splitting, text files in every format, TFDS (mocked, offline), the
-demo corpus and the held-out split.
+"""bertjax.data.sources and bertjax.text.files: text files in every format, TFDS (mocked, offline),
+the configured source and the held-out split.
 
 Every test writes its own small files into tmp_path; nothing is downloaded.
 """
@@ -13,192 +13,14 @@ import time
 
 import pytest
 
-from bertjax.data import corpus
-from bertjax.data.corpus import (
-    demo_documents,
-    expand_pattern,
+from bertjax.data.sources import (
     is_eval_document,
     read_documents,
     read_text_documents,
     read_tfds_documents,
     require_documents,
-    split_sentences,
 )
-
-# --------------------------------------------------------------------------------------------------
-# split_sentences
-# --------------------------------------------------------------------------------------------------
-
-# Encyclopedic paragraphs, each built around the rules most likely to go wrong; the comment says which.
-PARAGRAPHS = [
-    # initials and titles never end a sentence
-    (
-        "J. R. R. Tolkien was an English writer and philologist. He was the author of The Hobbit. "
-        "Dr. Watson and Mr. Holmes lived at 221B Baker Street.",
-        [
-            "J. R. R. Tolkien was an English writer and philologist.",
-            "He was the author of The Hobbit.",
-            "Dr. Watson and Mr. Holmes lived at 221B Baker Street.",
-        ],
-    ),
-    # initialisms before a name; decimals and money have no space after the dot
-    (
-        "The U.S. Census Bureau estimated the population at 3.14 million in 2020. The median "
-        "household income was $52,500.50 per year. Most residents live in the U.K. or Canada.",
-        [
-            "The U.S. Census Bureau estimated the population at 3.14 million in 2020.",
-            "The median household income was $52,500.50 per year.",
-            "Most residents live in the U.K. or Canada.",
-        ],
-    ),
-    # e.g. / i.e. / etc. before lower case; etc. at the end of a sentence
-    (
-        "Many metals, e.g. iron and copper, conduct heat well, i.e. they warm quickly. Alloys such "
-        "as bronze, brass, etc. are harder. Steel, pewter, etc. The list goes on.",
-        [
-            "Many metals, e.g. iron and copper, conduct heat well, i.e. they warm quickly.",
-            "Alloys such as bronze, brass, etc. are harder.",
-            "Steel, pewter, etc.",
-            "The list goes on.",
-        ],
-    ),
-    # ? and ! inside quotes, followed by lower case (no split) and by a capital (split)
-    (
-        '"Is this the end?" she asked. "No!" he replied. The crowd cheered! Why? Nobody knew.',
-        [
-            '"Is this the end?" she asked.',
-            '"No!" he replied.',
-            "The crowd cheered!",
-            "Why?",
-            "Nobody knew.",
-        ],
-    ),
-    # closing quotes and brackets stay with the sentence they close
-    (
-        'He called the plan "a disaster." Critics agreed. The minister resigned (after a vote.) '
-        "Elections followed in May.",
-        [
-            'He called the plan "a disaster."',
-            "Critics agreed.",
-            "The minister resigned (after a vote.)",
-            "Elections followed in May.",
-        ],
-    ),
-    # company suffixes: before a name they continue, before a sentence opener they end
-    (
-        "Apple Inc. CEO Tim Cook announced the product. The device was built by Foxconn Ltd. The "
-        "launch was delayed. Microsoft Corp. and Google LLC. also competed.",
-        [
-            "Apple Inc. CEO Tim Cook announced the product.",
-            "The device was built by Foxconn Ltd.",
-            "The launch was delayed.",
-            "Microsoft Corp. and Google LLC. also competed.",
-        ],
-    ),
-    # version numbers, URLs and e-mail addresses
-    (
-        "Python 3.11.7 was released in December 2023. See https://www.python.org/downloads/ for "
-        "details. Questions go to help@python.org. Version 2.7 is no longer supported.",
-        [
-            "Python 3.11.7 was released in December 2023.",
-            "See https://www.python.org/downloads/ for details.",
-            "Questions go to help@python.org.",
-            "Version 2.7 is no longer supported.",
-        ],
-    ),
-    # an ellipsis before lower case continues, before a capital ends
-    (
-        "The letter ended abruptly... and nothing more was heard. Years passed... Then a second "
-        "letter arrived.",
-        [
-            "The letter ended abruptly... and nothing more was heard.",
-            "Years passed...",
-            "Then a second letter arrived.",
-        ],
-    ),
-    # abbreviations before numbers (Fig. pp. Vol. No. Dec.), and "no." as an ordinary word
-    (
-        "The result is shown in Fig. 3 and discussed on pp. 12-15 of Vol. 2. The symphony No. 5 "
-        "premiered on Dec. 22, 1808. The answer was no. Beethoven conducted.",
-        [
-            "The result is shown in Fig. 3 and discussed on pp. 12-15 of Vol. 2.",
-            "The symphony No. 5 premiered on Dec. 22, 1808.",
-            "The answer was no.",
-            "Beethoven conducted.",
-        ],
-    ),
-    # Prof. et al. St. vs. cf.
-    (
-        "Prof. Smith et al. studied St. Louis vs. Chicago. Their results (cf. Table 2) were clear. "
-        "The city grew by 12 percent.",
-        [
-            "Prof. Smith et al. studied St. Louis vs. Chicago.",
-            "Their results (cf. Table 2) were clear.",
-            "The city grew by 12 percent.",
-        ],
-    ),
-    # an initialism ending a sentence; sentences starting with "$" inside and with a digit
-    (
-        "The company moved its headquarters to Washington, D.C. The move cost $4 million. "
-        "1990 was its best year.",
-        [
-            "The company moved its headquarters to Washington, D.C.",
-            "The move cost $4 million.",
-            "1990 was its best year.",
-        ],
-    ),
-    # runs of spaces, single line breaks (joined), blank lines (paragraph breaks), no final period
-    (
-        "The river   rises in the\nmountains and flows\n  west.  It reaches the sea at Lima.\n\n"
-        "Geography\n \nThe basin covers 2,000 km2",
-        [
-            "The river rises in the mountains and flows west.",
-            "It reaches the sea at Lima.",
-            "Geography",
-            "The basin covers 2,000 km2",
-        ],
-    ),
-    # Jr. Ph.D. a.m. and a single initial ending a sentence
-    (
-        "Martin Luther King Jr. Day is a federal holiday. She earned a Ph.D. in chemistry. The "
-        "talk starts at 9 a.m. It ends at noon. The speaker was Malcolm X. He spoke for an hour.",
-        [
-            "Martin Luther King Jr. Day is a federal holiday.",
-            "She earned a Ph.D. in chemistry.",
-            "The talk starts at 9 a.m.",
-            "It ends at noon.",
-            "The speaker was Malcolm X.",
-            "He spoke for an hour.",
-        ],
-    ),
-]
-
-
-@pytest.mark.parametrize("text,expected", PARAGRAPHS, ids=[f"p{i}" for i in range(len(PARAGRAPHS))])
-def test_split_sentences_paragraphs(text, expected):
-    assert split_sentences(text) == expected
-
-
-@pytest.mark.parametrize(
-    "text,expected",
-    [
-        ("", []),
-        (" \n\n \t ", []),
-        ("No terminal punctuation", ["No terminal punctuation"]),
-        ("Tabs\tand\u00a0spaces\r\nacross lines.", ["Tabs and spaces across lines."]),
-        ("One.\r\n\r\nTwo.", ["One.", "Two."]),  # Windows line breaks still make a blank line
-        ("What?! Really.", ["What?!", "Really."]),
-        ("Why? because.", ["Why? because."]),  # lower case never starts a sentence
-        ("Pi is 3.14159. It is irrational.", ["Pi is 3.14159.", "It is irrational."]),
-        ("Il a dit «Oui.» Ensuite il est parti.", ["Il a dit «Oui.»", "Ensuite il est parti."]),
-        ("So did I. Nobody else came.", ["So did I.", "Nobody else came."]),  # "I" is no initial
-        ("Charles I. Later he died.", ["Charles I.", "Later he died."]),
-        ("Émile Zola, or É. Zola, wrote it.", ["Émile Zola, or É. Zola, wrote it."]),
-    ],
-)
-def test_split_sentences_edge_cases(text, expected):
-    assert split_sentences(text) == expected
-
+from bertjax.text.files import expand_pattern
 
 # --------------------------------------------------------------------------------------------------
 # Text files
@@ -468,73 +290,6 @@ def test_tfds_unknown_feature_lists_available(mock_tfds):
 
 
 # --------------------------------------------------------------------------------------------------
-# Demo corpus
-# --------------------------------------------------------------------------------------------------
-
-
-def test_demo_corpus_is_deterministic_real_prose():
-    documents = demo_documents()
-    assert documents == demo_documents()
-    assert demo_documents(max_documents=3) == documents[:3]
-
-    sentences = [s for d in documents for s in d]
-    characters = sum(map(len, sentences))
-    assert len(documents) > 500 and len(sentences) > 10_000 and characters > 1_000_000
-    assert all(d and all(s and s == " ".join(s.split()) for s in d) for d in documents)
-    words = sum(len(s.split()) for s in sentences)
-    assert words / len(sentences) > 8
-    letters = sum(c.isalpha() for s in sentences for c in s)
-    assert letters / characters > 0.7
-    leftovers = re.compile(r">>>|``|:\w+:`|\*\*\w[^*]*\w\*\*")  # doctest prompts, reST markup
-    assert not [s for s in sentences if leftovers.search(s)]
-
-    documents[0].append("Mutating a returned list must not change the cached corpus.")
-    assert demo_documents()[0] == documents[0][:-1]
-
-
-# A docstring with everything the demo corpus must drop or unwrap.
-DOCSTRING = """Return the :func:`~os.path.join` of *a* and ``b``, see :pep:`8` [1].
-
-This is the second paragraph. It has **two** sentences
-that are hard-wrapped.
-
-Example::
-
-    x = join(a, b)
-
->>> join("a", "b")
-'a/b'
-
-Args:
-    a: the first part.
-    b: the second part.
-
-1. A list item that
-   continues on an indented line.
-
-join(a, b) -> str
-
-Heading
-=======
-
-   An indented paragraph that reads as prose.
-
-   if x:
-       return y
-"""
-
-
-def test_demo_cleaning_keeps_only_prose():
-    assert corpus._prose_sentences(DOCSTRING) == [
-        "Return the join of a and b, see PEP 8.",
-        "This is the second paragraph.",
-        "It has two sentences that are hard-wrapped.",
-        "A list item that continues on an indented line.",
-        "An indented paragraph that reads as prose.",
-    ]
-
-
-# --------------------------------------------------------------------------------------------------
 # Held-out split
 # --------------------------------------------------------------------------------------------------
 
@@ -572,3 +327,15 @@ def test_eval_split_is_stable_and_independent_of_order():
 def test_eval_fraction_out_of_range():
     with pytest.raises(ValueError, match="eval_fraction=1.5 must be between 0 and 1"):
         is_eval_document(["x"], 1.5)
+
+
+
+def test_read_documents_uses_the_configured_splitter(tmp_path):
+    pytest.importorskip("blingfire")
+    path = tmp_path / "zh.txt"
+    path.write_text("我喜欢猫。你喜欢狗吗？\n", encoding="utf-8")
+    default = read_documents("text", input_pattern=str(path), text_format="documents")
+    assert list(default) == [["我喜欢猫。你喜欢狗吗？"]]
+    multilingual = read_documents("text", input_pattern=str(path), text_format="documents",
+                                  sentence_splitter="multilingual")
+    assert list(multilingual) == [["我喜欢猫。", "你喜欢狗吗？"]]

@@ -1,25 +1,22 @@
 """Learning a vocabulary from text: a WordPiece vocab.txt or a SentencePiece .model.
 
-The program is `python -m bertjax.tokenizer train ...`; these are its library functions, which take
-explicit arguments and any iterable of strings, so a training run can learn the vocabulary of its
-own corpus in-process:
+    python -m bertjax.text.vocab train --input='corpus/*.txt.gz' --vocab_size=30522 \\
+        --kind=wordpiece --out=vocab.txt [--lower_case=true] [--max_sentences=N]
+
+The library functions take explicit arguments and any iterable of strings, so a training run can
+learn the vocabulary of its own corpus in-process:
 
     path = learn_wordpiece_vocab(sentences, vocab_size=8000, lower_case=True, out_path="vocab.txt")
     path = learn_sentencepiece_model(sentences, vocab_size=8000, out_path="sp.model", lower_case=True)
 
-WordPiece is learned here rather than with tensorflow_text's `bert_vocab_from_dataset`: that one
-took 87 s for 5 MB of text on two cores, stopped short of the asked-for size (5,550 of 8,000), and
-splits words with tensorflow_text.BertTokenizer, whose NFKC case folding is not the normalization
-bertjax's WordPieceTokenizer applies. Here words come from `tokenizer.basic_tokenize`, the very op
-the tokenizer uses, so the vocabulary is learned on exactly the words it will later be asked for.
-
-The learner is byte-pair-encoding style merging written with WordPiece's "##" continuation marks,
-as Hugging Face's WordPieceTrainer does: start from single characters, repeatedly merge the most
-frequent adjacent pair of pieces inside words into a new piece. Frequent words end up whole, other
-words as a start piece plus "##" pieces. Every character seen is kept both as itself and as "##c"
-(except characters the basic tokenizer always splits off, whose "##" form could never be looked
-up), so no word is [UNK] merely for lack of a character. Ties are broken by the pieces' spelling,
-so the same text always gives the same file.
+WordPiece words come from `tokenizers.basic_tokenize`, the op the tokenizer itself uses, so the
+vocabulary is learned on exactly the words it will later be asked for (docs/data.md says why not
+tensorflow_text's learner). The learner is byte-pair-encoding style merging written with WordPiece's
+"##" continuation marks, as Hugging Face's WordPieceTrainer does: start from single characters,
+repeatedly merge the most frequent adjacent pair of pieces inside words into a new piece. Every
+character seen is kept both as itself and as "##c" (except characters the basic tokenizer always
+splits off), so no word is [UNK] merely for lack of a character. Ties are broken by the pieces'
+spelling, so the same text always gives the same file.
 """
 
 import collections
@@ -28,19 +25,28 @@ import io
 import itertools
 import logging
 import os
+import time
 from typing import Iterable, Iterator, Mapping, Sequence
 
 import tensorflow as tf
 
-from bertjax.tokenizer import ALWAYS_SPLIT_CHAR, MAX_CHARS_PER_WORD, SPECIAL_TOKENS, basic_tokenize
+from bertjax.text import files
+from bertjax.text.tokenizers import (
+    ALWAYS_SPLIT_CHAR,
+    MAX_CHARS_PER_WORD,
+    SPECIAL_TOKENS,
+    SentencePieceTokenizer,
+    basic_tokenize,
+    load_vocab,
+)
 
 log = logging.getLogger(__name__)
 
 
 def read_text_lines(input_pattern: str, max_lines: int | None = None) -> Iterator[str]:
-    """The sentences (non-blank lines) of local text files, read as the input pipeline reads
-    data.text_format=sentences (bertjax.data.corpus), so a vocabulary learned here and one learned in a
-    run's workdir see the same text.
+    """The sentences (non-blank lines, whitespace runs collapsed) of local text files, as the input
+    pipeline reads data.text_format=sentences, so a vocabulary learned here and one learned in a run's
+    workdir see the same text.
 
     Args:
       input_pattern: comma-separated globs; plain or gzip files.
@@ -50,11 +56,9 @@ def read_text_lines(input_pattern: str, max_lines: int | None = None) -> Iterato
     than at the first read; lines are read lazily, and invalid UTF-8 raises ValueError naming the file
     and line.
     """
-    from bertjax.data import corpus
-
-    paths = corpus.expand_pattern(input_pattern)
-    sentences = (s for document in corpus.read_text_documents(paths, "sentences") for s in document)
-    return itertools.islice(sentences, max_lines)
+    paths = files.expand_pattern(input_pattern)
+    lines = (" ".join(line.split()) for path in paths for _, line in files.read_lines(path))
+    return itertools.islice((line for line in lines if line), max_lines)
 
 
 def _batches(items: Iterable[str], size: int) -> Iterator[list[str]]:
@@ -294,3 +298,65 @@ def _write_atomically(path: str, data: bytes):
     with tf.io.gfile.GFile(temporary, "wb") as f:
         f.write(data)
     tf.io.gfile.rename(temporary, path, overwrite=True)
+
+
+# --- python -m bertjax.text.vocab train ...
+
+
+def _define_flags():
+    # Defined only when this module is the program, so that importing it defines no global flags.
+    from absl import flags
+
+    flags.DEFINE_string("input", None, "Text files, one sentence or paragraph per line (.gz too); "
+                        "comma-separated globs.")
+    flags.DEFINE_integer("vocab_size", None, "Vocabulary size to learn, special tokens included.")
+    flags.DEFINE_enum("kind", "wordpiece", ["wordpiece", "sentencepiece"], "Tokenizer to learn.")
+    flags.DEFINE_string("out", None, "vocab.txt for wordpiece; the .model for sentencepiece "
+                        "(a .vocab is written beside it).")
+    flags.DEFINE_boolean("lower_case", True, "Uncased: lower-case (and, for wordpiece, strip accents).")
+    flags.DEFINE_integer("max_sentences", None, "Read at most this many non-blank lines.")
+    flags.mark_flags_as_required(["input", "vocab_size", "out"])
+
+
+def main(argv):
+    from absl import flags
+
+    from bertjax import cli
+
+    # Mistakes end in cli.fail: one line on stderr and exit code 2, like a bad flag.
+    if argv[1:] != ["train"]:
+        cli.fail(f"expected the command `train`, got {' '.join(argv[1:]) or 'none'}: "
+                 "python -m bertjax.text.vocab train --input=GLOB --vocab_size=N --out=PATH")
+    FLAGS = flags.FLAGS
+    start = time.time()
+    try:
+        sentences = read_text_lines(FLAGS.input, max_lines=FLAGS.max_sentences)
+        if FLAGS.kind == "wordpiece":
+            path = learn_wordpiece_vocab(sentences, FLAGS.vocab_size, lower_case=FLAGS.lower_case,
+                                         out_path=FLAGS.out)
+            size = len(load_vocab(path))
+        else:
+            path = learn_sentencepiece_model(sentences, FLAGS.vocab_size, out_path=FLAGS.out,
+                                             lower_case=FLAGS.lower_case)
+            size = SentencePieceTokenizer(path).vocab_size
+    except FileNotFoundError as e:
+        cli.fail(f"--input={FLAGS.input}: {e}")
+    except ValueError as e:
+        cli.fail(str(e))
+    print(f"wrote {FLAGS.kind} vocabulary of {size} tokens to {path} in {time.time() - start:.1f} s")
+    if size < FLAGS.vocab_size:
+        print(f"note: the text gives fewer distinct pieces than --vocab_size={FLAGS.vocab_size}")
+
+
+def entry():
+    """The console program: `bertjax-vocab train ...`, as `python -m bertjax.text.vocab train ...`."""
+    from absl import app
+
+    from bertjax import cli
+
+    _define_flags()
+    app.run(main, flags_parser=cli.parse_flags)
+
+
+if __name__ == "__main__":
+    entry()

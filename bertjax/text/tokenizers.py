@@ -1,0 +1,293 @@
+"""Tokenizers as TensorFlow ops (WordPiece, SentencePiece), so the input pipeline tokenizes inside tf.data.
+
+Both share one interface (`Tokenizer`): the vocabulary, the ids of the special tokens, which ids start
+a word (for whole-word masking) and which ids masking may substitute as "a random token".
+
+WordPiece is id-for-id equal to Hugging Face's Python BertTokenizer (the original google-research/bert
+algorithm plus an NFC step), built from RE2 regexes, ICU normalization and tensorflow_text's
+FastWordpieceTokenizer; `basic_tokenize` is its word splitting, which vocabulary learning reuses.
+Not tensorflow_text.BertTokenizer: its NFKC case folding differs from `str.lower()`, so its ids differ
+from those the original uncased checkpoints were trained on. Literal "[MASK]" in text stays plain
+text, so a corpus can never inject a special token. The algorithm step by step and the known
+differences are in docs/data.md ("Tokenizers").
+
+SentencePiece runs tensorflow_text's SentencepieceTokenizer on the serialized .model, so its ids are
+those of the `sentencepiece` library itself. Vocabularies are learned by bertjax.text.vocab.
+"""
+
+import re
+
+import numpy as np
+import tensorflow as tf
+import tensorflow_text as tf_text
+
+SPECIAL_TOKENS = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")
+
+# HF's WordpieceTokenizer counts characters, not bytes; a UTF-8 character is at most 4 bytes,
+# so the byte limit handed to FastWordpieceTokenizer never fires before the character limit.
+MAX_CHARS_PER_WORD = 100
+
+# Category C* except \t \n \r, plus U+FFFD (HF drops it too: it marks undecodable input).
+# Written as "none of the assigned categories" because RE2's \p{C} leaves out unassigned
+# codepoints (Cn), which Python's unicodedata reports as "Cn" and HF therefore removes.
+_CONTROL = r"[^\p{L}\p{M}\p{N}\p{P}\p{S}\p{Z}\t\n\r]|\x{FFFD}"
+# Zl/Zp (U+2028, U+2029) are not whitespace to HF's cleaner, but Python's str.split() splits on
+# them all the same, so they end up as word separators.
+_WHITESPACE = r"[\t\n\r\p{Z}]"
+_CJK = (
+    r"([\x{4E00}-\x{9FFF}\x{3400}-\x{4DBF}\x{20000}-\x{2A6DF}\x{2A700}-\x{2B73F}"
+    r"\x{2B740}-\x{2B81F}\x{2B820}-\x{2CEAF}\x{F900}-\x{FAFF}\x{2F800}-\x{2FA1F}])"
+)
+# ASCII 33-47, 58-64, 91-96, 123-126 count as punctuation even where Unicode says Sm/Sc/Sk
+# ("$", "+", "^", "`"), as in the original BERT.
+_PUNCT = r"[\x{21}-\x{2F}\x{3A}-\x{40}\x{5B}-\x{60}\x{7B}-\x{7E}\p{P}]"
+# Characters basic_tokenize always makes a word of their own: a "##" form of them is never looked up.
+ALWAYS_SPLIT_CHAR = f"{_PUNCT}|{_CJK}"
+
+# Placeholders of the original BERT vocabularies, kept for later use; they are never in real text.
+_UNUSED_WORDPIECE = re.compile(r"\[unused\d+\]")
+_SENTENCEPIECE_WORD_START = "\u2581"  # "▁": SentencePiece marks the start of each word with it
+
+
+def load_vocab(path) -> list[str]:
+    """Reads a vocab.txt: one token per line, UTF-8, the line number (from 0) is the id.
+
+    Lines are split like HF's reader (text mode: "\\n", "\\r\\n" or "\\r"), so ids agree with it.
+    """
+    path = str(path)
+    try:
+        with open(path, "rb") as f:
+            data = f.read()
+    except FileNotFoundError:
+        raise FileNotFoundError(f"vocab file not found: {path}") from None
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        line = data[: e.start].count(b"\n") + 1
+        raise ValueError(f"vocab {path} line {line}: invalid UTF-8 ({e.reason})") from None
+    lines = text.replace("\r\n", "\n").replace("\r", "\n").split("\n")
+    if lines[-1] == "":  # the newline ending the last line does not start another token
+        lines.pop()
+    if not lines:
+        raise ValueError(f"vocab {path} is empty: expected one token per line")
+    first_line = {}
+    for i, token in enumerate(lines):
+        if token in first_line:
+            raise ValueError(
+                f"vocab {path} lists {token!r} twice (lines {first_line[token] + 1} and {i + 1}):"
+                " every token needs a unique id"
+            )
+        first_line[token] = i
+    return lines
+
+
+def _replace_invalid_utf8(texts: tf.Tensor) -> tf.Tensor:
+    # Undecodable bytes become U+FFFD, as Python's decode(errors="replace") makes them; without
+    # this the ICU and SentencePiece ops would fail (or differ from the Python references) on them.
+    return tf.strings.unicode_transcode(
+        texts, "UTF-8", "UTF-8", errors="replace", replacement_char=0xFFFD
+    )
+
+
+def basic_tokenize(texts: tf.Tensor, lower_case: bool) -> tf.RaggedTensor:
+    """HF's BasicTokenizer (steps 1-5 in docs/data.md) on a batch: [N] strings -> ragged [N, (words)] strings."""
+    x = _replace_invalid_utf8(texts)  # U+FFFD is then dropped by the cleaning, as HF drops it
+    x = tf.strings.regex_replace(x, _CONTROL, "")
+    x = tf.strings.regex_replace(x, _WHITESPACE, " ")
+    x = tf.strings.regex_replace(x, _CJK, r" \1 ")
+    x = tf_text.normalize_utf8(x, "NFC")
+    if lower_case:
+        # ICU's full lower-casing matches str.lower(), including "İ" -> "i̇" and the Greek
+        # final sigma, which depends on context; HF lowers per whitespace-separated word,
+        # but a space never counts as context, so lowering the whole string is the same.
+        x = tf.strings.lower(x, encoding="utf-8")
+        x = tf_text.normalize_utf8(x, "NFD")
+        x = tf.strings.regex_replace(x, r"\p{Mn}+", "")
+    # Spaces separate words and are dropped; each punctuation character is kept as a word.
+    return tf_text.regex_split(x, rf" +|({_PUNCT})", _PUNCT)
+
+
+class Tokenizer:
+    """What the input pipeline needs from a tokenizer; WordPiece and SentencePiece both provide it.
+
+    Attributes:
+      vocab: the tokens, id order. vocab_size: len(vocab).
+      pad_id, unk_id, cls_id, sep_id, mask_id: ids of SPECIAL_TOKENS; special_ids: them as int32.
+      word_start: bool [vocab_size], True where a token begins a word; whole-word masking groups a
+        word-start token with the continuation tokens after it. True for the special tokens.
+      replacement_ids: int32, the ids masking may put in as "a random token": all but the special
+        tokens and placeholders that never occur in text, so the model is not shown impossible inputs.
+    """
+
+    vocab: list[str]
+    lower_case: bool
+
+    def _set_ids(self, token_to_id: dict, word_start: np.ndarray, never_in_text: np.ndarray):
+        self.vocab_size = len(self.vocab)
+        self.pad_id, self.unk_id, self.cls_id, self.sep_id, self.mask_id = (
+            token_to_id[t] for t in SPECIAL_TOKENS
+        )
+        self.special_ids = np.array([token_to_id[t] for t in SPECIAL_TOKENS], np.int32)
+        self.word_start = word_start.astype(bool)
+        self.word_start[self.special_ids] = True
+        never_in_text = never_in_text.astype(bool)
+        never_in_text[self.special_ids] = True
+        self.replacement_ids = np.flatnonzero(~never_in_text).astype(np.int32)
+
+    def _tokenize_batch(self, texts: tf.Tensor) -> tf.RaggedTensor:
+        raise NotImplementedError
+
+    def tokenize(self, texts: tf.Tensor) -> tf.Tensor | tf.RaggedTensor:
+        """[N] strings -> ragged int32 [N, (tokens)]; a scalar string -> int32 [tokens].
+
+        No [CLS]/[SEP] are added: pair building does that.
+        """
+        texts = tf.convert_to_tensor(texts, tf.string)
+        if texts.shape.rank == 0:
+            return self.tokenize(texts[tf.newaxis])[0]
+        if texts.shape.rank != 1:
+            raise ValueError(f"tokenize expects a scalar or [N] strings, got shape {texts.shape}")
+        return self._tokenize_batch(texts)
+
+    def encode(self, texts: list[str]) -> list[list[int]]:
+        """Eager convenience: Python strings -> lists of ids."""
+        if not texts:
+            return []
+        return self.tokenize(tf.constant(list(texts), tf.string)).to_list()
+
+    def convert_ids_to_tokens(self, ids) -> list[str]:
+        return [self.vocab[int(i)] for i in np.asarray(ids).reshape(-1)]
+
+
+class WordPieceTokenizer(Tokenizer):
+    """WordPiece tokenizer whose `tokenize` runs as TF ops (eager or inside tf.data).
+
+    Args:
+      vocab_path: vocab.txt, one token per line; must contain all of SPECIAL_TOKENS.
+      lower_case: True for uncased vocabularies (lower-case and strip accents), False for cased.
+    """
+
+    def __init__(self, vocab_path: str, lower_case: bool = True):
+        self.vocab = load_vocab(vocab_path)
+        self.lower_case = lower_case
+        token_to_id = {t: i for i, t in enumerate(self.vocab)}
+        missing = [t for t in SPECIAL_TOKENS if t not in token_to_id]
+        if missing:
+            more = f" (and {', '.join(missing[1:])})" if len(missing) > 1 else ""
+            raise ValueError(
+                f"vocab {vocab_path} lacks {missing[0]}{more}: add these tokens, one per line"
+            )
+        self._set_ids(
+            token_to_id,
+            word_start=np.array([not t.startswith("##") for t in self.vocab]),
+            never_in_text=np.array([bool(_UNUSED_WORDPIECE.fullmatch(t)) for t in self.vocab]),
+        )
+        # no_pretokenization: words arrive already split by our HF-compatible basic tokenizer.
+        self._wordpiece = tf_text.FastWordpieceTokenizer(
+            vocab=self.vocab,
+            suffix_indicator="##",
+            max_bytes_per_word=4 * MAX_CHARS_PER_WORD,
+            token_out_type=tf.int32,
+            unknown_token="[UNK]",
+            no_pretokenization=True,
+        )
+
+    def _tokenize_batch(self, texts: tf.Tensor) -> tf.RaggedTensor:
+        words = basic_tokenize(texts, self.lower_case)  # [N, (W)]
+        flat = words.flat_values  # [sum W]
+        # Over-long words become the literal "[UNK]", which WordPiece maps to the one unk id.
+        too_long = tf.strings.length(flat, unit="UTF8_CHAR") > MAX_CHARS_PER_WORD
+        flat = tf.where(too_long, "[UNK]", flat)
+        pieces = self._wordpiece.tokenize(flat)  # [sum W, (P)]
+        return words.with_flat_values(pieces).merge_dims(1, 2)  # [N, (T)]
+
+    def decode(self, ids) -> str:
+        """Tokens joined by spaces, "##" pieces glued to the previous token. For humans only:
+        it does not restore case, accents or the original spacing around punctuation."""
+        text = ""
+        for token in self.convert_ids_to_tokens(ids):
+            if token.startswith("##") and text:
+                text += token[2:]
+            else:
+                text += (" " if text else "") + token
+        return text
+
+
+class SentencePieceTokenizer(Tokenizer):
+    """SentencePiece tokenizer whose `tokenize` runs as TF ops; ids equal the `sentencepiece` library's.
+
+    Args:
+      model_path: a SentencePiece .model holding the pieces [PAD] and [UNK] as its pad and unknown
+        pieces and [CLS] [SEP] [MASK] as control (or user-defined) pieces, as
+        `python -m bertjax.text.vocab train --kind=sentencepiece` makes them. Control pieces are
+        never produced from text, so a literal "[MASK]" in the corpus stays plain text; a model
+        with user-defined ones would map it to the mask id.
+
+    Case and normalization are part of the model (its normalization rule), not an argument;
+    `lower_case` reports whether the rule case-folds.
+    """
+
+    def __init__(self, model_path: str):
+        import sentencepiece
+        from sentencepiece import sentencepiece_model_pb2
+
+        model_path = str(model_path)
+        try:
+            with tf.io.gfile.GFile(model_path, "rb") as f:
+                model = f.read()
+        except tf.errors.NotFoundError:
+            raise FileNotFoundError(f"SentencePiece model not found: {model_path}") from None
+        # The Python processor answers piece types and decodes for humans; the TF op tokenizes.
+        self._processor = sentencepiece.SentencePieceProcessor(model_proto=model)
+        sp = self._processor
+        self.vocab = [sp.id_to_piece(i) for i in range(sp.get_piece_size())]
+        token_to_id = {t: i for i, t in enumerate(self.vocab)}
+        missing = [t for t in SPECIAL_TOKENS if t not in token_to_id]
+        if missing:
+            raise ValueError(
+                f"SentencePiece model {model_path} lacks the pieces {' '.join(missing)}: train it with"
+                " `python -m bertjax.text.vocab train --kind=sentencepiece`, which adds them"
+            )
+        if sp.unk_id() != token_to_id["[UNK]"]:
+            raise ValueError(
+                f"SentencePiece model {model_path}: its unknown piece is {sp.id_to_piece(sp.unk_id())!r},"
+                " not [UNK]: train it with `python -m bertjax.text.vocab train --kind=sentencepiece`"
+            )
+        proto = sentencepiece_model_pb2.ModelProto()
+        proto.ParseFromString(model)
+        self.lower_case = proto.normalizer_spec.name.endswith("_cf")  # e.g. nmt_nfkc_cf
+        self._set_ids(
+            token_to_id,
+            word_start=np.array([t.startswith(_SENTENCEPIECE_WORD_START) for t in self.vocab]),
+            never_in_text=np.array(
+                [sp.is_control(i) or sp.is_unknown(i) or sp.is_unused(i) for i in range(len(self.vocab))]
+            ),
+        )
+        self._sentencepiece = tf_text.SentencepieceTokenizer(model=model, out_type=tf.int32)
+
+    def _tokenize_batch(self, texts: tf.Tensor) -> tf.RaggedTensor:
+        return self._sentencepiece.tokenize(_replace_invalid_utf8(texts))
+
+    def decode(self, ids) -> str:
+        """The text SentencePiece restores (normalized: case-folded if the model folds), with the
+        special tokens written out by name, which the library itself would drop."""
+        special = set(self.special_ids.tolist())
+        parts, run = [], []
+        for i in np.asarray(ids).reshape(-1).tolist():
+            if i in special:
+                parts += [self._processor.decode(run), self.vocab[i]]
+                run = []
+            else:
+                run.append(i)
+        parts.append(self._processor.decode(run))
+        return " ".join(p for p in parts if p)
+
+
+def load_tokenizer(kind: str, path: str, lower_case: bool = True) -> Tokenizer:
+    """The tokenizer for config.data.tokenizer: "wordpiece" reads a vocab.txt, "sentencepiece" a
+    .model (lower_case is then ignored: the model's own normalization rule decides)."""
+    if kind == "wordpiece":
+        return WordPieceTokenizer(path, lower_case=lower_case)
+    if kind == "sentencepiece":
+        return SentencePieceTokenizer(path)
+    raise ValueError(f"unknown tokenizer {kind!r}: set data.tokenizer to wordpiece or sentencepiece")
