@@ -227,7 +227,7 @@ def _dense(cfg: BertConfig, features: int, names, name: str) -> nn.Dense:
 
 
 # Dropout draws one 16-bit uniform per element, two from each 32-bit threefry word: half the random-bit
-# work of nn.Dropout's 32-bit draws (the bits are a tenth of a CPU step for base), with the rate
+# work of nn.Dropout's 32-bit draws (docs/performance.md), with the rate
 # resolved to 1/65536 (0.1 -> 0.100006). The bits of an element depend only on the key and its index,
 # so masks do not change with the mesh (jax's partitionable threefry).
 DROPOUT_BITS = 16

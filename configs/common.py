@@ -35,9 +35,9 @@ def base_config() -> ml_collections.ConfigDict:
             # which it lacks: docs/performance.md), XLA elsewhere. "xla" keeps the dropout everywhere.
             attention_impl="auto",
             word_embedding="auto",  # gather | one_hot; auto: one_hot on TPUs, gather elsewhere
-            remat_policy="none",  # none | full | dots | dots_no_batch
-            # Unrolled layers run faster (a scanned stack copies every residual into an [L, ...] buffer;
-            # 13% of a CPU step for base) and let the last block compute only the rows the heads read.
+            remat_policy="none",  # a key of model.REMAT_POLICIES: none | full | save_named | save_attention | ...
+            # Unrolled layers run faster (a scanned stack copies every residual into an [L, ...] buffer)
+            # and let the last block compute only the rows the heads read.
             # True: one compiled block for all layers, compile time independent of depth (large sets it).
             scan_layers=False,
             pre_layer_norm=False,  # original BERT is post-LN
