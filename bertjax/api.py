@@ -52,6 +52,12 @@ class LoadedBert:
     missing: list[str] = dataclasses.field(default_factory=list)  # params the checkpoint lacked
     _forward: Callable = dataclasses.field(init=False, repr=False)
 
+    def __repr__(self) -> str:
+        c = self.config
+        return (f"LoadedBert({self.source or 'in memory'}: {c.num_layers} layers, hidden {c.hidden_size}, "
+                f"{c.num_heads} heads, vocabulary {c.vocab_size}, {bert_model.count_params(self.params):,} "
+                f"parameters, {c.dtype})")
+
     def __post_init__(self):
         # On the default device once, rather than copied from the host at every call.
         self.params = jax.device_put(self.params)

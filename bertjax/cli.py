@@ -23,10 +23,18 @@ def parse_flags(argv: list[str]) -> list[str]:
     except flags.Error as e:
         fail(str(e))
     except (AttributeError, KeyError) as e:
-        # ml_collections reports an override of a key the config does not have this way.
-        key = str(e).strip("\"'")
-        fail(f"unknown config key {key!r} in {' '.join(a for a in argv[1:] if key in a)}: "
-              f"check the spelling against the config file (python -m bertjax.summary prints it)")
+        # ml_collections reports an override of a key the config does not have this way, its message
+        # being "'key'" and, when it has one, a line "Did you mean ...".
+        inner = e
+        while inner.args and isinstance(inner.args[0], BaseException):  # AttributeError(KeyError(...))
+            inner = inner.args[0]
+        text = str(inner.args[0]) if inner.args else str(inner)
+        lines = [line.strip() for line in text.strip().strip("\"").splitlines() if line.strip()]
+        key = lines[0].strip("'\"") if lines else "?"
+        hint = next((line for line in lines[1:] if line.lower().startswith("did you mean")), "")
+        flag = " ".join(a for a in argv[1:] if a.startswith("--config.") and key in a) or "the command line"
+        fail(f"unknown config key {key!r} in {flag}" + (f" ({hint.rstrip('?')}?)" if hint else "")
+             + ": check the spelling against the config file (python -m bertjax.summary prints it)")
     except (TypeError, ValueError) as e:
         fail(f"bad config override: {e}")
 

@@ -614,6 +614,17 @@ def pretraining_loss(mlm_logits, nsp_logits, masked_lm_ids, masked_lm_weights, n
     return mlm_loss + nsp_loss, metrics
 
 
+def check_input_shapes(cfg: BertConfig, max_seq_length: int, max_predictions_per_seq: int) -> None:
+    """Fail early, with what to change, on sequences the model cannot take."""
+    if not 8 <= max_seq_length <= cfg.max_position_embeddings:
+        raise ValueError(f"data.max_seq_length={max_seq_length} must lie in [8, model.max_position_embeddings="
+                         f"{cfg.max_position_embeddings}]")
+    # [CLS] and two [SEP] are never predicted.
+    if not 1 <= max_predictions_per_seq <= max_seq_length - 3:
+        raise ValueError(f"data.max_predictions_per_seq={max_predictions_per_seq} must lie in [1, "
+                         f"data.max_seq_length - 3 = {max_seq_length - 3}] (20 at seq 128, 80 at seq 512)")
+
+
 def dummy_batch(batch_size: int, seq_len: int, max_predictions: int) -> dict:
     """Zero inputs of the right shapes and dtypes, for init and jax.eval_shape."""
     ids = jnp.zeros((batch_size, seq_len), jnp.int32)

@@ -110,6 +110,8 @@ def data_parallel_size(mesh, rules) -> int:
 
 def check_batch_size(batch_size: int, grad_accum_steps: int, mesh, rules) -> None:
     """Fail early, with what to change, when the batch cannot be split as configured."""
+    if batch_size < 1:
+        raise ValueError(f"train.batch_size={batch_size} must be at least 1")
     if grad_accum_steps < 1:
         raise ValueError(f"train.grad_accum_steps={grad_accum_steps} must be at least 1")
     if batch_size % grad_accum_steps:

@@ -146,6 +146,7 @@ def train(config, workdir: str) -> int:
     init_key, dropout_key = trainer.root_keys(config.train.seed, config.train.dropout_rng)
     setup = Setup.create(config, mesh, rules, init_key)
     bert_config, schedule, abstract_state = setup.bert_config, setup.schedule, setup.abstract_state
+    model.check_input_shapes(bert_config, config.data.max_seq_length, config.data.max_predictions_per_seq)
     say(f"model: {bert_config.num_layers} layers, hidden {bert_config.hidden_size}, "
         f"{model.count_params(abstract_state.params):,} parameters; {bert_config.dtype} compute, "
         f"{bert_config.attention_impl} attention (dropout {bert_config.attention_dropout_rate}), "
@@ -189,6 +190,8 @@ def train(config, workdir: str) -> int:
     # ---------------------------------------------------------------- loop
     writer = writers.MetricWriter(workdir, enabled=is_primary)
     writer.write_config(config.to_dict())
+    if start_step > 0:
+        writer.resumed(start_step)  # the steps an interrupted run logged after its checkpoint go
     flops_per_token = None
     peak = flops.peak_flops_per_device(jax.devices()[0].device_kind)
     timer = writers.StepTimer(config.train.num_steps, start_step=start_step)

@@ -170,6 +170,15 @@ class EventFileWriter:
         self._writer.write_event(Event(wall_time=wall_time, step=int(step), summary=summary))
         self._writer.flush()
 
+    def add_session_start(self, step: int) -> None:
+        """Mark a restart at `step`: TensorBoard drops what earlier files logged at this step and later,
+        the steps a resumed run logs again."""
+        from tensorboardX.proto.event_pb2 import Event, SessionLog
+
+        self._writer.write_event(Event(wall_time=time.time(), step=int(step),
+                                       session_log=SessionLog(status=SessionLog.START)))
+        self._writer.flush()
+
     def add_scalars(self, step: int, scalars: Mapping[str, float], wall_time: float | None = None) -> None:
         """All of a step's scalars in one event. Values beyond the float32 range become infinities."""
         from tensorboardX.proto.summary_pb2 import Summary
@@ -240,6 +249,7 @@ class MetricWriter:
         self._event_writers: dict[str | None, EventFileWriter] = {}  # by split; None is training
         self._jsonl = None
         self._closed = False
+        self._resumed_at = None  # the step a resumed run restarted from
         if enabled:
             os.makedirs(workdir, exist_ok=True)
             self._jsonl = open(os.path.join(workdir, "metrics.jsonl"), "a", encoding="utf-8")
@@ -273,6 +283,25 @@ class MetricWriter:
         if self.tensorboard and values:
             self._event_writer(split).add_scalars(step, values, wall_time)
 
+    def resumed(self, step: int) -> None:
+        """The run resumed from the checkpoint of `step`: metrics.jsonl keeps its lines up to that step
+        and says where the run resumed ({"step", "event": "resumed", "wall_time"}), and TensorBoard
+        drops the later steps of the earlier run, so every step is logged once."""
+        if not self.enabled:
+            return
+        path = os.path.join(self.workdir, "metrics.jsonl")
+        self._jsonl.close()
+        with open(path, encoding="utf-8") as f:
+            kept = [line for line in f if line.strip() and json.loads(line).get("step", 0) <= step]
+        with open(path + ".tmp", "w", encoding="utf-8") as f:
+            f.writelines(kept)
+            f.write(json.dumps({"step": int(step), "event": "resumed", "wall_time": round(time.time(), 3)}) + "\n")
+        os.replace(path + ".tmp", path)
+        self._jsonl = open(path, "a", encoding="utf-8")
+        self._resumed_at = int(step)
+        for writer in self._event_writers.values():
+            writer.add_session_start(step + 1)
+
     def write_config(self, config: Mapping) -> None:
         """Record the run's config (a nested dict, e.g. `config.to_dict()`) in TensorBoard: as one text
         summary (JSON, shown in the Text tab) and as hyperparameters (the HParams tab, keys flattened
@@ -296,6 +325,8 @@ class MetricWriter:
         if split not in self._event_writers:
             directory = os.path.join(self.workdir, "tensorboard", *([split] if split is not None else []))
             self._event_writers[split] = EventFileWriter(directory)
+            if self._resumed_at is not None:
+                self._event_writers[split].add_session_start(self._resumed_at + 1)
         return self._event_writers[split]
 
     def close(self) -> None:

@@ -45,6 +45,11 @@ def hf_reference(hf_dir, texts, **tokenizer_kwargs):
     return encoding, out
 
 
+def test_repr_is_a_summary_not_the_weights(loaded):
+    text = repr(loaded)
+    assert len(text) < 300 and "2 layers" in text and "parameters" in text, text
+
+
 def test_encode_matches_transformers(hf_dir, loaded):
     assert loaded.missing == [] and loaded.config.num_layers == 2
     out = loaded.encode(TEXTS)

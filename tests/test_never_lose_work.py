@@ -112,6 +112,11 @@ def test_ctrl_c_saves_the_step_and_exits_130(tmp_path):
     assert len(saved) == 1 and saved[0] >= step
     resumed = run_train(tmp_path, f"--config.train.num_steps={saved[0] + 1}")
     assert resumed.returncode == 0 and f"resumed from step {saved[0]}" in resumed.stdout, resumed.stderr
+    # metrics.jsonl logs each step once, and says where the run resumed.
+    records = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    train_steps = [r["step"] for r in records if "split" not in r and "event" not in r]
+    assert train_steps == sorted(set(train_steps)) and train_steps[-1] == saved[0] + 1
+    assert [r["step"] for r in records if r.get("event") == "resumed"] == [saved[0]]
 
 
 def test_a_failed_background_save_becomes_one_line_and_its_partial_files_go(tmp_path, monkeypatch):

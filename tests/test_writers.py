@@ -264,3 +264,28 @@ def test_import_pulls_in_no_heavy_framework():
     env = dict(os.environ, PYTHONPATH=str(REPO))
     result = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60)
     assert result.returncode == 0, result.stderr
+
+
+def test_a_resumed_run_logs_each_step_once(tmp_path):
+    """After a resume from the checkpoint of step 4, the earlier run's steps 5 and 6 leave metrics.jsonl
+    and TensorBoard (which a SessionLog START at step 5 tells to drop them), and the file says where."""
+    import tensorboard.backend.event_processing.event_accumulator as event_accumulator
+
+    with writers.MetricWriter(str(tmp_path), console=False) as first:
+        for step in range(1, 7):
+            first.write(step, {"loss": 10.0 - step})
+    with writers.MetricWriter(str(tmp_path), console=False) as second:
+        second.resumed(4)
+        for step in (5, 6):
+            second.write(step, {"loss": 100.0 + step})
+    records = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in records] == [1, 2, 3, 4, 4, 5, 6]
+    assert records[4]["event"] == "resumed" and "loss" not in records[4]
+    assert [r["loss"] for r in records if r["step"] > 4] == [105.0, 106.0]
+    accumulator = event_accumulator.EventAccumulator(str(tmp_path / "tensorboard"), purge_orphaned_data=True)
+    accumulator.Reload()
+    if "loss" in accumulator.Tags().get("scalars", []):
+        losses = {e.step: e.value for e in accumulator.Scalars("loss")}
+    else:  # newer tensorboard migrates simple_value scalars to tensors on load
+        losses = {t.step: float(np.asarray(t.tensor_proto.float_val)[0]) for t in accumulator.Tensors("loss")}
+    assert losses == {1: 9.0, 2: 8.0, 3: 7.0, 4: 6.0, 5: 105.0, 6: 106.0}
