@@ -194,3 +194,17 @@ def test_one_sentence_documents_pair_with_random_next(corpus_dir, tmp_path):
     data = inputs.build_inputs(data_config(corpus_dir, input_pattern=str(single), eval_fraction=0.2), workdir=None)
     batch = next(data.train.dataset(32).as_numpy_iterator())
     assert (batch["next_sentence_labels"] == 1).all()  # a lone sentence has no real continuation
+
+
+def test_a_training_split_of_one_document_is_refused(corpus_dir, tmp_path):
+    """NotNext pairs take their second segment from another document: one document cannot give them."""
+    from bertjax.data import sources
+
+    candidates = [f"Document {i} talks about the {w}.\nIts second sentence is here." for i, w in enumerate(WORDS * 3)]
+    train = [d for d in candidates if not sources.is_eval_document(d.split("\n"), 0.5)]
+    held_out = [d for d in candidates if sources.is_eval_document(d.split("\n"), 0.5)]
+    assert train and held_out
+    one = tmp_path / "one.txt"
+    one.write_text("\n\n".join([train[0]] + held_out[:3]) + "\n")
+    with pytest.raises(ValueError, match="has 1 training document: next-sentence pairs need at least 2"):
+        inputs.build_inputs(data_config(corpus_dir, input_pattern=str(one), eval_fraction=0.5), workdir=None)

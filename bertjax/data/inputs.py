@@ -150,6 +150,12 @@ def build_inputs(data, *, workdir: str | None, process_index: int = 0, process_c
                 )
         train_corpus = pt.tokenize_documents([d for d, e in mine if not e], tokenizer)
         eval_corpus = pt.tokenize_documents([d for d, e in mine if e], tokenizer)
+    if train_corpus.num_documents < 2:
+        # A NotNext pair takes its second segment from another document: with one, it would come from
+        # the same document and carry a wrong label.
+        raise ValueError(f"host {process_index} of {process_count} has {train_corpus.num_documents} training "
+                         f"document: next-sentence pairs need at least 2; give more documents (a blank line "
+                         f"separates documents in data.text_format=sentences)")
     logging.info(
         "host %d/%d: %d training documents (%d sentences, %d tokens), %d held-out documents",
         process_index, process_count, train_corpus.num_documents, train_corpus.num_sentences,

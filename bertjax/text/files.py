@@ -31,6 +31,9 @@ def expand_pattern(pattern: str) -> list[str]:
     files = set()
     for part in parts:
         matches = [m for m in glob.glob(os.path.expanduser(part), recursive=True) if os.path.isfile(m)]
+        if not matches and os.path.isdir(os.path.expanduser(part)):
+            raise FileNotFoundError(f"data.input_pattern={pattern!r}: {part!r} is a directory; give a glob of its "
+                                    f"files, e.g. {os.path.join(part, '*.txt')!r}")
         if not matches:
             which = f" (its part {part!r} matches nothing)" if len(parts) > 1 else ""
             raise FileNotFoundError(f"no files match data.input_pattern={pattern!r}{which}")
