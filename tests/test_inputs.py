@@ -208,3 +208,14 @@ def test_a_training_split_of_one_document_is_refused(corpus_dir, tmp_path):
     one.write_text("\n\n".join([train[0]] + held_out[:3]) + "\n")
     with pytest.raises(ValueError, match="has 1 training document: next-sentence pairs need at least 2"):
         inputs.build_inputs(data_config(corpus_dir, input_pattern=str(one), eval_fraction=0.5), workdir=None)
+
+
+def test_a_cached_vocabulary_must_match_the_config(corpus_dir, tmp_path):
+    documents = [[f"The {w} was built early in the century.", f"Many people visited the {w}."] for w in WORDS]
+    data = data_config(corpus_dir, vocab_path=None, vocab_size=120)
+    tokenizer, path = inputs.load_or_learn_tokenizer(data, str(tmp_path), documents)
+    again, same = inputs.load_or_learn_tokenizer(data, str(tmp_path), documents)  # read back, not relearned
+    assert same == path and again.vocab_size == tokenizer.vocab_size
+    with pytest.raises(ValueError, match=r"learned with data.vocab_size=120, which the config changes"):
+        inputs.load_or_learn_tokenizer(data_config(corpus_dir, vocab_path=None, vocab_size=240), str(tmp_path),
+                                       documents)

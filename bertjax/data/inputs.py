@@ -11,6 +11,7 @@ below it takes explicit arguments.
 """
 
 import dataclasses
+import json
 import os
 from typing import Iterable, Iterator, Sequence, TypeVar
 
@@ -80,6 +81,16 @@ def load_or_learn_tokenizer(data, workdir: str | None, train_documents: Sequence
     data.vocab_size is learned from the training documents on first use and cached in the workdir, so a
     resumed or repeated run reads the very same vocabulary."""
     path = vocabulary_path(data, workdir)
+    learned = not data.vocab_path
+    # What a learned vocabulary was asked for, kept beside it: a cached one must still match the config.
+    request = {"tokenizer": data.tokenizer, "vocab_size": int(data.vocab_size), "lower_case": bool(data.lower_case)}
+    if learned and os.path.exists(path) and os.path.exists(path + ".json"):
+        with open(path + ".json", encoding="utf-8") as f:
+            cached = json.load(f)
+        changed = [f"data.{k}={cached.get(k)!r}" for k in request if cached.get(k) != request[k]]
+        if changed:
+            raise ValueError(f"the vocabulary cached in {path} was learned with {', '.join(changed)}, which the "
+                             f"config changes: use a new workdir, or set those back")
     if not os.path.exists(path):
         if data.vocab_path:
             raise FileNotFoundError(f"data.vocab_path={data.vocab_path} does not exist")
@@ -98,6 +109,8 @@ def load_or_learn_tokenizer(data, workdir: str | None, train_documents: Sequence
                                                    lower_case=data.lower_case)
         else:
             raise ValueError(f"data.tokenizer={data.tokenizer!r}: choose wordpiece or sentencepiece")
+        with open(path + ".json", "w", encoding="utf-8") as f:
+            json.dump(request, f)
     return tokenizers.load_tokenizer(data.tokenizer, path, lower_case=data.lower_case), path
 
 
