@@ -1,0 +1,79 @@
+"""A checkpoint written on one mesh resumes on another (other device counts, other axes): the later
+losses equal those of a run that never moved, within float32 tolerance."""
+
+import pathlib
+import runpy
+
+import jax
+import numpy as np
+import pytest
+
+from bertjax import checkpoint, sharding, trainer
+from bertjax.data import synthetic
+
+REPO = pathlib.Path(__file__).resolve().parents[1]
+
+
+def small_config():
+    config = runpy.run_path(str(REPO / "configs" / "tiny.py"))["get_config"]()
+    config.model.update(num_layers=2, hidden_size=64, num_heads=4, intermediate_size=128, vocab_size=96,
+                        max_position_embeddings=64)
+    config.data.update(source="synthetic", max_seq_length=32, max_predictions_per_seq=5)
+    config.train.update(batch_size=16, num_steps=10)
+    config.schedule.warmup_steps = 2
+    return config
+
+
+class Run:
+    """The trainer's state and step on one mesh, as bertjax.train builds them."""
+
+    def __init__(self, config, mesh_shape, devices):
+        self.config = config
+        self.mesh = sharding.make_mesh(dict(zip(sharding.MESH_AXES, mesh_shape)), devices)
+        rules = sharding.logical_rules(config.logical_axis_rules)
+        self.init_key, self.dropout_key = trainer.root_keys(config.train.seed)
+        self.setup = trainer.Setup.create(config, self.mesh, rules, self.init_key)
+        self.data_sharding = sharding.batch_sharding(self.mesh, rules)
+        self.step_fn, _ = self.setup.compile_steps(self.data_sharding, 1)
+
+    def steps(self, state, start, stop):
+        losses = []
+        with jax.set_mesh(self.mesh):
+            for step in range(start, stop):
+                host = synthetic.synthetic_batch(step, batch_size=16, max_seq_length=32, max_predictions_per_seq=5,
+                                                 vocab_size=96)
+                state, sums = self.step_fn(state, sharding.global_batch(host, self.data_sharding), self.dropout_key)
+                losses.append(float(sums["loss_sum"]))
+        return state, losses
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("before,after", [
+    (((8, 1, 1), 8), ((2, 1, 1), 2)),   # 8 devices -> 2
+    (((1, 1, 1), 1), ((8, 1, 1), 8)),   # 1 -> 8
+    (((8, 1, 1), 8), ((1, 4, 2), 8)),   # data parallel -> fsdp and tensor
+])
+def test_a_checkpoint_resumes_on_another_mesh(tmp_path, before, after):
+    config = small_config()
+    devices = jax.devices()
+    first = Run(config, before[0], devices[:before[1]])
+    state, _ = first.steps(first.setup.init(first.init_key), 0, 3)
+    saver = checkpoint.Checkpointer(str(tmp_path), every_steps=1, keep=1, async_save=False)
+    saver.save(3, state.params, state.opt_state, {"step": 3}, force=True)
+    saver.wait()
+    saver.close()
+    never_moved, losses_after_ref = first.steps(state, 3, 6)  # the run that stays on its mesh
+
+    # The checkpoint of step 3, restored onto the other mesh.
+    second = Run(config, after[0], devices[:after[1]])
+    reader = checkpoint.Checkpointer(str(tmp_path), every_steps=1, keep=1, async_save=False)
+    restored = reader.restore_latest(second.setup.abstract_state.params, second.setup.abstract_state.opt_state)
+    reader.close()
+    assert restored.step == 3
+    kernel = restored.params["bert"]["encoder"]["layers_1"]["mlp"]["intermediate"]["kernel"]
+    assert kernel.sharding.mesh.shape == second.mesh.shape  # restored straight into the new layout
+    moved = trainer.TrainState(jax.numpy.int32(3), restored.params, restored.opt_state)
+    moved, losses_after = second.steps(moved, 3, 6)
+    np.testing.assert_allclose(losses_after, losses_after_ref, rtol=2e-5)
+    for a, b in zip(jax.tree_util.tree_leaves(moved.params), jax.tree_util.tree_leaves(never_moved.params)):
+        np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=2e-5)
