@@ -98,3 +98,28 @@ def test_plan_tiny_on_v5e_4():
     assert fsdp["collectives"]["all-gather"] + fsdp["collectives"]["reduce-scatter"] > 0
     # The same model at the same global batch: the same model FLOPs per chip.
     assert dp["model_flops"] == pytest.approx(fsdp["model_flops"])
+
+
+def test_find_max_batch_search(monkeypatch):
+    """Doubling then bisection, on a stand-in for the compiler: 1 GiB + 0.3 GiB per sequence, 16 GiB."""
+    import jax
+
+    from bertjax import plan
+    from configs import tiny
+
+    config = tiny.get_config()
+    config.mesh.data, config.mesh.fsdp = 2, 4  # batch over data x fsdp: 8 devices
+    compiled = []
+
+    def fake_compile(config, topology, devices, batch_size):
+        per_device = batch_size // 8
+        compiled.append(per_device)
+        return {"fits": (1 + 0.3 * per_device) * 2**30 <= 16 * 2**30, "total_bytes": 0, "hbm_bytes": 16 * 2**30,
+                "compile_seconds": 0.0, "batch_per_data_device": per_device}
+
+    monkeypatch.setattr(plan, "compile_step", fake_compile)
+    topology = plan.parse_topology("v5e-8")
+    best, tried = plan.find_max_batch(config, topology, jax.devices()[:8], bisect_steps=10, start=4)
+    assert best == 50 and compiled[:5] == [4, 8, 16, 32, 64] and len(tried) == len(compiled)
+    best, _ = plan.find_max_batch(config, topology, jax.devices()[:8], bisect_steps=0, start=256)
+    assert best == 32  # halving from 256 to the first fit, no bisection
