@@ -169,20 +169,33 @@ def compile_step(config, topology: Topology, devices, batch_size: int) -> dict:
     key = jax.ShapeDtypeStruct(dropout_key.shape, dropout_key.dtype, sharding=replicated)
     batch = abstract_batch(config, batch_size, data_sharding)
     start = time.perf_counter()
-    with jax.set_mesh(mesh):
-        compiled = step_fn.lower(setup.abstract_state, batch, key).compile()
+    try:
+        with jax.set_mesh(mesh):
+            compiled = step_fn.lower(setup.abstract_state, batch, key).compile()
+        out_of_memory = None
+    except jax.errors.JaxRuntimeError as e:
+        # The TPU compiler itself refuses a step whose temporaries exceed the chip's HBM.
+        if "RESOURCE_EXHAUSTED" not in str(e):
+            raise
+        compiled, out_of_memory = None, str(e).splitlines()[0]
     compile_seconds = time.perf_counter() - start
 
-    m = compiled.memory_analysis()
     params = bytes_per_device(setup.abstract_state.params)
     opt_state = bytes_per_device(setup.abstract_state.opt_state)
     batch_bytes = bytes_per_device(batch)
-    temp = int(m.temp_size_in_bytes)
-    # Arguments + outputs + temporaries, less what the donated state shares between arguments and outputs.
-    total = int(m.argument_size_in_bytes + m.output_size_in_bytes + temp - m.alias_size_in_bytes)
     hbm = topology.generation.hbm_bytes
+    if compiled is not None:
+        m = compiled.memory_analysis()
+        temp = int(m.temp_size_in_bytes)
+        # Arguments + outputs + temporaries, less what the donated state shares between arguments and outputs.
+        total = int(m.argument_size_in_bytes + m.output_size_in_bytes + temp - m.alias_size_in_bytes)
+        cost = _cost(compiled)
+        collectives = count_collectives(compiled.as_text())
+    else:
+        required = re.search(r"required for HLO temporaries \(([\d.]+)G\)", out_of_memory)
+        temp = int(float(required[1]) * GiB) if required else 0
+        total, cost, collectives = params + opt_state + batch_bytes + temp, {}, {}
 
-    cost = _cost(compiled)
     chips = len(devices)
     cfg = setup.bert_config
     seq, preds = config.data.max_seq_length, config.data.max_predictions_per_seq
@@ -200,11 +213,11 @@ def compile_step(config, topology: Topology, devices, batch_size: int) -> dict:
         batch_per_data_device=batch_size // sharding.data_parallel_size(mesh, rules),
         dtype=cfg.dtype, remat_policy=cfg.remat_policy,
         params_bytes=params, opt_state_bytes=opt_state, batch_bytes=batch_bytes, temp_bytes=temp,
-        total_bytes=total, hbm_bytes=hbm, fits=total <= hbm,
+        total_bytes=total, hbm_bytes=hbm, fits=out_of_memory is None and total <= hbm, compiler_error=out_of_memory,
         compiled_flops=compiled_flops, model_flops=model_flops, bytes_accessed=bytes_accessed,
         peak_flops=peak, hbm_bandwidth=topology.generation.hbm_bandwidth,
-        step_time_floor=floor, mfu_bound=(model_flops / peak / floor) if floor else None,
-        collectives=count_collectives(compiled.as_text()), compile_seconds=compile_seconds,
+        step_time_floor=floor, mfu_bound=(model_flops / peak / floor) if floor and compiled else None,
+        collectives=collectives, compile_seconds=compile_seconds,
     )
 
 
@@ -262,12 +275,19 @@ def format_plan(plan: dict) -> str:
         f"  batch           {_gib(plan['batch_bytes'])}",
         f"  temporaries     {_gib(plan['temp_bytes'])}",
         f"  total (peak)    {_gib(plan['total_bytes'])} of {hbm / GiB:.0f} GiB ({plan['total_bytes'] / hbm:.0%})",
-        f"fits          {'yes' if plan['fits'] else 'NO: does not fit'}",
-        f"FLOPs/step    {plan['compiled_flops'] / 1e12:.3f} TFLOP per chip compiled (XLA's count; a loop body counts once), "
-        f"{plan['model_flops'] / 1e12:.3f} TFLOP by the model formula",
-        "collectives   " + (", ".join(f"{k} {v}" for k, v in plan["collectives"].items() if v) or "none")
-        + " (ops in the compiled step; one in the layer loop counts once)",
+        f"fits          {'yes' if plan['fits'] else 'NO: does not fit'}"
+        + (f" (the TPU compiler: {plan['compiler_error']}; temporaries as it reports them)"
+           if plan["compiler_error"] else ""),
     ]
+    if plan["compiler_error"]:
+        lines.append(f"FLOPs/step    {plan['model_flops'] / 1e12:.3f} TFLOP per chip by the model formula (not compiled)")
+    else:
+        lines += [
+            f"FLOPs/step    {plan['compiled_flops'] / 1e12:.3f} TFLOP per chip compiled (XLA's count; a loop body "
+            f"counts once), {plan['model_flops'] / 1e12:.3f} TFLOP by the model formula",
+            "collectives   " + (", ".join(f"{k} {v}" for k, v in plan["collectives"].items() if v) or "none")
+            + " (ops in the compiled step; one in the layer loop counts once)",
+        ]
     if plan["mfu_bound"] is not None:
         lines.append(
             f"MFU bound     {plan['mfu_bound']:.0%}: a bound, not a measurement. The step takes at least "

@@ -123,3 +123,17 @@ def test_find_max_batch_search(monkeypatch):
     assert best == 50 and compiled[:5] == [4, 8, 16, 32, 64] and len(tried) == len(compiled)
     best, _ = plan.find_max_batch(config, topology, jax.devices()[:8], bisect_steps=0, start=256)
     assert best == 32  # halving from 256 to the first fit, no bisection
+
+
+def test_format_plan_of_a_step_the_compiler_refused():
+    from bertjax import plan
+
+    p = dict(topology="v5e-4", libtpu_topology="v5e:2x2", chips=4, device_kind="TPU v5 lite", hbm_bytes=16 * 2**30,
+             mesh={"data": 4, "fsdp": 1, "tensor": 1}, batch_size=4096, seq_len=128, batch_per_data_device=1024,
+             grad_accum_steps=1, dtype="bfloat16", remat_policy="none", params_bytes=2**20, opt_state_bytes=2**21,
+             batch_bytes=2**20, temp_bytes=40 * 2**30, total_bytes=40 * 2**30 + 4 * 2**20, fits=False,
+             compiler_error="RESOURCE_EXHAUSTED: Ran out of memory on HBM", model_flops=1e12, compiled_flops=0.0,
+             collectives={}, mfu_bound=None, compile_seconds=1.0)
+    text = plan.format_plan(p)
+    assert "NO: does not fit" in text and "RESOURCE_EXHAUSTED" in text and "not compiled" in text
+    assert "  temporaries        40.00 GiB" in text and "MFU bound" not in text
