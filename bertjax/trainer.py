@@ -116,8 +116,10 @@ class Setup:
     abstract_state: Any  # ShapeDtypeStructs carrying the shardings
 
     @classmethod
-    def create(cls, config, mesh, rules, init_key) -> "Setup":
-        bert_config = model.BertConfig.from_dict(config.model)
+    def create(cls, config, mesh, rules, init_key, platform: str | None = None) -> "Setup":
+        """platform resolves the model's "auto" fields (default: the backend JAX runs on); the planner
+        passes "tpu" to lay out a TPU step from a CPU machine."""
+        bert_config = model.BertConfig.from_dict(config.model, platform=platform)
         net = model.BertForPreTraining(bert_config)
         tx, schedule = optim.optimizer_from_config(config.optimizer, config.schedule, config.train.num_steps)
         example = model.dummy_batch(1, config.data.max_seq_length, config.data.max_predictions_per_seq)

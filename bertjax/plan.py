@@ -1,0 +1,341 @@
+"""python -m bertjax.plan --config=configs/large.py --topology=v5p-128: see the pod before you rent it.
+
+Compiles the real train step ahead of time for a Cloud TPU slice, on this (CPU) machine, with the
+`libtpu` package (pip install libtpu; the version jax[tpu] pins), and prints per chip: parameter,
+optimizer-state, batch and temporary memory against the chip's HBM, whether it fits, the step's FLOPs
+(the compiler's count and the model formula), the collectives in the compiled step, and an MFU bound.
+Nothing is allocated: the state and the batch are abstract (shapes and shardings only).
+
+  python -m bertjax.plan --config=configs/large.py --topology=v5p-128 --config.mesh.fsdp=-1 \
+      --config.mesh.data=1 --config.train.batch_size=1024 [--find_max_batch] [--json] [--require_fit]
+
+Topology names are Cloud TPU's: v4-N and v5p-N count TensorCores (2 per chip), v5e-N (or v5litepod-N)
+and v6e-N count chips. "Does not fit" is a result, not an error (exit 0) unless --require_fit.
+"""
+
+import dataclasses
+import json
+import os
+import re
+import sys
+import time
+
+import jax
+import numpy as np
+from absl import app, flags, logging
+from ml_collections import config_flags
+
+from bertjax import cli, flops, sharding, trainer
+
+_CONFIG = config_flags.DEFINE_config_file("config", None, "A configs/<size>.py file.", lock_config=True)
+_TOPOLOGY = flags.DEFINE_string("topology", None, "Cloud TPU slice, e.g. v4-32, v5e-256, v5p-128, v6e-64.")
+_FIND_MAX_BATCH = flags.DEFINE_bool("find_max_batch", False, "Also search the largest batch per data-parallel "
+                                    "device that fits (doubling, then bisection; one compile per try).")
+_START = flags.DEFINE_integer("start_batch", None, "Where --find_max_batch starts: sequences per data-parallel "
+                              "device (default: the config's batch).")
+_BISECT = flags.DEFINE_integer("bisect_steps", 3, "Bisection steps after doubling in --find_max_batch.")
+_JSON = flags.DEFINE_bool("json", False, "Print the plan as one JSON object instead of the table.")
+_REQUIRE_FIT = flags.DEFINE_bool("require_fit", False, "Exit 1 when the step does not fit the chip's HBM.")
+
+
+@dataclasses.dataclass(frozen=True)
+class Generation:
+    libtpu_name: str  # the generation as libtpu's topology names spell it
+    hbm_bytes: int  # per chip
+    hbm_bandwidth: float  # bytes/s per chip
+    dims: int  # 3: a 3-D torus of chips (v4, v5p); 2: a 2-D one (v5e, v6e)
+    cores_per_name_unit: int  # TensorCores per chip that the number in the name counts
+    max_chips: int
+    chip_config: str  # megacore: one JAX device per chip, its two TensorCores together
+
+
+# libtpu, loaded only to compile, must not look for TPU hardware or a TPU VM's metadata server (slow
+# and noisy on a CPU machine), nor lock out a second planner; the runtime stays on the CPU.
+LIBTPU_ENV = {"TPU_SKIP_MDS_QUERY": "1", "TPU_ACCELERATOR_TYPE": "v4-8", "TPU_WORKER_HOSTNAMES": "localhost",
+              "TPU_WORKER_ID": "0", "ALLOW_MULTIPLE_LIBTPU_LOAD": "1", "TF_CPP_MIN_LOG_LEVEL": "3"}
+
+GiB = 2**30
+# Cloud TPU system architecture pages (cloud.google.com/tpu/docs/v4, v5e, v5p, v6e): HBM per chip and
+# its bandwidth. Peak FLOP/s come from bertjax.flops, by the devices' device_kind.
+GENERATIONS = {
+    "v4": Generation("v4", 32 * GiB, 1.2e12, 3, 2, 4096, "megacore"),
+    "v5p": Generation("v5p", 95 * GiB, 2.765e12, 3, 2, 8192, "megacore"),
+    "v5e": Generation("v5e", 16 * GiB, 0.819e12, 2, 1, 256, "default"),
+    "v6e": Generation("v6e", 32 * GiB, 1.64e12, 2, 1, 256, "default"),
+}
+ALIASES = {"v5litepod": "v5e"}
+COLLECTIVES = ("all-reduce", "all-gather", "reduce-scatter", "all-to-all", "collective-permute")
+
+
+@dataclasses.dataclass(frozen=True)
+class Topology:
+    name: str  # as the user wrote it, e.g. v5p-128
+    generation: Generation
+    chips: int
+    shape: tuple[int, ...]  # chips along each torus axis
+
+    @property
+    def libtpu_name(self) -> str:
+        return f"{self.generation.libtpu_name}:{'x'.join(map(str, self.shape))}"
+
+
+def chip_grid(chips: int, dims: int) -> tuple[int, ...]:
+    """The slice's shape in chips, as Cloud TPU builds it: from 2x2x1 (3-D) or 1x1 (2-D), the smallest
+    axis doubled (the last of equals) until the count is reached: 64 -> 4x4x4, 128 -> 4x4x8, 256 -> 16x16."""
+    shape = [2, 2, 1] if dims == 3 else [1, 1]
+    while int(np.prod(shape)) < chips:
+        smallest = min(shape)
+        i = max(j for j, s in enumerate(shape) if s == smallest)
+        shape[i] *= 2
+    return tuple(shape)
+
+
+def parse_topology(name: str) -> Topology:
+    """v4-32 -> 16 chips of TPU v4 in 2x2x4; v5e-256 -> 16x16. ValueError says what names exist."""
+    known = ", ".join(f"{g}-N" for g in [*GENERATIONS, *ALIASES])
+    if not name:
+        raise ValueError(f"--topology is required: one of {known}, e.g. --topology=v5p-128")
+    match = re.fullmatch(r"([a-z0-9]+)-(\d+)", (name or "").strip().lower())
+    if not match or ALIASES.get(match[1], match[1]) not in GENERATIONS:
+        raise ValueError(f"unknown TPU topology {name!r}: use one of {known}, e.g. v4-32, v5e-256, v5p-128, v6e-64")
+    gen = GENERATIONS[ALIASES.get(match[1], match[1])]
+    count = int(match[2])
+    chips, rest = divmod(count, gen.cores_per_name_unit)
+    smallest = 4 if gen.dims == 3 else 1
+    if rest or chips < smallest or chips > gen.max_chips or chips & (chips - 1):
+        unit = "TensorCores (2 per chip)" if gen.cores_per_name_unit == 2 else "chips"
+        raise ValueError(f"topology {name!r}: the number counts {unit} and must give a power of two from "
+                         f"{smallest} to {gen.max_chips} chips, e.g. {match[1]}-{smallest * gen.cores_per_name_unit}")
+    return Topology(name, gen, chips, chip_grid(chips, gen.dims))
+
+
+def topology_devices(topology: Topology) -> list:
+    """Compile-only devices of the slice (libtpu); nothing runs on them."""
+    from jax.experimental import topologies
+
+    for name, value in LIBTPU_ENV.items():  # read by libtpu when it loads, just below
+        os.environ.setdefault(name, value)
+    if not os.environ.get("JAX_PLATFORMS"):
+        jax.config.update("jax_platforms", "cpu")  # the state's shapes and keys are made on the CPU
+    try:
+        desc = topologies.get_topology_desc(topology_name=topology.libtpu_name, platform="tpu",
+                                            chip_config_name=topology.generation.chip_config)
+    except (RuntimeError, ImportError) as e:  # no libtpu, or one that does not know the generation
+        raise ValueError(f"cannot describe {topology.name} ({topology.libtpu_name}) for compilation: "
+                         f"{str(e).splitlines()[0]} (is libtpu installed? pip install 'bertjax[tpu-plan]')") from e
+    return list(desc.devices)
+
+
+def abstract_batch(config, batch_size: int, data_sharding) -> dict:
+    """The train step's batch as shapes with the data sharding: [B, S] ids, [B, P] predictions, [B] labels."""
+    s, p = config.data.max_seq_length, config.data.max_predictions_per_seq
+    shapes = {"input_ids": (s,), "segment_ids": (s,), "input_mask": (s,), "masked_lm_positions": (p,),
+              "masked_lm_ids": (p,), "masked_lm_weights": (p,), "next_sentence_labels": ()}
+    return {k: jax.ShapeDtypeStruct((batch_size, *shapes[k]), np.float32 if k == "masked_lm_weights" else np.int32,
+                                    sharding=data_sharding) for k in trainer.BATCH_KEYS}
+
+
+def bytes_per_device(tree) -> int:
+    """Bytes of one device's shards of an abstract tree (shapes carrying their shardings)."""
+    return int(sum(np.prod(x.sharding.shard_shape(x.shape)) * x.dtype.itemsize for x in jax.tree_util.tree_leaves(tree)))
+
+
+def count_collectives(hlo_text: str) -> dict[str, int]:
+    """Collective ops of a compiled HLO module by kind (an async pair counts once; an op inside a loop
+    body, e.g. the scanned layers, counts once however many times it runs)."""
+    found = re.findall(r"\s(" + "|".join(COLLECTIVES) + r")(?:-start)?\(", hlo_text)
+    return {kind: found.count(kind) for kind in COLLECTIVES}
+
+
+def _cost(compiled) -> dict:
+    cost = compiled.cost_analysis()
+    if isinstance(cost, (list, tuple)):  # older JAX: one dict per computation
+        cost = cost[0] if cost else {}
+    return cost or {}
+
+
+def compile_step(config, topology: Topology, devices, batch_size: int) -> dict:
+    """Compile the train step for the slice at this global batch and measure it. Raises ValueError for
+    a mesh or batch the slice cannot take."""
+    mesh = sharding.make_mesh(config.mesh, devices)
+    rules = sharding.logical_rules(config.logical_axis_rules)
+    grad_accum = config.train.grad_accum_steps
+    sharding.check_batch_size(batch_size, grad_accum, mesh, rules)
+    init_key, dropout_key = trainer.root_keys(config.train.seed, config.train.dropout_rng)
+    setup = trainer.Setup.create(config, mesh, rules, init_key, platform="tpu")
+    data_sharding = sharding.batch_sharding(mesh, rules)
+    step_fn, _ = setup.compile_steps(data_sharding, grad_accum)
+    replicated = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
+    key = jax.ShapeDtypeStruct(dropout_key.shape, dropout_key.dtype, sharding=replicated)
+    batch = abstract_batch(config, batch_size, data_sharding)
+    start = time.perf_counter()
+    try:
+        with jax.set_mesh(mesh):
+            compiled = step_fn.lower(setup.abstract_state, batch, key).compile()
+        out_of_memory = None
+    except jax.errors.JaxRuntimeError as e:
+        # The TPU compiler itself refuses a step whose temporaries exceed the chip's HBM.
+        if "RESOURCE_EXHAUSTED" not in str(e):
+            raise
+        compiled, out_of_memory = None, str(e).splitlines()[0]
+    compile_seconds = time.perf_counter() - start
+
+    params = bytes_per_device(setup.abstract_state.params)
+    opt_state = bytes_per_device(setup.abstract_state.opt_state)
+    batch_bytes = bytes_per_device(batch)
+    hbm = topology.generation.hbm_bytes
+    if compiled is not None:
+        m = compiled.memory_analysis()
+        temp = int(m.temp_size_in_bytes)
+        # Arguments + outputs + temporaries, less what the donated state shares between arguments and outputs.
+        total = int(m.argument_size_in_bytes + m.output_size_in_bytes + temp - m.alias_size_in_bytes)
+        cost = _cost(compiled)
+        collectives = count_collectives(compiled.as_text())
+    else:
+        required = re.search(r"required for HLO temporaries \(([\d.]+)G\)", out_of_memory)
+        temp = int(float(required[1]) * GiB) if required else 0
+        total, cost, collectives = params + opt_state + batch_bytes + temp, {}, {}
+
+    chips = len(devices)
+    cfg = setup.bert_config
+    seq, preds = config.data.max_seq_length, config.data.max_predictions_per_seq
+    per_token = flops.train_flops_per_token(cfg.num_layers, cfg.hidden_size, seq, cfg.vocab_size, preds / seq)
+    model_flops = per_token * batch_size * seq / chips  # per chip per step
+    compiled_flops = float(cost.get("flops", 0.0))
+    bytes_accessed = float(cost.get("bytes accessed", 0.0))
+    peak = flops.peak_flops_per_device(devices[0].device_kind)
+    # The step takes at least its FLOPs at peak and at least its HBM traffic at full bandwidth. XLA's
+    # count takes a loop body once (the scanned layers of large), so the larger of the two counts is used.
+    floor = max(max(compiled_flops, model_flops) / peak, bytes_accessed / topology.generation.hbm_bandwidth) if peak else 0.0
+    return dict(
+        topology=topology.name, libtpu_topology=topology.libtpu_name, device_kind=devices[0].device_kind,
+        chips=chips, mesh=dict(mesh.shape), batch_size=batch_size, seq_len=seq, grad_accum_steps=grad_accum,
+        batch_per_data_device=batch_size // sharding.data_parallel_size(mesh, rules),
+        dtype=cfg.dtype, remat_policy=cfg.remat_policy,
+        params_bytes=params, opt_state_bytes=opt_state, batch_bytes=batch_bytes, temp_bytes=temp,
+        total_bytes=total, hbm_bytes=hbm, fits=out_of_memory is None and total <= hbm, compiler_error=out_of_memory,
+        compiled_flops=compiled_flops, model_flops=model_flops, bytes_accessed=bytes_accessed,
+        peak_flops=peak, hbm_bandwidth=topology.generation.hbm_bandwidth,
+        step_time_floor=floor, mfu_bound=(model_flops / peak / floor) if floor and compiled else None,
+        collectives=collectives, compile_seconds=compile_seconds,
+    )
+
+
+def find_max_batch(config, topology: Topology, devices, bisect_steps: int = 3, start: int = 1,
+                   limit: int = 1 << 16) -> tuple[int, list[dict]]:
+    """The largest batch per data-parallel device that fits: from `start`, doubling until a compile
+    does not fit (or halving until one does), then `bisect_steps` bisections between the last fit and
+    the first miss. Returns it (0 when not even 1 fits) and every compiled plan, in order."""
+    mesh = sharding.make_mesh(config.mesh, devices)
+    dp = sharding.data_parallel_size(mesh, sharding.logical_rules(config.logical_axis_rules))
+    unit = config.train.grad_accum_steps  # the batch per device must split into the microbatches
+    tried = []
+
+    def fits(per_device: int) -> bool:
+        tried.append(compile_step(config, topology, devices, per_device * unit * dp))
+        p = tried[-1]
+        logging.info("%d per data-parallel device: %.2f GiB of %.0f, %s (compiled in %.0f s)", per_device,
+                     p["total_bytes"] / GiB, p["hbm_bytes"] / GiB, "fits" if p["fits"] else "does not fit",
+                     p["compile_seconds"])
+        return p["fits"]
+
+    if fits(start):
+        lo, hi = start, start * 2
+        while hi <= limit and fits(hi):
+            lo, hi = hi, hi * 2
+    else:
+        lo, hi = start // 2, start
+        while lo and not fits(lo):
+            lo, hi = lo // 2, lo
+    for _ in range(bisect_steps):
+        if hi - lo <= 1 or lo == 0:
+            break
+        mid = (lo + hi) // 2
+        lo, hi = (mid, hi) if fits(mid) else (lo, mid)
+    return lo * unit, tried
+
+
+def _gib(n: float) -> str:
+    return f"{n / GiB:8.2f} GiB" if n >= GiB else f"{n / 2**20:8.1f} MiB"
+
+
+def format_plan(plan: dict) -> str:
+    """The plan as the console table."""
+    hbm = plan["hbm_bytes"]
+    mesh = " ".join(f"{k}={v}" for k, v in plan["mesh"].items())
+    lines = [
+        f"topology      {plan['topology']} ({plan['libtpu_topology']}): {plan['chips']} chips of "
+        f"{plan['device_kind']}, {hbm / GiB:.0f} GiB HBM each",
+        f"mesh          {mesh}",
+        f"batch         {plan['batch_size']} x {plan['seq_len']} ({plan['batch_per_data_device']} per data-parallel "
+        f"device, {plan['grad_accum_steps']} microbatch(es)), {plan['dtype']} compute, remat {plan['remat_policy']}",
+        "memory per chip (the compiled step):",
+        f"  parameters      {_gib(plan['params_bytes'])}",
+        f"  optimizer state {_gib(plan['opt_state_bytes'])}",
+        f"  batch           {_gib(plan['batch_bytes'])}",
+        f"  temporaries     {_gib(plan['temp_bytes'])}",
+        f"  total (peak)    {_gib(plan['total_bytes'])} of {hbm / GiB:.0f} GiB ({plan['total_bytes'] / hbm:.0%})",
+        f"fits          {'yes' if plan['fits'] else 'NO: does not fit'}"
+        + (f" (the TPU compiler: {plan['compiler_error']}; temporaries as it reports them)"
+           if plan["compiler_error"] else ""),
+    ]
+    if plan["compiler_error"]:
+        lines.append(f"FLOPs/step    {plan['model_flops'] / 1e12:.3f} TFLOP per chip by the model formula (not compiled)")
+    else:
+        lines += [
+            f"FLOPs/step    {plan['compiled_flops'] / 1e12:.3f} TFLOP per chip compiled (XLA's count; a loop body "
+            f"counts once), {plan['model_flops'] / 1e12:.3f} TFLOP by the model formula",
+            "collectives   " + (", ".join(f"{k} {v}" for k, v in plan["collectives"].items() if v) or "none")
+            + " (ops in the compiled step; one in the layer loop counts once)",
+        ]
+    if plan["mfu_bound"] is not None:
+        lines.append(
+            f"MFU bound     {plan['mfu_bound']:.0%}: a bound, not a measurement. The step takes at least "
+            f"{plan['step_time_floor'] * 1e3:.1f} ms per chip (its {max(plan['compiled_flops'], plan['model_flops']) / 1e12:.2f} TFLOP at the "
+            f"{plan['peak_flops'] / 1e12:.0f} TFLOP/s peak, or its {plan['bytes_accessed'] / GiB:.1f} GiB of HBM "
+            f"traffic at {plan['hbm_bandwidth'] / 1e9:.0f} GB/s, whichever is longer); communication would lower it")
+    lines.append(f"compile       {plan['compile_seconds']:.1f} s on this machine")
+    return "\n".join(lines)
+
+
+def main(argv):
+    if len(argv) > 1:
+        raise app.UsageError(f"unexpected arguments: {argv[1:]}")
+    config = _CONFIG.value
+    try:
+        topology = parse_topology(_TOPOLOGY.value)
+        devices = topology_devices(topology)
+        sharding.mesh_shape(config.mesh, len(devices))
+        if _FIND_MAX_BATCH.value:
+            mesh = sharding.make_mesh(config.mesh, devices)
+            dp = sharding.data_parallel_size(mesh, sharding.logical_rules(config.logical_axis_rules))
+            start = _START.value or max(1, config.train.batch_size // (dp * config.train.grad_accum_steps))
+            best, tried = find_max_batch(config, topology, devices, _BISECT.value, start)
+        else:
+            best, tried = None, [compile_step(config, topology, devices, config.train.batch_size)]
+    except ValueError as e:
+        cli.fail(f"{_TOPOLOGY.value}: {e}" if _TOPOLOGY.value and not str(e).startswith(
+            ("unknown TPU", "topology")) else str(e))
+    plans = [tried[-1]] if best is None else tried
+    if _JSON.value:
+        out = dict(tried[-1], tried=tried, max_batch_per_data_device=best) if best is not None else tried[-1]
+        print(json.dumps(out))
+    else:
+        for plan in plans:
+            print(format_plan(plan) + "\n")
+        if best is not None:
+            print(f"largest batch per data-parallel device that fits: {best} (searched: "
+                  f"{', '.join(str(p['batch_per_data_device']) + (' fits' if p['fits'] else ' no') for p in tried)})")
+    fits = (best > 0) if best is not None else tried[-1]["fits"]
+    if _REQUIRE_FIT.value and not fits:
+        print("does not fit (--require_fit)", file=sys.stderr)
+        sys.exit(1)
+
+
+def entry():
+    """The console script's entry point (pyproject.toml)."""
+    app.run(main, flags_parser=cli.parse_flags)
+
+
+if __name__ == "__main__":
+    entry()

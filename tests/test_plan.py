@@ -1,0 +1,139 @@
+"""python -m bertjax.plan: the train step compiled for a TPU slice on this CPU machine (libtpu).
+
+The planner runs in subprocesses: libtpu stays out of the test process.
+"""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+TINY = ["--config=configs/tiny.py", "--config.data.source=synthetic"]
+
+
+def _env():
+    env = dict(os.environ, PYTHONPATH=ROOT)
+    env.pop("XLA_FLAGS", None)  # the tests' virtual CPU devices are nothing to the TPU compiler
+    return env
+
+
+def _start(*args):
+    return subprocess.Popen([sys.executable, "-m", "bertjax.plan", *args], cwd=ROOT, env=_env(),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def _finish(proc, timeout=600):
+    out, err = proc.communicate(timeout=timeout)
+    return proc.returncode, out, err
+
+
+def test_parse_topology_names():
+    from bertjax import plan
+
+    assert plan.parse_topology("v4-32").libtpu_name == "v4:2x2x4"  # 32 TensorCores = 16 chips
+    assert plan.parse_topology("v5p-128").libtpu_name == "v5p:4x4x4"
+    assert plan.parse_topology("v5p-1024").libtpu_name == "v5p:8x8x8"
+    assert plan.parse_topology("v5e-256").libtpu_name == "v5e:16x16"
+    assert plan.parse_topology("v5litepod-8").libtpu_name == "v5e:2x4"
+    assert plan.parse_topology("v6e-64").libtpu_name == "v6e:8x8"
+    for bad in ("v9-8", "v4-6", "v5p-2", "v5e-512", "tpu", ""):
+        with pytest.raises(ValueError):
+            plan.parse_topology(bad)
+
+
+def test_count_collectives():
+    from bertjax import plan
+
+    hlo = """
+  %all-reduce.1 = f32[4]{0} all-reduce(f32[4]{0} %p), replica_groups={{0,1}}, to_apply=%add
+  %ag = (f32[4], f32[8]) all-gather-start(f32[4]{0} %q), dimensions={0}
+  %agd = f32[8]{0} all-gather-done((f32[4], f32[8]) %ag)
+  %cp = f32[4]{0} collective-permute(f32[4]{0} %r), source_target_pairs={{0,1}}
+"""
+    assert plan.count_collectives(hlo) == {"all-reduce": 1, "all-gather": 1, "reduce-scatter": 0,
+                                           "all-to-all": 0, "collective-permute": 1}
+
+
+def test_user_mistakes_give_one_line():
+    procs = [
+        _start(*TINY, "--topology=v9-8"),  # no such generation
+        _start(*TINY, "--topology=v4-8", "--config.mesh.data=3"),  # 3 does not divide 4 chips
+    ]
+    for proc, words in zip(procs, (["unknown TPU topology", "v5p-128"], ["v4-8", "does not match the 4 devices"])):
+        code, out, err = _finish(proc, timeout=120)
+        assert code == 2, (out, err)
+        lines = err.strip().splitlines()
+        assert len(lines) == 1 and "error:" in lines[0] and "Traceback" not in err, err
+        assert all(w in lines[0] for w in words), lines
+
+
+@pytest.mark.slow
+def test_plan_tiny_on_v5e_4():
+    """Data parallel and FSDP over the 4 chips of a v5e-4, both compiled at once in two processes."""
+    dp = _start(*TINY, "--topology=v5e-4", "--config.mesh.data=-1", "--json")
+    fsdp = _start(*TINY, "--topology=v5e-4", "--config.mesh.data=1", "--config.mesh.fsdp=-1", "--json")
+    plans = {}
+    for name, proc in (("dp", dp), ("fsdp", fsdp)):
+        code, out, err = _finish(proc)
+        assert code == 0, err[-3000:]
+        plans[name] = json.loads(out.strip().splitlines()[-1])
+    dp, fsdp = plans["dp"], plans["fsdp"]
+    assert dp["mesh"] == {"data": 4, "fsdp": 1, "tensor": 1} and fsdp["mesh"] == {"data": 1, "fsdp": 4, "tensor": 1}
+    for p in (dp, fsdp):
+        assert p["chips"] == 4 and "v5 lite" in p["device_kind"].lower() and p["dtype"] == "bfloat16"
+        assert p["fits"] is True and p["hbm_bytes"] == 16 * 2**30
+        assert min(p["params_bytes"], p["opt_state_bytes"], p["batch_bytes"]) > 0 and p["temp_bytes"] >= 0
+        assert p["total_bytes"] >= p["params_bytes"] + p["opt_state_bytes"] + p["batch_bytes"]
+        assert p["compiled_flops"] > 0 and p["model_flops"] > 0 and 0 < p["mfu_bound"] <= 1
+        assert p["batch_per_data_device"] == 8
+    # Parameters and optimizer state are split over the chips with fsdp (the small, unsharded vectors
+    # and scalars keep it from being exactly a quarter).
+    assert fsdp["params_bytes"] < 0.4 * dp["params_bytes"]
+    assert fsdp["opt_state_bytes"] < 0.4 * dp["opt_state_bytes"]
+    # Data parallelism adds up the gradients with an all-reduce; FSDP gathers the parameters.
+    assert dp["collectives"]["all-reduce"] > 0
+    assert fsdp["collectives"]["all-gather"] + fsdp["collectives"]["reduce-scatter"] > 0
+    # The same model at the same global batch: the same model FLOPs per chip.
+    assert dp["model_flops"] == pytest.approx(fsdp["model_flops"])
+
+
+def test_find_max_batch_search(monkeypatch):
+    """Doubling then bisection, on a stand-in for the compiler: 1 GiB + 0.3 GiB per sequence, 16 GiB."""
+    import jax
+
+    from bertjax import plan
+    from configs import tiny
+
+    config = tiny.get_config()
+    config.mesh.data, config.mesh.fsdp = 2, 4  # batch over data x fsdp: 8 devices
+    compiled = []
+
+    def fake_compile(config, topology, devices, batch_size):
+        per_device = batch_size // 8
+        compiled.append(per_device)
+        return {"fits": (1 + 0.3 * per_device) * 2**30 <= 16 * 2**30, "total_bytes": 0, "hbm_bytes": 16 * 2**30,
+                "compile_seconds": 0.0, "batch_per_data_device": per_device}
+
+    monkeypatch.setattr(plan, "compile_step", fake_compile)
+    topology = plan.parse_topology("v5e-8")
+    best, tried = plan.find_max_batch(config, topology, jax.devices()[:8], bisect_steps=10, start=4)
+    assert best == 50 and compiled[:5] == [4, 8, 16, 32, 64] and len(tried) == len(compiled)
+    best, _ = plan.find_max_batch(config, topology, jax.devices()[:8], bisect_steps=0, start=256)
+    assert best == 32  # halving from 256 to the first fit, no bisection
+
+
+def test_format_plan_of_a_step_the_compiler_refused():
+    from bertjax import plan
+
+    p = dict(topology="v5e-4", libtpu_topology="v5e:2x2", chips=4, device_kind="TPU v5 lite", hbm_bytes=16 * 2**30,
+             mesh={"data": 4, "fsdp": 1, "tensor": 1}, batch_size=4096, seq_len=128, batch_per_data_device=1024,
+             grad_accum_steps=1, dtype="bfloat16", remat_policy="none", params_bytes=2**20, opt_state_bytes=2**21,
+             batch_bytes=2**20, temp_bytes=40 * 2**30, total_bytes=40 * 2**30 + 4 * 2**20, fits=False,
+             compiler_error="RESOURCE_EXHAUSTED: Ran out of memory on HBM", model_flops=1e12, compiled_flops=0.0,
+             collectives={}, mfu_bound=None, compile_seconds=1.0)
+    text = plan.format_plan(p)
+    assert "NO: does not fit" in text and "RESOURCE_EXHAUSTED" in text and "not compiled" in text
+    assert "  temporaries        40.00 GiB" in text and "MFU bound" not in text
