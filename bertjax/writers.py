@@ -208,7 +208,7 @@ def _flat_config(config: Mapping, prefix: str = "") -> dict[str, Any]:
 # The writer the trainer calls
 # ---------------------------------------------------------------------------------------------------
 
-_RESERVED_FIELDS = ("step", "split", "wall_time")
+_RESERVED_FIELDS = ("step", "split", "wall_time", "resumed_from")
 
 
 def _plain_number(name: str, value) -> int | float:
@@ -250,6 +250,7 @@ class MetricWriter:
         self._jsonl = None
         self._closed = False
         self._resumed_at = None  # the step a resumed run restarted from
+        self._resume_note = None  # put on the next training line, then cleared
         if enabled:
             os.makedirs(workdir, exist_ok=True)
             self._jsonl = open(os.path.join(workdir, "metrics.jsonl"), "a", encoding="utf-8")
@@ -273,6 +274,8 @@ class MetricWriter:
         if split is not None:
             record["split"] = split
         record["wall_time"] = round(wall_time, 3)
+        if split is None and self._resume_note is not None:
+            record["resumed_from"], self._resume_note = self._resume_note, None
         record.update({name: _json_number(value) for name, value in values.items()})
         self._jsonl.write(json.dumps(record, allow_nan=False) + "\n")
         self._jsonl.flush()
@@ -284,9 +287,9 @@ class MetricWriter:
             self._event_writer(split).add_scalars(step, values, wall_time)
 
     def resumed(self, step: int) -> None:
-        """The run resumed from the checkpoint of `step`: metrics.jsonl keeps its lines up to that step
-        and says where the run resumed ({"step", "event": "resumed", "wall_time"}), and TensorBoard
-        drops the later steps of the earlier run, so every step is logged once."""
+        """The run resumed from the checkpoint of `step`: metrics.jsonl keeps its lines up to that step,
+        the next training line carries "resumed_from": step, and TensorBoard drops the later steps of
+        the earlier run, so every step is logged once."""
         if not self.enabled:
             return
         path = os.path.join(self.workdir, "metrics.jsonl")
@@ -295,10 +298,9 @@ class MetricWriter:
             kept = [line for line in f if line.strip() and json.loads(line).get("step", 0) <= step]
         with open(path + ".tmp", "w", encoding="utf-8") as f:
             f.writelines(kept)
-            f.write(json.dumps({"step": int(step), "event": "resumed", "wall_time": round(time.time(), 3)}) + "\n")
         os.replace(path + ".tmp", path)
         self._jsonl = open(path, "a", encoding="utf-8")
-        self._resumed_at = int(step)
+        self._resumed_at = self._resume_note = int(step)
         for writer in self._event_writers.values():
             writer.add_session_start(step + 1)
 

@@ -114,9 +114,10 @@ def test_ctrl_c_saves_the_step_and_exits_130(tmp_path):
     assert resumed.returncode == 0 and f"resumed from step {saved[0]}" in resumed.stdout, resumed.stderr
     # metrics.jsonl logs each step once, and says where the run resumed.
     records = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
-    train_steps = [r["step"] for r in records if "split" not in r and "event" not in r]
+    train_steps = [r["step"] for r in records if "split" not in r]
     assert train_steps == sorted(set(train_steps)) and train_steps[-1] == saved[0] + 1
-    assert [r["step"] for r in records if r.get("event") == "resumed"] == [saved[0]]
+    assert [r["step"] for r in records if "resumed_from" in r] == [saved[0] + 1]
+    assert [r["resumed_from"] for r in records if "resumed_from" in r] == [saved[0]]
 
 
 def test_a_failed_background_save_becomes_one_line_and_its_partial_files_go(tmp_path, monkeypatch):
