@@ -132,6 +132,10 @@ class Checkpointer:
             raise self._save_failed(e) from None
 
     def _save_failed(self, error: Exception) -> "SaveFailed":
+        try:  # let the save's other writer threads end before its partial files are removed
+            self.manager.wait_until_finished()
+        except Exception:  # noqa: BLE001 -- the same failure, already in hand
+            pass
         removed = remove_partial_saves(self.directory)
         good = [s for s in self.manager.all_steps() if (epath.Path(self.directory) / str(s)).exists()]
         size = "" if self.bytes_per_checkpoint is None else f"; a checkpoint needs about {_size(self.bytes_per_checkpoint)}"
