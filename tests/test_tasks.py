@@ -194,7 +194,8 @@ def test_jsonl_classification_and_regression(tmp_path):
         json.dumps({"text": "c", "text_pair": "d", "label": 2}),
     ])
     assert readers.read_jsonl(path, mnli) == [Example(0, "a", "b", 1), Example(1, "c", "d", 2)]
-    path = _write(tmp_path / "scores.jsonl", [json.dumps({"text": "a", "label": 3.7}), json.dumps({"text": "b", "label": 1})])
+    path = _write(tmp_path / "scores.jsonl",
+                  [json.dumps({"text": "a", "label": 3.7}), json.dumps({"text": "b", "label": 1})])
     assert [e.label for e in readers.read_jsonl(path, registry.get_task("regression"))] == [3.7, 1.0]
     test_set = _write(tmp_path / "test.jsonl", [json.dumps({"text": "a", "text_pair": "b"})])
     assert readers.read_jsonl(test_set, mnli, labeled=False)[0].label is None
@@ -224,7 +225,8 @@ GOOD = json.dumps({"text": "fine", "label": "positive"})
      r":1: label \"high\" is not a number: task stsb is a regression"),
     (registry.get_task("multiple_choice", num_choices=3), [json.dumps({"context": "c", "choices": ["a"], "label": 0})],
      r":1: 1 choices, task multiple_choice expects 3"),
-    (registry.get_task("multiple_choice", num_choices=2), [json.dumps({"context": "c", "choices": ["a", "b"], "label": 5})],
+    (registry.get_task("multiple_choice", num_choices=2),
+     [json.dumps({"context": "c", "choices": ["a", "b"], "label": 5})],
      r":1: label 5 is not a choice index: expected 0-1"),
 ])
 def test_jsonl_bad_input_is_one_line_naming_file_and_line(tmp_path, task, lines, message):

@@ -3,6 +3,8 @@
 JSON lines, one object per line (blank lines are skipped):
   classification, regression:  {"text": "...", "text_pair": "..." (optional), "label": ...}
       label: a class name of the task, or its index (0, 1, ...); for regression a number
+      text_pair: required by GLUE's pair tasks, refused by its single-sentence ones (CoLA, SST-2),
+      optional for the generic kinds
   multiple choice:             {"context": "...", "choices": ["...", ...], "label": 1}
       label: the index of the right choice; choices: exactly the task's number of choices
 A set read with labeled=False (a test set) may leave out "label"; where it is there it is checked all
