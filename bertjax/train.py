@@ -37,12 +37,18 @@ _PROCESS_ID = flags.DEFINE_integer("process_id", None, "This process's index.")
 
 class Preemption:
     """SIGTERM (a preempted VM, a cancelled job) or Ctrl-C asks the loop to save and exit; it is not
-    obeyed mid-step. A second Ctrl-C stops at once, without saving. With several processes, all of
-    them stop at the same step."""
+    obeyed mid-step. A second Ctrl-C stops at once, without saving.
+
+    With several processes, all of them must stop at the same step. JAX's preemption service (started
+    by jax.distributed.initialize) catches SIGTERM itself and agrees on that step through the
+    coordination service, so asking costs no device synchronisation per step; Ctrl-C on any process is
+    turned into that process's SIGTERM."""
 
     def __init__(self):
-        self.requested = None  # the signal that asked, once one has
-        signal.signal(signal.SIGTERM, self._handler)
+        self.requested = None  # the signal that asked this process, once one has
+        self._synced = jax.process_count() > 1 and jax.config.jax_enable_preemption_service
+        if not self._synced:
+            signal.signal(signal.SIGTERM, self._handler)
         signal.signal(signal.SIGINT, self._handler)
 
     def _handler(self, signum, frame):
@@ -54,14 +60,22 @@ class Preemption:
             print("Ctrl-C: saving a checkpoint after this step, then stopping (Ctrl-C again stops at once)",
                   file=sys.stderr, flush=True)
         self.requested = signum
+        if self._synced:
+            signal.raise_signal(signal.SIGTERM)  # reaches the preemption service's own handler
 
     @property
     def interrupted(self) -> bool:
         return self.requested == signal.SIGINT
 
-    def should_stop(self) -> bool:
+    def should_stop(self, step: int) -> bool:
+        """Called after every step, on every process, with the same step numbers."""
+        if self._synced:
+            from jax.experimental import multihost_utils
+
+            return multihost_utils.reached_preemption_sync_point(step)
         if jax.process_count() == 1:
             return self.requested is not None
+        # Several processes without the preemption service (jax_enable_preemption_service=False).
         from jax.experimental import multihost_utils
 
         return bool(np.any(multihost_utils.process_allgather(np.array(self.requested is not None))))
@@ -260,7 +274,7 @@ def train(config, workdir: str) -> int:
                     writer.write(step, summarize(jax.device_get(totals)), split="eval")
                 pause_timer(step)
 
-            stop = preemption.should_stop()
+            stop = preemption.should_stop(step)
             if step % config.checkpoint.every_steps == 0 or step == num_steps or stop:
                 if window is not None:  # never save a state whose last steps were not checked
                     window = jax.device_get(window)

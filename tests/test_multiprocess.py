@@ -3,8 +3,8 @@ checkpointing, preemption and an exact resume.
 
 Three launches of the same training command, which differ only in the workdir:
   A  runs 16 steps uninterrupted;
-  B  is sent SIGTERM (through the launcher, as a preempted VM would be) once it has logged step 5, past
-     its first regular checkpoint: both processes agree on a step, save it and exit 0; re-running the
+  B  has its process 1 sent SIGTERM (as one preempted VM of a pod would be) once it has logged step 5,
+     past its first regular checkpoint: both processes agree on a step, save it and exit 0; re-running the
      command resumes from that latest checkpoint and finishes.
 B's metrics.jsonl must then hold every step once, with the losses of A, bit for bit: a stopped and
 resumed run is the uninterrupted run.
@@ -34,7 +34,7 @@ REPO = pathlib.Path(__file__).resolve().parents[1]
 LAUNCHER = REPO / "launch" / "local.py"
 NUM_STEPS = 16
 CHECKPOINT_EVERY = 4
-STOP_AFTER = 5  # B is sent SIGTERM once it has logged this step
+STOP_AFTER = 5  # B's process 1 is sent SIGTERM once it has logged this step
 # Generous: two processes start TensorFlow and compile on two shared cores. The launcher's own
 # timeout stops the children first, so a hang ends as a failure with output, not as a stuck test.
 LAUNCH_TIMEOUT_S = 300
@@ -105,6 +105,16 @@ def train_command(corpus, workdir) -> list[str]:
     ]
 
 
+def child_pid(launcher_pid: int, process_id: int) -> int:
+    """The pid of the launcher's child with this BERTJAX_PROCESS_ID."""
+    children = pathlib.Path(f"/proc/{launcher_pid}/task/{launcher_pid}/children").read_text().split()
+    for pid in map(int, children):
+        environ = pathlib.Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+        if f"BERTJAX_PROCESS_ID={process_id}".encode() in environ:
+            return pid
+    raise AssertionError(f"no child with BERTJAX_PROCESS_ID={process_id} among {children}")
+
+
 def read_metrics(workdir) -> tuple[list[dict], list[dict]]:
     records = [json.loads(line) for line in (workdir / "metrics.jsonl").read_text().splitlines()]
     return [r for r in records if "split" not in r], [r for r in records if r.get("split") == "eval"]
@@ -123,12 +133,12 @@ def runs(tmp_path_factory):
 
     a = Launch(train_command(corpus, a_dir), cache).finish().check()
     b_first = Launch(train_command(corpus, b_dir), cache)
-    # Once a step is logged, SIGTERM is sure to find train.py's handler installed in both processes:
-    # process 0 cannot finish a step before process 1 has joined it, after installing its own. The
+    # One host preempted: SIGTERM reaches process 1 alone, and both must agree on the step to save.
+    # Once a step is logged, the signal is sure to find the handlers installed in both processes. The
     # steps left (11 of about 0.2 s) leave ample time for the signal to arrive before the end.
     started = b_first.wait_for(rf"^\[0\] step {STOP_AFTER} \|", timeout=LAUNCH_TIMEOUT_S)
     if started:
-        b_first.proc.send_signal(signal.SIGTERM)
+        os.kill(child_pid(b_first.proc.pid, process_id=1), signal.SIGTERM)
     b_first.finish()
     assert started, f"run B never logged step {STOP_AFTER}:\n{b_first.output[-6000:]}"
     b_first.check()
