@@ -140,14 +140,30 @@ class Setup:
             return jax.jit(lambda r: nn.unbox(self.init_state(r)), out_shardings=self.state_sharding)(rng)
 
     def compile_steps(self, data_sharding, grad_accum_steps: int):
-        """train_step and eval_step, jitted once with explicit shardings; the state is donated."""
+        """train_step and eval_step, jitted once with explicit shardings; the state is donated.
+
+        The logical axis rules are entered inside the traced functions: the model's activation
+        constraints then hold wherever the step is traced or lowered (the loop, the planner, the
+        benchmark), not only under a caller's `nn.logical_axis_rules`."""
         with jax.set_mesh(self.mesh), nn.logical_axis_rules(self.rules):
             p_train_step = jax.jit(
-                functools.partial(train_step, net=self.net, tx=self.tx, grad_accum_steps=grad_accum_steps),
+                _under_rules(functools.partial(train_step, net=self.net, tx=self.tx,
+                                               grad_accum_steps=grad_accum_steps), self.rules),
                 in_shardings=(self.state_sharding, data_sharding, None),
                 out_shardings=(self.state_sharding, None),
                 donate_argnums=(0,),
             )
-            p_eval_step = jax.jit(functools.partial(eval_step, net=self.net),
+            p_eval_step = jax.jit(_under_rules(functools.partial(eval_step, net=self.net), self.rules),
                                   in_shardings=(self.state_sharding.params, data_sharding))
         return p_train_step, p_eval_step
+
+
+def _under_rules(fn, rules):
+    """fn, traced with the logical axis rules in force."""
+
+    @functools.wraps(fn)
+    def traced(*args, **kwargs):
+        with nn.logical_axis_rules(rules):
+            return fn(*args, **kwargs)
+
+    return traced

@@ -11,6 +11,7 @@ import subprocess
 import sys
 import time
 
+import flax.linen as nn
 import jax
 import numpy as np
 import pytest
@@ -54,6 +55,32 @@ def run_steps(config, mesh_shape, num_steps=4, devices=None):
             state, sums = step_fn(state, sharding.global_batch(host, data_sharding), dropout_key)
             losses.append(float(sums["loss_sum"]))
     return np.array(losses), state, setup
+
+
+def _sharding_constraints(lowered_text: str) -> int:
+    return lowered_text.count("sdy.sharding_constraint") + lowered_text.count("@Sharding")
+
+
+def test_the_step_keeps_its_activation_shardings_wherever_it_is_lowered():
+    """The model's logical activation constraints hold in the compiled step even when the caller (the
+    planner, the benchmark) lowers it without entering the logical axis rules itself: without them the
+    partitioner chose its own layouts, and fsdp over every chip asked for 100 GiB per chip."""
+    config = small_config()
+    mesh = sharding.make_mesh({"data": 1, "fsdp": 8, "tensor": 1})
+    rules = sharding.logical_rules(config.logical_axis_rules)
+    init_key, dropout_key = jax.random.split(jax.random.key(0))
+    setup = trainer.Setup.create(config, mesh, rules, init_key)
+    data_sharding = sharding.batch_sharding(mesh, rules)
+    host = synthetic.synthetic_batch(0, batch_size=16, max_seq_length=32, max_predictions_per_seq=5, vocab_size=96)
+    batch = {k: jax.ShapeDtypeStruct(v.shape, v.dtype, sharding=data_sharding) for k, v in host.items()}
+    # Two jitted steps, so that neither lowering comes from the other's trace cache.
+    with jax.set_mesh(mesh):
+        bare = setup.compile_steps(data_sharding, 1)[0].lower(setup.abstract_state, batch, dropout_key).as_text()
+    with jax.set_mesh(mesh), nn.logical_axis_rules(rules):
+        under_rules = setup.compile_steps(data_sharding, 1)[0].lower(setup.abstract_state, batch,
+                                                                     dropout_key).as_text()
+    assert _sharding_constraints(under_rules) > 10
+    assert _sharding_constraints(bare) == _sharding_constraints(under_rules)
 
 
 def layer_config(scan_layers):
