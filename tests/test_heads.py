@@ -182,9 +182,10 @@ def test_pretraining_checkpoint_gives_the_encoder(tmp_path):
     assert params["classifier"]["kernel"].shape == (SHAPE["hidden_size"], 3)
     assert 0.005 < params["classifier"]["kernel"].std() < 0.04  # BERT's init, not zeros
 
-    # The same from bertjax params: a fresh head's init with the pretraining encoder put in, boxes kept.
+    # The same from bertjax params: a head's params (here their shapes, as a program has them first)
+    # with the pretraining encoder put in, the boxes (logical axis names) kept.
     net = heads.network("classification", cfg, 3)
-    fresh = jax.jit(net.init)(jax.random.key(0), **heads.dummy_inputs("classification"))["params"]
+    fresh = jax.eval_shape(net.init, jax.random.key(0), **heads.dummy_inputs("classification"))["params"]
     assert fresh["classifier"]["kernel"].names == ("embed", None)
     joined = heads.with_pretrained_encoder(fresh, pre_params)
     assert joined["bert"]["pooler"]["kernel"].names == ("embed", None)
@@ -264,12 +265,13 @@ def test_predictions():
 
 
 def test_dropout_only_in_training():
-    cfg = hf.config_from_hf(transformers.BertConfig(**SHAPE).to_dict())  # BERT's dropout 0.1
+    shape = {**SHAPE, "num_hidden_layers": 1}  # one block: compiling in training mode is the cost here
+    cfg = hf.config_from_hf(transformers.BertConfig(**shape).to_dict())  # BERT's dropout 0.1
     for kind, num_labels in (("classification", 3), ("multiple_choice", None)):
         inputs = make_inputs(seed=8, choices=4 if kind == "multiple_choice" else None)
         # Params by conversion (shapes only, no compile), from an HF model of the task.
         cls, _, extras = CLASSES[kind]
-        params, _ = hf.hf_to_head_params(hf_state(make_hf_model({**SHAPE, **extras}, seed=8, cls=cls)), cfg, kind)
+        params, _ = hf.hf_to_head_params(hf_state(make_hf_model({**shape, **extras}, seed=8, cls=cls)), cfg, kind)
         train = _forward(kind, cfg, num_labels, deterministic=False)
         a, b, a2 = (np.asarray(train(params, inputs, {"dropout": jax.random.key(s)})) for s in (1, 2, 1))
         assert not np.allclose(a, b) and np.array_equal(a, a2)
