@@ -771,6 +771,10 @@ def load_hf_head(path: str | os.PathLike, kind: str, num_labels: int | None = No
         raise ValueError(f"{path} is not a Hugging Face model directory: it has no config.json")
     hf_config = json.loads((path / "config.json").read_text())
     cfg = config_from_hf(hf_config, **(model_config_overrides or {}))
+    if hf_config.get("classifier_dropout") not in (None, cfg.hidden_dropout_rate):
+        # bertjax's heads drop out at BERT's hidden rate, where HF's classifier_dropout falls back to.
+        log.warning("%s sets classifier_dropout=%s: bertjax heads use hidden_dropout_rate=%s", path,
+                    hf_config["classifier_dropout"], cfg.hidden_dropout_rate)
     state = read_hf_weights(path)
     spec = _hf_head(kind)
     if spec.architecture in (hf_config.get("architectures") or []):
