@@ -11,6 +11,10 @@ Layouts differ in two ways only:
     axis (its view(B, S, N, D) after the projection), which is a plain reshape of ours.
 Both are exact (transposes and reshapes), so HF -> bertjax -> HF is bit-exact.
 
+The task heads of bertjax/heads.py map to the matching transformers classes (BertForSequenceClassification,
+BertForMultipleChoice, BertForQuestionAnswering, BertForTokenClassification) through the same encoder
+rows plus one row pair for the head's dense layer (`HF_HEADS`).
+
 Readers: model.safetensors (via safetensors.numpy), sharded safetensors (model.safetensors.index.json),
 and pytorch_model.bin (zip format, single or sharded) through a restricted unpickler that allows only
 the handful of torch classes a state dict needs, so that no torch import is needed and no code in the
@@ -39,6 +43,7 @@ import ml_dtypes
 import numpy as np
 from flax import traverse_util
 
+from bertjax import heads
 from bertjax import model as bert_model
 
 log = logging.getLogger(__name__)
@@ -104,11 +109,16 @@ def config_from_hf(hf_config: dict, **overrides: Any) -> bert_model.BertConfig:
     return bert_model.BertConfig(**fields)
 
 
-def config_to_hf(cfg: bert_model.BertConfig) -> dict:
-    """BertConfig -> a config.json dict that transformers.BertForPreTraining reads."""
+def config_to_hf(cfg: bert_model.BertConfig, kind: str | None = None, num_labels: int | None = None,
+                 label_names: list[str] | None = None) -> dict:
+    """BertConfig -> a config.json dict that transformers.BertForPreTraining reads, or with a task `kind`
+    (a key of heads.HEADS) the matching task class: its architecture, labels (id2label / label2id from
+    label_names, default LABEL_i) and problem_type, as transformers' own save_pretrained writes them."""
     if cfg.pre_layer_norm:
         raise ValueError("a pre_layer_norm=True model has no Hugging Face BERT equivalent (which is post-LN)")
     hf = {"model_type": "bert", "architectures": ["BertForPreTraining"]}
+    if kind is not None:
+        hf.update(_head_config(kind, num_labels, label_names))
     for hf_name, name, _ in _CONFIG_FIELDS:
         hf[hf_name] = getattr(cfg, name)
     hf.update(
@@ -241,10 +251,19 @@ def _unrolled(cfg: bert_model.BertConfig) -> bert_model.BertConfig:
     return dataclasses.replace(cfg, scan_layers=False)
 
 
-def _param_shapes(cfg: bert_model.BertConfig) -> dict[str, tuple]:
-    """bertjax param path -> shape, from the model itself (eval_shape: no memory, no FLOPs)."""
-    module = bert_model.BertForPreTraining(_unrolled(cfg))
-    variables = jax.eval_shape(module.init, jax.random.PRNGKey(0), **bert_model.dummy_batch(1, 1, 1))
+def _network(cfg: bert_model.BertConfig, kind: str | None, num_labels: int | None):
+    """(module, dummy inputs): BertForPreTraining, or the task head of `kind` (heads.HEADS)."""
+    if kind is None:
+        return bert_model.BertForPreTraining(_unrolled(cfg)), bert_model.dummy_batch(1, 1, 1)
+    return heads.network(kind, _unrolled(cfg), num_labels), heads.dummy_inputs(kind)
+
+
+def _param_shapes(cfg: bert_model.BertConfig, kind: str | None = None,
+                  num_labels: int | None = None) -> dict[str, tuple]:
+    """bertjax param path -> shape, from the model (BertForPreTraining or the head of `kind`) itself
+    (eval_shape: no memory, no FLOPs)."""
+    module, inputs = _network(cfg, kind, num_labels)
+    variables = jax.eval_shape(module.init, jax.random.PRNGKey(0), **inputs)
     flat = _flatten(nn.meta.unbox(variables["params"]))
     return {path: tuple(x.shape) for path, x in flat.items()}
 
@@ -272,7 +291,7 @@ def _canonical_names(state: dict[str, np.ndarray]) -> dict[str, str]:
     canonical = {}
     for name in state:
         new = name
-        if not new.startswith(("bert.", "cls.")):
+        if not new.startswith(("bert.", "cls.") + _HF_HEAD_PREFIXES):
             new = "bert." + new
         if ".LayerNorm.gamma" in new or ".LayerNorm.beta" in new:
             new = new.replace(".LayerNorm.gamma", ".LayerNorm.weight").replace(".LayerNorm.beta", ".LayerNorm.bias")
@@ -295,12 +314,19 @@ def hf_to_params(state: dict[str, np.ndarray], cfg: bert_model.BertConfig, seed:
     and heads of a BertModel checkpoint); those keep a fresh initialisation from `seed`.
     Every tensor's shape is checked against the config; a mismatch raises ValueError naming it.
     """
-    shapes = _param_shapes(cfg)
+    return _from_hf(state, cfg, seed, kind=None, num_labels=None)
+
+
+def _from_hf(state: dict[str, np.ndarray], cfg: bert_model.BertConfig, seed: int, kind: str | None,
+             num_labels: int | None):
+    """hf_to_params for BertForPreTraining (kind None) or a task head: the table-driven core."""
+    shapes = _param_shapes(cfg, kind, num_labels)
     names = _canonical_names(state)
     param_dtype = np.dtype(cfg.param_dtype)
     flat: dict[str, np.ndarray] = {}
     used = set()
-    for hf_name, path, transform in _expanded_table(cfg.num_layers):
+    table = _expanded_table(cfg.num_layers) if kind is None else _head_rows(cfg.num_layers, kind, pooler=True)
+    for hf_name, path, transform in table:
         if hf_name not in names:
             continue
         source = names[hf_name]
@@ -316,7 +342,7 @@ def hf_to_params(state: dict[str, np.ndarray], cfg: bert_model.BertConfig, seed:
         used.add(hf_name)
 
     for tied, source_name in _TIED.items():
-        if tied in names:
+        if tied in names and kind is None:  # a head reads no decoder: a pretraining checkpoint's is left
             x, source = state[names[tied]], state.get(names.get(source_name, ""))
             if source is None or x.shape != source.shape or not np.array_equal(x, source):
                 raise ValueError(
@@ -329,21 +355,26 @@ def hf_to_params(state: dict[str, np.ndarray], cfg: bert_model.BertConfig, seed:
     unexpected = sorted(
         names[n] for n in names if n not in used and not n.endswith(_BUFFERS)
     )
-    if unexpected:
+    what = "BertForPreTraining" if kind is None else f"a {kind!r} head"
+    if kind is not None and unexpected and all(n.startswith("cls.") for n in unexpected):
+        # A pretraining checkpoint's MLM and NSP heads: fine-tuning replaces them, as expected.
+        log.info("not used by %s: the pretraining heads %s", what, unexpected)
+    elif unexpected:
         # E.g. the classifier of a fine-tuned BertForSequenceClassification: not part of pretraining.
-        log.warning("ignoring %d tensor(s) that BertForPreTraining does not have: %s", len(unexpected), unexpected)
+        log.warning("ignoring %d tensor(s) that %s does not have: %s", len(unexpected), what, unexpected)
 
     missing = [path for path in shapes if path not in flat]
-    required = [p for p in missing if not p.startswith(_OPTIONAL_PREFIXES)]
+    optional = _OPTIONAL_PREFIXES if kind is None else ("bert/pooler/", "classifier/")
+    required = [p for p in missing if not p.startswith(optional)]
     if required:
-        hf_names = {path: hf_name for hf_name, path, _ in _expanded_table(cfg.num_layers)}
+        hf_names = {path: hf_name for hf_name, path, _ in table}
         raise ValueError(
             f"the checkpoint lacks {len(required)} encoder tensor(s), e.g. {hf_names[required[0]]!r} "
             f"(for {required[0]}): is it a BERT checkpoint with num_hidden_layers={cfg.num_layers}?"
         )
     if missing:
         log.warning("not in the checkpoint, freshly initialised: %s", missing)
-        flat.update(_fresh_params(cfg, missing, seed))
+        flat.update(_fresh_params(cfg, missing, seed, kind, num_labels))
 
     params = _unflatten(flat)
     if cfg.scan_layers:
@@ -360,12 +391,13 @@ def _on_host():
         return contextlib.nullcontext()
 
 
-def _fresh_params(cfg: bert_model.BertConfig, paths: list[str], seed: int) -> dict[str, np.ndarray]:
-    """Fresh values for the given param paths, as BertForPreTraining.init would draw them."""
-    module = bert_model.BertForPreTraining(_unrolled(cfg))
+def _fresh_params(cfg: bert_model.BertConfig, paths: list[str], seed: int, kind: str | None = None,
+                  num_labels: int | None = None) -> dict[str, np.ndarray]:
+    """Fresh values for the given param paths, as BertForPreTraining.init (or the head's) would draw them."""
+    module, inputs = _network(cfg, kind, num_labels)
 
     def init(key):
-        flat = _flatten(nn.meta.unbox(module.init(key, **bert_model.dummy_batch(1, 1, 1))["params"]))
+        flat = _flatten(nn.meta.unbox(module.init(key, **inputs)["params"]))
         # Returning only the wanted leaves lets XLA drop the initialisation of everything else (the
         # encoder, which the checkpoint did provide).
         return {path: flat[path] for path in paths}
@@ -389,6 +421,11 @@ def params_to_hf(params: dict, cfg: bert_model.BertConfig) -> dict[str, np.ndarr
     Names are those of transformers.BertForPreTraining; the tied decoder weight/bias are not written
     (transformers ties them on load, as its own save_pretrained does).
     """
+    return _to_hf(params, cfg, kind=None)
+
+
+def _to_hf(params: dict, cfg: bert_model.BertConfig, kind: str | None) -> dict[str, np.ndarray]:
+    """params_to_hf for BertForPreTraining (kind None) or a task head: the table-driven core."""
     params = nn.meta.unbox(params)
     if set(params) == {"params"}:  # a whole variables dict
         params = params["params"]
@@ -397,8 +434,13 @@ def params_to_hf(params: dict, cfg: bert_model.BertConfig) -> dict[str, np.ndarr
         encoder = bert_model.unstack_layers(encoder, cfg.num_layers)
         params = {**params, "bert": {**params["bert"], "encoder": encoder}}
     flat = _flatten(params)
-    shapes = _param_shapes(cfg)
-    rows = _expanded_table(cfg.num_layers)
+    num_labels = None
+    if kind is not None:
+        num_labels = _classifier_width(flat, kind)
+        if not HF_HEADS[kind].pooler:  # the HF class has no pooler: ours is computed but never read
+            flat = {path: x for path, x in flat.items() if not path.startswith("bert/pooler/")}
+    shapes = _param_shapes(cfg, kind, num_labels)
+    rows = _expanded_table(cfg.num_layers) if kind is None else _head_rows(cfg.num_layers, kind, HF_HEADS[kind].pooler)
     unmapped = sorted(set(flat) - {path for _, path, _ in rows})
     if unmapped:
         raise ValueError(f"bertjax params with no Hugging Face name: {unmapped} (pre_layer_norm models have none)")
@@ -603,12 +645,16 @@ def save_hf_checkpoint(path: str | os.PathLike, cfg: bert_model.BertConfig, para
     out as transformers does itself) and, given a vocabulary, vocab.txt plus a tokenizer_config.json
     so that AutoTokenizer.from_pretrained(path) works too.
     """
+    _write_directory(path, cfg, params_to_hf(params, cfg), config_to_hf(cfg), vocab_path, lower_case)
+
+
+def _write_directory(path, cfg: bert_model.BertConfig, state: dict[str, np.ndarray], hf_config: dict,
+                     vocab_path, lower_case: bool):
+    """config.json, model.safetensors and the optional vocabulary of a transformers model directory."""
     import safetensors.numpy
 
     path = Path(path)
     path.mkdir(parents=True, exist_ok=True)
-    state = params_to_hf(params, cfg)
-    hf_config = config_to_hf(cfg)
     dtypes = {str(x.dtype) for x in state.values()}
     if len(dtypes) == 1:  # say what was written, so that transformers loads it in that dtype
         hf_config["dtype"] = hf_config["torch_dtype"] = dtypes.pop()
@@ -625,3 +671,134 @@ def save_hf_checkpoint(path: str | os.PathLike, cfg: bert_model.BertConfig, para
         }
         (path / "tokenizer_config.json").write_text(json.dumps(tokenizer_config, indent=2) + "\n")
     log.info("wrote Hugging Face checkpoint %s (%d tensors)", path, len(state))
+
+
+# --------------------------------------------------------------------------------------------------
+# Task heads (bertjax/heads.py) <-> transformers' task classes
+# --------------------------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class HFHead:
+    """The transformers class a task kind corresponds to, and how its config.json describes it."""
+
+    architecture: str  # the class, written to config.json's "architectures"
+    prefix: str  # its head's dense layer: <prefix>.weight [K, H], <prefix>.bias [K]
+    pooler: bool  # whether the class has bert.pooler (the per-token classes are built without one)
+    labels: bool  # whether id2label / label2id describe the K outputs (the class reads num_labels)
+    problem_type: str | None  # what transformers' loss should be for this kind, where it asks
+
+
+# Keyed like heads.HEADS (tests check that the keys agree).
+HF_HEADS = {
+    "classification": HFHead("BertForSequenceClassification", "classifier", True, True, "single_label_classification"),
+    "regression": HFHead("BertForSequenceClassification", "classifier", True, True, "regression"),
+    "multiple_choice": HFHead("BertForMultipleChoice", "classifier", True, False, None),
+    "span": HFHead("BertForQuestionAnswering", "qa_outputs", False, False, None),
+    "tagging": HFHead("BertForTokenClassification", "classifier", False, True, None),
+}
+_HF_HEAD_PREFIXES = tuple(sorted({f"{spec.prefix}." for spec in HF_HEADS.values()}))
+
+
+def _hf_head(kind: str) -> HFHead:
+    heads.head(kind)  # an unknown kind fails there, listing the known ones
+    return HF_HEADS[kind]
+
+
+def _head_rows(num_layers: int, kind: str, pooler: bool) -> list[tuple[str, str, Transform]]:
+    """The encoder's rows of the table (with or without the pooler) and the head's dense layer."""
+    prefix = _hf_head(kind).prefix
+    encoder = [row for row in _expanded_table(num_layers) if row[1].startswith("bert/")]
+    if not pooler:
+        encoder = [row for row in encoder if not row[1].startswith("bert/pooler/")]
+    return encoder + [(f"{prefix}.weight", "classifier/kernel", LINEAR), (f"{prefix}.bias", "classifier/bias", COPY)]
+
+
+def _classifier_width(flat: dict, kind: str) -> int:
+    if "classifier/bias" not in flat:
+        raise ValueError(f"the params have no classifier: they are not a {kind!r} head's (bertjax.heads)")
+    return int(np.shape(flat["classifier/bias"])[0])
+
+
+def _head_config(kind: str, num_labels: int | None, label_names: list[str] | None) -> dict:
+    spec = _hf_head(kind)
+    out = {"architectures": [spec.architecture]}
+    if spec.problem_type is not None:
+        out["problem_type"] = spec.problem_type
+    if spec.labels:
+        num_labels = heads.resolve_num_labels(kind, num_labels)
+        label_names = list(label_names) if label_names is not None else [f"LABEL_{i}" for i in range(num_labels)]
+        if len(label_names) != num_labels or len(set(label_names)) != num_labels:
+            raise ValueError(f"label_names {label_names} must be {num_labels} distinct names, one per output")
+        out["id2label"] = {str(i): name for i, name in enumerate(label_names)}
+        out["label2id"] = {name: i for i, name in enumerate(label_names)}
+    elif label_names is not None:
+        raise ValueError(f"a {kind!r} head has no label names (its outputs are not classes)")
+    return out
+
+
+def hf_to_head_params(state: dict[str, np.ndarray], cfg: bert_model.BertConfig, kind: str,
+                      num_labels: int | None = None, seed: int = 0):
+    """A Hugging Face BERT state dict -> (params of the `kind` head, missing), as hf_to_params.
+
+    From the task's own class (BertForSequenceClassification for "classification", ...) everything
+    loads; from a pretraining (BertForPreTraining) or BertModel state dict, the encoder loads and the
+    classifier is fresh (listed in missing), its MLM/NSP heads are left. num_labels: the classifier
+    width where the kind does not fix it; None takes it from the state dict's head.
+    """
+    names = _canonical_names(state)
+    weight = names.get(f"{_hf_head(kind).prefix}.weight")
+    if num_labels is None and heads.head(kind).num_labels is None and weight is not None:
+        num_labels = int(state[weight].shape[0])
+    return _from_hf(state, cfg, seed, kind, heads.resolve_num_labels(kind, num_labels))
+
+
+def head_params_to_hf(params: dict, cfg: bert_model.BertConfig, kind: str) -> dict[str, np.ndarray]:
+    """bertjax params of the `kind` head (boxed or plain, unrolled or scanned) -> the state dict of its
+    transformers class. The classes without a pooler (span, tagging) get none: ours goes unused."""
+    return _to_hf(params, cfg, kind)
+
+
+def load_hf_head(path: str | os.PathLike, kind: str, num_labels: int | None = None,
+                 model_config_overrides: dict | None = None):
+    """A Hugging Face BERT directory -> (BertConfig, params of the `kind` head, missing).
+
+    The directory of the task's own class loads whole; any other BERT directory (bert-base-uncased,
+    BertForPreTraining, another task's) gives the encoder, with a fresh classifier (in missing).
+    """
+    path = Path(path)
+    if not (path / "config.json").is_file():
+        raise ValueError(f"{path} is not a Hugging Face model directory: it has no config.json")
+    hf_config = json.loads((path / "config.json").read_text())
+    cfg = config_from_hf(hf_config, **(model_config_overrides or {}))
+    if hf_config.get("classifier_dropout") not in (None, cfg.hidden_dropout_rate):
+        # bertjax's heads drop out at BERT's hidden rate, where HF's classifier_dropout falls back to.
+        log.warning("%s sets classifier_dropout=%s: bertjax heads use hidden_dropout_rate=%s", path,
+                    hf_config["classifier_dropout"], cfg.hidden_dropout_rate)
+    state = read_hf_weights(path)
+    spec = _hf_head(kind)
+    if spec.architecture in (hf_config.get("architectures") or []):
+        problem_type = hf_config.get("problem_type")
+        if problem_type is not None and spec.problem_type is not None and problem_type != spec.problem_type:
+            raise ValueError(f"{path} is a {problem_type!r} checkpoint, not {spec.problem_type!r}: load it as "
+                             f"another kind than {kind!r}")
+    else:
+        # Another class's head (a classifier of other labels, say) means nothing to this task.
+        other = sorted(name for name in state if name.startswith(_HF_HEAD_PREFIXES))
+        if other:
+            log.warning("%s is a %s checkpoint: its head %s is not loaded into a %r head",
+                        path, hf_config.get("architectures"), other, kind)
+        state = {name: x for name, x in state.items() if name not in other}
+    params, missing = hf_to_head_params(state, cfg, kind, num_labels)
+    return cfg, params, missing
+
+
+def save_hf_head(path: str | os.PathLike, cfg: bert_model.BertConfig, params: dict, kind: str,
+                 label_names: list[str] | None = None, vocab_path: str | os.PathLike | None = None,
+                 lower_case: bool = True):
+    """Write a directory that transformers' class for `kind` (and AutoModelFor... of that task) loads
+    with no missing or unexpected weight: as save_hf_checkpoint, for a task head's params."""
+    state = head_params_to_hf(params, cfg, kind)
+    num_labels = int(state[f"{_hf_head(kind).prefix}.bias"].shape[0])
+    hf_config = config_to_hf(cfg, kind, num_labels if heads.head(kind).num_labels is None else None, label_names)
+    _write_directory(path, cfg, state, hf_config, vocab_path, lower_case)

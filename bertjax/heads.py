@@ -1,0 +1,291 @@
+"""Task heads for fine-tuning: the BERT encoder (model.BertModel) with one dense layer on top.
+
+Every head keeps the parameter tree {"bert": <BertModel params, exactly as in BertForPreTraining>,
+"classifier": {"kernel", "bias"}}, so a pretraining checkpoint's `bert` subtree is the encoder of any
+head as it is (`with_pretrained_encoder`). As in Devlin et al. 2018 and Hugging Face:
+  classification / regression   dropout on the pooled [CLS] output, dense H->K (K=1: regression, STS-B)
+  multiple choice               each (context, choice) row scored like that with K=1, softmax over C
+  span                          dense H->2 at every position (start and end logits), no dropout (SQuAD)
+  tagging                       dropout on every token's output, dense H->K (NER and other tag sets)
+The dropout is BERT's hidden dropout (Hugging Face's classifier_dropout falls back to it).
+
+`HEADS` is the one table of task kinds: per kind the network, the loss and how logits become
+predictions; a new kind is one row.
+
+Shape legend (as in bertjax/model.py):
+  B batch   C choices   S sequence length   H hidden size   K labels (classes, tags; 2 for span)
+"""
+
+import dataclasses
+from typing import Callable
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+
+from bertjax import model
+from bertjax.model import BertConfig
+
+# --------------------------------------------------------------------------------------------------
+# Networks
+# --------------------------------------------------------------------------------------------------
+
+
+def _classifier(cfg: BertConfig, num_labels: int) -> nn.Dense:
+    # ("embed", None) like the NSP head: K is a handful of labels, not worth sharding.
+    return model._dense(cfg, num_labels, ("embed", None), "classifier")
+
+
+def _pooled_output(cfg: BertConfig, input_ids, segment_ids, input_mask, deterministic: bool):
+    """BertModel's pooled [CLS] output [B, H]. The last block (unrolled) computes only at [CLS], which is
+    all the pooler reads (output_rows: [CLS] asked for once more), instead of at all S positions."""
+    cls_row = jnp.zeros((input_ids.shape[0], 1), jnp.int32)  # [B, 1]: position 0
+    bert = model.BertModel(cfg, name="bert")
+    return bert(input_ids, segment_ids, input_mask, deterministic, output_rows=cls_row)["pooled_output"]
+
+
+class BertForSequenceClassification(nn.Module):
+    """One sentence or a pair ([CLS] A [SEP] B [SEP]) -> K logits from the pooled [CLS] output.
+    num_labels=1 is regression: the one logit is the predicted value."""
+
+    config: BertConfig
+    num_labels: int
+
+    @nn.compact
+    def __call__(self, input_ids, segment_ids, input_mask, deterministic: bool = True):
+        # input_ids, segment_ids, input_mask: [B, S] int. Returns float32 logits [B, K].
+        cfg = self.config
+        pooled = _pooled_output(cfg, input_ids, segment_ids, input_mask, deterministic)  # [B, H]
+        pooled = model.Dropout(cfg.hidden_dropout_rate)(pooled, deterministic)
+        logits = _classifier(cfg, self.num_labels)(pooled).astype(jnp.float32)  # [B, K]
+        return nn.with_logical_constraint(logits, ("batch", None))
+
+
+class BertForMultipleChoice(nn.Module):
+    """C (context, choice) pairs per example, each row scored by the pooled output and one dense unit;
+    the C scores are the logits of a C-way softmax (SWAG)."""
+
+    config: BertConfig
+
+    @nn.compact
+    def __call__(self, input_ids, segment_ids, input_mask, deterministic: bool = True):
+        # input_ids, segment_ids, input_mask: [B, C, S] int. Returns float32 logits [B, C].
+        cfg = self.config
+        batch, choices, seq_len = input_ids.shape
+        flat = lambda x: x.reshape(batch * choices, seq_len)  # noqa: E731  [B*C, S]: one row per pair
+        pooled = _pooled_output(cfg, flat(input_ids), flat(segment_ids), flat(input_mask), deterministic)
+        pooled = model.Dropout(cfg.hidden_dropout_rate)(pooled, deterministic)  # [B*C, H]
+        scores = _classifier(cfg, 1)(pooled).astype(jnp.float32)  # [B*C, 1]
+        return nn.with_logical_constraint(scores.reshape(batch, choices), ("batch", None))
+
+
+class BertForQuestionAnswering(nn.Module):
+    """Span extraction (SQuAD): a start and an end logit at every position, from the sequence output.
+    No dropout before the dense layer, as in the original run_squad.py and Hugging Face."""
+
+    config: BertConfig
+
+    @nn.compact
+    def __call__(self, input_ids, segment_ids, input_mask, deterministic: bool = True):
+        # input_ids, segment_ids, input_mask: [B, S] int. Returns float32 logits [B, S, 2]: start, end.
+        cfg = self.config
+        # The pooler is computed and unused: kept so that the `bert` subtree is BertModel's own.
+        encoded = model.BertModel(cfg, name="bert")(input_ids, segment_ids, input_mask, deterministic)
+        logits = _classifier(cfg, 2)(encoded["sequence_output"]).astype(jnp.float32)  # [B, S, 2]
+        return nn.with_logical_constraint(logits, ("batch", "length", None))
+
+
+class BertForTokenClassification(nn.Module):
+    """Tagging (NER, POS): K logits at every position from the dropped-out sequence output."""
+
+    config: BertConfig
+    num_labels: int
+
+    @nn.compact
+    def __call__(self, input_ids, segment_ids, input_mask, deterministic: bool = True):
+        # input_ids, segment_ids, input_mask: [B, S] int. Returns float32 logits [B, S, K].
+        cfg = self.config
+        encoded = model.BertModel(cfg, name="bert")(input_ids, segment_ids, input_mask, deterministic)
+        x = model.Dropout(cfg.hidden_dropout_rate)(encoded["sequence_output"], deterministic)  # [B, S, H]
+        logits = _classifier(cfg, self.num_labels)(x).astype(jnp.float32)  # [B, S, K]
+        return nn.with_logical_constraint(logits, ("batch", "length", None))
+
+
+# --------------------------------------------------------------------------------------------------
+# Losses and predictions: pure, top level. Each returns (loss, sums); the sums add across
+# microbatches and steps (a metric is a sum over its count), as model.pretraining_loss's do.
+# --------------------------------------------------------------------------------------------------
+
+
+def _weighted_mean(values, weights):
+    """sum(w * v) / sum(w): the mean over the real (weight 1) entries; 0 where there are none."""
+    count = jnp.sum(weights)
+    return jnp.sum(weights * values) / jnp.maximum(count, 1e-12), count
+
+
+def _softmax_nll(logits, labels):
+    """-log softmax(logits)[label] over the last axis. logits [..., K] float; labels [...] int."""
+    logits = logits.astype(jnp.float32)
+    # The label's logit by a one-hot select (as model.pretraining_loss): its gradient is one fused pass.
+    label_logit = jnp.sum(jnp.where(jnp.arange(logits.shape[-1]) == labels[..., None], logits, 0.0), axis=-1)
+    return jax.nn.logsumexp(logits, axis=-1) - label_logit
+
+
+def classification_loss(logits, labels, weights):
+    """Softmax cross-entropy, the mean over the real examples (classification and multiple choice).
+
+    logits: [B, K] (or [B, C]); labels: [B] int; weights: [B], 1 for a real example and 0 for the
+    padding that fills a final partial batch. Returns (loss, {nll_sum, correct, count}).
+    """
+    weights = weights.astype(jnp.float32)
+    nll = _softmax_nll(logits, labels)  # [B]
+    loss, count = _weighted_mean(nll, weights)
+    correct = jnp.sum(weights * (jnp.argmax(logits, axis=-1) == labels))
+    return loss, {"nll_sum": jnp.sum(weights * nll), "correct": correct, "count": count}
+
+
+def regression_loss(logits, labels, weights):
+    """Mean squared error over the real examples (STS-B). logits: [B, 1]; labels: [B] float;
+    weights: [B] as in classification_loss. Returns (loss, {squared_error_sum, count})."""
+    weights = weights.astype(jnp.float32)
+    squared_error = jnp.square(logits[:, 0].astype(jnp.float32) - labels.astype(jnp.float32))  # [B]
+    loss, count = _weighted_mean(squared_error, weights)
+    return loss, {"squared_error_sum": jnp.sum(weights * squared_error), "count": count}
+
+
+def span_loss(logits, labels, weights):
+    """The mean of the start and end positions' cross-entropies over the S positions, the mean over the
+    real examples. logits: [B, S, 2]; labels: [B, 2] int (start, end); weights: [B].
+    Returns (loss, {nll_sum, correct (both ends right), count})."""
+    weights = weights.astype(jnp.float32)
+    per_end = jnp.moveaxis(logits, -1, 1)  # [B, 2, S]
+    nll = jnp.mean(_softmax_nll(per_end, labels), axis=-1)  # [B]
+    loss, count = _weighted_mean(nll, weights)
+    correct = jnp.sum(weights * jnp.all(jnp.argmax(per_end, axis=-1) == labels, axis=-1))
+    return loss, {"nll_sum": jnp.sum(weights * nll), "correct": correct, "count": count}
+
+
+def multiple_choice_loss(logits, labels, weights):
+    """Softmax cross-entropy over the C choices' scores, the mean over the real examples: a C-way
+    classification_loss. logits: [B, C]; labels: [B] int, the right choice; weights: [B]."""
+    return classification_loss(logits, labels, weights)
+
+
+def tagging_loss(logits, labels, weights):
+    """Softmax cross-entropy per token, the mean over the weighted tokens. logits: [B, S, K]; labels:
+    [B, S] int; weights: [B, S], 1 at the tokens that carry a tag (typically a word's first piece),
+    0 elsewhere (other pieces, [CLS], [SEP], padding). Returns (loss, {nll_sum, correct, count})."""
+    return classification_loss(logits, labels, weights)
+
+
+def best_spans(logits):
+    """[B, 2] int (start, end): the highest start + end logit with start <= end, over all positions.
+    (Answer-length limits and context-only positions are the task's post-processing.)"""
+    start, end = logits[..., 0], logits[..., 1]  # [B, S] each
+    seq_len = start.shape[-1]
+    scores = start[:, :, None] + end[:, None, :]  # [B, S, S]: rows start, columns end
+    valid = jnp.arange(seq_len)[:, None] <= jnp.arange(seq_len)[None, :]
+    best = jnp.argmax(jnp.where(valid, scores, -jnp.inf).reshape(-1, seq_len * seq_len), axis=-1)
+    return jnp.stack([best // seq_len, best % seq_len], axis=-1).astype(jnp.int32)
+
+
+def _argmax(logits):
+    return jnp.argmax(logits, axis=-1).astype(jnp.int32)
+
+
+def _value(logits):
+    return logits[..., 0]
+
+
+# --------------------------------------------------------------------------------------------------
+# The table of task kinds
+# --------------------------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class Head:
+    """One kind of task: how to build its network, its loss, and its predictions from logits."""
+
+    network: Callable[[BertConfig, int], nn.Module]  # (config, num_labels) -> the flax module
+    loss: Callable  # (logits, labels, weights) -> (loss, sums)
+    predict: Callable  # logits -> predictions
+    num_labels: int | None  # fixed by the kind, or None where the task's label set decides
+    choices: bool = False  # inputs carry a choice axis: [B, C, S] instead of [B, S]
+
+
+HEADS = {
+    "classification": Head(BertForSequenceClassification, classification_loss, _argmax, None),  # [B]
+    "regression": Head(BertForSequenceClassification, regression_loss, _value, 1),  # [B] float
+    "multiple_choice": Head(lambda cfg, _: BertForMultipleChoice(cfg), multiple_choice_loss, _argmax, 1,
+                            choices=True),  # [B]: the chosen choice
+    "span": Head(lambda cfg, _: BertForQuestionAnswering(cfg), span_loss, best_spans, 2),  # [B, 2]
+    "tagging": Head(BertForTokenClassification, tagging_loss, _argmax, None),  # [B, S]
+}
+
+
+def head(kind: str) -> Head:
+    """HEADS[kind], or one line listing the kinds."""
+    if kind not in HEADS:
+        raise ValueError(f"task kind {kind!r} is unknown: choose one of {list(HEADS)}")
+    return HEADS[kind]
+
+
+def resolve_num_labels(kind: str, num_labels: int | None) -> int:
+    """The classifier width of `kind`: fixed by the kind, or the task's num_labels (then required)."""
+    fixed = head(kind).num_labels
+    if fixed is not None:
+        if num_labels not in (None, fixed):
+            raise ValueError(f"a {kind!r} head has num_labels={fixed}, not {num_labels}: leave num_labels unset")
+        return fixed
+    if num_labels is None or num_labels < 2:
+        raise ValueError(f"a {kind!r} head needs num_labels >= 2 (the task's label count), got {num_labels}")
+    return num_labels
+
+
+def network(kind: str, config: BertConfig, num_labels: int | None = None) -> nn.Module:
+    """The flax module for a task kind (num_labels: the label count, for classification and tagging)."""
+    return head(kind).network(config, resolve_num_labels(kind, num_labels))
+
+
+def predictions(logits, kind: str):
+    """Logits -> predictions: the class (classification, tagging), the value (regression), the choice
+    (multiple choice), the (start, end) span (span)."""
+    return head(kind).predict(logits)
+
+
+def dummy_inputs(kind: str, batch_size: int = 1, seq_len: int = 1, num_choices: int = 1) -> dict:
+    """Zero inputs of the kind's shapes, for init and jax.eval_shape."""
+    shape = (batch_size, num_choices, seq_len) if head(kind).choices else (batch_size, seq_len)
+    ids = jnp.zeros(shape, jnp.int32)
+    return {"input_ids": ids, "segment_ids": ids, "input_mask": jnp.ones_like(ids)}
+
+
+def with_pretrained_encoder(params: dict, pretrained: dict) -> dict:
+    """Head params with their encoder (`bert` subtree) replaced by `pretrained`'s: BertForPreTraining
+    params (a pretraining checkpoint) or another head's. The classifier stays as given (fresh).
+
+    `params` may be boxed (nn.Partitioned, as init returns them; the boxes and so the logical names are
+    kept); `pretrained` plain or boxed. Layouts must agree (both scanned or both unrolled).
+    """
+    pretrained = nn.meta.unbox(pretrained)
+    if set(pretrained) == {"params"}:  # a whole variables dict
+        pretrained = pretrained["params"]
+    if "bert" not in pretrained:
+        raise ValueError(f"the pretrained params have no 'bert' encoder subtree, only {sorted(pretrained)}")
+    is_box = lambda x: isinstance(x, nn.meta.AxisMetadata)  # noqa: E731
+    target = jax.tree_util.tree_flatten_with_path(params["bert"], is_leaf=is_box)[0]
+    source = dict(jax.tree_util.tree_flatten_with_path(pretrained["bert"])[0])
+    differ = sorted({jax.tree_util.keystr(p) for p, _ in target} ^ {jax.tree_util.keystr(p) for p in source})
+    if differ:
+        raise ValueError(f"the pretrained encoder and the head's have different params (e.g. bert{differ[0]}): "
+                         "the same model config, scan_layers included?")
+    leaves = []
+    for path, leaf in target:
+        value = source[path]
+        shape = (leaf.unbox() if is_box(leaf) else leaf).shape
+        if value.shape != shape:
+            raise ValueError(f"pretrained bert{jax.tree_util.keystr(path)} has shape {value.shape}, the head's "
+                             f"encoder {shape}: same model config?")
+        leaves.append(leaf.replace_boxed(value) if is_box(leaf) else value)
+    treedef = jax.tree_util.tree_structure(params["bert"], is_leaf=is_box)
+    return {**params, "bert": jax.tree_util.tree_unflatten(treedef, leaves)}
