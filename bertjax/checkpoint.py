@@ -12,6 +12,7 @@ The one restore order (train.py follows it):
 
 import dataclasses
 import os
+import sys
 import time
 from typing import Any, Callable
 
@@ -77,6 +78,7 @@ class Checkpointer:
         self.directory = checkpoint_dir(workdir)
         self.bytes_per_checkpoint = bytes_per_checkpoint  # for the message when a save fails
         remove_partial_saves(self.directory)  # of a run that died while saving
+        _drop_closed_loop_reports()
         self.manager = ocp.CheckpointManager(self.directory, options=options, item_names=ITEMS)
 
     def save(self, step: int, params, opt_state, meta: dict, force: bool = False) -> bool:
@@ -166,6 +168,30 @@ class Checkpointer:
 
     def close(self) -> None:
         self.manager.close()
+
+
+def _is_closed_loop_report(exc_type, exc, tb) -> bool:
+    while tb is not None and tb.tb_next is not None:
+        tb = tb.tb_next
+    return (exc_type is RuntimeError and str(exc) == "Event loop is closed" and tb is not None
+            and tb.tb_frame.f_code.co_name == "_check_closed")
+
+
+def _drop_closed_loop_reports() -> None:
+    """When a background save fails, tensorstore's writes that were still in flight complete into the
+    event loop Orbax has already closed, and each reports a "RuntimeError: Event loop is closed"
+    traceback through sys.unraisablehook, possibly before the run notices the failure. The failure
+    itself is reported in one line (SaveFailed): drop those reports, and only those."""
+    previous = sys.unraisablehook
+    if getattr(previous, "drops_closed_loop_reports", False):
+        return
+
+    def hook(unraisable):
+        if not _is_closed_loop_report(unraisable.exc_type, unraisable.exc_value, unraisable.exc_traceback):
+            previous(unraisable)
+
+    hook.drops_closed_loop_reports = True
+    sys.unraisablehook = hook
 
 
 def find_checkpoint(path: str) -> tuple[str, int]:

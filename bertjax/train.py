@@ -117,10 +117,13 @@ def main(argv):
     if not flags.FLAGS["verbosity"].present:
         # Orbax and JAX log every checkpoint file at INFO; --verbosity=0 brings them back.
         logging.set_verbosity(logging.WARNING)
-        # A failed background save is logged by Orbax's thread with its traceback; the run reports it
-        # itself, in one line (checkpoint.SaveFailed).
+        # A failed background save is logged by Orbax's thread, and by asyncio for each of its writes
+        # whose failure nobody awaited, with tracebacks; the run reports it itself, in one line
+        # (checkpoint.SaveFailed).
         logging.get_absl_handler().addFilter(
-            lambda record: not (record.levelno >= pylogging.ERROR and "/orbax/" in record.pathname))
+            lambda record: not (record.levelno >= pylogging.ERROR
+                                and ("/orbax/" in record.pathname
+                                     or (record.name == "asyncio" and "never retrieved" in record.getMessage()))))
     config, workdir = _CONFIG.value, _WORKDIR.value
     if not workdir:
         cli.fail("--workdir is required (checkpoints and metrics go there)")
