@@ -1,27 +1,13 @@
 """A checkpoint written on one mesh resumes on another (other device counts, other axes): the later
 losses equal those of a run that never moved, within float32 tolerance."""
 
-import pathlib
-import runpy
-
 import jax
 import numpy as np
 import pytest
 
 from bertjax import checkpoint, sharding, trainer
 from bertjax.data import synthetic
-
-REPO = pathlib.Path(__file__).resolve().parents[1]
-
-
-def small_config():
-    config = runpy.run_path(str(REPO / "configs" / "tiny.py"))["get_config"]()
-    config.model.update(num_layers=2, hidden_size=64, num_heads=4, intermediate_size=128, vocab_size=96,
-                        max_position_embeddings=64)
-    config.data.update(source="synthetic", max_seq_length=32, max_predictions_per_seq=5)
-    config.train.update(batch_size=16, num_steps=10)
-    config.schedule.warmup_steps = 2
-    return config
+from test_train import small_config  # tests/ is on sys.path under pytest
 
 
 class Run:
