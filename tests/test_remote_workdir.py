@@ -8,6 +8,7 @@ one line."""
 import json
 import os
 import pathlib
+import shutil
 import socket
 import subprocess
 import sys
@@ -68,6 +69,11 @@ def gcs():
     _send_generations(emulator)
     saved = {k: os.environ.get(k) for k in env}
     os.environ.update(env)
+    # epath decides once per process whether gs:// goes through TensorFlow (functools.cache): an earlier
+    # test's local paths already asked, so ask again now that EPATH_USE_TF is false, and after.
+    from etils.epath import gpath
+
+    gpath._is_tf_installed.cache_clear()
     server = emulator.create_server("127.0.0.1", port, in_memory=True, default_bucket=BUCKET)
     server.start()
     try:
@@ -79,6 +85,7 @@ def gcs():
                 os.environ.pop(k, None)
             else:
                 os.environ[k] = v
+        gpath._is_tf_installed.cache_clear()
 
 
 def test_metrics_jsonl_and_events_on_an_object_store(gcs):
@@ -191,6 +198,12 @@ def test_train_resume_load_on_gcs_then_copy_the_workdir(gcs, tmp_path):
     (corpus / "vocab.txt").unlink()
     out = bertjax.load(str(copy)).encode(texts)
     np.testing.assert_array_equal(out["input_ids"], expected["input_ids"])
+    np.testing.assert_allclose(out["sequence_output"], expected["sequence_output"], rtol=1e-6, atol=1e-6)
+    # And once more, as `cp -r` then `rm -r` of the old place.
+    moved = tmp_path / "moved"
+    shutil.copytree(copy, moved)
+    shutil.rmtree(copy)
+    out = bertjax.load(str(moved)).encode(texts)
     np.testing.assert_allclose(out["sequence_output"], expected["sequence_output"], rtol=1e-6, atol=1e-6)
 
 
