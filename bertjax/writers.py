@@ -166,19 +166,9 @@ class _RemoteFile:
         self._written_at = None  # when the object was last rewritten
         self._dirty = True
 
-    @property
-    def data(self) -> bytes:
-        return bytes(self._data)
-
     def write(self, data: bytes) -> None:
         self._data += data
         self._dirty = True
-
-    def replace(self, data: bytes) -> None:
-        """New contents, rewritten now."""
-        self._data = bytearray(data)
-        self._dirty = True
-        self.flush(force=True)
 
     def flush(self, force: bool = False) -> None:
         now = self._clock()
@@ -369,8 +359,8 @@ class MetricWriter:
             return
         self._jsonl.close()
         target = workdirs.join(self.workdir, "metrics.jsonl")
-        lines = epath.Path(target).read_bytes().decode("utf-8").splitlines(keepends=True)
-        kept = "".join(line for line in lines if line.strip() and json.loads(line).get("step", 0) <= step)
+        lines = epath.Path(target).read_bytes().decode("utf-8").split("\n")
+        kept = "".join(line + "\n" for line in lines if line.strip() and json.loads(line).get("step", 0) <= step)
         workdirs.write_bytes(target, kept.encode("utf-8"))
         self._jsonl = self._open_jsonl()
         self._resumed_at = self._resume_note = int(step)

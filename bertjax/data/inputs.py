@@ -21,7 +21,6 @@ from absl import logging
 from etils import epath
 
 from bertjax import workdir as workdirs
-
 from bertjax.data import prepared
 from bertjax.data import pretraining as pt
 from bertjax.data import sources
