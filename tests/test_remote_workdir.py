@@ -88,7 +88,8 @@ def gcs():
         gpath._is_tf_installed.cache_clear()
 
 
-def test_metrics_jsonl_and_events_on_an_object_store(gcs):
+def test_metrics_jsonl_and_events_on_an_object_store(gcs, tmp_path):
+    import tensorflow as tf
     from etils import epath
 
     workdir = f"gs://{BUCKET}/writer"
@@ -100,13 +101,34 @@ def test_metrics_jsonl_and_events_on_an_object_store(gcs):
     assert [l["step"] for l in lines] == [1, 2, 3]
     assert json.loads(epath.Path(workdir, "config.json").read_text()) == {"train": {"num_steps": 3}}
     (events,) = epath.Path(workdir, "tensorboard").glob("events.out.tfevents.*")
-    assert events.stat().length > 100  # the file-version record, the config and three steps
+    local = tmp_path / events.name
+    local.write_bytes(events.read_bytes())
+    losses = {e.step: e.summary.value[0].simple_value for e in tf.compat.v1.train.summary_iterator(str(local))
+              if e.summary.value and e.summary.value[0].tag == "loss"}
+    assert losses == {1: 3.0, 2: 2.0, 3: 1.0}  # every step, the last one written when the writer closed
 
     with writers.MetricWriter(workdir, console=False) as writer:  # resumed from step 1's checkpoint
         writer.resumed(1)
         writer.write(2, {"loss": 2.5})
     lines = [json.loads(l) for l in epath.Path(workdir, "metrics.jsonl").read_text().splitlines()]
     assert [(l["step"], l.get("resumed_from")) for l in lines] == [(1, None), (2, 1)]
+    assert not pathlib.Path("gs:").exists()
+
+
+def test_a_vocabulary_learned_into_a_remote_workdir(gcs):
+    import ml_collections
+    from etils import epath
+
+    from bertjax.data import inputs
+
+    data = ml_collections.ConfigDict(dict(vocab_path=None, tokenizer="wordpiece", vocab_size=60, lower_case=True))
+    documents = [[" ".join(WORDS[i:i + 6]) + "." for i in range(0, len(WORDS), 3)]] * 3
+    workdir = f"gs://{BUCKET}/learned"
+    tokenizer, path = inputs.load_or_learn_tokenizer(data, workdir, documents)
+    assert path == f"{workdir}/vocab.txt"
+    assert json.loads(epath.Path(path + ".json").read_text())["vocab_size"] == 60
+    again, _ = inputs.load_or_learn_tokenizer(data, workdir, None)  # read back, not learned again
+    assert again.vocab == tokenizer.vocab
     assert not pathlib.Path("gs:").exists()
 
 
