@@ -333,7 +333,7 @@ def initial_params(path: str, bert_config: model.BertConfig, abstract_params):
             logging.info("initialised fresh (not in %s): %s", path, missing)
         return jax.device_put(params, jax.tree_util.tree_map(lambda a: a.sharding, abstract_params))
     raise FileNotFoundError(f"train.init_from={path} is neither a bertjax workdir/checkpoint nor a Hugging Face "
-                            f"directory with config.json")
+                            f"directory with config.json and its weights")
 
 
 def entry():
