@@ -19,8 +19,10 @@ from typing import Any, Callable
 
 import jax
 import numpy as np
+from etils import epath
 
 from bertjax import hf
+from bertjax import workdir as workdirs
 from bertjax import model as bert_model
 
 
@@ -157,6 +159,8 @@ def _load_bertjax_checkpoint(path: Path, dtype: str) -> LoadedBert:
     from bertjax import checkpoint
 
     params, meta = checkpoint.restore_params(str(path))
+    # The run's workdir: the parent of its checkpoints/ directory, wherever the workdir is now.
+    workdir = str(epath.Path(checkpoint.find_checkpoint(str(path))[0]).parent)
     # How it was computed in training (cuDNN attention on a GPU, say) is chosen anew for this machine.
     cfg = bert_model.BertConfig.from_dict(dict(meta["model"], dtype=dtype, attention_impl="auto",
                                                word_embedding="auto", remat_policy="none"))
@@ -164,9 +168,11 @@ def _load_bertjax_checkpoint(path: Path, dtype: str) -> LoadedBert:
     if not info:
         raise ValueError(f"{path} was trained on synthetic data and has no tokenizer: load it with "
                          f"bertjax.checkpoint.restore_params instead")
-    if not os.path.exists(info["path"]):
-        raise ValueError(f"{path}: its vocabulary {info['path']} is gone; put it back there to load the model")
-    tokenizer = _make_tokenizer(info["path"], info["lower_case"], kind=info["kind"])
+    # Recorded relative to the workdir (older checkpoints: an absolute path).
+    vocab_path = workdirs.resolve_vocabulary(info["path"], workdir)
+    if not epath.Path(vocab_path).exists():
+        raise ValueError(f"{path}: its vocabulary {vocab_path} is gone; put it back there to load the model")
+    tokenizer = _make_tokenizer(workdirs.local_copy(vocab_path), info["lower_case"], kind=info["kind"])
     return LoadedBert(cfg, params, tokenizer, source=str(path))
 
 
@@ -189,7 +195,8 @@ _SOURCES = (
 def load(path: str | os.PathLike, dtype: str = "float32") -> LoadedBert:
     """Loads a BERT for inference. `dtype` is the compute dtype ("bfloat16" on accelerators);
     the params stay in float32."""
-    path = Path(path).expanduser()
+    # A URL (gs://bucket/run) stays one: pathlib would turn it into a local path "gs:/bucket/run".
+    path = epath.Path(path) if workdirs.is_remote(str(path)) else Path(path).expanduser()
     if not path.exists():
         raise ValueError(f"bertjax.load: {path} does not exist")
     for source in _SOURCES:

@@ -11,7 +11,6 @@ The one restore order (train.py follows it):
 """
 
 import dataclasses
-import os
 import sys
 import time
 from typing import Any, Callable
@@ -21,14 +20,14 @@ import orbax.checkpoint as ocp
 from absl import logging
 from etils import epath
 
+from bertjax import workdir as workdirs
+
 ITEMS = ("params", "opt_state", "meta")
 CHECKPOINT_DIR = "checkpoints"
 
 
 def checkpoint_dir(workdir: str) -> str:
-    if "://" in workdir:  # gs://bucket/run, what pods share: abspath would make it a local ./gs:/ path
-        return workdir.rstrip("/") + "/" + CHECKPOINT_DIR
-    return os.path.join(os.path.abspath(workdir), CHECKPOINT_DIR)
+    return workdirs.join(workdir, CHECKPOINT_DIR)
 
 
 class SaveFailed(ValueError):

@@ -141,7 +141,7 @@ def run(config, workdir: str) -> int:
     """The whole run; returns the exit code (130 when Ctrl-C stopped it, after saving)."""
     # ---------------------------------------------------------------- distributed init, the workdir's lock
     sharding.initialize_distributed(_COORDINATOR.value, _NUM_PROCESSES.value, _PROCESS_ID.value)
-    os.makedirs(workdir, exist_ok=True)
+    workdirs.make(workdir)  # a local directory or gs://...: everything below goes through bertjax.workdir
     with workdirs.WorkdirLock(workdir) if jax.process_index() == 0 else contextlib.nullcontext():
         return train(config, workdir)
 
@@ -197,8 +197,12 @@ def train(config, workdir: str) -> int:
     if tokenizer is not None and tokenizer.vocab_size > bert_config.vocab_size:
         raise ValueError(f"the tokenizer has {tokenizer.vocab_size} tokens but model.vocab_size="
                          f"{bert_config.vocab_size}: set model.vocab_size to at least {tokenizer.vocab_size}")
-    tokenizer_meta = None if tokenizer is None else {
-        "kind": config.data.tokenizer, "path": vocab_path, "lower_case": bool(tokenizer.lower_case)}
+    tokenizer_meta = None
+    if tokenizer is not None:
+        kind = tokenizer.kind  # prepared shards name their own tokenizer, whatever data.tokenizer says
+        # Kept in the workdir and recorded relative to it, so that a copied workdir still loads.
+        name = workdirs.keep_vocabulary(workdir, vocab_path, kind) if is_primary else workdirs.VOCAB_FILES[kind]
+        tokenizer_meta = {"kind": kind, "path": name, "lower_case": bool(tokenizer.lower_case)}
     eval_global = [sharding.global_batch(b, data_sharding) for b in eval_batches]
 
     # ---------------------------------------------------------------- jitted steps
@@ -331,9 +335,10 @@ def initial_params(path: str, bert_config: model.BertConfig, abstract_params):
     if checkpoint.is_checkpoint(path):
         params, meta = checkpoint.restore_params(path, abstract_params)
         return params
-    if os.path.exists(os.path.join(path, "config.json")):
-        from bertjax import hf
+    from bertjax import hf
 
+    # A bertjax workdir has a config.json too (the run's config): the weights tell a HF directory apart.
+    if os.path.exists(os.path.join(path, "config.json")) and hf.find_weights(path) is not None:
         overrides = {k: v for k, v in bert_config.__dict__.items()
                      if k in ("dtype", "param_dtype", "attention_impl", "remat_policy", "scan_layers")}
         hf_config, params, missing = hf.load_hf_checkpoint(path, model_config_overrides=overrides)
@@ -345,7 +350,7 @@ def initial_params(path: str, bert_config: model.BertConfig, abstract_params):
             logging.info("initialised fresh (not in %s): %s", path, missing)
         return jax.device_put(params, jax.tree_util.tree_map(lambda a: a.sharding, abstract_params))
     raise FileNotFoundError(f"train.init_from={path} is neither a bertjax workdir/checkpoint nor a Hugging Face "
-                            f"directory with config.json")
+                            f"directory with config.json and its weights")
 
 
 def entry():

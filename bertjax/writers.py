@@ -6,9 +6,12 @@ One `MetricWriter` takes each logged step to three places:
   - TensorBoard event files (written with tensorboardX, so no TensorFlow on accelerator hosts, where it
     would claim device memory), `workdir/tensorboard/` for training and `workdir/tensorboard/<split>/`
     for an evaluation split, so TensorBoard overlays train and eval curves of the same tag as two runs.
-    The run's config goes there too, as text and as hparams (`write_config`).
+    The run's config goes there too, as text and as hparams, and whole to `workdir/config.json`
+    (`write_config`).
 
-Paths are local (or mounted) file system paths.
+The workdir may be local or an object store (gs://...): files go through bertjax.workdir's paths. An
+object store has no append, so there metrics.jsonl and each event file are kept in memory and the
+whole object is rewritten, at most once a second (GCS's rate for one object) and when closed.
 """
 
 import itertools
@@ -19,6 +22,12 @@ import time
 from typing import Any, Callable, Mapping
 
 import numpy as np
+from etils import epath
+
+from bertjax import workdir as workdirs
+
+# Object stores take about one write per second to the same object; rewrites wait at least this long.
+REMOTE_REWRITE_SECONDS = 1.0
 
 # ---------------------------------------------------------------------------------------------------
 # Throughput
@@ -144,6 +153,52 @@ def format_console_line(step: int, metrics: Mapping[str, float], split: str | No
 _event_files = itertools.count()  # with the pid, a unique file name even for two writers in one second
 
 
+class _RemoteFile:
+    """A file on an object store written by appending: the bytes are kept here and the whole object is
+    rewritten on flush (at most every REMOTE_REWRITE_SECONDS) and on close. Starts from the object's
+    current contents when `keep_existing`."""
+
+    def __init__(self, target: str, keep_existing: bool = False, clock: Callable[[], float] = time.monotonic):
+        self.target = target
+        self._path = epath.Path(target)
+        self._data = bytearray(self._path.read_bytes() if keep_existing and self._path.exists() else b"")
+        self._clock = clock
+        self._written_at = None  # when the object was last rewritten
+        self._dirty = True
+
+    def write(self, data: bytes) -> None:
+        self._data += data
+        self._dirty = True
+
+    def flush(self, force: bool = False) -> None:
+        now = self._clock()
+        if not self._dirty or (not force and self._written_at is not None
+                               and now - self._written_at < REMOTE_REWRITE_SECONDS):
+            return
+        self._path.write_bytes(bytes(self._data))
+        self._written_at, self._dirty = now, False
+
+    def close(self) -> None:
+        self.flush(force=True)
+
+
+class _RemoteRecordWriterFactory:
+    """tensorboardX's hook for event files on other file systems (record_writer.register_writer_factory),
+    here through etils.epath: its own gs:// writer needs google-cloud-storage, which bertjax does not."""
+
+    def open(self, path: str) -> _RemoteFile:
+        return _RemoteFile(path)
+
+    def directory_check(self, path: str) -> None:
+        pass  # object stores have no directories to create
+
+
+def _register_remote_event_files(directory: str) -> None:
+    from tensorboardX import record_writer
+
+    record_writer.register_writer_factory(directory.split("://", 1)[0], _RemoteRecordWriterFactory())
+
+
 class EventFileWriter:
     """Summaries in one TensorBoard event file, `events.out.tfevents.<time>.<host>.<pid>.<n>.bertjax`.
 
@@ -155,12 +210,16 @@ class EventFileWriter:
     def __init__(self, directory: str):
         from tensorboardX.event_file_writer import EventsWriter
 
-        os.makedirs(directory, exist_ok=True)
+        if workdirs.is_remote(directory):
+            _register_remote_event_files(directory)
+        else:
+            os.makedirs(directory, exist_ok=True)
         suffix = f".{os.getpid()}.{next(_event_files)}.bertjax"
-        self._writer = EventsWriter(os.path.join(directory, "events"), filename_suffix=suffix)
+        self._writer = EventsWriter(workdirs.join(directory, "events"), filename_suffix=suffix)
         self._writer.flush()  # the file-version record: TensorBoard reads a file only after it
-        (name,) = [n for n in os.listdir(directory) if n.startswith("events.out.tfevents.") and n.endswith(suffix)]
-        self.path = os.path.join(directory, name)
+        (name,) = [p.name for p in epath.Path(directory).iterdir()
+                   if p.name.startswith("events.out.tfevents.") and p.name.endswith(suffix)]
+        self.path = workdirs.join(directory, name)
 
     def add_summary(self, step: int, summary, wall_time: float | None = None) -> None:
         """Write one `Summary` protocol buffer (tensorboardX.proto.summary_pb2) as the event of `step`."""
@@ -252,8 +311,14 @@ class MetricWriter:
         self._resumed_at = None  # the step a resumed run restarted from
         self._resume_note = None  # put on the next training line, then cleared
         if enabled:
-            os.makedirs(workdir, exist_ok=True)
-            self._jsonl = open(os.path.join(workdir, "metrics.jsonl"), "a", encoding="utf-8")
+            workdirs.path(workdir).mkdir(parents=True, exist_ok=True)
+            self._jsonl = self._open_jsonl()
+
+    def _open_jsonl(self):
+        target = workdirs.join(self.workdir, "metrics.jsonl")
+        if workdirs.is_remote(target):
+            return _RemoteFile(target, keep_existing=True)
+        return open(target, "ab")
 
     def write(self, step: int, metrics: Mapping[str, float], split: str | None = None) -> None:
         """Log `metrics` at `step`; `split` names an evaluation split (None for training)."""
@@ -277,7 +342,7 @@ class MetricWriter:
         if split is None and self._resume_note is not None:
             record["resumed_from"], self._resume_note = self._resume_note, None
         record.update({name: _json_number(value) for name, value in values.items()})
-        self._jsonl.write(json.dumps(record, allow_nan=False) + "\n")
+        self._jsonl.write((json.dumps(record, allow_nan=False) + "\n").encode("utf-8"))
         self._jsonl.flush()
 
         if self.console:
@@ -292,25 +357,26 @@ class MetricWriter:
         the earlier run, so every step is logged once."""
         if not self.enabled:
             return
-        path = os.path.join(self.workdir, "metrics.jsonl")
         self._jsonl.close()
-        with open(path, encoding="utf-8") as f:
-            kept = [line for line in f if line.strip() and json.loads(line).get("step", 0) <= step]
-        with open(path + ".tmp", "w", encoding="utf-8") as f:
-            f.writelines(kept)
-        os.replace(path + ".tmp", path)
-        self._jsonl = open(path, "a", encoding="utf-8")
+        target = workdirs.join(self.workdir, "metrics.jsonl")
+        lines = epath.Path(target).read_bytes().decode("utf-8").split("\n")
+        kept = "".join(line + "\n" for line in lines if line.strip() and json.loads(line).get("step", 0) <= step)
+        workdirs.write_bytes(target, kept.encode("utf-8"))
+        self._jsonl = self._open_jsonl()
         self._resumed_at = self._resume_note = int(step)
         for writer in self._event_writers.values():
             writer.add_session_start(step + 1)
 
     def write_config(self, config: Mapping) -> None:
-        """Record the run's config (a nested dict, e.g. `config.to_dict()`) in TensorBoard: as one text
-        summary (JSON, shown in the Text tab) and as hyperparameters (the HParams tab, keys flattened
-        to "section.key"). Call once, at the start of a run."""
+        """Record the run's config (a nested dict, e.g. `config.to_dict()`): whole in workdir/config.json,
+        and in TensorBoard as one text summary (JSON, shown in the Text tab) and as hyperparameters (the
+        HParams tab, keys flattened to "section.key"). Call once, at the start of a run."""
         if self._closed:
             raise ValueError("MetricWriter.write_config after close()")
-        if not (self.enabled and self.tensorboard):
+        if not self.enabled:
+            return
+        workdirs.write_config(self.workdir, config)
+        if not self.tensorboard:
             return
         from tensorboardX import summary
 
@@ -325,7 +391,7 @@ class MetricWriter:
 
     def _event_writer(self, split: str | None) -> EventFileWriter:
         if split not in self._event_writers:
-            directory = os.path.join(self.workdir, "tensorboard", *([split] if split is not None else []))
+            directory = workdirs.join(self.workdir, "tensorboard", *([split] if split is not None else []))
             self._event_writers[split] = EventFileWriter(directory)
             if self._resumed_at is not None:
                 self._event_writers[split].add_session_start(self._resumed_at + 1)

@@ -10,13 +10,17 @@ Entry programs (train, data.preview, the benchmark) call build_inputs(config.dat
 below it takes explicit arguments.
 """
 
+import contextlib
 import dataclasses
 import json
 import os
+import tempfile
 from typing import Iterable, Iterator, Sequence, TypeVar
 
 from absl import logging
+from etils import epath
 
+from bertjax import workdir as workdirs
 from bertjax.data import prepared
 from bertjax.data import pretraining as pt
 from bertjax.data import sources
@@ -73,7 +77,7 @@ def vocabulary_path(data, workdir: str | None) -> str:
     if not workdir:
         raise ValueError("data.vocab_path is not set and there is no workdir to learn a vocabulary into")
     name = "vocab.txt" if data.tokenizer == "wordpiece" else "sentencepiece.model"
-    return os.path.join(workdir, name)
+    return workdirs.join(workdir, name) if workdirs.is_remote(workdir) else os.path.join(workdir, name)
 
 
 def load_or_learn_tokenizer(data, workdir: str | None, train_documents: Sequence[list[str]] | None):
@@ -84,34 +88,40 @@ def load_or_learn_tokenizer(data, workdir: str | None, train_documents: Sequence
     learned = not data.vocab_path
     # What a learned vocabulary was asked for, kept beside it: a cached one must still match the config.
     request = {"tokenizer": data.tokenizer, "vocab_size": int(data.vocab_size), "lower_case": bool(data.lower_case)}
-    if learned and os.path.exists(path) and os.path.exists(path + ".json"):
-        with open(path + ".json", encoding="utf-8") as f:
-            cached = json.load(f)
+    # A workdir may be remote (gs://...): its files are read and written through etils.epath.
+    vocab, request_file = epath.Path(path), epath.Path(path + ".json")
+    if learned and vocab.exists() and request_file.exists():
+        cached = json.loads(request_file.read_text())
         changed = [f"data.{k}={cached.get(k)!r}" for k in request if cached.get(k) != request[k]]
         if changed:
             raise ValueError(f"the vocabulary cached in {path} was learned with {', '.join(changed)}, which the "
                              f"config changes: use a new workdir, or set those back")
-    if not os.path.exists(path):
+    if not vocab.exists():
         if data.vocab_path:
             raise FileNotFoundError(f"data.vocab_path={data.vocab_path} does not exist")
         if train_documents is None:
             raise ValueError("no vocabulary to read and no documents to learn one from: set data.vocab_path")
-        os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
         logging.info("learning a %s vocabulary of %d from the training documents into %s",
                      data.tokenizer, data.vocab_size, path)
         sentences = (s for doc in train_documents for s in doc)
-        # The learners write beside and rename: a crash or a second host never leaves a half file.
-        if data.tokenizer == "wordpiece":
-            vocabularies.learn_wordpiece_vocab(sentences, data.vocab_size, lower_case=data.lower_case,
-                                               out_path=path)
-        elif data.tokenizer == "sentencepiece":
-            vocabularies.learn_sentencepiece_model(sentences, data.vocab_size, out_path=path,
-                                                   lower_case=data.lower_case)
-        else:
+        if data.tokenizer not in ("wordpiece", "sentencepiece"):
             raise ValueError(f"data.tokenizer={data.tokenizer!r}: choose wordpiece or sentencepiece")
-        with open(path + ".json", "w", encoding="utf-8") as f:
-            json.dump(request, f)
-    return tokenizers.load_tokenizer(data.tokenizer, path, lower_case=data.lower_case), path
+        # The learners write beside and rename: a crash or a second host never leaves a half file. A
+        # remote workdir gets the finished files copied in, each object whole.
+        with tempfile.TemporaryDirectory() if workdirs.is_remote(path) else contextlib.nullcontext() as local:
+            out_path = os.path.join(local, vocab.name) if local else path
+            os.makedirs(os.path.dirname(out_path) or ".", exist_ok=True)
+            if data.tokenizer == "wordpiece":
+                vocabularies.learn_wordpiece_vocab(sentences, data.vocab_size, lower_case=data.lower_case,
+                                                   out_path=out_path)
+            else:
+                vocabularies.learn_sentencepiece_model(sentences, data.vocab_size, out_path=out_path,
+                                                       lower_case=data.lower_case)
+            for name in sorted(os.listdir(local)) if local else ():  # the vocabulary and its listing
+                workdirs.write_bytes(str(vocab.parent / name), epath.Path(local, name).read_bytes())
+        workdirs.write_bytes(path + ".json", json.dumps(request).encode("utf-8"))
+    local_path = workdirs.local_copy(path)  # the tokenizers read local files
+    return tokenizers.load_tokenizer(data.tokenizer, local_path, lower_case=data.lower_case), path
 
 
 def masking_spec(data, tokenizer) -> pt.MaskingSpec:
@@ -176,7 +186,7 @@ def build_inputs(data, *, workdir: str | None, process_index: int = 0, process_c
     )
     return PretrainingInputs(
         tokenizer=tokenizer,
-        vocab_path=os.path.abspath(vocab_path),
+        vocab_path=vocab_path if workdirs.is_remote(vocab_path) else os.path.abspath(vocab_path),
         train=make_stream(train_corpus, data, tokenizer, shard=process_index),
         # Its own seed stream, so held-out examples share no random draws with training ones.
         eval=make_stream(eval_corpus, data, tokenizer, shard=process_index, seed_offset=1_000_003),

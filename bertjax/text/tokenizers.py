@@ -167,6 +167,8 @@ class WordPieceTokenizer(Tokenizer):
       lower_case: True for uncased vocabularies (lower-case and strip accents), False for cased.
     """
 
+    kind = "wordpiece"  # its name for load_tokenizer and in checkpoints
+
     def __init__(self, vocab_path: str, lower_case: bool = True):
         self.vocab = load_vocab(vocab_path)
         self.lower_case = lower_case
@@ -226,6 +228,8 @@ class SentencePieceTokenizer(Tokenizer):
     Case and normalization are part of the model (its normalization rule), not an argument;
     `lower_case` reports whether the rule case-folds.
     """
+
+    kind = "sentencepiece"  # its name for load_tokenizer and in checkpoints
 
     def __init__(self, model_path: str):
         import sentencepiece
