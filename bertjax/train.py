@@ -213,85 +213,57 @@ def train(config, workdir: str) -> int:
     writer.write_config(config.to_dict())
     if start_step > 0:
         writer.resumed(start_step)  # the steps an interrupted run logged after its checkpoint go
-    flops_per_token = None
     peak = flops.peak_flops_per_device(jax.devices()[0].device_kind)
-    timer = writers.StepTimer(config.train.num_steps, start_step=start_step)
     preemption = Preemption()
-    add_sums = jax.jit(functools.partial(jax.tree_util.tree_map, jnp.add))  # one dispatch, not one per metric
-    num_steps, log_every = config.train.num_steps, config.logging.log_every
-    window, window_start = None, start_step
-    # Tokens of the current logging window processed outside the timed span (compiling, evaluating).
-    untimed_tokens = 0.0
+    add_sums = jax.jit(functools.partial(jax.tree_util.tree_map, jnp.add))
+    flops_per_token = None
 
-    def pause_timer(step):
-        nonlocal untimed_tokens
-        untimed_tokens = float(jax.device_get(window["real_tokens"])) if window is not None else 0.0
-        timer.restart(step)
+    def log(step, window, speed):
+        nonlocal flops_per_token
+        out = summarize(window)
+        real_tokens = float(window["real_tokens"])
+        out.update(learning_rate=float(schedule(step - 1)), **speed,
+                   padding_efficiency=real_tokens / (window["steps"] * config.train.batch_size
+                                                     * config.data.max_seq_length))
+        if flops_per_token is None:
+            fraction = float(window["mlm_count"]) / max(real_tokens, 1.0)
+            flops_per_token = flops.train_flops_per_token(
+                bert_config.num_layers, bert_config.hidden_size, config.data.max_seq_length,
+                bert_config.vocab_size, fraction)
+        if peak and "tokens_per_second" in speed:
+            out["mfu"] = flops.mfu(speed["tokens_per_second"], flops_per_token, jax.device_count(), peak)
+        writer.write(step, out)
 
-    def save(step, force=False):
+    def evaluate(state, step):
+        totals = None
+        for b in eval_global:
+            s = p_eval_step(state.params, b)
+            totals = s if totals is None else add_sums(totals, s)
+        if totals is not None:
+            writer.write(step, summarize(jax.device_get(totals)), split="eval")
+
+    def save(state, step, force):
         meta = {"step": step, "model": bert_config.__dict__, "optimizer": config.optimizer.to_dict(),
                 "data": stream_position(config, process_count), "tokenizer": tokenizer_meta}
         checkpointer.save(step, state.params, state.opt_state, meta, force=force)
 
-    def check_finite(upto):
-        if window is not None and float(window["nonfinite"]) > 0:
-            raise FloatingPointError(
-                f"the loss or the gradients became NaN or inf between steps {window_start + 1} and {upto}: "
-                f"resume from the last checkpoint with a lower optimizer.learning_rate, or inspect those "
-                f"batches with python -m bertjax.data.preview --start_step={window_start}")
-
+    after_step = [lambda step, state: checkpointer.check_for_errors()]  # a failed background save stops the run now
+    if config.logging.profile_first_step:
+        after_step.append(trainer.Profiler(workdirs.join(workdir, "profile"), config.logging.profile_first_step,
+                                           config.logging.profile_steps))
+    hooks = trainer.Hooks(log=log, evaluate=evaluate, save=save, should_stop=preemption.should_stop,
+                          after_step=after_step)
+    steps = trainer.LoopSteps(start=start_step, total=config.train.num_steps, log_every=config.logging.log_every,
+                              eval_every=config.logging.eval_every, save_every=config.checkpoint.every_steps)
     # Batches are made and put on the devices by a thread, ahead of the step that takes them.
     device_batches = sharding.prefetch_to_devices(({k: b[k] for k in BATCH_KEYS} for b in train_batches),
                                                   data_sharding, size=config.train.prefetch_batches)
     with jax.set_mesh(mesh), nn.logical_axis_rules(rules), device_batches:
-        for step in range(start_step + 1, num_steps + 1):
-            batch = next(device_batches)
-            state, sums = p_train_step(state, batch, dropout_key)
-            checkpointer.check_for_errors()  # a failed background save stops the run now
-            window = sums if window is None else add_sums(window, sums)
-            if step == start_step + 1:
-                pause_timer(step)  # the first step includes compilation
-
-            if step % log_every == 0 or step == num_steps:
-                window = jax.device_get(window)
-                check_finite(step)
-                out = summarize(window)
-                real_tokens = float(window["real_tokens"])
-                speed = timer.update(step, real_tokens - untimed_tokens) if step > timer.last_step else {}
-                untimed_tokens = 0.0
-                out.update(learning_rate=float(schedule(step - 1)), **speed,
-                           padding_efficiency=real_tokens / (window["steps"] * config.train.batch_size
-                                                             * config.data.max_seq_length))
-                if flops_per_token is None:
-                    fraction = float(window["mlm_count"]) / max(real_tokens, 1.0)
-                    flops_per_token = flops.train_flops_per_token(
-                        bert_config.num_layers, bert_config.hidden_size, config.data.max_seq_length,
-                        bert_config.vocab_size, fraction)
-                if peak and "tokens_per_second" in speed:
-                    out["mfu"] = flops.mfu(speed["tokens_per_second"], flops_per_token, jax.device_count(), peak)
-                writer.write(step, out)
-                window, window_start = None, step
-
-            if step % config.logging.eval_every == 0 or step == num_steps:
-                totals = None
-                for b in eval_global:
-                    s = p_eval_step(state.params, b)
-                    totals = s if totals is None else add_sums(totals, s)
-                if totals is not None:
-                    writer.write(step, summarize(jax.device_get(totals)), split="eval")
-                pause_timer(step)
-
-            stop = preemption.should_stop(step)
-            if step % config.checkpoint.every_steps == 0 or step == num_steps or stop:
-                if window is not None:  # never save a state whose last steps were not checked
-                    window = jax.device_get(window)
-                    check_finite(step)
-                save(step, force=stop or step == num_steps)
-            if stop:
-                checkpointer.wait()
-                say(f"{'Ctrl-C' if preemption.interrupted else 'SIGTERM'}: saved the checkpoint of step {step}; "
-                    f"re-run the same command to resume")
-                break
+        state, stopped_at = trainer.run_loop(state, p_train_step, device_batches, dropout_key, steps, hooks)
+    if stopped_at is not None:
+        checkpointer.wait()
+        say(f"{'Ctrl-C' if preemption.interrupted else 'SIGTERM'}: saved the checkpoint of step {stopped_at}; "
+            f"re-run the same command to resume")
     checkpointer.wait()
     checkpointer.close()
     writer.close()

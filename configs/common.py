@@ -121,7 +121,9 @@ def base_config() -> ml_collections.ConfigDict:
 
     config.checkpoint = ml_collections.ConfigDict(dict(every_steps=1000, keep=3, async_save=True))
 
-    config.logging = ml_collections.ConfigDict(dict(log_every=100, eval_every=1000, eval_batches=20))
+    # profile_first_step > 0 writes a jax.profiler trace of profile_steps steps to WORKDIR/profile.
+    config.logging = ml_collections.ConfigDict(dict(log_every=100, eval_every=1000, eval_batches=20,
+                                                    profile_first_step=0, profile_steps=5))
     return config
 
 
