@@ -24,6 +24,7 @@ from bertjax import workdir as workdirs
 
 ITEMS = ("params", "opt_state", "meta")
 CHECKPOINT_DIR = "checkpoints"
+BEST_DIR = "best"  # a fine-tuning run's best dev checkpoint: params and meta only
 
 
 def checkpoint_dir(workdir: str) -> str:
@@ -191,6 +192,23 @@ def _drop_closed_loop_reports() -> None:
 
     hook.drops_closed_loop_reports = True
     sys.unraisablehook = hook
+
+
+def save_params(workdir: str, subdir: str, step: int, params, meta: dict) -> None:
+    """WORKDIR/subdir/<step>/{params, meta}, written now, replacing the one there before (the best dev
+    checkpoint of a fine-tuning run). restore_params(WORKDIR/subdir) reads it back."""
+    directory = workdirs.join(workdir, subdir)
+    options = ocp.CheckpointManagerOptions(max_to_keep=1, create=True, enable_async_checkpointing=False)
+    manager = ocp.CheckpointManager(directory, options=options, item_names=("params", "meta"))
+    try:
+        manager.save(step, args=ocp.args.Composite(params=ocp.args.StandardSave(params),
+                                                   meta=ocp.args.JsonSave(meta)), force=True)
+        manager.wait_until_finished()
+    except Exception as e:  # noqa: BLE001 -- a save that cannot be written stops the run
+        raise SaveFailed(f"saving the checkpoint of step {step} to {directory} failed ({first_line(e)}): free "
+                         f"space or choose another workdir") from None
+    finally:
+        manager.close()
 
 
 def find_checkpoint(path: str) -> tuple[str, int]:

@@ -1,9 +1,10 @@
 """What the entry programs (train, summary, data.preview, ...) share: flag parsing that turns a bad
 flag or an unknown --config.key into one line that says what to change, instead of a traceback."""
 
+import logging as pylogging
 import sys
 
-from absl import flags
+from absl import flags, logging
 
 
 def parse_flags(argv: list[str]) -> list[str]:
@@ -43,3 +44,17 @@ def fail(message: str):
     """One line on stderr that says what to change, then exit code 2."""
     print(f"{sys.argv[0].rsplit('/', 1)[-1]}: error: {message}", file=sys.stderr)
     sys.exit(2)
+
+
+def quiet_library_logs() -> None:
+    """Library INFO logs off unless --verbosity is given (Orbax and JAX log every checkpoint file at
+    INFO; --verbosity=0 brings them back), and a failed background save's tracebacks dropped: Orbax's
+    thread logs it, and asyncio each of its writes whose failure nobody awaited, while the program
+    reports it itself in one line (checkpoint.SaveFailed)."""
+    if flags.FLAGS["verbosity"].present:
+        return
+    logging.set_verbosity(logging.WARNING)
+    logging.get_absl_handler().addFilter(
+        lambda record: not (record.levelno >= pylogging.ERROR
+                            and ("/orbax/" in record.pathname
+                                 or (record.name == "asyncio" and "never retrieved" in record.getMessage()))))

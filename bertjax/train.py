@@ -12,7 +12,6 @@ The model, the step and the synthetic data path import no TensorFlow: only the r
 
 import contextlib
 import functools
-import logging as pylogging
 import os
 import signal
 import sys
@@ -114,16 +113,7 @@ def say(message: str) -> None:
 def main(argv):
     if len(argv) > 1:
         raise app.UsageError(f"unexpected arguments: {argv[1:]}")
-    if not flags.FLAGS["verbosity"].present:
-        # Orbax and JAX log every checkpoint file at INFO; --verbosity=0 brings them back.
-        logging.set_verbosity(logging.WARNING)
-        # A failed background save is logged by Orbax's thread, and by asyncio for each of its writes
-        # whose failure nobody awaited, with tracebacks; the run reports it itself, in one line
-        # (checkpoint.SaveFailed).
-        logging.get_absl_handler().addFilter(
-            lambda record: not (record.levelno >= pylogging.ERROR
-                                and ("/orbax/" in record.pathname
-                                     or (record.name == "asyncio" and "never retrieved" in record.getMessage()))))
+    cli.quiet_library_logs()
     config, workdir = _CONFIG.value, _WORKDIR.value
     if not workdir:
         cli.fail("--workdir is required (checkpoints and metrics go there)")

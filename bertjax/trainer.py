@@ -148,18 +148,18 @@ class Setup:
         benchmark), not only under a caller's `nn.logical_axis_rules`."""
         with jax.set_mesh(self.mesh), nn.logical_axis_rules(self.rules):
             p_train_step = jax.jit(
-                _under_rules(functools.partial(train_step, net=self.net, tx=self.tx,
+                under_rules(functools.partial(train_step, net=self.net, tx=self.tx,
                                                grad_accum_steps=grad_accum_steps), self.rules),
                 in_shardings=(self.state_sharding, data_sharding, None),
                 out_shardings=(self.state_sharding, None),
                 donate_argnums=(0,),
             )
-            p_eval_step = jax.jit(_under_rules(functools.partial(eval_step, net=self.net), self.rules),
+            p_eval_step = jax.jit(under_rules(functools.partial(eval_step, net=self.net), self.rules),
                                   in_shardings=(self.state_sharding.params, data_sharding))
         return p_train_step, p_eval_step
 
 
-def _under_rules(fn, rules):
+def under_rules(fn, rules):
     """fn, traced with the logical axis rules in force."""
 
     @functools.wraps(fn)

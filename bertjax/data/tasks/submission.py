@@ -1,6 +1,5 @@
-"""GLUE submission files: one TSV per test split, `index<TAB>prediction`, as gluebenchmark.com reads them."""
-
-import os
+"""Prediction files: one TSV per split, `index<TAB>prediction`, the form gluebenchmark.com reads (a GLUE
+test split gets the file name the leaderboard expects; any other split `<split>.tsv`)."""
 
 import numpy as np
 
@@ -23,17 +22,26 @@ def submission_lines(task: registry.Task, indices, predictions) -> list[str]:
     for i in np.argsort(indices, kind="stable"):
         if task.kind == registry.REGRESSION:
             value = f"{float(predictions[i]):.3f}"
-        else:
+        elif task.submission_labels:
             value = task.submission_labels[int(predictions[i])]
+        elif task.labels:  # the user's classes, by name
+            value = task.labels[int(predictions[i])]
+        else:  # multiple choice: the chosen choice's index
+            value = str(int(predictions[i]))
         lines.append(f"{int(indices[i])}\t{value}")
     return lines
 
 
+def file_name(task: registry.Task, split: str) -> str:
+    return task.submission_file(split) if split in dict(task.submission_files) else f"{split}.tsv"
+
+
 def write_submission(directory: str, task: registry.Task, split: str, indices, predictions) -> str:
-    """Writes the task's submission file for `split` into `directory`; returns its path."""
-    path = os.path.join(directory, task.submission_file(split))
+    """Writes the predictions of `split` into `directory` (local or remote); returns the file's path."""
+    from bertjax import workdir as workdirs
+
+    workdirs.path(directory).mkdir(parents=True, exist_ok=True)
+    path = workdirs.join(directory, file_name(task, split))
     lines = submission_lines(task, indices, predictions)
-    os.makedirs(directory, exist_ok=True)
-    with open(path, "w") as f:
-        f.write("\n".join(lines) + "\n")
+    workdirs.write_bytes(path, ("\n".join(lines) + "\n").encode())
     return path

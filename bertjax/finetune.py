@@ -1,0 +1,444 @@
+"""python -m bertjax.finetune: a pretrained BERT fine-tuned on one task with one extra output layer.
+
+    python -m bertjax.finetune --config=configs/finetune/sst2.py --config.init_from=/tmp/bertjax-tiny \
+        --workdir=/tmp/ft-sst2
+    python -m bertjax.finetune --config=configs/finetune/mrpc.py --config.init_from=/models/bert-base-uncased \
+        --config.sweep=True --workdir=/tmp/ft-mrpc
+
+init_from is a bertjax pretraining (or fine-tuning) workdir or checkpoint, or a Hugging Face BERT
+directory. The story: mesh -> the pretrained encoder and its tokenizer -> the task's examples as
+features -> head, optimizer and state -> restore (a stopped run resumes) -> the loop of bertjax.trainer,
+evaluating on the dev set(s) every epoch -> the best dev checkpoint's predictions and a summary line.
+
+WORKDIR gets metrics.jsonl (training lines; dev lines with split=<dev split> and the task's metrics),
+TensorBoard events, config.json, checkpoints/ (to resume), best/ (the best dev checkpoint, what
+bertjax.load reads), predictions/ (GLUE submission TSVs for the test splits, the same format for the dev
+splits) and summary.json.
+"""
+
+import dataclasses
+import functools
+import json
+import math
+import sys
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+from absl import app, flags
+from ml_collections import config_dict, config_flags
+
+from bertjax import checkpoint, cli, heads, metrics, model, optim, sharding, trainer, writers
+from bertjax import workdir as workdirs
+
+_CONFIG = config_flags.DEFINE_config_file("config", None, "A configs/finetune/<task>.py file.", lock_config=True)
+_WORKDIR = flags.DEFINE_string("workdir", None, "Checkpoints, metrics.jsonl, predictions and the summary go here.")
+
+INPUT_KEYS = ("input_ids", "segment_ids", "input_mask")
+TRAIN_KEYS = INPUT_KEYS + ("label", "example_weight")
+
+
+# ----------------------------------------------------------------------------------------------------
+# The pretrained model
+# ----------------------------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass
+class Pretrained:
+    """What init_from gives: the encoder's config and params (or a whole head of this task's shape,
+    from a fine-tuning checkpoint), and the tokenizer with its vocabulary file."""
+
+    bert_config: model.BertConfig
+    params: dict  # {"bert": ...} at least
+    tokenizer: object
+    vocab_path: str
+    tokenizer_kind: str
+    lower_case: bool
+    whole_head: bool  # params carry a classifier of this task (continue fine-tuning)
+
+
+def load_pretrained(path: str, kind: str, num_labels: int, model_overrides: dict) -> Pretrained:
+    """The encoder (and tokenizer) of a bertjax checkpoint/workdir or a Hugging Face BERT directory."""
+    from bertjax import hf
+    from bertjax.text import tokenizers
+
+    model_overrides = model.resolve_platform(dict(model_overrides))  # "auto" compute fields for this machine
+    if not path:
+        raise ValueError("config.init_from is required: a bertjax pretraining workdir or checkpoint, or a "
+                         "Hugging Face BERT directory")
+    if checkpoint.is_checkpoint(path):
+        params, meta = checkpoint.restore_params(path)
+        bert_config = model.BertConfig.from_dict({**meta["model"], **model_overrides})
+        info = meta.get("tokenizer")
+        if not info:
+            raise ValueError(f"config.init_from={path} was pretrained on synthetic data and has no tokenizer: "
+                             "fine-tune a checkpoint trained on text")
+        workdir = str(workdirs.path(checkpoint.find_checkpoint(path)[0]).parent)
+        vocab_path = workdirs.local_copy(workdirs.resolve_vocabulary(info["path"], workdir))
+        task = meta.get("task") or {}
+        whole_head = task.get("kind") == kind and "classifier" in params and (
+            params["classifier"]["bias"].shape[-1] == num_labels)
+        tokenizer = tokenizers.load_tokenizer(info["kind"], vocab_path, lower_case=info["lower_case"])
+        return Pretrained(bert_config, params, tokenizer, vocab_path, info["kind"], bool(info["lower_case"]),
+                          whole_head)
+    if hf.find_weights(path) is not None:
+        bert_config, params, missing = hf.load_hf_head(path, kind, num_labels, model_config_overrides=model_overrides)
+        vocab_path, lower_case = hf_vocabulary(path)
+        tokenizer = tokenizers.load_tokenizer("wordpiece", vocab_path, lower_case=lower_case)
+        whole_head = not any(m.startswith("classifier") for m in missing)
+        return Pretrained(bert_config, params, tokenizer, vocab_path, "wordpiece", lower_case, whole_head)
+    raise FileNotFoundError(f"config.init_from={path} is neither a bertjax workdir/checkpoint nor a Hugging Face "
+                            f"BERT directory (config.json and its weights)")
+
+
+def hf_vocabulary(path: str) -> tuple[str, bool]:
+    """A Hugging Face BERT directory's vocab.txt and whether it lower-cases (uncased unless its
+    tokenizer config says otherwise, as for the original releases)."""
+    vocab = workdirs.path(path) / "vocab.txt"
+    if not vocab.exists():
+        raise FileNotFoundError(f"{path} has BERT weights but no vocab.txt: copy the model's WordPiece vocabulary there")
+    tokenizer_config = workdirs.path(path) / "tokenizer_config.json"
+    lower_case = True
+    if tokenizer_config.exists():
+        lower_case = bool(json.loads(tokenizer_config.read_text()).get("do_lower_case", True))
+    return str(vocab), lower_case
+
+
+# ----------------------------------------------------------------------------------------------------
+# Pure step functions
+# ----------------------------------------------------------------------------------------------------
+
+
+def task_train_step(state: trainer.TrainState, batch: dict, dropout_key, *, net, tx, loss_fn):
+    """One optimizer step on a batch of task examples; returns the new state and the metric sums."""
+    rng = jax.random.fold_in(dropout_key, state.step)
+
+    def loss(params):
+        logits = net.apply({"params": params}, *(batch[k] for k in INPUT_KEYS), deterministic=False,
+                           rngs={"dropout": rng})
+        return loss_fn(logits, batch["label"], batch["example_weight"])
+
+    (value, sums), grads = jax.value_and_grad(loss, has_aux=True)(state.params)
+    grad_norm = optax.tree.norm(grads)
+    updates, opt_state = tx.update(grads, state.opt_state, state.params)
+    sums = dict(sums, loss_sum=value, grad_norm_sum=grad_norm, steps=jnp.float32(1),
+                real_tokens=jnp.sum(batch["input_mask"]).astype(jnp.float32),
+                nonfinite=jnp.float32(~(jnp.isfinite(value) & jnp.isfinite(grad_norm))))
+    return trainer.TrainState(state.step + 1, optax.apply_updates(state.params, updates), opt_state), sums
+
+
+def task_logits(params, batch: dict, *, net):
+    return net.apply({"params": params}, *(batch[k] for k in INPUT_KEYS), deterministic=True)
+
+
+def summarize_train(window: dict) -> dict:
+    steps = max(float(window["steps"]), 1.0)
+    out = {"loss": float(window["loss_sum"]) / steps, "grad_norm": float(window["grad_norm_sum"]) / steps}
+    if "correct" in window:
+        out["accuracy"] = float(window["correct"]) / max(float(window["count"]), 1.0)
+    return out
+
+
+# ----------------------------------------------------------------------------------------------------
+# Data
+# ----------------------------------------------------------------------------------------------------
+
+
+def task_from_config(config):
+    from bertjax.data.tasks import registry
+
+    labels = list(config.data.labels) if config.data.labels else None
+    return registry.get_task(config.task, labels=labels, num_choices=config.data.num_choices)
+
+
+def split_features(task, tokenizer, config) -> tuple[dict, dict, dict]:
+    """(train features, {dev split: features}, {test split: features}) of the task, from the user's
+    files where config.data names them, else from TFDS."""
+    from bertjax.data.tasks import features, readers
+
+    data = config.data
+
+    def read(split_name, file, labeled=True):
+        examples = readers.read_split(task, split_name, path=file, data_dir=data.tfds_data_dir, labeled=labeled)
+        return features.featurize(examples, task, tokenizer, data.max_seq_length)
+
+    if not data.train and task.train_split is None:
+        raise ValueError(f"task {task.name} has no training split of its own: set config.data.train to a JSON-lines "
+                         "file")
+    train = read("train" if data.train else task.train_split, data.train)
+    if data.validation:
+        dev = {"validation": read("validation", data.validation)}
+    elif task.tfds_name is not None:
+        dev = {split: read(split, None) for split in task.eval_splits}
+    else:
+        raise ValueError(f"task {task.name} needs a dev set to evaluate on: set config.data.validation to a "
+                         "JSON-lines file")
+    if data.test:
+        test = {"test": read("test", data.test, labeled=False)}
+    elif task.tfds_name is not None and not data.train:
+        test = {split: read(split, None, labeled=False) for split in task.test_splits}
+    else:
+        test = {}
+    return train, dev, test
+
+
+# ----------------------------------------------------------------------------------------------------
+# The program
+# ----------------------------------------------------------------------------------------------------
+
+
+def say(message: str) -> None:
+    if jax.process_index() == 0:
+        print(message, flush=True)
+
+
+def main(argv):
+    if len(argv) > 1:
+        raise app.UsageError(f"unexpected arguments: {argv[1:]}")
+    cli.quiet_library_logs()
+    config, workdir = _CONFIG.value, _WORKDIR.value
+    if not workdir:
+        cli.fail("--workdir is required (checkpoints, metrics and predictions go there)")
+    try:
+        if config.sweep:
+            sweep(config, workdir)
+        else:
+            finetune(config, workdir)
+    except (ValueError, FileNotFoundError, FloatingPointError) as e:
+        cli.fail(str(e))
+    except KeyboardInterrupt:
+        print("Ctrl-C: stopped; re-run the same command to resume from the last checkpoint", file=sys.stderr)
+        sys.exit(130)
+
+
+def sweep(config, workdir: str) -> dict:
+    """The paper's model selection: one run per learning rate, the best on the dev set's main metric."""
+    workdirs.make(workdir)
+    results = {}
+    for rate in config.sweep_learning_rates:
+        run_config = config_dict.ConfigDict(config.to_dict())
+        run_config.optimizer.learning_rate = float(rate)
+        run_config.sweep = False
+        say(f"--- learning rate {rate:g}")
+        results[float(rate)] = finetune(run_config, workdirs.join(workdir, f"lr-{rate:g}"))
+    best_rate = max(results, key=lambda r: results[r]["best"]["value"])
+    best = results[best_rate]
+    main_metric = best["main_metric"]
+    for rate, summary in results.items():
+        say(f"learning rate {rate:g}: best dev {main_metric} {summary['best']['value']:.4f} "
+            f"(step {summary['best']['step']}){'  <- best' if rate == best_rate else ''}")
+    out = {"task": config.task, "main_metric": main_metric, "best_learning_rate": best_rate,
+           "best": best["best"], "runs": {f"{r:g}": s for r, s in results.items()}}
+    if jax.process_index() == 0:
+        workdirs.write_bytes(workdirs.join(workdir, "sweep.json"), json.dumps(out, indent=1).encode())
+    return out
+
+
+def finetune(config, workdir: str) -> dict:
+    """One fine-tuning run; returns its summary (also written to WORKDIR/summary.json)."""
+    workdirs.make(workdir)
+    with workdirs.WorkdirLock(workdir) if jax.process_index() == 0 else _nothing():
+        return _finetune(config, workdir)
+
+
+class _nothing:
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+
+def _finetune(config, workdir: str) -> dict:
+    import tensorflow as tf
+
+    tf.config.set_visible_devices([], "GPU")  # TensorFlow only tokenizes here: the accelerators belong to JAX
+    from bertjax.data.tasks import batches as task_batches
+    from bertjax.data.tasks import submission
+
+    process_index, process_count = jax.process_index(), jax.process_count()
+
+    # ---------------------------------------------------------------- mesh
+    mesh = sharding.make_mesh(config.mesh)
+    rules = sharding.logical_rules(config.logical_axis_rules)
+    batch_size = config.train.batch_size
+    sharding.check_batch_size(batch_size, 1, mesh, rules)
+    data_sharding = sharding.batch_sharding(mesh, rules)
+
+    # ---------------------------------------------------------------- task and pretrained model
+    task = task_from_config(config)
+    head = heads.head(task.kind)
+    num_labels = heads.resolve_num_labels(task.kind, task.num_labels if task.kind == "classification" else None)
+    pretrained = load_pretrained(config.init_from, task.kind, num_labels, config.model.to_dict())
+    bert_config = pretrained.bert_config
+    say(f"task {task.name} ({task.kind}{', labels ' + ', '.join(task.labels) if task.labels else ''}); "
+        f"from {config.init_from}: {bert_config.num_layers} layers, hidden {bert_config.hidden_size}")
+    if pretrained.tokenizer.vocab_size > bert_config.vocab_size:
+        raise ValueError(f"the vocabulary of {config.init_from} has {pretrained.tokenizer.vocab_size} tokens but "
+                         f"its model only {bert_config.vocab_size}: a checkpoint of another vocabulary size")
+
+    # ---------------------------------------------------------------- data
+    train_features, dev_features, test_features = split_features(task, pretrained.tokenizer, config)
+    num_train = task_batches.num_examples(train_features)
+    num_steps = task_batches.num_train_steps(num_train, batch_size, config.train.epochs)
+    steps_per_epoch = math.ceil(num_train / batch_size)
+    dev_sizes = ", ".join(f"{len(f['label'])} {split}" for split, f in dev_features.items())
+    say(f"{num_train} training examples, {dev_sizes}; {num_steps} steps of {batch_size} "
+        f"({config.train.epochs:g} epochs)")
+
+    # ---------------------------------------------------------------- head, optimizer, state: shapes first
+    net = heads.network(task.kind, bert_config, num_labels)
+    schedule_config = config_dict.ConfigDict(dict(
+        warmup_steps=int(round(config.schedule.warmup_fraction * num_steps)), decay=config.schedule.decay,
+        power=config.schedule.power))
+    tx, schedule = optim.optimizer_from_config(config.optimizer, schedule_config, num_steps)
+    example = heads.dummy_inputs(task.kind, 1, config.data.max_seq_length, task.num_choices or 1)
+    init_key, dropout_key = trainer.root_keys(config.train.seed, config.train.dropout_rng)
+
+    def init_state(rng):
+        params = heads.with_pretrained_encoder(net.init({"params": rng}, **example)["params"], pretrained.params)
+        if pretrained.whole_head:  # a checkpoint of this task: its classifier too
+            params = dict(params, classifier=jax.tree_util.tree_map(
+                lambda box, value: box.replace_boxed(value), params["classifier"],
+                pretrained.params["classifier"], is_leaf=lambda x: isinstance(x, nn.meta.AxisMetadata)))
+        return trainer.TrainState(step=jnp.int32(0), params=params, opt_state=tx.init(params))
+
+    abstract_boxed = jax.eval_shape(init_state, init_key)
+    state_sharding = sharding.tree_shardings(abstract_boxed, mesh, rules)
+    abstract_state = jax.tree_util.tree_map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s),
+                                            nn.unbox(abstract_boxed), state_sharding)
+
+    # ---------------------------------------------------------------- restore: this workdir > init_from
+    checkpointer = checkpoint.Checkpointer(workdir, every_steps=steps_per_epoch, keep=config.checkpoint.keep,
+                                           async_save=config.checkpoint.async_save)
+    restored = checkpointer.restore_latest(abstract_state.params, abstract_state.opt_state,
+                                           check_meta=functools.partial(_check_same_task, task=task))
+    best = {"step": 0, "value": -math.inf, "metrics": {}}
+    with jax.set_mesh(mesh), nn.logical_axis_rules(rules):
+        if restored is not None:
+            state = trainer.TrainState(jnp.int32(restored.step), restored.params, restored.opt_state)
+            best = restored.meta.get("best", best)
+            say(f"resumed from step {restored.step}")
+        else:
+            state = jax.jit(lambda r: nn.unbox(init_state(r)), out_shardings=state_sharding)(init_key)
+    start_step = int(state.step)
+
+    # ---------------------------------------------------------------- jitted steps
+    with jax.set_mesh(mesh), nn.logical_axis_rules(rules):
+        p_train_step = jax.jit(trainer.under_rules(functools.partial(task_train_step, net=net, tx=tx,
+                                                                      loss_fn=head.loss), rules),
+                               in_shardings=(state_sharding, data_sharding, None),
+                               out_shardings=(state_sharding, None), donate_argnums=(0,))
+        p_logits = jax.jit(trainer.under_rules(functools.partial(task_logits, net=net), rules),
+                           in_shardings=(state_sharding.params, data_sharding))
+
+    def gather(x):
+        """The rows of every process, in global order (one process: as it is)."""
+        if process_count == 1:
+            return np.asarray(jax.device_get(x))
+        from jax.experimental import multihost_utils
+
+        return np.asarray(multihost_utils.process_allgather(x, tiled=True))
+
+    def predict(params, feats) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(predictions, labels, idx) of the real examples of a split, in order."""
+        outs, labels, idx = [], [], []
+        for b in task_batches.eval_batches(feats, config.logging.eval_batch_size, process_index=process_index,
+                                           process_count=process_count):
+            logits = gather(p_logits(params, sharding.global_batch({k: b[k] for k in INPUT_KEYS}, data_sharding)))
+            real = gather(b["example_weight"]) > 0
+            outs.append(np.asarray(heads.predictions(logits, task.kind))[real])
+            labels.append(gather(b["label"])[real])
+            idx.append(gather(b["idx"])[real])
+        return np.concatenate(outs), np.concatenate(labels), np.concatenate(idx)
+
+    # ---------------------------------------------------------------- loop
+    writer = writers.MetricWriter(workdir, enabled=process_index == 0)
+    writer.write_config(config.to_dict())
+    if start_step > 0:
+        writer.resumed(start_step)
+    meta_base = {"model": bert_config.__dict__, "optimizer": config.optimizer.to_dict(),
+                 "tokenizer": {"kind": pretrained.tokenizer_kind, "lower_case": pretrained.lower_case,
+                               "path": workdirs.keep_vocabulary(workdir, pretrained.vocab_path,
+                                                                pretrained.tokenizer_kind)
+                               if process_index == 0 else workdirs.VOCAB_FILES[pretrained.tokenizer_kind]},
+                 "task": {"name": task.name, "kind": task.kind, "labels": list(task.labels),
+                          "num_choices": task.num_choices, "max_seq_length": config.data.max_seq_length}}
+
+    def log(step, window, speed):
+        writer.write(step, dict(summarize_train(window), learning_rate=float(schedule(step - 1)), **speed))
+
+    def evaluate(state, step):
+        scores = {}
+        for split, feats in dev_features.items():
+            predictions, labels, _ = predict(state.params, feats)
+            scores[split] = metrics.task_metrics(task, predictions, labels)
+            writer.write(step, scores[split], split=split)
+        # The main metric of the first dev split chooses the best checkpoint (MNLI: matched).
+        value = scores[next(iter(dev_features))][task.main_metric]
+        if value > best["value"]:
+            best.update(step=step, value=float(value), metrics=scores)
+            checkpoint.save_params(workdir, checkpoint.BEST_DIR, step, state.params, dict(meta_base, step=step,
+                                                                                          best=dict(best)))
+
+    def save(state, step, force):
+        checkpointer.save(step, state.params, state.opt_state, dict(meta_base, step=step, best=dict(best)),
+                          force=force)
+
+    eval_every = config.logging.eval_every or steps_per_epoch
+    after_step = [lambda step, state: checkpointer.check_for_errors()]
+    if config.logging.profile_first_step:
+        after_step.append(trainer.Profiler(workdirs.join(workdir, "profile"), config.logging.profile_first_step,
+                                           config.logging.profile_steps))
+    hooks = trainer.Hooks(log=log, evaluate=evaluate, save=save, after_step=after_step)
+    steps = trainer.LoopSteps(start=start_step, total=num_steps, log_every=config.logging.log_every,
+                              eval_every=eval_every, save_every=steps_per_epoch)
+    batches = task_batches.train_batches(train_features, batch_size, config.train.seed, start_step,
+                                         process_index=process_index, process_count=process_count)
+    device_batches = sharding.prefetch_to_devices(({k: b[k] for k in TRAIN_KEYS} for b in batches), data_sharding,
+                                                  size=config.train.prefetch_batches)
+    with jax.set_mesh(mesh), nn.logical_axis_rules(rules), device_batches:
+        state, _ = trainer.run_loop(state, p_train_step, device_batches, dropout_key, steps, hooks)
+    checkpointer.wait()
+    checkpointer.close()
+
+    # ---------------------------------------------------------------- predictions of the best checkpoint
+    if best["step"] != num_steps:
+        best_params, _ = checkpoint.restore_params(workdirs.join(workdir, checkpoint.BEST_DIR), abstract_state.params)
+    else:
+        best_params = state.params
+    written = []
+    with jax.set_mesh(mesh), nn.logical_axis_rules(rules):
+        for split, feats in {**dev_features, **test_features}.items():
+            predictions, _, idx = predict(best_params, feats)
+            if process_index == 0:
+                written.append(submission.write_submission(workdirs.join(workdir, "predictions"), task, split, idx,
+                                                           predictions))
+    summary = {"task": task.name, "main_metric": task.main_metric, "steps": num_steps,
+               "learning_rate": config.optimizer.learning_rate, "best": best, "predictions": written}
+    writer.close()
+    if process_index == 0:
+        workdirs.write_bytes(workdirs.join(workdir, "summary.json"), json.dumps(summary, indent=1).encode())
+    shown = "; ".join(f"{split} " + ", ".join(f"{k} {v:.4f}" for k, v in m.items())
+                      for split, m in best["metrics"].items())
+    say(f"{task.name}: best dev {task.main_metric} {best['value']:.4f} at step {best['step']} of {num_steps} "
+        f"({shown}); predictions in {workdirs.join(workdir, 'predictions')}")
+    return summary
+
+
+def _check_same_task(step: int, meta: dict, *, task) -> None:
+    saved = meta.get("task") or {}
+    if saved and (saved.get("name"), saved.get("kind"), list(saved.get("labels", []))) != (
+            task.name, task.kind, list(task.labels)):
+        raise ValueError(f"the workdir's checkpoint at step {step} fine-tunes task {saved.get('name')} "
+                         f"({saved.get('kind')}, labels {saved.get('labels')}), not {task.name}: use a new workdir")
+
+
+def entry():
+    app.run(main, flags_parser=cli.parse_flags)
+
+
+if __name__ == "__main__":
+    entry()

@@ -1,0 +1,65 @@
+"""Defaults shared by the fine-tuning tasks: the BERT paper's recipe (Devlin et al. 2018, section 4 and
+appendix A.3): batch 32, 3 epochs, learning rate from {2e-5, 3e-5, 5e-5} chosen on the dev set, 10% of
+the steps linear warmup then linear decay, dropout 0.1, max sequence length 128. Each
+configs/finetune/<task>.py names its task and writes out what differs.
+
+The model's architecture comes from the checkpoint in init_from; the model section here only sets how
+it computes and its dropout.
+"""
+
+import ml_collections
+from ml_collections import config_dict
+
+from configs import common
+
+# The paper's grid for the fine-tuning learning rate (it also tried 4e-5 in appendix A.3).
+PAPER_LEARNING_RATES = (2e-5, 3e-5, 5e-5)
+
+
+def finetune_config(task: str) -> ml_collections.ConfigDict:
+    base = common.base_config()
+    config = ml_collections.ConfigDict()
+    config.task = task  # a row of bertjax.data.tasks.registry.TASKS, or classification | regression | multiple_choice
+    # A bertjax pretraining workdir or checkpoint, a fine-tuning one, or a Hugging Face BERT directory.
+    config.init_from = config_dict.placeholder(str)
+
+    config.model = ml_collections.ConfigDict(dict(
+        dtype="auto", attention_impl="auto", word_embedding="auto", remat_policy="none",
+        hidden_dropout_rate=0.1, attention_dropout_rate=0.1,
+    ))
+
+    config.data = ml_collections.ConfigDict(dict(
+        max_seq_length=128,
+        tfds_data_dir=config_dict.placeholder(str),  # where TFDS keeps glue/* (default ~/tensorflow_datasets)
+        # The user's own JSON-lines files (bertjax/data/tasks/readers.py); unset: the task's TFDS splits.
+        train=config_dict.placeholder(str),
+        validation=config_dict.placeholder(str),
+        test=config_dict.placeholder(str),  # predicted for the submission / predictions file
+        labels=config_dict.placeholder(tuple),  # class names, for task=classification: "('neg', 'pos')"
+        num_choices=config_dict.placeholder(int),  # for task=multiple_choice
+    ))
+
+    config.optimizer = base.optimizer
+    config.optimizer.learning_rate = 2e-5
+    config.optimizer.bias_correction = False  # the original BERT Adam, as in google-research/bert's run_classifier
+    config.schedule = ml_collections.ConfigDict(dict(warmup_fraction=0.1, decay="linear", power=1.0))
+
+    config.train = ml_collections.ConfigDict(dict(
+        batch_size=32,
+        epochs=3.0,
+        seed=0,  # the classifier's initialisation, the dropout masks and the order of the examples
+        dropout_rng="threefry",
+        prefetch_batches=2,
+    ))
+    # --config.sweep=True fine-tunes once per learning rate (WORKDIR/lr-<rate>) and reports the best dev score.
+    config.sweep = False
+    config.sweep_learning_rates = list(PAPER_LEARNING_RATES)
+
+    config.mesh = base.mesh
+    config.logical_axis_rules = base.logical_axis_rules
+    # Resumable checkpoints at the end of each epoch (the last kept); the best dev checkpoint in WORKDIR/best.
+    config.checkpoint = ml_collections.ConfigDict(dict(keep=1, async_save=True))
+    # eval_every=0: evaluate on the dev set at the end of every epoch.
+    config.logging = ml_collections.ConfigDict(dict(log_every=50, eval_every=0, eval_batch_size=64,
+                                                    profile_first_step=0, profile_steps=5))
+    return config

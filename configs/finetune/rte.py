@@ -1,0 +1,11 @@
+"""RTE, entailment (accuracy). Paper, BERT-base: 66.4 (test).
+
+    python -m bertjax.finetune --config=configs/finetune/rte.py --config.init_from=PATH --workdir=DIR
+"""
+
+from configs.finetune import common
+
+
+def get_config():
+    config = common.finetune_config("rte")
+    return config

@@ -1,0 +1,216 @@
+"""python -m bertjax.finetune, in-process (and one subprocess for the error line): a classification task
+built from real text learns above its majority baseline from a small BERT; metrics.jsonl dev lines,
+the best checkpoint, predictions files and the summary; regression and multiple choice on the user's
+files; a Hugging Face directory as init_from; the learning-rate sweep; resume; bad input."""
+
+import json
+import pathlib
+import re
+import shutil
+import subprocess
+import sys
+
+import flax.linen as nn
+import jax
+import numpy as np
+import pytest
+
+from bertjax import checkpoint, finetune, hf
+from bertjax import model as bert_model
+from bertjax.data import demo
+from bertjax.text import vocab as vocabularies
+from configs.finetune import common as finetune_configs
+
+REPO = pathlib.Path(__file__).resolve().parents[1]
+KEYWORD = "return"  # the task: does the sentence speak of what something returns?
+
+
+def keyword_sentences(seed=0):
+    """Sentences of the demo corpus (Python's documentation prose), half with the keyword, balanced."""
+    sentences = [s for doc in demo.demo_documents() for s in doc if 30 <= len(s) <= 160]
+    positive = [s for s in sentences if KEYWORD in s.lower()]
+    negative = [s for s in sentences if KEYWORD not in s.lower()]
+    rng = np.random.default_rng(seed)
+    n = min(len(positive), len(negative), 330)
+    chosen = [(s, "yes") for s in rng.choice(positive, n, replace=False)] + \
+             [(s, "no") for s in rng.choice(negative, n, replace=False)]
+    rng.shuffle(chosen)
+    return chosen
+
+
+def write_jsonl(path, rows):
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
+    return str(path)
+
+
+@pytest.fixture(scope="module")
+def pretrained(tmp_path_factory):
+    """A bertjax 'pretraining' workdir with a small random BERT, its vocabulary learned from the demo
+    corpus, and the task's files."""
+    root = tmp_path_factory.mktemp("finetune")
+    workdir = root / "pretrained"
+    workdir.mkdir()
+    sentences = [s for doc in demo.demo_documents(300) for s in doc]
+    vocabularies.learn_wordpiece_vocab(iter(sentences), 1000, True, str(workdir / "vocab.txt"))
+    vocab_size = len((workdir / "vocab.txt").read_text(encoding="utf-8").splitlines())
+    cfg = bert_model.BertConfig(vocab_size=vocab_size, hidden_size=64, num_layers=2, num_heads=2,
+                                intermediate_size=128, max_position_embeddings=64)
+    params = bert_model.BertForPreTraining(cfg).init(jax.random.key(0), **bert_model.dummy_batch(1, 16, 2))["params"]
+    params = jax.tree_util.tree_map(np.asarray, jax.device_get(nn.unbox(params)))
+    meta = {"step": 1, "model": cfg.__dict__, "tokenizer": {"kind": "wordpiece", "path": "vocab.txt", "lower_case": True}}
+    saver = checkpoint.Checkpointer(str(workdir), every_steps=1, keep=1, async_save=False)
+    saver.save(1, params, {"count": np.zeros((), np.int32)}, meta, force=True)
+    saver.wait()
+    saver.close()
+
+    rows = [{"text": s, "label": label} for s, label in keyword_sentences()]
+    files = {"train": write_jsonl(root / "train.jsonl", rows[:500]),
+             "validation": write_jsonl(root / "dev.jsonl", rows[500:620]),
+             "test": write_jsonl(root / "test.jsonl", [{"text": r["text"]} for r in rows[620:]])}
+    return dict(root=root, workdir=str(workdir), cfg=cfg, params=params, files=files,
+                dev_labels=[r["label"] for r in rows[500:620]])
+
+
+def small_config(task, pretrained, **data):
+    config = finetune_configs.finetune_config(task)
+    config.init_from = pretrained["workdir"]
+    config.data.update(max_seq_length=48, **data)
+    config.train.update(batch_size=16, epochs=1.0)
+    config.optimizer.learning_rate = 1e-3
+    config.optimizer.bias_correction = True  # a random small model, a short run: see configs/tiny.py
+    config.logging.update(log_every=10, eval_batch_size=32)
+    return config
+
+
+def read_lines(workdir):
+    return [json.loads(line) for line in (pathlib.Path(workdir) / "metrics.jsonl").read_text().splitlines()]
+
+
+@pytest.fixture(scope="module")
+def classification_run(pretrained):
+    config = small_config("classification", pretrained, labels=("no", "yes"), **pretrained["files"])
+    config.train.epochs = 4.0
+    workdir = str(pretrained["root"] / "run")
+    summary = finetune.finetune(config, workdir)
+    return dict(config=config, workdir=workdir, summary=summary)
+
+
+def test_a_classifier_learns_above_its_majority_baseline(classification_run, pretrained):
+    summary = classification_run["summary"]
+    labels = pretrained["dev_labels"]
+    majority = max(labels.count("yes"), labels.count("no")) / len(labels)
+    accuracy = summary["best"]["metrics"]["validation"]["accuracy"]
+    assert accuracy >= majority + 0.15, (accuracy, majority)
+    assert summary["main_metric"] == "accuracy" and summary["steps"] == 125  # ceil(4 x 500 / 16)
+
+
+def test_outputs_of_a_run(classification_run, pretrained):
+    workdir = pathlib.Path(classification_run["workdir"])
+    lines = read_lines(workdir)
+    dev = [r for r in lines if r.get("split") == "validation"]
+    assert [r["step"] for r in dev] == [32, 64, 96, 125]  # every epoch (32 steps) and the last
+    assert all({"accuracy", "f1"} <= set(r) for r in dev)
+    train_lines = [r for r in lines if "split" not in r]
+    assert train_lines and all({"loss", "learning_rate", "accuracy"} <= set(r) for r in train_lines)
+    best = classification_run["summary"]["best"]
+    assert best["value"] == max(r["accuracy"] for r in dev)
+    # The best checkpoint is kept and is what bertjax.load-style readers find.
+    params, meta = checkpoint.restore_params(str(workdir / "best"))
+    assert meta["step"] == best["step"] and meta["task"]["labels"] == ["no", "yes"]
+    assert set(params) == {"bert", "classifier"} and meta["tokenizer"]["path"] == "vocab.txt"
+    assert (workdir / "vocab.txt").exists() and (workdir / "config.json").exists()
+    # Predictions: the dev split and the unlabelled test file, GLUE's TSV form, every example once.
+    dev_tsv = (workdir / "predictions" / "validation.tsv").read_text().splitlines()
+    test_tsv = (workdir / "predictions" / "test.tsv").read_text().splitlines()
+    assert dev_tsv[0] == "index\tprediction" and len(dev_tsv) == 1 + 120
+    assert len(test_tsv) == 1 + 40 and {
+        line.split("\t")[1] for line in test_tsv[1:]} <= {"no", "yes"}
+    predicted = [line.split("\t")[1] for line in dev_tsv[1:]]
+    agreement = np.mean([p == y for p, y in zip(predicted, pretrained["dev_labels"])])
+    assert agreement == pytest.approx(best["value"])  # the files are the best checkpoint's
+    assert json.loads((workdir / "summary.json").read_text())["best"]["step"] == best["step"]
+
+
+def test_a_finished_run_rerun_resumes_at_its_end(classification_run):
+    before = read_lines(classification_run["workdir"])
+    summary = finetune.finetune(classification_run["config"], classification_run["workdir"])
+    assert summary["best"] == classification_run["summary"]["best"]
+    assert read_lines(classification_run["workdir"]) == before  # nothing trained twice, nothing logged twice
+
+
+def test_regression_and_multiple_choice_on_the_users_files(pretrained):
+    rng = np.random.default_rng(1)
+    sentences = [s for s, _ in keyword_sentences(2)][:96]
+    root = pretrained["root"]
+    reg = [{"text": s, "label": float(len(s.split()))} for s in sentences]
+    config = small_config("regression", pretrained, train=write_jsonl(root / "r-train.jsonl", reg[:64]),
+                          validation=write_jsonl(root / "r-dev.jsonl", reg[64:]))
+    summary = finetune.finetune(config, str(root / "regression"))
+    assert set(summary["best"]["metrics"]["validation"]) == {"pearson", "spearman"}
+    choice = [{"context": s, "choices": [s, sentences[(i + 7) % 96], sentences[(i + 11) % 96]], "label": 0}
+              for i, s in enumerate(sentences)]
+    for row in choice:  # the right answer (a copy of the context) at a random place
+        k = int(rng.integers(3))
+        row["choices"][0], row["choices"][k] = row["choices"][k], row["choices"][0]
+        row["label"] = k
+    config = small_config("multiple_choice", pretrained, num_choices=3,
+                          train=write_jsonl(root / "c-train.jsonl", choice[:64]),
+                          validation=write_jsonl(root / "c-dev.jsonl", choice[64:]))
+    summary = finetune.finetune(config, str(root / "choice"))
+    assert set(summary["best"]["metrics"]["validation"]) == {"accuracy"}
+    tsv = (root / "choice" / "predictions" / "validation.tsv").read_text().splitlines()
+    assert len(tsv) == 1 + 32 and {int(line.split("\t")[1]) for line in tsv[1:]} <= {0, 1, 2}
+
+
+def test_from_a_hugging_face_directory_and_the_sweep(pretrained):
+    hf_dir = pretrained["root"] / "hf"
+    hf.save_hf_checkpoint(hf_dir, pretrained["cfg"], pretrained["params"],
+                          vocab_path=str(pathlib.Path(pretrained["workdir"]) / "vocab.txt"))
+    files = pretrained["files"]
+    config = small_config("classification", pretrained, labels=("no", "yes"), train=files["train"],
+                          validation=files["validation"])
+    config.init_from = str(hf_dir)
+    config.sweep_learning_rates = [1e-4, 1e-3]
+    out = finetune.sweep(config, str(pretrained["root"] / "sweep"))
+    runs = out["runs"]
+    assert set(runs) == {"0.0001", "0.001"}
+    assert out["best"]["value"] == max(r["best"]["value"] for r in runs.values())
+    assert json.loads((pretrained["root"] / "sweep" / "sweep.json").read_text())["best_learning_rate"] == \
+        out["best_learning_rate"]
+    assert (pretrained["root"] / "sweep" / "lr-0.001" / "best").is_dir()
+
+
+def test_bad_input_is_one_line(pretrained, tmp_path):
+    files = pretrained["files"]
+    cases = [
+        (small_config("sst3", pretrained), "unknown task 'sst3'"),
+        (small_config("classification", pretrained, labels=("neg", "pos"), train=files["train"],
+                      validation=files["validation"]), 'train.jsonl:1: label "yes" is not a class of task classification'),
+        (small_config("classification", pretrained, labels=("no", "yes"),
+                      train=write_jsonl(tmp_path / "empty.jsonl", []), validation=files["validation"]), "empty"),
+    ]
+    for config, fragment in cases:
+        with pytest.raises(ValueError, match=re.escape(fragment)):
+            finetune.finetune(config, str(tmp_path / "bad"))
+    # A checkpoint whose vocabulary is larger than its model's: another vocabulary size.
+    small = tmp_path / "small-vocab"
+    shutil.copytree(pretrained["workdir"], small)
+    (small / "vocab.txt").write_text((small / "vocab.txt").read_text() + "".join(f"extra{i}\n" for i in range(50)))
+    with pytest.raises(ValueError, match="another vocabulary size"):
+        finetune.finetune(dict_config(small_config("classification", pretrained, labels=("no", "yes"), **files),
+                                      init_from=str(small)), str(tmp_path / "bad2"))
+    # Through the program: one line, exit 2, no traceback.
+    result = subprocess.run(
+        [sys.executable, "-m", "bertjax.finetune", "--config=configs/finetune/classification.py",
+         f"--config.init_from={pretrained['workdir']}", f"--config.data.train={files['train']}",
+         f"--config.data.validation={files['validation']}", "--config.data.labels=('neg', 'pos')",
+         f"--workdir={tmp_path / 'bad3'}"], cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr
+    errors = [line for line in result.stderr.splitlines() if line.startswith("finetune.py: error:")]
+    assert len(errors) == 1 and "train.jsonl:1:" in errors[0] and "expected one of neg, pos" in errors[0], \
+        result.stderr
+
+
+def dict_config(config, **changes):
+    config.update(changes)
+    return config
