@@ -53,7 +53,7 @@ def finetune_config(task: str) -> ml_collections.ConfigDict:
     ))
     # --config.sweep=True fine-tunes once per learning rate (WORKDIR/lr-<rate>) and reports the best dev score.
     config.sweep = False
-    config.sweep_learning_rates = list(PAPER_LEARNING_RATES)
+    config.sweep_learning_rates = PAPER_LEARNING_RATES
 
     config.mesh = base.mesh
     config.logical_axis_rules = base.logical_axis_rules
