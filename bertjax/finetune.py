@@ -16,6 +16,7 @@ bertjax.load reads), predictions/ (GLUE submission TSVs for the test splits, the
 splits) and summary.json.
 """
 
+import contextlib
 import dataclasses
 import functools
 import json
@@ -239,16 +240,8 @@ def sweep(config, workdir: str) -> dict:
 def finetune(config, workdir: str) -> dict:
     """One fine-tuning run; returns its summary (also written to WORKDIR/summary.json)."""
     workdirs.make(workdir)
-    with workdirs.WorkdirLock(workdir) if jax.process_index() == 0 else _nothing():
+    with workdirs.WorkdirLock(workdir) if jax.process_index() == 0 else contextlib.nullcontext():
         return _finetune(config, workdir)
-
-
-class _nothing:
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        return False
 
 
 def _finetune(config, workdir: str) -> dict:
