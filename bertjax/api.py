@@ -52,13 +52,16 @@ class LoadedBert:
     tokenizer: Any  # bertjax.text.tokenizers.WordPieceTokenizer
     source: str = ""  # where it was loaded from, for repr and error messages
     missing: list[str] = dataclasses.field(default_factory=list)  # params the checkpoint lacked
+    # A fine-tuned checkpoint's task ({"name", "kind", "labels", "num_choices", "max_seq_length"});
+    # params are then the task head's ({"bert", "classifier"}).
+    task: dict | None = None
     _forward: Callable = dataclasses.field(init=False, repr=False)
 
     def __repr__(self) -> str:
         c = self.config
         return (f"LoadedBert({self.source or 'in memory'}: {c.num_layers} layers, hidden {c.hidden_size}, "
                 f"{c.num_heads} heads, vocabulary {c.vocab_size}, {bert_model.count_params(self.params):,} "
-                f"parameters, {c.dtype})")
+                f"parameters, {c.dtype}" + (f", fine-tuned for {self.task['name']}" if self.task else "") + ")")
 
     def __post_init__(self):
         # On the default device once, rather than copied from the host at every call.
@@ -73,6 +76,16 @@ class LoadedBert:
 
         # Compiled once per padded length S; a notebook typically sees few distinct lengths.
         self._forward = jax.jit(forward)
+        pretraining = bert_model.BertForPreTraining(self.config)
+        self._mlm = jax.jit(lambda params, ids, segments, mask, positions: pretraining.apply(
+            {"params": params}, ids, segments, mask, positions, deterministic=True)["mlm_logits"])
+        if self.task is not None:
+            from bertjax import heads
+
+            num_labels = len(self.task["labels"]) if self.task["kind"] == "classification" else None
+            net = heads.network(self.task["kind"], self.config, num_labels)
+            self._task_logits = jax.jit(lambda params, ids, segments, mask: net.apply(
+                {"params": params}, ids, segments, mask, deterministic=True))
 
     def tokenize(self, texts: list[str], max_length: int | None = None) -> dict[str, np.ndarray]:
         """[CLS] text [SEP] per text, truncated to max_length (default max_position_embeddings) and
@@ -118,6 +131,125 @@ class LoadedBert:
         }
 
 
+    def features(self, texts: list[str], layers=(-1, -2, -3, -4), combine: str = "concat",
+                 max_length: int | None = None) -> dict:
+        """The paper's feature-based approach: per-token features from the chosen encoder layers
+        (negative counts from the last; 0 is the embedding output), combined by "concat"
+        ([B, S, H * len(layers)], the paper's best: the last four concatenated), "sum" or "mean"
+        ([B, S, H]); with the input_mask [B, S] that marks real tokens."""
+        if combine not in ("concat", "sum", "mean"):
+            raise ValueError(f"combine={combine!r}: choose concat, sum or mean")
+        out = self.encode(texts, max_length)
+        hidden = out["hidden_states"]
+        try:
+            chosen = [hidden[layer] for layer in layers]
+        except IndexError:
+            raise ValueError(f"layers={tuple(layers)}: the model has hidden states 0..{len(hidden) - 1} "
+                             f"(0 the embeddings), or -1..-{len(hidden)} from the last") from None
+        if combine == "concat":
+            features = np.concatenate(chosen, axis=-1)
+        else:
+            features = np.sum(chosen, axis=0) / (len(chosen) if combine == "mean" else 1)
+        return {"features": features, "input_mask": out["input_mask"], "input_ids": out["input_ids"]}
+
+    def fill_mask(self, texts, top_k: int = 5):
+        """The masked-LM head's guesses for each "[MASK]" written in the text, best first, as Hugging
+        Face's fill-mask pipeline gives them: {"score", "token", "token_str", "sequence"}. One text
+        with one [MASK] -> a list of top_k guesses; otherwise one such list per [MASK] (per text)."""
+        if "mlm_head" not in self.params:
+            raise ValueError(f"{self.source or 'this model'} has no masked-LM head (a task checkpoint, or a "
+                             f"directory without one): fill_mask needs a pretraining checkpoint")
+        single = isinstance(texts, str)
+        texts = [texts] if single else list(texts)
+        tok = self.tokenizer
+        rows, positions = [], []
+        for text in texts:
+            pieces = text.split(MASK)
+            if len(pieces) < 2:
+                raise ValueError(f"fill_mask: no {MASK} in {text!r}")
+            ids, where = [tok.cls_id], []
+            for i, piece_ids in enumerate(tok.encode(pieces)):
+                if i:
+                    where.append(len(ids))
+                    ids.append(tok.mask_id)
+                ids.extend(piece_ids)
+            ids.append(tok.sep_id)
+            if len(ids) > self.config.max_position_embeddings:
+                raise ValueError(f"fill_mask: {len(ids)} tokens, more than the model's "
+                                 f"{self.config.max_position_embeddings}")
+            rows.append(ids)
+            positions.append(where)
+        seq_len, num_masks = max(map(len, rows)), max(map(len, positions))
+        input_ids = np.full((len(rows), seq_len), tok.pad_id, np.int32)  # [B, S]
+        input_mask = np.zeros_like(input_ids)
+        masked = np.zeros((len(rows), num_masks), np.int32)  # [B, P]
+        for b, (row, where) in enumerate(zip(rows, positions)):
+            input_ids[b, :len(row)], input_mask[b, :len(row)] = row, 1
+            masked[b, :len(where)] = where
+        logits = self._mlm(self.params, input_ids, np.zeros_like(input_ids), input_mask, masked)  # [B, P, V]
+        probs = np.asarray(jax.nn.softmax(np.asarray(logits, np.float32), axis=-1))
+        results = []
+        for b, where in enumerate(positions):
+            per_mask = []
+            for p, position in enumerate(where):
+                best = np.argsort(-probs[b, p], kind="stable")[:top_k]
+                guesses = []
+                for token in best:
+                    filled = list(rows[b])
+                    filled[position] = int(token)
+                    guesses.append({"score": float(probs[b, p, token]), "token": int(token),
+                                    "token_str": tok.convert_ids_to_tokens([int(token)])[0],
+                                    "sequence": tok.decode(filled[1:-1])})
+                per_mask.append(guesses)
+            results.append(per_mask)
+        if single and len(results[0]) == 1:
+            return results[0][0]
+        return results[0] if single else results
+
+    def predict(self, texts, text_pairs=None, choices=None) -> list[dict]:
+        """A fine-tuned checkpoint's predictions. Classification: {"label", "score", "scores" {label:
+        probability}}; regression: {"score"}; multiple choice (texts are the contexts, choices one
+        list per context): {"label" (the choice's index), "scores" [per choice]}."""
+        if self.task is None:
+            raise ValueError(f"{self.source or 'this model'} is not a fine-tuned task checkpoint: predict needs "
+                             f"one written by python -m bertjax.finetune")
+        from bertjax import heads
+        from bertjax.data.tasks import features
+
+        texts = [texts] if isinstance(texts, str) else list(texts)
+        kind, seq = self.task["kind"], int(self.task["max_seq_length"])
+        tok = self.tokenizer
+        special = dict(cls_id=tok.cls_id, sep_id=tok.sep_id, pad_id=tok.pad_id)
+        ids_a = tok.encode(texts)
+        if kind == "multiple_choice":
+            if choices is None or len(choices) != len(texts):
+                raise ValueError("predict for multiple choice needs choices=[[choice, ...] per context]")
+            encoded = [[features.encode_pair(np.asarray(a), np.asarray(c), seq, **special) for c in tok.encode(list(cs))]
+                       for a, cs in zip(ids_a, choices)]
+            batch = {k: np.stack([np.stack([e[k] for e in row]) for row in encoded])
+                     for k in ("input_ids", "segment_ids", "input_mask")}  # [B, C, S]
+        else:
+            if text_pairs is not None and len(text_pairs) != len(texts):
+                raise ValueError(f"{len(texts)} texts but {len(text_pairs)} text_pairs")
+            ids_b = tok.encode(list(text_pairs)) if text_pairs is not None else [None] * len(texts)
+            encoded = [features.encode_pair(np.asarray(a), None if b is None else np.asarray(b), seq, **special)
+                       for a, b in zip(ids_a, ids_b)]
+            batch = {k: np.stack([e[k] for e in encoded]) for k in ("input_ids", "segment_ids", "input_mask")}
+        logits = np.asarray(self._task_logits(self.params, batch["input_ids"], batch["segment_ids"],
+                                              batch["input_mask"]), np.float32)
+        if kind == "regression":
+            return [{"score": float(v)} for v in logits[:, 0]]
+        probs = np.asarray(jax.nn.softmax(logits, axis=-1))
+        if kind == "multiple_choice":
+            return [{"label": int(np.argmax(p)), "scores": [float(x) for x in p]} for p in probs]
+        labels = self.task["labels"]
+        return [{"label": labels[int(np.argmax(p))], "score": float(np.max(p)),
+                 "scores": {name: float(x) for name, x in zip(labels, p)}} for p in probs]
+
+
+MASK = "[MASK]"
+
+
 # --------------------------------------------------------------------------------------------------
 # Sources: each knows one kind of model directory
 # --------------------------------------------------------------------------------------------------
@@ -150,7 +282,7 @@ def _load_hf_directory(path: Path, dtype: str) -> LoadedBert:
 def _is_bertjax_checkpoint(path: Path) -> bool:
     from bertjax import checkpoint
 
-    return checkpoint.is_checkpoint(str(path))
+    return checkpoint.is_checkpoint(str(path)) or checkpoint.is_checkpoint(str(epath.Path(str(path)) / checkpoint.BEST_DIR))
 
 
 def _load_bertjax_checkpoint(path: Path, dtype: str) -> LoadedBert:
@@ -158,8 +290,11 @@ def _load_bertjax_checkpoint(path: Path, dtype: str) -> LoadedBert:
     the model config and the tokenizer recorded with it."""
     from bertjax import checkpoint
 
+    best = epath.Path(str(path)) / checkpoint.BEST_DIR
+    if best.is_dir() and checkpoint.is_checkpoint(str(best)):  # a fine-tuning workdir: its best dev checkpoint
+        path = best
     params, meta = checkpoint.restore_params(str(path))
-    # The run's workdir: the parent of its checkpoints/ directory, wherever the workdir is now.
+    # The run's workdir: the parent of its checkpoints/ (or best/) directory, wherever the workdir is now.
     workdir = str(epath.Path(checkpoint.find_checkpoint(str(path))[0]).parent)
     # How it was computed in training (cuDNN attention on a GPU, say) is chosen anew for this machine.
     cfg = bert_model.BertConfig.from_dict(dict(meta["model"], dtype=dtype, attention_impl="auto",
@@ -173,13 +308,13 @@ def _load_bertjax_checkpoint(path: Path, dtype: str) -> LoadedBert:
     if not epath.Path(vocab_path).exists():
         raise ValueError(f"{path}: its vocabulary {vocab_path} is gone; put it back there to load the model")
     tokenizer = _make_tokenizer(workdirs.local_copy(vocab_path), info["lower_case"], kind=info["kind"])
-    return LoadedBert(cfg, params, tokenizer, source=str(path))
+    return LoadedBert(cfg, params, tokenizer, source=str(path), task=meta.get("task"))
 
 
 # The order is the order of trial.
 _SOURCES = (
     _Source(
-        "a bertjax training workdir, its checkpoints/ directory or one step's directory",
+        "a bertjax training or fine-tuning workdir, its checkpoints/ (or best/) directory or one step's directory",
         _is_bertjax_checkpoint,
         _load_bertjax_checkpoint,
     ),

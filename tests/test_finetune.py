@@ -129,6 +129,13 @@ def test_outputs_of_a_run(classification_run, pretrained):
     agreement = np.mean([p == y for p, y in zip(predicted, pretrained["dev_labels"])])
     assert agreement == pytest.approx(best["value"])  # the files are the best checkpoint's
     assert json.loads((workdir / "summary.json").read_text())["best"]["step"] == best["step"]
+    # bertjax.load reads the best checkpoint back and predicts what the prediction file says.
+    import bertjax
+
+    dev_texts = [json.loads(line)["text"] for line in pathlib.Path(pretrained["files"]["validation"]).read_text().splitlines()]
+    model = bertjax.load(workdir)
+    assert model.task["labels"] == ["no", "yes"]
+    assert [p["label"] for p in model.predict(dev_texts[:8])] == predicted[:8]
 
 
 def test_a_finished_run_rerun_resumes_at_its_end(classification_run):
