@@ -269,3 +269,36 @@ def test_launcher_timeout_ends_even_processes_that_ignore_sigterm(tmp_path):
     out, _ = proc.communicate(timeout=60)
     assert proc.returncode == 124, out
     assert "SIGKILL" in out
+
+
+# ----------------------------------------------------------------------------------------------------
+# A cluster JAX detects by itself (here Open MPI's environment, as mpirun sets it): two processes join
+# one job with no coordinator flags; without any cluster, one process runs alone.
+# ----------------------------------------------------------------------------------------------------
+
+JOIN = """
+import jax
+from bertjax import sharding
+sharding.initialize_distributed()
+print("joined", jax.process_index(), jax.process_count(), flush=True)
+"""
+
+
+def test_a_detected_cluster_is_joined_without_flags(tmp_path):
+    script = tmp_path / "join.py"
+    script.write_text(JOIN)
+    base = {k: v for k, v in os.environ.items() if not k.startswith(("OMPI_", "SLURM_", "BERTJAX_"))}
+    base.update(PYTHONPATH=str(REPO), JAX_PLATFORMS="cpu", XLA_FLAGS="--xla_force_host_platform_device_count=1")
+    job = 4096 * (1000 + os.getpid() % 3000)  # Open MPI job ids are multiples of 2^12; JAX derives the port
+    procs = [subprocess.Popen([sys.executable, str(script)], cwd=REPO, text=True, stdout=subprocess.PIPE,
+                              stderr=subprocess.STDOUT,
+                              env=dict(base, OMPI_MCA_orte_hnp_uri=f"{job}.0;tcp://127.0.0.1:1",
+                                       OMPI_COMM_WORLD_SIZE="2", OMPI_COMM_WORLD_RANK=str(i),
+                                       OMPI_COMM_WORLD_LOCAL_RANK=str(i)))
+             for i in range(2)]
+    outs = [p.communicate(timeout=120)[0] for p in procs]
+    assert all(p.returncode == 0 for p in procs), outs
+    assert [re.search(r"joined (\d) (\d)", out).groups() for out in outs] == [("0", "2"), ("1", "2")], outs
+    alone = subprocess.run([sys.executable, str(script)], cwd=REPO, env=base, text=True, capture_output=True,
+                           timeout=120)
+    assert alone.returncode == 0 and "joined 0 1" in alone.stdout, alone.stderr[-2000:]
