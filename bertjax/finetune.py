@@ -34,8 +34,14 @@ from ml_collections import config_dict, config_flags
 from bertjax import checkpoint, cli, heads, metrics, model, optim, sharding, trainer, writers
 from bertjax import workdir as workdirs
 
-_CONFIG = config_flags.DEFINE_config_file("config", None, "A configs/finetune/<task>.py file.", lock_config=True)
-_WORKDIR = flags.DEFINE_string("workdir", None, "Checkpoints, metrics.jsonl, predictions and the summary go here.")
+_FLAGS = {}  # defined by entry(): importing this module (evaluate, the tests, a notebook) defines no flags
+
+
+def _define_flags() -> None:
+    _FLAGS["config"] = config_flags.DEFINE_config_file("config", None, "A configs/finetune/<task>.py file.",
+                                                       lock_config=True)
+    _FLAGS["workdir"] = flags.DEFINE_string("workdir", None,
+                                            "Checkpoints, metrics.jsonl, predictions and the summary go here.")
 
 INPUT_KEYS = ("input_ids", "segment_ids", "input_mask")
 TRAIN_KEYS = INPUT_KEYS + ("label", "example_weight")
@@ -199,7 +205,7 @@ def main(argv):
     if len(argv) > 1:
         raise app.UsageError(f"unexpected arguments: {argv[1:]}")
     cli.quiet_library_logs()
-    config, workdir = _CONFIG.value, _WORKDIR.value
+    config, workdir = _FLAGS["config"].value, _FLAGS["workdir"].value
     if not workdir:
         cli.fail("--workdir is required (checkpoints, metrics and predictions go there)")
     try:
@@ -430,6 +436,7 @@ def _check_same_task(step: int, meta: dict, *, task) -> None:
 
 
 def entry():
+    _define_flags()
     app.run(main, flags_parser=cli.parse_flags)
 
 

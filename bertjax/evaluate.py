@@ -1,0 +1,166 @@
+"""python -m bertjax.evaluate: fine-tune and score every task of a benchmark suite, one table.
+
+    python -m bertjax.evaluate --init_from=path/to/bert-base-uncased --suite=glue --workdir=runs/glue
+    python -m bertjax.evaluate --init_from=runs/base --suite=glue --tasks=sst2,mrpc --sweep --workdir=runs/glue
+
+Each task of the suite whose data TFDS has prepared (`tfds build glue/<task>`; nothing is downloaded
+here) is fine-tuned with its configs/finetune/<task>.py in WORKDIR/<task>; the dev scores go into one
+table in the layout of the BERT paper's GLUE table (Devlin et al. 2018, table 1), printed and written
+to WORKDIR/<suite>.md and <suite>.json.
+"""
+
+import dataclasses
+import importlib
+import json
+
+from absl import app, flags
+
+from bertjax import cli
+from bertjax import workdir as workdirs
+
+_FLAGS = {}  # defined by entry(): importing this module defines no flags
+
+
+def _define_flags() -> None:
+    _FLAGS.update(
+        init_from=flags.DEFINE_string("init_from", None, "A bertjax workdir or checkpoint, or a Hugging Face BERT "
+                                      "directory."),
+        suite=flags.DEFINE_string("suite", "glue", "The benchmark suite."),
+        workdir=flags.DEFINE_string("workdir", None, "Each task's fine-tuning workdir goes under it, and the table."),
+        tasks=flags.DEFINE_list("tasks", None, "Only these tasks of the suite (default: all it has data for)."),
+        tfds_data_dir=flags.DEFINE_string("tfds_data_dir", None, "Where TFDS keeps the prepared data sets."),
+        sweep=flags.DEFINE_bool("sweep", False, "The paper's learning-rate grid per task, the best dev score kept."),
+        epochs=flags.DEFINE_float("epochs", None, "Override the recipe's epochs (e.g. for a quick look)."),
+        batch_size=flags.DEFINE_integer("batch_size", None, "Override the recipe's batch size."),
+        max_seq_length=flags.DEFINE_integer("max_seq_length", None, "Override the recipe's sequence length."),
+    )
+
+
+@dataclasses.dataclass(frozen=True)
+class Column:
+    """One column of a suite's table: its heading, the task, and which dev metrics it shows."""
+
+    heading: str
+    task: str
+    metrics: tuple[tuple[str, str], ...]  # (dev split, metric), shown joined by "/"
+
+
+# The paper's GLUE table: F1 for QQP and MRPC, Spearman for STS-B, Matthews for CoLA, accuracy for the
+# rest; WNLI left out, as the paper did. The average is over the columns' first figures.
+SUITES = {
+    "glue": (
+        Column("MNLI-(m/mm)", "mnli", (("validation_matched", "accuracy"), ("validation_mismatched", "accuracy"))),
+        Column("QQP", "qqp", (("validation", "f1"),)),
+        Column("QNLI", "qnli", (("validation", "accuracy"),)),
+        Column("SST-2", "sst2", (("validation", "accuracy"),)),
+        Column("CoLA", "cola", (("validation", "matthews_corr"),)),
+        Column("STS-B", "stsb", (("validation", "spearman"),)),
+        Column("MRPC", "mrpc", (("validation", "f1"),)),
+        Column("RTE", "rte", (("validation", "accuracy"),)),
+    ),
+}
+
+
+def available(task_name: str, data_dir: str | None) -> str | None:
+    """None when TFDS has the task's data prepared, else why not (what to run)."""
+    import tensorflow_datasets as tfds
+
+    from bertjax.data.tasks import registry
+
+    name = registry.TASKS[task_name].tfds_name
+    if tfds.builder(name, data_dir=data_dir).is_prepared():
+        return None
+    return f"{name} is not prepared in {data_dir or 'the default TFDS directory'}: `tfds build {name}` (downloads) to include it"
+
+
+def task_config(task_name: str, init_from: str, data_dir: str | None, *, epochs=None, batch_size=None,
+                max_seq_length=None):
+    config = importlib.import_module(f"configs.finetune.{task_name}").get_config()
+    config.init_from = init_from
+    config.data.tfds_data_dir = data_dir
+    if epochs is not None:
+        config.train.epochs = epochs
+    if batch_size is not None:
+        config.train.batch_size = batch_size
+    if max_seq_length is not None:
+        config.data.max_seq_length = max_seq_length
+    return config
+
+
+def table(columns, scores: dict) -> tuple[list[str], float | None]:
+    """The markdown table (heading, rule, values) and the average of the columns that ran.
+    scores: task -> {split: {metric: value}}."""
+    cells, firsts = [], []
+    for column in columns:
+        if column.task not in scores:
+            cells.append("-")
+            continue
+        values = [100 * scores[column.task][split][metric] for split, metric in column.metrics]
+        firsts.append(values[0])
+        cells.append("/".join(f"{v:.1f}" for v in values))
+    average = sum(firsts) / len(firsts) if firsts else None
+    lines = ["| " + " | ".join([c.heading for c in columns] + ["Average"]) + " |",
+             "|" + "---|" * (len(columns) + 1),
+             "| " + " | ".join(cells + ["-" if average is None else f"{average:.1f}"]) + " |"]
+    return lines, average
+
+
+def evaluate(init_from: str, suite: str, workdir: str, *, tasks=None, data_dir=None, sweep=False, **overrides) -> dict:
+    from bertjax import finetune
+
+    if suite not in SUITES:
+        raise ValueError(f"--suite={suite}: choose one of {', '.join(SUITES)}")
+    columns = SUITES[suite]
+    known = [c.task for c in columns]
+    if tasks:
+        unknown = sorted(set(tasks) - set(known))
+        if unknown:
+            raise ValueError(f"--tasks: {', '.join(unknown)} not in suite {suite} ({', '.join(known)})")
+    skipped = {}
+    for task in tasks or known:
+        reason = available(task, data_dir)
+        if reason:
+            skipped[task] = reason
+            print(f"skipped {task}: {reason}", flush=True)
+    chosen = [t for t in (tasks or known) if t not in skipped]
+    if not chosen:
+        raise ValueError(f"no task of suite {suite} has its data prepared in {data_dir or 'the default TFDS directory'}: "
+                         f"prepare some with `tfds build glue/<task>`, or pass --tfds_data_dir")
+    workdirs.make(workdir)
+    scores = {}
+    for task in chosen:
+        print(f"--- {task}", flush=True)
+        config = task_config(task, init_from, data_dir, **overrides)
+        run_dir = workdirs.join(workdir, task)
+        summary = finetune.sweep(config, run_dir) if sweep else finetune.finetune(config, run_dir)
+        scores[task] = summary["best"]["metrics"]
+    lines, average = table(columns, scores)
+    print("\n".join(lines), flush=True)
+    out = {"suite": suite, "init_from": init_from, "scores": scores, "average": average, "skipped": skipped,
+           "table": lines}
+    workdirs.write_bytes(workdirs.join(workdir, f"{suite}.json"), json.dumps(out, indent=1).encode())
+    workdirs.write_bytes(workdirs.join(workdir, f"{suite}.md"), ("\n".join(lines) + "\n").encode())
+    return out
+
+
+def main(argv):
+    if len(argv) > 1:
+        raise app.UsageError(f"unexpected arguments: {argv[1:]}")
+    cli.quiet_library_logs()
+    f = {name: flag.value for name, flag in _FLAGS.items()}
+    if not f["init_from"] or not f["workdir"]:
+        cli.fail("--init_from and --workdir are required")
+    try:
+        evaluate(f["init_from"], f["suite"], f["workdir"], tasks=f["tasks"], data_dir=f["tfds_data_dir"],
+                 sweep=f["sweep"], epochs=f["epochs"], batch_size=f["batch_size"], max_seq_length=f["max_seq_length"])
+    except (ValueError, FileNotFoundError, FloatingPointError) as e:
+        cli.fail(str(e))
+
+
+def entry():
+    _define_flags()
+    app.run(main, flags_parser=cli.parse_flags)
+
+
+if __name__ == "__main__":
+    entry()
