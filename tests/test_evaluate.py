@@ -40,11 +40,11 @@ def test_the_glue_table_of_the_tasks_with_data(pretrained, tmp_path, monkeypatch
     assert (tmp_path / "glue" / "glue.md").read_text().splitlines() == out["table"]
 
 
-def test_mistakes_are_one_line(pretrained, tmp_path, monkeypatch):  # noqa: F811
+def test_mistakes_are_one_line(tmp_path, monkeypatch):
     with pytest.raises(ValueError, match="--suite=superglue: choose one of glue"):
-        evaluate.evaluate(pretrained["workdir"], "superglue", str(tmp_path))
+        evaluate.evaluate(str(tmp_path), "superglue", str(tmp_path))
     with pytest.raises(ValueError, match=re.escape("--tasks: swag not in suite glue")):
-        evaluate.evaluate(pretrained["workdir"], "glue", str(tmp_path), tasks=["swag"])
+        evaluate.evaluate(str(tmp_path), "glue", str(tmp_path), tasks=["swag"])
     monkeypatch.setattr(evaluate, "available", lambda task, data_dir: "not prepared")
     with pytest.raises(ValueError, match="no task of suite glue has its data prepared"):
-        evaluate.evaluate(pretrained["workdir"], "glue", str(tmp_path))
+        evaluate.evaluate(str(tmp_path), "glue", str(tmp_path))
