@@ -82,8 +82,9 @@ class LoadedBert:
         if self.task is not None:
             from bertjax import heads
 
-            num_labels = len(self.task["labels"]) if self.task["kind"] == "classification" else None
-            net = heads.network(self.task["kind"], self.config, num_labels)
+            kind = self.task["kind"]
+            num_labels = len(self.task["labels"]) if kind in ("classification", "tagging") else None
+            net = heads.network(kind, self.config, num_labels, feature_based=self.task.get("feature_based"))
             self._task_logits = jax.jit(lambda params, ids, segments, mask: net.apply(
                 {"params": params}, ids, segments, mask, deterministic=True))
 
@@ -206,18 +207,35 @@ class LoadedBert:
             return results[0][0]
         return results[0] if single else results
 
-    def predict(self, texts, text_pairs=None, choices=None) -> list[dict]:
-        """A fine-tuned checkpoint's predictions. Classification: {"label", "score", "scores" {label:
-        probability}}; regression: {"score"}; multiple choice (texts are the contexts, choices one
-        list per context): {"label" (the choice's index), "scores" [per choice]}."""
+    def predict(self, texts=None, text_pairs=None, choices=None, *, questions=None, contexts=None) -> list[dict]:
+        """A fine-tuned checkpoint's predictions, one dict per input.
+
+        classification   texts (and text_pairs) -> {"label", "score", "scores" {label: probability}}
+        regression       texts (and text_pairs) -> {"score"}
+        multiple choice  texts are the contexts, choices one list per context -> {"label" (the choice's
+                         index), "scores" [per choice]}
+        span QA          questions=[...], contexts=[...] -> {"answer", "start", "end" (its characters in
+                         the context), "score" (its probability among the n-best)}; "" where a v2.0
+                         model finds no answer (at the threshold tuned on its dev set)
+        tagging          texts: sentences, each a list of words or a string split at whitespace ->
+                         {"tags" [(word, tag)], "entities" [{"type", "start", "end", "text"}]}, entity
+                         words [start, end)
+        """
         if self.task is None:
             raise ValueError(f"{self.source or 'this model'} is not a fine-tuned task checkpoint: predict needs "
                              f"one written by python -m bertjax.finetune")
+        kind = self.task["kind"]
+        if kind == "span":
+            return self._answer(questions, contexts)
+        if questions is not None or contexts is not None:
+            raise ValueError(f"questions and contexts are for span QA; this model is fine-tuned for {kind}")
+        if kind == "tagging":
+            return self._tag(texts)
         from bertjax import heads
         from bertjax.data.tasks import features
 
         texts = [texts] if isinstance(texts, str) else list(texts)
-        kind, seq = self.task["kind"], int(self.task["max_seq_length"])
+        seq = int(self.task["max_seq_length"])
         tok = self.tokenizer
         special = dict(cls_id=tok.cls_id, sep_id=tok.sep_id, pad_id=tok.pad_id)
         ids_a = tok.encode(texts)
@@ -245,6 +263,60 @@ class LoadedBert:
         labels = self.task["labels"]
         return [{"label": labels[int(np.argmax(p))], "score": float(np.max(p)),
                  "scores": {name: float(x) for name, x in zip(labels, p)}} for p in probs]
+
+
+    def _logits_of(self, features: dict, batch_size: int = 32) -> np.ndarray:
+        """The task head's logits for every row of fixed-shape features, in batches."""
+        out = []
+        for start in range(0, len(features["input_ids"]), batch_size):
+            part = {k: features[k][start:start + batch_size] for k in ("input_ids", "segment_ids", "input_mask")}
+            out.append(np.asarray(self._task_logits(self.params, part["input_ids"], part["segment_ids"],
+                                                    part["input_mask"]), np.float32))
+        return np.concatenate(out)
+
+    def _answer(self, questions, contexts) -> list[dict]:
+        from bertjax.data.tasks import squad
+
+        if questions is None or contexts is None:
+            raise ValueError("predict for span QA needs questions=[...] and contexts=[...], one context per question")
+        questions = [questions] if isinstance(questions, str) else list(questions)
+        contexts = [contexts] if isinstance(contexts, str) else list(contexts)
+        if len(questions) != len(contexts) or not questions:
+            raise ValueError(f"{len(questions)} questions but {len(contexts)} contexts: give one context per question")
+        settings = squad.Settings(**self.task["squad_settings"])
+        examples = [squad.SquadExample(str(n), q, c, (), ()) for n, (q, c) in enumerate(zip(questions, contexts))]
+        features = squad.featurize_squad(examples, self.tokenizer, settings)
+        logits = self._logits_of(features)
+        answers = squad.decode_answers(examples, features, logits[..., 0], logits[..., 1], settings,
+                                       self.task["squad_version"], self.task.get("null_threshold", 0.0))
+        out = []
+        for e in examples:
+            text = answers.text[e.id]
+            best = next(entry for entry in answers.nbest[e.id] if entry["text"] == text)
+            out.append({"answer": text, "start": best["start"], "end": best["end"], "score": best["probability"]})
+        return out
+
+    def _tag(self, texts) -> list[dict]:
+        from bertjax import metrics
+        from bertjax.data.tasks import tagging
+
+        if texts is None:
+            raise ValueError("predict for tagging needs texts: sentences, each a list of words or a string")
+        if isinstance(texts, str):
+            texts = [texts]
+        sentences = [tuple(t.split()) if isinstance(t, str) else tuple(t) for t in texts]
+        examples = [tagging.TagExample(n, words, None) for n, words in enumerate(sentences)]
+        labels = tuple(self.task["labels"])
+        features = tagging.featurize_tagging(examples, labels, self.tokenizer, int(self.task["max_seq_length"]))
+        predicted = tagging.tags_from_predictions(features, np.argmax(self._logits_of(features), axis=-1), labels,
+                                                  examples)
+        out = []
+        for e in examples:
+            tags = predicted[e.idx]
+            entities = [{"type": kind, "start": first, "end": last + 1, "text": " ".join(e.words[first:last + 1])}
+                        for kind, first, last in metrics.tag_entities(list(tags))]
+            out.append({"tags": list(zip(e.words, tags)), "entities": entities})
+        return out
 
 
 MASK = "[MASK]"

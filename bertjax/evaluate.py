@@ -2,11 +2,13 @@
 
     python -m bertjax.evaluate --init_from=path/to/bert-base-uncased --suite=glue --workdir=runs/glue
     python -m bertjax.evaluate --init_from=runs/base --suite=glue --tasks=sst2,mrpc --sweep --workdir=runs/glue
+    python -m bertjax.evaluate --init_from=runs/base --suite=all --workdir=runs/eval   # glue, squad, conll
 
-Each task of the suite whose data TFDS has prepared (`tfds build glue/<task>`; nothing is downloaded
-here) is fine-tuned with its configs/finetune/<task>.py in WORKDIR/<task>; the dev scores go into one
-table in the layout of the BERT paper's GLUE table (Devlin et al. 2018, table 1), printed and written
-to WORKDIR/<suite>.md and <suite>.json.
+Each task of the suite whose data TFDS has prepared (`tfds build glue/<task>`, `squad/v1.1`,
+`conll2003`; nothing is downloaded here) is fine-tuned with its configs/finetune/<task>.py in
+WORKDIR/<task>; the dev scores go into one table in the layout of the BERT paper's tables (Devlin et
+al. 2018: GLUE table 1, SQuAD tables 2 and 3, CoNLL-2003 table 7), printed and written to
+WORKDIR/<suite>.md and <suite>.json.
 """
 
 import dataclasses
@@ -25,7 +27,7 @@ def _define_flags() -> None:
     _FLAGS.update(
         init_from=flags.DEFINE_string("init_from", None, "A bertjax workdir or checkpoint, or a Hugging Face BERT "
                                       "directory."),
-        suite=flags.DEFINE_string("suite", "glue", "The benchmark suite."),
+        suite=flags.DEFINE_string("suite", "glue", "The benchmark suite: glue, squad, conll, or all of them."),
         workdir=flags.DEFINE_string("workdir", None, "Each task's fine-tuning workdir goes under it, and the table."),
         tasks=flags.DEFINE_list("tasks", None, "Only these tasks of the suite (default: all it has data for)."),
         tfds_data_dir=flags.DEFINE_string("tfds_data_dir", None, "Where TFDS keeps the prepared data sets."),
@@ -58,7 +60,20 @@ SUITES = {
         Column("MRPC", "mrpc", (("validation", "f1"),)),
         Column("RTE", "rte", (("validation", "accuracy"),)),
     ),
+    # The paper's SQuAD tables (2 and 3): dev EM/F1; v2.0 at the no-answer threshold tuned on dev.
+    "squad": (
+        Column("SQuAD 1.1 (EM/F1)", "squad", (("validation", "exact_match"), ("validation", "f1"))),
+        Column("SQuAD 2.0 (EM/F1)", "squad_v2", (("validation", "best_exact_match"), ("validation", "best_f1"))),
+    ),
+    # The paper's CoNLL-2003 table (7): entity-level F1 on dev, and on test.
+    "conll": (
+        Column("CoNLL-2003 NER (dev/test F1)", "conll2003", (("dev", "f1"), ("test", "f1"))),
+    ),
 }
+# Suites whose table ends in an average column, as the paper's GLUE table does.
+AVERAGED = ("glue",)
+# --suite=all: each suite in turn, one table each.
+ALL = ("glue", "squad", "conll")
 
 
 def available(task_name: str, data_dir: str | None) -> str | None:
@@ -87,7 +102,7 @@ def task_config(task_name: str, init_from: str, data_dir: str | None, *, epochs=
     return config
 
 
-def table(columns, scores: dict) -> tuple[list[str], float | None]:
+def table(columns, scores: dict, average_column: bool = True) -> tuple[list[str], float | None]:
     """The markdown table (heading, rule, values) and the average of the columns that ran.
     scores: task -> {split: {metric: value}}."""
     cells, firsts = [], []
@@ -99,17 +114,21 @@ def table(columns, scores: dict) -> tuple[list[str], float | None]:
         firsts.append(values[0])
         cells.append("/".join(f"{v:.1f}" for v in values))
     average = sum(firsts) / len(firsts) if firsts else None
-    lines = ["| " + " | ".join([c.heading for c in columns] + ["Average"]) + " |",
-             "|" + "---|" * (len(columns) + 1),
-             "| " + " | ".join(cells + ["-" if average is None else f"{average:.1f}"]) + " |"]
+    headings = [c.heading for c in columns]
+    if average_column:
+        headings.append("Average")
+        cells.append("-" if average is None else f"{average:.1f}")
+    lines = ["| " + " | ".join(headings) + " |", "|" + "---|" * len(headings), "| " + " | ".join(cells) + " |"]
     return lines, average
 
 
 def evaluate(init_from: str, suite: str, workdir: str, *, tasks=None, data_dir=None, sweep=False, **overrides) -> dict:
     from bertjax import finetune
 
+    if suite == "all":
+        return _evaluate_all(init_from, workdir, tasks=tasks, data_dir=data_dir, sweep=sweep, **overrides)
     if suite not in SUITES:
-        raise ValueError(f"--suite={suite}: choose one of {', '.join(SUITES)}")
+        raise ValueError(f"--suite={suite}: choose one of {', '.join(SUITES)} or all")
     columns = SUITES[suite]
     known = [c.task for c in columns]
     if tasks:
@@ -125,7 +144,7 @@ def evaluate(init_from: str, suite: str, workdir: str, *, tasks=None, data_dir=N
     chosen = [t for t in (tasks or known) if t not in skipped]
     if not chosen:
         raise ValueError(f"no task of suite {suite} has its data prepared in {data_dir or 'the default TFDS directory'}: "
-                         f"prepare some with `tfds build glue/<task>`, or pass --tfds_data_dir")
+                         f"prepare some with `tfds build <dataset>` ({', '.join(skipped)}), or pass --tfds_data_dir")
     workdirs.make(workdir)
     scores = {}
     for task in chosen:
@@ -134,13 +153,36 @@ def evaluate(init_from: str, suite: str, workdir: str, *, tasks=None, data_dir=N
         run_dir = workdirs.join(workdir, task)
         summary = finetune.sweep(config, run_dir) if sweep else finetune.finetune(config, run_dir)
         scores[task] = summary["best"]["metrics"]
-    lines, average = table(columns, scores)
+    lines, average = table(columns, scores, average_column=suite in AVERAGED)
     print("\n".join(lines), flush=True)
     out = {"suite": suite, "init_from": init_from, "scores": scores, "average": average, "skipped": skipped,
            "table": lines}
     workdirs.write_bytes(workdirs.join(workdir, f"{suite}.json"), json.dumps(out, indent=1).encode())
     workdirs.write_bytes(workdirs.join(workdir, f"{suite}.md"), ("\n".join(lines) + "\n").encode())
     return out
+
+
+def _evaluate_all(init_from: str, workdir: str, *, tasks=None, **kwargs) -> dict:
+    """Every suite it has data for, one table each; tasks (if given) picked from all suites."""
+    results, lines = {}, []
+    for suite in ALL:
+        chosen = [t for t in tasks if t in {c.task for c in SUITES[suite]}] if tasks else None
+        if tasks and not chosen:
+            continue
+        try:
+            results[suite] = evaluate(init_from, suite, workdirs.join(workdir, suite), tasks=chosen, **kwargs)
+        except ValueError as e:
+            if "has its data prepared" not in str(e):
+                raise
+            print(f"skipped suite {suite}: {e}", flush=True)
+            continue
+        lines += [f"{suite}:", ""] + results[suite]["table"] + [""]
+    if not results:
+        raise ValueError(f"no suite has data prepared in {kwargs.get('data_dir') or 'the default TFDS directory'}")
+    print("\n".join(lines), flush=True)
+    workdirs.write_bytes(workdirs.join(workdir, "all.json"), json.dumps(results, indent=1).encode())
+    workdirs.write_bytes(workdirs.join(workdir, "all.md"), "\n".join(lines).encode())
+    return {"suite": "all", "suites": results, "table": lines}
 
 
 def main(argv):

@@ -12,8 +12,9 @@ evaluating on the dev set(s) every epoch -> the best dev checkpoint's prediction
 
 WORKDIR gets metrics.jsonl (training lines; dev lines with split=<dev split> and the task's metrics),
 TensorBoard events, config.json, checkpoints/ (to resume), best/ (the best dev checkpoint, what
-bertjax.load reads), predictions/ (GLUE submission TSVs for the test splits, the same format for the dev
-splits) and summary.json.
+bertjax.load reads), predictions/ (every dev and test split predicted by the best checkpoint, in each
+benchmark's own form: GLUE submission TSVs, the official SQuAD scripts' JSON files, conlleval's columns;
+see bertjax/data/tasks/scoring.py) and summary.json.
 """
 
 import contextlib
@@ -31,7 +32,7 @@ import optax
 from absl import app, flags
 from ml_collections import config_dict, config_flags
 
-from bertjax import checkpoint, cli, heads, metrics, model, optim, sharding, trainer, writers
+from bertjax import checkpoint, cli, heads, model, optim, sharding, trainer, writers
 from bertjax import workdir as workdirs
 
 _FLAGS = {}  # defined by entry(): importing this module (evaluate, the tests, a notebook) defines no flags
@@ -122,10 +123,14 @@ def task_train_step(state: trainer.TrainState, batch: dict, dropout_key, *, net,
     """One optimizer step on a batch of task examples; returns the new state and the metric sums."""
     rng = jax.random.fold_in(dropout_key, state.step)
 
+    weights = batch["example_weight"]  # [B]
+    if "label_weight" in batch:  # tagging: the tokens that carry a tag, [B, S]
+        weights = batch["label_weight"] * weights[:, None]
+
     def loss(params):
         logits = net.apply({"params": params}, *(batch[k] for k in INPUT_KEYS), deterministic=False,
                            rngs={"dropout": rng})
-        return loss_fn(logits, batch["label"], batch["example_weight"])
+        return loss_fn(logits, batch["label"], weights)
 
     (value, sums), grads = jax.value_and_grad(loss, has_aux=True)(state.params)
     grad_norm = optax.tree.norm(grads)
@@ -157,19 +162,55 @@ def task_from_config(config):
     from bertjax.data.tasks import registry
 
     labels = list(config.data.labels) if config.data.labels else None
-    return registry.get_task(config.task, labels=labels, num_choices=config.data.num_choices)
+    return registry.get_task(config.task, labels=labels, num_choices=config.data.num_choices,
+                             squad_version=config.data.get("squad_version"))
 
 
-def split_features(task, tokenizer, config) -> tuple[dict, dict, dict]:
-    """(train features, {dev split: features}, {test split: features}) of the task, from the user's
-    files where config.data names them, else from TFDS."""
-    from bertjax.data.tasks import features, readers
+def squad_settings(config):
+    """Span tasks' windowing and decoding settings (configs/finetune/squad.py), None for other kinds."""
+    from bertjax.data.tasks import squad
+
+    if "answers" not in config:
+        return None
+    return squad.Settings(max_seq_length=config.data.max_seq_length, max_query_length=config.data.max_query_length,
+                          doc_stride=config.data.doc_stride, n_best=config.answers.n_best,
+                          max_answer_length=config.answers.max_answer_length)
+
+
+def feature_based_settings(config, task) -> dict | None:
+    """config.feature_based (tagging only) as heads.network takes it; None when it is off."""
+    settings = config.get("feature_based")
+    if not settings or not settings.enabled:
+        return None
+    if task.kind != "tagging":
+        raise ValueError(f"config.feature_based is for tagging tasks; task {task.name} is {task.kind}")
+    return {"layers": tuple(int(layer) for layer in settings.layers), "lstm_size": int(settings.lstm_size),
+            "lstm_layers": int(settings.lstm_layers)}
+
+
+def featurize(task, examples: list, tokenizer, config) -> dict:
+    """Examples of any kind -> their fixed-shape features (bertjax/data/tasks/*.py)."""
+    from bertjax.data.tasks import features, registry, squad
+
+    if task.kind == registry.SPAN:
+        return squad.featurize_squad(examples, tokenizer, squad_settings(config))
+    if task.kind == registry.TAGGING:
+        from bertjax.data.tasks import tagging
+
+        return tagging.featurize_tagging(examples, task.labels, tokenizer, config.data.max_seq_length)
+    return features.featurize(examples, task, tokenizer, config.data.max_seq_length)
+
+
+def split_features(task, tokenizer, config) -> tuple:
+    """(train Split, {dev split: Split}, {test split: Split}) of the task (bertjax.data.tasks.scoring.Split:
+    examples and features), from the user's files where config.data names them, else from TFDS."""
+    from bertjax.data.tasks import readers, scoring
 
     data = config.data
 
     def read(split_name, file, labeled=True):
         examples = readers.read_split(task, split_name, path=file, data_dir=data.tfds_data_dir, labeled=labeled)
-        return features.featurize(examples, task, tokenizer, data.max_seq_length)
+        return scoring.Split(examples, featurize(task, examples, tokenizer, config), labeled)
 
     if not data.train and task.train_split is None:
         raise ValueError(f"task {task.name} has no training split of its own: set config.data.train to a JSON-lines "
@@ -255,7 +296,7 @@ def _finetune(config, workdir: str) -> dict:
 
     tf.config.set_visible_devices([], "GPU")  # TensorFlow only tokenizes here: the accelerators belong to JAX
     from bertjax.data.tasks import batches as task_batches
-    from bertjax.data.tasks import submission
+    from bertjax.data.tasks import scoring
 
     process_index, process_count = jax.process_index(), jax.process_count()
 
@@ -279,29 +320,41 @@ def _finetune(config, workdir: str) -> dict:
                          f"its model only {bert_config.vocab_size}: a checkpoint of another vocabulary size")
 
     # ---------------------------------------------------------------- data
-    train_features, dev_features, test_features = split_features(task, pretrained.tokenizer, config)
+    train_split, dev_splits, test_splits = split_features(task, pretrained.tokenizer, config)
+    train_features = train_split.features
+    settings = squad_settings(config)
     num_train = task_batches.num_examples(train_features)
     num_steps = task_batches.num_train_steps(num_train, batch_size, config.train.epochs)
     steps_per_epoch = math.ceil(num_train / batch_size)
-    dev_sizes = ", ".join(f"{len(f['label'])} {split}" for split, f in dev_features.items())
-    say(f"{num_train} training examples, {dev_sizes}; {num_steps} steps of {batch_size} "
+    dev_sizes = ", ".join(f"{len(s.examples)} {split}" for split, s in dev_splits.items())
+    rows = "" if num_train == len(train_split.examples) else f" in {num_train} rows"
+    say(f"{len(train_split.examples)} training examples{rows}, {dev_sizes}; {num_steps} steps of {batch_size} "
         f"({config.train.epochs:g} epochs)")
 
     # ---------------------------------------------------------------- head, optimizer, state: shapes first
-    net = heads.network(task.kind, bert_config, num_labels)
+    feature_based = feature_based_settings(config, task)
+    net = heads.network(task.kind, bert_config, num_labels, feature_based=feature_based)
     schedule_config = config_dict.ConfigDict(dict(
         warmup_steps=int(round(config.schedule.warmup_fraction * num_steps)), decay=config.schedule.decay,
         power=config.schedule.power))
-    tx, schedule = optim.optimizer_from_config(config.optimizer, schedule_config, num_steps)
+    optimizer_config = config.optimizer
+    if feature_based:
+        optimizer_config = config_dict.ConfigDict(dict(config.optimizer.to_dict(),
+                                                       learning_rate=config.feature_based.learning_rate))
+    tx, schedule = optim.optimizer_from_config(optimizer_config, schedule_config, num_steps)
+    if feature_based:  # the encoder stays as pretrained: only the tagger on its features learns
+        tx = optax.multi_transform({"train": tx, "frozen": optax.set_to_zero()},
+                                   functools.partial(heads.trainable, frozen_encoder=True))
     example = heads.dummy_inputs(task.kind, 1, config.data.max_seq_length, task.num_choices or 1)
     init_key, dropout_key = trainer.root_keys(config.train.seed, config.train.dropout_rng)
 
     def init_state(rng):
         params = heads.with_pretrained_encoder(net.init({"params": rng}, **example)["params"], pretrained.params)
-        if pretrained.whole_head:  # a checkpoint of this task: its classifier too
-            params = dict(params, classifier=jax.tree_util.tree_map(
-                lambda box, value: box.replace_boxed(value), params["classifier"],
-                pretrained.params["classifier"], is_leaf=lambda x: isinstance(x, nn.meta.AxisMetadata)))
+        if pretrained.whole_head and set(pretrained.params) == set(params):  # this task's head: classifier too
+            is_box = lambda x: isinstance(x, nn.meta.AxisMetadata)  # noqa: E731
+            params = {name: tree if name == "bert" else jax.tree_util.tree_map(
+                lambda box, value: box.replace_boxed(value) if is_box(box) else value, tree,
+                pretrained.params[name], is_leaf=is_box) for name, tree in params.items()}
         return trainer.TrainState(step=jnp.int32(0), params=params, opt_state=tx.init(params))
 
     abstract_boxed = jax.eval_shape(init_state, init_key)
@@ -341,17 +394,18 @@ def _finetune(config, workdir: str) -> dict:
 
         return np.asarray(multihost_utils.process_allgather(x, tiled=True))
 
-    def predict(params, feats) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """(predictions, labels, idx) of the real examples of a split, in order."""
-        outs, labels, idx = [], [], []
+    def logits_of(params, feats) -> np.ndarray:
+        """The logits of every row of a split's features, in order (float32 [N, ...])."""
+        outs = []
         for b in task_batches.eval_batches(feats, config.logging.eval_batch_size, process_index=process_index,
                                            process_count=process_count):
             logits = gather(p_logits(params, sharding.global_batch({k: b[k] for k in INPUT_KEYS}, data_sharding)))
-            real = gather(b["example_weight"]) > 0
-            outs.append(np.asarray(heads.predictions(logits, task.kind))[real])
-            labels.append(gather(b["label"])[real])
-            idx.append(gather(b["idx"])[real])
-        return np.concatenate(outs), np.concatenate(labels), np.concatenate(idx)
+            outs.append(np.asarray(logits, np.float32)[gather(b["example_weight"]) > 0])
+        return np.concatenate(outs)
+
+    def scored(params, split_name, split, null_threshold=0.0):
+        return scoring.score(task, split_name, split, logits_of(params, split.features), squad_settings=settings,
+                             null_threshold=null_threshold)
 
     # ---------------------------------------------------------------- loop
     writer = writers.MetricWriter(workdir, enabled=process_index == 0)
@@ -364,23 +418,27 @@ def _finetune(config, workdir: str) -> dict:
                                                                 pretrained.tokenizer_kind)
                                if process_index == 0 else workdirs.VOCAB_FILES[pretrained.tokenizer_kind]},
                  "task": {"name": task.name, "kind": task.kind, "labels": list(task.labels),
-                          "num_choices": task.num_choices, "max_seq_length": config.data.max_seq_length}}
+                          "num_choices": task.num_choices, "max_seq_length": config.data.max_seq_length,
+                          "squad_version": task.squad_version, "feature_based": feature_based,
+                          "squad_settings": dataclasses.asdict(settings) if settings else None}}
 
     def log(step, window, speed):
         writer.write(step, dict(summarize_train(window), learning_rate=float(schedule(step - 1)), **speed))
 
     def evaluate(state, step):
-        scores = {}
-        for split, feats in dev_features.items():
-            predictions, labels, _ = predict(state.params, feats)
-            scores[split] = metrics.task_metrics(task, predictions, labels)
-            writer.write(step, scores[split], split=split)
+        scores = {split: scored(state.params, split, s).metrics for split, s in dev_splits.items()}
+        for split, values in scores.items():
+            writer.write(step, values, split=split)
         # The main metric of the first dev split chooses the best checkpoint (MNLI: matched).
-        value = scores[next(iter(dev_features))][task.main_metric]
+        first = scores[next(iter(dev_splits))]
+        value = first[task.main_metric]
         if value > best["value"]:
             best.update(step=step, value=float(value), metrics=scores)
-            checkpoint.save_params(workdir, checkpoint.BEST_DIR, step, state.params, dict(meta_base, step=step,
-                                                                                          best=dict(best)))
+            # SQuAD v2.0: the no-answer threshold this dev set chose is kept with the model.
+            best["null_threshold"] = float(first.get("best_f1_threshold", 0.0))
+            meta_task = dict(meta_base["task"], null_threshold=best["null_threshold"])
+            checkpoint.save_params(workdir, checkpoint.BEST_DIR, step, state.params,
+                                   dict(meta_base, task=meta_task, step=step, best=dict(best)))
 
     def save(state, step, force):
         checkpointer.save(step, state.params, state.opt_state, dict(meta_base, step=step, best=dict(best)),
@@ -396,7 +454,8 @@ def _finetune(config, workdir: str) -> dict:
                               eval_every=eval_every, save_every=steps_per_epoch)
     batches = task_batches.train_batches(train_features, batch_size, config.train.seed, start_step,
                                          process_index=process_index, process_count=process_count)
-    device_batches = sharding.prefetch_to_devices(({k: b[k] for k in TRAIN_KEYS} for b in batches), data_sharding,
+    train_keys = TRAIN_KEYS + tuple(k for k in ("label_weight",) if k in train_features)
+    device_batches = sharding.prefetch_to_devices(({k: b[k] for k in train_keys} for b in batches), data_sharding,
                                                   size=config.train.prefetch_batches)
     with jax.set_mesh(mesh), nn.logical_axis_rules(rules), device_batches:
         state, _ = trainer.run_loop(state, p_train_step, device_batches, dropout_key, steps, hooks)
@@ -410,17 +469,16 @@ def _finetune(config, workdir: str) -> dict:
         best_params = state.params
     written = []
     with jax.set_mesh(mesh), nn.logical_axis_rules(rules):
-        for split, feats in {**dev_features, **test_features}.items():
-            predictions, _, idx = predict(best_params, feats)
+        for split, s in {**dev_splits, **test_splits}.items():
+            result = scored(best_params, split, s, null_threshold=best.get("null_threshold", 0.0))
             if process_index == 0:
-                written.append(submission.write_submission(workdirs.join(workdir, "predictions"), task, split, idx,
-                                                           predictions))
+                written += scoring.write_predictions(workdirs.join(workdir, "predictions"), result)
     summary = {"task": task.name, "main_metric": task.main_metric, "steps": num_steps,
                "learning_rate": config.optimizer.learning_rate, "best": best, "predictions": written}
     writer.close()
     if process_index == 0:
         workdirs.write_bytes(workdirs.join(workdir, "summary.json"), json.dumps(summary, indent=1).encode())
-    shown = "; ".join(f"{split} " + ", ".join(f"{k} {v:.4f}" for k, v in m.items())
+    shown = "; ".join(f"{split} " + ", ".join(f"{k} {v:.4f}" for k, v in m.items() if not k.startswith("f1_"))
                       for split, m in best["metrics"].items())
     say(f"{task.name}: best dev {task.main_metric} {best['value']:.4f} at step {best['step']} of {num_steps} "
         f"({shown}); predictions in {workdirs.join(workdir, 'predictions')}")

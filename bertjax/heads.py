@@ -111,6 +111,50 @@ class BertForTokenClassification(nn.Module):
         return nn.with_logical_constraint(logits, ("batch", "length", None))
 
 
+class BertFeatureTagger(nn.Module):
+    """The paper's feature-based NER (Devlin et al. 2018, section 5.3): the encoder frozen, the token
+    features of some of its layers (the last four) concatenated, a randomly initialised BiLSTM
+    (two layers of 768 units each way) and a dense layer H'->K on top. The encoder's params sit in
+    `bert` as for every head; no gradient reaches them, and fine-tuning's optimizer leaves them be."""
+
+    config: BertConfig
+    num_labels: int
+    layers: tuple[int, ...] = (-1, -2, -3, -4)
+    lstm_size: int = 768
+    lstm_layers: int = 2
+
+    @nn.compact
+    def __call__(self, input_ids, segment_ids, input_mask, deterministic: bool = True):
+        # input_ids, segment_ids, input_mask: [B, S] int. Returns float32 logits [B, S, K].
+        cfg = self.config
+        encoded = model.BertModel(cfg, name="bert")(input_ids, segment_ids, input_mask, True, output_hidden_states=True)
+        hidden = encoded["hidden_states"]  # L+1 x [B, S, H], embeddings first
+        x = jnp.concatenate([hidden[layer] for layer in self.layers], axis=-1).astype(jnp.float32)  # [B, S, H*n]
+        x = jax.lax.stop_gradient(x)
+        lengths = jnp.sum(input_mask, axis=-1).astype(jnp.int32)  # [B]: the LSTM reads only the real tokens
+        for n in range(self.lstm_layers):
+            forward = nn.RNN(nn.OptimizedLSTMCell(self.lstm_size, name=f"lstm_{n}_forward"))
+            backward = nn.RNN(nn.OptimizedLSTMCell(self.lstm_size, name=f"lstm_{n}_backward"))
+            x = nn.Bidirectional(forward, backward)(x, seq_lengths=lengths)  # [B, S, 2 * lstm_size]
+            x = model.Dropout(cfg.hidden_dropout_rate)(x, deterministic)
+        logits = nn.Dense(self.num_labels, name="classifier")(x)  # [B, S, K]
+        return nn.with_logical_constraint(logits.astype(jnp.float32), ("batch", "length", None))
+
+
+def feature_tagger(layers=(-1, -2, -3, -4), lstm_size: int = 768, lstm_layers: int = 2) -> Callable:
+    """A `network` for the tagging kind that builds BertFeatureTagger with these settings."""
+    def build(cfg: BertConfig, num_labels: int) -> nn.Module:
+        return BertFeatureTagger(cfg, num_labels, tuple(layers), lstm_size, lstm_layers)
+    return build
+
+
+def trainable(params: dict, frozen_encoder: bool) -> dict:
+    """"train" or "frozen" for every param: the label tree optax.multi_transform takes. With a frozen
+    encoder the `bert` subtree is frozen (its updates are zero: not even weight decay moves it)."""
+    return {name: jax.tree_util.tree_map(lambda _: "frozen" if frozen_encoder and name == "bert" else "train", tree)
+            for name, tree in params.items()}
+
+
 # --------------------------------------------------------------------------------------------------
 # Losses and predictions: pure, top level. Each returns (loss, sums); the sums add across
 # microbatches and steps (a metric is a sum over its count), as model.pretraining_loss's do.
@@ -242,8 +286,13 @@ def resolve_num_labels(kind: str, num_labels: int | None) -> int:
     return num_labels
 
 
-def network(kind: str, config: BertConfig, num_labels: int | None = None) -> nn.Module:
-    """The flax module for a task kind (num_labels: the label count, for classification and tagging)."""
+def network(kind: str, config: BertConfig, num_labels: int | None = None, feature_based: dict | None = None) -> nn.Module:
+    """The flax module for a task kind (num_labels: the label count, for classification and tagging).
+    feature_based (tagging only): {"layers", "lstm_size", "lstm_layers"}: the frozen-feature tagger."""
+    if feature_based:
+        if kind != "tagging":
+            raise ValueError(f"the feature-based variant is a tagger: task kind {kind!r} fine-tunes the encoder")
+        return feature_tagger(**feature_based)(config, resolve_num_labels(kind, num_labels))
     return head(kind).network(config, resolve_num_labels(kind, num_labels))
 
 

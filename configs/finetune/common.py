@@ -19,7 +19,8 @@ PAPER_LEARNING_RATES = (2e-5, 3e-5, 5e-5)
 def finetune_config(task: str) -> ml_collections.ConfigDict:
     base = common.base_config()
     config = ml_collections.ConfigDict()
-    config.task = task  # a row of bertjax.data.tasks.registry.TASKS, or classification | regression | multiple_choice
+    # A row of bertjax.data.tasks.registry.TASKS, or classification | regression | multiple_choice | span | tagging
+    config.task = task
     # A bertjax pretraining workdir or checkpoint, a fine-tuning one, or a Hugging Face BERT directory.
     config.init_from = config_dict.placeholder(str)
 
@@ -62,4 +63,33 @@ def finetune_config(task: str) -> ml_collections.ConfigDict:
     # eval_every=0: evaluate on the dev set at the end of every epoch.
     config.logging = ml_collections.ConfigDict(dict(log_every=50, eval_every=0, eval_batch_size=64,
                                                     profile_first_step=0, profile_steps=5))
+    return config
+
+
+def span_config(task: str) -> ml_collections.ConfigDict:
+    """Span question answering (SQuAD): the paper's v1.1 recipe (section 4.2: 3 epochs, 5e-5, batch 32)
+    and google-research/bert run_squad.py's windows and decoding."""
+    config = finetune_config(task)
+    config.data.max_seq_length = 384
+    config.data.max_query_length = 64  # question tokens kept
+    config.data.doc_stride = 128  # tokens between the starts of a long context's windows
+    config.data.squad_version = config_dict.placeholder(str)  # task=span: "v1.1" (default) or "v2.0"
+    config.optimizer.learning_rate = 5e-5
+    config.answers = ml_collections.ConfigDict(dict(
+        n_best=20,  # start and end positions considered per window, and answers kept in the n-best file
+        max_answer_length=30,  # tokens
+    ))
+    return config
+
+
+def tagging_config(task: str) -> ml_collections.ConfigDict:
+    """Token tagging (NER): the common recipe; feature_based.enabled=True trains the paper's
+    feature-based tagger instead (section 5.3: the encoder frozen, its last four layers concatenated,
+    a two-layer BiLSTM of 768 units each way, then the tag layer)."""
+    config = finetune_config(task)
+    config.optimizer.learning_rate = 5e-5
+    config.feature_based = ml_collections.ConfigDict(dict(
+        enabled=False, layers=(-1, -2, -3, -4), lstm_size=768, lstm_layers=2,
+        # The BiLSTM and tag layer learn from scratch: this rate replaces optimizer.learning_rate when enabled.
+        learning_rate=1e-3))
     return config

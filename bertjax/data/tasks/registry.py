@@ -1,8 +1,8 @@
 """The fine-tuning task table: what each task reads, predicts, scores and submits.
 
-One frozen `Task` per benchmark task (GLUE, HellaSwag) and three generic kinds for the user's own
-JSON-lines files, whose class names come from the config. Span QA (kind "span") and tagging
-("tagging") join this table with their own rows; fields that do not apply to a kind stay empty.
+One frozen `Task` per benchmark task (GLUE, HellaSwag, SQuAD v1.1 and v2.0, CoNLL-2003 NER) and one
+generic task per kind for the user's own files (JSON lines; SQuAD-format JSON; CoNLL columns), whose
+class or tag names come from the config. Fields that do not apply to a kind stay empty.
 
 Main metrics follow the GLUE table of Devlin et al. (2018): F1 for MRPC and QQP, Spearman for
 STS-B, Matthews correlation for CoLA, accuracy elsewhere. Submission files and label formats are
@@ -15,7 +15,14 @@ import dataclasses
 CLASSIFICATION = "classification"
 REGRESSION = "regression"
 MULTIPLE_CHOICE = "multiple_choice"
-KINDS = (CLASSIFICATION, REGRESSION, MULTIPLE_CHOICE)
+SPAN = "span"
+TAGGING = "tagging"
+KINDS = (CLASSIFICATION, REGRESSION, MULTIPLE_CHOICE, SPAN, TAGGING)
+# Kinds whose examples are one per row of a JSON-lines file (bertjax/data/tasks/readers.py).
+JSONL_KINDS = (CLASSIFICATION, REGRESSION, MULTIPLE_CHOICE)
+
+# CoNLL-2003's tags in TFDS's ClassLabel order, as BIO (IOB2): the files' IOB1 tags are read as BIO.
+CONLL2003_TAGS = ("O", "B-PER", "I-PER", "B-ORG", "I-ORG", "B-LOC", "I-LOC", "B-MISC", "I-MISC")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -23,9 +30,9 @@ class Task:
     """One fine-tuning task.
 
     name:            the table's key ("mrpc", "mnli", "hellaswag", "classification", ...)
-    kind:            "classification" | "regression" | "multiple_choice"
-    labels:          class names, index order (TFDS's ClassLabel order for TFDS tasks); () for
-                     regression and multiple choice
+    kind:            "classification" | "regression" | "multiple_choice" | "span" | "tagging"
+    labels:          class (or tag) names, index order (TFDS's ClassLabel order for TFDS tasks); ()
+                     for regression, multiple choice and span
     metrics:         names bertjax.metrics.task_metrics returns, as metrics.jsonl writes them
     main_metric:     the one metric the paper reports (and model selection uses)
     tfds_name:       "glue/mrpc" ...; None where the data are the user's files only
@@ -38,6 +45,7 @@ class Task:
     num_choices:     choices per example (multiple choice)
     submission_files: test split -> GLUE submission file name; () where there is no leaderboard file
     submission_labels: what the submission file writes for each class index; () writes floats
+    squad_version:   "v1.1" or "v2.0" (span: whether questions may have no answer)
     """
 
     name: str
@@ -54,11 +62,14 @@ class Task:
     num_choices: int | None = None
     submission_files: tuple[tuple[str, str], ...] = ()
     submission_labels: tuple[str, ...] = ()
+    squad_version: str | None = None
 
     @property
     def num_labels(self) -> int:
         """Outputs of the task head: classes, 1 score (regression), 1 score per choice."""
-        return len(self.labels) if self.kind == CLASSIFICATION else 1
+        if self.kind in (CLASSIFICATION, TAGGING):
+            return len(self.labels)
+        return 2 if self.kind == SPAN else 1
 
     @property
     def positive_index(self) -> int | None:
@@ -90,6 +101,9 @@ def _glue(name, labels, features, metrics, main, submission_file, submission_lab
 
 _ACC = ("accuracy",)
 _ACC_F1 = ("accuracy", "f1")
+_SQUAD_V1 = ("exact_match", "f1")
+_SQUAD_V2 = ("exact_match", "f1", "best_exact_match", "best_f1", "best_f1_threshold")
+_ENTITIES = ("precision", "recall", "f1")
 
 TASKS: dict[str, Task] = {t.name: t for t in (
     _glue("cola", ("unacceptable", "acceptable"), ("sentence",), ("matthews_corr",), "matthews_corr",
@@ -116,21 +130,34 @@ TASKS: dict[str, Task] = {t.name: t for t in (
     # same form: a context and four endings.
     Task(name="hellaswag", kind=MULTIPLE_CHOICE, labels=(), metrics=_ACC, main_metric="accuracy",
          tfds_name="hellaswag", text_features=("context", "endings"), num_choices=4),
+    # Span QA (Rajpurkar et al. 2016, 2018): dev scores by the official scripts' algorithm; there is
+    # no public test set, so no submission file.
+    Task(name="squad", kind=SPAN, labels=(), metrics=_SQUAD_V1, main_metric="f1", tfds_name="squad/v1.1",
+         test_splits=(), squad_version="v1.1"),
+    # v2.0: the main metric is F1 at the no-answer threshold tuned on the dev set (the best_f1 of the
+    # official v2.0 script), as the leaderboard's dev figures are reported.
+    Task(name="squad_v2", kind=SPAN, labels=(), metrics=_SQUAD_V2, main_metric="best_f1",
+         tfds_name="squad/v2.0", test_splits=(), squad_version="v2.0"),
+    # NER (Tjong Kim Sang and De Meulder 2003): entity-level F1 on dev (model selection) and test,
+    # both labelled, as the paper reports both.
+    Task(name="conll2003", kind=TAGGING, labels=CONLL2003_TAGS, metrics=_ENTITIES, main_metric="f1",
+         tfds_name="conll2003", eval_splits=("dev", "test"), test_splits=()),
 )}
 
 # Tasks on the user's own JSON-lines files; their classes / choice count come from the config.
 GENERIC_TASKS = KINDS
 
 
-def get_task(name: str, labels=None, num_choices: int | None = None) -> Task:
+def get_task(name: str, labels=None, num_choices: int | None = None, squad_version: str | None = None) -> Task:
     """The task called `name`: a row of TASKS, or a generic kind built from the given labels.
 
     "classification" needs `labels` (class names, index order; two labels also get F1 with the
     second as the positive class, GLUE's convention); "multiple_choice" needs `num_choices`;
-    "regression" needs neither. Benchmark tasks take neither.
+    "regression" needs neither; "tagging" needs `labels` (the tags, "O" among them: BIO or IOB1);
+    "span" takes `squad_version` (v1.1 default). Benchmark tasks take none of them.
     """
     if name in TASKS:
-        if labels or num_choices:
+        if labels or num_choices or squad_version:
             raise ValueError(f"task {name} has fixed labels and choices: leave data.labels and "
                              "data.num_choices unset, or use a generic task (classification, regression,"
                              " multiple_choice)")
@@ -157,5 +184,22 @@ def get_task(name: str, labels=None, num_choices: int | None = None) -> Task:
                              "set data.num_choices")
         return Task(name=name, kind=MULTIPLE_CHOICE, labels=(), metrics=_ACC, main_metric="accuracy",
                     train_split=None, eval_splits=(), test_splits=(), num_choices=int(num_choices))
+    if name == SPAN:
+        version = squad_version or "v1.1"
+        if version not in ("v1.1", "v2.0"):
+            raise ValueError(f"data.squad_version={version!r}: choose v1.1 or v2.0 (questions without answers)")
+        v2 = version == "v2.0"
+        return Task(name=name, kind=SPAN, labels=(), metrics=_SQUAD_V2 if v2 else _SQUAD_V1,
+                    main_metric="best_f1" if v2 else "f1", train_split=None, eval_splits=(), test_splits=(),
+                    squad_version=version)
+    if name == TAGGING:
+        labels = tuple(str(label) for label in (labels or ()))
+        if "O" not in labels or len(labels) < 2:
+            raise ValueError("task tagging needs its tags, 'O' and the entity tags (BIO), in data.labels, e.g. "
+                             "['O', 'B-PER', 'I-PER']")
+        if len(set(labels)) != len(labels):
+            raise ValueError(f"task tagging: data.labels lists a tag twice: {list(labels)}")
+        return Task(name=name, kind=TAGGING, labels=labels, metrics=_ENTITIES, main_metric="f1", train_split=None,
+                    eval_splits=(), test_splits=())
     known = ", ".join(list(TASKS) + list(GENERIC_TASKS))
     raise ValueError(f"unknown task {name!r}: known tasks are {known}")
