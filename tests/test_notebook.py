@@ -1,0 +1,73 @@
+"""docs/notebooks/evaluate.ipynb: stored clean, and it runs top to bottom on a short tiny pretraining run,
+its fine-tuned classifier beating the majority class."""
+
+import os
+import pathlib
+import re
+import subprocess
+import sys
+
+import nbformat
+import pytest
+
+REPO = pathlib.Path(__file__).resolve().parents[1]
+NOTEBOOK = REPO / "docs" / "notebooks" / "evaluate.ipynb"
+# As a user runs it: one CPU device (not conftest's eight virtual ones), this checkout's packages.
+ENV = {"PYTHONPATH": str(REPO), "XLA_FLAGS": "", "JAX_PLATFORMS": "cpu"}
+
+
+def code_cells(nb):
+    return [cell for cell in nb.cells if cell.cell_type == "code"]
+
+
+def test_the_notebook_is_stored_without_outputs():
+    """Outputs would put one machine's results (and images) into every diff; they are made by running it."""
+    nb = nbformat.read(NOTEBOOK, as_version=4)
+    nbformat.validate(nb)
+    assert code_cells(nb)
+    for cell in code_cells(nb):
+        assert cell.outputs == [] and cell.execution_count is None, cell.source[:80]
+
+
+@pytest.mark.slow
+def test_the_evaluation_notebook_runs_on_a_short_tiny_run(tmp_path, monkeypatch):
+    """The README's tiny run cut to 40 steps (the vocabulary still learned from the corpus), then every
+    cell of the notebook in a kernel of this interpreter."""
+    import ipykernel.kernelspec
+    from jupyter_client.kernelspec import KernelSpecManager
+    from jupyter_client.manager import KernelManager
+    from nbclient import NotebookClient
+
+    workdir = tmp_path / "tiny"
+    subprocess.run(
+        [sys.executable, "-m", "bertjax.train", "--config=configs/tiny.py", f"--workdir={workdir}",
+         "--config.train.num_steps=40", "--config.schedule.warmup_steps=10", "--config.logging.log_every=10",
+         "--config.logging.eval_every=20", "--config.logging.eval_batches=2", "--config.checkpoint.every_steps=20"],
+        cwd=REPO, env={**os.environ, **ENV}, check=True, capture_output=True, text=True, timeout=300,
+    )
+
+    for name, value in {**ENV, "BERTJAX_WORKDIR": str(workdir), "BERTJAX_FINETUNE_DIR": str(tmp_path / "finetune"),
+                        "BERTJAX_NB_TRAIN_EXAMPLES": "600", "BERTJAX_NB_DEV_EXAMPLES": "200",
+                        "BERTJAX_NB_EPOCHS": "4"}.items():
+        monkeypatch.setenv(name, value)  # the kernel inherits this process's environment
+    # A kernelspec of its own, naming sys.executable: a "python3" one in the user's Jupyter directories
+    # could start another interpreter, without this checkout's packages.
+    ipykernel.kernelspec.install(kernel_name="bertjax-test", prefix=str(tmp_path / "jupyter"))
+    specs = KernelSpecManager(kernel_dirs=[str(tmp_path / "jupyter" / "share" / "jupyter" / "kernels")])
+    assert specs.get_kernel_spec("bertjax-test").argv[0] == sys.executable
+
+    nb = nbformat.read(NOTEBOOK, as_version=4)
+    client = NotebookClient(
+        nb, km=KernelManager(kernel_name="bertjax-test", kernel_spec_manager=specs), kernel_name="bertjax-test",
+        timeout=300, resources={"metadata": {"path": str(REPO)}},
+    )
+    client.execute()  # raises CellExecutionError, with the cell and its traceback, if any cell fails
+
+    outputs = [output for cell in code_cells(nb) for output in cell.outputs]
+    assert not [o for o in outputs if o.output_type == "error"]
+    printed = "".join(o.text for o in outputs if o.output_type == "stream" and o.name == "stdout")
+    found = re.search(r"fine-tuned dev accuracy: ([0-9.]+) \(majority class ([0-9.]+)\)", printed)
+    assert found, printed[-2000:]
+    accuracy, majority = map(float, found.groups())
+    assert accuracy > majority, (accuracy, majority)
+    assert any("image/png" in o.get("data", {}) for o in outputs)
