@@ -310,7 +310,7 @@ def _finetune(config, workdir: str) -> dict:
     # ---------------------------------------------------------------- task and pretrained model
     task = task_from_config(config)
     head = heads.head(task.kind)
-    num_labels = heads.resolve_num_labels(task.kind, task.num_labels if task.kind == "classification" else None)
+    num_labels = heads.resolve_num_labels(task.kind, task.num_labels if task.kind in ("classification", "tagging") else None)
     pretrained = load_pretrained(config.init_from, task.kind, num_labels, config.model.to_dict())
     bert_config = pretrained.bert_config
     say(f"task {task.name} ({task.kind}{', labels ' + ', '.join(task.labels) if task.labels else ''}); "
@@ -343,8 +343,7 @@ def _finetune(config, workdir: str) -> dict:
                                                        learning_rate=config.feature_based.learning_rate))
     tx, schedule = optim.optimizer_from_config(optimizer_config, schedule_config, num_steps)
     if feature_based:  # the encoder stays as pretrained: only the tagger on its features learns
-        tx = optax.multi_transform({"train": tx, "frozen": optax.set_to_zero()},
-                                   functools.partial(heads.trainable, frozen_encoder=True))
+        tx = optax.chain(tx, optax.masked(optax.set_to_zero(), heads.encoder_mask))
     example = heads.dummy_inputs(task.kind, 1, config.data.max_seq_length, task.num_choices or 1)
     init_key, dropout_key = trainer.root_keys(config.train.seed, config.train.dropout_rng)
 

@@ -148,11 +148,11 @@ def feature_tagger(layers=(-1, -2, -3, -4), lstm_size: int = 768, lstm_layers: i
     return build
 
 
-def trainable(params: dict, frozen_encoder: bool) -> dict:
-    """"train" or "frozen" for every param: the label tree optax.multi_transform takes. With a frozen
-    encoder the `bert` subtree is frozen (its updates are zero: not even weight decay moves it)."""
-    return {name: jax.tree_util.tree_map(lambda _: "frozen" if frozen_encoder and name == "bert" else "train", tree)
-            for name, tree in params.items()}
+def encoder_mask(params: dict) -> dict:
+    """True for every param of the `bert` subtree, False elsewhere: the mask that freezes the encoder
+    (optax.masked(optax.set_to_zero(), encoder_mask) after the optimizer: its updates, weight decay
+    included, become zero)."""
+    return {name: jax.tree_util.tree_map(lambda _: name == "bert", tree) for name, tree in params.items()}
 
 
 # --------------------------------------------------------------------------------------------------

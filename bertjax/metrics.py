@@ -5,7 +5,15 @@ spearman (STS-B). A correlation that is undefined -- a constant prediction or la
 0.0, not nan: Matthews is 0 there by the usual convention (scikit-learn's too), Pearson and Spearman
 follow it so that an evaluation line stays valid JSON (metrics.jsonl refuses nan) and "best
 checkpoint" comparisons stay ordered. scipy would return nan there.
+
+SQuAD's exact match and F1 follow the official evaluation scripts (v1.1 and v2.0, with v2.0's
+best-threshold search); tagging's entity-level precision, recall and F1 follow conlleval. All are
+fractions of 1, like the rest (the scripts print percentages).
 """
+
+import collections
+import re
+import string
 
 import numpy as np
 
@@ -90,4 +98,176 @@ def task_metrics(task, predictions, labels) -> dict[str, float]:
             out[name] = f1(predictions, labels, positive=task.positive_index)
         else:
             out[name] = _METRICS[name](predictions, labels)
+    return out
+
+
+# ----------------------------------------------------------------------------------------------------
+# SQuAD: the official evaluation scripts' algorithm (evaluate-v1.1.py, evaluate-v2.0.py), as fractions
+# ----------------------------------------------------------------------------------------------------
+
+
+def normalize_answer(text: str) -> str:
+    """Lower-cased; punctuation, the articles a/an/the and extra whitespace removed."""
+    text = "".join(c for c in text.lower() if c not in _PUNCTUATION)
+    text = re.sub(r"\b(a|an|the)\b", " ", text)
+    return " ".join(text.split())
+
+
+_PUNCTUATION = frozenset(string.punctuation)
+
+
+def _answer_f1(prediction: str, gold: str) -> float:
+    predicted, wanted = normalize_answer(prediction).split(), normalize_answer(gold).split()
+    if not predicted or not wanted:  # v2.0's rule: an empty answer is right only against an empty one
+        return float(predicted == wanted)
+    common = sum((collections.Counter(predicted) & collections.Counter(wanted)).values())
+    if common == 0:
+        return 0.0
+    precision, recall = common / len(predicted), common / len(wanted)
+    return 2 * precision * recall / (precision + recall)
+
+
+def _golds(golds) -> list[str]:
+    # The v2.0 script's reading: gold answers that normalise to nothing are dropped; none left means
+    # the only right answer is "".
+    return [g for g in golds if normalize_answer(g)] or [""]
+
+
+def answer_exact(prediction: str, golds) -> float:
+    """1.0 if the normalised prediction equals a normalised gold answer; golds () means "no answer"."""
+    return max(float(normalize_answer(prediction) == normalize_answer(g)) for g in _golds(golds))
+
+
+def answer_f1(prediction: str, golds) -> float:
+    """The best token-overlap F1 against the gold answers; golds () means "no answer"."""
+    return max(_answer_f1(prediction, g) for g in _golds(golds))
+
+
+def best_null_threshold(per_question: dict, no_answer_probs: dict, has_answer: dict, answered_empty: dict):
+    """evaluate-v2.0.py's find_best_thresh: the no-answer threshold that maximises the mean score when
+    every question whose no-answer prob exceeds it is answered "". Returns (best mean, threshold).
+
+    Walks the questions by rising no-answer prob from "answer nothing anywhere" (the count of
+    unanswerable questions), adding each question's gain from being answered."""
+    score = best = float(sum(not has for has in has_answer.values()))
+    threshold = 0.0
+    for qid in sorted(no_answer_probs, key=lambda q: no_answer_probs[q]):
+        if qid not in per_question:
+            continue
+        if has_answer[qid]:
+            gain = per_question[qid]
+        elif answered_empty[qid]:
+            gain = 0.0
+        else:
+            gain = -1.0
+        score += gain
+        if score > best:
+            best, threshold = score, no_answer_probs[qid]
+    return best / len(per_question), threshold
+
+
+def squad_scores(predictions: dict, gold_answers: dict, no_answer_probs: dict | None = None,
+                 version: str = "v1.1") -> dict[str, float]:
+    """Exact match and F1 over every question of gold_answers (id -> answer texts; [] for a v2.0 question
+    without answer), fractions of 1. A question missing from predictions scores 0 (v1.1) or counts as
+    answered "" (v2.0's scripts need every question; here the empty answer is its natural reading).
+
+    v2.0 adds has_ans_* and no_ans_* (where such questions exist) and, given no_answer_probs (id -> the
+    no-answer score, its na_prob file), best_exact_match / best_f1 and their thresholds.
+    """
+    if not gold_answers:
+        raise ValueError("no questions to score")
+    if version not in ("v1.1", "v2.0"):
+        raise ValueError(f"SQuAD version {version!r}: choose v1.1 or v2.0")
+    exact, f1_scores = {}, {}
+    for qid, golds in gold_answers.items():
+        if qid not in predictions and version == "v1.1":
+            exact[qid] = f1_scores[qid] = 0.0
+            continue
+        prediction = predictions.get(qid, "")
+        exact[qid], f1_scores[qid] = answer_exact(prediction, golds), answer_f1(prediction, golds)
+    mean = lambda scores, ids: sum(scores[q] for q in ids) / len(ids)  # noqa: E731
+    out = {"exact_match": mean(exact, exact), "f1": mean(f1_scores, f1_scores)}
+    if version == "v1.1":
+        return out
+    has = {qid: bool(golds) for qid, golds in gold_answers.items()}
+    for prefix, ids in (("has_ans", [q for q in has if has[q]]), ("no_ans", [q for q in has if not has[q]])):
+        if ids:
+            out[f"{prefix}_exact_match"], out[f"{prefix}_f1"] = mean(exact, ids), mean(f1_scores, ids)
+    if no_answer_probs is not None:
+        empty = {qid: not predictions.get(qid, "") for qid in gold_answers}
+        probs = {qid: no_answer_probs.get(qid, 0.0) for qid in gold_answers}
+        out["best_exact_match"], out["best_exact_match_threshold"] = best_null_threshold(exact, probs, has, empty)
+        out["best_f1"], out["best_f1_threshold"] = best_null_threshold(f1_scores, probs, has, empty)
+    return out
+
+
+# ----------------------------------------------------------------------------------------------------
+# Tagging: entity-level precision, recall and F1, conlleval's definition (seqeval's default mode)
+# ----------------------------------------------------------------------------------------------------
+
+
+def _split_tag(tag: str) -> tuple[str, str]:
+    if tag == "O" or "-" not in tag:
+        return "O", ""
+    prefix, kind = tag.split("-", 1)
+    return prefix, kind
+
+
+def _chunk_ends(prev_prefix, prev_kind, prefix, kind) -> bool:
+    """conlleval's endOfChunk: the chunk of the previous tag ends before this tag."""
+    if prev_prefix in ("E", "S"):
+        return True
+    if prev_prefix in ("B", "I"):
+        return prefix in ("B", "S", "O") or kind != prev_kind
+    return False
+
+
+def _chunk_starts(prev_prefix, prev_kind, prefix, kind) -> bool:
+    """conlleval's startOfChunk: this tag starts a chunk."""
+    if prefix in ("B", "S"):
+        return True
+    if prefix in ("I", "E"):
+        return prev_prefix in ("E", "S", "O") or kind != prev_kind
+    return False
+
+
+def tag_entities(tags) -> list[tuple[str, int, int]]:
+    """The (type, first, last) entities of a tag sequence (BIO, IOB1 or IOBES), as conlleval reads them:
+    an I- after O or after another type starts an entity."""
+    entities, start = [], None
+    prev_prefix, prev_kind = "O", ""
+    for i, tag in enumerate(list(tags) + ["O"]):
+        prefix, kind = _split_tag(tag)
+        if start is not None and _chunk_ends(prev_prefix, prev_kind, prefix, kind):
+            entities.append((prev_kind, start, i - 1))
+            start = None
+        if _chunk_starts(prev_prefix, prev_kind, prefix, kind):
+            start = i
+        prev_prefix, prev_kind = prefix, kind
+    return entities
+
+
+def entity_scores(gold, predicted) -> dict[str, float]:
+    """Micro precision, recall and F1 over entities (right only with the exact span and type), and
+    f1_<TYPE> per gold or predicted type; 0 where undefined. gold, predicted: lists of tag sequences."""
+    if len(gold) != len(predicted):
+        raise ValueError(f"{len(gold)} gold sentences but {len(predicted)} predicted")
+    found, wanted = set(), set()
+    for n, (g, p) in enumerate(zip(gold, predicted)):
+        if len(g) != len(p):
+            raise ValueError(f"sentence {n}: {len(g)} gold tags but {len(p)} predicted")
+        wanted |= {(n, *e) for e in tag_entities(g)}
+        found |= {(n, *e) for e in tag_entities(p)}
+
+    def prf(found, wanted):
+        right = len(found & wanted)
+        precision = right / len(found) if found else 0.0
+        recall = right / len(wanted) if wanted else 0.0
+        return precision, recall, 2 * precision * recall / (precision + recall) if right else 0.0
+
+    precision, recall, f1_value = prf(found, wanted)
+    out = {"precision": precision, "recall": recall, "f1": f1_value}
+    for kind in sorted({e[1] for e in found | wanted}):
+        out[f"f1_{kind}"] = prf({e for e in found if e[1] == kind}, {e for e in wanted if e[1] == kind})[2]
     return out
