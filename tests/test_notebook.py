@@ -1,6 +1,7 @@
 """docs/notebooks/evaluate.ipynb: stored clean, and it runs top to bottom on a short tiny pretraining run,
 its fine-tuned classifier beating the majority class."""
 
+import html
 import os
 import pathlib
 import re
@@ -48,7 +49,7 @@ def test_the_evaluation_notebook_runs_on_a_short_tiny_run(tmp_path, monkeypatch)
 
     for name, value in {**ENV, "BERTJAX_WORKDIR": str(workdir), "BERTJAX_FINETUNE_DIR": str(tmp_path / "finetune"),
                         "BERTJAX_NB_TRAIN_EXAMPLES": "600", "BERTJAX_NB_DEV_EXAMPLES": "200",
-                        "BERTJAX_NB_EPOCHS": "4"}.items():
+                        "BERTJAX_NB_EPOCHS": "4", "BERTJAX_NB_QA_EXAMPLES": "300", "BERTJAX_NB_QA_EPOCHS": "4"}.items():
         monkeypatch.setenv(name, value)  # the kernel inherits this process's environment
     # A kernelspec of its own, naming sys.executable: a "python3" one in the user's Jupyter directories
     # could start another interpreter, without this checkout's packages.
@@ -71,3 +72,9 @@ def test_the_evaluation_notebook_runs_on_a_short_tiny_run(tmp_path, monkeypatch)
     accuracy, majority = map(float, found.groups())
     assert accuracy > majority, (accuracy, majority)
     assert any("image/png" in o.get("data", {}) for o in outputs)
+    # The question-answering cell: the answer, highlighted in its context, is a piece of that context.
+    answer = re.search(r"answer: (.*)  \(probability", printed)
+    highlighted = [o["data"]["text/html"] for o in outputs if "text/html" in o.get("data", {}) and "<mark>" in
+                   o["data"]["text/html"]]
+    assert answer and len(highlighted) == 1
+    assert re.search(r"<mark><b>(.*)</b></mark>", highlighted[0]).group(1) == html.escape(answer.group(1))
