@@ -85,8 +85,14 @@ def task_metrics(task, predictions, labels) -> dict[str, float]:
     """Every metric of `task` (a bertjax.data.tasks.registry.Task), by its metrics.jsonl name.
 
     predictions, labels: [N] class or choice indices, or scores for regression; padding rows
-    (example_weight 0) must be left out first.
+    (example_weight 0) must be left out first. Span and tagging tasks score whole answers and
+    sentences instead: squad_scores and entity_scores (bertjax.data.tasks.scoring calls them).
     """
+    from bertjax.data.tasks import registry
+
+    if task.kind in (registry.SPAN, registry.TAGGING):
+        raise ValueError(f"task {task.name} ({task.kind}): score it with squad_scores or entity_scores, "
+                         "not task_metrics")
     predictions, labels = np.asarray(predictions).reshape(-1), np.asarray(labels).reshape(-1)
     if len(predictions) != len(labels):
         raise ValueError(f"{len(predictions)} predictions but {len(labels)} labels")
@@ -116,39 +122,56 @@ def normalize_answer(text: str) -> str:
 _PUNCTUATION = frozenset(string.punctuation)
 
 
-def _answer_f1(prediction: str, gold: str) -> float:
+def _answer_f1(prediction: str, gold: str, version: str = "v2.0") -> float:
     predicted, wanted = normalize_answer(prediction).split(), normalize_answer(gold).split()
-    if not predicted or not wanted:  # v2.0's rule: an empty answer is right only against an empty one
+    if version == "v2.0" and (not predicted or not wanted):  # v2.0: "" is right only against ""
         return float(predicted == wanted)
     common = sum((collections.Counter(predicted) & collections.Counter(wanted)).values())
-    if common == 0:
+    if common == 0:  # v1.1 ends here for empty answers too: 0, even for two empty ones
         return 0.0
     precision, recall = common / len(predicted), common / len(wanted)
     return 2 * precision * recall / (precision + recall)
 
 
-def _golds(golds) -> list[str]:
+def _golds(golds, version: str) -> list[str]:
+    if version not in _SQUAD_VERSIONS:
+        raise ValueError(f"SQuAD version {version!r}: choose v1.1 or v2.0")
+    golds = list(golds)
+    if version == "v1.1":  # every gold answer as given; v1.1 has no question without one
+        if not golds:
+            raise ValueError("SQuAD v1.1: a question without gold answers (only v2.0 has those)")
+        return golds
     # The v2.0 script's reading: gold answers that normalise to nothing are dropped; none left means
     # the only right answer is "".
     return [g for g in golds if normalize_answer(g)] or [""]
 
 
-def answer_exact(prediction: str, golds) -> float:
-    """1.0 if the normalised prediction equals a normalised gold answer; golds () means "no answer"."""
-    return max(float(normalize_answer(prediction) == normalize_answer(g)) for g in _golds(golds))
+_SQUAD_VERSIONS = ("v1.1", "v2.0")
 
 
-def answer_f1(prediction: str, golds) -> float:
-    """The best token-overlap F1 against the gold answers; golds () means "no answer"."""
-    return max(_answer_f1(prediction, g) for g in _golds(golds))
+def answer_exact(prediction: str, golds, version: str = "v2.0") -> float:
+    """1.0 if the normalised prediction equals a normalised gold answer, else 0.0 (the official scripts'
+    exact match, the max over the golds). v2.0: golds [] or [""] mean "no answer", right only for a
+    prediction that normalises to ""."""
+    return max(float(normalize_answer(prediction) == normalize_answer(g)) for g in _golds(golds, version))
+
+
+def answer_f1(prediction: str, golds, version: str = "v2.0") -> float:
+    """The best F1 against the gold answers of the normalised whitespace tokens, counted with
+    multiplicity (the official scripts'). v2.0: golds [] or [""] mean "no answer"; an empty answer
+    scores 1.0 against an empty one and 0.0 against any other. v1.1: no common token, 0.0."""
+    return max(_answer_f1(prediction, g, version) for g in _golds(golds, version))
 
 
 def best_null_threshold(per_question: dict, no_answer_probs: dict, has_answer: dict, answered_empty: dict):
     """evaluate-v2.0.py's find_best_thresh: the no-answer threshold that maximises the mean score when
     every question whose no-answer prob exceeds it is answered "". Returns (best mean, threshold).
 
-    Walks the questions by rising no-answer prob from "answer nothing anywhere" (the count of
-    unanswerable questions), adding each question's gain from being answered."""
+    Walks the questions by rising no-answer prob (ties in no_answer_probs' own order, as the script's
+    stable sort of its na_prob file) from "answer nothing anywhere" (the count of unanswerable
+    questions), adding each question's gain from being answered: its score if it has an answer, else
+    -1 if its prediction is a non-empty string (even one that normalises to "") and 0 if it is "".
+    Questions not in per_question are passed over; the mean is over per_question."""
     score = best = float(sum(not has for has in has_answer.values()))
     threshold = 0.0
     for qid in sorted(no_answer_probs, key=lambda q: no_answer_probs[q]):
@@ -168,16 +191,20 @@ def best_null_threshold(per_question: dict, no_answer_probs: dict, has_answer: d
 
 def squad_scores(predictions: dict, gold_answers: dict, no_answer_probs: dict | None = None,
                  version: str = "v1.1") -> dict[str, float]:
-    """Exact match and F1 over every question of gold_answers (id -> answer texts; [] for a v2.0 question
-    without answer), fractions of 1. A question missing from predictions scores 0 (v1.1) or counts as
-    answered "" (v2.0's scripts need every question; here the empty answer is its natural reading).
+    """Exact match and F1 over every question of gold_answers (id -> answer texts; v2.0: [] or [""] for a
+    question without answer), fractions of 1, by the official scripts' rules (see answer_exact,
+    answer_f1). A question missing from predictions scores 0 (v1.1) or counts as answered "" (v2.0's
+    script needs every question; here the empty answer is its natural reading).
 
     v2.0 adds has_ans_* and no_ans_* (where such questions exist) and, given no_answer_probs (id -> the
-    no-answer score, its na_prob file), best_exact_match / best_f1 and their thresholds.
+    no-answer score, the script's na_prob file; it must cover every question), best_exact_match,
+    best_f1 and their thresholds (best_null_threshold). exact_match and f1 always score the predictions
+    as given: the script, given an na_prob file, would first blank those whose prob exceeds its
+    --na-prob-thresh (1.0), which changes nothing for probabilities but would for logit odds.
     """
     if not gold_answers:
         raise ValueError("no questions to score")
-    if version not in ("v1.1", "v2.0"):
+    if version not in _SQUAD_VERSIONS:
         raise ValueError(f"SQuAD version {version!r}: choose v1.1 or v2.0")
     exact, f1_scores = {}, {}
     for qid, golds in gold_answers.items():
@@ -185,20 +212,26 @@ def squad_scores(predictions: dict, gold_answers: dict, no_answer_probs: dict | 
             exact[qid] = f1_scores[qid] = 0.0
             continue
         prediction = predictions.get(qid, "")
-        exact[qid], f1_scores[qid] = answer_exact(prediction, golds), answer_f1(prediction, golds)
+        exact[qid] = answer_exact(prediction, golds, version)
+        f1_scores[qid] = answer_f1(prediction, golds, version)
     mean = lambda scores, ids: sum(scores[q] for q in ids) / len(ids)  # noqa: E731
     out = {"exact_match": mean(exact, exact), "f1": mean(f1_scores, f1_scores)}
     if version == "v1.1":
         return out
-    has = {qid: bool(golds) for qid, golds in gold_answers.items()}
+    # The script's has-answer test is a non-empty answer list; [""] is this module's other "no answer".
+    has = {qid: any(golds) for qid, golds in gold_answers.items()}
     for prefix, ids in (("has_ans", [q for q in has if has[q]]), ("no_ans", [q for q in has if not has[q]])):
         if ids:
             out[f"{prefix}_exact_match"], out[f"{prefix}_f1"] = mean(exact, ids), mean(f1_scores, ids)
     if no_answer_probs is not None:
+        missing = [qid for qid in gold_answers if qid not in no_answer_probs]
+        if missing:
+            raise ValueError(f"no_answer_probs lacks {len(missing)} of the {len(gold_answers)} questions "
+                             f"(first: {missing[0]!r})")
         empty = {qid: not predictions.get(qid, "") for qid in gold_answers}
-        probs = {qid: no_answer_probs.get(qid, 0.0) for qid in gold_answers}
-        out["best_exact_match"], out["best_exact_match_threshold"] = best_null_threshold(exact, probs, has, empty)
-        out["best_f1"], out["best_f1_threshold"] = best_null_threshold(f1_scores, probs, has, empty)
+        out["best_exact_match"], out["best_exact_match_threshold"] = best_null_threshold(
+            exact, no_answer_probs, has, empty)
+        out["best_f1"], out["best_f1_threshold"] = best_null_threshold(f1_scores, no_answer_probs, has, empty)
     return out
 
 
