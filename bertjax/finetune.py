@@ -333,6 +333,11 @@ def _finetune(config, workdir: str) -> dict:
 
     # ---------------------------------------------------------------- head, optimizer, state: shapes first
     feature_based = feature_based_settings(config, task)
+    if feature_based:
+        states = bert_config.num_layers + 1  # the embeddings, then each layer
+        if any(not -states <= layer < states for layer in feature_based["layers"]):
+            raise ValueError(f"config.feature_based.layers={feature_based['layers']}: the model has hidden states "
+                             f"0..{states - 1} (0 the embeddings), or -1..-{states} from the last")
     net = heads.network(task.kind, bert_config, num_labels, feature_based=feature_based)
     schedule_config = config_dict.ConfigDict(dict(
         warmup_steps=int(round(config.schedule.warmup_fraction * num_steps)), decay=config.schedule.decay,

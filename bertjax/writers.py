@@ -214,7 +214,9 @@ class EventFileWriter:
             _register_remote_event_files(directory)
         else:
             os.makedirs(directory, exist_ok=True)
-        suffix = f".{os.getpid()}.{next(_event_files)}.bertjax"
+        # TensorBoard reads a directory's files in name order, the order a resume's SessionLog START relies
+        # on: the counter is zero-padded so that a process's 10th file sorts after its 9th in the same second.
+        suffix = f".{os.getpid()}.{next(_event_files):06d}.bertjax"
         self._writer = EventsWriter(workdirs.join(directory, "events"), filename_suffix=suffix)
         self._writer.flush()  # the file-version record: TensorBoard reads a file only after it
         (name,) = [p.name for p in epath.Path(directory).iterdir()

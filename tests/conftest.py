@@ -4,6 +4,7 @@ XLA reads this flag once, when JAX starts, so it must be set before anything imp
 """
 
 import os
+import tempfile
 
 os.environ["XLA_FLAGS"] = (
     os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8"
@@ -12,3 +13,10 @@ os.environ.setdefault("JAX_PLATFORMS", "cpu")
 # TensorFlow must not grab accelerators or print its start-up banner during the tests.
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 os.environ.setdefault("CUDA_VISIBLE_DEVICES", "")
+# One persistent compilation cache for the whole run, shared by both xdist workers and every training
+# subprocess they start (which inherit this environment): the many short runs of the same small configs
+# compile the same programs, and compiling is most of their time.
+_RUN = os.environ.get("PYTEST_XDIST_TESTRUNUID") or str(os.getpid())
+os.environ.setdefault("JAX_COMPILATION_CACHE_DIR", os.path.join(tempfile.gettempdir(), f"bertjax-tests-jax-cache-{_RUN}"))
+os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0.5")
+os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES", "0")

@@ -257,3 +257,7 @@ def test_the_feature_based_tagger_trains_only_its_bilstm(pretrained, tagging_run
     same = jax.tree_util.tree_map(lambda a, b: bool(np.array_equal(a, b)), params["bert"], pretrained["params"]["bert"])
     assert all(jax.tree_util.tree_leaves(same))
     assert summary["best"]["metrics"]["validation"]["f1"] > 0.5
+    # Layers the model does not have: one line saying which it has.
+    config.feature_based.layers = (-1, -2, -3, -4)
+    with pytest.raises(ValueError, match=r"layers=\(-1, -2, -3, -4\): the model has hidden states 0\.\.2"):
+        finetune.finetune(config, str(tmp_path / "other"))
