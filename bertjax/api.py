@@ -55,6 +55,7 @@ class LoadedBert:
     # A fine-tuned checkpoint's task ({"name", "kind", "labels", "num_choices", "max_seq_length"});
     # params are then the task head's ({"bert", "classifier"}).
     task: dict | None = None
+    vocab_path: str | None = None  # the tokenizer's vocabulary file (vocab.txt or the SentencePiece .model)
     _forward: Callable = dataclasses.field(init=False, repr=False)
 
     def __repr__(self) -> str:
@@ -348,7 +349,8 @@ def _load_hf_directory(path: Path, dtype: str) -> LoadedBert:
     if tokenizer_config.is_file():
         lower_case = bool(json.loads(tokenizer_config.read_text()).get("do_lower_case", True))
     cfg, params, missing = hf.load_hf_checkpoint(path, {"dtype": dtype})
-    return LoadedBert(cfg, params, _make_tokenizer(vocab_path, lower_case), source=str(path), missing=missing)
+    return LoadedBert(cfg, params, _make_tokenizer(vocab_path, lower_case), source=str(path), missing=missing,
+                      vocab_path=str(vocab_path))
 
 
 def _is_bertjax_checkpoint(path: Path) -> bool:
@@ -379,8 +381,9 @@ def _load_bertjax_checkpoint(path: Path, dtype: str) -> LoadedBert:
     vocab_path = workdirs.resolve_vocabulary(info["path"], workdir)
     if not epath.Path(vocab_path).exists():
         raise ValueError(f"{path}: its vocabulary {vocab_path} is gone; put it back there to load the model")
-    tokenizer = _make_tokenizer(workdirs.local_copy(vocab_path), info["lower_case"], kind=info["kind"])
-    return LoadedBert(cfg, params, tokenizer, source=str(path), task=meta.get("task"))
+    local_vocab = workdirs.local_copy(vocab_path)
+    tokenizer = _make_tokenizer(local_vocab, info["lower_case"], kind=info["kind"])
+    return LoadedBert(cfg, params, tokenizer, source=str(path), task=meta.get("task"), vocab_path=str(local_vocab))
 
 
 # The order is the order of trial.

@@ -1,0 +1,228 @@
+"""python -m bertjax.export: a checkpoint handed to the tools everyone else uses.
+
+    python -m bertjax.export --from=runs/tiny --to=exports/tiny-hf --format=hf
+    python -m bertjax.export --from=runs/tiny --step=400 --to=exports/tiny-serving --format=savedmodel
+    python -m bertjax.export --from=runs/sst2 --to=exports/sst2-params --format=params
+
+--from is a pretraining or fine-tuning workdir (its newest checkpoint; a fine-tuning workdir its best
+dev checkpoint; --step=N one step of its checkpoints/) or a checkpoint directory. Formats:
+  hf          model.safetensors, config.json and the tokenizer's files: transformers' AutoTokenizer,
+              BertForPreTraining / AutoModelForMaskedLM (or the fine-tuned task's class) and
+              pipeline("fill-mask") load it with nothing missing (bertjax/hf.py)
+  savedmodel  a TensorFlow SavedModel for TF Serving, signatures on raw strings (bertjax/serving.py)
+  params      params.npz (the parameter tree, flattened with "/"), config.json and the vocabulary
+Every export also writes a README.md model card (bertjax/model_card.py). The export is written to a
+temporary directory beside --to and renamed into place, so an interrupted export leaves nothing
+half-written; an existing non-empty --to is refused unless --overwrite.
+"""
+
+import json
+import os
+import shutil
+import sys
+
+import numpy as np
+from absl import app, flags
+
+from bertjax import cli
+
+FORMATS = ("hf", "savedmodel", "params")
+_FLAGS = {}  # defined by entry(): importing this module defines no flags
+
+
+def _define_flags() -> None:
+    _FLAGS.update(
+        source=flags.DEFINE_string("from", None, "A bertjax workdir (pretraining or fine-tuning) or checkpoint directory."),
+        to=flags.DEFINE_string("to", None, "The directory to write (refused if it exists and is not empty)."),
+        format=flags.DEFINE_string("format", "hf", f"One of {', '.join(FORMATS)}."),
+        step=flags.DEFINE_integer("step", None, "This step of the workdir's checkpoints/ (default: the newest; "
+                                  "a fine-tuning workdir: its best dev checkpoint)."),
+        overwrite=flags.DEFINE_bool("overwrite", False, "Replace a non-empty --to."),
+        max_seq_length=flags.DEFINE_integer("max_seq_length", 128, "savedmodel: the fixed length texts are padded "
+                                            "or cut to inside the graph."),
+    )
+
+
+# ----------------------------------------------------------------------------------------------------
+# The checkpoint to export
+# ----------------------------------------------------------------------------------------------------
+
+
+def checkpoint_to_export(path: str, step: int | None) -> str:
+    """The checkpoint directory --from and --step name; one line for each way that can be wrong."""
+    from etils import epath
+
+    from bertjax import checkpoint
+
+    p = epath.Path(path)
+    if not p.exists():
+        raise ValueError(f"--from={path} does not exist")
+    if step is None:
+        best = p / checkpoint.BEST_DIR
+        if best.is_dir() and checkpoint.is_checkpoint(str(best)):
+            return str(best)
+        if not checkpoint.is_checkpoint(path):
+            raise ValueError(f"--from={path} has no checkpoint (an empty workdir, or one whose first save did not "
+                             "finish): train it further, or point --from at a workdir with checkpoints/")
+        return path
+    if not checkpoint.is_checkpoint(path):
+        raise ValueError(f"--from={path} has no checkpoints: --step needs a workdir with checkpoints/")
+    directory, _ = checkpoint.find_checkpoint(path)
+    steps = sorted(int(c.name) for c in epath.Path(directory).iterdir() if c.name.isdigit())
+    if step not in steps:
+        raise ValueError(f"--step={step}: {path} has checkpoints at steps {', '.join(map(str, steps))}")
+    return str(epath.Path(directory) / str(step))
+
+
+def _workdir_of(checkpoint_path: str) -> str:
+    """The run's workdir: the parent of its checkpoints/ (or best/) directory."""
+    from etils import epath
+
+    from bertjax import checkpoint
+
+    return str(epath.Path(checkpoint.find_checkpoint(checkpoint_path)[0]).parent)
+
+
+# ----------------------------------------------------------------------------------------------------
+# Formats
+# ----------------------------------------------------------------------------------------------------
+
+
+def _plain(params) -> dict:
+    import jax
+
+    return jax.tree_util.tree_map(lambda x: np.asarray(jax.device_get(x)), params)
+
+
+def write_hf(bert, directory: str) -> None:
+    from bertjax import hf
+
+    vocab, lower_case = _vocabulary_file(bert), bool(bert.tokenizer.lower_case)
+    params = _plain(bert.params)
+    if bert.task is None:
+        hf.save_hf_checkpoint(directory, bert.config, params, vocab_path=vocab, lower_case=lower_case)
+    else:
+        if bert.task.get("feature_based"):
+            raise ValueError("the feature-based tagger (a BiLSTM on frozen features) has no Hugging Face class: "
+                             "export it with --format=params")
+        labels = list(bert.task.get("labels") or []) or None
+        hf.save_hf_head(directory, bert.config, params, bert.task["kind"], label_names=labels, vocab_path=vocab,
+                        lower_case=lower_case)
+    _write_tokenizer_files(bert, directory)
+
+
+def _vocabulary_file(bert) -> str | None:
+    """The WordPiece vocab.txt (a SentencePiece model is written as tokenizer.json instead)."""
+    return bert.vocab_path if bert.tokenizer.kind == "wordpiece" else None
+
+
+def _write_tokenizer_files(bert, directory: str) -> None:
+    """special_tokens_map.json, and for SentencePiece the tokenizers-library tokenizer.json with the same ids."""
+    special = {"unk_token": "[UNK]", "sep_token": "[SEP]", "pad_token": "[PAD]", "cls_token": "[CLS]",
+               "mask_token": "[MASK]"}
+    with open(os.path.join(directory, "special_tokens_map.json"), "w") as f:
+        json.dump(special, f, indent=2)
+    if bert.tokenizer.kind == "sentencepiece":
+        from bertjax import hf_tokenizer
+
+        hf_tokenizer.write_sentencepiece_tokenizer(bert.tokenizer, bert.vocab_path, directory,
+                                                   model_max_length=bert.config.max_position_embeddings)
+
+
+def write_params(bert, directory: str, meta: dict) -> None:
+    from flax import traverse_util
+
+    flat = traverse_util.flatten_dict(_plain(bert.params), sep="/")
+    np.savez(os.path.join(directory, "params.npz"), **flat)
+    config = {"model": meta["model"], "tokenizer": dict(meta.get("tokenizer") or {}), "task": meta.get("task"),
+              "step": meta.get("step")}
+    if bert.vocab_path:
+        name = os.path.basename(bert.vocab_path)
+        shutil.copyfile(bert.vocab_path, os.path.join(directory, name))
+        config["tokenizer"]["path"] = name
+    with open(os.path.join(directory, "config.json"), "w") as f:
+        json.dump(config, f, indent=1)
+
+
+def write_savedmodel(bert, directory: str, max_seq_length: int) -> None:
+    from bertjax import serving
+
+    serving.export_savedmodel(bert, directory, max_seq_length=max_seq_length)
+
+
+# ----------------------------------------------------------------------------------------------------
+# The program
+# ----------------------------------------------------------------------------------------------------
+
+
+def export(source: str, to: str, export_format: str, *, step: int | None = None, overwrite: bool = False,
+           max_seq_length: int = 128) -> str:
+    """Writes the export; returns its directory. A temporary directory beside `to` is renamed into place
+    at the end, so nothing is half-written if anything fails."""
+    import bertjax
+    from bertjax import checkpoint, model_card
+
+    if export_format not in FORMATS:
+        raise ValueError(f"--format={export_format}: choose one of {', '.join(FORMATS)}")
+    if not source or not to:
+        raise ValueError("--from and --to are required")
+    to = os.path.abspath(to)
+    if os.path.exists(to) and (not os.path.isdir(to) or os.listdir(to)) and not overwrite:
+        raise ValueError(f"--to={to} exists and is not empty: choose a new directory, or pass --overwrite")
+    chosen = checkpoint_to_export(source, step)
+    bert = bertjax.load(chosen)
+    _, meta = checkpoint.restore_params(chosen)
+    if step is not None and meta.get("step") != step:
+        raise ValueError(f"--step={step}: that checkpoint is unreadable (the newest readable one is step "
+                         f"{meta.get('step')}); export that step or another")
+    temporary = f"{to}.export-tmp-{os.getpid()}"
+    shutil.rmtree(temporary, ignore_errors=True)
+    os.makedirs(temporary)
+    try:
+        if export_format == "hf":
+            write_hf(bert, temporary)
+        elif export_format == "params":
+            write_params(bert, temporary, meta)
+        else:
+            write_savedmodel(bert, temporary, max_seq_length)
+        card = model_card.model_card(workdir=_workdir_of(chosen), meta=meta, params=bert.params,
+                                     export_format=export_format, path_hint=to)
+        with open(os.path.join(temporary, "README.md"), "w") as f:
+            f.write(card)
+        if os.path.exists(to):
+            old = f"{to}.export-old-{os.getpid()}"
+            os.rename(to, old)
+            os.rename(temporary, to)
+            shutil.rmtree(old, ignore_errors=True)
+        else:
+            os.makedirs(os.path.dirname(to) or ".", exist_ok=True)
+            os.rename(temporary, to)
+    except BaseException:
+        shutil.rmtree(temporary, ignore_errors=True)
+        raise
+    return to
+
+
+def main(argv):
+    if len(argv) > 1:
+        raise app.UsageError(f"unexpected arguments: {argv[1:]}")
+    cli.quiet_library_logs()
+    f = {name: flag.value for name, flag in _FLAGS.items()}
+    try:
+        out = export(f["source"], f["to"], f["format"], step=f["step"], overwrite=f["overwrite"],
+                     max_seq_length=f["max_seq_length"])
+    except (ValueError, FileNotFoundError, OSError) as e:
+        cli.fail(str(e))
+    except KeyboardInterrupt:
+        print("Ctrl-C: stopped; nothing was written", file=sys.stderr)
+        sys.exit(130)
+    print(f"exported {f['source']} as {f['format']} to {out}")
+
+
+def entry():
+    _define_flags()
+    app.run(main, flags_parser=cli.parse_flags)
+
+
+if __name__ == "__main__":
+    entry()

@@ -1,0 +1,50 @@
+"""A bertjax SentencePiece model as a Hugging Face `tokenizer.json` (the `tokenizers` library's format),
+so that AutoTokenizer loads an exported SentencePiece model with the ids bertjax gives.
+
+The unigram pieces and scores, the model's own normalisation (its precompiled NFKC / case-folding map)
+and SentencePiece's whitespace rules (extra spaces removed, "▁" before every word) become the
+tokenizers pipeline; [CLS] A [SEP] (B [SEP]) is its post-processor. WordPiece needs none of this:
+transformers builds its fast tokenizer from vocab.txt itself.
+"""
+
+import json
+import os
+
+
+def write_sentencepiece_tokenizer(tokenizer, model_path: str, directory: str, model_max_length: int) -> None:
+    """tokenizer.json and tokenizer_config.json for `tokenizer` (a SentencePieceTokenizer) in `directory`."""
+    try:
+        from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, processors
+    except ImportError:
+        raise ValueError("exporting a SentencePiece tokenizer to Hugging Face needs the `tokenizers` package: "
+                         "pip install tokenizers") from None
+    from sentencepiece import sentencepiece_model_pb2
+
+    proto = sentencepiece_model_pb2.ModelProto()
+    with open(model_path, "rb") as f:
+        proto.ParseFromString(f.read())
+    if proto.trainer_spec.model_type != sentencepiece_model_pb2.TrainerSpec.UNIGRAM:
+        raise ValueError(f"{model_path}: only unigram SentencePiece models export to Hugging Face "
+                         "(bertjax.text.vocab trains unigram ones)")
+    pieces = [(p.piece, p.score) for p in proto.pieces]
+    hf = Tokenizer(models.Unigram(pieces, unk_id=tokenizer.unk_id, byte_fallback=False))
+    steps = []
+    if proto.normalizer_spec.precompiled_charsmap:
+        steps.append(normalizers.Precompiled(proto.normalizer_spec.precompiled_charsmap))
+    if proto.normalizer_spec.remove_extra_whitespaces:
+        steps += [normalizers.Replace(Regex(" {2,}"), " "), normalizers.Strip()]
+    hf.normalizer = normalizers.Sequence(steps)
+    prepend = "always" if proto.normalizer_spec.add_dummy_prefix else "never"
+    hf.pre_tokenizer = pre_tokenizers.Metaspace(replacement="\u2581", prepend_scheme=prepend)
+    hf.decoder = decoders.Metaspace(replacement="\u2581", prepend_scheme=prepend)
+    cls, sep = "[CLS]", "[SEP]"
+    hf.post_processor = processors.TemplateProcessing(
+        single=f"{cls} $A {sep}", pair=f"{cls} $A {sep} $B:1 {sep}:1",
+        special_tokens=[(cls, tokenizer.cls_id), (sep, tokenizer.sep_id)])
+    hf.add_special_tokens(["[PAD]", "[UNK]", cls, sep, "[MASK]"])  # already in the vocabulary: ids kept
+    hf.save(os.path.join(directory, "tokenizer.json"))
+    config = {"tokenizer_class": "PreTrainedTokenizerFast", "model_max_length": model_max_length,
+              "unk_token": "[UNK]", "pad_token": "[PAD]", "cls_token": cls, "sep_token": sep, "mask_token": "[MASK]",
+              "model_input_names": ["input_ids", "token_type_ids", "attention_mask"]}
+    with open(os.path.join(directory, "tokenizer_config.json"), "w") as f:
+        json.dump(config, f, indent=2)

@@ -1,0 +1,144 @@
+"""The README.md model card every export writes: what the model is, what it was trained on, how far,
+how well, and how to load it. Everything comes from the workdir: the checkpoint's meta, config.json,
+metrics.jsonl and, for a fine-tuned model, summary.json."""
+
+import json
+
+from bertjax import model as bert_model
+from bertjax import workdir as workdirs
+
+# How each export format is loaded, shown in the card.
+_LOADING = {
+    "hf": """```python
+from transformers import AutoTokenizer, {auto_class}, pipeline
+
+tokenizer = AutoTokenizer.from_pretrained("{path}")
+model = {auto_class}.from_pretrained("{path}")
+{pipeline}```""",
+    "savedmodel": """```python
+import tensorflow as tf
+import tensorflow_text  # registers the tokenizer's ops
+
+served = tf.saved_model.load("{path}")
+served.signatures["encode"](texts=tf.constant(["A sentence."]))
+```
+
+or TF Serving: `docker run -p 8501:8501 -v {path}:/models/bert/1 -e MODEL_NAME=bert tensorflow/serving`.""",
+    "params": """```python
+import json, numpy as np
+from flax import traverse_util
+from bertjax import model
+
+config = json.load(open("{path}/config.json"))
+params = traverse_util.unflatten_dict(dict(np.load("{path}/params.npz")), sep="/")
+net = model.BertForPreTraining(model.BertConfig.from_dict(config["model"]))   # or the task's head
+```""",
+}
+
+_AUTO_CLASS = {None: "AutoModelForMaskedLM", "classification": "AutoModelForSequenceClassification",
+               "regression": "AutoModelForSequenceClassification", "multiple_choice": "AutoModelForMultipleChoice",
+               "span": "AutoModelForQuestionAnswering", "tagging": "AutoModelForTokenClassification"}
+
+
+def _read_json_lines(path: str) -> list[dict]:
+    p = workdirs.path(path)
+    if not p.exists():
+        return []
+    lines = []
+    for raw in p.read_text().splitlines():
+        try:
+            lines.append(json.loads(raw))
+        except json.JSONDecodeError:
+            continue  # a line cut by a crash: the card shows what the rest says
+    return lines
+
+
+def _read_json(path: str) -> dict:
+    p = workdirs.path(path)
+    return json.loads(p.read_text()) if p.exists() else {}
+
+
+def _figures(line: dict, keys) -> str:
+    return ", ".join(f"{k} {line[k]:.4g}" for k in keys if isinstance(line.get(k), (int, float)))
+
+
+def model_card(*, workdir: str, meta: dict, params: dict, export_format: str, path_hint: str) -> str:
+    """The card's markdown text."""
+    cfg = bert_model.BertConfig.from_dict(meta["model"])
+    config = _read_json(workdirs.join(workdir, "config.json"))
+    metrics = _read_json_lines(workdirs.join(workdir, "metrics.jsonl"))
+    summary = _read_json(workdirs.join(workdir, "summary.json"))
+    task = meta.get("task")
+    tokenizer = meta.get("tokenizer") or {}
+    step = meta.get("step")
+    title = f"BERT fine-tuned for {task['name']}" if task else "BERT pretrained with bertjax"
+    lines = [f"# {title}", "",
+             f"Exported by `python -m bertjax.export --format={export_format}` from `{workdir}` (step {step}).", ""]
+
+    lines += ["## Architecture", "",
+              f"- {cfg.num_layers} layers, hidden size {cfg.hidden_size}, {cfg.num_heads} attention heads, "
+              f"intermediate size {cfg.intermediate_size}, {cfg.max_position_embeddings} positions",
+              f"- {bert_model.count_params(params):,} parameters"
+              + (f"; a {task['kind']} head" + (f" over {len(task['labels'])} labels ({', '.join(task['labels'])})"
+                                               if task.get("labels") else "") if task else
+                 "; masked-LM and next-sentence heads"),
+              f"- {'pre' if cfg.pre_layer_norm else 'post'}-layer-norm, layer-norm epsilon {cfg.layer_norm_eps}", ""]
+
+    lines += ["## Tokenizer", "",
+              f"- {tokenizer.get('kind', 'unknown')}, {cfg.vocab_size:,} entries in the model's vocabulary"
+              + ("" if not tokenizer else f", {'lower-cased' if tokenizer.get('lower_case') else 'cased'}"), ""]
+
+    data = config.get("data") or {}
+    train = config.get("train") or {}
+    lines += ["## Training", ""]
+    if task:
+        files = {k: data.get(k) for k in ("train", "validation", "test") if data.get(k)}
+        source = ", ".join(f"{k} {v}" for k, v in files.items()) or f"TFDS ({task['name']})"
+        lines.append(f"- fine-tuned on {source}, {train.get('epochs', '?')} epochs of batch {train.get('batch_size', '?')},"
+                     f" learning rate {(config.get('optimizer') or {}).get('learning_rate', '?')}")
+        init = config.get("init_from")
+        if init:
+            lines.append(f"- from `{init}`")
+    else:
+        source = data.get("source", "?")
+        detail = {"tfds": data.get("tfds_name"), "files": data.get("input_pattern"),
+                  "prepared": data.get("prepared_dir")}.get(source)
+        lines.append(f"- data: {source}" + (f" ({detail})" if detail else ""))
+        batch, seq = train.get("batch_size"), data.get("max_seq_length")
+        if step and batch and seq:
+            efficiency = [m["padding_efficiency"] for m in metrics if "padding_efficiency" in m and "split" not in m]
+            real = f", about {int(step * batch * seq * sum(efficiency) / len(efficiency)):,} of them real" if efficiency else ""
+            lines.append(f"- {step:,} steps of {batch} sequences of {seq} tokens: {step * batch:,} sequences, "
+                         f"{step * batch * seq:,} token positions seen{real}")
+        masking = "whole-word" if data.get("whole_word_masking") else "token"
+        lines.append(f"- {masking} masking, {data.get('masked_lm_prob', 0.15):g} of the tokens, "
+                     f"{(config.get('optimizer') or {}).get('name', '?')} at learning rate "
+                     f"{(config.get('optimizer') or {}).get('learning_rate', '?')}")
+    lines.append("")
+
+    lines += ["## Results", ""]
+    if task:
+        best = summary.get("best") or (meta.get("best") or {})
+        for split, values in (best.get("metrics") or {}).items():
+            shown = ", ".join(f"{k} {v:.4f}" for k, v in values.items() if isinstance(v, (int, float)))
+            lines.append(f"- dev ({split}): {shown}")
+        if best.get("step") is not None:
+            lines.append(f"- the best dev checkpoint, step {best['step']}, main metric {summary.get('main_metric', '?')}")
+        if not best:
+            lines.append("- no dev evaluation recorded")
+    else:
+        keys = ("loss", "mlm_loss", "nsp_loss", "mlm_accuracy", "nsp_accuracy")
+        trained = [m for m in metrics if "split" not in m and "loss" in m]
+        held_out = [m for m in metrics if m.get("split") == "eval"]
+        if trained:
+            lines.append(f"- training, step {trained[-1]['step']}: {_figures(trained[-1], keys)}")
+        if held_out:
+            lines.append(f"- held out, step {held_out[-1]['step']}: {_figures(held_out[-1], keys)}")
+        if not trained and not held_out:
+            lines.append("- no metrics.jsonl in the workdir")
+    lines.append("")
+
+    auto_class = _AUTO_CLASS.get(task["kind"] if task else None, "AutoModel")
+    pipe = "" if task else 'pipeline("fill-mask", model=model, tokenizer=tokenizer)("The capital of France is [MASK].")\n'
+    lines += ["## Loading", "", _LOADING[export_format].format(path=path_hint, auto_class=auto_class, pipeline=pipe), ""]
+    return "\n".join(lines)

@@ -1,0 +1,212 @@
+"""python -m bertjax.export: each format loaded by its own library in a fresh process, its outputs equal to
+bertjax's within 1e-5 (fp32): MLM, NSP and pooled outputs, fill-mask top-k, a fine-tuned head's logits;
+the Hugging Face round trip back into bertjax.load; the model card; and the mistakes, each one line,
+with nothing half-written left behind."""
+
+import json
+import os
+import pathlib
+import subprocess
+import sys
+
+import jax
+import numpy as np
+import pytest
+
+import bertjax
+from bertjax import export, finetune
+from bertjax import model as bert_model
+from test_finetune import pretrained, small_config  # noqa: F401  (a small random BERT workdir and its task files)
+
+REPO = pathlib.Path(__file__).resolve().parents[1]
+ENV = {**os.environ, "PYTHONPATH": str(REPO), "XLA_FLAGS": "", "JAX_PLATFORMS": "cpu", "CUDA_VISIBLE_DEVICES": ""}
+TEXTS = ["The function returns a list of the lines in the file.", "Naïve café — «quoted» text, résumé!",
+         "short"]
+MASKED = ["The function [MASK] a list.", "If the key is not found, a [MASK] is raised."]
+
+HF_SCRIPT = r"""
+import json, logging, sys
+import numpy as np, torch, transformers
+warnings = []
+class Catch(logging.Handler):
+    def emit(self, record):
+        if record.levelno >= logging.WARNING:
+            warnings.append(record.getMessage())
+logging.getLogger("transformers").addHandler(Catch())
+transformers.logging.set_verbosity_warning()
+path, out, kind = sys.argv[1], sys.argv[2], sys.argv[3]
+texts = json.loads(sys.argv[4]); masked = json.loads(sys.argv[5])
+tokenizer = transformers.AutoTokenizer.from_pretrained(path)
+batch = tokenizer(texts, padding=True, return_tensors="pt")
+result = {"input_ids": batch["input_ids"].numpy(), "attention_mask": batch["attention_mask"].numpy()}
+with torch.no_grad():
+    if kind == "pretraining":
+        model = transformers.BertForPreTraining.from_pretrained(path).eval()
+        o = model(**batch, output_hidden_states=True)
+        result.update(mlm=o.prediction_logits.numpy(), nsp=o.seq_relationship_logits.numpy())
+        result["pooled"] = model.bert.pooler(o.hidden_states[-1]).numpy()
+        masked_lm = transformers.AutoModelForMaskedLM.from_pretrained(path).eval()
+        fill = transformers.pipeline("fill-mask", model=masked_lm, tokenizer=tokenizer, top_k=5)
+        guesses = [fill(t) for t in masked]
+        result["fill_tokens"] = np.array([[g["token"] for g in gs] for gs in guesses])
+        result["fill_scores"] = np.array([[g["score"] for g in gs] for gs in guesses])
+    else:
+        model = transformers.AutoModelForSequenceClassification.from_pretrained(path).eval()
+        result["logits"] = model(**batch).logits.numpy()
+        result["id2label"] = np.array([model.config.id2label[i] for i in range(model.config.num_labels)])
+np.savez(out, **result)
+json.dump(warnings, open(out + ".warnings.json", "w"))
+"""
+
+
+def run_hf(path, out, kind):
+    subprocess.run([sys.executable, "-c", HF_SCRIPT, str(path), str(out), kind, json.dumps(TEXTS), json.dumps(MASKED)],
+                   env=ENV, check=True, capture_output=True, text=True, timeout=300)
+    return dict(np.load(out)), json.loads(pathlib.Path(str(out) + ".warnings.json").read_text())
+
+
+def bertjax_pretraining_outputs(bert, input_ids, mask):
+    net = bert_model.BertForPreTraining(bert.config)
+    positions = np.broadcast_to(np.arange(input_ids.shape[1]), input_ids.shape).astype(np.int32)
+    out = net.apply({"params": bert.params}, input_ids.astype(np.int32), np.zeros_like(input_ids, np.int32),
+                    mask.astype(np.int32), positions, deterministic=True)
+    return {k: np.asarray(out[k]) for k in ("mlm_logits", "nsp_logits", "pooled_output")}
+
+
+@pytest.fixture(scope="module")
+def exported(pretrained, tmp_path_factory):  # noqa: F811
+    root = tmp_path_factory.mktemp("export")
+    (pathlib.Path(pretrained["workdir"]) / "metrics.jsonl").write_text(
+        json.dumps({"step": 1, "loss": 7.5, "mlm_loss": 6.8, "nsp_loss": 0.7, "mlm_accuracy": 0.05}) + "\n"
+        + json.dumps({"step": 1, "split": "eval", "loss": 7.6, "mlm_accuracy": 0.04}) + "\n")
+    return dict(root=root, hf=export.export(pretrained["workdir"], str(root / "hf"), "hf"),
+                params=export.export(pretrained["workdir"], str(root / "params"), "params"))
+
+
+@pytest.mark.slow
+def test_hf_export_loads_in_transformers_with_the_same_outputs(exported, pretrained):  # noqa: F811
+    theirs, warnings = run_hf(exported["hf"], exported["root"] / "hf.npz", "pretraining")
+    assert not [w for w in warnings if "newly initialized" in w or "were not used" in w], warnings
+    bert = bertjax.load(pretrained["workdir"])
+    ids = theirs["input_ids"]
+    assert [list(r[m > 0]) for r, m in zip(ids, theirs["attention_mask"])] == \
+        [list(r[m > 0]) for r, m in zip(bert.tokenize(TEXTS)["input_ids"], bert.tokenize(TEXTS)["input_mask"])]
+    ours = bertjax_pretraining_outputs(bert, ids, theirs["attention_mask"])
+    real = theirs["attention_mask"] > 0
+    assert np.max(np.abs(ours["mlm_logits"][real] - theirs["mlm"][real])) < 1e-5 * max(1, np.abs(theirs["mlm"]).max())
+    np.testing.assert_allclose(ours["nsp_logits"], theirs["nsp"], atol=1e-5)
+    np.testing.assert_allclose(ours["pooled_output"], theirs["pooled"], atol=1e-5)
+    guesses = bert.fill_mask(MASKED, top_k=5)
+    assert [[g["token"] for g in gs[0]] for gs in guesses] == theirs["fill_tokens"].tolist()
+    np.testing.assert_allclose([[g["score"] for g in gs[0]] for gs in guesses], theirs["fill_scores"], atol=1e-5)
+
+
+def test_hf_export_round_trips_into_bertjax(exported, pretrained):  # noqa: F811
+    again = bertjax.load(exported["hf"])
+    original = bertjax.load(pretrained["workdir"])
+    same = jax.tree_util.tree_map(lambda a, b: bool(np.array_equal(np.asarray(a), np.asarray(b))),
+                                  original.params, again.params)
+    assert all(jax.tree_util.tree_leaves(same))
+    files = set(os.listdir(exported["hf"]))
+    assert {"model.safetensors", "config.json", "vocab.txt", "tokenizer_config.json", "special_tokens_map.json",
+            "README.md"} <= files
+
+
+def test_params_export_is_the_parameter_tree(exported, pretrained):  # noqa: F811
+    from flax import traverse_util
+
+    directory = pathlib.Path(exported["params"])
+    flat = dict(np.load(directory / "params.npz"))
+    config = json.loads((directory / "config.json").read_text())
+    original = traverse_util.flatten_dict(pretrained["params"], sep="/")
+    assert set(flat) == set(original) and all(np.array_equal(flat[k], original[k]) for k in flat)
+    assert bert_model.BertConfig.from_dict(config["model"]) == pretrained["cfg"]
+    assert (directory / config["tokenizer"]["path"]).exists()
+
+
+def test_the_model_card_says_what_the_model_is(exported, pretrained):  # noqa: F811
+    card = (pathlib.Path(exported["hf"]) / "README.md").read_text()
+    cfg = pretrained["cfg"]
+    assert f"{cfg.num_layers} layers, hidden size {cfg.hidden_size}" in card
+    assert f"{bert_model.count_params(pretrained['params']):,} parameters" in card
+    assert "wordpiece" in card and "training, step 1: loss 7.5, mlm_loss 6.8" in card
+    assert "held out, step 1: loss 7.6" in card and 'AutoModelForMaskedLM.from_pretrained("' in card
+
+
+@pytest.mark.slow
+def test_a_fine_tuned_head_exports_to_its_transformers_class(pretrained, tmp_path):  # noqa: F811
+    config = small_config("classification", pretrained, labels=("no", "yes"), **pretrained["files"])
+    config.train.epochs = 0.2
+    workdir = str(tmp_path / "run")
+    finetune.finetune(config, workdir)
+    directory = export.export(workdir, str(tmp_path / "hf"), "hf")
+    theirs, warnings = run_hf(directory, tmp_path / "head.npz", "classification")
+    assert not [w for w in warnings if "newly initialized" in w or "were not used" in w], warnings
+    assert theirs["id2label"].tolist() == ["no", "yes"]
+    bert = bertjax.load(workdir)
+    ours = np.asarray(bert._task_logits(bert.params, theirs["input_ids"].astype(np.int32),
+                                        np.zeros_like(theirs["input_ids"], np.int32),
+                                        theirs["attention_mask"].astype(np.int32)))
+    np.testing.assert_allclose(ours, theirs["logits"], atol=1e-5)
+    card = (pathlib.Path(directory) / "README.md").read_text()
+    assert "fine-tuned for classification" in card and "dev (validation): accuracy" in card
+
+
+def test_mistakes_are_one_line_and_leave_nothing_behind(exported, pretrained, tmp_path):  # noqa: F811
+    with pytest.raises(ValueError, match="--format=hugging: choose one of hf, savedmodel, params"):
+        export.export(pretrained["workdir"], str(tmp_path / "x"), "hugging")
+    with pytest.raises(ValueError, match=r"--step=7: .* has checkpoints at steps 1"):
+        export.export(pretrained["workdir"], str(tmp_path / "x"), "hf", step=7)
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    with pytest.raises(ValueError, match="has no checkpoint"):
+        export.export(str(empty), str(tmp_path / "x"), "hf")
+    with pytest.raises(ValueError, match="does not exist"):
+        export.export(str(tmp_path / "missing"), str(tmp_path / "x"), "hf")
+    with pytest.raises(ValueError, match="exists and is not empty: .* --overwrite"):
+        export.export(pretrained["workdir"], exported["params"], "hf")
+    assert not (tmp_path / "x").exists() and not [p for p in os.listdir(tmp_path) if "export-tmp" in p]
+    # --overwrite replaces it whole.
+    target = export.export(pretrained["workdir"], str(tmp_path / "twice"), "params")
+    export.export(pretrained["workdir"], target, "hf", overwrite=True)
+    assert "model.safetensors" in os.listdir(target) and "params.npz" not in os.listdir(target)
+    # The program: the same line, a non-zero exit, no traceback.
+    done = subprocess.run([sys.executable, "-m", "bertjax.export", f"--from={pretrained['workdir']}",
+                           f"--to={tmp_path / 'y'}", "--format=onnx"], env=ENV, cwd=REPO, capture_output=True,
+                          text=True, timeout=120)
+    assert done.returncode != 0 and "--format=onnx: choose one of hf, savedmodel, params" in done.stderr
+    assert "Traceback" not in done.stderr and not (tmp_path / "y").exists()
+
+
+def test_a_sentencepiece_model_exports_a_tokenizer_with_the_same_ids(tmp_path):
+    """tokenizer.json through the tokenizers library: AutoTokenizer gives bertjax's ids, case-folded or not."""
+    import flax.linen as nn
+    import transformers
+
+    from bertjax import checkpoint
+    from bertjax.data import demo
+    from bertjax.text import vocab as vocabularies
+
+    sentences = [s for doc in demo.demo_documents(200) for s in doc]
+    texts = ["The function returns a list.", "  Naïve  café — «quoted» ﬁle, RÉSUMÉ!  ", "日本語 text 123,456.78",
+             "Tabs\tand\nnewlines", "x"]
+    for lower_case in (True, False):
+        workdir = tmp_path / f"sp-{lower_case}"
+        workdir.mkdir()
+        vocabularies.learn_sentencepiece_model(iter(sentences), 800, str(workdir / "sp.model"), lower_case)
+        cfg = bert_model.BertConfig(vocab_size=800, hidden_size=32, num_layers=1, num_heads=2, intermediate_size=64,
+                                    max_position_embeddings=64)
+        params = bert_model.BertForPreTraining(cfg).init(jax.random.key(0), **bert_model.dummy_batch(1, 16, 2))["params"]
+        meta = {"step": 1, "model": cfg.__dict__,
+                "tokenizer": {"kind": "sentencepiece", "path": "sp.model", "lower_case": lower_case}}
+        saver = checkpoint.Checkpointer(str(workdir), every_steps=1, keep=1, async_save=False)
+        saver.save(1, jax.device_get(nn.unbox(params)), {"count": np.zeros((), np.int32)}, meta, force=True)
+        saver.wait()
+        saver.close()
+        directory = export.export(str(workdir), str(tmp_path / f"hf-{lower_case}"), "hf")
+        assert "tokenizer.json" in os.listdir(directory)
+        theirs = transformers.AutoTokenizer.from_pretrained(directory)
+        bert = bertjax.load(str(workdir))
+        assert [theirs(t)["input_ids"] for t in texts] == [[bert.tokenizer.cls_id, *ids, bert.tokenizer.sep_id]
+                                                            for ids in bert.tokenizer.encode(texts)]
+        assert theirs.mask_token_id == bert.tokenizer.mask_id and theirs.pad_token_id == bert.tokenizer.pad_id
