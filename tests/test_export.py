@@ -59,6 +59,38 @@ json.dump(warnings, open(out + ".warnings.json", "w"))
 """
 
 
+TF_SCRIPT = r"""
+import json, sys
+import numpy as np, tensorflow as tf
+import tensorflow_text  # the tokenizer's ops
+tf.config.set_visible_devices([], "GPU")
+path, out = sys.argv[1], sys.argv[2]
+texts = json.loads(sys.argv[3]); masked = json.loads(sys.argv[4])
+served = tf.saved_model.load(path)
+result = {"signatures": np.array(sorted(served.signatures))}
+for name, fn in served.signatures.items():
+    if name == "fill_mask":
+        args = {"texts": tf.constant(masked)}
+    elif name == "predict_pair":
+        args = {"texts": tf.constant(texts), "text_pairs": tf.constant(texts[::-1])}
+    else:
+        args = {"texts": tf.constant(texts)}
+    for key, value in fn(**args).items():
+        value = value.numpy()
+        result[f"{name}/{key}"] = value.astype(str) if value.dtype == object else value  # strings: bytes
+np.savez(out, **result)
+"""
+
+
+def run_savedmodel(path, out):
+    subprocess.run([sys.executable, "-c", TF_SCRIPT, str(path), str(out), json.dumps(TEXTS + [LONG]),
+                    json.dumps(MASKED)], env=ENV, check=True, capture_output=True, text=True, timeout=300)
+    return dict(np.load(out, allow_pickle=False))
+
+
+LONG = " ".join(["A long sentence that the graph must cut at the fixed length."] * 12)
+
+
 def run_hf(path, out, kind):
     subprocess.run([sys.executable, "-c", HF_SCRIPT, str(path), str(out), kind, json.dumps(TEXTS), json.dumps(MASKED)],
                    env=ENV, check=True, capture_output=True, text=True, timeout=300)
@@ -99,6 +131,29 @@ def test_hf_export_loads_in_transformers_with_the_same_outputs(exported, pretrai
     guesses = bert.fill_mask(MASKED, top_k=5)
     assert [[g["token"] for g in gs[0]] for gs in guesses] == theirs["fill_tokens"].tolist()
     np.testing.assert_allclose([[g["score"] for g in gs[0]] for gs in guesses], theirs["fill_scores"], atol=1e-5)
+
+
+@pytest.mark.slow
+def test_savedmodel_serves_raw_strings_with_bertjax_outputs(pretrained, tmp_path):  # noqa: F811
+    directory = export.export(pretrained["workdir"], str(tmp_path / "served"), "savedmodel", max_seq_length=32)
+    theirs = run_savedmodel(directory, tmp_path / "served.npz")
+    assert theirs["signatures"].tolist() == ["encode", "fill_mask"]
+    bert = bertjax.load(pretrained["workdir"])
+    texts = TEXTS + [LONG]
+    ours = bert.encode(texts, max_length=32)
+    n = ours["input_ids"].shape[1]
+    # The tokenizer inside the graph gives bertjax's ids, the long text cut to the fixed length.
+    np.testing.assert_array_equal(theirs["encode/input_ids"][:, :n], ours["input_ids"])
+    np.testing.assert_array_equal(theirs["encode/input_mask"][:, :n], ours["input_mask"])
+    assert n == 32 and theirs["encode/input_ids"].shape == (len(texts), 32)
+    real = ours["input_mask"] > 0
+    np.testing.assert_allclose(theirs["encode/sequence_output"][real], ours["sequence_output"][real], atol=1e-5)
+    np.testing.assert_allclose(theirs["encode/pooled_output"], ours["pooled_output"], atol=1e-5)
+    guesses = bert.fill_mask(MASKED, top_k=5)
+    assert theirs["fill_mask/top_ids"][:, 0].tolist() == [[g["token"] for g in gs[0]] for gs in guesses]
+    np.testing.assert_allclose(theirs["fill_mask/top_scores"][:, 0], [[g["score"] for g in gs[0]] for gs in guesses],
+                               atol=1e-5)
+    assert (theirs["fill_mask/mask_positions"][:, 1:] == -1).all()
 
 
 def test_hf_export_round_trips_into_bertjax(exported, pretrained):  # noqa: F811
@@ -150,6 +205,16 @@ def test_a_fine_tuned_head_exports_to_its_transformers_class(pretrained, tmp_pat
     np.testing.assert_allclose(ours, theirs["logits"], atol=1e-5)
     card = (pathlib.Path(directory) / "README.md").read_text()
     assert "fine-tuned for classification" in card and "dev (validation): accuracy" in card
+    # The SavedModel's predict and predict_pair: the same labels and logits as bertjax.load(...).predict.
+    served = run_savedmodel(export.export(workdir, str(tmp_path / "served"), "savedmodel", max_seq_length=48),
+                            tmp_path / "served.npz")
+    texts = TEXTS + [LONG]
+    single, pairs = bert.predict(texts), bert.predict(texts, text_pairs=texts[::-1])
+    assert served["predict/label"].astype(str).tolist() == [p["label"] for p in single]
+    np.testing.assert_allclose(served["predict/probabilities"], [[p["scores"][k] for k in ("no", "yes")] for p in single],
+                               atol=1e-5)
+    np.testing.assert_allclose(served["predict_pair/probabilities"],
+                               [[p["scores"][k] for k in ("no", "yes")] for p in pairs], atol=1e-5)
 
 
 def test_mistakes_are_one_line_and_leave_nothing_behind(exported, pretrained, tmp_path):  # noqa: F811

@@ -1,0 +1,190 @@
+"""A loaded bertjax model as a TensorFlow SavedModel for TF Serving: signatures on raw strings.
+
+The model is the JAX function itself, converted with jax2tf (StableHLO inside the SavedModel, the
+weights as variables); the tokenizer is bertjax's own, which is TensorFlow ops already, so the text is
+tokenized inside the served graph exactly as in training. Texts are cut and padded to a fixed length S
+(--max_seq_length) in the graph; the batch size is free.
+
+Signatures (B texts; S max_seq_length; H hidden size; P masks per text, at most max_masks; k top_k):
+  encode(texts)                  sequence_output float32 [B, S, H], pooled_output float32 [B, H],
+                                 input_ids int32 [B, S], input_mask int32 [B, S]
+  fill_mask(texts)               pretraining checkpoints. "[MASK]" written in a text is the mask token,
+                                 as bertjax.load(...).fill_mask reads it: mask_positions int32 [B, P]
+                                 (-1 past a text's masks), top_ids int32 [B, P, k], top_scores float32
+                                 [B, P, k] (the softmax over the vocabulary, best first)
+  predict(texts)                 classification / regression checkpoints: logits float32 [B, K],
+  predict_pair(texts, text_pairs)  and for classification probabilities [B, K], label_index int32 [B],
+                                 label string [B]; for regression score float32 [B]. Pairs are cut as
+                                 bertjax/data/tasks/features.py cuts them (the longer segment first).
+"""
+
+import jax
+import numpy as np
+
+from bertjax import heads
+from bertjax import model as bert_model
+
+MAX_MASKS = 8
+TOP_K = 5
+
+
+def _device_free(tree):
+    return jax.tree_util.tree_map(lambda x: np.asarray(jax.device_get(x)), tree)
+
+
+def _pad_rows(tf, rows, length: int, pad_id: int):
+    """Ragged int32 [B, (n)] -> dense [B, S] right-padded with pad_id, and the input mask [B, S]."""
+    ids = rows.to_tensor(default_value=pad_id, shape=[None, length])
+    mask = tf.sequence_mask(tf.minimum(rows.row_lengths(), length), length, dtype=tf.int32)
+    return tf.cast(ids, tf.int32), mask
+
+
+def _single(tf, tokenizer, texts, length: int):
+    """[CLS] text [SEP], cut to S: input_ids, segment_ids, input_mask, each int32 [B, S]."""
+    ids = tokenizer.tokenize(texts)[:, : length - 2]
+    batch = tf.shape(texts)[0]
+    rows = tf.concat([tf.fill([batch, 1], tokenizer.cls_id), ids, tf.fill([batch, 1], tokenizer.sep_id)], axis=1)
+    input_ids, mask = _pad_rows(tf, rows, length, tokenizer.pad_id)
+    return input_ids, tf.zeros_like(input_ids), mask
+
+
+def _truncated_lengths(tf, len_a, len_b, max_length: int):
+    """features.truncated_lengths in TF ops: the longer segment is cut first, then both alternately."""
+    shorter = tf.minimum(len_a, len_b)
+    fits = len_a + len_b <= max_length
+    only_longer = 2 * shorter <= max_length
+    a_longer = len_a > len_b
+    new_a = tf.where(only_longer, tf.where(a_longer, max_length - shorter, len_a), (max_length + 1) // 2)
+    new_b = tf.where(only_longer, tf.where(a_longer, len_b, max_length - shorter), max_length // 2)
+    return tf.where(fits, len_a, new_a), tf.where(fits, len_b, new_b)
+
+
+def _pair(tf, tokenizer, texts, pairs, length: int):
+    """[CLS] A [SEP] B [SEP], cut as in training: input_ids, segment_ids, input_mask int32 [B, S]."""
+    a, b = tokenizer.tokenize(texts), tokenizer.tokenize(pairs)
+    keep_a, keep_b = _truncated_lengths(tf, a.row_lengths(), b.row_lengths(), length - 3)
+    a = tf.ragged.boolean_mask(a, tf.ragged.range(a.row_lengths()) < keep_a[:, None])
+    b = tf.ragged.boolean_mask(b, tf.ragged.range(b.row_lengths()) < keep_b[:, None])
+    batch = tf.shape(texts)[0]
+    cls, sep = tf.fill([batch, 1], tokenizer.cls_id), tf.fill([batch, 1], tokenizer.sep_id)
+    rows = tf.concat([cls, a, sep, b, sep], axis=1)
+    first = tf.concat([tf.zeros_like(cls), tf.zeros_like(a), tf.zeros_like(sep)], axis=1)
+    second = tf.concat([tf.ones_like(b), tf.ones_like(sep)], axis=1)
+    input_ids, mask = _pad_rows(tf, rows, length, tokenizer.pad_id)
+    segments, _ = _pad_rows(tf, tf.concat([first, second], axis=1), length, 0)
+    return input_ids, segments, mask
+
+
+def _with_masks(tf, tokenizer, texts, length: int):
+    """Texts with "[MASK]" written in them: the pieces between the marks tokenized, the mask id between
+    them, [CLS] ... [SEP], cut to S. Returns input_ids, segment_ids, input_mask [B, S] and the mask
+    positions [B, P] (-1 past a text's masks)."""
+    parts = tf.strings.split(texts, "[MASK]")  # [B, (pieces)]
+    pieces = tokenizer.tokenize(parts.flat_values)  # [sum pieces, (T)]
+    position = tf.range(tf.shape(parts.flat_values, out_type=tf.int64)[0])
+    is_last = position == tf.gather(parts.row_splits[1:], parts.value_rowids()) - 1  # a text's last piece
+    marks = tf.RaggedTensor.from_row_lengths(
+        tf.fill([tf.reduce_sum(tf.cast(~is_last, tf.int32))], tokenizer.mask_id), tf.cast(~is_last, tf.int64))
+    joined = tf.concat([pieces, marks], axis=1)  # each piece followed by a mask, but the last
+    ids = tf.RaggedTensor.from_row_splits(joined, parts.row_splits).merge_dims(1, 2)[:, : length - 2]
+    batch = tf.shape(texts)[0]
+    rows = tf.concat([tf.fill([batch, 1], tokenizer.cls_id), ids, tf.fill([batch, 1], tokenizer.sep_id)], axis=1)
+    input_ids, mask = _pad_rows(tf, rows, length, tokenizer.pad_id)
+    is_mask = tf.equal(input_ids, tokenizer.mask_id) & (mask > 0)
+    where = tf.RaggedTensor.from_row_lengths(tf.cast(tf.where(is_mask)[:, 1], tf.int32),
+                                             tf.reduce_sum(tf.cast(is_mask, tf.int64), axis=1))
+    positions = where[:, :MAX_MASKS].to_tensor(default_value=-1, shape=[None, MAX_MASKS])
+    return input_ids, tf.zeros_like(input_ids), mask, positions
+
+
+def export_savedmodel(bert, directory: str, max_seq_length: int = 128) -> list[str]:
+    """Writes the SavedModel of `bert` (a bertjax.load result) to `directory`; returns its signature names."""
+    import tensorflow as tf
+    from jax.experimental import jax2tf
+
+    tf.config.set_visible_devices([], "GPU")
+    cfg = bert.config
+    if not 3 <= max_seq_length <= cfg.max_position_embeddings:
+        raise ValueError(f"--max_seq_length={max_seq_length}: between 3 and the model's max_position_embeddings="
+                         f"{cfg.max_position_embeddings}")
+    task = bert.task
+    if task is not None and task["kind"] not in ("classification", "regression"):
+        raise ValueError(f"--format=savedmodel serves pretraining, classification and regression checkpoints; a "
+                         f"{task['kind']} checkpoint exports with --format=hf or --format=params")
+    tokenizer, length = bert.tokenizer, max_seq_length
+    params = _device_free(bert.params)
+    sequence = f"(b, {length})"
+    convert = lambda fn, n: jax2tf.convert(fn, polymorphic_shapes=[None] + [sequence] * n,  # noqa: E731
+                                           with_gradient=False)
+
+    encoder = bert_model.BertModel(cfg)
+
+    def encode_fn(p, ids, segments, mask):
+        out = encoder.apply({"params": p["bert"]}, ids, segments, mask, deterministic=True)
+        return out["sequence_output"].astype(np.float32), out["pooled_output"].astype(np.float32)
+
+    module = tf.Module()
+    module.params = tf.nest.map_structure(lambda x: tf.Variable(x, trainable=False), params)
+    # The tokenizer's TF resources (its vocabulary or SentencePiece model) travel with the SavedModel.
+    module.tokenizer_parts = [v for v in vars(tokenizer).values() if isinstance(v, tf.Module)]
+    tf_encode = convert(encode_fn, 3)
+    text_spec = tf.TensorSpec([None], tf.string)
+    signatures = {}
+
+    @tf.function(input_signature=[text_spec], autograph=False)
+    def encode(texts):
+        ids, segments, mask = _single(tf, tokenizer, texts, length)
+        sequence_output, pooled = tf_encode(module.params, ids, segments, mask)
+        return {"sequence_output": sequence_output, "pooled_output": pooled, "input_ids": ids, "input_mask": mask}
+
+    signatures["encode"] = encode
+
+    if task is None and "mlm_head" in params:
+        pretraining = bert_model.BertForPreTraining(cfg)
+
+        def fill_fn(p, ids, segments, mask, positions):
+            logits = pretraining.apply({"params": p}, ids, segments, mask, jax.numpy.maximum(positions, 0),
+                                       deterministic=True)["mlm_logits"]  # [B, P, V]
+            return jax.nn.softmax(logits.astype(np.float32), axis=-1)
+
+        tf_fill = jax2tf.convert(fill_fn, polymorphic_shapes=[None, sequence, sequence, sequence, f"(b, {MAX_MASKS})"],
+                                 with_gradient=False)
+
+        @tf.function(input_signature=[text_spec], autograph=False)
+        def fill_mask(texts):
+            ids, segments, mask, positions = _with_masks(tf, tokenizer, texts, length)
+            # top-k in TF: jax's lowers to an op the StableHLO reader of this TF may not know yet.
+            scores, top = tf.math.top_k(tf_fill(module.params, ids, segments, mask, positions), TOP_K)
+            valid = positions[:, :, None] >= 0
+            return {"mask_positions": positions, "top_ids": tf.where(valid, top, -1),
+                    "top_scores": tf.where(valid, scores, 0.0)}
+
+        signatures["fill_mask"] = fill_mask
+
+    if task is not None:
+        kind = task["kind"]
+        labels = list(task.get("labels") or [])
+        net = heads.network(kind, cfg, len(labels) if kind == "classification" else None)
+        tf_logits = convert(lambda p, ids, segments, mask: net.apply({"params": p}, ids, segments, mask,
+                                                                     deterministic=True).astype(np.float32), 3)
+
+        def outputs(ids, segments, mask):
+            logits = tf_logits(module.params, ids, segments, mask)
+            if kind == "regression":
+                return {"logits": logits, "score": logits[:, 0]}
+            index = tf.argmax(logits, axis=-1, output_type=tf.int32)
+            return {"logits": logits, "probabilities": tf.nn.softmax(logits, axis=-1), "label_index": index,
+                    "label": tf.gather(tf.constant(labels), index)}
+
+        @tf.function(input_signature=[text_spec], autograph=False)
+        def predict(texts):
+            return outputs(*_single(tf, tokenizer, texts, length))
+
+        @tf.function(input_signature=[text_spec, text_spec], autograph=False)
+        def predict_pair(texts, text_pairs):
+            return outputs(*_pair(tf, tokenizer, texts, text_pairs, length))
+
+        signatures.update(predict=predict, predict_pair=predict_pair)
+
+    tf.saved_model.save(module, directory, signatures=signatures)
+    return list(signatures)
