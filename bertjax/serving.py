@@ -16,6 +16,14 @@ Signatures (B texts; S max_seq_length; H hidden size; P masks per text, at most 
   predict_pair(texts, text_pairs)  and for classification probabilities [B, K], label_index int32 [B],
                                  label string [B]; for regression score float32 [B]. Pairs are cut as
                                  bertjax/data/tasks/features.py cuts them (the longer segment first).
+  predict_choices(contexts, choices)  multiple choice, choices string [B, C]: logits and probabilities
+                                 [B, C], label_index int32 [B] (the chosen choice)
+  tag(texts)                     tagging: words string [B, W] (the text split at whitespace, "" past its
+                                 end), tags string [B, W] (each word's tag, read at its first piece; ""
+                                 for words past the fixed length), logits float32 [B, S, K]
+
+Span QA is not served: its answers need the windows over a long context and each token's characters
+in the context (bertjax/data/tasks/squad.py), which `bertjax.load(...).predict` does in Python.
 """
 
 import jax
@@ -108,9 +116,9 @@ def export_savedmodel(bert, directory: str, max_seq_length: int = 128) -> list[s
         raise ValueError(f"--max_seq_length={max_seq_length}: between 3 and the model's max_position_embeddings="
                          f"{cfg.max_position_embeddings}")
     task = bert.task
-    if task is not None and task["kind"] not in ("classification", "regression"):
-        raise ValueError(f"--format=savedmodel serves pretraining, classification and regression checkpoints; a "
-                         f"{task['kind']} checkpoint exports with --format=hf or --format=params")
+    if task is not None and task["kind"] == "span":
+        raise ValueError("--format=savedmodel does not serve span QA (its answers need the windows and character "
+                         "offsets of bertjax.load(...).predict): export it with --format=hf or --format=params")
     tokenizer, length = bert.tokenizer, max_seq_length
     params = _device_free(bert.params)
     sequence = f"(b, {length})"
@@ -161,7 +169,59 @@ def export_savedmodel(bert, directory: str, max_seq_length: int = 128) -> list[s
 
         signatures["fill_mask"] = fill_mask
 
-    if task is not None:
+    if task is not None and task["kind"] == "multiple_choice":
+        net = heads.network("multiple_choice", cfg)
+        num_choices = int(task["num_choices"])
+        tf_choices = jax2tf.convert(lambda p, ids, segments, mask: net.apply(
+            {"params": p}, ids, segments, mask, deterministic=True).astype(np.float32),
+            polymorphic_shapes=[None] + [f"(b, {num_choices}, {length})"] * 3, with_gradient=False)
+
+        @tf.function(input_signature=[text_spec, tf.TensorSpec([None, num_choices], tf.string)], autograph=False)
+        def predict_choices(contexts, choices):
+            # Each (context, choice) a pair, as in training: [B * C, S], then [B, C, S].
+            flat_contexts = tf.reshape(tf.repeat(contexts, num_choices), [-1])
+            ids, segments, mask = _pair(tf, tokenizer, flat_contexts, tf.reshape(choices, [-1]), length)
+            shape = [-1, num_choices, length]
+            logits = tf_choices(module.params, tf.reshape(ids, shape), tf.reshape(segments, shape),
+                                tf.reshape(mask, shape))
+            return {"logits": logits, "probabilities": tf.nn.softmax(logits, axis=-1),
+                    "label_index": tf.argmax(logits, axis=-1, output_type=tf.int32)}
+
+        signatures["predict_choices"] = predict_choices
+
+    if task is not None and task["kind"] == "tagging":
+        labels = list(task["labels"])
+        net = heads.network("tagging", cfg, len(labels), feature_based=task.get("feature_based"))
+        tf_tags = convert(lambda p, ids, segments, mask: net.apply({"params": p}, ids, segments, mask,
+                                                                   deterministic=True).astype(np.float32), 3)
+
+        @tf.function(input_signature=[text_spec], autograph=False)
+        def tag(texts):
+            words = tf.strings.split(texts)  # [B, (W)]
+            pieces = tokenizer.tokenize(words.flat_values)  # [sum W, (P)]
+            empty = tf.cast(pieces.row_lengths() == 0, tf.int64)  # a word of dropped characters: [UNK]
+            unk = tf.RaggedTensor.from_row_lengths(tf.fill([tf.reduce_sum(empty)], tokenizer.unk_id), empty)
+            pieces = tf.concat([pieces, unk], axis=1)
+            first = tf.ragged.range(pieces.row_lengths()) == 0
+            tokens = tf.RaggedTensor.from_row_splits(pieces, words.row_splits).merge_dims(1, 2)[:, : length - 2]
+            first = tf.RaggedTensor.from_row_splits(first, words.row_splits).merge_dims(1, 2)[:, : length - 2]
+            batch = tf.shape(texts)[0]
+            rows = tf.concat([tf.fill([batch, 1], tokenizer.cls_id), tokens, tf.fill([batch, 1], tokenizer.sep_id)],
+                             axis=1)
+            ids, mask = _pad_rows(tf, rows, length, tokenizer.pad_id)
+            logits = tf_tags(module.params, ids, tf.zeros_like(ids), mask)  # [B, S, K]
+            predicted = tf.argmax(logits, axis=-1, output_type=tf.int32)  # [B, S]
+            at = tf.ragged.boolean_mask(tf.ragged.range(first.row_lengths()) + 1, first)  # first pieces, after [CLS]
+            word_tags = tf.gather(tf.constant(labels), tf.gather(predicted, tf.cast(at, tf.int32), batch_dims=1))
+            words_out = words.to_tensor(default_value="")  # [B, W]
+            tags_out = word_tags.to_tensor(default_value="")  # [B, <= W]: words past S have no tag
+            missing = tf.shape(words_out)[1] - tf.shape(tags_out)[1]
+            tags_out = tf.pad(tags_out, [[0, 0], [0, missing]], constant_values="")
+            return {"words": words_out, "tags": tags_out, "logits": logits}
+
+        signatures["tag"] = tag
+
+    if task is not None and task["kind"] in ("classification", "regression"):
         kind = task["kind"]
         labels = list(task.get("labels") or [])
         net = heads.network(kind, cfg, len(labels) if kind == "classification" else None)

@@ -71,20 +71,25 @@ result = {"signatures": np.array(sorted(served.signatures))}
 for name, fn in served.signatures.items():
     if name == "fill_mask":
         args = {"texts": tf.constant(masked)}
+    elif name == "predict_choices":
+        args = {"contexts": tf.constant(texts[:2]), "choices": tf.constant([texts[:3], texts[1:4]])}
     elif name == "predict_pair":
         args = {"texts": tf.constant(texts), "text_pairs": tf.constant(texts[::-1])}
     else:
         args = {"texts": tf.constant(texts)}
     for key, value in fn(**args).items():
         value = value.numpy()
-        result[f"{name}/{key}"] = value.astype(str) if value.dtype == object else value  # strings: bytes
+        if value.dtype == object:  # strings come back as UTF-8 bytes
+            value = np.vectorize(lambda b: b.decode("utf-8"), otypes=[str])(value)
+        result[f"{name}/{key}"] = value
 np.savez(out, **result)
 """
 
 
 def run_savedmodel(path, out):
-    subprocess.run([sys.executable, "-c", TF_SCRIPT, str(path), str(out), json.dumps(TEXTS + [LONG]),
-                    json.dumps(MASKED)], env=ENV, check=True, capture_output=True, text=True, timeout=300)
+    done = subprocess.run([sys.executable, "-c", TF_SCRIPT, str(path), str(out), json.dumps(TEXTS + [LONG]),
+                           json.dumps(MASKED)], env=ENV, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
     return dict(np.load(out, allow_pickle=False))
 
 
@@ -275,3 +280,41 @@ def test_a_sentencepiece_model_exports_a_tokenizer_with_the_same_ids(tmp_path):
         assert [theirs(t)["input_ids"] for t in texts] == [[bert.tokenizer.cls_id, *ids, bert.tokenizer.sep_id]
                                                             for ids in bert.tokenizer.encode(texts)]
         assert theirs.mask_token_id == bert.tokenizer.mask_id and theirs.pad_token_id == bert.tokenizer.pad_id
+
+
+@pytest.mark.slow
+def test_tagging_and_multiple_choice_savedmodels_equal_bertjax(pretrained, tmp_path):  # noqa: F811
+    from test_finetune import keyword_sentences, write_jsonl
+    from test_finetune_spans import TAGS, _sentences, tagging_config, write_conll
+
+    sentences = [s for s in _sentences() if s.count('"') == 2][:48]
+    files = {"train": write_conll(tmp_path / "train.txt", sentences[:32]),
+             "validation": write_conll(tmp_path / "dev.txt", sentences[32:])}
+    config = tagging_config(pretrained, files)
+    config.train.epochs = 1.0
+    tagger = str(tmp_path / "tagger")
+    finetune.finetune(config, tagger)
+    served = run_savedmodel(export.export(tagger, str(tmp_path / "tagger-served"), "savedmodel", max_seq_length=48),
+                            tmp_path / "tagger.npz")
+    texts = TEXTS + [LONG]
+    ours = bertjax.load(tagger).predict([t.split() for t in texts])
+    for n, out in enumerate(ours):
+        words = [w for w, _ in out["tags"]]
+        assert served["tag/words"][n][:len(words)].tolist() == words
+        cut = [t for t in served["tag/tags"][n][:len(words)].tolist() if t]  # words past S: no tag
+        assert cut == [t for _, t in out["tags"]][:len(cut)] and set(cut) <= set(TAGS)
+    assert sum(1 for t in served["tag/tags"][-1] if t) < len(LONG.split())  # the long text was cut
+
+    rows = [s for s, _ in keyword_sentences(2)][:24]
+    choice = [{"context": s, "choices": [s, rows[(i + 7) % 24], rows[(i + 11) % 24]], "label": 0}
+              for i, s in enumerate(rows)]
+    config = small_config("multiple_choice", pretrained, num_choices=3, train=write_jsonl(tmp_path / "c.jsonl", choice),
+                          validation=write_jsonl(tmp_path / "cd.jsonl", choice[:8]))
+    config.train.epochs = 0.5
+    chooser = str(tmp_path / "chooser")
+    finetune.finetune(config, chooser)
+    served = run_savedmodel(export.export(chooser, str(tmp_path / "chooser-served"), "savedmodel", max_seq_length=48),
+                            tmp_path / "chooser.npz")
+    ours = bertjax.load(chooser).predict(texts[:2], choices=[texts[:3], texts[1:4]])
+    np.testing.assert_allclose(served["predict_choices/probabilities"], [o["scores"] for o in ours], atol=1e-5)
+    assert served["predict_choices/label_index"].tolist() == [o["label"] for o in ours]
