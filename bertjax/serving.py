@@ -22,8 +22,15 @@ Signatures (B texts; S max_seq_length; H hidden size; P masks per text, at most 
                                  end), tags string [B, W] (each word's tag, read at its first piece; ""
                                  for words past the fixed length), logits float32 [B, S, K]
 
-Span QA is not served: its answers need the windows over a long context and each token's characters
-in the context (bertjax/data/tasks/squad.py), which `bertjax.load(...).predict` does in Python.
+  answer(questions, contexts)    span QA: answer string [B] ("" where a v2.0 model, at the threshold
+                                 tuned on its dev set, finds none), start and end int32 [B] (the
+                                 answer's UTF-8 byte offsets in the context; -1 for none), score float32
+                                 [B] (best start + end logit), null_score float32 [B] ([CLS]'s)
+
+The served answer is one window (question, then the context cut to what fits in S) and whole words:
+its span runs from the first to the last word (whitespace-separated) of the best tokens.
+`bertjax.load(...).predict` does the full post-processing of run_squad.py in Python: overlapping
+windows over a long context, the max-context rule, and the exact characters of each token.
 """
 
 import jax
@@ -116,9 +123,6 @@ def export_savedmodel(bert, directory: str, max_seq_length: int = 128) -> list[s
         raise ValueError(f"--max_seq_length={max_seq_length}: between 3 and the model's max_position_embeddings="
                          f"{cfg.max_position_embeddings}")
     task = bert.task
-    if task is not None and task["kind"] == "span":
-        raise ValueError("--format=savedmodel does not serve span QA (its answers need the windows and character "
-                         "offsets of bertjax.load(...).predict): export it with --format=hf or --format=params")
     tokenizer, length = bert.tokenizer, max_seq_length
     params = _device_free(bert.params)
     sequence = f"(b, {length})"
@@ -221,6 +225,9 @@ def export_savedmodel(bert, directory: str, max_seq_length: int = 128) -> list[s
 
         signatures["tag"] = tag
 
+    if task is not None and task["kind"] == "span":
+        signatures["answer"] = _answer_signature(tf, jax2tf, module, bert, length)
+
     if task is not None and task["kind"] in ("classification", "regression"):
         kind = task["kind"]
         labels = list(task.get("labels") or [])
@@ -248,3 +255,66 @@ def export_savedmodel(bert, directory: str, max_seq_length: int = 128) -> list[s
 
     tf.saved_model.save(module, directory, signatures=signatures)
     return list(signatures)
+
+
+def _answer_signature(tf, jax2tf, module, bert, length: int):
+    """The span QA signature described in the module docstring."""
+    import tensorflow_text as tf_text
+
+    tokenizer, task = bert.tokenizer, bert.task
+    settings = task.get("squad_settings") or {}
+    max_query, max_answer = int(settings.get("max_query_length", 64)), int(settings.get("max_answer_length", 30))
+    threshold = float(task.get("null_threshold") or 0.0) if task.get("squad_version") == "v2.0" else None
+    net = heads.network("span", bert.config)
+    tf_span = jax2tf.convert(lambda p, ids, segments, mask: net.apply({"params": p}, ids, segments, mask,
+                                                                      deterministic=True).astype(np.float32),
+                             polymorphic_shapes=[None] + [f"(b, {length})"] * 3, with_gradient=False)
+    words_of = tf_text.WhitespaceTokenizer()
+    text_spec = tf.TensorSpec([None], tf.string)
+
+    @tf.function(input_signature=[text_spec, text_spec], autograph=False)
+    def answer(questions, contexts):
+        batch = tf.shape(questions)[0]
+        question = tokenizer.tokenize(questions)[:, :max_query]  # [B, (Q)]
+        words, word_starts, word_ends = words_of.tokenize_with_offsets(contexts)  # [B, (W)], byte offsets
+        pieces = tokenizer.tokenize(words.flat_values)  # [sum W, (P)]
+        word_index = tf.ragged.range(words.row_lengths()).flat_values  # each word's place in its context
+        piece_word = tf.RaggedTensor.from_row_lengths(tf.repeat(word_index, pieces.row_lengths()),
+                                                      pieces.row_lengths())
+        context = tf.RaggedTensor.from_row_splits(pieces, words.row_splits).merge_dims(1, 2)  # [B, (T)]
+        context_word = tf.RaggedTensor.from_row_splits(piece_word, words.row_splits).merge_dims(1, 2)
+        room = length - 3 - question.row_lengths()  # [B]: what the window leaves for the context
+        fits = tf.ragged.range(context.row_lengths()) < room[:, None]
+        context, context_word = tf.ragged.boolean_mask(context, fits), tf.ragged.boolean_mask(context_word, fits)
+        cls, sep = tf.fill([batch, 1], tokenizer.cls_id), tf.fill([batch, 1], tokenizer.sep_id)
+        rows = tf.concat([cls, question, sep, context, sep], axis=1)
+        ids, mask = _pad_rows(tf, rows, length, tokenizer.pad_id)
+        second = tf.concat([tf.zeros_like(cls), tf.zeros_like(question), tf.zeros_like(sep), tf.ones_like(context),
+                            tf.ones_like(sep)], axis=1)
+        segments, _ = _pad_rows(tf, second, length, 0)
+        logits = tf_span(module.params, ids, segments, mask)  # [B, S, 2]
+        start_logits, end_logits = logits[..., 0], logits[..., 1]
+        offset = tf.cast(question.row_lengths() + 2, tf.int32)[:, None]  # [B, 1]: the context's first position
+        position = tf.range(length)[None, :]
+        in_context = (position >= offset) & (position < offset + tf.cast(context.row_lengths(), tf.int32)[:, None])
+        scores = start_logits[:, :, None] + end_logits[:, None, :]  # [B, S, S]: rows start, columns end
+        span = position[0][None, :] - position[0][:, None]  # end - start
+        valid = (in_context[:, :, None] & in_context[:, None, :] & (span >= 0)[None] & (span < max_answer)[None])
+        flat = tf.reshape(tf.where(valid, scores, -np.inf), [batch, length * length])
+        best = tf.argmax(flat, axis=-1, output_type=tf.int32)
+        score = tf.reduce_max(flat, axis=-1)
+        first, last = best // length, best % length
+        words_dense = context_word.to_tensor(default_value=0)  # [B, T']
+        first_word = tf.gather(words_dense, tf.maximum(first - offset[:, 0], 0), batch_dims=1)
+        last_word = tf.gather(words_dense, tf.maximum(last - offset[:, 0], 0), batch_dims=1)
+        begin = tf.gather(word_starts.to_tensor(), first_word, batch_dims=1)
+        end = tf.gather(word_ends.to_tensor(), last_word, batch_dims=1)
+        null_score = start_logits[:, 0] + end_logits[:, 0]
+        found = tf.math.is_finite(score)
+        if threshold is not None:
+            found &= null_score - score <= threshold
+        text = tf.strings.substr(contexts, begin, end - begin)
+        return {"answer": tf.where(found, text, ""), "start": tf.where(found, tf.cast(begin, tf.int32), -1),
+                "end": tf.where(found, tf.cast(end, tf.int32), -1), "score": score, "null_score": null_score}
+
+    return answer

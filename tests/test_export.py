@@ -318,3 +318,42 @@ def test_tagging_and_multiple_choice_savedmodels_equal_bertjax(pretrained, tmp_p
     ours = bertjax.load(chooser).predict(texts[:2], choices=[texts[:3], texts[1:4]])
     np.testing.assert_allclose(served["predict_choices/probabilities"], [o["scores"] for o in ours], atol=1e-5)
     assert served["predict_choices/label_index"].tolist() == [o["label"] for o in ours]
+
+
+@pytest.mark.slow
+def test_span_savedmodel_answers_with_the_whole_words_of_bertjax_answer(pretrained, tmp_path):  # noqa: F811
+    from test_finetune_spans import QUESTION, qa_articles, span_config, write_json
+
+    dev = qa_articles(16, seed=2)
+    files = {"train": write_json(tmp_path / "train.json", qa_articles(40, seed=1)),
+             "validation": write_json(tmp_path / "dev.json", dev)}
+    config = span_config("span", pretrained, files)
+    config.train.epochs = 1.0
+    reader = str(tmp_path / "reader")
+    finetune.finetune(config, reader)
+    directory = export.export(reader, str(tmp_path / "served"), "savedmodel", max_seq_length=64)
+    bert = bertjax.load(reader)
+    room = 64 - 3 - len(bert.tokenizer.encode([QUESTION])[0])
+    contexts = [p["context"] for p in dev["data"][0]["paragraphs"]
+                if sum(len(ids) for ids in bert.tokenizer.encode(p["context"].split())) <= room]
+    assert len(contexts) >= 3  # contexts that fit in one window: there both see the same tokens
+    script = r"""
+import json, sys
+import numpy as np, tensorflow as tf
+import tensorflow_text
+served = tf.saved_model.load(sys.argv[1])
+contexts = json.loads(sys.argv[2])
+out = served.signatures["answer"](questions=tf.constant([sys.argv[3]] * len(contexts)), contexts=tf.constant(contexts))
+print(json.dumps([a.decode("utf-8") for a in out["answer"].numpy()]))
+"""
+    done = subprocess.run([sys.executable, "-c", script, directory, json.dumps(contexts), QUESTION], env=ENV,
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    served = json.loads(done.stdout.strip().splitlines()[-1])
+    # In one window both find the same best tokens; bertjax answers with their exact characters, the
+    # SavedModel with the whole words around them.
+    ours = bert.predict(questions=[QUESTION] * len(contexts), contexts=contexts)
+    for context, mine, theirs in zip(contexts, ours, served):
+        begin = context.rfind(" ", 0, mine["start"]) + 1
+        end = context.find(" ", mine["end"])
+        assert theirs == context[begin:len(context) if end < 0 else end]
