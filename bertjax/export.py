@@ -6,9 +6,10 @@
 
 --from is a pretraining or fine-tuning workdir (its newest checkpoint; a fine-tuning workdir its best
 dev checkpoint; --step=N one step of its checkpoints/) or a checkpoint directory. Formats:
-  hf          model.safetensors, config.json and the tokenizer's files: transformers' AutoTokenizer,
-              BertForPreTraining / AutoModelForMaskedLM (or the fine-tuned task's class) and
-              pipeline("fill-mask") load it with nothing missing (bertjax/hf.py)
+  hf          model.safetensors, config.json and the tokenizer's files: transformers' AutoTokenizer and
+              BertForPreTraining (or the fine-tuned task's class) load it with nothing missing or
+              unused; --hf_class=masked_lm writes BertForMaskedLM's weights alone, which
+              AutoModelForMaskedLM and pipeline("fill-mask") load with nothing unused (bertjax/hf.py)
   savedmodel  a TensorFlow SavedModel for TF Serving, signatures on raw strings (bertjax/serving.py)
   params      params.npz (the parameter tree, flattened with "/"), config.json and the vocabulary
 Every export also writes a README.md model card (bertjax/model_card.py). The export is written to a
@@ -38,8 +39,11 @@ def _define_flags() -> None:
         step=flags.DEFINE_integer("step", None, "This step of the workdir's checkpoints/ (default: the newest; "
                                   "a fine-tuning workdir: its best dev checkpoint)."),
         overwrite=flags.DEFINE_bool("overwrite", False, "Replace a non-empty --to."),
-        max_seq_length=flags.DEFINE_integer("max_seq_length", 128, "savedmodel: the fixed length texts are padded "
-                                            "or cut to inside the graph."),
+        max_seq_length=flags.DEFINE_integer("max_seq_length", None, "savedmodel: the fixed length texts are padded "
+                                            "or cut to inside the graph (default: a fine-tuned model's own, else 128)."),
+        hf_class=flags.DEFINE_enum("hf_class", "pretraining", ["pretraining", "masked_lm"],
+                                   "hf, a pretraining checkpoint: BertForPreTraining's weights (the pooler and NSP "
+                                   "head kept), or BertForMaskedLM's alone (fill-mask loads it with nothing unused)."),
     )
 
 
@@ -94,13 +98,14 @@ def _plain(params) -> dict:
     return jax.tree_util.tree_map(lambda x: np.asarray(jax.device_get(x)), params)
 
 
-def write_hf(bert, directory: str) -> None:
+def write_hf(bert, directory: str, hf_class: str = "pretraining") -> None:
     from bertjax import hf
 
     vocab, lower_case = _vocabulary_file(bert), bool(bert.tokenizer.lower_case)
     params = _plain(bert.params)
     if bert.task is None:
-        hf.save_hf_checkpoint(directory, bert.config, params, vocab_path=vocab, lower_case=lower_case)
+        hf.save_hf_checkpoint(directory, bert.config, params, vocab_path=vocab, lower_case=lower_case,
+                              masked_lm_only=hf_class == "masked_lm")
     else:
         if bert.task.get("feature_based"):
             raise ValueError("the feature-based tagger (a BiLSTM on frozen features) has no Hugging Face class: "
@@ -144,7 +149,7 @@ def write_params(bert, directory: str, meta: dict) -> None:
         json.dump(config, f, indent=1)
 
 
-def write_savedmodel(bert, directory: str, max_seq_length: int) -> None:
+def write_savedmodel(bert, directory: str, max_seq_length: int | None) -> None:
     from bertjax import serving
 
     serving.export_savedmodel(bert, directory, max_seq_length=max_seq_length)
@@ -156,7 +161,7 @@ def write_savedmodel(bert, directory: str, max_seq_length: int) -> None:
 
 
 def export(source: str, to: str, export_format: str, *, step: int | None = None, overwrite: bool = False,
-           max_seq_length: int = 128) -> str:
+           max_seq_length: int | None = None, hf_class: str = "pretraining") -> str:
     """Writes the export; returns its directory. A temporary directory beside `to` is renamed into place
     at the end, so nothing is half-written if anything fails."""
     import bertjax
@@ -180,7 +185,7 @@ def export(source: str, to: str, export_format: str, *, step: int | None = None,
     os.makedirs(temporary)
     try:
         if export_format == "hf":
-            write_hf(bert, temporary)
+            write_hf(bert, temporary, hf_class)
         elif export_format == "params":
             write_params(bert, temporary, meta)
         else:
@@ -210,7 +215,7 @@ def main(argv):
     f = {name: flag.value for name, flag in _FLAGS.items()}
     try:
         out = export(f["source"], f["to"], f["format"], step=f["step"], overwrite=f["overwrite"],
-                     max_seq_length=f["max_seq_length"])
+                     max_seq_length=f["max_seq_length"], hf_class=f["hf_class"])
     except (ValueError, FileNotFoundError, OSError) as e:
         cli.fail(str(e))
     except KeyboardInterrupt:

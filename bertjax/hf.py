@@ -637,15 +637,26 @@ def load_hf_checkpoint(path: str | os.PathLike, model_config_overrides: dict | N
     return cfg, params, missing
 
 
+# What a masked-LM-only directory leaves out: BertForMaskedLM has neither the pooler nor the NSP head.
+_NOT_IN_MASKED_LM = ("bert.pooler.", "cls.seq_relationship.")
+
+
 def save_hf_checkpoint(path: str | os.PathLike, cfg: bert_model.BertConfig, params: dict,
-                       vocab_path: str | os.PathLike | None = None, lower_case: bool = True):
+                       vocab_path: str | os.PathLike | None = None, lower_case: bool = True,
+                       masked_lm_only: bool = False):
     """Write a directory that transformers.BertForPreTraining.from_pretrained(path) loads.
 
     config.json, model.safetensors (the params' own dtype, BertForPreTraining names, tied decoder left
     out as transformers does itself) and, given a vocabulary, vocab.txt plus a tokenizer_config.json
-    so that AutoTokenizer.from_pretrained(path) works too.
+    so that AutoTokenizer.from_pretrained(path) works too. masked_lm_only: the weights of
+    BertForMaskedLM alone (no pooler, no NSP head), which AutoModelForMaskedLM and the fill-mask
+    pipeline load without reporting unused weights (transformers 5 reports every one).
     """
-    _write_directory(path, cfg, params_to_hf(params, cfg), config_to_hf(cfg), vocab_path, lower_case)
+    state, hf_config = params_to_hf(params, cfg), config_to_hf(cfg)
+    if masked_lm_only:
+        state = {k: v for k, v in state.items() if not k.startswith(_NOT_IN_MASKED_LM)}
+        hf_config["architectures"] = ["BertForMaskedLM"]
+    _write_directory(path, cfg, state, hf_config, vocab_path, lower_case)
 
 
 def _write_directory(path, cfg: bert_model.BertConfig, state: dict[str, np.ndarray], hf_config: dict,

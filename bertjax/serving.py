@@ -112,13 +112,20 @@ def _with_masks(tf, tokenizer, texts, length: int):
     return input_ids, tf.zeros_like(input_ids), mask, positions
 
 
-def export_savedmodel(bert, directory: str, max_seq_length: int = 128) -> list[str]:
-    """Writes the SavedModel of `bert` (a bertjax.load result) to `directory`; returns its signature names."""
+# Lowered for each: a SavedModel exported on a CPU machine serves on GPUs too.
+PLATFORMS = ("cpu", "cuda")
+
+
+def export_savedmodel(bert, directory: str, max_seq_length: int | None = None) -> list[str]:
+    """Writes the SavedModel of `bert` (a bertjax.load result) to `directory`; returns its signature names.
+    max_seq_length: S; by default a fine-tuned model's own (what bertjax.load(...).predict uses), else 128."""
     import tensorflow as tf
     from jax.experimental import jax2tf
 
     tf.config.set_visible_devices([], "GPU")
     cfg = bert.config
+    if max_seq_length is None:
+        max_seq_length = int((bert.task or {}).get("max_seq_length") or 128)
     if not 3 <= max_seq_length <= cfg.max_position_embeddings:
         raise ValueError(f"--max_seq_length={max_seq_length}: between 3 and the model's max_position_embeddings="
                          f"{cfg.max_position_embeddings}")
@@ -127,7 +134,7 @@ def export_savedmodel(bert, directory: str, max_seq_length: int = 128) -> list[s
     params = _device_free(bert.params)
     sequence = f"(b, {length})"
     convert = lambda fn, n: jax2tf.convert(fn, polymorphic_shapes=[None] + [sequence] * n,  # noqa: E731
-                                           with_gradient=False)
+                                           with_gradient=False, native_serialization_platforms=PLATFORMS)
 
     encoder = bert_model.BertModel(cfg)
 
@@ -160,7 +167,7 @@ def export_savedmodel(bert, directory: str, max_seq_length: int = 128) -> list[s
             return jax.nn.softmax(logits.astype(np.float32), axis=-1)
 
         tf_fill = jax2tf.convert(fill_fn, polymorphic_shapes=[None, sequence, sequence, sequence, f"(b, {MAX_MASKS})"],
-                                 with_gradient=False)
+                                 with_gradient=False, native_serialization_platforms=PLATFORMS)
 
         @tf.function(input_signature=[text_spec], autograph=False)
         def fill_mask(texts):
@@ -178,7 +185,8 @@ def export_savedmodel(bert, directory: str, max_seq_length: int = 128) -> list[s
         num_choices = int(task["num_choices"])
         tf_choices = jax2tf.convert(lambda p, ids, segments, mask: net.apply(
             {"params": p}, ids, segments, mask, deterministic=True).astype(np.float32),
-            polymorphic_shapes=[None] + [f"(b, {num_choices}, {length})"] * 3, with_gradient=False)
+            polymorphic_shapes=[None] + [f"(b, {num_choices}, {length})"] * 3, with_gradient=False,
+            native_serialization_platforms=PLATFORMS)
 
         @tf.function(input_signature=[text_spec, tf.TensorSpec([None, num_choices], tf.string)], autograph=False)
         def predict_choices(contexts, choices):
@@ -268,7 +276,8 @@ def _answer_signature(tf, jax2tf, module, bert, length: int):
     net = heads.network("span", bert.config)
     tf_span = jax2tf.convert(lambda p, ids, segments, mask: net.apply({"params": p}, ids, segments, mask,
                                                                       deterministic=True).astype(np.float32),
-                             polymorphic_shapes=[None] + [f"(b, {length})"] * 3, with_gradient=False)
+                             polymorphic_shapes=[None] + [f"(b, {length})"] * 3, with_gradient=False,
+                             native_serialization_platforms=PLATFORMS)
     words_of = tf_text.WhitespaceTokenizer()
     text_spec = tf.TensorSpec([None], tf.string)
 
