@@ -198,7 +198,7 @@ def test_hf_export_round_trips_into_bertjax(exported, pretrained):  # noqa: F811
             "README.md"} <= files
 
 
-def test_params_export_is_the_parameter_tree(exported, pretrained):  # noqa: F811
+def test_params_export_is_the_parameter_tree(exported, pretrained, tmp_path):  # noqa: F811
     from flax import traverse_util
 
     directory = pathlib.Path(exported["params"])
@@ -208,6 +208,30 @@ def test_params_export_is_the_parameter_tree(exported, pretrained):  # noqa: F81
     assert set(flat) == set(original) and all(np.array_equal(flat[k], original[k]) for k in flat)
     assert bert_model.BertConfig.from_dict(config["model"]) == pretrained["cfg"]
     assert (directory / config["tokenizer"]["path"]).exists()
+    # Other JAX code in a fresh process: the tree from params.npz, the model from config.json, the same outputs.
+    bert = bertjax.load(pretrained["workdir"])
+    batch = bert.tokenize(TEXTS)
+    script = r"""
+import json, sys
+import numpy as np
+from flax import traverse_util
+from bertjax import model
+directory, out, ids, mask = sys.argv[1], sys.argv[2], np.array(json.loads(sys.argv[3])), np.array(json.loads(sys.argv[4]))
+config = json.load(open(f"{directory}/config.json"))
+params = traverse_util.unflatten_dict(dict(np.load(f"{directory}/params.npz")), sep="/")
+net = model.BertForPreTraining(model.BertConfig.from_dict(config["model"]))
+positions = np.broadcast_to(np.arange(ids.shape[1]), ids.shape).astype(np.int32)
+o = net.apply({"params": params}, ids.astype(np.int32), np.zeros_like(ids, np.int32), mask.astype(np.int32), positions)
+np.savez(out, mlm=np.asarray(o["mlm_logits"]), nsp=np.asarray(o["nsp_logits"]))
+"""
+    done = subprocess.run([sys.executable, "-c", script, str(directory), str(tmp_path / "p.npz"),
+                           json.dumps(batch["input_ids"].tolist()), json.dumps(batch["input_mask"].tolist())],
+                          env=ENV, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    theirs = np.load(tmp_path / "p.npz")
+    ours = bertjax_pretraining_outputs(bert, batch["input_ids"], batch["input_mask"])
+    np.testing.assert_allclose(theirs["mlm"], ours["mlm_logits"], atol=1e-5)
+    np.testing.assert_allclose(theirs["nsp"], ours["nsp_logits"], atol=1e-5)
 
 
 def test_the_model_card_says_what_the_model_is(exported, pretrained):  # noqa: F811
