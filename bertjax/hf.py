@@ -263,8 +263,9 @@ def _param_shapes(cfg: bert_model.BertConfig, kind: str | None = None,
     """bertjax param path -> shape, from the model (BertForPreTraining or the head of `kind`) itself
     (eval_shape: no memory, no FLOPs)."""
     module, inputs = _network(cfg, kind, num_labels)
-    variables = jax.eval_shape(module.init, jax.random.PRNGKey(0), **inputs)
-    flat = _flatten(nn.meta.unbox(variables["params"]))
+    with _on_host():
+        variables = jax.eval_shape(module.init, jax.random.PRNGKey(0), **inputs)
+        flat = _flatten(nn.meta.unbox(variables["params"]))
     return {path: tuple(x.shape) for path, x in flat.items()}
 
 
@@ -382,13 +383,18 @@ def _from_hf(state: dict[str, np.ndarray], cfg: bert_model.BertConfig, seed: int
     return params, missing
 
 
+@contextlib.contextmanager
 def _on_host():
-    """Where host-side jax work goes: the CPU device, where the CPU backend exists (it may be switched
-    off with JAX_PLATFORMS); otherwise the default device."""
+    """Where host-side jax work goes (shapes, fresh leaves, stacking): the CPU device where the CPU
+    backend exists (it may be switched off with JAX_PLATFORMS), and no mesh nor logical axis rules, so
+    that a caller's training mesh (continued pretraining converts inside it) cannot reach these
+    single-device computations."""
     try:
-        return jax.default_device(jax.devices("cpu")[0])
+        device = jax.default_device(jax.devices("cpu")[0])
     except RuntimeError:
-        return contextlib.nullcontext()
+        device = contextlib.nullcontext()
+    with device, jax.set_mesh(None), nn.logical_axis_rules(()):
+        yield
 
 
 def _fresh_params(cfg: bert_model.BertConfig, paths: list[str], seed: int, kind: str | None = None,

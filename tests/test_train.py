@@ -320,3 +320,42 @@ def test_tiny_config_learns_on_the_demo_corpus(tmp_path):
     baseline = np.bincount(labels).max() / len(labels)
     # Measured: 0.078 after 300 steps, 0.091 after 300 of 450; the baseline is about 0.056.
     assert accuracy > 1.4 * baseline, (accuracy, baseline)
+
+
+def test_continued_pretraining_from_hugging_face(tmp_path):
+    """train.init_from=<a Hugging Face BERT directory>: the run starts, and its first logged MLM loss is
+    transformers' BertForMaskedLM loss on the same (synthetic) batch with the same weights."""
+    import torch
+    import transformers
+
+    shape = dict(vocab_size=512, hidden_size=64, num_hidden_layers=2, num_attention_heads=2, intermediate_size=128,
+                 max_position_embeddings=64, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
+    torch.manual_seed(0)
+    hf_model = transformers.BertForPreTraining(transformers.BertConfig(**shape, attn_implementation="eager")).eval()
+    hf_dir = tmp_path / "hf"
+    hf_model.save_pretrained(hf_dir)
+    result = run([sys.executable, "-m", "bertjax.train", "--config=configs/tiny.py", f"--workdir={tmp_path / 'run'}",
+                  "--config.data.source=synthetic", "--config.data.max_seq_length=32",
+                  "--config.data.max_predictions_per_seq=5", "--config.model.vocab_size=512",
+                  "--config.model.hidden_size=64", "--config.model.num_heads=2", "--config.model.intermediate_size=128",
+                  "--config.model.max_position_embeddings=64", "--config.model.hidden_dropout_rate=0.0",
+                  "--config.model.attention_dropout_rate=0.0", "--config.train.batch_size=8",
+                  "--config.train.num_steps=2", "--config.logging.log_every=1", "--config.logging.eval_every=100",
+                  "--config.schedule.warmup_steps=1", f"--config.train.init_from={hf_dir}"])
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert f"parameters from {hf_dir}" in result.stdout
+    first = json.loads((tmp_path / "run" / "metrics.jsonl").read_text().splitlines()[0])
+    assert first["step"] == 1
+
+    batch = synthetic.synthetic_batch(0, batch_size=8, max_seq_length=32, max_predictions_per_seq=5,
+                                      vocab_size=512)
+    masked_lm = transformers.BertForMaskedLM.from_pretrained(hf_dir).eval()
+    ids = torch.as_tensor(batch["input_ids"], dtype=torch.long)
+    labels = torch.full(ids.shape, -100, dtype=torch.long)
+    rows = np.arange(8)[:, None].repeat(5, axis=1)
+    labels[rows, batch["masked_lm_positions"]] = torch.as_tensor(batch["masked_lm_ids"], dtype=torch.long)
+    with torch.no_grad():
+        expected = float(masked_lm(input_ids=ids, token_type_ids=torch.as_tensor(batch["segment_ids"], dtype=torch.long),
+                                   attention_mask=torch.as_tensor(batch["input_mask"], dtype=torch.long),
+                                   labels=labels).loss)
+    assert abs(first["mlm_loss"] - expected) < 1e-4 * expected, (first["mlm_loss"], expected)
