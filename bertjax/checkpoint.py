@@ -11,6 +11,7 @@ The one restore order (train.py follows it):
 """
 
 import dataclasses
+import os
 import sys
 import time
 from typing import Any, Callable
@@ -44,18 +45,42 @@ def _size(num_bytes: int) -> str:
     return f"{num_bytes / 2**30:.2f} GiB" if num_bytes >= 2**30 else f"{num_bytes / 2**20:.1f} MiB"
 
 
-def remove_partial_saves(directory: str) -> list[str]:
+def remove_partial_saves(directory: str, quiet_seconds: float = 0.0, attempts: int = 40) -> list[str]:
     """Delete the temporary directories of saves that never finished (Orbax writes a step under a
-    temporary name and renames it when complete). Process 0 only."""
+    temporary name and renames it when complete). Process 0 only.
+
+    After a failed save, tensorstore's writes that were already in flight go on in its own threads (Orbax
+    cannot join them): a removal can meet a file created after its listing ("Directory not empty"), and a
+    late write can re-create the directory. So each removal is retried until the directory is gone and
+    stays gone for quiet_seconds; what cannot be removed in `attempts` tries raises OSError."""
     removed = []
     root = epath.Path(directory)
     if jax.process_index() != 0 or not root.exists():
         return removed
-    for child in root.iterdir():
-        if ".orbax-checkpoint-tmp" in child.name:
-            child.rmtree(missing_ok=True)
-            removed.append(child.name)
-    return removed
+
+    def partial_saves():
+        return [child for child in root.iterdir() if ".orbax-checkpoint-tmp" in child.name]
+
+    for _ in range(attempts):
+        failed = False
+        for child in partial_saves():
+            try:
+                child.rmtree(missing_ok=True)
+            except OSError:  # a writer added a file during the walk: the next attempt takes it
+                failed = True
+                continue
+            if child.name not in removed:
+                removed.append(child.name)
+        if not failed:
+            if quiet_seconds == 0:
+                return removed
+            time.sleep(quiet_seconds)  # a late write re-creates the directory within this
+            if not partial_saves():
+                return removed
+        else:
+            time.sleep(0.05)
+    raise OSError(f"could not remove the partial checkpoint(s) {[c.name for c in partial_saves()]} in "
+                  f"{directory}: delete them by hand")
 
 
 @dataclasses.dataclass
@@ -138,13 +163,16 @@ class Checkpointer:
             self.manager.wait_until_finished()
         except Exception:  # noqa: BLE001 -- the same failure, already in hand
             pass
-        removed = remove_partial_saves(self.directory)
+        try:
+            removed, stuck = remove_partial_saves(self.directory, quiet_seconds=0.5), ""
+        except OSError as e:
+            removed, stuck = [], f"; {e}"
         good = [s for s in self.manager.all_steps() if (epath.Path(self.directory) / str(s)).exists()]
         size = "" if self.bytes_per_checkpoint is None else f"; a checkpoint needs about {_size(self.bytes_per_checkpoint)}"
         last = f"the last good checkpoint is step {max(good)}" if good else "no checkpoint was completed"
         reason = "no space left on device" if "No space left on device" in str(error) else first_line(error)
         return SaveFailed(f"saving a checkpoint to {self.directory} failed ({reason}){size}; {last}"
-                          f"{' (partial files removed)' if removed else ''}: free space or choose another workdir, "
+                          f"{' (partial files removed)' if removed else ''}{stuck}: free space or choose another workdir, "
                           f"then re-run the same command to resume")
 
     def _set_aside(self, step: int) -> None:
@@ -177,17 +205,25 @@ def _is_closed_loop_report(exc_type, exc, tb) -> bool:
             and tb.tb_frame.f_code.co_name == "_check_closed")
 
 
+def _is_abandoned_write_report(obj) -> bool:
+    """A coroutine of Orbax's writers (write_fragment, ...) left unfinished by a failed save."""
+    code = getattr(obj, "cr_code", None)
+    return code is not None and f"{os.sep}orbax{os.sep}" in code.co_filename
+
+
 def _drop_closed_loop_reports() -> None:
     """When a background save fails, tensorstore's writes that were still in flight complete into the
     event loop Orbax has already closed, and each reports a "RuntimeError: Event loop is closed"
-    traceback through sys.unraisablehook, possibly before the run notices the failure. The failure
-    itself is reported in one line (SaveFailed): drop those reports, and only those."""
+    traceback through sys.unraisablehook, possibly before the run notices the failure; Orbax's own
+    writer coroutines that the failure abandoned are reported the same way. The failure itself is
+    reported in one line (SaveFailed): drop those reports, and only those."""
     previous = sys.unraisablehook
     if getattr(previous, "drops_closed_loop_reports", False):
         return
 
     def hook(unraisable):
-        if not _is_closed_loop_report(unraisable.exc_type, unraisable.exc_value, unraisable.exc_traceback):
+        if not (_is_closed_loop_report(unraisable.exc_type, unraisable.exc_value, unraisable.exc_traceback)
+                or _is_abandoned_write_report(unraisable.object)):
             previous(unraisable)
 
     hook.drops_closed_loop_reports = True
