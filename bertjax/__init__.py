@@ -10,7 +10,7 @@ __version__ = "0.1.0"
 def __getattr__(name):
     # Lazy, so that importing the package (e.g. for the synthetic-data benchmark) pulls in nothing heavy.
     if name == "load":
-        from bertjax.api import load
+        from bertjax.inference import load
 
         return load
     raise AttributeError(f"module 'bertjax' has no attribute {name!r}")

@@ -7,7 +7,7 @@
 
 What is timed is the whole optimizer step as the trainer runs it (trainer.train_step: forward, backward,
 global-norm clipping, BERT's AdamW; state donated), built by trainer.Setup from configs/<size>.py on a
-one-device mesh, on synthetic full-length batches. The platform's defaults apply (model.PLATFORM_DEFAULTS:
+one-device mesh, on synthetic full-length batches. The platform's defaults apply (bert.PLATFORM_DEFAULTS:
 bf16 and cuDNN attention on GPUs, float32 and XLA attention on CPUs) unless --dtype or --model_overrides
 say otherwise. Hugging Face `BertForPreTraining` runs the same batches in PyTorch: on the CPU eager in
 float32; on a GPU eager and torch.compile'd, with sdpa attention, bf16 autocast, fused AdamW and
@@ -31,7 +31,11 @@ import jax
 import numpy as np
 from absl import app, flags
 
-from bertjax import cli, flops, model, sharding, trainer
+from bertjax import console
+from bertjax.training import flops
+from bertjax.models import bert
+from bertjax.training import sharding
+from bertjax.training import trainer
 from bertjax.data import synthetic
 
 _SIZES = flags.DEFINE_list("sizes", None, "Model sizes (configs/<size>.py). Default: mini,small,base on the CPU, "
@@ -109,7 +113,7 @@ def benchmark_config(config, dtype: str | None, overrides: dict, seq_len: int, n
     config.model.update(vocab_size=VOCAB_SIZE, **({"dtype": dtype} if dtype else {}), **overrides)
     config.data.update(max_seq_length=seq_len, max_predictions_per_seq=num_predictions)
     config.train.dropout_rng = dropout_rng
-    model.BertConfig.from_dict(config.model)
+    bert.BertConfig.from_dict(config.model)
     return config
 
 
@@ -137,7 +141,7 @@ class BertjaxStep:
         setup = trainer.Setup.create(config, self.mesh, rules, init_key)
         self.bert_config = setup.bert_config
         self.state = setup.init(init_key)
-        self.params = model.count_params(self.state.params)
+        self.params = bert.count_params(self.state.params)
         data_sharding = sharding.batch_sharding(self.mesh, rules)
         step_fn, _ = setup.compile_steps(data_sharding, grad_accum_steps=1)
         self.batches = [sharding.global_batch({k: b[k] for k in trainer.BATCH_KEYS}, data_sharding)
@@ -197,7 +201,7 @@ class HFStep:
     On the CPU: eager, float32. On a GPU: sdpa attention, bf16 autocast, fused AdamW, global-norm
     clipping 1.0, eager or torch.compile'd."""
 
-    def __init__(self, bert_config: model.BertConfig, batches: list, device: str = "cpu", compile: bool = False):
+    def __init__(self, bert_config: bert.BertConfig, batches: list, device: str = "cpu", compile: bool = False):
         import torch
         import transformers
 
@@ -500,7 +504,7 @@ def main(argv):
         print(f"jax {jax.__version__}, XLA_FLAGS={os.environ.get('XLA_FLAGS', '')!r}; load average "
               f"{load_average()}", flush=True)
     except (ValueError, FileNotFoundError) as e:
-        cli.fail(str(e))
+        console.fail(str(e))
     assert "tensorflow" not in sys.modules, "TensorFlow was imported on the benchmark path"
 
 

@@ -17,8 +17,8 @@ import json
 
 from absl import app, flags
 
-from bertjax import cli
-from bertjax import workdir as workdirs
+from bertjax import console
+from bertjax.training import workdir as workdirs
 
 _FLAGS = {}  # defined by entry(): importing this module defines no flags
 
@@ -80,7 +80,7 @@ def available(task_name: str, data_dir: str | None) -> str | None:
     """None when TFDS has the task's data prepared, else why not (what to run)."""
     import tensorflow_datasets as tfds
 
-    from bertjax.data.tasks import registry
+    from bertjax.tasks import registry
 
     name = registry.TASKS[task_name].tfds_name
     if tfds.builder(name, data_dir=data_dir).is_prepared():
@@ -188,20 +188,20 @@ def _evaluate_all(init_from: str, workdir: str, *, tasks=None, **kwargs) -> dict
 def main(argv):
     if len(argv) > 1:
         raise app.UsageError(f"unexpected arguments: {argv[1:]}")
-    cli.quiet_library_logs()
+    console.quiet_library_logs()
     f = {name: flag.value for name, flag in _FLAGS.items()}
     if not f["init_from"] or not f["workdir"]:
-        cli.fail("--init_from and --workdir are required")
+        console.fail("--init_from and --workdir are required")
     try:
         evaluate(f["init_from"], f["suite"], f["workdir"], tasks=f["tasks"], data_dir=f["tfds_data_dir"],
                  sweep=f["sweep"], epochs=f["epochs"], batch_size=f["batch_size"], max_seq_length=f["max_seq_length"])
     except (ValueError, FileNotFoundError, FloatingPointError) as e:
-        cli.fail(str(e))
+        console.fail(str(e))
 
 
 def entry():
     _define_flags()
-    app.run(main, flags_parser=cli.parse_flags)
+    app.run(main, flags_parser=console.parse_flags)
 
 
 if __name__ == "__main__":

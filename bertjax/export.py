@@ -10,7 +10,7 @@ dev checkpoint; --step=N one step of its checkpoints/) or a checkpoint directory
               BertForPreTraining (or the fine-tuned task's class) load it with nothing missing or
               unused; --hf_class=masked_lm writes BertForMaskedLM's weights alone, which
               AutoModelForMaskedLM and pipeline("fill-mask") load with nothing unused (bertjax/hf.py)
-  savedmodel  a TensorFlow SavedModel for TF Serving, signatures on raw strings (bertjax/serving.py)
+  savedmodel  a TensorFlow SavedModel for TF Serving, signatures on raw strings (bertjax/savedmodel.py)
   params      params.npz (the parameter tree, flattened with "/"), config.json and the vocabulary
 Every export also writes a README.md model card (bertjax/model_card.py). The export is written to a
 temporary directory beside --to and renamed into place, so an interrupted export leaves nothing
@@ -25,7 +25,7 @@ import sys
 import numpy as np
 from absl import app, flags
 
-from bertjax import cli
+from bertjax import console
 
 FORMATS = ("hf", "savedmodel", "params")
 _FLAGS = {}  # defined by entry(): importing this module defines no flags
@@ -56,7 +56,7 @@ def checkpoint_to_export(path: str, step: int | None) -> str:
     """The checkpoint directory --from and --step name; one line for each way that can be wrong."""
     from etils import epath
 
-    from bertjax import checkpoint
+    from bertjax.training import checkpoint
 
     p = epath.Path(path)
     if not p.exists():
@@ -82,7 +82,7 @@ def _workdir_of(checkpoint_path: str) -> str:
     """The run's workdir: the parent of its checkpoints/ (or best/) directory."""
     from etils import epath
 
-    from bertjax import checkpoint
+    from bertjax.training import checkpoint
 
     return str(epath.Path(checkpoint.find_checkpoint(checkpoint_path)[0]).parent)
 
@@ -99,7 +99,7 @@ def _plain(params) -> dict:
 
 
 def write_hf(bert, directory: str, hf_class: str = "pretraining") -> None:
-    from bertjax import hf
+    from bertjax.interop import hf
 
     vocab, lower_case = _vocabulary_file(bert), bool(bert.tokenizer.lower_case)
     params = _plain(bert.params)
@@ -128,7 +128,7 @@ def _write_tokenizer_files(bert, directory: str) -> None:
     with open(os.path.join(directory, "special_tokens_map.json"), "w") as f:
         json.dump(special, f, indent=2)
     if bert.tokenizer.kind == "sentencepiece":
-        from bertjax import hf_tokenizer
+        from bertjax.interop import hf_tokenizer
 
         hf_tokenizer.write_sentencepiece_tokenizer(bert.tokenizer, bert.vocab_path, directory,
                                                    model_max_length=bert.config.max_position_embeddings)
@@ -150,9 +150,9 @@ def write_params(bert, directory: str, meta: dict) -> None:
 
 
 def write_savedmodel(bert, directory: str, max_seq_length: int | None) -> None:
-    from bertjax import serving
+    from bertjax.interop import savedmodel
 
-    serving.export_savedmodel(bert, directory, max_seq_length=max_seq_length)
+    savedmodel.export_savedmodel(bert, directory, max_seq_length=max_seq_length)
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -165,7 +165,8 @@ def export(source: str, to: str, export_format: str, *, step: int | None = None,
     """Writes the export; returns its directory. A temporary directory beside `to` is renamed into place
     at the end, so nothing is half-written if anything fails."""
     import bertjax
-    from bertjax import checkpoint, model_card
+    from bertjax.training import checkpoint
+    from bertjax.interop import model_card
 
     if export_format not in FORMATS:
         raise ValueError(f"--format={export_format}: choose one of {', '.join(FORMATS)}")
@@ -211,13 +212,13 @@ def export(source: str, to: str, export_format: str, *, step: int | None = None,
 def main(argv):
     if len(argv) > 1:
         raise app.UsageError(f"unexpected arguments: {argv[1:]}")
-    cli.quiet_library_logs()
+    console.quiet_library_logs()
     f = {name: flag.value for name, flag in _FLAGS.items()}
     try:
         out = export(f["source"], f["to"], f["format"], step=f["step"], overwrite=f["overwrite"],
                      max_seq_length=f["max_seq_length"], hf_class=f["hf_class"])
     except (ValueError, FileNotFoundError, OSError) as e:
-        cli.fail(str(e))
+        console.fail(str(e))
     except KeyboardInterrupt:
         print("Ctrl-C: stopped; nothing was written", file=sys.stderr)
         sys.exit(130)
@@ -226,7 +227,7 @@ def main(argv):
 
 def entry():
     _define_flags()
-    app.run(main, flags_parser=cli.parse_flags)
+    app.run(main, flags_parser=console.parse_flags)
 
 
 if __name__ == "__main__":

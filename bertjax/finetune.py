@@ -7,7 +7,7 @@
 
 init_from is a bertjax pretraining (or fine-tuning) workdir or checkpoint, or a Hugging Face BERT
 directory. The story: mesh -> the pretrained encoder and its tokenizer -> the task's examples as
-features -> head, optimizer and state -> restore (a stopped run resumes) -> the loop of bertjax.trainer,
+features -> head, optimizer and state -> restore (a stopped run resumes) -> the loop of bertjax.training.trainer,
 evaluating on the dev set(s) every epoch -> the best dev checkpoint's predictions and a summary line.
 
 WORKDIR gets metrics.jsonl (training lines; dev lines with split=<dev split> and the task's metrics),
@@ -32,8 +32,15 @@ import optax
 from absl import app, flags
 from ml_collections import config_dict, config_flags
 
-from bertjax import checkpoint, cli, heads, model, optim, sharding, trainer, writers
-from bertjax import workdir as workdirs
+from bertjax.training import checkpoint
+from bertjax import console
+from bertjax.models import heads
+from bertjax.models import bert
+from bertjax.training import optim
+from bertjax.training import sharding
+from bertjax.training import trainer
+from bertjax.training import writers
+from bertjax.training import workdir as workdirs
 
 _FLAGS = {}  # defined by entry(): importing this module (evaluate, the tests, a notebook) defines no flags
 
@@ -58,7 +65,7 @@ class Pretrained:
     """What init_from gives: the encoder's config and params (or a whole head of this task's shape,
     from a fine-tuning checkpoint), and the tokenizer with its vocabulary file."""
 
-    bert_config: model.BertConfig
+    bert_config: bert.BertConfig
     params: dict  # {"bert": ...} at least
     tokenizer: object
     vocab_path: str
@@ -69,16 +76,16 @@ class Pretrained:
 
 def load_pretrained(path: str, kind: str, num_labels: int, model_overrides: dict) -> Pretrained:
     """The encoder (and tokenizer) of a bertjax checkpoint/workdir or a Hugging Face BERT directory."""
-    from bertjax import hf
+    from bertjax.interop import hf
     from bertjax.text import tokenizers
 
-    model_overrides = model.resolve_platform(dict(model_overrides))  # "auto" compute fields for this machine
+    model_overrides = bert.resolve_platform(dict(model_overrides))  # "auto" compute fields for this machine
     if not path:
         raise ValueError("config.init_from is required: a bertjax pretraining workdir or checkpoint, or a "
                          "Hugging Face BERT directory")
     if checkpoint.is_checkpoint(path):
         params, meta = checkpoint.restore_params(path)
-        bert_config = model.BertConfig.from_dict({**meta["model"], **model_overrides})
+        bert_config = bert.BertConfig.from_dict({**meta["model"], **model_overrides})
         info = meta.get("tokenizer")
         if not info:
             raise ValueError(f"config.init_from={path} was pretrained on synthetic data and has no tokenizer: "
@@ -159,7 +166,7 @@ def summarize_train(window: dict) -> dict:
 
 
 def task_from_config(config):
-    from bertjax.data.tasks import registry
+    from bertjax.tasks import registry
 
     labels = list(config.data.labels) if config.data.labels else None
     return registry.get_task(config.task, labels=labels, num_choices=config.data.num_choices,
@@ -168,7 +175,7 @@ def task_from_config(config):
 
 def squad_settings(config):
     """Span tasks' windowing and decoding settings (configs/finetune/squad.py), None for other kinds."""
-    from bertjax.data.tasks import squad
+    from bertjax.tasks import squad
 
     if "answers" not in config:
         return None
@@ -190,21 +197,21 @@ def feature_based_settings(config, task) -> dict | None:
 
 def featurize(task, examples: list, tokenizer, config) -> dict:
     """Examples of any kind -> their fixed-shape features (bertjax/data/tasks/*.py)."""
-    from bertjax.data.tasks import features, registry, squad
+    from bertjax.tasks import features, registry, squad
 
     if task.kind == registry.SPAN:
         return squad.featurize_squad(examples, tokenizer, squad_settings(config))
     if task.kind == registry.TAGGING:
-        from bertjax.data.tasks import tagging
+        from bertjax.tasks import tagging
 
         return tagging.featurize_tagging(examples, task.labels, tokenizer, config.data.max_seq_length)
     return features.featurize(examples, task, tokenizer, config.data.max_seq_length)
 
 
 def split_features(task, tokenizer, config) -> tuple:
-    """(train Split, {dev split: Split}, {test split: Split}) of the task (bertjax.data.tasks.scoring.Split:
+    """(train Split, {dev split: Split}, {test split: Split}) of the task (bertjax.tasks.scoring.Split:
     examples and features), from the user's files where config.data names them, else from TFDS."""
-    from bertjax.data.tasks import readers, scoring
+    from bertjax.tasks import readers, scoring
 
     data = config.data
 
@@ -245,17 +252,17 @@ def say(message: str) -> None:
 def main(argv):
     if len(argv) > 1:
         raise app.UsageError(f"unexpected arguments: {argv[1:]}")
-    cli.quiet_library_logs()
+    console.quiet_library_logs()
     config, workdir = _FLAGS["config"].value, _FLAGS["workdir"].value
     if not workdir:
-        cli.fail("--workdir is required (checkpoints, metrics and predictions go there)")
+        console.fail("--workdir is required (checkpoints, metrics and predictions go there)")
     try:
         if config.sweep:
             sweep(config, workdir)
         else:
             finetune(config, workdir)
     except (ValueError, FileNotFoundError, FloatingPointError) as e:
-        cli.fail(str(e))
+        console.fail(str(e))
     except KeyboardInterrupt:
         print("Ctrl-C: stopped; re-run the same command to resume from the last checkpoint", file=sys.stderr)
         sys.exit(130)
@@ -295,8 +302,8 @@ def _finetune(config, workdir: str) -> dict:
     import tensorflow as tf
 
     tf.config.set_visible_devices([], "GPU")  # TensorFlow only tokenizes here: the accelerators belong to JAX
-    from bertjax.data.tasks import batches as task_batches
-    from bertjax.data.tasks import scoring
+    from bertjax.tasks import batches as task_batches
+    from bertjax.tasks import scoring
 
     process_index, process_count = jax.process_index(), jax.process_count()
 
@@ -499,7 +506,7 @@ def _check_same_task(step: int, meta: dict, *, task) -> None:
 
 def entry():
     _define_flags()
-    app.run(main, flags_parser=cli.parse_flags)
+    app.run(main, flags_parser=console.parse_flags)
 
 
 if __name__ == "__main__":

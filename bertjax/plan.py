@@ -25,7 +25,10 @@ import numpy as np
 from absl import app, flags, logging
 from ml_collections import config_flags
 
-from bertjax import cli, flops, sharding, trainer
+from bertjax import console
+from bertjax.training import flops
+from bertjax.training import sharding
+from bertjax.training import trainer
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "A configs/<size>.py file.", lock_config=True)
 _TOPOLOGY = flags.DEFINE_string("topology", None, "Cloud TPU slice, e.g. v4-32, v5e-256, v5p-128, v6e-64.")
@@ -56,7 +59,7 @@ LIBTPU_ENV = {"TPU_SKIP_MDS_QUERY": "1", "TPU_ACCELERATOR_TYPE": "v4-8", "TPU_WO
 
 GiB = 2**30
 # Cloud TPU system architecture pages (cloud.google.com/tpu/docs/v4, v5e, v5p, v6e): HBM per chip and
-# its bandwidth. Peak FLOP/s come from bertjax.flops, by the devices' device_kind.
+# its bandwidth. Peak FLOP/s come from bertjax.training.flops, by the devices' device_kind.
 GENERATIONS = {
     "v4": Generation("v4", 32 * GiB, 1.2e12, 3, 2, 4096, "megacore"),
     "v5p": Generation("v5p", 95 * GiB, 2.765e12, 3, 2, 8192, "megacore"),
@@ -314,7 +317,7 @@ def main(argv):
         else:
             best, tried = None, [compile_step(config, topology, devices, config.train.batch_size)]
     except ValueError as e:
-        cli.fail(f"{_TOPOLOGY.value}: {e}" if _TOPOLOGY.value and not str(e).startswith(
+        console.fail(f"{_TOPOLOGY.value}: {e}" if _TOPOLOGY.value and not str(e).startswith(
             ("unknown TPU", "topology")) else str(e))
     plans = [tried[-1]] if best is None else tried
     if _JSON.value:
@@ -334,7 +337,7 @@ def main(argv):
 
 def entry():
     """The console script's entry point (pyproject.toml)."""
-    app.run(main, flags_parser=cli.parse_flags)
+    app.run(main, flags_parser=console.parse_flags)
 
 
 if __name__ == "__main__":

@@ -10,7 +10,8 @@ import numpy as np
 from absl import app
 from ml_collections import config_flags
 
-from bertjax import cli, model
+from bertjax import console
+from bertjax.models import bert
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "A configs/<size>.py file.", lock_config=True)
 
@@ -19,9 +20,9 @@ def main(argv):
     if len(argv) > 1:
         raise app.UsageError(f"unexpected arguments: {argv[1:]}")
     config = _CONFIG.value
-    cfg = model.BertConfig.from_dict(config.model)
-    batch = model.dummy_batch(1, config.data.max_seq_length, config.data.max_predictions_per_seq)
-    boxed = jax.eval_shape(lambda: model.BertForPreTraining(cfg).init(jax.random.key(0), **batch))["params"]
+    cfg = bert.BertConfig.from_dict(config.model)
+    batch = bert.dummy_batch(1, config.data.max_seq_length, config.data.max_predictions_per_seq)
+    boxed = jax.eval_shape(lambda: bert.BertForPreTraining(cfg).init(jax.random.key(0), **batch))["params"]
     rules = [tuple(rule) for rule in config.logical_axis_rules]
     is_box = lambda x: isinstance(x, nn.LogicallyPartitioned)  # noqa: E731
     print(f"{'parameter':72} {'shape':>20}  logical axes -> mesh axes")
@@ -29,8 +30,8 @@ def main(argv):
         name = jax.tree_util.keystr(path, simple=True, separator="/")
         mesh_axes = nn.logical_to_mesh_axes(leaf.names, rules)
         print(f"{name:72} {str(leaf.value.shape):>20}  {leaf.names} -> {tuple(mesh_axes)}")
-    total = model.count_params(nn.unbox(boxed))
-    encoder = model.count_params(nn.unbox(boxed["bert"]["encoder"]))
+    total = bert.count_params(nn.unbox(boxed))
+    encoder = bert.count_params(nn.unbox(boxed["bert"]["encoder"]))
     print(f"\n{cfg.num_layers} layers, hidden {cfg.hidden_size}, {cfg.num_heads} heads, vocab {cfg.vocab_size}")
     print(f"parameters: {total:,} in all ({total / 1e6:.1f}M), {encoder:,} in the encoder blocks")
     print(f"parameter memory: {total * np.dtype(cfg.param_dtype).itemsize / 2**20:.1f} MiB as {cfg.param_dtype}")
@@ -38,7 +39,7 @@ def main(argv):
 
 def entry():
     """`python -m bertjax.summary` as a console program."""
-    app.run(main, flags_parser=cli.parse_flags)
+    app.run(main, flags_parser=console.parse_flags)
 
 
 if __name__ == "__main__":

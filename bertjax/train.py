@@ -23,9 +23,15 @@ import numpy as np
 from absl import app, flags, logging
 from ml_collections import config_flags
 
-from bertjax import checkpoint, cli, flops, model, sharding, trainer, writers
-from bertjax import workdir as workdirs
-from bertjax.trainer import BATCH_KEYS, Setup, TrainState, summarize
+from bertjax.training import checkpoint
+from bertjax import console
+from bertjax.training import flops
+from bertjax.models import bert
+from bertjax.training import sharding
+from bertjax.training import trainer
+from bertjax.training import writers
+from bertjax.training import workdir as workdirs
+from bertjax.training.trainer import BATCH_KEYS, Setup, TrainState, summarize
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "A configs/<size>.py file.", lock_config=True)
 _WORKDIR = flags.DEFINE_string("workdir", None, "Checkpoints, metrics.jsonl and TensorBoard events go here.")
@@ -113,14 +119,14 @@ def say(message: str) -> None:
 def main(argv):
     if len(argv) > 1:
         raise app.UsageError(f"unexpected arguments: {argv[1:]}")
-    cli.quiet_library_logs()
+    console.quiet_library_logs()
     config, workdir = _CONFIG.value, _WORKDIR.value
     if not workdir:
-        cli.fail("--workdir is required (checkpoints and metrics go there)")
+        console.fail("--workdir is required (checkpoints and metrics go there)")
     try:
         code = run(config, workdir)
     except (ValueError, FileNotFoundError, FloatingPointError) as e:
-        cli.fail(str(e))
+        console.fail(str(e))
     except KeyboardInterrupt:  # before the loop took over Ctrl-C: nothing was trained, nothing to save
         print("Ctrl-C before the first step: stopped; no checkpoint was written", file=sys.stderr)
         sys.exit(130)
@@ -131,7 +137,7 @@ def run(config, workdir: str) -> int:
     """The whole run; returns the exit code (130 when Ctrl-C stopped it, after saving)."""
     # ---------------------------------------------------------------- distributed init, the workdir's lock
     sharding.initialize_distributed(_COORDINATOR.value, _NUM_PROCESSES.value, _PROCESS_ID.value)
-    workdirs.make(workdir)  # a local directory or gs://...: everything below goes through bertjax.workdir
+    workdirs.make(workdir)  # a local directory or gs://...: everything below goes through bertjax.training.workdir
     with workdirs.WorkdirLock(workdir) if jax.process_index() == 0 else contextlib.nullcontext():
         return train(config, workdir)
 
@@ -153,9 +159,9 @@ def train(config, workdir: str) -> int:
     init_key, dropout_key = trainer.root_keys(config.train.seed, config.train.dropout_rng)
     setup = Setup.create(config, mesh, rules, init_key)
     bert_config, schedule, abstract_state = setup.bert_config, setup.schedule, setup.abstract_state
-    model.check_input_shapes(bert_config, config.data.max_seq_length, config.data.max_predictions_per_seq)
+    bert.check_input_shapes(bert_config, config.data.max_seq_length, config.data.max_predictions_per_seq)
     say(f"model: {bert_config.num_layers} layers, hidden {bert_config.hidden_size}, "
-        f"{model.count_params(abstract_state.params):,} parameters; {bert_config.dtype} compute, "
+        f"{bert.count_params(abstract_state.params):,} parameters; {bert_config.dtype} compute, "
         f"{bert_config.attention_impl} attention (dropout {bert_config.attention_dropout_rate}), "
         f"{bert_config.word_embedding} word embedding, remat {bert_config.remat_policy}"
         + (", scanned layers" if bert_config.scan_layers else ""))
@@ -265,7 +271,7 @@ ARCHITECTURE_FIELDS = ("vocab_size", "hidden_size", "num_layers", "num_heads", "
                        "max_position_embeddings", "type_vocab_size", "pre_layer_norm", "scan_layers", "param_dtype")
 
 
-def check_same_run(step: int, meta: dict, *, config, bert_config: model.BertConfig) -> None:
+def check_same_run(step: int, meta: dict, *, config, bert_config: bert.BertConfig) -> None:
     """Stop, naming what differs, when the workdir's checkpoint is not of this config's model and
     optimizer; the checkpoints stay as they are."""
     saved_model, saved_optimizer = meta.get("model", {}), meta.get("optimizer")
@@ -292,12 +298,12 @@ def check_same_stream(meta: dict, config, process_count: int) -> None:
                         "the examples after the checkpoint differ from an uninterrupted run", changed)
 
 
-def initial_params(path: str, bert_config: model.BertConfig, abstract_params):
+def initial_params(path: str, bert_config: bert.BertConfig, abstract_params):
     """Parameters only, from a bertjax checkpoint/workdir or a Hugging Face BERT directory."""
     if checkpoint.is_checkpoint(path):
         params, meta = checkpoint.restore_params(path, abstract_params)
         return params
-    from bertjax import hf
+    from bertjax.interop import hf
 
     # A bertjax workdir has a config.json too (the run's config): the weights tell a HF directory apart.
     if os.path.exists(os.path.join(path, "config.json")) and hf.find_weights(path) is not None:
@@ -316,7 +322,7 @@ def initial_params(path: str, bert_config: model.BertConfig, abstract_params):
 
 
 def entry():
-    app.run(main, flags_parser=cli.parse_flags)
+    app.run(main, flags_parser=console.parse_flags)
 
 
 if __name__ == "__main__":

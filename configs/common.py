@@ -14,7 +14,7 @@ from ml_collections import config_dict
 def base_config() -> ml_collections.ConfigDict:
     config = ml_collections.ConfigDict()
 
-    # --- The network (bertjax.model.BertConfig). Sizes are set by each size file.
+    # --- The network (bertjax.models.bert.BertConfig). Sizes are set by each size file.
     config.model = ml_collections.ConfigDict(
         dict(
             vocab_size=30522,  # WordPiece uncased vocabulary of the original release

@@ -3,7 +3,7 @@
     python launch/local.py --num_processes=2 --cpu -- \\
         python -m bertjax.train --config=configs/tiny.py --workdir=/tmp/bertjax-2proc
 
-Each child gets the variables bertjax.sharding.initialize_distributed reads:
+Each child gets the variables bertjax.training.sharding.initialize_distributed reads:
 BERTJAX_COORDINATOR_ADDRESS=127.0.0.1:<free port>, BERTJAX_NUM_PROCESSES=N, BERTJAX_PROCESS_ID=i.
 Its output lines come back prefixed with "[i] " (stdout to stdout, stderr to stderr).
 

@@ -10,7 +10,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from bertjax import benchmark, model, sharding
+from bertjax import benchmark
+from bertjax.models import bert
+from bertjax.training import sharding
 
 VOCAB, HIDDEN, MAX_POS = 97, 64, 40
 
@@ -19,7 +21,7 @@ def tiny_config(**overrides):
     fields = dict(vocab_size=VOCAB, hidden_size=HIDDEN, num_layers=2, num_heads=4, intermediate_size=128,
                   max_position_embeddings=MAX_POS, hidden_dropout_rate=0.1, attention_dropout_rate=0.1)
     fields.update(overrides)
-    return model.BertConfig(**fields)
+    return bert.BertConfig(**fields)
 
 
 def make_batch(seed=0, batch=4, seq=16, preds=3, lengths=(16, 9, 12, 5)):
@@ -36,12 +38,12 @@ def make_batch(seed=0, batch=4, seq=16, preds=3, lengths=(16, 9, 12, 5)):
 
 
 def train_loss(cfg):
-    net = model.BertForPreTraining(cfg)
+    net = bert.BertForPreTraining(cfg)
 
     def loss(params, batch, rng):
         out = net.apply({"params": params}, batch["input_ids"], batch["segment_ids"], batch["input_mask"],
                         batch["masked_lm_positions"], deterministic=False, rngs={"dropout": rng}, heads_only=True)
-        value, _ = model.pretraining_loss(out["mlm_logits"], out["nsp_logits"], batch["masked_lm_ids"],
+        value, _ = bert.pretraining_loss(out["mlm_logits"], out["nsp_logits"], batch["masked_lm_ids"],
                                           batch["masked_lm_weights"], batch["next_sentence_labels"])
         return value
 
@@ -60,7 +62,7 @@ def scatter_result_shapes(hlo_text: str) -> list[tuple[int, ...]]:
 def lowered_grad_text(cfg) -> str:
     net, loss = train_loss(cfg)
     batch = {k: jnp.asarray(v) for k, v in make_batch().items()}
-    params = nn.unbox(jax.eval_shape(lambda: net.init(jax.random.key(0), **model.dummy_batch(1, 16, 3)))["params"])
+    params = nn.unbox(jax.eval_shape(lambda: net.init(jax.random.key(0), **bert.dummy_batch(1, 16, 3)))["params"])
     return jax.jit(jax.grad(loss)).lower(params, batch, jax.random.key(1)).as_text()
 
 
@@ -87,7 +89,7 @@ def test_embedding_forms_give_the_same_outputs_and_gradients():
     """Sliced positions, selected segments and the one-hot word lookup equal nn.Embed gathers."""
     batch = {k: jnp.asarray(v) for k, v in make_batch(3).items()}
     cfg = tiny_config(hidden_dropout_rate=0.0, attention_dropout_rate=0.0)
-    emb = model.Embeddings(cfg)
+    emb = bert.Embeddings(cfg)
     params = nn.unbox(emb.init(jax.random.key(0), batch["input_ids"], batch["segment_ids"], True))["params"]
 
     def reference(p):  # what nn.Embed's lookups compute
@@ -98,7 +100,7 @@ def test_embedding_forms_give_the_same_outputs_and_gradients():
             {"params": p["layer_norm"]}, x)
 
     def ours(p, word_embedding):
-        return model.Embeddings(tiny_config(hidden_dropout_rate=0.0, word_embedding=word_embedding)).apply(
+        return bert.Embeddings(tiny_config(hidden_dropout_rate=0.0, word_embedding=word_embedding)).apply(
             {"params": p}, batch["input_ids"], batch["segment_ids"], True)
 
     weights = jax.random.normal(jax.random.key(5), (4, 16, HIDDEN))
@@ -122,7 +124,7 @@ def test_padding_as_lengths_equals_the_mask_outputs_and_gradients(queries):
 
     def run(form):
         def f(q, k, v):
-            out = model.fused_attention(q, k, v, mask=mask, implementation="xla",
+            out = bert.fused_attention(q, k, v, mask=mask, implementation="xla",
                                         kv_lengths=jnp.asarray(lengths) if form == "lengths" else None)
             return jnp.sum(out * weights), out
         return jax.jit(jax.value_and_grad(f, argnums=(0, 1, 2), has_aux=True))(q, k, v)
@@ -134,36 +136,36 @@ def test_padding_as_lengths_equals_the_mask_outputs_and_gradients(queries):
         np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=1e-6)
     # Padded keys matter to neither: changing them changes nothing.
     k2 = k.at[1, 9:].set(100.0)
-    moved = model.fused_attention(q, k2, v, mask=mask, kv_lengths=jnp.asarray(lengths), implementation="xla")
+    moved = bert.fused_attention(q, k2, v, mask=mask, kv_lengths=jnp.asarray(lengths), implementation="xla")
     np.testing.assert_allclose(np.asarray(moved), np.asarray(with_lengths), atol=1e-6)
 
 
 def test_platform_defaults():
     fields = dict(dtype="auto", attention_impl="auto", word_embedding="auto", attention_dropout_rate=0.1)
-    cpu = model.resolve_platform(fields, "cpu")
+    cpu = bert.resolve_platform(fields, "cpu")
     assert (cpu["dtype"], cpu["attention_impl"], cpu["word_embedding"], cpu["attention_dropout_rate"]) == \
         ("float32", "xla", "gather", 0.1)
-    gpu = model.resolve_platform(fields, "gpu")
+    gpu = bert.resolve_platform(fields, "gpu")
     assert (gpu["dtype"], gpu["attention_impl"], gpu["word_embedding"], gpu["attention_dropout_rate"]) == \
         ("bfloat16", "cudnn", "gather", 0.0)
-    tpu = model.resolve_platform(fields, "tpu")
+    tpu = bert.resolve_platform(fields, "tpu")
     assert (tpu["dtype"], tpu["attention_impl"], tpu["word_embedding"], tpu["attention_dropout_rate"]) == \
         ("bfloat16", "xla", "one_hot", 0.1)
     # Float32 compute on a GPU: cuDNN's flash attention needs 16 bits, so auto keeps XLA and its dropout.
-    gpu32 = model.resolve_platform(dict(fields, dtype="float32"), "gpu")
+    gpu32 = bert.resolve_platform(dict(fields, dtype="float32"), "gpu")
     assert (gpu32["attention_impl"], gpu32["attention_dropout_rate"]) == ("xla", 0.1)
     # An explicit choice is kept as it is.
-    assert model.resolve_platform(dict(fields, attention_impl="xla"), "gpu")["attention_dropout_rate"] == 0.1
+    assert bert.resolve_platform(dict(fields, attention_impl="xla"), "gpu")["attention_dropout_rate"] == 0.1
     with pytest.raises(ValueError, match="'auto'"):
-        model.BertConfig(dtype="auto")
+        bert.BertConfig(dtype="auto")
 
 
 @pytest.mark.parametrize("size", ["base", "large"])
 def test_size_configs_choose_per_platform(size):
     config = benchmark.load_config(size)
-    cpu = model.BertConfig.from_dict(config.model, platform="cpu")
-    gpu = model.BertConfig.from_dict(config.model, platform="gpu")
-    tpu = model.BertConfig.from_dict(config.model, platform="tpu")
+    cpu = bert.BertConfig.from_dict(config.model, platform="cpu")
+    gpu = bert.BertConfig.from_dict(config.model, platform="gpu")
+    tpu = bert.BertConfig.from_dict(config.model, platform="tpu")
     assert (cpu.dtype, cpu.attention_impl) == ("float32", "xla")
     assert (gpu.dtype, gpu.attention_impl, gpu.word_embedding) == ("bfloat16", "cudnn", "gather")
     assert (tpu.dtype, tpu.attention_impl, tpu.word_embedding) == ("bfloat16", "xla", "one_hot")
@@ -174,7 +176,7 @@ def step_temp_bytes(policy: str) -> int:
                       scan_layers=True, hidden_dropout_rate=0.0, attention_dropout_rate=0.0)
     net, loss = train_loss(cfg)
     batch = {k: jnp.asarray(v) for k, v in make_batch(batch=32, seq=32, lengths=(32,) * 32).items()}
-    params = nn.unbox(net.init(jax.random.key(0), **model.dummy_batch(1, 32, 3)))["params"]
+    params = nn.unbox(net.init(jax.random.key(0), **bert.dummy_batch(1, 32, 3)))["params"]
     compiled = jax.jit(jax.grad(loss)).lower(params, batch, jax.random.key(1)).compile()
     return compiled.memory_analysis().temp_size_in_bytes
 

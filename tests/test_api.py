@@ -9,7 +9,7 @@ import torch
 import transformers
 
 import bertjax
-from bertjax import api
+from bertjax import inference
 
 # The reference-model helper is shared with the conversion tests (tests/ is on sys.path under pytest).
 from test_hf import make_hf_model
@@ -96,7 +96,7 @@ def test_load_rejects_what_it_cannot_read(hf_dir, tmp_path):
 
 
 def test_package_exports_load():
-    assert bertjax.load is api.load
+    assert bertjax.load is inference.load
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -138,7 +138,8 @@ def test_features_combine_the_chosen_layers(hf_dir, loaded):
 
 
 def test_predict_of_a_fine_tuned_checkpoint_equals_transformers(hf_dir, tmp_path):
-    from bertjax import checkpoint, hf
+    from bertjax.training import checkpoint
+    from bertjax.interop import hf
 
     labels = ["negative", "neutral", "positive"]
     head_dir = tmp_path / "hf_head"

@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-from bertjax import model
+from bertjax.models import bert
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 SHAPE = ("num_layers", "hidden_size", "num_heads", "intermediate_size")
@@ -35,14 +35,14 @@ else:
 
 def test_every_size_has_a_config_file():
     files = {p.stem for p in (REPO / "configs").glob("*.py")} - {"__init__", "common"}
-    assert files == set(model.SIZES)
+    assert files == set(bert.SIZES)
 
 
-@pytest.mark.parametrize("size", model.SIZES)
+@pytest.mark.parametrize("size", bert.SIZES)
 def test_config_file_model_shape_is_the_size_table(size):
-    """Each file writes its shape out; bertjax.model.SIZES (through BertConfig.from_size) is the source."""
+    """Each file writes its shape out; bertjax.models.bert.SIZES (through BertConfig.from_size) is the source."""
     config = runpy.run_path(str(REPO / "configs" / f"{size}.py"))["get_config"]()
-    expected = model.BertConfig.from_size(size)
+    expected = bert.BertConfig.from_size(size)
     assert {k: config.model[k] for k in SHAPE} == {k: getattr(expected, k) for k in SHAPE}
 
 

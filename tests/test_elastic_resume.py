@@ -5,7 +5,9 @@ import jax
 import numpy as np
 import pytest
 
-from bertjax import checkpoint, sharding, trainer
+from bertjax.training import checkpoint
+from bertjax.training import sharding
+from bertjax.training import trainer
 from bertjax.data import synthetic
 from test_train import small_config  # tests/ is on sys.path under pytest
 

@@ -11,7 +11,7 @@ import tensorflow as tf
 import tensorflow_datasets as tfds
 
 from bertjax import evaluate
-from bertjax.data.tasks import readers
+from bertjax.tasks import readers
 from test_finetune import pretrained  # noqa: F401  (the small pretrained workdir fixture)
 from test_finetune_spans import qa_articles, tagged_sentence, _sentences
 

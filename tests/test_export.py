@@ -15,7 +15,7 @@ import pytest
 
 import bertjax
 from bertjax import export, finetune
-from bertjax import model as bert_model
+from bertjax.models import bert as bert_model
 from test_finetune import pretrained, small_config  # noqa: F401  (a small random BERT workdir and its task files)
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
@@ -215,11 +215,11 @@ def test_params_export_is_the_parameter_tree(exported, pretrained, tmp_path):  #
 import json, sys
 import numpy as np
 from flax import traverse_util
-from bertjax import model
+from bertjax.models import bert as bert_model
 directory, out, ids, mask = sys.argv[1], sys.argv[2], np.array(json.loads(sys.argv[3])), np.array(json.loads(sys.argv[4]))
 config = json.load(open(f"{directory}/config.json"))
 params = traverse_util.unflatten_dict(dict(np.load(f"{directory}/params.npz")), sep="/")
-net = model.BertForPreTraining(model.BertConfig.from_dict(config["model"]))
+net = bert_model.BertForPreTraining(bert_model.BertConfig.from_dict(config["model"]))
 positions = np.broadcast_to(np.arange(ids.shape[1]), ids.shape).astype(np.int32)
 o = net.apply({"params": params}, ids.astype(np.int32), np.zeros_like(ids, np.int32), mask.astype(np.int32), positions)
 np.savez(out, mlm=np.asarray(o["mlm_logits"]), nsp=np.asarray(o["nsp_logits"]))
@@ -303,7 +303,7 @@ def test_a_sentencepiece_model_exports_a_tokenizer_with_the_same_ids(tmp_path):
     import flax.linen as nn
     import transformers
 
-    from bertjax import checkpoint
+    from bertjax.training import checkpoint
     from bertjax.data import demo
     from bertjax.text import vocab as vocabularies
 

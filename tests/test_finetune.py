@@ -15,8 +15,10 @@ import jax
 import numpy as np
 import pytest
 
-from bertjax import checkpoint, finetune, hf
-from bertjax import model as bert_model
+from bertjax import finetune
+from bertjax.training import checkpoint
+from bertjax.interop import hf
+from bertjax.models import bert as bert_model
 from bertjax.data import demo
 from bertjax.text import vocab as vocabularies
 from configs.finetune import common as finetune_configs

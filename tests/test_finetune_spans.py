@@ -18,7 +18,9 @@ import numpy as np
 import pytest
 
 import bertjax
-from bertjax import checkpoint, finetune, metrics
+from bertjax import finetune
+from bertjax.training import checkpoint
+from bertjax.tasks import metrics
 from bertjax.data import demo
 from configs.finetune import common as finetune_configs
 from test_finetune import pretrained  # noqa: F401  (the fixture: a small random BERT and its vocabulary)

@@ -2,7 +2,7 @@
 
 import pytest
 
-from bertjax import flops
+from bertjax.training import flops
 
 VOCAB = 30522
 

@@ -1,4 +1,4 @@
-"""The task heads (bertjax.heads) against Hugging Face's task classes: the same logits from the same
+"""The task heads (bertjax.models.heads) against Hugging Face's task classes: the same logits from the same
 weights, converted both ways (hf.load_hf_head / hf.save_hf_head and transformers' from_pretrained),
 losses equal to torch's on the same logits, padded examples ignored, dropout only in training.
 
@@ -19,9 +19,9 @@ import torch
 import transformers
 from test_hf import make_hf_model
 
-from bertjax import heads
-from bertjax import hf
-from bertjax import model
+from bertjax.models import heads
+from bertjax.interop import hf
+from bertjax.models import bert
 
 ATOL = 1e-5
 SHAPE = dict(num_hidden_layers=2, hidden_size=32, num_attention_heads=2, intermediate_size=64, vocab_size=53,
@@ -69,7 +69,7 @@ def hf_state(hf_model) -> dict[str, np.ndarray]:
 
 
 @functools.lru_cache(maxsize=None)
-def _forward(kind: str, cfg: model.BertConfig, num_labels: int | None, deterministic: bool = True):
+def _forward(kind: str, cfg: bert.BertConfig, num_labels: int | None, deterministic: bool = True):
     net = heads.network(kind, cfg, num_labels)
     return jax.jit(lambda params, inputs, rngs=None: net.apply(
         {"params": params}, **inputs, deterministic=deterministic, rngs=rngs))
@@ -282,7 +282,7 @@ def test_dropout_only_in_training():
 
 def test_table_and_mistakes():
     assert list(hf.HF_HEADS) == list(heads.HEADS)
-    cfg = model.BertConfig(vocab_size=53, hidden_size=32, num_layers=1, num_heads=2, intermediate_size=64)
+    cfg = bert.BertConfig(vocab_size=53, hidden_size=32, num_layers=1, num_heads=2, intermediate_size=64)
     with pytest.raises(ValueError, match=re.escape("'classify'")):
         heads.network("classify", cfg, 3)
     with pytest.raises(ValueError, match="num_labels=1, not 3"):

@@ -1,4 +1,4 @@
-"""bertjax.hf against transformers itself: numerical parity with BertForPreTraining (PyTorch), the
+"""bertjax.interop.hf against transformers itself: numerical parity with BertForPreTraining (PyTorch), the
 readers (safetensors, sharded, pytorch_model.bin without torch), bit-exact round trips, and the
 failures a wrong checkpoint must produce.
 
@@ -23,8 +23,8 @@ import safetensors.numpy
 import torch
 import transformers
 
-from bertjax import hf
-from bertjax import model
+from bertjax.interop import hf
+from bertjax.models import bert as bert_model
 
 ATOL = 1e-5
 
@@ -107,24 +107,24 @@ def hf_outputs(hf_model, batch: dict) -> dict:
 
 
 @functools.lru_cache(maxsize=None)
-def _bertjax_forward(cfg: model.BertConfig):
+def _bertjax_forward(cfg: bert_model.BertConfig):
     """One compiled function per config (configs are hashable): compiling dominates these tests."""
 
     def forward(params, batch):
         inputs = {k: batch[k] for k in ("input_ids", "segment_ids", "input_mask")}
         # The heads and the loss come from the path training runs (heads_only: the last block only at
         # [CLS] and the masked rows); the per-position outputs from the full encoder.
-        out = model.BertForPreTraining(cfg).apply(
+        out = bert_model.BertForPreTraining(cfg).apply(
             {"params": params}, **inputs, masked_lm_positions=batch["masked_lm_positions"], heads_only=True)
-        out.update(model.BertModel(cfg).apply({"params": params["bert"]}, **inputs, output_hidden_states=True))
-        out["loss"], _ = model.pretraining_loss(out["mlm_logits"], out["nsp_logits"], batch["masked_lm_ids"],
+        out.update(bert_model.BertModel(cfg).apply({"params": params["bert"]}, **inputs, output_hidden_states=True))
+        out["loss"], _ = bert_model.pretraining_loss(out["mlm_logits"], out["nsp_logits"], batch["masked_lm_ids"],
                                                 batch["masked_lm_weights"], batch["next_sentence_labels"])
         return out
 
     return jax.jit(forward)
 
 
-def bertjax_outputs(cfg: model.BertConfig, params: dict, batch: dict) -> dict:
+def bertjax_outputs(cfg: bert_model.BertConfig, params: dict, batch: dict) -> dict:
     out = jax.device_get(_bertjax_forward(cfg)(params, batch))
     out["loss"] = float(out["loss"])
     return out

@@ -103,7 +103,7 @@ def test_text_does_not_reach_into_data():
             assert not [m for m in reached if m.startswith("bertjax.data")], name
 
 
-@pytest.mark.parametrize("imports", ["bertjax", "bertjax.model, bertjax.writers, bertjax.flops"])
+@pytest.mark.parametrize("imports", ["bertjax", "bertjax.models.bert, bertjax.training.writers, bertjax.training.flops"])
 def test_no_tensorflow_on_import(imports):
     code = f"import sys, {imports}\nassert 'tensorflow' not in sys.modules, 'tensorflow was imported'\n"
     env = dict(os.environ, PYTHONPATH=str(REPO))

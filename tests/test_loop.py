@@ -9,7 +9,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from bertjax import sharding, trainer
+from bertjax.training import sharding
+from bertjax.training import trainer
 from bertjax.data import synthetic
 from test_train import small_config  # tests/ is on sys.path under pytest
 

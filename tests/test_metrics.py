@@ -1,4 +1,4 @@
-"""bertjax.metrics against independent references: scikit-learn and scipy (GLUE), hand-worked cases and the
+"""bertjax.tasks.metrics against independent references: scikit-learn and scipy (GLUE), hand-worked cases and the
 official v1.1 and v2.0 scripts' scoring and threshold search written out (SQuAD), seqeval (entity-level F1)."""
 
 import collections
@@ -11,8 +11,8 @@ import pytest
 import scipy.stats
 from sklearn import metrics as sk
 
-from bertjax import metrics
-from bertjax.data.tasks import registry
+from bertjax.tasks import metrics
+from bertjax.tasks import registry
 
 
 def _random_classes(seed, n=200, k=2):

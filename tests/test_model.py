@@ -12,7 +12,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from bertjax import model
+from bertjax.models import bert
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 SIZES = ["tiny", "mini", "small", "medium", "base", "large"]
@@ -28,7 +28,7 @@ def small_config(**overrides):
         max_position_embeddings=32, hidden_dropout_rate=0.0, attention_dropout_rate=0.0,
     )
     fields.update(overrides)
-    return model.BertConfig(**fields)
+    return bert.BertConfig(**fields)
 
 
 def make_batch(rng, batch=3, seq=12, preds=4, vocab=97, lengths=(12, 7, 9)):
@@ -46,14 +46,14 @@ def make_batch(rng, batch=3, seq=12, preds=4, vocab=97, lengths=(12, 7, 9)):
 
 
 def init(cfg, batch, seed=0):
-    variables = model.BertForPreTraining(cfg).init({"params": jax.random.key(seed)}, **batch)
+    variables = bert.BertForPreTraining(cfg).init({"params": jax.random.key(seed)}, **batch)
     return nn.unbox(variables["params"])
 
 
 def apply(cfg, params, batch, deterministic=True, rngs=None):
     # Jitted: op-by-op execution of a whole model is many times slower than compiling it.
     run = jax.jit(
-        lambda p, b, r: model.BertForPreTraining(cfg).apply({"params": p}, **b, deterministic=deterministic, rngs=r)
+        lambda p, b, r: bert.BertForPreTraining(cfg).apply({"params": p}, **b, deterministic=deterministic, rngs=r)
     )
     return run(params, batch, rngs)
 
@@ -65,7 +65,7 @@ def grad(cfg, params, batch):
 def loss_fn(cfg, params, batch):
     out = apply(cfg, params, batch)
     ids = batch["input_ids"][jnp.arange(3)[:, None], batch["masked_lm_positions"]]
-    loss, _ = model.pretraining_loss(
+    loss, _ = bert.pretraining_loss(
         out["mlm_logits"], out["nsp_logits"], ids, jnp.ones(ids.shape), jnp.array([0, 1, 0])
     )
     return loss
@@ -73,7 +73,7 @@ def loss_fn(cfg, params, batch):
 
 def with_scanned_encoder(params, num_layers):
     params = jax.tree_util.tree_map(lambda x: x, params)  # copy the dict structure
-    params["bert"]["encoder"] = model.stack_layers(params["bert"]["encoder"], num_layers)
+    params["bert"]["encoder"] = bert.stack_layers(params["bert"]["encoder"], num_layers)
     return params
 
 
@@ -91,10 +91,10 @@ def test_config_builds_model_with_hf_parameter_count(size):
     import torch
     import transformers
     config = load_config(size)
-    cfg = model.BertConfig.from_dict(config.model)
-    batch = model.dummy_batch(2, config.data.max_seq_length, config.data.max_predictions_per_seq)
-    shapes = jax.eval_shape(lambda: nn.unbox(model.BertForPreTraining(cfg).init(jax.random.key(0), **batch)))
-    ours = model.count_params(shapes["params"])
+    cfg = bert.BertConfig.from_dict(config.model)
+    batch = bert.dummy_batch(2, config.data.max_seq_length, config.data.max_predictions_per_seq)
+    shapes = jax.eval_shape(lambda: nn.unbox(bert.BertForPreTraining(cfg).init(jax.random.key(0), **batch)))
+    ours = bert.count_params(shapes["params"])
     hf_config = transformers.BertConfig(
         vocab_size=cfg.vocab_size, hidden_size=cfg.hidden_size, num_hidden_layers=cfg.num_layers,
         num_attention_heads=cfg.num_heads, intermediate_size=cfg.intermediate_size,
@@ -114,12 +114,12 @@ def test_config_builds_model_with_hf_parameter_count(size):
 
 def test_unknown_model_key_is_an_error():
     with pytest.raises(ValueError, match="unknown model config key.*hiden_size"):
-        model.BertConfig.from_dict({"hiden_size": 3})
+        bert.BertConfig.from_dict({"hiden_size": 3})
 
 
 def test_cudnn_with_attention_dropout_is_refused():
     with pytest.raises(ValueError, match="attention_dropout_rate=0.0"):
-        model.BertConfig(attention_impl="cudnn", attention_dropout_rate=0.1)
+        bert.BertConfig(attention_impl="cudnn", attention_dropout_rate=0.1)
 
 
 @pytest.mark.slow
@@ -136,7 +136,7 @@ def test_scan_equals_unrolled_outputs_and_gradients():
 
     grads = grad(cfg, params, batch)
     scan_grads = grad(scan_cfg, scan_params, batch)
-    scan_grads["bert"]["encoder"] = model.unstack_layers(scan_grads["bert"]["encoder"], cfg.num_layers)
+    scan_grads["bert"]["encoder"] = bert.unstack_layers(scan_grads["bert"]["encoder"], cfg.num_layers)
     assert_trees_close(grads, scan_grads, atol=1e-6, rtol=1e-4)
 
 
@@ -238,7 +238,7 @@ def test_hidden_states_are_embeddings_then_every_layer():
         batch = make_batch(np.random.default_rng(7))
         params = init(cfg, batch)["bert"]
         out = jax.jit(
-            lambda p, b: model.BertModel(cfg).apply(
+            lambda p, b: bert.BertModel(cfg).apply(
                 {"params": p}, b["input_ids"], b["segment_ids"], b["input_mask"], output_hidden_states=True
             )
         )(params, batch)
@@ -256,8 +256,8 @@ def test_heads_only_gives_the_full_models_heads_loss_and_gradients(variant):
     labels = batch["input_ids"][jnp.arange(3)[:, None], batch["masked_lm_positions"]]
 
     def run(p, heads_only):
-        out = model.BertForPreTraining(cfg).apply({"params": p}, **batch, heads_only=heads_only)
-        loss, _ = model.pretraining_loss(out["mlm_logits"], out["nsp_logits"], labels, jnp.ones(labels.shape),
+        out = bert.BertForPreTraining(cfg).apply({"params": p}, **batch, heads_only=heads_only)
+        loss, _ = bert.pretraining_loss(out["mlm_logits"], out["nsp_logits"], labels, jnp.ones(labels.shape),
                                          jnp.array([0, 1, 0]))
         return loss, out
 
@@ -279,7 +279,7 @@ def test_heads_only_rows_exclude_hidden_states():
     batch = make_batch(np.random.default_rng(12))
     params = init(cfg, batch)["bert"]
     with pytest.raises(ValueError, match="exclude each other"):
-        model.BertModel(cfg).apply({"params": params}, batch["input_ids"], batch["segment_ids"], batch["input_mask"],
+        bert.BertModel(cfg).apply({"params": params}, batch["input_ids"], batch["segment_ids"], batch["input_mask"],
                                    output_hidden_states=True, output_rows=batch["masked_lm_positions"])
 
 
@@ -287,7 +287,7 @@ def test_heads_only_rows_exclude_hidden_states():
 def test_dropout_rate_scale_and_independence(shape):
     rate = 0.1
     x = jnp.ones(shape, jnp.float32)
-    drop = model.Dropout(rate)
+    drop = bert.Dropout(rate)
     y = np.asarray(drop.apply({}, x, deterministic=False, rngs={"dropout": jax.random.key(0)}))
     n = y.size
     kept = y != 0
@@ -312,7 +312,7 @@ def test_mlm_loss_gradient_is_softmax_minus_one_hot():
     ids = jnp.asarray(rng.integers(0, 11, size=(2, 3)))
     weights = jnp.asarray(np.array([[1, 1, 0], [1, 0, 1]], np.float32))
     nsp, labels = jnp.zeros((2, 2)), jnp.array([0, 1])
-    g = jax.grad(lambda x: model.pretraining_loss(x, nsp, ids, weights, labels)[0])(logits)
+    g = jax.grad(lambda x: bert.pretraining_loss(x, nsp, ids, weights, labels)[0])(logits)
     expected = (jax.nn.softmax(logits, -1) - jax.nn.one_hot(ids, 11)) * weights[..., None] / (4 + 1e-5)
     np.testing.assert_allclose(np.asarray(g), np.asarray(expected), atol=1e-7)
 
@@ -331,7 +331,7 @@ def test_pretraining_loss_against_numpy():
 
     mlm = sum(weights[b, p] * nll(logits[b, p], ids[b, p]) for b in range(2) for p in range(3)) / (3 + 1e-5)
     nsp_loss = np.mean([nll(nsp[b], labels[b]) for b in range(2)])
-    loss, metrics = model.pretraining_loss(logits, nsp, ids, weights, labels)
+    loss, metrics = bert.pretraining_loss(logits, nsp, ids, weights, labels)
     np.testing.assert_allclose(float(loss), mlm + nsp_loss, rtol=1e-6)
     np.testing.assert_allclose(float(metrics["mlm_loss"]), mlm, rtol=1e-6)
     assert float(metrics["mlm_count"]) == 3
@@ -343,7 +343,7 @@ def test_pretraining_loss_against_numpy():
 def test_every_parameter_has_logical_axis_names(scan):
     cfg = small_config(scan_layers=scan)
     batch = make_batch(np.random.default_rng(9))
-    boxed = jax.eval_shape(lambda: model.BertForPreTraining(cfg).init(jax.random.key(0), **batch))["params"]
+    boxed = jax.eval_shape(lambda: bert.BertForPreTraining(cfg).init(jax.random.key(0), **batch))["params"]
     leaves = jax.tree_util.tree_leaves_with_path(boxed, is_leaf=lambda x: isinstance(x, nn.LogicallyPartitioned))
     for path, leaf in leaves:
         assert isinstance(leaf, nn.LogicallyPartitioned), f"{jax.tree_util.keystr(path)} has no axis names"
@@ -359,7 +359,7 @@ def test_sharded_model_equals_one_device():
     rules = [tuple(r) for r in load_config("tiny").logical_axis_rules]
     cfg = small_config(scan_layers=True, vocab_size=96)
     batch = make_batch(np.random.default_rng(10), batch=4, lengths=(12, 7, 9, 6), vocab=96)
-    module = model.BertForPreTraining(cfg)
+    module = bert.BertForPreTraining(cfg)
     reference = module.apply({"params": init(cfg, batch)}, **batch)
 
     # Auto axes: the shardings come from the constraints the model places (Explicit axes would turn them

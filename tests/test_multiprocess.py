@@ -26,7 +26,7 @@ import jax
 import numpy as np
 import pytest
 
-from bertjax import checkpoint
+from bertjax.training import checkpoint
 from bertjax.text import vocab as vocabularies
 from test_inputs import write_corpus  # tests/ is on sys.path under pytest, as test_api uses test_hf
 
@@ -278,7 +278,7 @@ def test_launcher_timeout_ends_even_processes_that_ignore_sigterm(tmp_path):
 
 JOIN = """
 import jax
-from bertjax import sharding
+from bertjax.training import sharding
 sharding.initialize_distributed()
 print("joined", jax.process_index(), jax.process_count(), flush=True)
 """

@@ -13,7 +13,8 @@ import time
 
 import pytest
 
-from bertjax import checkpoint, workdir
+from bertjax.training import checkpoint
+from bertjax.training import workdir
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 SMALL = ["--config=configs/tiny.py", "--config.data.source=synthetic", "--config.schedule.warmup_steps=1",

@@ -3,7 +3,7 @@
 References: google-research/bert optimization.py (create_optimizer, AdamWeightDecayOptimizer), NVIDIA
 DeepLearningExamples schedulers.py (PolyWarmUpScheduler) and apex csrc/multi_tensor_lamb.cu (LAMB
 stages 1 and 2), and torch.optim.AdamW. Each is written out below in float64 numpy (or run in torch)
-from the sources, not from bertjax.optim.
+from the sources, not from bertjax.training.optim.
 """
 
 import functools
@@ -19,7 +19,8 @@ import optax
 import pytest
 from flax import traverse_util
 
-from bertjax import model, optim
+from bertjax.models import bert as bert_model
+from bertjax.training import optim
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 BERT_EXCLUDE = ["LayerNorm", "layer_norm", "bias"]  # create_optimizer's exclude_from_weight_decay
@@ -177,7 +178,7 @@ def small_model_config(**overrides):
     fields = dict(vocab_size=53, hidden_size=32, num_layers=2, num_heads=2, intermediate_size=64,
                   max_position_embeddings=16, hidden_dropout_rate=0.0, attention_dropout_rate=0.0)
     fields.update(overrides)
-    return model.BertConfig(**fields)
+    return bert_model.BertConfig(**fields)
 
 
 @functools.lru_cache(maxsize=None)
@@ -185,7 +186,7 @@ def model_param_shapes(scan_layers, boxed=False):
     """The real model's parameter tree as shapes: the mask reads only names, and compiling init is slow."""
     cfg = small_model_config(scan_layers=scan_layers)
     variables = jax.eval_shape(
-        lambda key: model.BertForPreTraining(cfg).init({"params": key}, **model.dummy_batch(2, 8, 3)),
+        lambda key: bert_model.BertForPreTraining(cfg).init({"params": key}, **bert_model.dummy_batch(2, 8, 3)),
         jax.random.key(0),
     )
     return variables["params"] if boxed else nn.unbox(variables["params"])
@@ -415,7 +416,7 @@ def test_lamb_trust_ratio_is_per_layer_under_scan():
 
     def stacked(tree):
         tree = jax.tree_util.tree_map(lambda x: x, tree)
-        tree["bert"]["encoder"] = model.stack_layers(tree["bert"]["encoder"], cfg.num_layers)
+        tree["bert"]["encoder"] = bert_model.stack_layers(tree["bert"]["encoder"], cfg.num_layers)
         return tree
 
     rng = np.random.default_rng(6)
@@ -423,7 +424,7 @@ def test_lamb_trust_ratio_is_per_layer_under_scan():
     tx = optim.lamb(1e-2)
     got_unrolled, _ = run_optax(tx, unrolled, grads_seq)
     got_scanned, _ = run_optax(tx, stacked(unrolled), [stacked(g) for g in grads_seq])
-    got_scanned["bert"]["encoder"] = model.unstack_layers(got_scanned["bert"]["encoder"], cfg.num_layers)
+    got_scanned["bert"]["encoder"] = bert_model.unstack_layers(got_scanned["bert"]["encoder"], cfg.num_layers)
     for (path, a), b in zip(
         jax.tree_util.tree_flatten_with_path(got_unrolled)[0], jax.tree_util.tree_leaves(got_scanned)
     ):
@@ -496,7 +497,7 @@ def test_accumulated_mlm_loss_matches_only_with_equal_prediction_counts():
 
     def fn(params, mb, rng):
         def loss(p):
-            return model.pretraining_loss(mb["logits"] * p, jnp.zeros((mb["ids"].shape[0], 2)), mb["ids"],
+            return bert_model.pretraining_loss(mb["logits"] * p, jnp.zeros((mb["ids"].shape[0], 2)), mb["ids"],
                                           mb["weights"], nsp_labels[: mb["ids"].shape[0]])
         return jax.value_and_grad(loss, has_aux=True)(params)
 

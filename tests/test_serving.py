@@ -1,4 +1,4 @@
-"""bertjax.serving.export_savedmodel: the SavedModel, loaded in a fresh process that imports only
+"""bertjax.interop.savedmodel.export_savedmodel: the SavedModel, loaded in a fresh process that imports only
 tensorflow and tensorflow_text, tokenizes raw strings inside its graph into exactly bertjax's ids and
 gives bertjax's outputs within 1e-5 (float32): encode, fill_mask (several masks per text, at the
 start, the end, side by side), predict and predict_pair (pairs cut as features.encode_pair cuts them).
@@ -22,10 +22,12 @@ import numpy as np
 import pytest
 
 import bertjax
-from bertjax import checkpoint, heads, serving
-from bertjax import model as bert_model
+from bertjax.training import checkpoint
+from bertjax.models import heads
+from bertjax.interop import savedmodel
+from bertjax.models import bert as bert_model
 from bertjax.data import demo
-from bertjax.data.tasks import features
+from bertjax.tasks import features
 from bertjax.text import vocab as vocabularies
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
@@ -122,7 +124,7 @@ def classifier(bert, kind="classification", labels=("no", "maybe", "yes")):
     params = heads.with_pretrained_encoder(params, jax.device_get(bert.params))
     task = {"name": "test", "kind": kind, "labels": list(labels) if num_labels else [], "num_choices": None,
             "max_seq_length": S}
-    return bertjax.api.LoadedBert(bert.config, jax.device_get(params), bert.tokenizer, task=task)
+    return bertjax.inference.LoadedBert(bert.config, jax.device_get(params), bert.tokenizer, task=task)
 
 
 def largest_constant(saved_model_pb) -> int:
@@ -150,11 +152,11 @@ def python_mask_positions(tokenizer, text):
 def test_savedmodel_equals_bertjax_in_a_fresh_process(workdir, tmp_path):
     bert = bertjax.load(workdir)
     written = tmp_path / "written"
-    assert serving.export_savedmodel(bert, str(written), max_seq_length=S) == ["encode", "fill_mask"]
+    assert savedmodel.export_savedmodel(bert, str(written), max_seq_length=S) == ["encode", "fill_mask"]
     task = classifier(bert)
-    assert "predict_pair" in serving.export_savedmodel(task, str(tmp_path / "task-written"), max_seq_length=S)
+    assert "predict_pair" in savedmodel.export_savedmodel(task, str(tmp_path / "task-written"), max_seq_length=S)
     regression = classifier(bert, "regression", ())
-    serving.export_savedmodel(regression, str(tmp_path / "regression-written"), max_seq_length=S)
+    savedmodel.export_savedmodel(regression, str(tmp_path / "regression-written"), max_seq_length=S)
 
     # The weights are variables, not constants: no constant in the graph is near the word embeddings'
     # size (the largest is the tokenizer's WordPiece model).
@@ -174,7 +176,7 @@ def test_savedmodel_equals_bertjax_in_a_fresh_process(workdir, tmp_path):
             {"tag": "encode", "dir": served["pretrained"], "signature": "encode", "args": {"texts": TEXTS}},
             {"tag": "fill", "dir": served["pretrained"], "signature": "fill_mask", "args": {"texts": MASKED}},
             {"tag": "cut", "dir": served["pretrained"], "signature": "fill_mask",  # past S, past MAX_MASKS, none
-             "args": {"texts": [LONG + " [MASK] x", " ".join(["[MASK]"] * (serving.MAX_MASKS + 2)), "no mask"]}},
+             "args": {"texts": [LONG + " [MASK] x", " ".join(["[MASK]"] * (savedmodel.MAX_MASKS + 2)), "no mask"]}},
             {"tag": "predict", "dir": served["task"], "signature": "predict", "args": {"texts": TEXTS}},
             {"tag": "pair", "dir": served["task"], "signature": "predict_pair",
              "args": {"texts": pairs_a, "text_pairs": pairs_b}},
@@ -200,12 +202,12 @@ def test_savedmodel_equals_bertjax_in_a_fresh_process(workdir, tmp_path):
     diffs["pooled_output"] = np.abs(theirs["encode/pooled_output"] - ours["pooled_output"]).max()
 
     # fill_mask: the same masks, guesses and probabilities as LoadedBert.fill_mask, -1 past a text's masks.
-    guesses = bert.fill_mask(MASKED, top_k=serving.TOP_K)
+    guesses = bert.fill_mask(MASKED, top_k=savedmodel.TOP_K)
     positions = theirs["fill/mask_positions"]
-    assert positions.shape == (len(MASKED), serving.MAX_MASKS)
+    assert positions.shape == (len(MASKED), savedmodel.MAX_MASKS)
     for b, (text, per_mask) in enumerate(zip(MASKED, guesses)):
         where = python_mask_positions(tok, text)
-        assert positions[b].tolist() == where + [-1] * (serving.MAX_MASKS - len(where))
+        assert positions[b].tolist() == where + [-1] * (savedmodel.MAX_MASKS - len(where))
         assert theirs["fill/top_ids"][b, :len(where)].tolist() == [[g["token"] for g in gs] for gs in per_mask]
         assert (theirs["fill/top_ids"][b, len(where):] == -1).all()
         scores = np.array([[g["score"] for g in gs] for gs in per_mask])
@@ -214,7 +216,7 @@ def test_savedmodel_equals_bertjax_in_a_fresh_process(workdir, tmp_path):
     # A mask cut off with the text past S is no mask; at most MAX_MASKS are answered; none is fine.
     long_text = python_mask_positions(tok, LONG + " [MASK] x")
     assert long_text[0] > S - 2 and (theirs["cut/mask_positions"][0] == -1).all()
-    assert theirs["cut/mask_positions"][1].tolist() == list(range(1, serving.MAX_MASKS + 1))
+    assert theirs["cut/mask_positions"][1].tolist() == list(range(1, savedmodel.MAX_MASKS + 1))
     assert (theirs["cut/mask_positions"][2] == -1).all() and (theirs["cut/top_ids"][2] == -1).all()
 
     # predict / predict_pair: bertjax.load(...).predict's labels and probabilities; pairs cut as in training.
@@ -238,14 +240,14 @@ def test_pairs_are_cut_in_the_graph_as_in_training(workdir):
 
     grid = np.stack(np.meshgrid(np.arange(2 * S), np.arange(2 * S)), -1).reshape(-1, 2)
     for max_length in (S - 3, S - 2, 1, 0):
-        got = serving._truncated_lengths(tf, tf.constant(grid[:, 0], tf.int64), tf.constant(grid[:, 1], tf.int64),
+        got = savedmodel._truncated_lengths(tf, tf.constant(grid[:, 0], tf.int64), tf.constant(grid[:, 1], tf.int64),
                                          max_length)
         want = features.truncated_lengths(grid[:, 0], grid[:, 1], max_length)
         np.testing.assert_array_equal(np.stack([g.numpy() for g in got]), np.stack(want))
 
     tok = bertjax.load(workdir).tokenizer
     a, b = [p[0] for p in PAIRS], [p[1] for p in PAIRS]
-    ids, segments, mask = (t.numpy() for t in serving._pair(tf, tok, tf.constant(a), tf.constant(b), S))
+    ids, segments, mask = (t.numpy() for t in savedmodel._pair(tf, tok, tf.constant(a), tf.constant(b), S))
     special = dict(cls_id=tok.cls_id, sep_id=tok.sep_id, pad_id=tok.pad_id)
     want = [features.encode_pair(x, y, S, **special) for x, y in zip(tok.encode(a), tok.encode(b))]
     np.testing.assert_array_equal(ids, [w["input_ids"] for w in want])
@@ -256,5 +258,5 @@ def test_pairs_are_cut_in_the_graph_as_in_training(workdir):
 def test_a_length_the_model_cannot_take_is_refused(workdir, tmp_path):
     bert = bertjax.load(workdir)
     with pytest.raises(ValueError, match="max_position_embeddings=64"):
-        serving.export_savedmodel(bert, str(tmp_path / "too-long"), max_seq_length=65)
+        savedmodel.export_savedmodel(bert, str(tmp_path / "too-long"), max_seq_length=65)
     assert not (tmp_path / "too-long").exists()

@@ -13,13 +13,7 @@ import time
 
 import pytest
 
-from bertjax.data.sources import (
-    is_eval_document,
-    read_documents,
-    read_text_documents,
-    read_tfds_documents,
-    require_documents,
-)
+from bertjax.data.sources import is_eval_document, read_documents, read_text_documents, read_tfds_documents, require_documents
 from bertjax.text.files import expand_pattern
 
 # --------------------------------------------------------------------------------------------------

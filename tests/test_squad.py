@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from bertjax.data import demo
-from bertjax.data.tasks import squad
+from bertjax.tasks import squad
 from bertjax.text import tokenizers
 from bertjax.text import vocab as vocabularies
 

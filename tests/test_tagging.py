@@ -9,7 +9,7 @@ import pytest
 import tensorflow as tf
 import tensorflow_datasets as tfds
 
-from bertjax.data.tasks import tagging
+from bertjax.tasks import tagging
 from bertjax.text import tokenizers
 
 TAGS = tagging.CONLL2003_TAGS

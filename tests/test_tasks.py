@@ -7,8 +7,8 @@ import pytest
 import tensorflow as tf
 import tensorflow_datasets as tfds
 
-from bertjax.data.tasks import batches, features, readers, registry, submission
-from bertjax.data.tasks.examples import ChoiceExample, Example
+from bertjax.tasks import batches, features, readers, registry, submission
+from bertjax.tasks.examples import ChoiceExample, Example
 from bertjax.text.tokenizers import load_tokenizer
 
 WORDS = ["the", "cat", "sat", "on", "mat", "a", "dog", "ran", "far", "away", ".", "##s", "is", "not"]

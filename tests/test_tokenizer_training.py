@@ -1,4 +1,4 @@
-"""Learning vocabularies (bertjax/text/vocab.py, `python -m bertjax.tokenizer train`) and the SentencePiece
+"""Learning vocabularies (bertjax/text/vocab.py, `python -m bertjax.text.vocab train`) and the SentencePiece
 tokenizer, on a small English corpus the tests write themselves."""
 
 import gzip
@@ -15,13 +15,7 @@ import sentencepiece
 import tensorflow as tf
 
 from bertjax.text import vocab
-from bertjax.text.tokenizers import (
-    SPECIAL_TOKENS,
-    SentencePieceTokenizer,
-    WordPieceTokenizer,
-    load_tokenizer,
-    load_vocab,
-)
+from bertjax.text.tokenizers import SPECIAL_TOKENS, SentencePieceTokenizer, WordPieceTokenizer, load_tokenizer, load_vocab
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -277,7 +271,7 @@ def test_load_tokenizer(wordpiece_vocab, sp_model):
         load_tokenizer("bpe", wordpiece_vocab)
 
 
-# --- The program: python -m bertjax.tokenizer train
+# --- The program: python -m bertjax.text.vocab train
 
 
 def _program_lines(stderr: str) -> list[str]:
@@ -300,7 +294,7 @@ def cli_runs(corpus_dir, tmp_path_factory):
     }
     env = dict(os.environ, PYTHONPATH=str(REPO))
     procs = {
-        name: subprocess.Popen([sys.executable, "-m", "bertjax.tokenizer", *args], env=env, cwd=out,
+        name: subprocess.Popen([sys.executable, "-m", "bertjax.text.vocab", *args], env=env, cwd=out,
                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         for name, args in commands.items()
     }
@@ -335,7 +329,7 @@ def _assert_one_error_line(run, *expected):
     ours = _program_lines(stderr)
     assert "Traceback" not in stderr and sum("error:" in line for line in ours) == 1, stderr
     last = ours[-1]
-    assert last.startswith("tokenizer.py: error: ")
+    assert last.startswith("vocab.py: error: ")
     for text in expected:
         assert text in last
 

@@ -16,7 +16,8 @@ import jax
 import numpy as np
 import pytest
 
-from bertjax import sharding, trainer
+from bertjax.training import sharding
+from bertjax.training import trainer
 from bertjax.data import synthetic
 from bertjax.text import vocab
 

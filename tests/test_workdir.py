@@ -16,8 +16,8 @@ import sys
 import numpy as np
 import pytest
 
-from bertjax import workdir as workdirs
-from bertjax import writers
+from bertjax.training import workdir as workdirs
+from bertjax.training import writers
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 BUCKET = "bertjax-test"

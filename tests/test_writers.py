@@ -17,7 +17,7 @@ import sys
 import numpy as np
 import pytest
 
-from bertjax import writers
+from bertjax.training import writers
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 
@@ -257,7 +257,7 @@ def test_write_config_disabled_writes_nothing(tmp_path):
 
 def test_import_pulls_in_no_heavy_framework():
     code = (
-        "import sys, bertjax.writers, bertjax.flops\n"
+        "import sys, bertjax.training.writers, bertjax.training.flops\n"
         "heavy = [m for m in ('tensorflow', 'tensorboard', 'torch') if m in sys.modules]\n"
         "assert not heavy, heavy\n"
     )

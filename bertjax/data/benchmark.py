@@ -15,7 +15,7 @@ import time
 
 from absl import app, flags
 
-from bertjax import cli
+from bertjax import console
 
 _INPUT = flags.DEFINE_string("input_pattern", None, "Text files (sentence per line); the demo corpus if unset.")
 _VOCAB = flags.DEFINE_string("vocab_path", None, "A WordPiece vocab.txt; learned from the corpus if unset.")
@@ -95,7 +95,7 @@ def main(argv):
 
 
 def entry():
-    app.run(main, flags_parser=cli.parse_flags)
+    app.run(main, flags_parser=console.parse_flags)
 
 
 if __name__ == "__main__":

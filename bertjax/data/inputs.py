@@ -20,7 +20,7 @@ from typing import Iterable, Iterator, Sequence, TypeVar
 from absl import logging
 from etils import epath
 
-from bertjax import workdir as workdirs
+from bertjax.training import workdir as workdirs
 from bertjax.data import prepared
 from bertjax.data import pretraining as pt
 from bertjax.data import sources

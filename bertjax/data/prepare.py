@@ -22,7 +22,7 @@ import time
 from absl import app, flags, logging
 from ml_collections import config_flags
 
-from bertjax import cli
+from bertjax import console
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "A configs/<size>.py file (its data section is used).")
 _OUTPUT_DIR = flags.DEFINE_string("output_dir", None, "Where the shards and metadata.json go.")
@@ -89,16 +89,16 @@ def main(argv):
     data = _CONFIG.value.data
     output_dir, num_shards = _OUTPUT_DIR.value, _NUM_SHARDS.value
     if not output_dir:
-        cli.fail("--output_dir is required")
+        console.fail("--output_dir is required")
     if not data.vocab_path:
-        cli.fail("prepare needs --config.data.vocab_path: learn one first with "
+        console.fail("prepare needs --config.data.vocab_path: learn one first with "
                  "python -m bertjax.text.vocab train --input=... --vocab_size=... --out=...")
     try:  # here, not in a worker: a missing package is one line, not a worker's traceback
         sentences.get_splitter(data.sentence_splitter)
     except ValueError as e:
-        cli.fail(str(e))
+        console.fail(str(e))
     if num_shards % _PROCESS_COUNT.value:
-        cli.fail(f"--num_shards={num_shards} must be a multiple of --process_count={_PROCESS_COUNT.value}")
+        console.fail(f"--num_shards={num_shards} must be a multiple of --process_count={_PROCESS_COUNT.value}")
     os.makedirs(output_dir, exist_ok=True)
     if _PROCESS_INDEX.value == 0:
         vocab_name = os.path.basename(data.vocab_path)
@@ -124,7 +124,7 @@ def main(argv):
 
 def entry():
     """The console program `bertjax-prepare`, as `python -m bertjax.data.prepare`."""
-    app.run(main, flags_parser=cli.parse_flags)
+    app.run(main, flags_parser=console.parse_flags)
 
 
 if __name__ == "__main__":

@@ -16,7 +16,7 @@ import tempfile
 from absl import app, flags
 from ml_collections import config_flags
 
-from bertjax import cli
+from bertjax import console
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "A configs/<size>.py file.")
 _NUM_EXAMPLES = flags.DEFINE_integer("num_examples", 5, "How many examples to show.")
@@ -73,7 +73,7 @@ def main(argv):
     try:
         data = inputs.build_inputs(config.data, workdir=workdir)
     except (ValueError, FileNotFoundError) as e:
-        cli.fail(str(e))
+        console.fail(str(e))
     stream = data.train if _SPLIT.value == "train" else data.eval
     # The stream batched as training batches it, so that step N means the examples training sees at step N.
     batch_size = config.train.batch_size
@@ -88,7 +88,7 @@ def main(argv):
 
 def entry():
     """The console program `bertjax-preview`, as `python -m bertjax.data.preview`."""
-    app.run(main, flags_parser=cli.parse_flags)
+    app.run(main, flags_parser=console.parse_flags)
 
 
 if __name__ == "__main__":

@@ -31,14 +31,7 @@ from typing import Iterable, Iterator, Mapping, Sequence
 import tensorflow as tf
 
 from bertjax.text import files
-from bertjax.text.tokenizers import (
-    ALWAYS_SPLIT_CHAR,
-    MAX_CHARS_PER_WORD,
-    SPECIAL_TOKENS,
-    SentencePieceTokenizer,
-    basic_tokenize,
-    load_vocab,
-)
+from bertjax.text.tokenizers import ALWAYS_SPLIT_CHAR, MAX_CHARS_PER_WORD, SPECIAL_TOKENS, SentencePieceTokenizer, basic_tokenize, load_vocab
 
 log = logging.getLogger(__name__)
 
@@ -321,11 +314,11 @@ def _define_flags():
 def main(argv):
     from absl import flags
 
-    from bertjax import cli
+    from bertjax import console
 
-    # Mistakes end in cli.fail: one line on stderr and exit code 2, like a bad flag.
+    # Mistakes end in console.fail: one line on stderr and exit code 2, like a bad flag.
     if argv[1:] != ["train"]:
-        cli.fail(f"expected the command `train`, got {' '.join(argv[1:]) or 'none'}: "
+        console.fail(f"expected the command `train`, got {' '.join(argv[1:]) or 'none'}: "
                  "python -m bertjax.text.vocab train --input=GLOB --vocab_size=N --out=PATH")
     FLAGS = flags.FLAGS
     start = time.time()
@@ -340,9 +333,9 @@ def main(argv):
                                              lower_case=FLAGS.lower_case)
             size = SentencePieceTokenizer(path).vocab_size
     except FileNotFoundError as e:
-        cli.fail(f"--input={FLAGS.input}: {e}")
+        console.fail(f"--input={FLAGS.input}: {e}")
     except ValueError as e:
-        cli.fail(str(e))
+        console.fail(str(e))
     print(f"wrote {FLAGS.kind} vocabulary of {size} tokens to {path} in {time.time() - start:.1f} s")
     if size < FLAGS.vocab_size:
         print(f"note: the text gives fewer distinct pieces than --vocab_size={FLAGS.vocab_size}")
@@ -352,10 +345,10 @@ def entry():
     """The console program: `bertjax-vocab train ...`, as `python -m bertjax.text.vocab train ...`."""
     from absl import app
 
-    from bertjax import cli
+    from bertjax import console
 
     _define_flags()
-    app.run(main, flags_parser=cli.parse_flags)
+    app.run(main, flags_parser=console.parse_flags)
 
 
 if __name__ == "__main__":

@@ -19,7 +19,7 @@ PAPER_LEARNING_RATES = (2e-5, 3e-5, 5e-5)
 def finetune_config(task: str) -> ml_collections.ConfigDict:
     base = common.base_config()
     config = ml_collections.ConfigDict()
-    # A row of bertjax.data.tasks.registry.TASKS, or classification | regression | multiple_choice | span | tagging
+    # A row of bertjax.tasks.registry.TASKS, or classification | regression | multiple_choice | span | tagging
     config.task = task
     # A bertjax pretraining workdir or checkpoint, a fine-tuning one, or a Hugging Face BERT directory.
     config.init_from = config_dict.placeholder(str)

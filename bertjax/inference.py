@@ -21,9 +21,9 @@ import jax
 import numpy as np
 from etils import epath
 
-from bertjax import hf
-from bertjax import workdir as workdirs
-from bertjax import model as bert_model
+from bertjax.interop import hf
+from bertjax.training import workdir as workdirs
+from bertjax.models import bert as bert_model
 
 
 def _make_tokenizer(vocab_path: Path, lower_case: bool, kind: str = "wordpiece"):
@@ -81,7 +81,7 @@ class LoadedBert:
         self._mlm = jax.jit(lambda params, ids, segments, mask, positions: pretraining.apply(
             {"params": params}, ids, segments, mask, positions, deterministic=True)["mlm_logits"])
         if self.task is not None:
-            from bertjax import heads
+            from bertjax.models import heads
 
             kind = self.task["kind"]
             num_labels = len(self.task["labels"]) if kind in ("classification", "tagging") else None
@@ -232,8 +232,8 @@ class LoadedBert:
             raise ValueError(f"questions and contexts are for span QA; this model is fine-tuned for {kind}")
         if kind == "tagging":
             return self._tag(texts)
-        from bertjax import heads
-        from bertjax.data.tasks import features
+        from bertjax.models import heads
+        from bertjax.tasks import features
 
         texts = [texts] if isinstance(texts, str) else list(texts)
         seq = int(self.task["max_seq_length"])
@@ -276,7 +276,7 @@ class LoadedBert:
         return np.concatenate(out)
 
     def _answer(self, questions, contexts) -> list[dict]:
-        from bertjax.data.tasks import squad
+        from bertjax.tasks import squad
 
         if questions is None or contexts is None:
             raise ValueError("predict for span QA needs questions=[...] and contexts=[...], one context per question")
@@ -298,8 +298,8 @@ class LoadedBert:
         return out
 
     def _tag(self, texts) -> list[dict]:
-        from bertjax import metrics
-        from bertjax.data.tasks import tagging
+        from bertjax.tasks import metrics
+        from bertjax.tasks import tagging
 
         if texts is None:
             raise ValueError("predict for tagging needs texts: sentences, each a list of words or a string")
@@ -354,7 +354,7 @@ def _load_hf_directory(path: Path, dtype: str) -> LoadedBert:
 
 
 def _is_bertjax_checkpoint(path: Path) -> bool:
-    from bertjax import checkpoint
+    from bertjax.training import checkpoint
 
     return checkpoint.is_checkpoint(str(path)) or checkpoint.is_checkpoint(str(epath.Path(str(path)) / checkpoint.BEST_DIR))
 
@@ -362,7 +362,7 @@ def _is_bertjax_checkpoint(path: Path) -> bool:
 def _load_bertjax_checkpoint(path: Path, dtype: str) -> LoadedBert:
     """The newest checkpoint of a training workdir (or a checkpoints/ or step directory): its params,
     the model config and the tokenizer recorded with it."""
-    from bertjax import checkpoint
+    from bertjax.training import checkpoint
 
     best = epath.Path(str(path)) / checkpoint.BEST_DIR
     if best.is_dir() and checkpoint.is_checkpoint(str(best)):  # a fine-tuning workdir: its best dev checkpoint
@@ -376,7 +376,7 @@ def _load_bertjax_checkpoint(path: Path, dtype: str) -> LoadedBert:
     info = meta.get("tokenizer")
     if not info:
         raise ValueError(f"{path} was trained on synthetic data and has no tokenizer: load it with "
-                         f"bertjax.checkpoint.restore_params instead")
+                         f"bertjax.training.checkpoint.restore_params instead")
     # Recorded relative to the workdir (older checkpoints: an absolute path).
     vocab_path = workdirs.resolve_vocabulary(info["path"], workdir)
     if not epath.Path(vocab_path).exists():

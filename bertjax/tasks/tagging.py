@@ -29,8 +29,8 @@ import re
 
 import numpy as np
 
-from bertjax.data.tasks import features as task_features
-from bertjax.data.tasks.registry import CONLL2003_TAGS  # TFDS conll2003's ClassLabel order, as BIO
+from bertjax.tasks import features as task_features
+from bertjax.tasks.registry import CONLL2003_TAGS  # TFDS conll2003's ClassLabel order, as BIO
 
 __all__ = ["CONLL2003_TAGS", "TagExample", "to_bio", "read_conll", "read_tfds_conll", "featurize_tagging",
            "tags_from_predictions"]

@@ -43,8 +43,8 @@ import ml_dtypes
 import numpy as np
 from flax import traverse_util
 
-from bertjax import heads
-from bertjax import model as bert_model
+from bertjax.models import heads
+from bertjax.models import bert as bert_model
 
 log = logging.getLogger(__name__)
 
@@ -733,7 +733,7 @@ def _head_rows(num_layers: int, kind: str, pooler: bool) -> list[tuple[str, str,
 
 def _classifier_width(flat: dict, kind: str) -> int:
     if "classifier/bias" not in flat:
-        raise ValueError(f"the params have no classifier: they are not a {kind!r} head's (bertjax.heads)")
+        raise ValueError(f"the params have no classifier: they are not a {kind!r} head's (bertjax.models.heads)")
     return int(np.shape(flat["classifier/bias"])[0])
 
 

@@ -3,7 +3,7 @@ test split gets the file name the leaderboard expects; any other split `<split>.
 
 import numpy as np
 
-from bertjax.data.tasks import registry
+from bertjax.tasks import registry
 
 
 def submission_lines(task: registry.Task, indices, predictions) -> list[str]:
@@ -38,7 +38,7 @@ def file_name(task: registry.Task, split: str) -> str:
 
 def write_submission(directory: str, task: registry.Task, split: str, indices, predictions) -> str:
     """Writes the predictions of `split` into `directory` (local or remote); returns the file's path."""
-    from bertjax import workdir as workdirs
+    from bertjax.training import workdir as workdirs
 
     workdirs.path(directory).mkdir(parents=True, exist_ok=True)
     path = workdirs.join(directory, file_name(task, split))

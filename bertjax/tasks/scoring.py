@@ -15,8 +15,9 @@ import json
 
 import numpy as np
 
-from bertjax import heads, metrics
-from bertjax.data.tasks import registry, squad, submission
+from bertjax.models import heads
+from bertjax.tasks import metrics
+from bertjax.tasks import registry, squad, submission
 
 
 @dataclasses.dataclass
@@ -80,7 +81,7 @@ def _score_span(task, split_name, split: Split, logits, settings, null_threshold
 
 
 def _score_tagging(task, split_name, split: Split, logits) -> Scored:
-    from bertjax.data.tasks import tagging
+    from bertjax.tasks import tagging
 
     predicted = tagging.tags_from_predictions(split.features, np.argmax(logits, axis=-1), task.labels,
                                               split.examples)
@@ -99,7 +100,7 @@ def _score_tagging(task, split_name, split: Split, logits) -> Scored:
 
 def write_predictions(directory: str, scored: Scored) -> list[str]:
     """Writes a scored split's prediction files into `directory` (local or remote); returns their paths."""
-    from bertjax import workdir as workdirs
+    from bertjax.training import workdir as workdirs
 
     workdirs.path(directory).mkdir(parents=True, exist_ok=True)
     written = []

@@ -33,7 +33,7 @@ class Task:
     kind:            "classification" | "regression" | "multiple_choice" | "span" | "tagging"
     labels:          class (or tag) names, index order (TFDS's ClassLabel order for TFDS tasks); ()
                      for regression, multiple choice and span
-    metrics:         names bertjax.metrics.task_metrics returns, as metrics.jsonl writes them
+    metrics:         names bertjax.tasks.metrics.task_metrics returns, as metrics.jsonl writes them
     main_metric:     the one metric the paper reports (and model selection uses)
     tfds_name:       "glue/mrpc" ...; None where the data are the user's files only
     text_features:   the TFDS features holding the text: one (single sentence) or two (a pair,

@@ -82,13 +82,13 @@ _METRICS = {"accuracy": accuracy, "matthews_corr": matthews_corr, "pearson": pea
 
 
 def task_metrics(task, predictions, labels) -> dict[str, float]:
-    """Every metric of `task` (a bertjax.data.tasks.registry.Task), by its metrics.jsonl name.
+    """Every metric of `task` (a bertjax.tasks.registry.Task), by its metrics.jsonl name.
 
     predictions, labels: [N] class or choice indices, or scores for regression; padding rows
     (example_weight 0) must be left out first. Span and tagging tasks score whole answers and
-    sentences instead: squad_scores and entity_scores (bertjax.data.tasks.scoring calls them).
+    sentences instead: squad_scores and entity_scores (bertjax.tasks.scoring calls them).
     """
-    from bertjax.data.tasks import registry
+    from bertjax.tasks import registry
 
     if task.kind in (registry.SPAN, registry.TAGGING):
         raise ValueError(f"task {task.name} ({task.kind}): score it with squad_scores or entity_scores, "

@@ -1,4 +1,4 @@
-"""Task heads for fine-tuning: the BERT encoder (model.BertModel) with one dense layer on top.
+"""Task heads for fine-tuning: the BERT encoder (bert_model.BertModel) with one dense layer on top.
 
 Every head keeps the parameter tree {"bert": <BertModel params, exactly as in BertForPreTraining>,
 "classifier": {"kernel", "bias"}}, so a pretraining checkpoint's `bert` subtree is the encoder of any
@@ -12,7 +12,7 @@ The dropout is BERT's hidden dropout (Hugging Face's classifier_dropout falls ba
 `HEADS` is the one table of task kinds: per kind the network, the loss and how logits become
 predictions; a new kind is one row.
 
-Shape legend (as in bertjax/model.py):
+Shape legend (as in bertjax/models/bert.py):
   B batch   C choices   S sequence length   H hidden size   K labels (classes, tags; 2 for span)
 """
 
@@ -23,8 +23,8 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from bertjax import model
-from bertjax.model import BertConfig
+from bertjax.models import bert as bert_model
+from bertjax.models.bert import BertConfig
 
 # --------------------------------------------------------------------------------------------------
 # Networks
@@ -33,14 +33,14 @@ from bertjax.model import BertConfig
 
 def _classifier(cfg: BertConfig, num_labels: int) -> nn.Dense:
     # ("embed", None) like the NSP head: K is a handful of labels, not worth sharding.
-    return model._dense(cfg, num_labels, ("embed", None), "classifier")
+    return bert_model._dense(cfg, num_labels, ("embed", None), "classifier")
 
 
 def _pooled_output(cfg: BertConfig, input_ids, segment_ids, input_mask, deterministic: bool):
     """BertModel's pooled [CLS] output [B, H]. The last block (unrolled) computes only at [CLS], which is
     all the pooler reads (output_rows: [CLS] asked for once more), instead of at all S positions."""
     cls_row = jnp.zeros((input_ids.shape[0], 1), jnp.int32)  # [B, 1]: position 0
-    bert = model.BertModel(cfg, name="bert")
+    bert = bert_model.BertModel(cfg, name="bert")
     return bert(input_ids, segment_ids, input_mask, deterministic, output_rows=cls_row)["pooled_output"]
 
 
@@ -56,7 +56,7 @@ class BertForSequenceClassification(nn.Module):
         # input_ids, segment_ids, input_mask: [B, S] int. Returns float32 logits [B, K].
         cfg = self.config
         pooled = _pooled_output(cfg, input_ids, segment_ids, input_mask, deterministic)  # [B, H]
-        pooled = model.Dropout(cfg.hidden_dropout_rate)(pooled, deterministic)
+        pooled = bert_model.Dropout(cfg.hidden_dropout_rate)(pooled, deterministic)
         logits = _classifier(cfg, self.num_labels)(pooled).astype(jnp.float32)  # [B, K]
         return nn.with_logical_constraint(logits, ("batch", None))
 
@@ -74,7 +74,7 @@ class BertForMultipleChoice(nn.Module):
         batch, choices, seq_len = input_ids.shape
         flat = lambda x: x.reshape(batch * choices, seq_len)  # noqa: E731  [B*C, S]: one row per pair
         pooled = _pooled_output(cfg, flat(input_ids), flat(segment_ids), flat(input_mask), deterministic)
-        pooled = model.Dropout(cfg.hidden_dropout_rate)(pooled, deterministic)  # [B*C, H]
+        pooled = bert_model.Dropout(cfg.hidden_dropout_rate)(pooled, deterministic)  # [B*C, H]
         scores = _classifier(cfg, 1)(pooled).astype(jnp.float32)  # [B*C, 1]
         return nn.with_logical_constraint(scores.reshape(batch, choices), ("batch", None))
 
@@ -90,7 +90,7 @@ class BertForQuestionAnswering(nn.Module):
         # input_ids, segment_ids, input_mask: [B, S] int. Returns float32 logits [B, S, 2]: start, end.
         cfg = self.config
         # The pooler is computed and unused: kept so that the `bert` subtree is BertModel's own.
-        encoded = model.BertModel(cfg, name="bert")(input_ids, segment_ids, input_mask, deterministic)
+        encoded = bert_model.BertModel(cfg, name="bert")(input_ids, segment_ids, input_mask, deterministic)
         logits = _classifier(cfg, 2)(encoded["sequence_output"]).astype(jnp.float32)  # [B, S, 2]
         return nn.with_logical_constraint(logits, ("batch", "length", None))
 
@@ -105,8 +105,8 @@ class BertForTokenClassification(nn.Module):
     def __call__(self, input_ids, segment_ids, input_mask, deterministic: bool = True):
         # input_ids, segment_ids, input_mask: [B, S] int. Returns float32 logits [B, S, K].
         cfg = self.config
-        encoded = model.BertModel(cfg, name="bert")(input_ids, segment_ids, input_mask, deterministic)
-        x = model.Dropout(cfg.hidden_dropout_rate)(encoded["sequence_output"], deterministic)  # [B, S, H]
+        encoded = bert_model.BertModel(cfg, name="bert")(input_ids, segment_ids, input_mask, deterministic)
+        x = bert_model.Dropout(cfg.hidden_dropout_rate)(encoded["sequence_output"], deterministic)  # [B, S, H]
         logits = _classifier(cfg, self.num_labels)(x).astype(jnp.float32)  # [B, S, K]
         return nn.with_logical_constraint(logits, ("batch", "length", None))
 
@@ -127,7 +127,7 @@ class BertFeatureTagger(nn.Module):
     def __call__(self, input_ids, segment_ids, input_mask, deterministic: bool = True):
         # input_ids, segment_ids, input_mask: [B, S] int. Returns float32 logits [B, S, K].
         cfg = self.config
-        encoded = model.BertModel(cfg, name="bert")(input_ids, segment_ids, input_mask, True, output_hidden_states=True)
+        encoded = bert_model.BertModel(cfg, name="bert")(input_ids, segment_ids, input_mask, True, output_hidden_states=True)
         hidden = encoded["hidden_states"]  # L+1 x [B, S, H], embeddings first
         x = jnp.concatenate([hidden[layer] for layer in self.layers], axis=-1).astype(jnp.float32)  # [B, S, H*n]
         x = jax.lax.stop_gradient(x)
@@ -136,7 +136,7 @@ class BertFeatureTagger(nn.Module):
             forward = nn.RNN(nn.OptimizedLSTMCell(self.lstm_size, name=f"lstm_{n}_forward"))
             backward = nn.RNN(nn.OptimizedLSTMCell(self.lstm_size, name=f"lstm_{n}_backward"))
             x = nn.Bidirectional(forward, backward)(x, seq_lengths=lengths)  # [B, S, 2 * lstm_size]
-            x = model.Dropout(cfg.hidden_dropout_rate)(x, deterministic)
+            x = bert_model.Dropout(cfg.hidden_dropout_rate)(x, deterministic)
         logits = nn.Dense(self.num_labels, name="classifier")(x)  # [B, S, K]
         return nn.with_logical_constraint(logits.astype(jnp.float32), ("batch", "length", None))
 
@@ -157,7 +157,7 @@ def encoder_mask(params: dict) -> dict:
 
 # --------------------------------------------------------------------------------------------------
 # Losses and predictions: pure, top level. Each returns (loss, sums); the sums add across
-# microbatches and steps (a metric is a sum over its count), as model.pretraining_loss's do.
+# microbatches and steps (a metric is a sum over its count), as bert_model.pretraining_loss's do.
 # --------------------------------------------------------------------------------------------------
 
 
@@ -170,7 +170,7 @@ def _weighted_mean(values, weights):
 def _softmax_nll(logits, labels):
     """-log softmax(logits)[label] over the last axis. logits [..., K] float; labels [...] int."""
     logits = logits.astype(jnp.float32)
-    # The label's logit by a one-hot select (as model.pretraining_loss): its gradient is one fused pass.
+    # The label's logit by a one-hot select (as bert_model.pretraining_loss): its gradient is one fused pass.
     label_logit = jnp.sum(jnp.where(jnp.arange(logits.shape[-1]) == labels[..., None], logits, 0.0), axis=-1)
     return jax.nn.logsumexp(logits, axis=-1) - label_logit
 

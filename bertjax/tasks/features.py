@@ -18,8 +18,8 @@ Features (N examples, C choices, S max_seq_length):
 import numpy as np
 import tensorflow as tf
 
-from bertjax.data.tasks import registry
-from bertjax.data.tasks.examples import ChoiceExample, Example
+from bertjax.tasks import registry
+from bertjax.tasks.examples import ChoiceExample, Example
 
 # Texts per tokenizer call: bounds the memory of one ragged batch on the largest sets (QQP, MNLI).
 _TOKENIZE_CHUNK = 8192

@@ -4,8 +4,8 @@ metrics.jsonl and, for a fine-tuned model, summary.json."""
 
 import json
 
-from bertjax import model as bert_model
-from bertjax import workdir as workdirs
+from bertjax.models import bert as bert_model
+from bertjax.training import workdir as workdirs
 
 # How each export format is loaded, shown in the card.
 _LOADING = {
@@ -27,11 +27,11 @@ or TF Serving: `docker run -p 8501:8501 -v {path}:/models/bert/1 -e MODEL_NAME=b
     "params": """```python
 import json, numpy as np
 from flax import traverse_util
-from bertjax import model
+from bertjax.models import bert
 
 config = json.load(open("{path}/config.json"))
 params = traverse_util.unflatten_dict(dict(np.load("{path}/params.npz")), sep="/")
-net = model.BertForPreTraining(model.BertConfig.from_dict(config["model"]))   # or the task's head
+net = bert.BertForPreTraining(bert.BertConfig.from_dict(config["model"]))   # or the task's head
 ```""",
 }
 

@@ -15,8 +15,8 @@ import json
 import math
 import os
 
-from bertjax.data.tasks import registry
-from bertjax.data.tasks.examples import ChoiceExample, Example
+from bertjax.tasks import registry
+from bertjax.tasks.examples import ChoiceExample, Example
 
 
 def read_split(task: registry.Task, split: str, *, path: str | None = None, data_dir: str | None = None,
@@ -24,14 +24,14 @@ def read_split(task: registry.Task, split: str, *, path: str | None = None, data
     """One split's examples: from the file `path` when given (JSON lines; SQuAD-format JSON for span
     tasks; CoNLL columns for tagging), else from the task's TFDS split."""
     if task.kind == registry.SPAN:
-        from bertjax.data.tasks import squad
+        from bertjax.tasks import squad
 
         if path:
             return squad.read_squad_json(path, task.squad_version, labeled=labeled)
         _check_tfds_split(task, split)
         return squad.read_tfds_squad(task.squad_version, split, data_dir=data_dir)
     if task.kind == registry.TAGGING:
-        from bertjax.data.tasks import tagging
+        from bertjax.tasks import tagging
 
         if path:
             return tagging.read_conll(path, task.labels, labeled=labeled)

@@ -42,7 +42,7 @@ import unicodedata
 
 import numpy as np
 
-from bertjax.data.tasks import features as task_features
+from bertjax.tasks import features as task_features
 
 V1 = "v1.1"
 V2 = "v2.0"

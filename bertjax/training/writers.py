@@ -9,7 +9,7 @@ One `MetricWriter` takes each logged step to three places:
     The run's config goes there too, as text and as hparams, and whole to `workdir/config.json`
     (`write_config`).
 
-The workdir may be local or an object store (gs://...): files go through bertjax.workdir's paths. An
+The workdir may be local or an object store (gs://...): files go through bertjax.training.workdir's paths. An
 object store has no append, so there metrics.jsonl and each event file are kept in memory and the
 whole object is rewritten, at most once a second (GCS's rate for one object) and when closed.
 """
@@ -24,7 +24,7 @@ from typing import Any, Callable, Mapping
 import numpy as np
 from etils import epath
 
-from bertjax import workdir as workdirs
+from bertjax.training import workdir as workdirs
 
 # Object stores take about one write per second to the same object; rewrites wait at least this long.
 REMOTE_REWRITE_SECONDS = 1.0

@@ -10,7 +10,7 @@ example at example_weight 0, so every batch has the compiled shape and padding c
 
 batch_size is the global batch. With several processes each computes the same global batch and
 keeps its contiguous share of rows (process_index of process_count), the host batch that
-bertjax.sharding assembles into the global array.
+bertjax.training.sharding assembles into the global array.
 """
 
 import math

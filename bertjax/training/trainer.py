@@ -15,7 +15,9 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from bertjax import model, optim, sharding
+from bertjax.models import bert
+from bertjax.training import optim
+from bertjax.training import sharding
 
 BATCH_KEYS = ("input_ids", "segment_ids", "input_mask", "masked_lm_positions", "masked_lm_ids",
               "masked_lm_weights", "next_sentence_labels")
@@ -54,7 +56,7 @@ def loss_fn(params, batch, dropout_rng, *, net):
         batch["masked_lm_positions"], deterministic=False, rngs={"dropout": dropout_rng},
         heads_only=True,  # the last block only where the heads read: same loss, less work
     )
-    loss, sums = model.pretraining_loss(out["mlm_logits"], out["nsp_logits"], batch["masked_lm_ids"],
+    loss, sums = bert.pretraining_loss(out["mlm_logits"], out["nsp_logits"], batch["masked_lm_ids"],
                                         batch["masked_lm_weights"], batch["next_sentence_labels"])
     sums["real_tokens"] = jnp.sum(batch["input_mask"]).astype(jnp.float32)
     return loss, sums
@@ -80,7 +82,7 @@ def train_step(state: TrainState, batch: dict, dropout_key, *, net, tx, grad_acc
 def eval_step(params, batch, *, net):
     out = net.apply({"params": params}, batch["input_ids"], batch["segment_ids"], batch["input_mask"],
                     batch["masked_lm_positions"], deterministic=True, heads_only=True)
-    loss, sums = model.pretraining_loss(out["mlm_logits"], out["nsp_logits"], batch["masked_lm_ids"],
+    loss, sums = bert.pretraining_loss(out["mlm_logits"], out["nsp_logits"], batch["masked_lm_ids"],
                                         batch["masked_lm_weights"], batch["next_sentence_labels"])
     return dict(sums, loss_sum=loss, steps=jnp.float32(1))
 
@@ -108,8 +110,8 @@ class Setup:
     config: Any
     mesh: Any
     rules: tuple
-    bert_config: model.BertConfig
-    net: model.BertForPreTraining
+    bert_config: bert.BertConfig
+    net: bert.BertForPreTraining
     tx: optax.GradientTransformation
     schedule: Any
     init_state: Any  # rng -> boxed TrainState
@@ -120,10 +122,10 @@ class Setup:
     def create(cls, config, mesh, rules, init_key, platform: str | None = None) -> "Setup":
         """platform resolves the model's "auto" fields (default: the backend JAX runs on); the planner
         passes "tpu" to lay out a TPU step from a CPU machine."""
-        bert_config = model.BertConfig.from_dict(config.model, platform=platform)
-        net = model.BertForPreTraining(bert_config)
+        bert_config = bert.BertConfig.from_dict(config.model, platform=platform)
+        net = bert.BertForPreTraining(bert_config)
         tx, schedule = optim.optimizer_from_config(config.optimizer, config.schedule, config.train.num_steps)
-        example = model.dummy_batch(1, config.data.max_seq_length, config.data.max_predictions_per_seq)
+        example = bert.dummy_batch(1, config.data.max_seq_length, config.data.max_predictions_per_seq)
 
         def init_state(rng):
             params = net.init({"params": rng}, **example)["params"]  # boxed with logical axis names
@@ -220,7 +222,7 @@ def run_loop(state, step_fn, batches: Iterator, dropout_key, steps: LoopSteps, h
              clock: Callable[[], float] = time.perf_counter):
     """Steps start+1..total of step_fn(state, batch, dropout_key) -> (state, sums) over `batches`
     (already on the devices). Returns (state, the step it stopped at on request, or None)."""
-    from bertjax import writers  # the timer; writers itself imports nothing heavy
+    from bertjax.training import writers  # the timer; writers itself imports nothing heavy
 
     add_sums = jax.jit(functools.partial(jax.tree_util.tree_map, jnp.add))  # one dispatch, not one per metric
     timer = writers.StepTimer(steps.total, start_step=steps.start, clock=clock)

@@ -21,7 +21,7 @@ import orbax.checkpoint as ocp
 from absl import logging
 from etils import epath
 
-from bertjax import workdir as workdirs
+from bertjax.training import workdir as workdirs
 
 ITEMS = ("params", "opt_state", "meta")
 CHECKPOINT_DIR = "checkpoints"

@@ -36,8 +36,8 @@ windows over a long context, the max-context rule, and the exact characters of e
 import jax
 import numpy as np
 
-from bertjax import heads
-from bertjax import model as bert_model
+from bertjax.models import heads
+from bertjax.models import bert as bert_model
 
 MAX_MASKS = 8
 TOP_K = 5

@@ -1,1 +1,0 @@
-"""Fine-tuning data: the task table, readers (TFDS, JSON lines), features, batches, submission files."""
