@@ -5,8 +5,8 @@
     python -m bertjax.benchmark --accelerator                     # GPU/TPU: base and large, bf16, vs HF
     python -m bertjax.benchmark --accelerator --profile=/tmp/prof # and a trace, kernel time by category
 
-What is timed is the whole optimizer step as the trainer runs it (trainer.train_step: forward, backward,
-global-norm clipping, BERT's AdamW; state donated), built by trainer.Setup from configs/<size>.py on a
+What is timed is the whole optimizer step as the trainer runs it (training.step.train_step: forward, backward,
+global-norm clipping, BERT's AdamW; state donated), built by pretraining.setup from configs/<size>.py on a
 one-device mesh, on synthetic full-length batches. The platform's defaults apply (bert.PLATFORM_DEFAULTS:
 bf16 and cuDNN attention on GPUs, float32 and XLA attention on CPUs) unless --dtype or --model_overrides
 say otherwise. Hugging Face `BertForPreTraining` runs the same batches in PyTorch: on the CPU eager in
@@ -23,43 +23,61 @@ import json
 import os
 import pathlib
 import re
-import runpy
 import sys
 import time
 
 import jax
 import numpy as np
 from absl import app, flags
+from ml_collections import config_flags
+
+import configs.base
+import configs.large
+import configs.medium
+import configs.mini
+import configs.small
+import configs.tiny
 
 from bertjax import console
 from bertjax.training import flops
 from bertjax.models import bert
 from bertjax.training import sharding
-from bertjax.training import trainer
+from bertjax.training import pretraining
+from bertjax.training import state as train_state
 from bertjax.data import synthetic
 
-_SIZES = flags.DEFINE_list("sizes", None, "Model sizes (configs/<size>.py). Default: mini,small,base on the CPU, "
-                           "base,large with --accelerator.")
-_BATCH = flags.DEFINE_integer("batch_size", 32, "Sequences per step (CPU mode; with --accelerator it replaces "
-                              "the default shapes when given).")
-_SEQ = flags.DEFINE_integer("seq_len", 128, "Tokens per sequence (CPU mode; with --accelerator it replaces the "
-                            "default shapes when given).")
-_STEPS = flags.DEFINE_integer("steps", 10, "Timed steps per measurement.")
-_WARMUP = flags.DEFINE_integer("warmup", 3, "Untimed steps first (the first one compiles).")
-_DTYPE = flags.DEFINE_string("dtype", None, "Compute dtype of bertjax (default: the platform's, float32 on "
-                             "the CPU, bfloat16 on accelerators).")
-_NO_TORCH = flags.DEFINE_bool("no_torch", False, "Time bertjax only (no PyTorch import).")
-_NO_COMPILE = flags.DEFINE_bool("no_torch_compile", False, "On a GPU, skip the torch.compile variant of HF.")
-_ACCELERATOR = flags.DEFINE_bool("accelerator", None, "Accelerator mode: base and large, bf16, MFU. Default: on "
-                                 "when jax.default_backend() is not 'cpu'.")
-_OVERRIDES = flags.DEFINE_list("model_overrides", [], "key=value pairs for the model config, e.g. "
-                               "scan_layers=false,remat_policy=full (for performance investigations).")
-_DROPOUT_RNG = flags.DEFINE_string("dropout_rng", "threefry", "train.dropout_rng: threefry | rbg.")
-_PROFILE = flags.DEFINE_string("profile", None, "Write a jax.profiler trace of a few bertjax steps under this "
-                               "directory and print the device time per step by kernel category.")
-_MEMORY_ONLY = flags.DEFINE_bool("memory_only", False, "Compile bertjax's step and print its memory; run nothing "
-                                  "(e.g. to choose a remat policy for a GPU on a CPU machine).")
-_CONFIG_DIR = flags.DEFINE_string("config_dir", None, "Where configs/<size>.py live (default: the repository's).")
+_FLAGS = {}  # defined by entry(): importing this module defines no flags
+
+
+def _define_flags(argv: list[str]) -> None:
+    _FLAGS.update(
+        sizes=flags.DEFINE_list("sizes", None, "Model sizes (configs/<size>.py). Default: mini,small,base on the CPU, "
+                                "base,large with --accelerator."),
+        batch=flags.DEFINE_integer("batch_size", 32, "Sequences per step (CPU mode; with --accelerator it replaces "
+                                   "the default shapes when given)."),
+        seq=flags.DEFINE_integer("seq_len", 128, "Tokens per sequence (CPU mode; with --accelerator it replaces the "
+                                 "default shapes when given)."),
+        steps=flags.DEFINE_integer("steps", 10, "Timed steps per measurement."),
+        warmup=flags.DEFINE_integer("warmup", 3, "Untimed steps first (the first one compiles)."),
+        dtype=flags.DEFINE_string("dtype", None, "Compute dtype of bertjax (default: the platform's, float32 on "
+                                  "the CPU, bfloat16 on accelerators)."),
+        no_torch=flags.DEFINE_bool("no_torch", False, "Time bertjax only (no PyTorch import)."),
+        no_compile=flags.DEFINE_bool("no_torch_compile", False, "On a GPU, skip the torch.compile variant of HF."),
+        accelerator=flags.DEFINE_bool("accelerator", None, "Accelerator mode: base and large, bf16, MFU. Default: on "
+                                      "when jax.default_backend() is not 'cpu'."),
+        # --model.scan_layers=false --model.remat_policy=full: ml_collections types and checks each value
+        # against the model section (--model_overrides=scan_layers=false,remat_policy=full says the same).
+        model=config_flags.DEFINE_config_dict("model", configs.base.get_config().model, "Overrides of the model "
+                                              "config, e.g. --model.scan_layers=false (for performance "
+                                              "investigations).", sys_argv=argv),
+        overrides=flags.DEFINE_list("model_overrides", [], "key=value pairs for the model config, e.g. "
+                                    "scan_layers=false,remat_policy=full: the same as --model.KEY=VALUE."),
+        dropout_rng=flags.DEFINE_string("dropout_rng", "threefry", "train.dropout_rng: threefry | rbg."),
+        profile=flags.DEFINE_string("profile", None, "Write a jax.profiler trace of a few bertjax steps under this "
+                                    "directory and print the device time per step by kernel category."),
+        memory_only=flags.DEFINE_bool("memory_only", False, "Compile bertjax's step and print its memory; run nothing "
+                                       "(e.g. to choose a remat policy for a GPU on a CPU machine)."),
+    )
 
 VOCAB_SIZE = 30522
 ACCELERATOR_SHAPES = ((128, 256), (512, 32))  # (seq_len, batch_size)
@@ -75,34 +93,31 @@ def max_predictions(seq_len: int) -> int:
 # ---------------------------------------------------------------------------------------------------
 
 
-def load_config(size: str, config_dir: str | None = None):
+# The size configs (the configs package), by the names --sizes takes.
+SIZES = {"tiny": configs.tiny, "mini": configs.mini, "small": configs.small, "medium": configs.medium,
+         "base": configs.base, "large": configs.large}
+
+
+def load_config(size: str):
     """configs/<size>.py's get_config(), as --config=configs/<size>.py would give it."""
-    directory = pathlib.Path(config_dir) if config_dir else pathlib.Path(__file__).resolve().parents[1] / "configs"
-    path = directory / f"{size}.py"
-    if not path.exists():
-        raise FileNotFoundError(f"no config file {path} for size {size!r}")
-    return runpy.run_path(str(path))["get_config"]()
+    if size not in SIZES:
+        raise ValueError(f"no config for size {size!r}: choose from {', '.join(SIZES)}")
+    return SIZES[size].get_config()
 
 
-def _parse_value(text: str):
-    lowered = text.lower()
-    if lowered in ("true", "false"):
-        return lowered == "true"
-    for kind in (int, float):
-        try:
-            return kind(text)
-        except ValueError:
-            pass
-    return text
-
-
-def parse_overrides(pairs) -> dict:
-    out = {}
-    for pair in pairs:
-        if "=" not in pair:
-            raise ValueError(f"--model_overrides entry {pair!r} is not key=value")
-        key, value = pair.split("=", 1)
-        out[key.strip()] = _parse_value(value.strip())
+def with_model_overrides(argv: list[str]) -> list[str]:
+    """argv with --model_overrides=a=1,b=2 spelt as ml_collections' own --model.a=1 --model.b=2, which then
+    types and checks each value against the model section."""
+    out = []
+    for arg in argv:
+        name, _, value = arg.partition("=")
+        if name not in ("--model_overrides", "-model_overrides"):
+            out.append(arg)
+            continue
+        for pair in filter(None, (p.strip() for p in value.split(","))):
+            if "=" not in pair:
+                console.fail(f"--model_overrides entry {pair!r} is not key=value")
+            out.append(f"--model.{pair}")
     return out
 
 
@@ -110,7 +125,8 @@ def benchmark_config(config, dtype: str | None, overrides: dict, seq_len: int, n
                      dropout_rng: str = "threefry"):
     """The size's config with the benchmark's vocabulary, dtype, overrides and shapes; its model section
     is checked (an unknown override key is an error) by BertConfig.from_dict, here and in Setup."""
-    config.model.update(vocab_size=VOCAB_SIZE, **({"dtype": dtype} if dtype else {}), **overrides)
+    config.model.update(vocab_size=VOCAB_SIZE, **({"dtype": dtype} if dtype else {}))
+    config.model.update_from_flattened_dict(overrides)
     config.data.update(max_seq_length=seq_len, max_predictions_per_seq=num_predictions)
     config.train.dropout_rng = dropout_rng
     bert.BertConfig.from_dict(config.model)
@@ -129,7 +145,7 @@ def make_batches(n: int, batch_size: int, seq_len: int, num_predictions: int) ->
 
 
 class BertjaxStep:
-    """The trainer's state and step on one device, built by trainer.Setup as the training program builds
+    """The trainer's state and step on one device, built by pretraining.setup as the training program builds
     them (shardings, donated state), compiled ahead of time so that its memory can be read."""
 
     name = "bertjax"
@@ -137,14 +153,14 @@ class BertjaxStep:
     def __init__(self, config, batches: list):
         self.mesh = sharding.make_mesh(dict.fromkeys(sharding.MESH_AXES, 1), jax.devices()[:1])
         rules = sharding.logical_rules(config.logical_axis_rules)
-        init_key, self.dropout_key = trainer.root_keys(config.train.seed, config.train.dropout_rng)
-        setup = trainer.Setup.create(config, self.mesh, rules, init_key)
+        init_key, self.dropout_key = train_state.root_keys(config.train.seed, config.train.dropout_rng)
+        setup = pretraining.setup(config, self.mesh, rules, init_key)
         self.bert_config = setup.bert_config
         self.state = setup.init(init_key)
         self.params = bert.count_params(self.state.params)
         data_sharding = sharding.batch_sharding(self.mesh, rules)
         step_fn, _ = setup.compile_steps(data_sharding, grad_accum_steps=1)
-        self.batches = [sharding.global_batch({k: b[k] for k in trainer.BATCH_KEYS}, data_sharding)
+        self.batches = [sharding.global_batch({k: b[k] for k in pretraining.BATCH_KEYS}, data_sharding)
                         for b in batches]
         start = time.perf_counter()
         with jax.set_mesh(self.mesh):
@@ -410,7 +426,7 @@ def run_shape(size: str, seq_len: int, batch_size: int, *, steps: int, warmup: i
               dropout_rng: str, hf_variants: list, profile: str | None, peak: float | None) -> list[dict]:
     """bertjax and the HF variants ((device, compile) pairs) on one shape; one result row per runner."""
     num_predictions = max_predictions(seq_len)
-    config = benchmark_config(load_config(size, _CONFIG_DIR.value), dtype, overrides, seq_len, num_predictions,
+    config = benchmark_config(load_config(size), dtype, overrides, seq_len, num_predictions,
                               dropout_rng)
     batches = make_batches(min(warmup + steps, 8), batch_size, seq_len, num_predictions)
     runners = [BertjaxStep(config, batches)]
@@ -420,7 +436,7 @@ def run_shape(size: str, seq_len: int, batch_size: int, *, steps: int, warmup: i
     print(f"  {size} {batch_size} x {seq_len}: bertjax {cfg.dtype}, {cfg.attention_impl} attention, "
           f"{cfg.word_embedding} embedding, remat {cfg.remat_policy}, scan {cfg.scan_layers}; compiled in "
           f"{runners[0].compile_seconds:.1f} s, step memory {_gib(runners[0].memory_bytes)}", flush=True)
-    if _MEMORY_ONLY.value:
+    if _FLAGS["memory_only"].value:
         return []
     for device, compile in hf_variants:
         runners.append(HFStep(cfg, batches, device=device, compile=compile))
@@ -464,36 +480,36 @@ def print_results(rows: list[dict], peak: float | None) -> None:
 def main(argv):
     if len(argv) > 1:
         raise app.UsageError(f"unexpected arguments: {argv[1:]}")
-    accelerator = _ACCELERATOR.value
+    accelerator = _FLAGS["accelerator"].value
     if accelerator is None:
         accelerator = jax.default_backend() != "cpu"
     try:
-        overrides = parse_overrides(_OVERRIDES.value)
-        if _STEPS.value < 1 or _WARMUP.value < 1:
+        overrides = config_flags.get_override_values(flags.FLAGS["model"])
+        if _FLAGS["steps"].value < 1 or _FLAGS["warmup"].value < 1:
             raise ValueError("--steps and --warmup must be at least 1 (the first warmup step compiles)")
         device = jax.devices()[0]
         peak = flops.peak_flops_per_device(device.device_kind)
         if accelerator:
-            sizes = _SIZES.value or ["base", "large"]
+            sizes = _FLAGS["sizes"].value or ["base", "large"]
             shapes = ACCELERATOR_SHAPES
             if flags.FLAGS["seq_len"].present or flags.FLAGS["batch_size"].present:
-                shapes = ((_SEQ.value, _BATCH.value),)
-            cuda = not _NO_TORCH.value and torch_cuda_available()
-            hf_variants = [("cuda", False)] + ([] if _NO_COMPILE.value else [("cuda", True)]) if cuda else []
+                shapes = ((_FLAGS["seq"].value, _FLAGS["batch"].value),)
+            cuda = not _FLAGS["no_torch"].value and torch_cuda_available()
+            hf_variants = [("cuda", False)] + ([] if _FLAGS["no_compile"].value else [("cuda", True)]) if cuda else []
         else:
-            sizes, shapes = _SIZES.value or ["mini", "small", "base"], ((_SEQ.value, _BATCH.value),)
-            hf_variants = [] if _NO_TORCH.value else [("cpu", False)]
+            sizes, shapes = _FLAGS["sizes"].value or ["mini", "small", "base"], ((_FLAGS["seq"].value, _FLAGS["batch"].value),)
+            hf_variants = [] if _FLAGS["no_torch"].value else [("cpu", False)]
         print(f"backend {jax.default_backend()}: {device.device_kind}, {os.cpu_count()} CPUs, load "
               f"{load_average()}; peak bf16 {'unknown' if peak is None else f'{peak / 1e12:.0f} TFLOP/s'}; "
-              f"{_WARMUP.value} warmup + {_STEPS.value} timed steps, interleaved; HF: "
+              f"{_FLAGS['warmup'].value} warmup + {_FLAGS['steps'].value} timed steps, interleaved; HF: "
               f"{', '.join(('compiled' if c else 'eager') + ' on ' + d for d, c in hf_variants) or 'not run'}"
               + (f"; overrides {overrides}" if overrides else ""), flush=True)
         rows = []
         for size in sizes:
             for seq_len, batch_size in shapes:
-                rows += run_shape(size, seq_len, batch_size, steps=_STEPS.value, warmup=_WARMUP.value,
-                                  dtype=_DTYPE.value, overrides=overrides, dropout_rng=_DROPOUT_RNG.value,
-                                  hf_variants=hf_variants, profile=_PROFILE.value, peak=peak)
+                rows += run_shape(size, seq_len, batch_size, steps=_FLAGS["steps"].value, warmup=_FLAGS["warmup"].value,
+                                  dtype=_FLAGS["dtype"].value, overrides=overrides, dropout_rng=_FLAGS["dropout_rng"].value,
+                                  hf_variants=hf_variants, profile=_FLAGS["profile"].value, peak=peak)
         if rows:
             print_results(rows, peak)
         if hf_variants and rows:
@@ -509,7 +525,15 @@ def main(argv):
 
 
 def entry():
-    app.run(main)
+    argv = with_model_overrides(sys.argv)
+    try:
+        _define_flags(argv)  # the model overrides are checked here, against the model section
+    except (AttributeError, KeyError) as e:
+        while e.args and isinstance(e.args[0], BaseException):  # AttributeError(KeyError("'key'\nDid you..."))
+            e = e.args[0]
+        detail = "; ".join(line.strip("'\" ") for line in str(e.args[0] if e.args else e).splitlines())
+        console.fail(f"unknown model config key in {' '.join(a for a in argv if a.startswith('--model.'))}: {detail}")
+    app.run(main, argv=argv, flags_parser=console.parse_flags)
 
 
 if __name__ == "__main__":

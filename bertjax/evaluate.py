@@ -12,13 +12,13 @@ WORKDIR/<suite>.md and <suite>.json.
 """
 
 import dataclasses
-import importlib
 import json
 
 from absl import app, flags
 
 from bertjax import console
-from bertjax.training import workdir as workdirs
+from configs.finetune import cola, conll2003, mnli, mrpc, qnli, qqp, rte, squad, squad_v2, sst2, stsb
+from bertjax.text import files
 
 _FLAGS = {}  # defined by entry(): importing this module defines no flags
 
@@ -70,6 +70,10 @@ SUITES = {
         Column("CoNLL-2003 NER (dev/test F1)", "conll2003", (("dev", "f1"), ("test", "f1"))),
     ),
 }
+# Each task's configs/finetune/<task>.py.
+TASK_CONFIGS = {"cola": cola, "conll2003": conll2003, "mnli": mnli, "mrpc": mrpc, "qnli": qnli, "qqp": qqp, "rte": rte,
+                "squad": squad, "squad_v2": squad_v2, "sst2": sst2, "stsb": stsb}
+assert {c.task for suite in SUITES.values() for c in suite} <= set(TASK_CONFIGS)
 # Suites whose table ends in an average column, as the paper's GLUE table does.
 AVERAGED = ("glue",)
 # --suite=all: each suite in turn, one table each.
@@ -90,8 +94,8 @@ def available(task_name: str, data_dir: str | None) -> str | None:
 
 def task_config(task_name: str, init_from: str, data_dir: str | None, *, epochs=None, batch_size=None,
                 max_seq_length=None):
-    config = importlib.import_module(f"configs.finetune.{task_name}").get_config()
-    config.init_from = init_from
+    config = TASK_CONFIGS[task_name].get_config()
+    config.train.init_from = init_from
     config.data.tfds_data_dir = data_dir
     if epochs is not None:
         config.train.epochs = epochs
@@ -145,20 +149,20 @@ def evaluate(init_from: str, suite: str, workdir: str, *, tasks=None, data_dir=N
     if not chosen:
         raise ValueError(f"no task of suite {suite} has its data prepared in {data_dir or 'the default TFDS directory'}: "
                          f"prepare some with `tfds build <dataset>` ({', '.join(skipped)}), or pass --tfds_data_dir")
-    workdirs.make(workdir)
+    files.make(workdir)
     scores = {}
     for task in chosen:
         print(f"--- {task}", flush=True)
         config = task_config(task, init_from, data_dir, **overrides)
-        run_dir = workdirs.join(workdir, task)
+        run_dir = files.join(workdir, task)
         summary = finetune.sweep(config, run_dir) if sweep else finetune.finetune(config, run_dir)
         scores[task] = summary["best"]["metrics"]
     lines, average = table(columns, scores, average_column=suite in AVERAGED)
     print("\n".join(lines), flush=True)
     out = {"suite": suite, "init_from": init_from, "scores": scores, "average": average, "skipped": skipped,
            "table": lines}
-    workdirs.write_bytes(workdirs.join(workdir, f"{suite}.json"), json.dumps(out, indent=1).encode())
-    workdirs.write_bytes(workdirs.join(workdir, f"{suite}.md"), ("\n".join(lines) + "\n").encode())
+    files.write_bytes(files.join(workdir, f"{suite}.json"), json.dumps(out, indent=1).encode())
+    files.write_bytes(files.join(workdir, f"{suite}.md"), ("\n".join(lines) + "\n").encode())
     return out
 
 
@@ -170,7 +174,7 @@ def _evaluate_all(init_from: str, workdir: str, *, tasks=None, **kwargs) -> dict
         if tasks and not chosen:
             continue
         try:
-            results[suite] = evaluate(init_from, suite, workdirs.join(workdir, suite), tasks=chosen, **kwargs)
+            results[suite] = evaluate(init_from, suite, files.join(workdir, suite), tasks=chosen, **kwargs)
         except ValueError as e:
             if "has its data prepared" not in str(e):
                 raise
@@ -180,8 +184,8 @@ def _evaluate_all(init_from: str, workdir: str, *, tasks=None, **kwargs) -> dict
     if not results:
         raise ValueError(f"no suite has data prepared in {kwargs.get('data_dir') or 'the default TFDS directory'}")
     print("\n".join(lines), flush=True)
-    workdirs.write_bytes(workdirs.join(workdir, "all.json"), json.dumps(results, indent=1).encode())
-    workdirs.write_bytes(workdirs.join(workdir, "all.md"), "\n".join(lines).encode())
+    files.write_bytes(files.join(workdir, "all.json"), json.dumps(results, indent=1).encode())
+    files.write_bytes(files.join(workdir, "all.md"), "\n".join(lines).encode())
     return {"suite": "all", "suites": results, "table": lines}
 
 

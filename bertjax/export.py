@@ -56,19 +56,18 @@ def checkpoint_to_export(path: str, step: int | None) -> str:
     """The checkpoint directory --from and --step name; one line for each way that can be wrong."""
     from etils import epath
 
+    from bertjax.interop import pretrained
     from bertjax.training import checkpoint
 
     p = epath.Path(path)
     if not p.exists():
         raise ValueError(f"--from={path} does not exist")
     if step is None:
-        best = p / checkpoint.BEST_DIR
-        if best.is_dir() and checkpoint.is_checkpoint(str(best)):
-            return str(best)
-        if not checkpoint.is_checkpoint(path):
+        chosen = pretrained.model_checkpoint(path)
+        if chosen is None:
             raise ValueError(f"--from={path} has no checkpoint (an empty workdir, or one whose first save did not "
                              "finish): train it further, or point --from at a workdir with checkpoints/")
-        return path
+        return chosen
     if not checkpoint.is_checkpoint(path):
         raise ValueError(f"--from={path} has no checkpoints: --step needs a workdir with checkpoints/")
     directory, _ = checkpoint.find_checkpoint(path)
@@ -76,15 +75,6 @@ def checkpoint_to_export(path: str, step: int | None) -> str:
     if step not in steps:
         raise ValueError(f"--step={step}: {path} has checkpoints at steps {', '.join(map(str, steps))}")
     return str(epath.Path(directory) / str(step))
-
-
-def _workdir_of(checkpoint_path: str) -> str:
-    """The run's workdir: the parent of its checkpoints/ (or best/) directory."""
-    from etils import epath
-
-    from bertjax.training import checkpoint
-
-    return str(epath.Path(checkpoint.find_checkpoint(checkpoint_path)[0]).parent)
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -191,7 +181,7 @@ def export(source: str, to: str, export_format: str, *, step: int | None = None,
             write_params(bert, temporary, meta)
         else:
             write_savedmodel(bert, temporary, max_seq_length)
-        card = model_card.model_card(workdir=_workdir_of(chosen), meta=meta, params=bert.params,
+        card = model_card.model_card(workdir=checkpoint.workdir_of(chosen), meta=meta, params=bert.params,
                                      export_format=export_format, path_hint=to)
         with open(os.path.join(temporary, "README.md"), "w") as f:
             f.write(card)
@@ -223,6 +213,9 @@ def main(argv):
         print("Ctrl-C: stopped; nothing was written", file=sys.stderr)
         sys.exit(130)
     print(f"exported {f['source']} as {f['format']} to {out}")
+    if f["format"] == "savedmodel":
+        print(f"load it with `import tensorflow as tf, tensorflow_text` and then tf.saved_model.load('{out}'): "
+              "tensorflow_text registers the tokenizer's ops (without it: Op type not registered 'NormalizeUTF8')")
 
 
 def entry():

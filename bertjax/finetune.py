@@ -1,13 +1,13 @@
 """python -m bertjax.finetune: a pretrained BERT fine-tuned on one task with one extra output layer.
 
-    python -m bertjax.finetune --config=configs/finetune/sst2.py --config.init_from=/tmp/bertjax-tiny \
+    python -m bertjax.finetune --config=configs/finetune/sst2.py --config.train.init_from=/tmp/bertjax-tiny \
         --workdir=/tmp/ft-sst2
-    python -m bertjax.finetune --config=configs/finetune/mrpc.py --config.init_from=/models/bert-base-uncased \
+    python -m bertjax.finetune --config=configs/finetune/mrpc.py --config.train.init_from=/models/bert-base-uncased \
         --config.sweep=True --workdir=/tmp/ft-mrpc
 
 init_from is a bertjax pretraining (or fine-tuning) workdir or checkpoint, or a Hugging Face BERT
 directory. The story: mesh -> the pretrained encoder and its tokenizer -> the task's examples as
-features -> head, optimizer and state -> restore (a stopped run resumes) -> the loop of bertjax.training.trainer,
+features -> head, optimizer and state -> restore (a stopped run resumes) -> the loop of bertjax.training.loop,
 evaluating on the dev set(s) every epoch -> the best dev checkpoint's predictions and a summary line.
 
 WORKDIR gets metrics.jsonl (training lines; dev lines with split=<dev split> and the task's metrics),
@@ -15,6 +15,10 @@ TensorBoard events, config.json, checkpoints/ (to resume), best/ (the best dev c
 bertjax.load reads), predictions/ (every dev and test split predicted by the best checkpoint, in each
 benchmark's own form: GLUE submission TSVs, the official SQuAD scripts' JSON files, conlleval's columns;
 see bertjax/data/tasks/scoring.py) and summary.json.
+
+The setup, the step (gradient accumulation included), the loop and the preemption handling are
+pretraining's (bertjax.training): SIGTERM saves and exits 0, Ctrl-C saves and exits 130, and re-running
+the same command resumes.
 """
 
 import contextlib
@@ -32,15 +36,14 @@ import optax
 from absl import app, flags
 from ml_collections import config_dict, config_flags
 
-from bertjax.training import checkpoint
 from bertjax import console
-from bertjax.models import heads
-from bertjax.models import bert
-from bertjax.training import optim
-from bertjax.training import sharding
-from bertjax.training import trainer
-from bertjax.training import writers
+from bertjax.interop import pretrained as pretrained_models
+from bertjax.models import bert, heads
+from bertjax.text import files
+from bertjax.training import checkpoint, loop, optim, sharding, writers
 from bertjax.training import workdir as workdirs
+from bertjax.training.preemption import Preemption
+from bertjax.training.state import Setup, TrainState, root_keys
 
 _FLAGS = {}  # defined by entry(): importing this module (evaluate, the tests, a notebook) defines no flags
 
@@ -62,63 +65,44 @@ TRAIN_KEYS = INPUT_KEYS + ("label", "example_weight")
 
 @dataclasses.dataclass
 class Pretrained:
-    """What init_from gives: the encoder's config and params (or a whole head of this task's shape,
-    from a fine-tuning checkpoint), and the tokenizer with its vocabulary file."""
+    """What init_from gives a task: the encoder's config and params (or a whole head of this task's
+    shape, from a fine-tuning checkpoint or the task's Hugging Face class), and the tokenizer."""
 
     bert_config: bert.BertConfig
     params: dict  # {"bert": ...} at least
     tokenizer: object
-    vocab_path: str
-    tokenizer_kind: str
-    lower_case: bool
+    files: pretrained_models.TokenizerFiles
     whole_head: bool  # params carry a classifier of this task (continue fine-tuning)
 
 
-def load_pretrained(path: str, kind: str, num_labels: int, model_overrides: dict) -> Pretrained:
-    """The encoder (and tokenizer) of a bertjax checkpoint/workdir or a Hugging Face BERT directory."""
-    from bertjax.interop import hf
-    from bertjax.text import tokenizers
-
-    model_overrides = bert.resolve_platform(dict(model_overrides))  # "auto" compute fields for this machine
-    if not path:
-        raise ValueError("config.init_from is required: a bertjax pretraining workdir or checkpoint, or a "
+def init_from(config) -> str:
+    """train.init_from; the older top-level init_from is still read, with a line saying so."""
+    if config.get("init_from"):
+        say("config.init_from is the older name of config.train.init_from: read as train.init_from")
+        if config.train.init_from and config.train.init_from != config.init_from:
+            raise ValueError(f"config.init_from={config.init_from} and config.train.init_from="
+                             f"{config.train.init_from} differ: set train.init_from only")
+        return config.init_from
+    if not config.train.init_from:
+        raise ValueError("config.train.init_from is required: a bertjax pretraining workdir or checkpoint, or a "
                          "Hugging Face BERT directory")
-    if checkpoint.is_checkpoint(path):
-        params, meta = checkpoint.restore_params(path)
-        bert_config = bert.BertConfig.from_dict({**meta["model"], **model_overrides})
-        info = meta.get("tokenizer")
-        if not info:
-            raise ValueError(f"config.init_from={path} was pretrained on synthetic data and has no tokenizer: "
-                             "fine-tune a checkpoint trained on text")
-        workdir = str(workdirs.path(checkpoint.find_checkpoint(path)[0]).parent)
-        vocab_path = workdirs.local_copy(workdirs.resolve_vocabulary(info["path"], workdir))
-        task = meta.get("task") or {}
-        whole_head = task.get("kind") == kind and "classifier" in params and (
-            params["classifier"]["bias"].shape[-1] == num_labels)
-        tokenizer = tokenizers.load_tokenizer(info["kind"], vocab_path, lower_case=info["lower_case"])
-        return Pretrained(bert_config, params, tokenizer, vocab_path, info["kind"], bool(info["lower_case"]),
-                          whole_head)
-    if hf.find_weights(path) is not None:
-        bert_config, params, missing = hf.load_hf_head(path, kind, num_labels, model_config_overrides=model_overrides)
-        vocab_path, lower_case = hf_vocabulary(path)
-        tokenizer = tokenizers.load_tokenizer("wordpiece", vocab_path, lower_case=lower_case)
-        whole_head = not any(m.startswith("classifier") for m in missing)
-        return Pretrained(bert_config, params, tokenizer, vocab_path, "wordpiece", lower_case, whole_head)
-    raise FileNotFoundError(f"config.init_from={path} is neither a bertjax workdir/checkpoint nor a Hugging Face "
-                            f"BERT directory (config.json and its weights)")
+    return config.train.init_from
 
 
-def hf_vocabulary(path: str) -> tuple[str, bool]:
-    """A Hugging Face BERT directory's vocab.txt and whether it lower-cases (uncased unless its
-    tokenizer config says otherwise, as for the original releases)."""
-    vocab = workdirs.path(path) / "vocab.txt"
-    if not vocab.exists():
-        raise FileNotFoundError(f"{path} has BERT weights but no vocab.txt: copy the model's WordPiece vocabulary there")
-    tokenizer_config = workdirs.path(path) / "tokenizer_config.json"
-    lower_case = True
-    if tokenizer_config.exists():
-        lower_case = bool(json.loads(tokenizer_config.read_text()).get("do_lower_case", True))
-    return str(vocab), lower_case
+def load_pretrained(path: str, kind: str, num_labels: int, model_overrides: dict) -> Pretrained:
+    """The encoder (and tokenizer) of a task, through the one init-from."""
+    model = pretrained_models.load(path, what="train.init_from", model_overrides=model_overrides, head=kind,
+                                   num_labels=num_labels)
+    if model.tokenizer is None:
+        raise ValueError(f"train.init_from={path} was pretrained on synthetic data and has no tokenizer: "
+                         "fine-tune a checkpoint trained on text")
+    if model.meta:  # a bertjax checkpoint: a fine-tuning one of this task carries its classifier
+        task = model.task or {}
+        whole_head = task.get("kind") == kind and "classifier" in model.params and (
+            model.params["classifier"]["bias"].shape[-1] == num_labels)
+    else:  # Hugging Face: the task's own class has its classifier
+        whole_head = not any(m.startswith("classifier") for m in model.missing)
+    return Pretrained(model.config, model.params, model.tokenizer.load(), model.tokenizer, whole_head)
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -126,26 +110,14 @@ def hf_vocabulary(path: str) -> tuple[str, bool]:
 # ----------------------------------------------------------------------------------------------------
 
 
-def task_train_step(state: trainer.TrainState, batch: dict, dropout_key, *, net, tx, loss_fn):
-    """One optimizer step on a batch of task examples; returns the new state and the metric sums."""
-    rng = jax.random.fold_in(dropout_key, state.step)
-
+def task_loss(params, batch: dict, dropout_rng, *, net, loss):
+    """The head's loss on a batch of task examples: (loss, metric sums), as step.train_step takes it."""
     weights = batch["example_weight"]  # [B]
     if "label_weight" in batch:  # tagging: the tokens that carry a tag, [B, S]
         weights = batch["label_weight"] * weights[:, None]
-
-    def loss(params):
-        logits = net.apply({"params": params}, *(batch[k] for k in INPUT_KEYS), deterministic=False,
-                           rngs={"dropout": rng})
-        return loss_fn(logits, batch["label"], weights)
-
-    (value, sums), grads = jax.value_and_grad(loss, has_aux=True)(state.params)
-    grad_norm = optax.tree.norm(grads)
-    updates, opt_state = tx.update(grads, state.opt_state, state.params)
-    sums = dict(sums, loss_sum=value, grad_norm_sum=grad_norm, steps=jnp.float32(1),
-                real_tokens=jnp.sum(batch["input_mask"]).astype(jnp.float32),
-                nonfinite=jnp.float32(~(jnp.isfinite(value) & jnp.isfinite(grad_norm))))
-    return trainer.TrainState(state.step + 1, optax.apply_updates(state.params, updates), opt_state), sums
+    logits = net.apply({"params": params}, *(batch[k] for k in INPUT_KEYS), deterministic=False,
+                       rngs={"dropout": dropout_rng})
+    return loss(logits, batch["label"], weights)
 
 
 def task_logits(params, batch: dict, *, net):
@@ -257,27 +229,38 @@ def main(argv):
     if not workdir:
         console.fail("--workdir is required (checkpoints, metrics and predictions go there)")
     try:
+        sharding.initialize_distributed()  # the coordinator from the launcher's variables or the cluster
         if config.sweep:
             sweep(config, workdir)
         else:
             finetune(config, workdir)
     except (ValueError, FileNotFoundError, FloatingPointError) as e:
         console.fail(str(e))
-    except KeyboardInterrupt:
+    except Stopped as e:  # saved: SIGTERM exits 0 (asked to stop and did), Ctrl-C 130
+        sys.exit(e.exit_code)
+    except KeyboardInterrupt:  # outside the loop, which alone turns Ctrl-C into a save
         print("Ctrl-C: stopped; re-run the same command to resume from the last checkpoint", file=sys.stderr)
         sys.exit(130)
 
 
+class Stopped(Exception):
+    """SIGTERM or Ctrl-C stopped a run after its checkpoint was saved: the program exits (a sweep too)."""
+
+    def __init__(self, step: int, exit_code: int):
+        super().__init__(f"stopped at step {step}")
+        self.step, self.exit_code = step, exit_code
+
+
 def sweep(config, workdir: str) -> dict:
     """The paper's model selection: one run per learning rate, the best on the dev set's main metric."""
-    workdirs.make(workdir)
+    files.make(workdir)
     results = {}
     for rate in config.sweep_learning_rates:
         run_config = config_dict.ConfigDict(config.to_dict())
         run_config.optimizer.learning_rate = float(rate)
         run_config.sweep = False
         say(f"--- learning rate {rate:g}")
-        results[float(rate)] = finetune(run_config, workdirs.join(workdir, f"lr-{rate:g}"))
+        results[float(rate)] = finetune(run_config, files.join(workdir, f"lr-{rate:g}"))
     best_rate = max(results, key=lambda r: results[r]["best"]["value"])
     best = results[best_rate]
     main_metric = best["main_metric"]
@@ -287,21 +270,21 @@ def sweep(config, workdir: str) -> dict:
     out = {"task": config.task, "main_metric": main_metric, "best_learning_rate": best_rate,
            "best": best["best"], "runs": {f"{r:g}": s for r, s in results.items()}}
     if jax.process_index() == 0:
-        workdirs.write_bytes(workdirs.join(workdir, "sweep.json"), json.dumps(out, indent=1).encode())
+        files.write_bytes(files.join(workdir, "sweep.json"), json.dumps(out, indent=1).encode())
     return out
 
 
 def finetune(config, workdir: str) -> dict:
     """One fine-tuning run; returns its summary (also written to WORKDIR/summary.json)."""
-    workdirs.make(workdir)
+    files.make(workdir)
     with workdirs.WorkdirLock(workdir) if jax.process_index() == 0 else contextlib.nullcontext():
         return _finetune(config, workdir)
 
 
 def _finetune(config, workdir: str) -> dict:
-    import tensorflow as tf
+    from bertjax.text import tf_cpu
 
-    tf.config.set_visible_devices([], "GPU")  # TensorFlow only tokenizes here: the accelerators belong to JAX
+    tf_cpu.import_tensorflow()  # TensorFlow only tokenizes here: the accelerators belong to JAX
     from bertjax.tasks import batches as task_batches
     from bertjax.tasks import scoring
 
@@ -311,19 +294,21 @@ def _finetune(config, workdir: str) -> dict:
     mesh = sharding.make_mesh(config.mesh)
     rules = sharding.logical_rules(config.logical_axis_rules)
     batch_size = config.train.batch_size
-    sharding.check_batch_size(batch_size, 1, mesh, rules)
+    grad_accum = config.train.grad_accum_steps
+    sharding.check_batch_size(batch_size, grad_accum, mesh, rules)
     data_sharding = sharding.batch_sharding(mesh, rules)
 
     # ---------------------------------------------------------------- task and pretrained model
     task = task_from_config(config)
     head = heads.head(task.kind)
     num_labels = heads.resolve_num_labels(task.kind, task.num_labels if task.kind in ("classification", "tagging") else None)
-    pretrained = load_pretrained(config.init_from, task.kind, num_labels, config.model.to_dict())
+    source = init_from(config)
+    pretrained = load_pretrained(source, task.kind, num_labels, config.model.to_dict())
     bert_config = pretrained.bert_config
     say(f"task {task.name} ({task.kind}{', labels ' + ', '.join(task.labels) if task.labels else ''}); "
-        f"from {config.init_from}: {bert_config.num_layers} layers, hidden {bert_config.hidden_size}")
+        f"from {source}: {bert_config.num_layers} layers, hidden {bert_config.hidden_size}")
     if pretrained.tokenizer.vocab_size > bert_config.vocab_size:
-        raise ValueError(f"the vocabulary of {config.init_from} has {pretrained.tokenizer.vocab_size} tokens but "
+        raise ValueError(f"the vocabulary of {source} has {pretrained.tokenizer.vocab_size} tokens but "
                          f"its model only {bert_config.vocab_size}: a checkpoint of another vocabulary size")
 
     # ---------------------------------------------------------------- data
@@ -345,33 +330,9 @@ def _finetune(config, workdir: str) -> dict:
         if any(not -states <= layer < states for layer in feature_based["layers"]):
             raise ValueError(f"config.feature_based.layers={feature_based['layers']}: the model has hidden states "
                              f"0..{states - 1} (0 the embeddings), or -1..-{states} from the last")
-    net = heads.network(task.kind, bert_config, num_labels, feature_based=feature_based)
-    schedule_config = config_dict.ConfigDict(dict(
-        warmup_steps=int(round(config.schedule.warmup_fraction * num_steps)), decay=config.schedule.decay,
-        power=config.schedule.power))
-    optimizer_config = config.optimizer
-    if feature_based:
-        optimizer_config = config_dict.ConfigDict(dict(config.optimizer.to_dict(),
-                                                       learning_rate=config.feature_based.learning_rate))
-    tx, schedule = optim.optimizer_from_config(optimizer_config, schedule_config, num_steps)
-    if feature_based:  # the encoder stays as pretrained: only the tagger on its features learns
-        tx = optax.chain(tx, optax.masked(optax.set_to_zero(), heads.encoder_mask))
-    example = heads.dummy_inputs(task.kind, 1, config.data.max_seq_length, task.num_choices or 1)
-    init_key, dropout_key = trainer.root_keys(config.train.seed, config.train.dropout_rng)
-
-    def init_state(rng):
-        params = heads.with_pretrained_encoder(net.init({"params": rng}, **example)["params"], pretrained.params)
-        if pretrained.whole_head and set(pretrained.params) == set(params):  # this task's head: classifier too
-            is_box = lambda x: isinstance(x, nn.meta.AxisMetadata)  # noqa: E731
-            params = {name: tree if name == "bert" else jax.tree_util.tree_map(
-                lambda box, value: box.replace_boxed(value) if is_box(box) else value, tree,
-                pretrained.params[name], is_leaf=is_box) for name, tree in params.items()}
-        return trainer.TrainState(step=jnp.int32(0), params=params, opt_state=tx.init(params))
-
-    abstract_boxed = jax.eval_shape(init_state, init_key)
-    state_sharding = sharding.tree_shardings(abstract_boxed, mesh, rules)
-    abstract_state = jax.tree_util.tree_map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s),
-                                            nn.unbox(abstract_boxed), state_sharding)
+    init_key, dropout_key = root_keys(config.train.seed, config.train.dropout_rng)
+    setup = task_setup(config, task, pretrained, num_labels, feature_based, num_steps, mesh, rules, init_key)
+    net, schedule, abstract_state = setup.net, setup.schedule, setup.abstract_state
 
     # ---------------------------------------------------------------- restore: this workdir > init_from
     checkpointer = checkpoint.Checkpointer(workdir, every_steps=steps_per_epoch, keep=config.checkpoint.keep,
@@ -379,23 +340,18 @@ def _finetune(config, workdir: str) -> dict:
     restored = checkpointer.restore_latest(abstract_state.params, abstract_state.opt_state,
                                            check_meta=functools.partial(_check_same_task, task=task))
     best = {"step": 0, "value": -math.inf, "metrics": {}}
-    with jax.set_mesh(mesh), nn.logical_axis_rules(rules):
-        if restored is not None:
-            state = trainer.TrainState(jnp.int32(restored.step), restored.params, restored.opt_state)
-            best = restored.meta.get("best", best)
-            say(f"resumed from step {restored.step}")
-        else:
-            state = jax.jit(lambda r: nn.unbox(init_state(r)), out_shardings=state_sharding)(init_key)
+    if restored is not None:
+        state = TrainState(jnp.int32(restored.step), restored.params, restored.opt_state)
+        best = restored.meta.get("best", best)
+        say(f"resumed from step {restored.step}")
+    else:
+        state = setup.init(init_key)
     start_step = int(state.step)
 
     # ---------------------------------------------------------------- jitted steps
-    with jax.set_mesh(mesh), nn.logical_axis_rules(rules):
-        p_train_step = jax.jit(trainer.under_rules(functools.partial(task_train_step, net=net, tx=tx,
-                                                                      loss_fn=head.loss), rules),
-                               in_shardings=(state_sharding, data_sharding, None),
-                               out_shardings=(state_sharding, None), donate_argnums=(0,))
-        p_logits = jax.jit(trainer.under_rules(functools.partial(task_logits, net=net), rules),
-                           in_shardings=(state_sharding.params, data_sharding))
+    p_train_step = setup.compile_train_step(functools.partial(task_loss, net=net, loss=head.loss), data_sharding,
+                                            grad_accum)
+    p_logits = setup.compile_eval_step(functools.partial(task_logits, net=net), data_sharding)
 
     def gather(x):
         """The rows of every process, in global order (one process: as it is)."""
@@ -424,10 +380,10 @@ def _finetune(config, workdir: str) -> dict:
     if start_step > 0:
         writer.resumed(start_step)
     meta_base = {"model": bert_config.__dict__, "optimizer": config.optimizer.to_dict(),
-                 "tokenizer": {"kind": pretrained.tokenizer_kind, "lower_case": pretrained.lower_case,
-                               "path": workdirs.keep_vocabulary(workdir, pretrained.vocab_path,
-                                                                pretrained.tokenizer_kind)
-                               if process_index == 0 else workdirs.VOCAB_FILES[pretrained.tokenizer_kind]},
+                 "tokenizer": {"kind": pretrained.files.kind, "lower_case": pretrained.files.lower_case,
+                               "path": workdirs.keep_vocabulary(workdir, pretrained.files.vocab_path,
+                                                                pretrained.files.kind)
+                               if process_index == 0 else files.VOCAB_FILES[pretrained.files.kind]},
                  "task": {"name": task.name, "kind": task.kind, "labels": list(task.labels),
                           "num_choices": task.num_choices, "max_seq_length": config.data.max_seq_length,
                           "squad_version": task.squad_version, "feature_based": feature_based,
@@ -458,24 +414,29 @@ def _finetune(config, workdir: str) -> dict:
     eval_every = config.logging.eval_every or steps_per_epoch
     after_step = [lambda step, state: checkpointer.check_for_errors()]
     if config.logging.profile_first_step:
-        after_step.append(trainer.Profiler(workdirs.join(workdir, "profile"), config.logging.profile_first_step,
+        after_step.append(loop.Profiler(files.join(workdir, "profile"), config.logging.profile_first_step,
                                            config.logging.profile_steps))
-    hooks = trainer.Hooks(log=log, evaluate=evaluate, save=save, after_step=after_step)
-    steps = trainer.LoopSteps(start=start_step, total=num_steps, log_every=config.logging.log_every,
-                              eval_every=eval_every, save_every=steps_per_epoch)
+    preemption = Preemption()
+    hooks = loop.Hooks(log=log, evaluate=evaluate, save=save, preemption=preemption, after_step=after_step)
+    steps = loop.LoopSteps(start=start_step, total=num_steps, log_every=config.logging.log_every,
+                           eval_every=eval_every, save_every=steps_per_epoch)
     batches = task_batches.train_batches(train_features, batch_size, config.train.seed, start_step,
                                          process_index=process_index, process_count=process_count)
     train_keys = TRAIN_KEYS + tuple(k for k in ("label_weight",) if k in train_features)
     device_batches = sharding.prefetch_to_devices(({k: b[k] for k in train_keys} for b in batches), data_sharding,
                                                   size=config.train.prefetch_batches)
     with jax.set_mesh(mesh), nn.logical_axis_rules(rules), device_batches:
-        state, _ = trainer.run_loop(state, p_train_step, device_batches, dropout_key, steps, hooks)
+        state, stopped_at = loop.run_loop(state, p_train_step, device_batches, dropout_key, steps, hooks)
     checkpointer.wait()
     checkpointer.close()
+    if stopped_at is not None:
+        writer.close()
+        say(f"{preemption.name}: saved the checkpoint of step {stopped_at}; re-run the same command to resume")
+        raise Stopped(stopped_at, preemption.exit_code)
 
     # ---------------------------------------------------------------- predictions of the best checkpoint
     if best["step"] != num_steps:
-        best_params, _ = checkpoint.restore_params(workdirs.join(workdir, checkpoint.BEST_DIR), abstract_state.params)
+        best_params, _ = checkpoint.restore_params(files.join(workdir, checkpoint.BEST_DIR), abstract_state.params)
     else:
         best_params = state.params
     written = []
@@ -483,17 +444,49 @@ def _finetune(config, workdir: str) -> dict:
         for split, s in {**dev_splits, **test_splits}.items():
             result = scored(best_params, split, s, null_threshold=best.get("null_threshold", 0.0))
             if process_index == 0:
-                written += scoring.write_predictions(workdirs.join(workdir, "predictions"), result)
+                written += scoring.write_predictions(files.join(workdir, "predictions"), result)
     summary = {"task": task.name, "main_metric": task.main_metric, "steps": num_steps,
                "learning_rate": config.optimizer.learning_rate, "best": best, "predictions": written}
     writer.close()
     if process_index == 0:
-        workdirs.write_bytes(workdirs.join(workdir, "summary.json"), json.dumps(summary, indent=1).encode())
+        files.write_bytes(files.join(workdir, "summary.json"), json.dumps(summary, indent=1).encode())
     shown = "; ".join(f"{split} " + ", ".join(f"{k} {v:.4f}" for k, v in m.items() if not k.startswith("f1_"))
                       for split, m in best["metrics"].items())
     say(f"{task.name}: best dev {task.main_metric} {best['value']:.4f} at step {best['step']} of {num_steps} "
-        f"({shown}); predictions in {workdirs.join(workdir, 'predictions')}")
+        f"({shown}); predictions in {files.join(workdir, 'predictions')}")
     return summary
+
+
+def task_setup(config, task, pretrained: Pretrained, num_labels: int, feature_based: dict | None,
+               num_steps: int, mesh, rules, init_key) -> Setup:
+    """The task's network, optimizer and state layout (shapes first, created sharded), its fresh
+    parameters holding the pretrained encoder (and the whole head, continuing this task's fine-tuning)."""
+    net = heads.network(task.kind, pretrained.bert_config, num_labels, feature_based=feature_based)
+    schedule_config = config_dict.ConfigDict(dict(
+        warmup_steps=int(round(config.schedule.warmup_fraction * num_steps)), decay=config.schedule.decay,
+        power=config.schedule.power))
+    optimizer_config = config.optimizer
+    if feature_based:
+        optimizer_config = config_dict.ConfigDict(dict(config.optimizer.to_dict(),
+                                                       learning_rate=config.feature_based.learning_rate))
+    tx, schedule = optim.optimizer_from_config(optimizer_config, schedule_config, num_steps)
+    if feature_based:  # the encoder stays as pretrained: only the tagger on its features learns
+        tx = optax.chain(tx, optax.masked(optax.set_to_zero(), heads.encoder_mask))
+    task_inputs = heads.dummy_inputs(task.kind, 1, config.data.max_seq_length, task.num_choices or 1)
+    return Setup.create(net, task_inputs, tx, schedule, mesh, rules, init_key,
+                        prepare_params=functools.partial(with_pretrained, pretrained=pretrained))
+
+
+def with_pretrained(params: dict, *, pretrained: Pretrained) -> dict:
+    """Fresh (boxed) task params with the pretrained encoder in; the classifier too when init_from was
+    a fine-tuning checkpoint of this task."""
+    params = heads.with_pretrained_encoder(params, pretrained.params)
+    if pretrained.whole_head and set(pretrained.params) == set(params):  # this task's head: classifier too
+        is_box = lambda x: isinstance(x, nn.meta.AxisMetadata)  # noqa: E731
+        params = {name: tree if name == "bert" else jax.tree_util.tree_map(
+            lambda box, value: box.replace_boxed(value) if is_box(box) else value, tree,
+            pretrained.params[name], is_leaf=is_box) for name, tree in params.items()}
+    return params
 
 
 def _check_same_task(step: int, meta: dict, *, task) -> None:

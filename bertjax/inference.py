@@ -4,15 +4,13 @@
     out = bert.encode(["The cat sat.", "A longer second sentence."])
     out["sequence_output"]  # [B, S, H] numpy, one row per text, right-padded
 
-`load` tries each known kind of model directory in turn (see `_SOURCES`); a new kind (the bertjax
-checkpoint/workdir written by `python -m bertjax.train`) is one more entry there, with a function that
-returns a `LoadedBert`.
+`load` reads the model through the one init-from (bertjax/interop/pretrained.py), as training,
+fine-tuning and export do.
 
-Shape legend (as in bertjax/model.py): B batch, S sequence length, H hidden size, L layers.
+Shape legend (as in bertjax/models/bert.py): B batch, S sequence length, H hidden size, L layers.
 """
 
 import dataclasses
-import json
 import os
 from pathlib import Path
 from typing import Any, Callable
@@ -21,26 +19,21 @@ import jax
 import numpy as np
 from etils import epath
 
-from bertjax.interop import hf
-from bertjax.training import workdir as workdirs
+from bertjax.interop import pretrained
+from bertjax.text import files
 from bertjax.models import bert as bert_model
 
 
-def _make_tokenizer(vocab_path: Path, lower_case: bool, kind: str = "wordpiece"):
+def _make_tokenizer(files: pretrained.TokenizerFiles):
     """The project's tokenizer (WordPiece or SentencePiece), with TensorFlow kept off the accelerators.
 
     The tokenizer runs TF ops eagerly; left alone, TF would claim every visible GPU's memory on its
     first op, which the JAX model next to it in the same notebook needs.
     """
-    import tensorflow as tf
+    from bertjax.text import tf_cpu
 
-    try:
-        tf.config.set_visible_devices([], "GPU")
-    except RuntimeError:
-        pass  # TF was initialised already (by the caller): its device choice stands.
-    from bertjax.text.tokenizers import load_tokenizer
-
-    return load_tokenizer(kind, str(vocab_path), lower_case=lower_case)
+    tf_cpu.import_tensorflow()
+    return files.load()
 
 
 @dataclasses.dataclass
@@ -232,7 +225,6 @@ class LoadedBert:
             raise ValueError(f"questions and contexts are for span QA; this model is fine-tuned for {kind}")
         if kind == "tagging":
             return self._tag(texts)
-        from bertjax.models import heads
         from bertjax.tasks import features
 
         texts = [texts] if isinstance(texts, str) else list(texts)
@@ -323,94 +315,23 @@ class LoadedBert:
 MASK = "[MASK]"
 
 
-# --------------------------------------------------------------------------------------------------
-# Sources: each knows one kind of model directory
-# --------------------------------------------------------------------------------------------------
-
-
-@dataclasses.dataclass(frozen=True)
-class _Source:
-    description: str  # what such a directory contains, for the error when nothing matches
-    matches: Callable[[Path], bool]
-    load: Callable[[Path, str], LoadedBert]
-
-
-def _is_hf_directory(path: Path) -> bool:
-    return (path / "config.json").is_file() and hf.find_weights(path) is not None
-
-
-def _load_hf_directory(path: Path, dtype: str) -> LoadedBert:
-    vocab_path = path / "vocab.txt"
-    if not vocab_path.is_file():
-        raise ValueError(f"{path} has BERT weights but no vocab.txt: copy the model's WordPiece vocabulary there")
-    # Uncased unless the tokenizer config says otherwise, as for the original BERT releases.
-    lower_case = True
-    tokenizer_config = path / "tokenizer_config.json"
-    if tokenizer_config.is_file():
-        lower_case = bool(json.loads(tokenizer_config.read_text()).get("do_lower_case", True))
-    cfg, params, missing = hf.load_hf_checkpoint(path, {"dtype": dtype})
-    return LoadedBert(cfg, params, _make_tokenizer(vocab_path, lower_case), source=str(path), missing=missing,
-                      vocab_path=str(vocab_path))
-
-
-def _is_bertjax_checkpoint(path: Path) -> bool:
-    from bertjax.training import checkpoint
-
-    return checkpoint.is_checkpoint(str(path)) or checkpoint.is_checkpoint(str(epath.Path(str(path)) / checkpoint.BEST_DIR))
-
-
-def _load_bertjax_checkpoint(path: Path, dtype: str) -> LoadedBert:
-    """The newest checkpoint of a training workdir (or a checkpoints/ or step directory): its params,
-    the model config and the tokenizer recorded with it."""
-    from bertjax.training import checkpoint
-
-    best = epath.Path(str(path)) / checkpoint.BEST_DIR
-    if best.is_dir() and checkpoint.is_checkpoint(str(best)):  # a fine-tuning workdir: its best dev checkpoint
-        path = best
-    params, meta = checkpoint.restore_params(str(path))
-    # The run's workdir: the parent of its checkpoints/ (or best/) directory, wherever the workdir is now.
-    workdir = str(epath.Path(checkpoint.find_checkpoint(str(path))[0]).parent)
+def load(path: str | os.PathLike, dtype: str = "float32") -> LoadedBert:
+    """Loads a BERT for inference: a bertjax training or fine-tuning workdir (a fine-tuning workdir's
+    best dev checkpoint), its checkpoints/ or one step's directory, or a Hugging Face BERT directory.
+    `dtype` is the compute dtype ("bfloat16" on accelerators); the params stay in float32."""
+    path = str(path) if files.is_remote(str(path)) else str(Path(path).expanduser())
+    if not epath.Path(path).exists():
+        raise ValueError(f"bertjax.load: {path} does not exist")
+    if pretrained.kind_of(path) is None:
+        raise ValueError(f"bertjax.load: {path} is not a model directory it can read: expected a bertjax training "
+                         f"or fine-tuning workdir, its checkpoints/ (or best/) directory or one step's directory; "
+                         f"or a Hugging Face BERT directory (config.json, model.safetensors / "
+                         f"model.safetensors.index.json / pytorch_model.bin, vocab.txt)")
     # How it was computed in training (cuDNN attention on a GPU, say) is chosen anew for this machine.
-    cfg = bert_model.BertConfig.from_dict(dict(meta["model"], dtype=dtype, attention_impl="auto",
-                                               word_embedding="auto", remat_policy="none"))
-    info = meta.get("tokenizer")
-    if not info:
+    model = pretrained.load(path, what="bertjax.load", model_overrides=dict(
+        dtype=dtype, attention_impl="auto", word_embedding="auto", remat_policy="none"))
+    if model.tokenizer is None:
         raise ValueError(f"{path} was trained on synthetic data and has no tokenizer: load it with "
                          f"bertjax.training.checkpoint.restore_params instead")
-    # Recorded relative to the workdir (older checkpoints: an absolute path).
-    vocab_path = workdirs.resolve_vocabulary(info["path"], workdir)
-    if not epath.Path(vocab_path).exists():
-        raise ValueError(f"{path}: its vocabulary {vocab_path} is gone; put it back there to load the model")
-    local_vocab = workdirs.local_copy(vocab_path)
-    tokenizer = _make_tokenizer(local_vocab, info["lower_case"], kind=info["kind"])
-    return LoadedBert(cfg, params, tokenizer, source=str(path), task=meta.get("task"), vocab_path=str(local_vocab))
-
-
-# The order is the order of trial.
-_SOURCES = (
-    _Source(
-        "a bertjax training or fine-tuning workdir, its checkpoints/ (or best/) directory or one step's directory",
-        _is_bertjax_checkpoint,
-        _load_bertjax_checkpoint,
-    ),
-    _Source(
-        "a Hugging Face BERT directory (config.json, model.safetensors / model.safetensors.index.json / "
-        "pytorch_model.bin, vocab.txt)",
-        _is_hf_directory,
-        _load_hf_directory,
-    ),
-)
-
-
-def load(path: str | os.PathLike, dtype: str = "float32") -> LoadedBert:
-    """Loads a BERT for inference. `dtype` is the compute dtype ("bfloat16" on accelerators);
-    the params stay in float32."""
-    # A URL (gs://bucket/run) stays one: pathlib would turn it into a local path "gs:/bucket/run".
-    path = epath.Path(path) if workdirs.is_remote(str(path)) else Path(path).expanduser()
-    if not path.exists():
-        raise ValueError(f"bertjax.load: {path} does not exist")
-    for source in _SOURCES:
-        if source.matches(path):
-            return source.load(path, dtype)
-    expected = "; or ".join(source.description for source in _SOURCES)
-    raise ValueError(f"bertjax.load: {path} is not a model directory it can read: expected {expected}")
+    return LoadedBert(model.config, model.params, _make_tokenizer(model.tokenizer), source=model.source,
+                      missing=model.missing, task=model.task, vocab_path=model.tokenizer.vocab_path)

@@ -28,17 +28,24 @@ from ml_collections import config_flags
 from bertjax import console
 from bertjax.training import flops
 from bertjax.training import sharding
-from bertjax.training import trainer
+from bertjax.training import pretraining
+from bertjax.training import state as train_state
 
-_CONFIG = config_flags.DEFINE_config_file("config", None, "A configs/<size>.py file.", lock_config=True)
-_TOPOLOGY = flags.DEFINE_string("topology", None, "Cloud TPU slice, e.g. v4-32, v5e-256, v5p-128, v6e-64.")
-_FIND_MAX_BATCH = flags.DEFINE_bool("find_max_batch", False, "Also search the largest batch per data-parallel "
-                                    "device that fits (doubling, then bisection; one compile per try).")
-_START = flags.DEFINE_integer("start_batch", None, "Where --find_max_batch starts: sequences per data-parallel "
-                              "device (default: the config's batch).")
-_BISECT = flags.DEFINE_integer("bisect_steps", 3, "Bisection steps after doubling in --find_max_batch.")
-_JSON = flags.DEFINE_bool("json", False, "Print the plan as one JSON object instead of the table.")
-_REQUIRE_FIT = flags.DEFINE_bool("require_fit", False, "Exit 1 when the step does not fit the chip's HBM.")
+_FLAGS = {}  # defined by entry(): importing this module defines no flags
+
+
+def _define_flags() -> None:
+    _FLAGS.update(
+        config=config_flags.DEFINE_config_file("config", None, "A configs/<size>.py file.", lock_config=True),
+        topology=flags.DEFINE_string("topology", None, "Cloud TPU slice, e.g. v4-32, v5e-256, v5p-128, v6e-64."),
+        find_max_batch=flags.DEFINE_bool("find_max_batch", False, "Also search the largest batch per data-parallel "
+                                         "device that fits (doubling, then bisection; one compile per try)."),
+        start=flags.DEFINE_integer("start_batch", None, "Where --find_max_batch starts: sequences per data-parallel "
+                                   "device (default: the config's batch)."),
+        bisect=flags.DEFINE_integer("bisect_steps", 3, "Bisection steps after doubling in --find_max_batch."),
+        json=flags.DEFINE_bool("json", False, "Print the plan as one JSON object instead of the table."),
+        require_fit=flags.DEFINE_bool("require_fit", False, "Exit 1 when the step does not fit the chip's HBM."),
+    )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -135,7 +142,7 @@ def abstract_batch(config, batch_size: int, data_sharding) -> dict:
     shapes = {"input_ids": (s,), "segment_ids": (s,), "input_mask": (s,), "masked_lm_positions": (p,),
               "masked_lm_ids": (p,), "masked_lm_weights": (p,), "next_sentence_labels": ()}
     return {k: jax.ShapeDtypeStruct((batch_size, *shapes[k]), np.float32 if k == "masked_lm_weights" else np.int32,
-                                    sharding=data_sharding) for k in trainer.BATCH_KEYS}
+                                    sharding=data_sharding) for k in pretraining.BATCH_KEYS}
 
 
 def bytes_per_device(tree) -> int:
@@ -164,8 +171,8 @@ def compile_step(config, topology: Topology, devices, batch_size: int) -> dict:
     rules = sharding.logical_rules(config.logical_axis_rules)
     grad_accum = config.train.grad_accum_steps
     sharding.check_batch_size(batch_size, grad_accum, mesh, rules)
-    init_key, dropout_key = trainer.root_keys(config.train.seed, config.train.dropout_rng)
-    setup = trainer.Setup.create(config, mesh, rules, init_key, platform="tpu")
+    init_key, dropout_key = train_state.root_keys(config.train.seed, config.train.dropout_rng)
+    setup = pretraining.setup(config, mesh, rules, init_key, platform="tpu")
     data_sharding = sharding.batch_sharding(mesh, rules)
     step_fn, _ = setup.compile_steps(data_sharding, grad_accum)
     replicated = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
@@ -304,23 +311,23 @@ def format_plan(plan: dict) -> str:
 def main(argv):
     if len(argv) > 1:
         raise app.UsageError(f"unexpected arguments: {argv[1:]}")
-    config = _CONFIG.value
+    config = _FLAGS["config"].value
     try:
-        topology = parse_topology(_TOPOLOGY.value)
+        topology = parse_topology(_FLAGS["topology"].value)
         devices = topology_devices(topology)
         sharding.mesh_shape(config.mesh, len(devices))
-        if _FIND_MAX_BATCH.value:
+        if _FLAGS["find_max_batch"].value:
             mesh = sharding.make_mesh(config.mesh, devices)
             dp = sharding.data_parallel_size(mesh, sharding.logical_rules(config.logical_axis_rules))
-            start = _START.value or max(1, config.train.batch_size // (dp * config.train.grad_accum_steps))
-            best, tried = find_max_batch(config, topology, devices, _BISECT.value, start)
+            start = _FLAGS["start"].value or max(1, config.train.batch_size // (dp * config.train.grad_accum_steps))
+            best, tried = find_max_batch(config, topology, devices, _FLAGS["bisect"].value, start)
         else:
             best, tried = None, [compile_step(config, topology, devices, config.train.batch_size)]
     except ValueError as e:
-        console.fail(f"{_TOPOLOGY.value}: {e}" if _TOPOLOGY.value and not str(e).startswith(
+        console.fail(f"{_FLAGS['topology'].value}: {e}" if _FLAGS["topology"].value and not str(e).startswith(
             ("unknown TPU", "topology")) else str(e))
     plans = [tried[-1]] if best is None else tried
-    if _JSON.value:
+    if _FLAGS["json"].value:
         out = dict(tried[-1], tried=tried, max_batch_per_data_device=best) if best is not None else tried[-1]
         print(json.dumps(out))
     else:
@@ -330,13 +337,14 @@ def main(argv):
             print(f"largest batch per data-parallel device that fits: {best} (searched: "
                   f"{', '.join(str(p['batch_per_data_device']) + (' fits' if p['fits'] else ' no') for p in tried)})")
     fits = (best > 0) if best is not None else tried[-1]["fits"]
-    if _REQUIRE_FIT.value and not fits:
+    if _FLAGS["require_fit"].value and not fits:
         print("does not fit (--require_fit)", file=sys.stderr)
         sys.exit(1)
 
 
 def entry():
     """The console script's entry point (pyproject.toml)."""
+    _define_flags()
     app.run(main, flags_parser=console.parse_flags)
 
 

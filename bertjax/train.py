@@ -12,78 +12,37 @@ The model, the step and the synthetic data path import no TensorFlow: only the r
 
 import contextlib
 import functools
-import os
-import signal
 import sys
 
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
-import numpy as np
 from absl import app, flags, logging
+import ml_collections
 from ml_collections import config_flags
 
-from bertjax.training import checkpoint
 from bertjax import console
-from bertjax.training import flops
+from bertjax.interop import pretrained
 from bertjax.models import bert
-from bertjax.training import sharding
-from bertjax.training import trainer
-from bertjax.training import writers
+from bertjax.text import files
+from bertjax.training import checkpoint, flops, loop, pretraining, sharding, writers
 from bertjax.training import workdir as workdirs
-from bertjax.training.trainer import BATCH_KEYS, Setup, TrainState, summarize
+from bertjax.training.preemption import Preemption
+from bertjax.training.pretraining import BATCH_KEYS, summarize
+from bertjax.training.state import TrainState, root_keys
 
-_CONFIG = config_flags.DEFINE_config_file("config", None, "A configs/<size>.py file.", lock_config=True)
-_WORKDIR = flags.DEFINE_string("workdir", None, "Checkpoints, metrics.jsonl and TensorBoard events go here.")
-_COORDINATOR = flags.DEFINE_string("coordinator_address", None, "host:port of process 0, for several processes.")
-_NUM_PROCESSES = flags.DEFINE_integer("num_processes", None, "How many processes take part.")
-_PROCESS_ID = flags.DEFINE_integer("process_id", None, "This process's index.")
+_FLAGS = {}  # defined by entry(): importing this module defines no flags
 
 
-class Preemption:
-    """SIGTERM (a preempted VM, a cancelled job) or Ctrl-C asks the loop to save and exit; it is not
-    obeyed mid-step. A second Ctrl-C stops at once, without saving.
-
-    With several processes, all of them must stop at the same step. JAX's preemption service (started
-    by jax.distributed.initialize) catches SIGTERM itself and agrees on that step through the
-    coordination service, so asking costs no device synchronisation per step; Ctrl-C on any process is
-    turned into that process's SIGTERM."""
-
-    def __init__(self):
-        self.requested = None  # the signal that asked this process, once one has
-        self._synced = jax.process_count() > 1 and jax.config.jax_enable_preemption_service
-        if not self._synced:
-            signal.signal(signal.SIGTERM, self._handler)
-        signal.signal(signal.SIGINT, self._handler)
-
-    def _handler(self, signum, frame):
-        if signum == signal.SIGINT and self.requested == signal.SIGINT:
-            print("second Ctrl-C: stopped without saving; the last checkpoint stays the one to resume from",
-                  file=sys.stderr, flush=True)
-            os._exit(130)
-        if signum == signal.SIGINT:
-            print("Ctrl-C: saving a checkpoint after this step, then stopping (Ctrl-C again stops at once)",
-                  file=sys.stderr, flush=True)
-        self.requested = signum
-        if self._synced:
-            signal.raise_signal(signal.SIGTERM)  # reaches the preemption service's own handler
-
-    @property
-    def interrupted(self) -> bool:
-        return self.requested == signal.SIGINT
-
-    def should_stop(self, step: int) -> bool:
-        """Called after every step, on every process, with the same step numbers."""
-        if self._synced:
-            from jax.experimental import multihost_utils
-
-            return multihost_utils.reached_preemption_sync_point(step)
-        if jax.process_count() == 1:
-            return self.requested is not None
-        # Several processes without the preemption service (jax_enable_preemption_service=False).
-        from jax.experimental import multihost_utils
-
-        return bool(np.any(multihost_utils.process_allgather(np.array(self.requested is not None))))
+def _define_flags() -> None:
+    _FLAGS.update(
+        config=config_flags.DEFINE_config_file("config", None, "A configs/<size>.py file.", lock_config=True),
+        workdir=flags.DEFINE_string("workdir", None, "Checkpoints, metrics.jsonl and TensorBoard events go here."),
+        coordinator_address=flags.DEFINE_string("coordinator_address", None,
+                                                "host:port of process 0, for several processes."),
+        num_processes=flags.DEFINE_integer("num_processes", None, "How many processes take part."),
+        process_id=flags.DEFINE_integer("process_id", None, "This process's index."),
+    )
 
 
 def host_batches(config, workdir: str, start_step: int, process_index: int, process_count: int):
@@ -99,10 +58,9 @@ def host_batches(config, workdir: str, start_step: int, process_index: int, proc
                       seed=data.seed, shard=process_index)
         evals = [synthetic.synthetic_batch(i, split=1, **kwargs) for i in range(config.logging.eval_batches)]
         return synthetic.synthetic_batches(start_step, **kwargs), evals, None, None
-    import tensorflow as tf
+    from bertjax.text import tf_cpu
 
-    # TensorFlow only reads and masks text here: the accelerators belong to JAX.
-    tf.config.set_visible_devices([], "GPU")
+    tf_cpu.import_tensorflow()  # TensorFlow only reads and masks text here: the accelerators belong to JAX
     from bertjax.data import inputs
 
     streams = inputs.build_inputs(data, workdir=workdir, process_index=process_index, process_count=process_count)
@@ -120,24 +78,27 @@ def main(argv):
     if len(argv) > 1:
         raise app.UsageError(f"unexpected arguments: {argv[1:]}")
     console.quiet_library_logs()
-    config, workdir = _CONFIG.value, _WORKDIR.value
+    config, workdir = _FLAGS["config"].value, _FLAGS["workdir"].value
     if not workdir:
         console.fail("--workdir is required (checkpoints and metrics go there)")
+    distributed = {name: _FLAGS[name].value for name in ("coordinator_address", "num_processes", "process_id")}
     try:
-        code = run(config, workdir)
+        code = run(config, workdir, **distributed)
     except (ValueError, FileNotFoundError, FloatingPointError) as e:
         console.fail(str(e))
-    except KeyboardInterrupt:  # before the loop took over Ctrl-C: nothing was trained, nothing to save
-        print("Ctrl-C before the first step: stopped; no checkpoint was written", file=sys.stderr)
+    except KeyboardInterrupt:  # outside the loop, which alone turns Ctrl-C into a save
+        print("Ctrl-C outside the training steps: stopped; the last checkpoint stays the one to resume from",
+              file=sys.stderr)
         sys.exit(130)
     sys.exit(code)
 
 
-def run(config, workdir: str) -> int:
+def run(config, workdir: str, coordinator_address: str | None = None, num_processes: int | None = None,
+        process_id: int | None = None) -> int:
     """The whole run; returns the exit code (130 when Ctrl-C stopped it, after saving)."""
     # ---------------------------------------------------------------- distributed init, the workdir's lock
-    sharding.initialize_distributed(_COORDINATOR.value, _NUM_PROCESSES.value, _PROCESS_ID.value)
-    workdirs.make(workdir)  # a local directory or gs://...: everything below goes through bertjax.training.workdir
+    sharding.initialize_distributed(coordinator_address, num_processes, process_id)
+    files.make(workdir)  # a local directory or gs://...: everything below goes through bertjax.training.workdir
     with workdirs.WorkdirLock(workdir) if jax.process_index() == 0 else contextlib.nullcontext():
         return train(config, workdir)
 
@@ -156,8 +117,8 @@ def train(config, workdir: str) -> int:
         f"mesh {dict(mesh.shape)}")
 
     # ---------------------------------------------------------------- model and optimizer: shapes first
-    init_key, dropout_key = trainer.root_keys(config.train.seed, config.train.dropout_rng)
-    setup = Setup.create(config, mesh, rules, init_key)
+    init_key, dropout_key = root_keys(config.train.seed, config.train.dropout_rng)
+    setup = pretraining.setup(config, mesh, rules, init_key)
     bert_config, schedule, abstract_state = setup.bert_config, setup.schedule, setup.abstract_state
     bert.check_input_shapes(bert_config, config.data.max_seq_length, config.data.max_predictions_per_seq)
     say(f"model: {bert_config.num_layers} layers, hidden {bert_config.hidden_size}, "
@@ -188,6 +149,7 @@ def train(config, workdir: str) -> int:
     start_step = int(state.step)
 
     # ---------------------------------------------------------------- data
+    config = with_init_from_vocabulary(config)
     train_batches, eval_batches, tokenizer, vocab_path = host_batches(config, workdir, start_step, process_index,
                                                                       process_count)
     if tokenizer is not None and tokenizer.vocab_size > bert_config.vocab_size:
@@ -197,7 +159,7 @@ def train(config, workdir: str) -> int:
     if tokenizer is not None:
         kind = tokenizer.kind  # prepared shards name their own tokenizer, whatever data.tokenizer says
         # Kept in the workdir and recorded relative to it, so that a copied workdir still loads.
-        name = workdirs.keep_vocabulary(workdir, vocab_path, kind) if is_primary else workdirs.VOCAB_FILES[kind]
+        name = workdirs.keep_vocabulary(workdir, vocab_path, kind) if is_primary else files.VOCAB_FILES[kind]
         tokenizer_meta = {"kind": kind, "path": name, "lower_case": bool(tokenizer.lower_case)}
     eval_global = [sharding.global_batch(b, data_sharding) for b in eval_batches]
 
@@ -245,25 +207,23 @@ def train(config, workdir: str) -> int:
 
     after_step = [lambda step, state: checkpointer.check_for_errors()]  # a failed background save stops the run now
     if config.logging.profile_first_step:
-        after_step.append(trainer.Profiler(workdirs.join(workdir, "profile"), config.logging.profile_first_step,
+        after_step.append(loop.Profiler(files.join(workdir, "profile"), config.logging.profile_first_step,
                                            config.logging.profile_steps))
-    hooks = trainer.Hooks(log=log, evaluate=evaluate, save=save, should_stop=preemption.should_stop,
-                          after_step=after_step)
-    steps = trainer.LoopSteps(start=start_step, total=config.train.num_steps, log_every=config.logging.log_every,
-                              eval_every=config.logging.eval_every, save_every=config.checkpoint.every_steps)
+    hooks = loop.Hooks(log=log, evaluate=evaluate, save=save, preemption=preemption, after_step=after_step)
+    steps = loop.LoopSteps(start=start_step, total=config.train.num_steps, log_every=config.logging.log_every,
+                           eval_every=config.logging.eval_every, save_every=config.checkpoint.every_steps)
     # Batches are made and put on the devices by a thread, ahead of the step that takes them.
     device_batches = sharding.prefetch_to_devices(({k: b[k] for k in BATCH_KEYS} for b in train_batches),
                                                   data_sharding, size=config.train.prefetch_batches)
     with jax.set_mesh(mesh), nn.logical_axis_rules(rules), device_batches:
-        state, stopped_at = trainer.run_loop(state, p_train_step, device_batches, dropout_key, steps, hooks)
+        state, stopped_at = loop.run_loop(state, p_train_step, device_batches, dropout_key, steps, hooks)
     if stopped_at is not None:
         checkpointer.wait()
-        say(f"{'Ctrl-C' if preemption.interrupted else 'SIGTERM'}: saved the checkpoint of step {stopped_at}; "
-            f"re-run the same command to resume")
+        say(f"{preemption.name}: saved the checkpoint of step {stopped_at}; re-run the same command to resume")
     checkpointer.wait()
     checkpointer.close()
     writer.close()
-    return 130 if preemption.interrupted else 0
+    return preemption.exit_code
 
 
 # What a checkpoint's arrays are: a resumed run must agree on all of it (checked before reading them).
@@ -299,29 +259,39 @@ def check_same_stream(meta: dict, config, process_count: int) -> None:
 
 
 def initial_params(path: str, bert_config: bert.BertConfig, abstract_params):
-    """Parameters only, from a bertjax checkpoint/workdir or a Hugging Face BERT directory."""
-    if checkpoint.is_checkpoint(path):
-        params, meta = checkpoint.restore_params(path, abstract_params)
-        return params
-    from bertjax.interop import hf
+    """Parameters only, through the one init-from, restored straight into the state's shardings; their
+    architecture must be this config's."""
+    compute = {k: getattr(bert_config, k) for k in ("dtype", "param_dtype", "attention_impl", "remat_policy",
+                                                  "scan_layers")}
+    model = pretrained.load(path, what="train.init_from", model_overrides=compute, abstract_params=abstract_params)
+    differ = [f"{field}={getattr(model.config, field)!r} but the config has model.{field}="
+              f"{getattr(bert_config, field)!r}" for field in ARCHITECTURE_FIELDS
+              if getattr(model.config, field) != getattr(bert_config, field)]
+    if differ:
+        raise ValueError(f"train.init_from={path} has {'; '.join(differ)}")
+    if model.missing:
+        logging.info("initialised fresh (not in %s): %s", path, model.missing)
+    return model.params
 
-    # A bertjax workdir has a config.json too (the run's config): the weights tell a HF directory apart.
-    if os.path.exists(os.path.join(path, "config.json")) and hf.find_weights(path) is not None:
-        overrides = {k: v for k, v in bert_config.__dict__.items()
-                     if k in ("dtype", "param_dtype", "attention_impl", "remat_policy", "scan_layers")}
-        hf_config, params, missing = hf.load_hf_checkpoint(path, model_config_overrides=overrides)
-        for field in ("vocab_size", "hidden_size", "num_layers", "num_heads", "max_position_embeddings"):
-            if getattr(hf_config, field) != getattr(bert_config, field):
-                raise ValueError(f"train.init_from={path} has {field}={getattr(hf_config, field)} but the config "
-                                 f"has model.{field}={getattr(bert_config, field)}")
-        if missing:
-            logging.info("initialised fresh (not in %s): %s", path, missing)
-        return jax.device_put(params, jax.tree_util.tree_map(lambda a: a.sharding, abstract_params))
-    raise FileNotFoundError(f"train.init_from={path} is neither a bertjax workdir/checkpoint nor a Hugging Face "
-                            f"directory with config.json and its weights")
+
+def with_init_from_vocabulary(config):
+    """Continued pretraining reads text with the starting model's own tokenizer: train.init_from's
+    vocabulary stands in for data.vocab_path when that is unset (a vocabulary learned anew would give
+    the pretrained embeddings other tokens' ids)."""
+    data = config.data
+    if not config.train.init_from or data.vocab_path or data.source in ("synthetic", "prepared"):
+        return config
+    tokenizer = pretrained.tokenizer_files(config.train.init_from, what="train.init_from")
+    if tokenizer is None:
+        return config
+    say(f"tokenizer: the vocabulary of {config.train.init_from} ({tokenizer.kind})")
+    config = ml_collections.ConfigDict(config.to_dict())
+    config.data.update(vocab_path=tokenizer.vocab_path, tokenizer=tokenizer.kind, lower_case=tokenizer.lower_case)
+    return config
 
 
 def entry():
+    _define_flags()
     app.run(main, flags_parser=console.parse_flags)
 
 

@@ -7,7 +7,8 @@ import pytest
 
 from bertjax.training import checkpoint
 from bertjax.training import sharding
-from bertjax.training import trainer
+from bertjax.training import pretraining
+from bertjax.training import state as train_state
 from bertjax.data import synthetic
 from test_train import small_config  # tests/ is on sys.path under pytest
 
@@ -19,8 +20,8 @@ class Run:
         self.config = config
         self.mesh = sharding.make_mesh(dict(zip(sharding.MESH_AXES, mesh_shape)), devices)
         rules = sharding.logical_rules(config.logical_axis_rules)
-        self.init_key, self.dropout_key = trainer.root_keys(config.train.seed)
-        self.setup = trainer.Setup.create(config, self.mesh, rules, self.init_key)
+        self.init_key, self.dropout_key = train_state.root_keys(config.train.seed)
+        self.setup = pretraining.setup(config, self.mesh, rules, self.init_key)
         self.data_sharding = sharding.batch_sharding(self.mesh, rules)
         self.step_fn, _ = self.setup.compile_steps(self.data_sharding, 1)
 
@@ -60,7 +61,7 @@ def test_a_checkpoint_resumes_on_another_mesh(tmp_path, before, after):
     assert restored.step == 3
     kernel = restored.params["bert"]["encoder"]["layers_1"]["mlp"]["intermediate"]["kernel"]
     assert kernel.sharding.mesh.shape == second.mesh.shape  # restored straight into the new layout
-    moved = trainer.TrainState(jax.numpy.int32(3), restored.params, restored.opt_state)
+    moved = train_state.TrainState(jax.numpy.int32(3), restored.params, restored.opt_state)
     moved, losses_after = second.steps(moved, 3, 6)
     np.testing.assert_allclose(losses_after, losses_after_ref, rtol=2e-5)
     for a, b in zip(jax.tree_util.tree_leaves(moved.params), jax.tree_util.tree_leaves(never_moved.params)):

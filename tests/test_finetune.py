@@ -4,11 +4,14 @@ the best checkpoint, predictions files and the summary; regression and multiple 
 files; a Hugging Face directory as init_from; the learning-rate sweep; resume; bad input."""
 
 import json
+import os
 import pathlib
 import re
 import shutil
+import signal
 import subprocess
 import sys
+import time
 
 import flax.linen as nn
 import jax
@@ -75,7 +78,7 @@ def pretrained(tmp_path_factory):
 
 def small_config(task, pretrained, **data):
     config = finetune_configs.finetune_config(task)
-    config.init_from = pretrained["workdir"]
+    config.train.init_from = pretrained["workdir"]
     config.data.update(max_seq_length=48, **data)
     config.train.update(batch_size=16, epochs=1.0)
     config.optimizer.learning_rate = 1e-3
@@ -178,7 +181,7 @@ def test_from_a_hugging_face_directory_and_the_sweep(pretrained):
     files = pretrained["files"]
     config = small_config("classification", pretrained, labels=("no", "yes"), train=files["train"],
                           validation=files["validation"])
-    config.init_from = str(hf_dir)
+    config.train.init_from = str(hf_dir)
     config.sweep_learning_rates = [1e-4, 1e-3]
     out = finetune.sweep(config, str(pretrained["root"] / "sweep"))
     runs = out["runs"]
@@ -205,13 +208,14 @@ def test_bad_input_is_one_line(pretrained, tmp_path):
     small = tmp_path / "small-vocab"
     shutil.copytree(pretrained["workdir"], small)
     (small / "vocab.txt").write_text((small / "vocab.txt").read_text() + "".join(f"extra{i}\n" for i in range(50)))
+    old_spelling = small_config("classification", pretrained, labels=("no", "yes"), **files)
+    old_spelling.train.init_from, old_spelling.init_from = None, str(small)  # the older key, still read
     with pytest.raises(ValueError, match="another vocabulary size"):
-        finetune.finetune(dict_config(small_config("classification", pretrained, labels=("no", "yes"), **files),
-                                      init_from=str(small)), str(tmp_path / "bad2"))
+        finetune.finetune(old_spelling, str(tmp_path / "bad2"))
     # Through the program: one line, exit 2, no traceback.
     result = subprocess.run(
         [sys.executable, "-m", "bertjax.finetune", "--config=configs/finetune/classification.py",
-         f"--config.init_from={pretrained['workdir']}", f"--config.data.train={files['train']}",
+         f"--config.train.init_from={pretrained['workdir']}", f"--config.data.train={files['train']}",
          f"--config.data.validation={files['validation']}", "--config.data.labels=('neg', 'pos')",
          f"--workdir={tmp_path / 'bad3'}"], cwd=REPO, capture_output=True, text=True, timeout=300)
     assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr
@@ -220,6 +224,96 @@ def test_bad_input_is_one_line(pretrained, tmp_path):
         result.stderr
 
 
-def dict_config(config, **changes):
-    config.update(changes)
-    return config
+# --------------------------------------------------------------------------------------------------
+# The shared training core: gradient accumulation, SIGTERM and resume
+# --------------------------------------------------------------------------------------------------
+
+
+def test_gradient_accumulation_gives_the_updates_of_the_whole_batch():
+    """train.grad_accum_steps=2 through the fine-tuning loss: the same losses and parameters as 1 (no
+    dropout: each microbatch draws its own mask)."""
+    import functools
+
+    import optax
+
+    from bertjax.models import heads
+    from bertjax.training import sharding, state as train_state
+
+    cfg = bert_model.BertConfig(vocab_size=64, hidden_size=32, num_layers=1, num_heads=2, intermediate_size=64,
+                                max_position_embeddings=32, hidden_dropout_rate=0.0, attention_dropout_rate=0.0)
+    net = heads.network("classification", cfg, 3)
+    mesh = sharding.make_mesh({"data": -1, "fsdp": 1, "tensor": 1}, jax.devices()[:2])
+    rules = sharding.logical_rules(finetune_configs.finetune_config("classification").logical_axis_rules)
+    data_sharding = sharding.batch_sharding(mesh, rules)
+    rng = np.random.default_rng(0)
+    batches = [{"input_ids": rng.integers(1, 64, (8, 16)).astype(np.int32),
+                "segment_ids": np.zeros((8, 16), np.int32), "input_mask": np.ones((8, 16), np.int32),
+                "label": rng.integers(0, 3, (8,)).astype(np.int32), "example_weight": np.ones((8,), np.float32)}
+               for _ in range(3)]
+    loss = functools.partial(finetune.task_loss, net=net, loss=heads.head("classification").loss)
+
+    def run(k):
+        init_key, dropout_key = train_state.root_keys(0)
+        setup = train_state.Setup.create(net, heads.dummy_inputs("classification", 1, 16), optax.adam(1e-3), None,
+                                         mesh, rules, init_key)
+        step = setup.compile_train_step(loss, data_sharding, k)
+        state, losses = setup.init(init_key), []
+        with jax.set_mesh(mesh):
+            for b in batches:
+                state, sums = step(state, sharding.global_batch(b, data_sharding), dropout_key)
+                losses.append(float(sums["loss_sum"]))
+                assert float(sums["count"]) == 8 and float(sums["real_tokens"]) == 8 * 16
+        return np.array(losses), state.params
+
+    losses, params = run(1)
+    acc_losses, acc_params = run(2)
+    np.testing.assert_allclose(acc_losses, losses, rtol=1e-5)
+    for a, b in zip(jax.tree_util.tree_leaves(acc_params), jax.tree_util.tree_leaves(params)):
+        np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=1e-6)
+
+
+SUBPROCESS_ENV = {**os.environ, "PYTHONPATH": str(REPO), "XLA_FLAGS": "", "JAX_PLATFORMS": "cpu"}
+
+
+def finetune_command(pretrained, workdir):
+    files = pretrained["files"]
+    return [sys.executable, "-m", "bertjax.finetune", "--config=configs/finetune/classification.py",
+            f"--config.train.init_from={pretrained['workdir']}", f"--config.data.train={files['train']}",
+            f"--config.data.validation={files['validation']}", "--config.data.labels=('no', 'yes')",
+            "--config.data.max_seq_length=48", "--config.train.batch_size=16", "--config.train.epochs=3",
+            "--config.optimizer.learning_rate=1e-3", "--config.optimizer.bias_correction=True",
+            "--config.logging.log_every=1", "--config.logging.eval_every=8", "--config.logging.eval_batch_size=32",
+            f"--workdir={workdir}"]
+
+
+def dev_lines(workdir):
+    return {r["step"]: {k: r[k] for k in ("accuracy", "f1")} for r in read_lines(workdir)
+            if r.get("split") == "validation"}
+
+
+@pytest.mark.slow
+def test_sigterm_saves_exits_0_and_the_rerun_resumes_exactly(pretrained, tmp_path):
+    workdir = tmp_path / "preempted"
+    proc = subprocess.Popen(finetune_command(pretrained, workdir), cwd=REPO, env=SUBPROCESS_ENV,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.time() + 300
+    while not ((workdir / "metrics.jsonl").exists() and len([r for r in read_lines(workdir) if "loss" in r]) >= 3):
+        assert proc.poll() is None and time.time() < deadline, proc.stderr.read()[-3000:]
+        time.sleep(0.1)
+    proc.send_signal(signal.SIGTERM)
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 0, err[-3000:]
+    saved = int(out.split("SIGTERM: saved the checkpoint of step ")[1].split(";")[0])
+    assert (workdir / "checkpoints" / str(saved) / "params").is_dir() and saved < 94
+    assert not (workdir / "summary.json").exists()  # stopped: no predictions of a half-trained model
+
+    resumed = subprocess.run(finetune_command(pretrained, workdir), cwd=REPO, env=SUBPROCESS_ENV,
+                             capture_output=True, text=True, timeout=600)
+    assert resumed.returncode == 0 and f"resumed from step {saved}" in resumed.stdout, resumed.stderr[-3000:]
+    whole = tmp_path / "whole"
+    result = subprocess.run(finetune_command(pretrained, whole), cwd=REPO, env=SUBPROCESS_ENV,
+                            capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stderr[-3000:]
+    expected, got = dev_lines(whole), dev_lines(workdir)
+    later = [step for step in expected if step > saved]
+    assert later and {s: got[s] for s in later} == {s: expected[s] for s in later}

@@ -74,7 +74,7 @@ def first_sentence_baseline(articles, version):
 
 def span_config(task, pretrained, files, **data):  # noqa: F811
     config = finetune_configs.span_config(task)
-    config.init_from = pretrained["workdir"]
+    config.train.init_from = pretrained["workdir"]
     config.data.update(max_seq_length=64, max_query_length=8, doc_stride=24, train=files["train"],
                        validation=files["validation"], **data)
     config.train.update(batch_size=16, epochs=8.0)
@@ -200,7 +200,7 @@ def tagging_files(root):
 
 def tagging_config(pretrained, files):  # noqa: F811
     config = finetune_configs.tagging_config("tagging")
-    config.init_from = pretrained["workdir"]
+    config.train.init_from = pretrained["workdir"]
     config.data.update(max_seq_length=48, labels=TAGS, train=files["train"], validation=files["validation"])
     config.train.update(batch_size=16, epochs=6.0)
     config.optimizer.update(learning_rate=1e-3, bias_correction=True)

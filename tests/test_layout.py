@@ -1,4 +1,5 @@
-"""The package's layout: no import cycles between its modules, and no TensorFlow where none is needed.
+"""The package's layout: its layers, no import cycles between its modules, no flags defined on import,
+and no TensorFlow where none is needed.
 
 The import graph is read from the source (every import statement at any depth, inside functions too),
 so an import cycle is caught even where it would only bite at run time.
@@ -16,11 +17,11 @@ REPO = pathlib.Path(__file__).resolve().parents[1]
 PACKAGE = REPO / "bertjax"
 
 
-def package_modules() -> dict[str, pathlib.Path]:
+def package_modules(root: pathlib.Path = REPO, package: str = "bertjax") -> dict[str, pathlib.Path]:
     """Dotted module name -> source file, for every module of the package (packages by their __init__)."""
     modules = {}
-    for path in sorted(PACKAGE.rglob("*.py")):
-        parts = path.relative_to(REPO).with_suffix("").parts
+    for path in sorted((root / package).rglob("*.py")):
+        parts = path.relative_to(root).with_suffix("").parts
         if parts[-1] == "__init__":
             parts = parts[:-1]
         modules[".".join(parts)] = path
@@ -110,3 +111,128 @@ def test_no_tensorflow_on_import(imports):
     result = subprocess.run([sys.executable, "-c", code], env=env, cwd=REPO, capture_output=True, text=True,
                             timeout=300)
     assert result.returncode == 0, result.stderr
+
+
+# ---------------------------------------------------------------------------------------------------
+# Layers: a module imports only from its own layer and the layers below it
+# ---------------------------------------------------------------------------------------------------
+
+# Lowest first, relative to the package; a module belongs to the layer of its longest listed prefix.
+# `""` is the package's own __init__ (bertjax.load and friends), which sits with inference.
+LAYERS = (
+    ("text", ("text",)),
+    ("data", ("data",)),
+    ("models", ("models",)),
+    ("training", ("training",)),
+    ("tasks", ("tasks",)),
+    ("compression", ("compression",)),
+    ("interop", ("interop",)),
+    ("inference", ("inference", "")),
+    # The programs: flags and main. By contract some live beside the library they drive.
+    ("programs", ("train", "finetune", "distill", "evaluate", "export", "plan", "benchmark", "summary",
+                  "console", "vocab", "data.preview", "data.prepare", "data.benchmark")),
+)
+PROGRAMS = frozenset(LAYERS[-1][1])
+# Loading a config is `import configs.<name>` (configs/ is an installed package), never these.
+CONFIG_LOADERS = frozenset({"importlib", "importlib.util", "importlib.machinery", "runpy"})
+
+
+def layer_of(name: str, package: str = "bertjax") -> int:
+    """The index in LAYERS of a dotted module name of the package (its longest listed prefix)."""
+    relative = name.removeprefix(package).removeprefix(".")
+    best, best_length = None, -1
+    for index, (_, prefixes) in enumerate(LAYERS):
+        for prefix in prefixes:
+            matches = relative == prefix or (prefix and relative.startswith(prefix + "."))
+            if matches and len(prefix) > best_length:
+                best, best_length = index, len(prefix)
+    if best is None:
+        raise AssertionError(f"{name} is in no layer: add it to LAYERS in tests/test_layout.py")
+    return best
+
+
+def import_lines(name: str, path: pathlib.Path, modules: dict) -> list[tuple[int, str]]:
+    """(line, module) for every import statement of `name`, at any depth: `import a.b` targets a.b (the
+    package modules nearest it), `from a import b` targets a.b where b is a module, else a. Imports of
+    anything outside the package are kept by their own name (runpy, importlib, ...)."""
+    out = []
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.Import):
+            names = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                package = name.split(".") if path.name == "__init__.py" else name.split(".")[:-1]
+                base = ".".join(package[: len(package) - node.level + 1] + ([base] if base else []))
+            names = [f"{base}.{a.name}" if f"{base}.{a.name}" in modules else base for a in node.names]
+        else:
+            continue
+        for target in dict.fromkeys(names):
+            nearest = target
+            while nearest and nearest not in modules:
+                nearest = nearest.rpartition(".")[0]
+            out.append((node.lineno, nearest or target))
+    return out
+
+
+def layering_violations(root: pathlib.Path, package: str = "bertjax") -> list[str]:
+    """One line per import that runs against LAYERS, per library module importing a program, and per
+    importlib/runpy import (configs are loaded by importing the configs package's modules)."""
+    modules = package_modules(root, package)
+    problems = []
+    for name, path in sorted(modules.items()):
+        where = path.relative_to(root)
+        own = layer_of(name, package)
+        for line, target in import_lines(name, path, modules):
+            if target in CONFIG_LOADERS:
+                problems.append(f"{where}:{line}: {name} imports {target}: load a config as `import "
+                                f"configs.<name>` (configs/ is a package), not by path or by name")
+            if target not in modules or target == package:  # the package itself runs before any of its modules
+                continue
+            theirs = layer_of(target, package)
+            if theirs > own:
+                what = ("a program" if theirs == len(LAYERS) - 1 else f"layer {LAYERS[theirs][0]}")
+                problems.append(f"{where}:{line}: {name} (layer {LAYERS[own][0]}) imports {target} ({what}): "
+                                f"move the code it needs down, or this code up")
+    return problems
+
+
+def test_imports_follow_the_layers():
+    problems = layering_violations(REPO)
+    assert not problems, "imports against the layers (lowest first: " + " < ".join(
+        n for n, _ in LAYERS) + "):\n" + "\n".join(problems)
+
+
+def test_layer_checker_catches_upward_imports(tmp_path):
+    def write(relative, text=""):
+        target = tmp_path / "bertjax" / relative
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_text(text)
+
+    for package in ("", "text/", "data/", "training/"):
+        write(package + "__init__.py")
+    write("text/files.py", "import os\n")
+    write("data/inputs.py", "from bertjax.text import files\n")  # downward: fine
+    write("training/workdir.py", "from bertjax.text import files\n")
+    write("text/vocab.py", "import os\n\n\ndef entry():\n    from bertjax import console\n")  # a program
+    write("data/stream.py", "import json\n\n\ndef f():\n    from bertjax.training import workdir as w\n")
+    write("data/preview.py", "from bertjax.training import workdir\nimport bertjax.console\n")  # a program: fine
+    write("console.py", "import runpy\n")
+    problems = layering_violations(tmp_path)
+    assert len(problems) == 3, problems
+    assert problems[0].startswith("bertjax/console.py:1: bertjax.console imports runpy")
+    assert problems[1].startswith("bertjax/data/stream.py:5: bertjax.data.stream (layer data) imports "
+                                  "bertjax.training.workdir (layer training)")
+    assert problems[2].startswith("bertjax/text/vocab.py:5: bertjax.text.vocab (layer text) imports "
+                                  "bertjax.console (a program)")
+
+
+def test_every_module_imports_in_one_process_without_duplicate_flags():
+    """Programs define their flags when entered, so importing all of them together (a notebook, the
+    tests) defines none twice."""
+    names = sorted(n for n in package_modules() if not n.endswith("__main__"))
+    code = "import importlib\n" + "".join(f"importlib.import_module({n!r})\n" for n in names)
+    env = dict(os.environ, PYTHONPATH=str(REPO), JAX_PLATFORMS="cpu", CUDA_VISIBLE_DEVICES="")
+    result = subprocess.run([sys.executable, "-c", code], env=env, cwd=REPO, capture_output=True, text=True,
+                            timeout=600)
+    assert result.returncode == 0, result.stderr[-3000:]

@@ -10,7 +10,9 @@ import numpy as np
 import pytest
 
 from bertjax.training import sharding
-from bertjax.training import trainer
+from bertjax.training import loop
+from bertjax.training import pretraining
+from bertjax.training import state as train_state
 from bertjax.data import synthetic
 from test_train import small_config  # tests/ is on sys.path under pytest
 
@@ -20,8 +22,8 @@ def setup():
     config = small_config()
     mesh = sharding.make_mesh({"data": -1, "fsdp": 1, "tensor": 1}, jax.devices()[:2])
     rules = sharding.logical_rules(config.logical_axis_rules)
-    init_key, dropout_key = trainer.root_keys(0)
-    s = trainer.Setup.create(config, mesh, rules, init_key)
+    init_key, dropout_key = train_state.root_keys(0)
+    s = pretraining.setup(config, mesh, rules, init_key)
     data_sharding = sharding.batch_sharding(mesh, rules)
     step_fn, _ = s.compile_steps(data_sharding, 1)
     return dict(setup=s, step_fn=step_fn, init_key=init_key, dropout_key=dropout_key, data_sharding=data_sharding,
@@ -33,7 +35,7 @@ def batches(ctx, start):
     while True:
         host = synthetic.synthetic_batch(step, batch_size=16, max_seq_length=32, max_predictions_per_seq=5,
                                          vocab_size=96)
-        yield sharding.global_batch({k: host[k] for k in trainer.BATCH_KEYS}, ctx["data_sharding"])
+        yield sharding.global_batch({k: host[k] for k in pretraining.BATCH_KEYS}, ctx["data_sharding"])
         step += 1
 
 
@@ -50,18 +52,18 @@ class Recorder:
             self.logged.append((step, int(window["steps"])))
             self.losses[step] = float(window["loss_sum"])
 
-        return trainer.Hooks(log=log, evaluate=lambda state, step: self.evaluated.append(step),
+        return loop.Hooks(log=log, evaluate=lambda state, step: self.evaluated.append(step),
                              save=lambda state, step, force: self.saved.append((step, force)),
                              should_stop=lambda step: step == self.stop_at,
                              after_step=[lambda step, state: self.after.append(step)])
 
 
 def run(ctx, start, total, recorder, state=None, **every):
-    steps = trainer.LoopSteps(start=start, total=total, **{"log_every": 1, "eval_every": 100, "save_every": 100,
+    steps = loop.LoopSteps(start=start, total=total, **{"log_every": 1, "eval_every": 100, "save_every": 100,
                                                           **every})
     state = state if state is not None else ctx["setup"].init(ctx["init_key"])
     with jax.set_mesh(ctx["mesh"]):
-        return trainer.run_loop(state, ctx["step_fn"], batches(ctx, start), ctx["dropout_key"], steps,
+        return loop.run_loop(state, ctx["step_fn"], batches(ctx, start), ctx["dropout_key"], steps,
                                 recorder.hooks())
 
 
@@ -93,9 +95,9 @@ def test_a_nan_stops_the_loop_before_it_logs_or_saves(setup):
         return state, dict(sums, nonfinite=jnp.float32(state.step > 2))
 
     rec = Recorder()
-    steps = trainer.LoopSteps(start=0, total=6, log_every=5, eval_every=100, save_every=4)
+    steps = loop.LoopSteps(start=0, total=6, log_every=5, eval_every=100, save_every=4)
     with jax.set_mesh(setup["mesh"]), pytest.raises(FloatingPointError, match="NaN or inf between steps 1 and 4"):
-        trainer.run_loop(setup["setup"].init(setup["init_key"]), nan_after_two, batches(setup, 0),
+        loop.run_loop(setup["setup"].init(setup["init_key"]), nan_after_two, batches(setup, 0),
                          setup["dropout_key"], steps, rec.hooks())
     assert rec.saved == [] and rec.logged == []
 
@@ -103,11 +105,31 @@ def test_a_nan_stops_the_loop_before_it_logs_or_saves(setup):
 def test_the_profiler_hook_writes_a_trace(setup, tmp_path):
     rec = Recorder()
     hooks = rec.hooks()
-    hooks.after_step = [trainer.Profiler(str(tmp_path / "profile"), first=2, count=2)]
-    steps = trainer.LoopSteps(start=0, total=4, log_every=4, eval_every=100, save_every=100)
+    hooks.after_step = [loop.Profiler(str(tmp_path / "profile"), first=2, count=2)]
+    steps = loop.LoopSteps(start=0, total=4, log_every=4, eval_every=100, save_every=100)
     with jax.set_mesh(setup["mesh"]):
-        trainer.run_loop(setup["setup"].init(setup["init_key"]), setup["step_fn"], batches(setup, 0),
+        loop.run_loop(setup["setup"].init(setup["init_key"]), setup["step_fn"], batches(setup, 0),
                          setup["dropout_key"], steps, hooks)
     assert list(pathlib.Path(tmp_path / "profile").rglob("*.xplane.pb"))
     with pytest.raises(ValueError, match="profile_first_step=1 must be 2 or more"):
-        trainer.Profiler(str(tmp_path), first=1, count=2)
+        loop.Profiler(str(tmp_path), first=1, count=2)
+
+
+def test_the_loop_holds_the_signal_handlers_only_while_it_runs(setup):
+    """SIGTERM during the loop saves and stops it; before and after, the program's own handlers stand."""
+    import signal
+
+    from bertjax.training.preemption import Preemption
+
+    before = signal.getsignal(signal.SIGTERM), signal.getsignal(signal.SIGINT)
+    preemption = Preemption()
+    rec = Recorder()
+    hooks = rec.hooks()
+    hooks.preemption = preemption
+    hooks.after_step = [lambda step, state: step == 2 and signal.raise_signal(signal.SIGTERM)]
+    steps = loop.LoopSteps(start=0, total=6, log_every=1, eval_every=100, save_every=100)
+    with jax.set_mesh(setup["mesh"]):
+        state, stopped = loop.run_loop(setup["setup"].init(setup["init_key"]), setup["step_fn"], batches(setup, 0),
+                                       setup["dropout_key"], steps, hooks)
+    assert stopped == 2 and rec.saved == [(2, True)] and preemption.exit_code == 0 and preemption.name == "SIGTERM"
+    assert (signal.getsignal(signal.SIGTERM), signal.getsignal(signal.SIGINT)) == before

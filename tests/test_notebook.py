@@ -1,5 +1,6 @@
-"""docs/notebooks/evaluate.ipynb: stored clean, and it runs top to bottom on a short tiny pretraining run,
-its fine-tuned classifier beating the majority class."""
+"""docs/notebooks/evaluate.ipynb: stored with the outputs of a run (so a reader on GitHub sees its pictures),
+and it runs top to bottom on a short tiny pretraining run, its fine-tuned classifier beating the majority
+class."""
 
 import html
 import os
@@ -21,13 +22,21 @@ def code_cells(nb):
     return [cell for cell in nb.cells if cell.cell_type == "code"]
 
 
-def test_the_notebook_is_stored_without_outputs():
-    """Outputs would put one machine's results (and images) into every diff; they are made by running it."""
+def test_the_notebook_is_stored_with_the_outputs_of_one_run():
+    """GitHub shows the stored outputs: every code cell ran, once, in order, without an error, and the
+    pictures are there. Kept small enough to diff and to load in a browser."""
     nb = nbformat.read(NOTEBOOK, as_version=4)
     nbformat.validate(nb)
-    assert code_cells(nb)
-    for cell in code_cells(nb):
-        assert cell.outputs == [] and cell.execution_count is None, cell.source[:80]
+    cells = code_cells(nb)
+    assert cells
+    assert [cell.execution_count for cell in cells] == list(range(1, len(cells) + 1))
+    outputs = [output for cell in cells for output in cell.outputs]
+    assert not [o for o in outputs if o.output_type == "error"]
+    assert sum("image/png" in o.get("data", {}) for o in outputs) >= 3  # curves, attention map, confusion matrix
+    assert NOTEBOOK.stat().st_size < 1_500_000
+    # The cells' own defaults made them (the README's runs/tiny, the full-size task), not a test's settings.
+    printed = "".join(o.text for o in outputs if o.output_type == "stream" and o.name == "stdout")
+    assert re.search(r"LoadedBert\(\S*/runs/tiny: ", printed) and "1000 training and 300 dev examples" in printed
 
 
 @pytest.mark.slow
@@ -57,12 +66,15 @@ def test_the_evaluation_notebook_runs_on_a_short_tiny_run(tmp_path, monkeypatch)
     specs = KernelSpecManager(kernel_dirs=[str(tmp_path / "jupyter" / "share" / "jupyter" / "kernels")])
     assert specs.get_kernel_spec("bertjax-test").argv[0] == sys.executable
 
-    nb = nbformat.read(NOTEBOOK, as_version=4)
+    nb = nbformat.read(NOTEBOOK, as_version=4)  # executed in memory: the stored outputs stay as they are
+    for cell in code_cells(nb):
+        cell.outputs, cell.execution_count = [], None
     client = NotebookClient(
         nb, km=KernelManager(kernel_name="bertjax-test", kernel_spec_manager=specs), kernel_name="bertjax-test",
         timeout=300, resources={"metadata": {"path": str(REPO)}},
     )
     client.execute()  # raises CellExecutionError, with the cell and its traceback, if any cell fails
+    nbformat.write(nb, tmp_path / "evaluate.ipynb")  # a copy to look at; the stored one is left alone
 
     outputs = [output for cell in code_cells(nb) for output in cell.outputs]
     assert not [o for o in outputs if o.output_type == "error"]

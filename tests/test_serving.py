@@ -12,6 +12,7 @@ Shape legend (as in bertjax/model.py): B batch, S max_seq_length, H hidden size,
 import json
 import os
 import pathlib
+import re
 import shutil
 import subprocess
 import sys
@@ -260,3 +261,42 @@ def test_a_length_the_model_cannot_take_is_refused(workdir, tmp_path):
     with pytest.raises(ValueError, match="max_position_embeddings=64"):
         savedmodel.export_savedmodel(bert, str(tmp_path / "too-long"), max_seq_length=65)
     assert not (tmp_path / "too-long").exists()
+
+
+def readme_loading_snippet() -> str:
+    """The README's Export section's Python block that loads the SavedModel."""
+    readme = (REPO / "README.md").read_text(encoding="utf-8")
+    section = readme.split("\n## Export\n", 1)[1].split("\n## ", 1)[0]
+    blocks = re.findall(r"```python\n(.*?)```", section, flags=re.S)
+    assert len(blocks) == 1 and "tf.saved_model.load(" in blocks[0], blocks
+    return blocks[0]
+
+
+@pytest.mark.slow
+def test_the_exported_savedmodel_loads_with_only_the_imports_the_readme_names(workdir, tmp_path):
+    """python -m bertjax.export --format=savedmodel, then the README's snippet as written (its path changed)
+    in a fresh Python. Without tensorflow_text the same load fails with the error the README names, and
+    the export's last line says so too."""
+    exported = tmp_path / "serving"
+    done = subprocess.run([sys.executable, "-m", "bertjax.export", f"--from={workdir}", f"--to={exported}",
+                           "--format=savedmodel", f"--max_seq_length={S}"], env=ENV, cwd=REPO, capture_output=True,
+                          text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    last = done.stdout.strip().splitlines()[-1]
+    assert "import tensorflow as tf, tensorflow_text" in last and "NormalizeUTF8" in last, last
+    assert "import tensorflow_text" in (exported / "README.md").read_text()  # the model card
+
+    snippet = readme_loading_snippet()
+    assert snippet.splitlines()[0].startswith("import tensorflow as tf, tensorflow_text")
+    check = ("import json, sys\n" + snippet.replace('"exports/tiny-serving"', repr(str(exported)))
+             + "\nprint(json.dumps({'shape': list(out['pooled_output'].shape), 'signatures': sorted(served.signatures),"
+             " 'modules': sorted(m for m in ('flax', 'bertjax') if m in sys.modules)}))\n")
+    done = subprocess.run([sys.executable, "-c", check], env=ENV, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    loaded = json.loads(done.stdout.strip().splitlines()[-1])
+    assert loaded == {"shape": [1, bertjax.load(workdir).config.hidden_size], "signatures": ["encode", "fill_mask"],
+                      "modules": []}
+
+    without = check.replace("import tensorflow as tf, tensorflow_text", "import tensorflow as tf", 1)
+    done = subprocess.run([sys.executable, "-c", without], env=ENV, capture_output=True, text=True, timeout=300)
+    assert done.returncode != 0 and "Op type not registered 'NormalizeUTF8'" in done.stderr, done.stderr[-3000:]

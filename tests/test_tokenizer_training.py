@@ -1,4 +1,4 @@
-"""Learning vocabularies (bertjax/text/vocab.py, `python -m bertjax.text.vocab train`) and the SentencePiece
+"""Learning vocabularies (bertjax/text/vocab.py, `python -m bertjax.vocab train`) and the SentencePiece
 tokenizer, on a small English corpus the tests write themselves."""
 
 import gzip
@@ -271,7 +271,7 @@ def test_load_tokenizer(wordpiece_vocab, sp_model):
         load_tokenizer("bpe", wordpiece_vocab)
 
 
-# --- The program: python -m bertjax.text.vocab train
+# --- The program: python -m bertjax.vocab train
 
 
 def _program_lines(stderr: str) -> list[str]:
@@ -294,7 +294,7 @@ def cli_runs(corpus_dir, tmp_path_factory):
     }
     env = dict(os.environ, PYTHONPATH=str(REPO))
     procs = {
-        name: subprocess.Popen([sys.executable, "-m", "bertjax.text.vocab", *args], env=env, cwd=out,
+        name: subprocess.Popen([sys.executable, "-m", "bertjax.vocab", *args], env=env, cwd=out,
                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         for name, args in commands.items()
     }

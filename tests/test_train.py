@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 
 from bertjax.training import sharding
-from bertjax.training import trainer
+from bertjax.training import pretraining
 from bertjax.data import synthetic
 from bertjax.text import vocab
 
@@ -42,7 +42,7 @@ def run_steps(config, mesh_shape, num_steps=4, devices=None):
     mesh = sharding.make_mesh(dict(zip(sharding.MESH_AXES, mesh_shape)), devices)
     rules = sharding.logical_rules(config.logical_axis_rules)
     init_key, dropout_key = jax.random.split(jax.random.key(config.train.seed))
-    setup = trainer.Setup.create(config, mesh, rules, init_key)
+    setup = pretraining.setup(config, mesh, rules, init_key)
     data_sharding = sharding.batch_sharding(mesh, rules)
     step_fn, _ = setup.compile_steps(data_sharding, config.train.grad_accum_steps)
     state = setup.init(init_key)
@@ -70,7 +70,7 @@ def test_the_step_keeps_its_activation_shardings_wherever_it_is_lowered():
     mesh = sharding.make_mesh({"data": 1, "fsdp": 8, "tensor": 1})
     rules = sharding.logical_rules(config.logical_axis_rules)
     init_key, dropout_key = jax.random.split(jax.random.key(0))
-    setup = trainer.Setup.create(config, mesh, rules, init_key)
+    setup = pretraining.setup(config, mesh, rules, init_key)
     data_sharding = sharding.batch_sharding(mesh, rules)
     host = synthetic.synthetic_batch(0, batch_size=16, max_seq_length=32, max_predictions_per_seq=5, vocab_size=96)
     batch = {k: jax.ShapeDtypeStruct(v.shape, v.dtype, sharding=data_sharding) for k, v in host.items()}

@@ -16,6 +16,7 @@ import sys
 import numpy as np
 import pytest
 
+from bertjax.text import files
 from bertjax.training import workdir as workdirs
 from bertjax.training import writers
 
@@ -133,12 +134,12 @@ def test_a_vocabulary_learned_into_a_remote_workdir(gcs):
 
 
 def test_paths_and_old_absolute_vocabularies(tmp_path):
-    assert workdirs.join("gs://b/run/", "checkpoints") == "gs://b/run/checkpoints"
-    assert workdirs.join(str(tmp_path), "x") == os.path.join(str(tmp_path), "x")
+    assert files.join("gs://b/run/", "checkpoints") == "gs://b/run/checkpoints"
+    assert files.join(str(tmp_path), "x") == os.path.join(str(tmp_path), "x")
     assert workdirs.resolve_vocabulary("vocab.txt", "gs://b/run") == "gs://b/run/vocab.txt"
     assert workdirs.resolve_vocabulary("/old/place/vocab.txt", "gs://b/run") == "/old/place/vocab.txt"
     with pytest.raises(ValueError, match="cannot write to the workdir foo://b/run"):
-        workdirs.make("foo://b/run")
+        files.make("foo://b/run")
 
 
 WORDS = ("the river city north old museum built century king village church music long bridge water "

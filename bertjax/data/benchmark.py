@@ -17,10 +17,16 @@ from absl import app, flags
 
 from bertjax import console
 
-_INPUT = flags.DEFINE_string("input_pattern", None, "Text files (sentence per line); the demo corpus if unset.")
-_VOCAB = flags.DEFINE_string("vocab_path", None, "A WordPiece vocab.txt; learned from the corpus if unset.")
-_NUM_EXAMPLES = flags.DEFINE_integer("num_examples", 20_000, "Examples to time per measurement.")
-_BATCH = flags.DEFINE_integer("batch_size", 256, "Examples per batch.")
+_FLAGS = {}  # defined by entry(): importing this module defines no flags
+
+
+def _define_flags() -> None:
+    _FLAGS.update(
+        input=flags.DEFINE_string("input_pattern", None, "Text files (sentence per line); the demo corpus if unset."),
+        vocab=flags.DEFINE_string("vocab_path", None, "A WordPiece vocab.txt; learned from the corpus if unset."),
+        num_examples=flags.DEFINE_integer("num_examples", 20_000, "Examples to time per measurement."),
+        batch=flags.DEFINE_integer("batch_size", 256, "Examples per batch."),
+    )
 
 
 def measure(stream, num_examples: int, batch_size: int, threads: int | None) -> float:
@@ -37,20 +43,18 @@ def measure(stream, num_examples: int, batch_size: int, threads: int | None) -> 
 def main(argv):
     if len(argv) > 1:
         raise app.UsageError(f"unexpected arguments: {argv[1:]}")
-    import tensorflow as tf
-
     from bertjax.data import demo, prepared, sources
     from bertjax.data import pretraining as pt
-    from bertjax.text import files, tokenizers
+    from bertjax.text import files, tf_cpu, tokenizers
     from bertjax.text import vocab as vocabularies
 
-    tf.config.set_visible_devices([], "GPU")
-    if _INPUT.value:
-        documents = list(sources.read_text_documents(files.expand_pattern(_INPUT.value), "sentences"))
+    tf_cpu.import_tensorflow()
+    if _FLAGS["input"].value:
+        documents = list(sources.read_text_documents(files.expand_pattern(_FLAGS["input"].value), "sentences"))
     else:
         documents = demo.demo_documents()
     tmp = tempfile.mkdtemp(prefix="bertjax-data-benchmark-")
-    vocab_path = _VOCAB.value
+    vocab_path = _FLAGS["vocab"].value
     if not vocab_path:
         vocab_path = vocabularies.learn_wordpiece_vocab(
             (s for d in documents for s in d), 8192, True, os.path.join(tmp, "vocab.txt"))
@@ -79,7 +83,7 @@ def main(argv):
             stream = pt.PretrainingStream(source_corpus, spec, seed=0, max_seq_length=seq)
             setup_s = time.perf_counter() - start
             for threads in (1, os.cpu_count()):
-                rate = measure(stream, _NUM_EXAMPLES.value, _BATCH.value, threads)
+                rate = measure(stream, _FLAGS["num_examples"].value, _FLAGS["batch"].value, threads)
                 print(f"{seq:>4} {source:>9} {threads:>8} {rate:>11,.0f} {rate / threads:>9,.0f}  "
                       f"{setup_s:.1f}s to examples ({stream.examples_per_epoch:,} pairs/epoch)")
 
@@ -89,12 +93,13 @@ def main(argv):
     for step in (0, 1_000_000):
         start = time.perf_counter()
         stream = pt.PretrainingStream(prepared.load_corpus(tmp, "train", 0, 1), spec, seed=0, max_seq_length=128)
-        next(stream.dataset(_BATCH.value, start_step=step).as_numpy_iterator())
-        epoch, _ = stream.locate(step * _BATCH.value)
+        next(stream.dataset(_FLAGS["batch"].value, start_step=step).as_numpy_iterator())
+        epoch, _ = stream.locate(step * _FLAGS["batch"].value)
         print(f"first batch at step {step:>9,} (epoch {epoch:,}): {time.perf_counter() - start:.2f}s")
 
 
 def entry():
+    _define_flags()
     app.run(main, flags_parser=console.parse_flags)
 
 

@@ -20,10 +20,10 @@ from typing import Iterable, Iterator, Sequence, TypeVar
 from absl import logging
 from etils import epath
 
-from bertjax.training import workdir as workdirs
 from bertjax.data import prepared
 from bertjax.data import pretraining as pt
 from bertjax.data import sources
+from bertjax.text import files
 from bertjax.text import tokenizers
 from bertjax.text import vocab as vocabularies
 
@@ -76,8 +76,10 @@ def vocabulary_path(data, workdir: str | None) -> str:
         return data.vocab_path
     if not workdir:
         raise ValueError("data.vocab_path is not set and there is no workdir to learn a vocabulary into")
-    name = "vocab.txt" if data.tokenizer == "wordpiece" else "sentencepiece.model"
-    return workdirs.join(workdir, name) if workdirs.is_remote(workdir) else os.path.join(workdir, name)
+    if data.tokenizer not in files.VOCAB_FILES:
+        raise ValueError(f"data.tokenizer={data.tokenizer!r}: choose {' or '.join(files.VOCAB_FILES)}")
+    name = files.VOCAB_FILES[data.tokenizer]
+    return files.join(workdir, name) if files.is_remote(workdir) else os.path.join(workdir, name)
 
 
 def load_or_learn_tokenizer(data, workdir: str | None, train_documents: Sequence[list[str]] | None):
@@ -108,7 +110,7 @@ def load_or_learn_tokenizer(data, workdir: str | None, train_documents: Sequence
             raise ValueError(f"data.tokenizer={data.tokenizer!r}: choose wordpiece or sentencepiece")
         # The learners write beside and rename: a crash or a second host never leaves a half file. A
         # remote workdir gets the finished files copied in, each object whole.
-        with tempfile.TemporaryDirectory() if workdirs.is_remote(path) else contextlib.nullcontext() as local:
+        with tempfile.TemporaryDirectory() if files.is_remote(path) else contextlib.nullcontext() as local:
             out_path = os.path.join(local, vocab.name) if local else path
             os.makedirs(os.path.dirname(out_path) or ".", exist_ok=True)
             if data.tokenizer == "wordpiece":
@@ -118,9 +120,9 @@ def load_or_learn_tokenizer(data, workdir: str | None, train_documents: Sequence
                 vocabularies.learn_sentencepiece_model(sentences, data.vocab_size, out_path=out_path,
                                                        lower_case=data.lower_case)
             for name in sorted(os.listdir(local)) if local else ():  # the vocabulary and its listing
-                workdirs.write_bytes(str(vocab.parent / name), epath.Path(local, name).read_bytes())
-        workdirs.write_bytes(path + ".json", json.dumps(request).encode("utf-8"))
-    local_path = workdirs.local_copy(path)  # the tokenizers read local files
+                files.write_bytes(str(vocab.parent / name), epath.Path(local, name).read_bytes())
+        files.write_bytes(path + ".json", json.dumps(request).encode("utf-8"))
+    local_path = files.local_copy(path)  # the tokenizers read local files
     return tokenizers.load_tokenizer(data.tokenizer, local_path, lower_case=data.lower_case), path
 
 
@@ -186,7 +188,7 @@ def build_inputs(data, *, workdir: str | None, process_index: int = 0, process_c
     )
     return PretrainingInputs(
         tokenizer=tokenizer,
-        vocab_path=vocab_path if workdirs.is_remote(vocab_path) else os.path.abspath(vocab_path),
+        vocab_path=vocab_path if files.is_remote(vocab_path) else os.path.abspath(vocab_path),
         train=make_stream(train_corpus, data, tokenizer, shard=process_index),
         # Its own seed stream, so held-out examples share no random draws with training ones.
         eval=make_stream(eval_corpus, data, tokenizer, shard=process_index, seed_offset=1_000_003),

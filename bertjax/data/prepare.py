@@ -24,12 +24,18 @@ from ml_collections import config_flags
 
 from bertjax import console
 
-_CONFIG = config_flags.DEFINE_config_file("config", None, "A configs/<size>.py file (its data section is used).")
-_OUTPUT_DIR = flags.DEFINE_string("output_dir", None, "Where the shards and metadata.json go.")
-_NUM_SHARDS = flags.DEFINE_integer("num_shards", 16, "Output shards per split; a multiple of the training hosts.")
-_NUM_WORKERS = flags.DEFINE_integer("num_workers", os.cpu_count() or 1, "Worker processes on this host.")
-_PROCESS_INDEX = flags.DEFINE_integer("process_index", 0, "This host's index, when several hosts prepare.")
-_PROCESS_COUNT = flags.DEFINE_integer("process_count", 1, "How many hosts prepare (and will train).")
+_FLAGS = {}  # defined by entry(): importing this module defines no flags
+
+
+def _define_flags() -> None:
+    _FLAGS.update(
+        config=config_flags.DEFINE_config_file("config", None, "A configs/<size>.py file (its data section is used)."),
+        output_dir=flags.DEFINE_string("output_dir", None, "Where the shards and metadata.json go."),
+        num_shards=flags.DEFINE_integer("num_shards", 16, "Output shards per split; a multiple of the training hosts."),
+        num_workers=flags.DEFINE_integer("num_workers", os.cpu_count() or 1, "Worker processes on this host."),
+        process_index=flags.DEFINE_integer("process_index", 0, "This host's index, when several hosts prepare."),
+        process_count=flags.DEFINE_integer("process_count", 1, "How many hosts prepare (and will train)."),
+    )
 
 
 def shard_documents(data, shard: int, num_shards: int):
@@ -86,30 +92,30 @@ def main(argv):
     from bertjax.data import prepared
     from bertjax.text import sentences
 
-    data = _CONFIG.value.data
-    output_dir, num_shards = _OUTPUT_DIR.value, _NUM_SHARDS.value
+    data = _FLAGS["config"].value.data
+    output_dir, num_shards = _FLAGS["output_dir"].value, _FLAGS["num_shards"].value
     if not output_dir:
         console.fail("--output_dir is required")
     if not data.vocab_path:
         console.fail("prepare needs --config.data.vocab_path: learn one first with "
-                 "python -m bertjax.text.vocab train --input=... --vocab_size=... --out=...")
+                 "python -m bertjax.vocab train --input=... --vocab_size=... --out=...")
     try:  # here, not in a worker: a missing package is one line, not a worker's traceback
         sentences.get_splitter(data.sentence_splitter)
     except ValueError as e:
         console.fail(str(e))
-    if num_shards % _PROCESS_COUNT.value:
-        console.fail(f"--num_shards={num_shards} must be a multiple of --process_count={_PROCESS_COUNT.value}")
+    if num_shards % _FLAGS["process_count"].value:
+        console.fail(f"--num_shards={num_shards} must be a multiple of --process_count={_FLAGS['process_count'].value}")
     os.makedirs(output_dir, exist_ok=True)
-    if _PROCESS_INDEX.value == 0:
+    if _FLAGS["process_index"].value == 0:
         vocab_name = os.path.basename(data.vocab_path)
         shutil.copy(data.vocab_path, os.path.join(output_dir, vocab_name))
         prepared.write_metadata(output_dir, tokenizer=data.tokenizer, vocab_name=vocab_name,
                                 lower_case=data.lower_case, num_shards=num_shards, eval_fraction=data.eval_fraction)
-    shards = list(range(_PROCESS_INDEX.value, num_shards, _PROCESS_COUNT.value))
+    shards = list(range(_FLAGS["process_index"].value, num_shards, _FLAGS["process_count"].value))
     start = time.time()
     # Spawned, not forked: TensorFlow's runtime does not survive a fork.
     context = multiprocessing.get_context("spawn")
-    with concurrent.futures.ProcessPoolExecutor(max_workers=_NUM_WORKERS.value, mp_context=context) as pool:
+    with concurrent.futures.ProcessPoolExecutor(max_workers=_FLAGS["num_workers"].value, mp_context=context) as pool:
         futures = {pool.submit(prepare_shard, data.to_dict(), k, num_shards, output_dir): k for k in shards}
         totals = {"train": [0, 0], "eval": [0, 0]}
         for future in concurrent.futures.as_completed(futures):
@@ -124,6 +130,7 @@ def main(argv):
 
 def entry():
     """The console program `bertjax-prepare`, as `python -m bertjax.data.prepare`."""
+    _define_flags()
     app.run(main, flags_parser=console.parse_flags)
 
 

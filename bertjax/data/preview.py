@@ -18,15 +18,20 @@ from ml_collections import config_flags
 
 from bertjax import console
 
-_CONFIG = config_flags.DEFINE_config_file("config", None, "A configs/<size>.py file.")
-_NUM_EXAMPLES = flags.DEFINE_integer("num_examples", 5, "How many examples to show.")
-_FORMAT = flags.DEFINE_enum("format", "text", ["text", "jsonl"], "text for people, jsonl for tools.")
-_SPLIT = flags.DEFINE_enum("split", "train", ["train", "eval"], "The training stream or the held-out one.")
-_START_STEP = flags.DEFINE_integer("start_step", 0, "Show the examples of this training step on (those of a "
-                                   "one-host run: from example start_step x train.batch_size).")
-_WORKDIR = flags.DEFINE_string(
-    "workdir", None, "Where a learned vocabulary is cached (as in training); a temporary folder if unset."
-)
+_FLAGS = {}  # defined by entry(): importing this module defines no flags
+
+
+def _define_flags() -> None:
+    _FLAGS.update(
+        config=config_flags.DEFINE_config_file("config", None, "A configs/<size>.py file."),
+        num_examples=flags.DEFINE_integer("num_examples", 5, "How many examples to show."),
+        format=flags.DEFINE_enum("format", "text", ["text", "jsonl"], "text for people, jsonl for tools."),
+        split=flags.DEFINE_enum("split", "train", ["train", "eval"], "The training stream or the held-out one."),
+        start_step=flags.DEFINE_integer("start_step", 0, "Show the examples of this training step on (those of a "
+                                        "one-host run: from example start_step x train.batch_size)."),
+        workdir=flags.DEFINE_string("workdir", None, "Where a learned vocabulary is cached (as in training); a "
+                                    "temporary folder if unset."),
+    )
 
 
 def example_record(tokenizer, ex: dict) -> dict:
@@ -68,26 +73,27 @@ def main(argv):
         raise app.UsageError(f"unexpected arguments: {argv[1:]}")
     from bertjax.data import inputs
 
-    config = _CONFIG.value
-    workdir = _WORKDIR.value or tempfile.mkdtemp(prefix="bertjax-preview-")
+    config = _FLAGS["config"].value
+    workdir = _FLAGS["workdir"].value or tempfile.mkdtemp(prefix="bertjax-preview-")
     try:
         data = inputs.build_inputs(config.data, workdir=workdir)
     except (ValueError, FileNotFoundError) as e:
         console.fail(str(e))
-    stream = data.train if _SPLIT.value == "train" else data.eval
+    stream = data.train if _FLAGS["split"].value == "train" else data.eval
     # The stream batched as training batches it, so that step N means the examples training sees at step N.
     batch_size = config.train.batch_size
-    dataset = stream.dataset(batch_size, start_step=_START_STEP.value).unbatch().take(_NUM_EXAMPLES.value)
+    dataset = stream.dataset(batch_size, start_step=_FLAGS["start_step"].value).unbatch().take(_FLAGS["num_examples"].value)
     for i, ex in enumerate(dataset.as_numpy_iterator()):
-        if _FORMAT.value == "jsonl":
+        if _FLAGS["format"].value == "jsonl":
             print(json.dumps(example_record(data.tokenizer, ex)))
         else:
-            print(format_text(data.tokenizer, ex, _START_STEP.value * batch_size + i), end="\n\n")
+            print(format_text(data.tokenizer, ex, _FLAGS["start_step"].value * batch_size + i), end="\n\n")
     sys.stdout.flush()
 
 
 def entry():
     """The console program `bertjax-preview`, as `python -m bertjax.data.preview`."""
+    _define_flags()
     app.run(main, flags_parser=console.parse_flags)
 
 

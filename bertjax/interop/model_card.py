@@ -5,7 +5,7 @@ metrics.jsonl and, for a fine-tuned model, summary.json."""
 import json
 
 from bertjax.models import bert as bert_model
-from bertjax.training import workdir as workdirs
+from bertjax.text import files
 
 # How each export format is loaded, shown in the card.
 _LOADING = {
@@ -15,9 +15,13 @@ from transformers import AutoTokenizer, {auto_class}, pipeline
 tokenizer = AutoTokenizer.from_pretrained("{path}")
 model = {auto_class}.from_pretrained("{path}")
 {pipeline}```""",
-    "savedmodel": """```python
+    "savedmodel": """Python needs `tensorflow` and `tensorflow-text` (`pip install tensorflow tensorflow-text`), and
+`import tensorflow_text` before loading: it registers the tokenizer's ops the graph runs (`NormalizeUTF8`
+and others), and without it `tf.saved_model.load` fails with "Op type not registered 'NormalizeUTF8'".
+
+```python
 import tensorflow as tf
-import tensorflow_text  # registers the tokenizer's ops
+import tensorflow_text  # registers the tokenizer's ops (NormalizeUTF8 and others): import it before loading
 
 served = tf.saved_model.load("{path}")
 served.signatures["encode"](texts=tf.constant(["A sentence."]))
@@ -41,7 +45,7 @@ _AUTO_CLASS = {None: "AutoModelForMaskedLM", "classification": "AutoModelForSequ
 
 
 def _read_json_lines(path: str) -> list[dict]:
-    p = workdirs.path(path)
+    p = files.path(path)
     if not p.exists():
         return []
     lines = []
@@ -54,7 +58,7 @@ def _read_json_lines(path: str) -> list[dict]:
 
 
 def _read_json(path: str) -> dict:
-    p = workdirs.path(path)
+    p = files.path(path)
     return json.loads(p.read_text()) if p.exists() else {}
 
 
@@ -65,80 +69,106 @@ def _figures(line: dict, keys) -> str:
 def model_card(*, workdir: str, meta: dict, params: dict, export_format: str, path_hint: str) -> str:
     """The card's markdown text."""
     cfg = bert_model.BertConfig.from_dict(meta["model"])
-    config = _read_json(workdirs.join(workdir, "config.json"))
-    metrics = _read_json_lines(workdirs.join(workdir, "metrics.jsonl"))
-    summary = _read_json(workdirs.join(workdir, "summary.json"))
-    task = meta.get("task")
-    tokenizer = meta.get("tokenizer") or {}
-    step = meta.get("step")
+    config = _read_json(files.join(workdir, "config.json"))
+    metrics = _read_json_lines(files.join(workdir, "metrics.jsonl"))
+    summary = _read_json(files.join(workdir, "summary.json"))
+    task, step = meta.get("task"), meta.get("step")
     title = f"BERT fine-tuned for {task['name']}" if task else "BERT pretrained with bertjax"
     lines = [f"# {title}", "",
              f"Exported by `python -m bertjax.export --format={export_format}` from `{workdir}` (step {step}).", ""]
-
-    lines += ["## Architecture", "",
-              f"- {cfg.num_layers} layers, hidden size {cfg.hidden_size}, {cfg.num_heads} attention heads, "
-              f"intermediate size {cfg.intermediate_size}, {cfg.max_position_embeddings} positions",
-              f"- {bert_model.count_params(params):,} parameters"
-              + (f"; a {task['kind']} head" + (f" over {len(task['labels'])} labels ({', '.join(task['labels'])})"
-                                               if task.get("labels") else "") if task else
-                 "; masked-LM and next-sentence heads"),
-              f"- {'pre' if cfg.pre_layer_norm else 'post'}-layer-norm, layer-norm epsilon {cfg.layer_norm_eps}", ""]
-
-    lines += ["## Tokenizer", "",
-              f"- {tokenizer.get('kind', 'unknown')}, {cfg.vocab_size:,} entries in the model's vocabulary"
-              + ("" if not tokenizer else f", {'lower-cased' if tokenizer.get('lower_case') else 'cased'}"), ""]
-
-    data = config.get("data") or {}
-    train = config.get("train") or {}
+    lines += _architecture(cfg, params, task)
+    lines += _tokenizer(cfg, meta.get("tokenizer") or {})
     lines += ["## Training", ""]
-    if task:
-        files = {k: data.get(k) for k in ("train", "validation", "test") if data.get(k)}
-        source = ", ".join(f"{k} {v}" for k, v in files.items()) or f"TFDS ({task['name']})"
-        lines.append(f"- fine-tuned on {source}, {train.get('epochs', '?')} epochs of batch {train.get('batch_size', '?')},"
-                     f" learning rate {(config.get('optimizer') or {}).get('learning_rate', '?')}")
-        init = config.get("init_from")
-        if init:
-            lines.append(f"- from `{init}`")
-    else:
-        source = data.get("source", "?")
-        detail = {"tfds": data.get("tfds_name"), "files": data.get("input_pattern"),
-                  "prepared": data.get("prepared_dir")}.get(source)
-        lines.append(f"- data: {source}" + (f" ({detail})" if detail else ""))
-        batch, seq = train.get("batch_size"), data.get("max_seq_length")
-        if step and batch and seq:
-            efficiency = [m["padding_efficiency"] for m in metrics if "padding_efficiency" in m and "split" not in m]
-            real = f", about {int(step * batch * seq * sum(efficiency) / len(efficiency)):,} of them real" if efficiency else ""
-            lines.append(f"- {step:,} steps of {batch} sequences of {seq} tokens: {step * batch:,} sequences, "
-                         f"{step * batch * seq:,} token positions seen{real}")
-        masking = "whole-word" if data.get("whole_word_masking") else "token"
-        lines.append(f"- {masking} masking, {data.get('masked_lm_prob', 0.15):g} of the tokens, "
-                     f"{(config.get('optimizer') or {}).get('name', '?')} at learning rate "
-                     f"{(config.get('optimizer') or {}).get('learning_rate', '?')}")
-    lines.append("")
-
-    lines += ["## Results", ""]
-    if task:
-        best = summary.get("best") or (meta.get("best") or {})
-        for split, values in (best.get("metrics") or {}).items():
-            shown = ", ".join(f"{k} {v:.4f}" for k, v in values.items() if isinstance(v, (int, float)))
-            lines.append(f"- dev ({split}): {shown}")
-        if best.get("step") is not None:
-            lines.append(f"- the best dev checkpoint, step {best['step']}, main metric {summary.get('main_metric', '?')}")
-        if not best:
-            lines.append("- no dev evaluation recorded")
-    else:
-        keys = ("loss", "mlm_loss", "nsp_loss", "mlm_accuracy", "nsp_accuracy")
-        trained = [m for m in metrics if "split" not in m and "loss" in m]
-        held_out = [m for m in metrics if m.get("split") == "eval"]
-        if trained:
-            lines.append(f"- training, step {trained[-1]['step']}: {_figures(trained[-1], keys)}")
-        if held_out:
-            lines.append(f"- held out, step {held_out[-1]['step']}: {_figures(held_out[-1], keys)}")
-        if not trained and not held_out:
-            lines.append("- no metrics.jsonl in the workdir")
-    lines.append("")
-
-    auto_class = _AUTO_CLASS.get(task["kind"] if task else None, "AutoModel")
-    pipe = "" if task else 'pipeline("fill-mask", model=model, tokenizer=tokenizer)("The capital of France is [MASK].")\n'
-    lines += ["## Loading", "", _LOADING[export_format].format(path=path_hint, auto_class=auto_class, pipeline=pipe), ""]
+    lines += _fine_tuning(config, task) if task else _pretraining(config, metrics, step)
+    lines += ["", "## Results", ""]
+    lines += _dev_results(summary, meta) if task else _pretraining_results(metrics)
+    lines += ["", "## Loading", "", _loading(export_format, task, path_hint), ""]
     return "\n".join(lines)
+
+
+def _architecture(cfg, params: dict, task: dict | None) -> list[str]:
+    if task:
+        labels = task.get("labels")
+        head = f"; a {task['kind']} head" + (f" over {len(labels)} labels ({', '.join(labels)})" if labels else "")
+    else:
+        head = "; masked-LM and next-sentence heads"
+    return ["## Architecture", "",
+            f"- {cfg.num_layers} layers, hidden size {cfg.hidden_size}, {cfg.num_heads} attention heads, "
+            f"intermediate size {cfg.intermediate_size}, {cfg.max_position_embeddings} positions",
+            f"- {bert_model.count_params(params):,} parameters" + head,
+            f"- {'pre' if cfg.pre_layer_norm else 'post'}-layer-norm, layer-norm epsilon {cfg.layer_norm_eps}", ""]
+
+
+def _tokenizer(cfg, tokenizer: dict) -> list[str]:
+    casing = "" if not tokenizer else f", {'lower-cased' if tokenizer.get('lower_case') else 'cased'}"
+    return ["## Tokenizer", "",
+            f"- {tokenizer.get('kind', 'unknown')}, {cfg.vocab_size:,} entries in the model's vocabulary{casing}", ""]
+
+
+def _fine_tuning(config: dict, task: dict) -> list[str]:
+    """The task's files (or its TFDS name), epochs, batch and learning rate, and the starting weights."""
+    data, train = config.get("data") or {}, config.get("train") or {}
+    files = {k: data.get(k) for k in ("train", "validation", "test") if data.get(k)}
+    source = ", ".join(f"{k} {v}" for k, v in files.items()) or f"TFDS ({task['name']})"
+    lines = [f"- fine-tuned on {source}, {train.get('epochs', '?')} epochs of batch {train.get('batch_size', '?')},"
+             f" learning rate {(config.get('optimizer') or {}).get('learning_rate', '?')}"]
+    if config.get("init_from"):
+        lines.append(f"- from `{config['init_from']}`")
+    return lines
+
+
+def _pretraining(config: dict, metrics: list[dict], step: int | None) -> list[str]:
+    """The corpus, how much of it was seen (and how much of that was real tokens, not padding), the masking
+    and the optimizer."""
+    data, train, optimizer = config.get("data") or {}, config.get("train") or {}, config.get("optimizer") or {}
+    source = data.get("source", "?")
+    detail = {"tfds": data.get("tfds_name"), "files": data.get("input_pattern"),
+              "prepared": data.get("prepared_dir")}.get(source)
+    lines = [f"- data: {source}" + (f" ({detail})" if detail else "")]
+    batch, seq = train.get("batch_size"), data.get("max_seq_length")
+    if step and batch and seq:
+        efficiency = [m["padding_efficiency"] for m in metrics if "padding_efficiency" in m and "split" not in m]
+        real = (f", about {int(step * batch * seq * sum(efficiency) / len(efficiency)):,} of them real"
+                if efficiency else "")
+        lines.append(f"- {step:,} steps of {batch} sequences of {seq} tokens: {step * batch:,} sequences, "
+                     f"{step * batch * seq:,} token positions seen{real}")
+    masking = "whole-word" if data.get("whole_word_masking") else "token"
+    lines.append(f"- {masking} masking, {data.get('masked_lm_prob', 0.15):g} of the tokens, "
+                 f"{optimizer.get('name', '?')} at learning rate {optimizer.get('learning_rate', '?')}")
+    return lines
+
+
+def _dev_results(summary: dict, meta: dict) -> list[str]:
+    """The best dev checkpoint's metrics, from summary.json (or the checkpoint's meta where it is missing)."""
+    best = summary.get("best") or (meta.get("best") or {})
+    lines = []
+    for split, values in (best.get("metrics") or {}).items():
+        shown = ", ".join(f"{k} {v:.4f}" for k, v in values.items() if isinstance(v, (int, float)))
+        lines.append(f"- dev ({split}): {shown}")
+    if best.get("step") is not None:
+        lines.append(f"- the best dev checkpoint, step {best['step']}, main metric {summary.get('main_metric', '?')}")
+    if not best:
+        lines.append("- no dev evaluation recorded")
+    return lines
+
+
+def _pretraining_results(metrics: list[dict]) -> list[str]:
+    """The last training and held-out lines of metrics.jsonl."""
+    keys = ("loss", "mlm_loss", "nsp_loss", "mlm_accuracy", "nsp_accuracy")
+    trained = [m for m in metrics if "split" not in m and "loss" in m]
+    held_out = [m for m in metrics if m.get("split") == "eval"]
+    lines = []
+    if trained:
+        lines.append(f"- training, step {trained[-1]['step']}: {_figures(trained[-1], keys)}")
+    if held_out:
+        lines.append(f"- held out, step {held_out[-1]['step']}: {_figures(held_out[-1], keys)}")
+    if not trained and not held_out:
+        lines.append("- no metrics.jsonl in the workdir")
+    return lines
+
+
+def _loading(export_format: str, task: dict | None, path_hint: str) -> str:
+    auto_class = _AUTO_CLASS.get(task["kind"] if task else None, "AutoModel")
+    pipe = ("" if task else
+            'pipeline("fill-mask", model=model, tokenizer=tokenizer)("The capital of France is [MASK].")\n')
+    return _LOADING[export_format].format(path=path_hint, auto_class=auto_class, pipeline=pipe)

@@ -119,169 +119,198 @@ PLATFORMS = ("cpu", "cuda")
 def export_savedmodel(bert, directory: str, max_seq_length: int | None = None) -> list[str]:
     """Writes the SavedModel of `bert` (a bertjax.load result) to `directory`; returns its signature names.
     max_seq_length: S; by default a fine-tuned model's own (what bertjax.load(...).predict uses), else 128."""
-    import tensorflow as tf
-    from jax.experimental import jax2tf
+    from bertjax.text import tf_cpu
 
-    tf.config.set_visible_devices([], "GPU")
+    tf = tf_cpu.import_tensorflow()
+    length = _sequence_length(bert, max_seq_length)
+    module = _weights_and_tokenizer(tf, bert)
+    signatures = {"encode": _encode_signature(tf, module, bert, length)}
+    kind = bert.task["kind"] if bert.task is not None else None
+    if kind is None and "mlm_head" in module.params:
+        signatures["fill_mask"] = _fill_mask_signature(tf, module, bert, length)
+    if kind == "multiple_choice":
+        signatures["predict_choices"] = _choices_signature(tf, module, bert, length)
+    if kind == "tagging":
+        signatures["tag"] = _tag_signature(tf, module, bert, length)
+    if kind == "span":
+        signatures["answer"] = _answer_signature(tf, module, bert, length)
+    if kind in ("classification", "regression"):
+        signatures.update(_predict_signatures(tf, module, bert, length))
+    tf.saved_model.save(module, directory, signatures=signatures)
+    return list(signatures)
+
+
+def _sequence_length(bert, max_seq_length: int | None) -> int:
+    """S: the one asked for, else a fine-tuned model's own, else 128; refused past the model's positions."""
     cfg = bert.config
     if max_seq_length is None:
         max_seq_length = int((bert.task or {}).get("max_seq_length") or 128)
     if not 3 <= max_seq_length <= cfg.max_position_embeddings:
         raise ValueError(f"--max_seq_length={max_seq_length}: between 3 and the model's max_position_embeddings="
                          f"{cfg.max_position_embeddings}")
-    task = bert.task
-    tokenizer, length = bert.tokenizer, max_seq_length
-    params = _device_free(bert.params)
-    sequence = f"(b, {length})"
-    convert = lambda fn, n: jax2tf.convert(fn, polymorphic_shapes=[None] + [sequence] * n,  # noqa: E731
-                                           with_gradient=False, native_serialization_platforms=PLATFORMS)
+    return max_seq_length
 
-    encoder = bert_model.BertModel(cfg)
+
+def _weights_and_tokenizer(tf, bert):
+    """The tf.Module saved: the weights as variables (as graph constants they would meet protobuf's 2 GB
+    limit), and the tokenizer's TF resources (its vocabulary or SentencePiece model), so it stands alone."""
+    module = tf.Module()
+    module.params = tf.nest.map_structure(lambda x: tf.Variable(x, trainable=False), _device_free(bert.params))
+    module.tokenizer_parts = [v for v in vars(bert.tokenizer).values() if isinstance(v, tf.Module)]
+    return module
+
+
+def _to_tf(fn, *shapes: str):
+    """`fn(params, *arrays)` as a TF function, the batch size free; shapes: each array's polymorphic shape."""
+    from jax.experimental import jax2tf
+
+    return jax2tf.convert(fn, polymorphic_shapes=[None, *shapes], with_gradient=False,
+                          native_serialization_platforms=PLATFORMS)
+
+
+def _head(net):
+    """A task network's float32 output from (params, input_ids, segment_ids, input_mask)."""
+    return lambda p, ids, segments, mask: net.apply({"params": p}, ids, segments, mask,
+                                                    deterministic=True).astype(np.float32)
+
+
+def _text_spec(tf, shape=(None,)):
+    return tf.TensorSpec(list(shape), tf.string)
+
+
+def _encode_signature(tf, module, bert, length: int):
+    """encode(texts): the encoder's sequence and pooled outputs, and the ids and mask it read."""
+    encoder = bert_model.BertModel(bert.config)
 
     def encode_fn(p, ids, segments, mask):
         out = encoder.apply({"params": p["bert"]}, ids, segments, mask, deterministic=True)
         return out["sequence_output"].astype(np.float32), out["pooled_output"].astype(np.float32)
 
-    module = tf.Module()
-    module.params = tf.nest.map_structure(lambda x: tf.Variable(x, trainable=False), params)
-    # The tokenizer's TF resources (its vocabulary or SentencePiece model) travel with the SavedModel.
-    module.tokenizer_parts = [v for v in vars(tokenizer).values() if isinstance(v, tf.Module)]
-    tf_encode = convert(encode_fn, 3)
-    text_spec = tf.TensorSpec([None], tf.string)
-    signatures = {}
+    tf_encode = _to_tf(encode_fn, *[f"(b, {length})"] * 3)
 
-    @tf.function(input_signature=[text_spec], autograph=False)
+    @tf.function(input_signature=[_text_spec(tf)], autograph=False)
     def encode(texts):
-        ids, segments, mask = _single(tf, tokenizer, texts, length)
+        ids, segments, mask = _single(tf, bert.tokenizer, texts, length)
         sequence_output, pooled = tf_encode(module.params, ids, segments, mask)
         return {"sequence_output": sequence_output, "pooled_output": pooled, "input_ids": ids, "input_mask": mask}
 
-    signatures["encode"] = encode
-
-    if task is None and "mlm_head" in params:
-        pretraining = bert_model.BertForPreTraining(cfg)
-
-        def fill_fn(p, ids, segments, mask, positions):
-            logits = pretraining.apply({"params": p}, ids, segments, mask, jax.numpy.maximum(positions, 0),
-                                       deterministic=True)["mlm_logits"]  # [B, P, V]
-            return jax.nn.softmax(logits.astype(np.float32), axis=-1)
-
-        tf_fill = jax2tf.convert(fill_fn, polymorphic_shapes=[None, sequence, sequence, sequence, f"(b, {MAX_MASKS})"],
-                                 with_gradient=False, native_serialization_platforms=PLATFORMS)
-
-        @tf.function(input_signature=[text_spec], autograph=False)
-        def fill_mask(texts):
-            ids, segments, mask, positions = _with_masks(tf, tokenizer, texts, length)
-            # top-k in TF: jax's lowers to an op the StableHLO reader of this TF may not know yet.
-            scores, top = tf.math.top_k(tf_fill(module.params, ids, segments, mask, positions), TOP_K)
-            valid = positions[:, :, None] >= 0
-            return {"mask_positions": positions, "top_ids": tf.where(valid, top, -1),
-                    "top_scores": tf.where(valid, scores, 0.0)}
-
-        signatures["fill_mask"] = fill_mask
-
-    if task is not None and task["kind"] == "multiple_choice":
-        net = heads.network("multiple_choice", cfg)
-        num_choices = int(task["num_choices"])
-        tf_choices = jax2tf.convert(lambda p, ids, segments, mask: net.apply(
-            {"params": p}, ids, segments, mask, deterministic=True).astype(np.float32),
-            polymorphic_shapes=[None] + [f"(b, {num_choices}, {length})"] * 3, with_gradient=False,
-            native_serialization_platforms=PLATFORMS)
-
-        @tf.function(input_signature=[text_spec, tf.TensorSpec([None, num_choices], tf.string)], autograph=False)
-        def predict_choices(contexts, choices):
-            # Each (context, choice) a pair, as in training: [B * C, S], then [B, C, S].
-            flat_contexts = tf.reshape(tf.repeat(contexts, num_choices), [-1])
-            ids, segments, mask = _pair(tf, tokenizer, flat_contexts, tf.reshape(choices, [-1]), length)
-            shape = [-1, num_choices, length]
-            logits = tf_choices(module.params, tf.reshape(ids, shape), tf.reshape(segments, shape),
-                                tf.reshape(mask, shape))
-            return {"logits": logits, "probabilities": tf.nn.softmax(logits, axis=-1),
-                    "label_index": tf.argmax(logits, axis=-1, output_type=tf.int32)}
-
-        signatures["predict_choices"] = predict_choices
-
-    if task is not None and task["kind"] == "tagging":
-        labels = list(task["labels"])
-        net = heads.network("tagging", cfg, len(labels), feature_based=task.get("feature_based"))
-        tf_tags = convert(lambda p, ids, segments, mask: net.apply({"params": p}, ids, segments, mask,
-                                                                   deterministic=True).astype(np.float32), 3)
-
-        @tf.function(input_signature=[text_spec], autograph=False)
-        def tag(texts):
-            words = tf.strings.split(texts)  # [B, (W)]
-            pieces = tokenizer.tokenize(words.flat_values)  # [sum W, (P)]
-            empty = tf.cast(pieces.row_lengths() == 0, tf.int64)  # a word of dropped characters: [UNK]
-            unk = tf.RaggedTensor.from_row_lengths(tf.fill([tf.reduce_sum(empty)], tokenizer.unk_id), empty)
-            pieces = tf.concat([pieces, unk], axis=1)
-            first = tf.ragged.range(pieces.row_lengths()) == 0
-            tokens = tf.RaggedTensor.from_row_splits(pieces, words.row_splits).merge_dims(1, 2)[:, : length - 2]
-            first = tf.RaggedTensor.from_row_splits(first, words.row_splits).merge_dims(1, 2)[:, : length - 2]
-            batch = tf.shape(texts)[0]
-            rows = tf.concat([tf.fill([batch, 1], tokenizer.cls_id), tokens, tf.fill([batch, 1], tokenizer.sep_id)],
-                             axis=1)
-            ids, mask = _pad_rows(tf, rows, length, tokenizer.pad_id)
-            logits = tf_tags(module.params, ids, tf.zeros_like(ids), mask)  # [B, S, K]
-            predicted = tf.argmax(logits, axis=-1, output_type=tf.int32)  # [B, S]
-            at = tf.ragged.boolean_mask(tf.ragged.range(first.row_lengths()) + 1, first)  # first pieces, after [CLS]
-            word_tags = tf.gather(tf.constant(labels), tf.gather(predicted, tf.cast(at, tf.int32), batch_dims=1))
-            words_out = words.to_tensor(default_value="")  # [B, W]
-            tags_out = word_tags.to_tensor(default_value="")  # [B, <= W]: words past S have no tag
-            missing = tf.shape(words_out)[1] - tf.shape(tags_out)[1]
-            tags_out = tf.pad(tags_out, [[0, 0], [0, missing]], constant_values="")
-            return {"words": words_out, "tags": tags_out, "logits": logits}
-
-        signatures["tag"] = tag
-
-    if task is not None and task["kind"] == "span":
-        signatures["answer"] = _answer_signature(tf, jax2tf, module, bert, length)
-
-    if task is not None and task["kind"] in ("classification", "regression"):
-        kind = task["kind"]
-        labels = list(task.get("labels") or [])
-        net = heads.network(kind, cfg, len(labels) if kind == "classification" else None)
-        tf_logits = convert(lambda p, ids, segments, mask: net.apply({"params": p}, ids, segments, mask,
-                                                                     deterministic=True).astype(np.float32), 3)
-
-        def outputs(ids, segments, mask):
-            logits = tf_logits(module.params, ids, segments, mask)
-            if kind == "regression":
-                return {"logits": logits, "score": logits[:, 0]}
-            index = tf.argmax(logits, axis=-1, output_type=tf.int32)
-            return {"logits": logits, "probabilities": tf.nn.softmax(logits, axis=-1), "label_index": index,
-                    "label": tf.gather(tf.constant(labels), index)}
-
-        @tf.function(input_signature=[text_spec], autograph=False)
-        def predict(texts):
-            return outputs(*_single(tf, tokenizer, texts, length))
-
-        @tf.function(input_signature=[text_spec, text_spec], autograph=False)
-        def predict_pair(texts, text_pairs):
-            return outputs(*_pair(tf, tokenizer, texts, text_pairs, length))
-
-        signatures.update(predict=predict, predict_pair=predict_pair)
-
-    tf.saved_model.save(module, directory, signatures=signatures)
-    return list(signatures)
+    return encode
 
 
-def _answer_signature(tf, jax2tf, module, bert, length: int):
-    """The span QA signature described in the module docstring."""
+def _fill_mask_signature(tf, module, bert, length: int):
+    """fill_mask(texts): the TOP_K guesses and their probabilities at each "[MASK]" of a text."""
+    pretraining = bert_model.BertForPreTraining(bert.config)
+
+    def fill_fn(p, ids, segments, mask, positions):
+        logits = pretraining.apply({"params": p}, ids, segments, mask, jax.numpy.maximum(positions, 0),
+                                   deterministic=True)["mlm_logits"]  # [B, P, V]
+        return jax.nn.softmax(logits.astype(np.float32), axis=-1)
+
+    tf_fill = _to_tf(fill_fn, *[f"(b, {length})"] * 3, f"(b, {MAX_MASKS})")
+
+    @tf.function(input_signature=[_text_spec(tf)], autograph=False)
+    def fill_mask(texts):
+        ids, segments, mask, positions = _with_masks(tf, bert.tokenizer, texts, length)
+        # top-k in TF: jax's lowers to an op the StableHLO reader of this TF may not know yet.
+        scores, top = tf.math.top_k(tf_fill(module.params, ids, segments, mask, positions), TOP_K)
+        valid = positions[:, :, None] >= 0
+        return {"mask_positions": positions, "top_ids": tf.where(valid, top, -1),
+                "top_scores": tf.where(valid, scores, 0.0)}
+
+    return fill_mask
+
+
+def _choices_signature(tf, module, bert, length: int):
+    """predict_choices(contexts, choices): each (context, choice) a pair, as in training."""
+    num_choices = int(bert.task["num_choices"])
+    tf_choices = _to_tf(_head(heads.network("multiple_choice", bert.config)),
+                        *[f"(b, {num_choices}, {length})"] * 3)
+
+    @tf.function(input_signature=[_text_spec(tf), _text_spec(tf, (None, num_choices))], autograph=False)
+    def predict_choices(contexts, choices):
+        # [B * C, S] pairs, then [B, C, S].
+        flat_contexts = tf.reshape(tf.repeat(contexts, num_choices), [-1])
+        ids, segments, mask = _pair(tf, bert.tokenizer, flat_contexts, tf.reshape(choices, [-1]), length)
+        shape = [-1, num_choices, length]
+        logits = tf_choices(module.params, tf.reshape(ids, shape), tf.reshape(segments, shape),
+                            tf.reshape(mask, shape))
+        return {"logits": logits, "probabilities": tf.nn.softmax(logits, axis=-1),
+                "label_index": tf.argmax(logits, axis=-1, output_type=tf.int32)}
+
+    return predict_choices
+
+
+def _tag_signature(tf, module, bert, length: int):
+    """tag(texts): each whitespace-separated word's tag, read at its first piece."""
+    tokenizer, labels = bert.tokenizer, list(bert.task["labels"])
+    net = heads.network("tagging", bert.config, len(labels), feature_based=bert.task.get("feature_based"))
+    tf_tags = _to_tf(_head(net), *[f"(b, {length})"] * 3)
+
+    @tf.function(input_signature=[_text_spec(tf)], autograph=False)
+    def tag(texts):
+        words = tf.strings.split(texts)  # [B, (W)]
+        pieces = tokenizer.tokenize(words.flat_values)  # [sum W, (P)]
+        empty = tf.cast(pieces.row_lengths() == 0, tf.int64)  # a word of dropped characters: [UNK]
+        unk = tf.RaggedTensor.from_row_lengths(tf.fill([tf.reduce_sum(empty)], tokenizer.unk_id), empty)
+        pieces = tf.concat([pieces, unk], axis=1)
+        first = tf.ragged.range(pieces.row_lengths()) == 0
+        tokens = tf.RaggedTensor.from_row_splits(pieces, words.row_splits).merge_dims(1, 2)[:, : length - 2]
+        first = tf.RaggedTensor.from_row_splits(first, words.row_splits).merge_dims(1, 2)[:, : length - 2]
+        batch = tf.shape(texts)[0]
+        rows = tf.concat([tf.fill([batch, 1], tokenizer.cls_id), tokens, tf.fill([batch, 1], tokenizer.sep_id)],
+                         axis=1)
+        ids, mask = _pad_rows(tf, rows, length, tokenizer.pad_id)
+        logits = tf_tags(module.params, ids, tf.zeros_like(ids), mask)  # [B, S, K]
+        predicted = tf.argmax(logits, axis=-1, output_type=tf.int32)  # [B, S]
+        at = tf.ragged.boolean_mask(tf.ragged.range(first.row_lengths()) + 1, first)  # first pieces, after [CLS]
+        word_tags = tf.gather(tf.constant(labels), tf.gather(predicted, tf.cast(at, tf.int32), batch_dims=1))
+        words_out = words.to_tensor(default_value="")  # [B, W]
+        tags_out = word_tags.to_tensor(default_value="")  # [B, <= W]: words past S have no tag
+        missing = tf.shape(words_out)[1] - tf.shape(tags_out)[1]
+        tags_out = tf.pad(tags_out, [[0, 0], [0, missing]], constant_values="")
+        return {"words": words_out, "tags": tags_out, "logits": logits}
+
+    return tag
+
+
+def _predict_signatures(tf, module, bert, length: int) -> dict:
+    """predict(texts) and predict_pair(texts, text_pairs): a classifier's label or a regression's score."""
+    tokenizer, kind = bert.tokenizer, bert.task["kind"]
+    labels = list(bert.task.get("labels") or [])
+    net = heads.network(kind, bert.config, len(labels) if kind == "classification" else None)
+    tf_logits = _to_tf(_head(net), *[f"(b, {length})"] * 3)
+
+    def outputs(ids, segments, mask):
+        logits = tf_logits(module.params, ids, segments, mask)
+        if kind == "regression":
+            return {"logits": logits, "score": logits[:, 0]}
+        index = tf.argmax(logits, axis=-1, output_type=tf.int32)
+        return {"logits": logits, "probabilities": tf.nn.softmax(logits, axis=-1), "label_index": index,
+                "label": tf.gather(tf.constant(labels), index)}
+
+    @tf.function(input_signature=[_text_spec(tf)], autograph=False)
+    def predict(texts):
+        return outputs(*_single(tf, tokenizer, texts, length))
+
+    @tf.function(input_signature=[_text_spec(tf), _text_spec(tf)], autograph=False)
+    def predict_pair(texts, text_pairs):
+        return outputs(*_pair(tf, tokenizer, texts, text_pairs, length))
+
+    return {"predict": predict, "predict_pair": predict_pair}
+
+
+def _answer_signature(tf, module, bert, length: int):
+    """answer(questions, contexts): the span QA signature described in the module docstring."""
     import tensorflow_text as tf_text
 
     tokenizer, task = bert.tokenizer, bert.task
     settings = task.get("squad_settings") or {}
     max_query, max_answer = int(settings.get("max_query_length", 64)), int(settings.get("max_answer_length", 30))
     threshold = float(task.get("null_threshold") or 0.0) if task.get("squad_version") == "v2.0" else None
-    net = heads.network("span", bert.config)
-    tf_span = jax2tf.convert(lambda p, ids, segments, mask: net.apply({"params": p}, ids, segments, mask,
-                                                                      deterministic=True).astype(np.float32),
-                             polymorphic_shapes=[None] + [f"(b, {length})"] * 3, with_gradient=False,
-                             native_serialization_platforms=PLATFORMS)
+    tf_span = _to_tf(_head(heads.network("span", bert.config)), *[f"(b, {length})"] * 3)
     words_of = tf_text.WhitespaceTokenizer()
-    text_spec = tf.TensorSpec([None], tf.string)
 
-    @tf.function(input_signature=[text_spec, text_spec], autograph=False)
+    @tf.function(input_signature=[_text_spec(tf), _text_spec(tf)], autograph=False)
     def answer(questions, contexts):
         batch = tf.shape(questions)[0]
         question = tokenizer.tokenize(questions)[:, :max_query]  # [B, (Q)]
@@ -304,15 +333,8 @@ def _answer_signature(tf, jax2tf, module, bert, length: int):
         logits = tf_span(module.params, ids, segments, mask)  # [B, S, 2]
         start_logits, end_logits = logits[..., 0], logits[..., 1]
         offset = tf.cast(question.row_lengths() + 2, tf.int32)[:, None]  # [B, 1]: the context's first position
-        position = tf.range(length)[None, :]
-        in_context = (position >= offset) & (position < offset + tf.cast(context.row_lengths(), tf.int32)[:, None])
-        scores = start_logits[:, :, None] + end_logits[:, None, :]  # [B, S, S]: rows start, columns end
-        span = position[0][None, :] - position[0][:, None]  # end - start
-        valid = (in_context[:, :, None] & in_context[:, None, :] & (span >= 0)[None] & (span < max_answer)[None])
-        flat = tf.reshape(tf.where(valid, scores, -np.inf), [batch, length * length])
-        best = tf.argmax(flat, axis=-1, output_type=tf.int32)
-        score = tf.reduce_max(flat, axis=-1)
-        first, last = best // length, best % length
+        first, last, score = _best_span(tf, start_logits, end_logits, offset,
+                                        tf.cast(context.row_lengths(), tf.int32)[:, None], length, max_answer)
         words_dense = context_word.to_tensor(default_value=0)  # [B, T']
         first_word = tf.gather(words_dense, tf.maximum(first - offset[:, 0], 0), batch_dims=1)
         last_word = tf.gather(words_dense, tf.maximum(last - offset[:, 0], 0), batch_dims=1)
@@ -327,3 +349,16 @@ def _answer_signature(tf, jax2tf, module, bert, length: int):
                 "end": tf.where(found, tf.cast(end, tf.int32), -1), "score": score, "null_score": null_score}
 
     return answer
+
+
+def _best_span(tf, start_logits, end_logits, offset, context_length, length: int, max_answer: int):
+    """The best span inside the context, at most max_answer long: its first and last positions [B] and its
+    score [B] (start + end logit; -inf where none fits). Logits [B, S]; offset, context_length [B, 1]."""
+    position = tf.range(length)[None, :]
+    in_context = (position >= offset) & (position < offset + context_length)
+    scores = start_logits[:, :, None] + end_logits[:, None, :]  # [B, S, S]: rows start, columns end
+    span = position[0][None, :] - position[0][:, None]  # end - start
+    valid = (in_context[:, :, None] & in_context[:, None, :] & (span >= 0)[None] & (span < max_answer)[None])
+    flat = tf.reshape(tf.where(valid, scores, -np.inf), [-1, length * length])
+    best = tf.argmax(flat, axis=-1, output_type=tf.int32)
+    return best // length, best % length, tf.reduce_max(flat, axis=-1)

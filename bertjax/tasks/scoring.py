@@ -100,12 +100,12 @@ def _score_tagging(task, split_name, split: Split, logits) -> Scored:
 
 def write_predictions(directory: str, scored: Scored) -> list[str]:
     """Writes a scored split's prediction files into `directory` (local or remote); returns their paths."""
-    from bertjax.training import workdir as workdirs
+    from bertjax.text import files
 
-    workdirs.path(directory).mkdir(parents=True, exist_ok=True)
+    files.path(directory).mkdir(parents=True, exist_ok=True)
     written = []
     for name, text in scored.files.items():
-        path = workdirs.join(directory, name)
-        workdirs.write_bytes(path, text.encode("utf-8"))
+        path = files.join(directory, name)
+        files.write_bytes(path, text.encode("utf-8"))
         written.append(path)
     return written

@@ -38,10 +38,10 @@ def file_name(task: registry.Task, split: str) -> str:
 
 def write_submission(directory: str, task: registry.Task, split: str, indices, predictions) -> str:
     """Writes the predictions of `split` into `directory` (local or remote); returns the file's path."""
-    from bertjax.training import workdir as workdirs
+    from bertjax.text import files
 
-    workdirs.path(directory).mkdir(parents=True, exist_ok=True)
-    path = workdirs.join(directory, file_name(task, split))
+    files.path(directory).mkdir(parents=True, exist_ok=True)
+    path = files.join(directory, file_name(task, split))
     lines = submission_lines(task, indices, predictions)
-    workdirs.write_bytes(path, ("\n".join(lines) + "\n").encode())
+    files.write_bytes(path, ("\n".join(lines) + "\n").encode())
     return path

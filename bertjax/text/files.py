@@ -1,17 +1,30 @@
-"""Local text files as lines: glob expansion, gzip, strict UTF-8.
+"""Files: local text files as lines, and paths that are local or on an object store.
 
-What both the corpus sources (bertjax.data.sources) and vocabulary learning (bertjax.text.vocab) read
-text files with, so that both see the same text. A bad byte is an error naming file and line, never a
-silent U+FFFD that would teach the model a character the text never had.
+Text files: glob expansion, gzip, strict UTF-8. What both the corpus sources (bertjax.data.sources) and
+vocabulary learning (bertjax.text.vocab) read text files with, so that both see the same text. A bad
+byte is an error naming file and line, never a silent U+FFFD that would teach the model a character the
+text never had.
+
+Paths: a directory may be local or an object-store URL (gs://bucket/run, or another scheme etils.epath
+knows); whatever every layer writes there (a workdir, a learned vocabulary, predictions) goes through
+is_remote/join/path/make/write_bytes/local_copy, so a remote directory never turns into a local
+directory named "gs:". Local paths behave as plain files (appends, renames).
 """
 
 import glob
 import gzip
+import hashlib
 import os
+import tempfile
 import zlib
 from collections.abc import Iterator
 
+from etils import epath
+
 _GZIP_MAGIC = b"\x1f\x8b"
+
+# The file a vocabulary of each tokenizer kind is kept as (in a workdir, or learned into one).
+VOCAB_FILES = {"wordpiece": "vocab.txt", "sentencepiece": "sentencepiece.model"}
 
 
 def expand_pattern(pattern: str) -> list[str]:
@@ -94,3 +107,71 @@ def _open_binary(path: str):
     if magic == _GZIP_MAGIC or path.endswith(".gz"):
         return gzip.open(path, "rb")
     return open(path, "rb")
+
+
+# ---------------------------------------------------------------------------------------------------
+# Paths: local, or on an object store through etils.epath
+# ---------------------------------------------------------------------------------------------------
+
+
+def is_remote(path: str) -> bool:
+    """gs://bucket/run and other URLs: no appends, no local file operations."""
+    return "://" in str(path)
+
+
+def join(directory: str, *parts: str) -> str:
+    """A path inside the directory, as a string. A local directory is made absolute (as Orbax needs); a
+    URL is kept as it is (os.path.abspath would make gs://b a local ./gs:/b)."""
+    if is_remote(directory):
+        return "/".join([str(directory).rstrip("/"), *parts])
+    return os.path.join(os.path.abspath(str(directory)), *parts)
+
+
+def path(directory: str, *parts: str) -> epath.Path:
+    """The same, as an etils.epath.Path (local files or the object store's client)."""
+    return epath.Path(join(directory, *parts))
+
+
+def make(directory: str) -> None:
+    """Create the directory (a workdir); one line (ValueError) when it cannot be, e.g. an unknown scheme
+    or no access."""
+    try:
+        path(directory).mkdir(parents=True, exist_ok=True)
+        if is_remote(directory):
+            # Object stores have no directories, so mkdir proves nothing: write and remove a probe file.
+            probe = path(directory, f".write-test-{os.getpid()}")
+            probe.write_text("")
+            probe.unlink()
+    except Exception as e:  # noqa: BLE001 -- whatever the filesystem said, the run cannot start
+        reason = str(e).strip().splitlines()[0][:200] if str(e).strip() else type(e).__name__
+        if isinstance(e, KeyError):  # epath's answer to a scheme it has no backend for
+            reason = f"unknown scheme {reason}"
+        raise ValueError(f"cannot write to the workdir {directory} ({reason}): give a local directory or a "
+                         f"gs:// URL this machine can write to") from None
+
+
+def write_bytes(target: str, data: bytes) -> None:
+    """Write a whole file so that no reader sees half of it: beside and renamed for a local file; an
+    object store replaces an object in one piece anyway."""
+    if not is_remote(target):
+        temporary = f"{target}.tmp-{os.getpid()}"
+        with open(temporary, "wb") as f:
+            f.write(data)
+        os.replace(temporary, target)
+        return
+    epath.Path(target).write_bytes(data)
+
+
+def local_copy(source: str) -> str:
+    """A local file with the contents of `source`: the path itself when local, else a copy in a
+    per-content cache directory (tokenizer libraries read local files only)."""
+    if not is_remote(source):
+        return source
+    data = epath.Path(source).read_bytes()
+    digest = hashlib.sha256(data).hexdigest()[:16]
+    directory = os.path.join(tempfile.gettempdir(), "bertjax-remote-files", digest)
+    local = os.path.join(directory, source.rstrip("/").rsplit("/", 1)[-1])
+    if not os.path.exists(local):
+        os.makedirs(directory, exist_ok=True)
+        write_bytes(local, data)
+    return local

@@ -221,7 +221,7 @@ class SentencePieceTokenizer(Tokenizer):
     Args:
       model_path: a SentencePiece .model holding the pieces [PAD] and [UNK] as its pad and unknown
         pieces and [CLS] [SEP] [MASK] as control (or user-defined) pieces, as
-        `python -m bertjax.text.vocab train --kind=sentencepiece` makes them. Control pieces are
+        `python -m bertjax.vocab train --kind=sentencepiece` makes them. Control pieces are
         never produced from text, so a literal "[MASK]" in the corpus stays plain text; a model
         with user-defined ones would map it to the mask id.
 
@@ -250,12 +250,12 @@ class SentencePieceTokenizer(Tokenizer):
         if missing:
             raise ValueError(
                 f"SentencePiece model {model_path} lacks the pieces {' '.join(missing)}: train it with"
-                " `python -m bertjax.text.vocab train --kind=sentencepiece`, which adds them"
+                " `python -m bertjax.vocab train --kind=sentencepiece`, which adds them"
             )
         if sp.unk_id() != token_to_id["[UNK]"]:
             raise ValueError(
                 f"SentencePiece model {model_path}: its unknown piece is {sp.id_to_piece(sp.unk_id())!r},"
-                " not [UNK]: train it with `python -m bertjax.text.vocab train --kind=sentencepiece`"
+                " not [UNK]: train it with `python -m bertjax.vocab train --kind=sentencepiece`"
             )
         proto = sentencepiece_model_pb2.ModelProto()
         proto.ParseFromString(model)

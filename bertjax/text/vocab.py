@@ -1,6 +1,6 @@
 """Learning a vocabulary from text: a WordPiece vocab.txt or a SentencePiece .model.
 
-    python -m bertjax.text.vocab train --input='corpus/*.txt.gz' --vocab_size=30522 \\
+    python -m bertjax.vocab train --input='corpus/*.txt.gz' --vocab_size=30522 \\
         --kind=wordpiece --out=vocab.txt [--lower_case=true] [--max_sentences=N]
 
 The library functions take explicit arguments and any iterable of strings, so a training run can
@@ -25,13 +25,12 @@ import io
 import itertools
 import logging
 import os
-import time
 from typing import Iterable, Iterator, Mapping, Sequence
 
 import tensorflow as tf
 
 from bertjax.text import files
-from bertjax.text.tokenizers import ALWAYS_SPLIT_CHAR, MAX_CHARS_PER_WORD, SPECIAL_TOKENS, SentencePieceTokenizer, basic_tokenize, load_vocab
+from bertjax.text.tokenizers import ALWAYS_SPLIT_CHAR, MAX_CHARS_PER_WORD, SPECIAL_TOKENS, basic_tokenize
 
 log = logging.getLogger(__name__)
 
@@ -291,65 +290,3 @@ def _write_atomically(path: str, data: bytes):
     with tf.io.gfile.GFile(temporary, "wb") as f:
         f.write(data)
     tf.io.gfile.rename(temporary, path, overwrite=True)
-
-
-# --- python -m bertjax.text.vocab train ...
-
-
-def _define_flags():
-    # Defined only when this module is the program, so that importing it defines no global flags.
-    from absl import flags
-
-    flags.DEFINE_string("input", None, "Text files, one sentence or paragraph per line (.gz too); "
-                        "comma-separated globs.")
-    flags.DEFINE_integer("vocab_size", None, "Vocabulary size to learn, special tokens included.")
-    flags.DEFINE_enum("kind", "wordpiece", ["wordpiece", "sentencepiece"], "Tokenizer to learn.")
-    flags.DEFINE_string("out", None, "vocab.txt for wordpiece; the .model for sentencepiece "
-                        "(a .vocab is written beside it).")
-    flags.DEFINE_boolean("lower_case", True, "Uncased: lower-case (and, for wordpiece, strip accents).")
-    flags.DEFINE_integer("max_sentences", None, "Read at most this many non-blank lines.")
-    flags.mark_flags_as_required(["input", "vocab_size", "out"])
-
-
-def main(argv):
-    from absl import flags
-
-    from bertjax import console
-
-    # Mistakes end in console.fail: one line on stderr and exit code 2, like a bad flag.
-    if argv[1:] != ["train"]:
-        console.fail(f"expected the command `train`, got {' '.join(argv[1:]) or 'none'}: "
-                 "python -m bertjax.text.vocab train --input=GLOB --vocab_size=N --out=PATH")
-    FLAGS = flags.FLAGS
-    start = time.time()
-    try:
-        sentences = read_text_lines(FLAGS.input, max_lines=FLAGS.max_sentences)
-        if FLAGS.kind == "wordpiece":
-            path = learn_wordpiece_vocab(sentences, FLAGS.vocab_size, lower_case=FLAGS.lower_case,
-                                         out_path=FLAGS.out)
-            size = len(load_vocab(path))
-        else:
-            path = learn_sentencepiece_model(sentences, FLAGS.vocab_size, out_path=FLAGS.out,
-                                             lower_case=FLAGS.lower_case)
-            size = SentencePieceTokenizer(path).vocab_size
-    except FileNotFoundError as e:
-        console.fail(f"--input={FLAGS.input}: {e}")
-    except ValueError as e:
-        console.fail(str(e))
-    print(f"wrote {FLAGS.kind} vocabulary of {size} tokens to {path} in {time.time() - start:.1f} s")
-    if size < FLAGS.vocab_size:
-        print(f"note: the text gives fewer distinct pieces than --vocab_size={FLAGS.vocab_size}")
-
-
-def entry():
-    """The console program: `bertjax-vocab train ...`, as `python -m bertjax.text.vocab train ...`."""
-    from absl import app
-
-    from bertjax import console
-
-    _define_flags()
-    app.run(main, flags_parser=console.parse_flags)
-
-
-if __name__ == "__main__":
-    entry()

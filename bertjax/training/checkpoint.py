@@ -21,7 +21,7 @@ import orbax.checkpoint as ocp
 from absl import logging
 from etils import epath
 
-from bertjax.training import workdir as workdirs
+from bertjax.text import files
 
 ITEMS = ("params", "opt_state", "meta")
 CHECKPOINT_DIR = "checkpoints"
@@ -29,7 +29,7 @@ BEST_DIR = "best"  # a fine-tuning run's best dev checkpoint: params and meta on
 
 
 def checkpoint_dir(workdir: str) -> str:
-    return workdirs.join(workdir, CHECKPOINT_DIR)
+    return files.join(workdir, CHECKPOINT_DIR)
 
 
 class SaveFailed(ValueError):
@@ -233,7 +233,7 @@ def _drop_closed_loop_reports() -> None:
 def save_params(workdir: str, subdir: str, step: int, params, meta: dict) -> None:
     """WORKDIR/subdir/<step>/{params, meta}, written now, replacing the one there before (the best dev
     checkpoint of a fine-tuning run). restore_params(WORKDIR/subdir) reads it back."""
-    directory = workdirs.join(workdir, subdir)
+    directory = files.join(workdir, subdir)
     options = ocp.CheckpointManagerOptions(max_to_keep=1, create=True, enable_async_checkpointing=False)
     manager = ocp.CheckpointManager(directory, options=options, item_names=("params", "meta"))
     try:
@@ -248,8 +248,9 @@ def save_params(workdir: str, subdir: str, step: int, params, meta: dict) -> Non
 
 
 def find_checkpoint(path: str) -> tuple[str, int]:
-    """A workdir, its checkpoints directory, or one step's directory -> (checkpoints dir, step)."""
-    p = epath.Path(path)
+    """A workdir, its checkpoints directory, or one step's directory -> (checkpoints dir, step); a local
+    directory comes back absolute, as Orbax requires."""
+    p = epath.Path(path if files.is_remote(str(path)) else os.path.abspath(path))
     if (p / CHECKPOINT_DIR).is_dir():
         p = p / CHECKPOINT_DIR
     if (p / "params").is_dir() and p.name.isdigit():
@@ -258,6 +259,23 @@ def find_checkpoint(path: str) -> tuple[str, int]:
     if not steps:
         raise FileNotFoundError(f"no bertjax checkpoint in {path}: expected a workdir, its checkpoints/ or a step directory")
     return str(p), steps[-1]
+
+
+def read_meta(path: str) -> dict:
+    """The meta (step, model, tokenizer, task, ...) of the newest checkpoint under `path`, without its arrays."""
+    directory, step = find_checkpoint(path)
+    manager = ocp.CheckpointManager(directory, item_handlers={"meta": ocp.JsonCheckpointHandler()},
+                                    options=ocp.CheckpointManagerOptions(read_only=True, create=False))
+    try:
+        return dict(manager.restore(step, args=ocp.args.Composite(meta=ocp.args.JsonRestore())).meta)
+    finally:
+        manager.close()
+
+
+def workdir_of(path: str) -> str:
+    """The run's workdir of a checkpoint path: the parent of its checkpoints/ (or best/) directory,
+    wherever the workdir is now."""
+    return str(epath.Path(find_checkpoint(path)[0]).parent)
 
 
 def is_checkpoint(path: str) -> bool:

@@ -1,8 +1,8 @@
-"""The workdir of a run: where its files are, and one run at a time in it.
+"""The workdir of a run: its config.json, its vocabulary, and one run at a time in it.
 
 A workdir is a local directory or an object-store URL (gs://bucket/run, or another scheme etils.epath
-knows); everything a run writes there goes through the few functions below, so a remote workdir never
-turns into a local directory named "gs:". Local paths behave as plain files (appends, renames).
+knows); its paths go through bertjax.text.files (is_remote, join, path, make, write_bytes, local_copy),
+so a remote workdir never turns into a local directory named "gs:".
 
 WORKDIR/run.lock names the process that holds the workdir. On a local filesystem it is held with an
 advisory lock (fcntl), which the operating system releases when the process dies, so the lock of a
@@ -11,69 +11,22 @@ names the holder, and a holder on this host that is no longer running is recogni
 """
 
 import fcntl
-import hashlib
 import json
 import os
 import socket
-import tempfile
 import time
 
 from etils import epath
+
+from bertjax.text.files import VOCAB_FILES, is_remote, join, path, write_bytes
 
 LOCK_FILE = "run.lock"
 CONFIG_FILE = "config.json"  # the run's full resolved config, written as it starts
 
 
 # ---------------------------------------------------------------------------------------------------
-# Paths
+# The run's config
 # ---------------------------------------------------------------------------------------------------
-
-
-def is_remote(path: str) -> bool:
-    """gs://bucket/run and other URLs: no appends, no local file operations."""
-    return "://" in str(path)
-
-
-def join(workdir: str, *parts: str) -> str:
-    """A path inside the workdir, as a string. A local workdir is made absolute (as Orbax needs); a URL
-    is kept as it is (os.path.abspath would make gs://b a local ./gs:/b)."""
-    if is_remote(workdir):
-        return "/".join([str(workdir).rstrip("/"), *parts])
-    return os.path.join(os.path.abspath(str(workdir)), *parts)
-
-
-def path(workdir: str, *parts: str) -> epath.Path:
-    """The same, as an etils.epath.Path (local files or the object store's client)."""
-    return epath.Path(join(workdir, *parts))
-
-
-def make(workdir: str) -> None:
-    """Create the workdir; one line (ValueError) when it cannot be, e.g. an unknown scheme or no access."""
-    try:
-        path(workdir).mkdir(parents=True, exist_ok=True)
-        if is_remote(workdir):
-            # Object stores have no directories, so mkdir proves nothing: write and remove a probe file.
-            probe = path(workdir, f".write-test-{os.getpid()}")
-            probe.write_text("")
-            probe.unlink()
-    except Exception as e:  # noqa: BLE001 -- whatever the filesystem said, the run cannot start
-        reason = str(e).strip().splitlines()[0][:200] if str(e).strip() else type(e).__name__
-        if isinstance(e, KeyError):  # epath's answer to a scheme it has no backend for
-            reason = f"unknown scheme {reason}"
-        raise ValueError(f"cannot write to the workdir {workdir} ({reason}): give a local directory or a "
-                         f"gs:// URL this machine can write to") from None
-
-
-def write_bytes(target: str, data: bytes) -> None:
-    """Write a whole file so that no reader sees half of it: beside and renamed for a local file; an
-    object store replaces an object in one piece anyway."""
-    if not is_remote(target):
-        temporary = f"{target}.tmp-{os.getpid()}"
-        with open(temporary, "wb") as f:
-            f.write(data)
-        os.replace(temporary, target)
-        return
-    epath.Path(target).write_bytes(data)
 
 
 def write_config(workdir: str, config: dict) -> None:
@@ -82,26 +35,9 @@ def write_config(workdir: str, config: dict) -> None:
     write_bytes(join(workdir, CONFIG_FILE), text.encode("utf-8"))
 
 
-def local_copy(source: str) -> str:
-    """A local file with the contents of `source`: the path itself when local, else a copy in a
-    per-content cache directory (tokenizer libraries read local files only)."""
-    if not is_remote(source):
-        return source
-    data = epath.Path(source).read_bytes()
-    digest = hashlib.sha256(data).hexdigest()[:16]
-    directory = os.path.join(tempfile.gettempdir(), "bertjax-remote-files", digest)
-    local = os.path.join(directory, source.rstrip("/").rsplit("/", 1)[-1])
-    if not os.path.exists(local):
-        os.makedirs(directory, exist_ok=True)
-        write_bytes(local, data)
-    return local
-
-
 # ---------------------------------------------------------------------------------------------------
 # The vocabulary of a run
 # ---------------------------------------------------------------------------------------------------
-
-VOCAB_FILES = {"wordpiece": "vocab.txt", "sentencepiece": "sentencepiece.model"}
 
 
 def keep_vocabulary(workdir: str, source: str, kind: str) -> str:

@@ -24,6 +24,7 @@ from typing import Any, Callable, Mapping
 import numpy as np
 from etils import epath
 
+from bertjax.text import files
 from bertjax.training import workdir as workdirs
 
 # Object stores take about one write per second to the same object; rewrites wait at least this long.
@@ -210,18 +211,18 @@ class EventFileWriter:
     def __init__(self, directory: str):
         from tensorboardX.event_file_writer import EventsWriter
 
-        if workdirs.is_remote(directory):
+        if files.is_remote(directory):
             _register_remote_event_files(directory)
         else:
             os.makedirs(directory, exist_ok=True)
         # TensorBoard reads a directory's files in name order, the order a resume's SessionLog START relies
         # on: the counter is zero-padded so that a process's 10th file sorts after its 9th in the same second.
         suffix = f".{os.getpid()}.{next(_event_files):06d}.bertjax"
-        self._writer = EventsWriter(workdirs.join(directory, "events"), filename_suffix=suffix)
+        self._writer = EventsWriter(files.join(directory, "events"), filename_suffix=suffix)
         self._writer.flush()  # the file-version record: TensorBoard reads a file only after it
         (name,) = [p.name for p in epath.Path(directory).iterdir()
                    if p.name.startswith("events.out.tfevents.") and p.name.endswith(suffix)]
-        self.path = workdirs.join(directory, name)
+        self.path = files.join(directory, name)
 
     def add_summary(self, step: int, summary, wall_time: float | None = None) -> None:
         """Write one `Summary` protocol buffer (tensorboardX.proto.summary_pb2) as the event of `step`."""
@@ -313,12 +314,12 @@ class MetricWriter:
         self._resumed_at = None  # the step a resumed run restarted from
         self._resume_note = None  # put on the next training line, then cleared
         if enabled:
-            workdirs.path(workdir).mkdir(parents=True, exist_ok=True)
+            files.path(workdir).mkdir(parents=True, exist_ok=True)
             self._jsonl = self._open_jsonl()
 
     def _open_jsonl(self):
-        target = workdirs.join(self.workdir, "metrics.jsonl")
-        if workdirs.is_remote(target):
+        target = files.join(self.workdir, "metrics.jsonl")
+        if files.is_remote(target):
             return _RemoteFile(target, keep_existing=True)
         return open(target, "ab")
 
@@ -360,10 +361,10 @@ class MetricWriter:
         if not self.enabled:
             return
         self._jsonl.close()
-        target = workdirs.join(self.workdir, "metrics.jsonl")
+        target = files.join(self.workdir, "metrics.jsonl")
         lines = epath.Path(target).read_bytes().decode("utf-8").split("\n")
         kept = "".join(line + "\n" for line in lines if line.strip() and json.loads(line).get("step", 0) <= step)
-        workdirs.write_bytes(target, kept.encode("utf-8"))
+        files.write_bytes(target, kept.encode("utf-8"))
         self._jsonl = self._open_jsonl()
         self._resumed_at = self._resume_note = int(step)
         for writer in self._event_writers.values():
@@ -393,7 +394,7 @@ class MetricWriter:
 
     def _event_writer(self, split: str | None) -> EventFileWriter:
         if split not in self._event_writers:
-            directory = workdirs.join(self.workdir, "tensorboard", *([split] if split is not None else []))
+            directory = files.join(self.workdir, "tensorboard", *([split] if split is not None else []))
             self._event_writers[split] = EventFileWriter(directory)
             if self._resumed_at is not None:
                 self._event_writers[split].add_session_start(self._resumed_at + 1)

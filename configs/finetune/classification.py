@@ -1,6 +1,6 @@
 """Classification of the user's own texts or text pairs (JSON lines: text, optional text_pair, label).
 
-    python -m bertjax.finetune --config=configs/finetune/classification.py --config.init_from=PATH \
+    python -m bertjax.finetune --config=configs/finetune/classification.py --config.train.init_from=PATH \
         --config.data.train=train.jsonl --config.data.validation=dev.jsonl \
         --config.data.labels="('negative', 'positive')" --workdir=DIR
 """

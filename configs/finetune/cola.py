@@ -1,6 +1,6 @@
 """CoLA, grammatical acceptability (Matthews correlation). Paper, BERT-base: 52.1 (test).
 
-    python -m bertjax.finetune --config=configs/finetune/cola.py --config.init_from=PATH --workdir=DIR
+    python -m bertjax.finetune --config=configs/finetune/cola.py --config.train.init_from=PATH --workdir=DIR
 """
 
 from configs.finetune import common

@@ -3,7 +3,7 @@ appendix A.3): batch 32, 3 epochs, learning rate from {2e-5, 3e-5, 5e-5} chosen 
 the steps linear warmup then linear decay, dropout 0.1, max sequence length 128. Each
 configs/finetune/<task>.py names its task and writes out what differs.
 
-The model's architecture comes from the checkpoint in init_from; the model section here only sets how
+The model's architecture comes from the checkpoint in train.init_from; the model section here only sets how
 it computes and its dropout.
 """
 
@@ -21,7 +21,7 @@ def finetune_config(task: str) -> ml_collections.ConfigDict:
     config = ml_collections.ConfigDict()
     # A row of bertjax.tasks.registry.TASKS, or classification | regression | multiple_choice | span | tagging
     config.task = task
-    # A bertjax pretraining workdir or checkpoint, a fine-tuning one, or a Hugging Face BERT directory.
+    # The older spelling of train.init_from, still read (with a line saying so).
     config.init_from = config_dict.placeholder(str)
 
     config.model = ml_collections.ConfigDict(dict(
@@ -46,7 +46,12 @@ def finetune_config(task: str) -> ml_collections.ConfigDict:
     config.schedule = ml_collections.ConfigDict(dict(warmup_fraction=0.1, decay="linear", power=1.0))
 
     config.train = ml_collections.ConfigDict(dict(
+        # A bertjax pretraining workdir or checkpoint, a fine-tuning one, or a Hugging Face BERT directory:
+        # the same key as pretraining's.
+        init_from=config_dict.placeholder(str),
         batch_size=32,
+        # Each step's batch in this many microbatches (gradients averaged): the same update in less memory.
+        grad_accum_steps=1,
         epochs=3.0,
         seed=0,  # the classifier's initialisation, the dropout masks and the order of the examples
         dropout_rng="threefry",

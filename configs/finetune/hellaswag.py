@@ -1,6 +1,6 @@
 """HellaSwag (the successor of SWAG, which TFDS lacks), the ending of a situation out of four (accuracy).
 
-    python -m bertjax.finetune --config=configs/finetune/hellaswag.py --config.init_from=PATH --workdir=DIR
+    python -m bertjax.finetune --config=configs/finetune/hellaswag.py --config.train.init_from=PATH --workdir=DIR
 """
 
 from configs.finetune import common

@@ -1,6 +1,6 @@
 """MNLI, entailment in three classes (accuracy on matched and mismatched dev). Paper, BERT-base: 84.6/83.4 (test).
 
-    python -m bertjax.finetune --config=configs/finetune/mnli.py --config.init_from=PATH --workdir=DIR
+    python -m bertjax.finetune --config=configs/finetune/mnli.py --config.train.init_from=PATH --workdir=DIR
 """
 
 from configs.finetune import common

@@ -1,6 +1,6 @@
 """MRPC, paraphrase pairs (F1, accuracy). Paper, BERT-base: 88.9 F1 (test).
 
-    python -m bertjax.finetune --config=configs/finetune/mrpc.py --config.init_from=PATH --workdir=DIR
+    python -m bertjax.finetune --config=configs/finetune/mrpc.py --config.train.init_from=PATH --workdir=DIR
 """
 
 from configs.finetune import common

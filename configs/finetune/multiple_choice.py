@@ -1,6 +1,6 @@
 """Multiple choice on the user's own files (JSON lines: context, choices, label = the right choice's index).
 
-    python -m bertjax.finetune --config=configs/finetune/multiple_choice.py --config.init_from=PATH \
+    python -m bertjax.finetune --config=configs/finetune/multiple_choice.py --config.train.init_from=PATH \
         --config.data.train=train.jsonl --config.data.validation=dev.jsonl --config.data.num_choices=4 \
         --workdir=DIR
 """

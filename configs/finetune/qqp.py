@@ -1,6 +1,6 @@
 """QQP, duplicate questions (F1, accuracy). Paper, BERT-base: 71.2 F1 (test).
 
-    python -m bertjax.finetune --config=configs/finetune/qqp.py --config.init_from=PATH --workdir=DIR
+    python -m bertjax.finetune --config=configs/finetune/qqp.py --config.train.init_from=PATH --workdir=DIR
 """
 
 from configs.finetune import common

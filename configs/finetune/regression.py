@@ -1,6 +1,6 @@
 """A number predicted for the user's own texts or pairs (JSON lines: text, optional text_pair, label).
 
-    python -m bertjax.finetune --config=configs/finetune/regression.py --config.init_from=PATH \
+    python -m bertjax.finetune --config=configs/finetune/regression.py --config.train.init_from=PATH \
         --config.data.train=train.jsonl --config.data.validation=dev.jsonl --workdir=DIR
 """
 

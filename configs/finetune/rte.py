@@ -1,6 +1,6 @@
 """RTE, entailment (accuracy). Paper, BERT-base: 66.4 (test).
 
-    python -m bertjax.finetune --config=configs/finetune/rte.py --config.init_from=PATH --workdir=DIR
+    python -m bertjax.finetune --config=configs/finetune/rte.py --config.train.init_from=PATH --workdir=DIR
 """
 
 from configs.finetune import common

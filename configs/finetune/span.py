@@ -1,7 +1,7 @@
 """Span question answering on the user's own SQuAD-format JSON files (v1.1, or v2.0 with unanswerable
 questions).
 
-    python -m bertjax.finetune --config=configs/finetune/span.py --config.init_from=PATH \
+    python -m bertjax.finetune --config=configs/finetune/span.py --config.train.init_from=PATH \
         --config.data.train=train.json --config.data.validation=dev.json \
         [--config.data.squad_version=v2.0] --workdir=DIR
 """

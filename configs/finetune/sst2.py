@@ -1,6 +1,6 @@
 """SST-2, sentiment of movie-review sentences (accuracy). Paper, BERT-base: 93.5 (test).
 
-    python -m bertjax.finetune --config=configs/finetune/sst2.py --config.init_from=PATH --workdir=DIR
+    python -m bertjax.finetune --config=configs/finetune/sst2.py --config.train.init_from=PATH --workdir=DIR
 """
 
 from configs.finetune import common

@@ -1,6 +1,6 @@
 """STS-B, sentence similarity 0-5 (Spearman, Pearson). Paper, BERT-base: 85.8 Spearman (test).
 
-    python -m bertjax.finetune --config=configs/finetune/stsb.py --config.init_from=PATH --workdir=DIR
+    python -m bertjax.finetune --config=configs/finetune/stsb.py --config.train.init_from=PATH --workdir=DIR
 """
 
 from configs.finetune import common

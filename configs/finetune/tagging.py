@@ -1,6 +1,6 @@
 """Token tagging on the user's own CoNLL column files (word first, tag last; BIO or IOB1 tags).
 
-    python -m bertjax.finetune --config=configs/finetune/tagging.py --config.init_from=PATH \
+    python -m bertjax.finetune --config=configs/finetune/tagging.py --config.train.init_from=PATH \
         --config.data.train=train.txt --config.data.validation=dev.txt \
         --config.data.labels="('O', 'B-PER', 'I-PER', 'B-LOC', 'I-LOC')" --workdir=DIR
 """

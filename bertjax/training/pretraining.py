@@ -1,0 +1,74 @@
+"""What pretraining puts into the shared core: its batch keys, its loss (masked LM and next sentence),
+its eval step and logged metrics, and its Setup (BertForPreTraining from a configs/<size>.py config).
+Shared by the pretraining program, the planner, the benchmark and the tests."""
+
+import dataclasses
+import functools
+
+import jax.numpy as jnp
+
+from bertjax.models import bert
+from bertjax.training import optim
+from bertjax.training import state
+
+BATCH_KEYS = ("input_ids", "segment_ids", "input_mask", "masked_lm_positions", "masked_lm_ids",
+              "masked_lm_weights", "next_sentence_labels")
+# pretraining_loss returns these as means over the batch: a step of k microbatches reports their mean.
+MEAN_METRICS = ("mlm_loss", "nsp_loss")
+
+
+def loss_fn(params, batch, dropout_rng, *, net):
+    out = net.apply(
+        {"params": params}, batch["input_ids"], batch["segment_ids"], batch["input_mask"],
+        batch["masked_lm_positions"], deterministic=False, rngs={"dropout": dropout_rng},
+        heads_only=True,  # the last block only where the heads read: same loss, less work
+    )
+    return bert.pretraining_loss(out["mlm_logits"], out["nsp_logits"], batch["masked_lm_ids"],
+                                 batch["masked_lm_weights"], batch["next_sentence_labels"])
+
+
+def eval_step(params, batch, *, net):
+    out = net.apply({"params": params}, batch["input_ids"], batch["segment_ids"], batch["input_mask"],
+                    batch["masked_lm_positions"], deterministic=True, heads_only=True)
+    loss, sums = bert.pretraining_loss(out["mlm_logits"], out["nsp_logits"], batch["masked_lm_ids"],
+                                        batch["masked_lm_weights"], batch["next_sentence_labels"])
+    return dict(sums, loss_sum=loss, steps=jnp.float32(1))
+
+
+def summarize(sums: dict) -> dict:
+    """Metric sums over some steps -> the logged means and accuracies."""
+    steps = max(sums["steps"], 1.0)
+    out = {
+        "loss": sums["loss_sum"] / steps,
+        "mlm_loss": sums["mlm_loss"] / steps,
+        "nsp_loss": sums["nsp_loss"] / steps,
+        "mlm_accuracy": sums["mlm_correct"] / max(sums["mlm_count"], 1.0),
+        "nsp_accuracy": sums["nsp_correct"] / max(sums["nsp_count"], 1.0),
+    }
+    if "grad_norm_sum" in sums:
+        out["grad_norm"] = sums["grad_norm_sum"] / steps
+    return out
+
+
+@dataclasses.dataclass
+class PretrainingSetup(state.Setup):
+    """state.Setup of BertForPreTraining, with its model config and its pair of jitted steps."""
+
+    bert_config: bert.BertConfig | None = None
+
+    def compile_steps(self, data_sharding, grad_accum_steps: int):
+        """(train_step, eval_step), jitted once with explicit shardings; the state is donated."""
+        p_train_step = self.compile_train_step(functools.partial(loss_fn, net=self.net), data_sharding,
+                                               grad_accum_steps, mean_metrics=MEAN_METRICS)
+        p_eval_step = self.compile_eval_step(functools.partial(eval_step, net=self.net), data_sharding)
+        return p_train_step, p_eval_step
+
+
+def setup(config, mesh, rules, init_key, platform: str | None = None) -> PretrainingSetup:
+    """The pretraining Setup of a configs/<size>.py config. platform resolves the model's "auto" fields
+    (default: the backend JAX runs on); the planner passes "tpu" to lay out a TPU step from a CPU machine."""
+    bert_config = bert.BertConfig.from_dict(config.model, platform=platform)
+    tx, schedule = optim.optimizer_from_config(config.optimizer, config.schedule, config.train.num_steps)
+    example = bert.dummy_batch(1, config.data.max_seq_length, config.data.max_predictions_per_seq)
+    return PretrainingSetup.create(bert.BertForPreTraining(bert_config), example, tx, schedule, mesh, rules,
+                                   init_key, bert_config=bert_config)
