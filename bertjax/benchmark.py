@@ -46,11 +46,9 @@ from bertjax.training import pretraining
 from bertjax.training import state as train_state
 from bertjax.data import synthetic
 
-_FLAGS = {}  # defined by entry(): importing this module defines no flags
-
-
-def _define_flags(argv: list[str]) -> None:
-    _FLAGS.update(
+def define_flags(argv: list[str]) -> dict:
+    """The flags, defined when the program is entered: importing it defines none."""
+    return dict(
         sizes=flags.DEFINE_list("sizes", None, "Model sizes (configs/<size>.py). Default: mini,small,base on the CPU, "
                                 "base,large with --accelerator."),
         batch=flags.DEFINE_integer("batch_size", 32, "Sequences per step (CPU mode; with --accelerator it replaces "
@@ -423,7 +421,8 @@ def print_table(header, rows) -> None:
 
 
 def run_shape(size: str, seq_len: int, batch_size: int, *, steps: int, warmup: int, dtype, overrides: dict,
-              dropout_rng: str, hf_variants: list, profile: str | None, peak: float | None) -> list[dict]:
+              dropout_rng: str, hf_variants: list, profile: str | None, peak: float | None,
+              memory_only: bool = False) -> list[dict]:
     """bertjax and the HF variants ((device, compile) pairs) on one shape; one result row per runner."""
     num_predictions = max_predictions(seq_len)
     config = benchmark_config(load_config(size), dtype, overrides, seq_len, num_predictions,
@@ -436,7 +435,7 @@ def run_shape(size: str, seq_len: int, batch_size: int, *, steps: int, warmup: i
     print(f"  {size} {batch_size} x {seq_len}: bertjax {cfg.dtype}, {cfg.attention_impl} attention, "
           f"{cfg.word_embedding} embedding, remat {cfg.remat_policy}, scan {cfg.scan_layers}; compiled in "
           f"{runners[0].compile_seconds:.1f} s, step memory {_gib(runners[0].memory_bytes)}", flush=True)
-    if _FLAGS["memory_only"].value:
+    if memory_only:
         return []
     for device, compile in hf_variants:
         runners.append(HFStep(cfg, batches, device=device, compile=compile))
@@ -477,39 +476,40 @@ def print_results(rows: list[dict], peak: float | None) -> None:
           + ("" if peak else "; MFU needs a known accelerator peak"))
 
 
-def main(argv):
+def main(argv, args):
     if len(argv) > 1:
         raise app.UsageError(f"unexpected arguments: {argv[1:]}")
-    accelerator = _FLAGS["accelerator"].value
+    accelerator = args.accelerator
     if accelerator is None:
         accelerator = jax.default_backend() != "cpu"
     try:
         overrides = config_flags.get_override_values(flags.FLAGS["model"])
-        if _FLAGS["steps"].value < 1 or _FLAGS["warmup"].value < 1:
+        if args.steps < 1 or args.warmup < 1:
             raise ValueError("--steps and --warmup must be at least 1 (the first warmup step compiles)")
         device = jax.devices()[0]
         peak = flops.peak_flops_per_device(device.device_kind)
         if accelerator:
-            sizes = _FLAGS["sizes"].value or ["base", "large"]
+            sizes = args.sizes or ["base", "large"]
             shapes = ACCELERATOR_SHAPES
             if flags.FLAGS["seq_len"].present or flags.FLAGS["batch_size"].present:
-                shapes = ((_FLAGS["seq"].value, _FLAGS["batch"].value),)
-            cuda = not _FLAGS["no_torch"].value and torch_cuda_available()
-            hf_variants = [("cuda", False)] + ([] if _FLAGS["no_compile"].value else [("cuda", True)]) if cuda else []
+                shapes = ((args.seq, args.batch),)
+            cuda = not args.no_torch and torch_cuda_available()
+            hf_variants = [("cuda", False)] + ([] if args.no_compile else [("cuda", True)]) if cuda else []
         else:
-            sizes, shapes = _FLAGS["sizes"].value or ["mini", "small", "base"], ((_FLAGS["seq"].value, _FLAGS["batch"].value),)
-            hf_variants = [] if _FLAGS["no_torch"].value else [("cpu", False)]
+            sizes, shapes = args.sizes or ["mini", "small", "base"], ((args.seq, args.batch),)
+            hf_variants = [] if args.no_torch else [("cpu", False)]
         print(f"backend {jax.default_backend()}: {device.device_kind}, {os.cpu_count()} CPUs, load "
               f"{load_average()}; peak bf16 {'unknown' if peak is None else f'{peak / 1e12:.0f} TFLOP/s'}; "
-              f"{_FLAGS['warmup'].value} warmup + {_FLAGS['steps'].value} timed steps, interleaved; HF: "
+              f"{args.warmup} warmup + {args.steps} timed steps, interleaved; HF: "
               f"{', '.join(('compiled' if c else 'eager') + ' on ' + d for d, c in hf_variants) or 'not run'}"
               + (f"; overrides {overrides}" if overrides else ""), flush=True)
         rows = []
         for size in sizes:
             for seq_len, batch_size in shapes:
-                rows += run_shape(size, seq_len, batch_size, steps=_FLAGS["steps"].value, warmup=_FLAGS["warmup"].value,
-                                  dtype=_FLAGS["dtype"].value, overrides=overrides, dropout_rng=_FLAGS["dropout_rng"].value,
-                                  hf_variants=hf_variants, profile=_FLAGS["profile"].value, peak=peak)
+                rows += run_shape(size, seq_len, batch_size, steps=args.steps, warmup=args.warmup,
+                                  dtype=args.dtype, overrides=overrides, dropout_rng=args.dropout_rng,
+                                  hf_variants=hf_variants, profile=args.profile, peak=peak,
+                                  memory_only=args.memory_only)
         if rows:
             print_results(rows, peak)
         if hf_variants and rows:
@@ -527,13 +527,13 @@ def main(argv):
 def entry():
     argv = with_model_overrides(sys.argv)
     try:
-        _define_flags(argv)  # the model overrides are checked here, against the model section
+        defined = define_flags(argv)  # the model overrides are checked here, against the model section
     except (AttributeError, KeyError) as e:
         while e.args and isinstance(e.args[0], BaseException):  # AttributeError(KeyError("'key'\nDid you..."))
             e = e.args[0]
         detail = "; ".join(line.strip("'\" ") for line in str(e.args[0] if e.args else e).splitlines())
         console.fail(f"unknown model config key in {' '.join(a for a in argv if a.startswith('--model.'))}: {detail}")
-    app.run(main, argv=argv, flags_parser=console.parse_flags)
+    console.run_program(main, lambda: defined, argv=argv)
 
 
 if __name__ == "__main__":

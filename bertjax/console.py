@@ -3,8 +3,10 @@ flag or an unknown --config.key into one line that says what to change, instead 
 
 import logging as pylogging
 import sys
+from types import SimpleNamespace
+from typing import Callable
 
-from absl import flags, logging
+from absl import app, flags, logging
 
 
 def parse_flags(argv: list[str]) -> list[str]:
@@ -58,3 +60,12 @@ def quiet_library_logs() -> None:
         lambda record: not (record.levelno >= pylogging.ERROR
                             and ("/orbax/" in record.pathname
                                  or (record.name == "asyncio" and "never retrieved" in record.getMessage()))))
+
+
+def run_program(main: Callable[[list[str], SimpleNamespace], None], define_flags: Callable[[], dict],
+                argv: list[str] | None = None) -> None:
+    """app.run(main) for a program whose flags are defined only now (importing a program defines none)
+    and handed to main as values: main(argv, args), args.<flag> for each flag define_flags returned."""
+    holders = define_flags()
+    app.run(lambda argv: main(argv, SimpleNamespace(**{name: h.value for name, h in holders.items()})),
+            argv=argv, flags_parser=parse_flags)

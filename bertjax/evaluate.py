@@ -20,11 +20,10 @@ from bertjax import console
 from configs.finetune import cola, conll2003, mnli, mrpc, qnli, qqp, rte, squad, squad_v2, sst2, stsb
 from bertjax.text import files
 
-_FLAGS = {}  # defined by entry(): importing this module defines no flags
 
-
-def _define_flags() -> None:
-    _FLAGS.update(
+def define_flags() -> dict:
+    """The flags, defined when the program is entered: importing it defines none."""
+    return dict(
         init_from=flags.DEFINE_string("init_from", None, "A bertjax workdir or checkpoint, or a Hugging Face BERT "
                                       "directory."),
         suite=flags.DEFINE_string("suite", "glue", "The benchmark suite: glue, squad, conll, or all of them."),
@@ -189,23 +188,21 @@ def _evaluate_all(init_from: str, workdir: str, *, tasks=None, **kwargs) -> dict
     return {"suite": "all", "suites": results, "table": lines}
 
 
-def main(argv):
+def main(argv, args):
     if len(argv) > 1:
         raise app.UsageError(f"unexpected arguments: {argv[1:]}")
     console.quiet_library_logs()
-    f = {name: flag.value for name, flag in _FLAGS.items()}
-    if not f["init_from"] or not f["workdir"]:
+    if not args.init_from or not args.workdir:
         console.fail("--init_from and --workdir are required")
     try:
-        evaluate(f["init_from"], f["suite"], f["workdir"], tasks=f["tasks"], data_dir=f["tfds_data_dir"],
-                 sweep=f["sweep"], epochs=f["epochs"], batch_size=f["batch_size"], max_seq_length=f["max_seq_length"])
+        evaluate(args.init_from, args.suite, args.workdir, tasks=args.tasks, data_dir=args.tfds_data_dir,
+                 sweep=args.sweep, epochs=args.epochs, batch_size=args.batch_size, max_seq_length=args.max_seq_length)
     except (ValueError, FileNotFoundError, FloatingPointError) as e:
         console.fail(str(e))
 
 
 def entry():
-    _define_flags()
-    app.run(main, flags_parser=console.parse_flags)
+    console.run_program(main, define_flags)
 
 
 if __name__ == "__main__":

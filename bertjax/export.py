@@ -28,11 +28,11 @@ from absl import app, flags
 from bertjax import console
 
 FORMATS = ("hf", "savedmodel", "params")
-_FLAGS = {}  # defined by entry(): importing this module defines no flags
 
 
-def _define_flags() -> None:
-    _FLAGS.update(
+def define_flags() -> dict:
+    """The flags, defined when the program is entered: importing it defines none."""
+    return dict(
         source=flags.DEFINE_string("from", None, "A bertjax workdir (pretraining or fine-tuning) or checkpoint directory."),
         to=flags.DEFINE_string("to", None, "The directory to write (refused if it exists and is not empty)."),
         format=flags.DEFINE_string("format", "hf", f"One of {', '.join(FORMATS)}."),
@@ -199,28 +199,26 @@ def export(source: str, to: str, export_format: str, *, step: int | None = None,
     return to
 
 
-def main(argv):
+def main(argv, args):
     if len(argv) > 1:
         raise app.UsageError(f"unexpected arguments: {argv[1:]}")
     console.quiet_library_logs()
-    f = {name: flag.value for name, flag in _FLAGS.items()}
     try:
-        out = export(f["source"], f["to"], f["format"], step=f["step"], overwrite=f["overwrite"],
-                     max_seq_length=f["max_seq_length"], hf_class=f["hf_class"])
+        out = export(args.source, args.to, args.format, step=args.step, overwrite=args.overwrite,
+                     max_seq_length=args.max_seq_length, hf_class=args.hf_class)
     except (ValueError, FileNotFoundError, OSError) as e:
         console.fail(str(e))
     except KeyboardInterrupt:
         print("Ctrl-C: stopped; nothing was written", file=sys.stderr)
         sys.exit(130)
-    print(f"exported {f['source']} as {f['format']} to {out}")
-    if f["format"] == "savedmodel":
+    print(f"exported {args.source} as {args.format} to {out}")
+    if args.format == "savedmodel":
         print(f"load it with `import tensorflow as tf, tensorflow_text` and then tf.saved_model.load('{out}'): "
               "tensorflow_text registers the tokenizer's ops (without it: Op type not registered 'NormalizeUTF8')")
 
 
 def entry():
-    _define_flags()
-    app.run(main, flags_parser=console.parse_flags)
+    console.run_program(main, define_flags)
 
 
 if __name__ == "__main__":

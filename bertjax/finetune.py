@@ -14,7 +14,7 @@ WORKDIR gets metrics.jsonl (training lines; dev lines with split=<dev split> and
 TensorBoard events, config.json, checkpoints/ (to resume), best/ (the best dev checkpoint, what
 bertjax.load reads), predictions/ (every dev and test split predicted by the best checkpoint, in each
 benchmark's own form: GLUE submission TSVs, the official SQuAD scripts' JSON files, conlleval's columns;
-see bertjax/data/tasks/scoring.py) and summary.json.
+see bertjax/tasks/kinds/) and summary.json.
 
 The setup, the step (gradient accumulation included), the loop and the preemption handling are
 pretraining's (bertjax.training): SIGTERM saves and exits 0, Ctrl-C saves and exits 130, and re-running
@@ -26,6 +26,7 @@ import dataclasses
 import functools
 import json
 import math
+import os
 import sys
 
 import flax.linen as nn
@@ -45,14 +46,15 @@ from bertjax.training import workdir as workdirs
 from bertjax.training.preemption import Preemption
 from bertjax.training.state import Setup, TrainState, root_keys
 
-_FLAGS = {}  # defined by entry(): importing this module (evaluate, the tests, a notebook) defines no flags
 
+def define_flags() -> dict:
+    """The flags, defined when the program is entered: importing it (evaluate, the tests, a notebook)
+    defines none."""
+    return dict(
+        config=config_flags.DEFINE_config_file("config", None, "A configs/finetune/<task>.py file.", lock_config=True),
+        workdir=flags.DEFINE_string("workdir", None, "Checkpoints, metrics.jsonl, predictions and the summary go here."),
+    )
 
-def _define_flags() -> None:
-    _FLAGS["config"] = config_flags.DEFINE_config_file("config", None, "A configs/finetune/<task>.py file.",
-                                                       lock_config=True)
-    _FLAGS["workdir"] = flags.DEFINE_string("workdir", None,
-                                            "Checkpoints, metrics.jsonl, predictions and the summary go here.")
 
 INPUT_KEYS = ("input_ids", "segment_ids", "input_mask")
 TRAIN_KEYS = INPUT_KEYS + ("label", "example_weight")
@@ -145,51 +147,46 @@ def task_from_config(config):
                              squad_version=config.data.get("squad_version"))
 
 
-def squad_settings(config):
-    """Span tasks' windowing and decoding settings (configs/finetune/squad.py), None for other kinds."""
-    from bertjax.tasks import squad
+def feature_based_settings(config, task, num_layers: int) -> dict | None:
+    """config.feature_based as heads.network takes it, checked against the model's layers; None when off."""
+    from bertjax.tasks import kinds
 
-    if "answers" not in config:
-        return None
-    return squad.Settings(max_seq_length=config.data.max_seq_length, max_query_length=config.data.max_query_length,
-                          doc_stride=config.data.doc_stride, n_best=config.answers.n_best,
-                          max_answer_length=config.answers.max_answer_length)
-
-
-def feature_based_settings(config, task) -> dict | None:
-    """config.feature_based (tagging only) as heads.network takes it; None when it is off."""
     settings = config.get("feature_based")
     if not settings or not settings.enabled:
         return None
-    if task.kind != "tagging":
-        raise ValueError(f"config.feature_based is for tagging tasks; task {task.name} is {task.kind}")
-    return {"layers": tuple(int(layer) for layer in settings.layers), "lstm_size": int(settings.lstm_size),
-            "lstm_layers": int(settings.lstm_layers)}
+    if not kinds.get(task.kind).feature_based:
+        having = [name for name, kind in kinds.KINDS.items() if kind.feature_based]
+        raise ValueError(f"config.feature_based is for {' and '.join(having)} tasks; task {task.name} is {task.kind}")
+    out = {"layers": tuple(int(layer) for layer in settings.layers), "lstm_size": int(settings.lstm_size),
+           "lstm_layers": int(settings.lstm_layers)}
+    states = num_layers + 1  # the embeddings, then each layer
+    if any(not -states <= layer < states for layer in out["layers"]):
+        raise ValueError(f"config.feature_based.layers={out['layers']}: the model has hidden states "
+                         f"0..{states - 1} (0 the embeddings), or -1..-{states} from the last")
+    return out
 
 
-def featurize(task, examples: list, tokenizer, config) -> dict:
-    """Examples of any kind -> their fixed-shape features (bertjax/data/tasks/*.py)."""
-    from bertjax.tasks import features, registry, squad
-
-    if task.kind == registry.SPAN:
-        return squad.featurize_squad(examples, tokenizer, squad_settings(config))
-    if task.kind == registry.TAGGING:
-        from bertjax.tasks import tagging
-
-        return tagging.featurize_tagging(examples, task.labels, tokenizer, config.data.max_seq_length)
-    return features.featurize(examples, task, tokenizer, config.data.max_seq_length)
+def check_inputs(config) -> None:
+    """The files config.data names exist: said in one line (the readers' own) before any model is loaded."""
+    for name in ("train", "validation", "test"):
+        path = config.data.get(name)
+        if path and not os.path.exists(path):
+            raise ValueError(f"{path}: no such file")
 
 
 def split_features(task, tokenizer, config) -> tuple:
     """(train Split, {dev split: Split}, {test split: Split}) of the task (bertjax.tasks.scoring.Split:
-    examples and features), from the user's files where config.data names them, else from TFDS."""
-    from bertjax.tasks import readers, scoring
+    examples and features, by the task's kind), from the user's files where config.data names them, else
+    from TFDS."""
+    from bertjax.tasks import kinds, scoring
 
-    data = config.data
+    data, kind = config.data, kinds.get(task.kind)
+    settings = kind.settings_from_config(config)
 
     def read(split_name, file, labeled=True):
-        examples = readers.read_split(task, split_name, path=file, data_dir=data.tfds_data_dir, labeled=labeled)
-        return scoring.Split(examples, featurize(task, examples, tokenizer, config), labeled)
+        examples = kind.read(task, split_name, path=file, data_dir=data.tfds_data_dir, labeled=labeled)
+        features = kind.featurize(task, examples, tokenizer, data.max_seq_length, settings)
+        return scoring.Split(examples, features, labeled)
 
     if not data.train and task.train_split is None:
         raise ValueError(f"task {task.name} has no training split of its own: set config.data.train to a JSON-lines "
@@ -221,11 +218,11 @@ def say(message: str) -> None:
         print(message, flush=True)
 
 
-def main(argv):
+def main(argv, args):
     if len(argv) > 1:
         raise app.UsageError(f"unexpected arguments: {argv[1:]}")
     console.quiet_library_logs()
-    config, workdir = _FLAGS["config"].value, _FLAGS["workdir"].value
+    config, workdir = args.config, args.workdir
     if not workdir:
         console.fail("--workdir is required (checkpoints, metrics and predictions go there)")
     try:
@@ -282,26 +279,65 @@ def finetune(config, workdir: str) -> dict:
 
 
 def _finetune(config, workdir: str) -> dict:
+    check_inputs(config)  # a missing file is one line now, not after the model has loaded
     from bertjax.text import tf_cpu
 
     tf_cpu.import_tensorflow()  # TensorFlow only tokenizes here: the accelerators belong to JAX
-    from bertjax.tasks import batches as task_batches
-    from bertjax.tasks import scoring
-
-    process_index, process_count = jax.process_index(), jax.process_count()
+    from bertjax.tasks import kinds
 
     # ---------------------------------------------------------------- mesh
     mesh = sharding.make_mesh(config.mesh)
     rules = sharding.logical_rules(config.logical_axis_rules)
-    batch_size = config.train.batch_size
-    grad_accum = config.train.grad_accum_steps
-    sharding.check_batch_size(batch_size, grad_accum, mesh, rules)
+    sharding.check_batch_size(config.train.batch_size, config.train.grad_accum_steps, mesh, rules)
     data_sharding = sharding.batch_sharding(mesh, rules)
 
     # ---------------------------------------------------------------- task and pretrained model
     task = task_from_config(config)
-    head = heads.head(task.kind)
-    num_labels = heads.resolve_num_labels(task.kind, task.num_labels if task.kind in ("classification", "tagging") else None)
+    num_labels = heads.resolve_num_labels(task.kind, kinds.get(task.kind).num_labels(task.labels))
+    pretrained = pretrained_for(config, task, num_labels)
+
+    # ---------------------------------------------------------------- data
+    data = task_data(config, task, pretrained.tokenizer)
+
+    # ---------------------------------------------------------------- head, optimizer, state: shapes first
+    feature_based = feature_based_settings(config, task, pretrained.bert_config.num_layers)
+    init_key, dropout_key = root_keys(config.train.seed, config.train.dropout_rng)
+    setup = task_setup(config, task, pretrained, num_labels, feature_based, data.num_steps, mesh, rules, init_key)
+
+    # ---------------------------------------------------------------- restore: this workdir > init_from
+    checkpointer = checkpoint.Checkpointer(workdir, every_steps=data.steps_per_epoch, keep=config.checkpoint.keep,
+                                           async_save=config.checkpoint.async_save)
+    state, best = restore(checkpointer, setup, task, init_key)
+
+    # ---------------------------------------------------------------- jitted steps
+    loss = functools.partial(task_loss, net=setup.net, loss=heads.head(task.kind).loss)
+    p_train_step = setup.compile_train_step(loss, data_sharding, config.train.grad_accum_steps)
+    p_logits = setup.compile_eval_step(functools.partial(task_logits, net=setup.net), data_sharding)
+    scorer = Scorer(task, data.settings, p_logits, data_sharding, config.logging.eval_batch_size)
+
+    # ---------------------------------------------------------------- the loop, evaluating every epoch
+    writer = writers.MetricWriter(workdir, enabled=jax.process_index() == 0)
+    writer.write_config(config.to_dict())
+    if int(state.step) > 0:
+        writer.resumed(int(state.step))
+    meta = run_meta(config, workdir, task, pretrained, feature_based, data.settings)
+    run = Run(config, workdir, task, data, scorer, checkpointer, writer, meta, best, setup.schedule)
+    with jax.set_mesh(mesh), nn.logical_axis_rules(rules):
+        state = train(run, state, p_train_step, dropout_key, data_sharding)
+
+    # ---------------------------------------------------------------- predictions of the best checkpoint
+    with jax.set_mesh(mesh), nn.logical_axis_rules(rules):
+        written = predict_splits(run, state, setup.abstract_state.params)
+    return summarize(run, written)
+
+
+# ----------------------------------------------------------------------------------------------------
+# The stages of a run
+# ----------------------------------------------------------------------------------------------------
+
+
+def pretrained_for(config, task, num_labels: int) -> Pretrained:
+    """init_from loaded for the task's head, said in one line, its vocabulary checked against the model."""
     source = init_from(config)
     pretrained = load_pretrained(source, task.kind, num_labels, config.model.to_dict())
     bert_config = pretrained.bert_config
@@ -310,150 +346,207 @@ def _finetune(config, workdir: str) -> dict:
     if pretrained.tokenizer.vocab_size > bert_config.vocab_size:
         raise ValueError(f"the vocabulary of {source} has {pretrained.tokenizer.vocab_size} tokens but "
                          f"its model only {bert_config.vocab_size}: a checkpoint of another vocabulary size")
+    return pretrained
 
-    # ---------------------------------------------------------------- data
-    train_split, dev_splits, test_splits = split_features(task, pretrained.tokenizer, config)
-    train_features = train_split.features
-    settings = squad_settings(config)
-    num_train = task_batches.num_examples(train_features)
+
+@dataclasses.dataclass
+class TaskData:
+    """The task's splits as features, the kind's settings, and the run's length in steps."""
+
+    train: object  # scoring.Split
+    dev: dict  # split name -> scoring.Split
+    test: dict
+    settings: object  # the kind's own (span: squad.Settings), or None
+    num_steps: int
+    steps_per_epoch: int
+
+
+def task_data(config, task, tokenizer) -> TaskData:
+    """Every split read and featurized; the steps of config.train.epochs over the training rows."""
+    from bertjax.tasks import batches as task_batches
+    from bertjax.tasks import kinds
+
+    train_split, dev_splits, test_splits = split_features(task, tokenizer, config)
+    batch_size = config.train.batch_size
+    num_train = task_batches.num_examples(train_split.features)
     num_steps = task_batches.num_train_steps(num_train, batch_size, config.train.epochs)
-    steps_per_epoch = math.ceil(num_train / batch_size)
     dev_sizes = ", ".join(f"{len(s.examples)} {split}" for split, s in dev_splits.items())
     rows = "" if num_train == len(train_split.examples) else f" in {num_train} rows"
     say(f"{len(train_split.examples)} training examples{rows}, {dev_sizes}; {num_steps} steps of {batch_size} "
         f"({config.train.epochs:g} epochs)")
+    return TaskData(train_split, dev_splits, test_splits, kinds.get(task.kind).settings_from_config(config),
+                    num_steps, math.ceil(num_train / batch_size))
 
-    # ---------------------------------------------------------------- head, optimizer, state: shapes first
-    feature_based = feature_based_settings(config, task)
-    if feature_based:
-        states = bert_config.num_layers + 1  # the embeddings, then each layer
-        if any(not -states <= layer < states for layer in feature_based["layers"]):
-            raise ValueError(f"config.feature_based.layers={feature_based['layers']}: the model has hidden states "
-                             f"0..{states - 1} (0 the embeddings), or -1..-{states} from the last")
-    init_key, dropout_key = root_keys(config.train.seed, config.train.dropout_rng)
-    setup = task_setup(config, task, pretrained, num_labels, feature_based, num_steps, mesh, rules, init_key)
-    net, schedule, abstract_state = setup.net, setup.schedule, setup.abstract_state
 
-    # ---------------------------------------------------------------- restore: this workdir > init_from
-    checkpointer = checkpoint.Checkpointer(workdir, every_steps=steps_per_epoch, keep=config.checkpoint.keep,
-                                           async_save=config.checkpoint.async_save)
+def restore(checkpointer, setup: Setup, task, init_key) -> tuple[TrainState, dict]:
+    """The state to start from (this workdir's latest checkpoint, else fresh with the pretrained encoder)
+    and the best dev result so far."""
+    abstract_state = setup.abstract_state
     restored = checkpointer.restore_latest(abstract_state.params, abstract_state.opt_state,
                                            check_meta=functools.partial(_check_same_task, task=task))
-    best = {"step": 0, "value": -math.inf, "metrics": {}}
-    if restored is not None:
-        state = TrainState(jnp.int32(restored.step), restored.params, restored.opt_state)
-        best = restored.meta.get("best", best)
-        say(f"resumed from step {restored.step}")
-    else:
-        state = setup.init(init_key)
-    start_step = int(state.step)
+    if restored is None:
+        return setup.init(init_key), {"step": 0, "value": -math.inf, "metrics": {}}
+    say(f"resumed from step {restored.step}")
+    state = TrainState(jnp.int32(restored.step), restored.params, restored.opt_state)
+    return state, restored.meta.get("best", {"step": 0, "value": -math.inf, "metrics": {}})
 
-    # ---------------------------------------------------------------- jitted steps
-    p_train_step = setup.compile_train_step(functools.partial(task_loss, net=net, loss=head.loss), data_sharding,
-                                            grad_accum)
-    p_logits = setup.compile_eval_step(functools.partial(task_logits, net=net), data_sharding)
 
-    def gather(x):
-        """The rows of every process, in global order (one process: as it is)."""
-        if process_count == 1:
-            return np.asarray(jax.device_get(x))
-        from jax.experimental import multihost_utils
+def _gather(x) -> np.ndarray:
+    """The rows of every process, in global order (one process: as it is)."""
+    if jax.process_count() == 1:
+        return np.asarray(jax.device_get(x))
+    from jax.experimental import multihost_utils
 
-        return np.asarray(multihost_utils.process_allgather(x, tiled=True))
+    return np.asarray(multihost_utils.process_allgather(x, tiled=True))
 
-    def logits_of(params, feats) -> np.ndarray:
+
+@dataclasses.dataclass
+class Scorer:
+    """A split's logits from the jitted eval step, scored by the task's kind."""
+
+    task: object
+    settings: object  # the kind's own
+    p_logits: object  # jitted (params, batch) -> logits
+    data_sharding: object
+    batch_size: int
+
+    def logits_of(self, params, feats) -> np.ndarray:
         """The logits of every row of a split's features, in order (float32 [N, ...])."""
+        from bertjax.tasks import batches as task_batches
+
         outs = []
-        for b in task_batches.eval_batches(feats, config.logging.eval_batch_size, process_index=process_index,
-                                           process_count=process_count):
-            logits = gather(p_logits(params, sharding.global_batch({k: b[k] for k in INPUT_KEYS}, data_sharding)))
-            outs.append(np.asarray(logits, np.float32)[gather(b["example_weight"]) > 0])
+        for b in task_batches.eval_batches(feats, self.batch_size, process_index=jax.process_index(),
+                                           process_count=jax.process_count()):
+            batch = sharding.global_batch({k: b[k] for k in INPUT_KEYS}, self.data_sharding)
+            logits = _gather(self.p_logits(params, batch))
+            outs.append(np.asarray(logits, np.float32)[_gather(b["example_weight"]) > 0])
         return np.concatenate(outs)
 
-    def scored(params, split_name, split, null_threshold=0.0):
-        return scoring.score(task, split_name, split, logits_of(params, split.features), squad_settings=settings,
-                             null_threshold=null_threshold)
+    def __call__(self, params, split_name: str, split, null_threshold: float = 0.0):
+        from bertjax.tasks import scoring
 
-    # ---------------------------------------------------------------- loop
-    writer = writers.MetricWriter(workdir, enabled=process_index == 0)
-    writer.write_config(config.to_dict())
-    if start_step > 0:
-        writer.resumed(start_step)
-    meta_base = {"model": bert_config.__dict__, "optimizer": config.optimizer.to_dict(),
-                 "tokenizer": {"kind": pretrained.files.kind, "lower_case": pretrained.files.lower_case,
-                               "path": workdirs.keep_vocabulary(workdir, pretrained.files.vocab_path,
-                                                                pretrained.files.kind)
-                               if process_index == 0 else files.VOCAB_FILES[pretrained.files.kind]},
-                 "task": {"name": task.name, "kind": task.kind, "labels": list(task.labels),
-                          "num_choices": task.num_choices, "max_seq_length": config.data.max_seq_length,
-                          "squad_version": task.squad_version, "feature_based": feature_based,
-                          "squad_settings": dataclasses.asdict(settings) if settings else None}}
+        return scoring.score(self.task, split_name, split, self.logits_of(params, split.features),
+                             settings=self.settings, null_threshold=null_threshold)
+
+
+def run_meta(config, workdir: str, task, pretrained: Pretrained, feature_based, settings) -> dict:
+    """What every checkpoint of the run carries: the model, optimizer, tokenizer and task (bertjax.load
+    reads the task's kind, labels and settings back)."""
+    keep = jax.process_index() == 0
+    return {"model": pretrained.bert_config.__dict__, "optimizer": config.optimizer.to_dict(),
+            "tokenizer": {"kind": pretrained.files.kind, "lower_case": pretrained.files.lower_case,
+                          "path": workdirs.keep_vocabulary(workdir, pretrained.files.vocab_path, pretrained.files.kind)
+                          if keep else files.VOCAB_FILES[pretrained.files.kind]},
+            "task": {"name": task.name, "kind": task.kind, "labels": list(task.labels),
+                     "num_choices": task.num_choices, "max_seq_length": config.data.max_seq_length,
+                     "squad_version": task.squad_version, "feature_based": feature_based,
+                     "squad_settings": dataclasses.asdict(settings) if settings else None}}
+
+
+@dataclasses.dataclass
+class Run:
+    """What the loop's hooks and the final predictions share."""
+
+    config: object
+    workdir: str
+    task: object
+    data: TaskData
+    scorer: Scorer
+    checkpointer: object
+    writer: object
+    meta: dict
+    best: dict  # the best dev result so far: step, value, metrics (and null_threshold), updated in place
+    schedule: object
+
+
+def hooks(run: Run, preemption: Preemption) -> loop.Hooks:
+    """log (training lines), evaluate (dev lines; the best checkpoint kept), save, and the after-step checks."""
+    config, writer, best = run.config, run.writer, run.best
 
     def log(step, window, speed):
-        writer.write(step, dict(summarize_train(window), learning_rate=float(schedule(step - 1)), **speed))
+        writer.write(step, dict(summarize_train(window), learning_rate=float(run.schedule(step - 1)), **speed))
 
     def evaluate(state, step):
-        scores = {split: scored(state.params, split, s).metrics for split, s in dev_splits.items()}
+        scores = {split: run.scorer(state.params, split, s).metrics for split, s in run.data.dev.items()}
         for split, values in scores.items():
             writer.write(step, values, split=split)
         # The main metric of the first dev split chooses the best checkpoint (MNLI: matched).
-        first = scores[next(iter(dev_splits))]
-        value = first[task.main_metric]
+        first = scores[next(iter(run.data.dev))]
+        value = first[run.task.main_metric]
         if value > best["value"]:
             best.update(step=step, value=float(value), metrics=scores)
             # SQuAD v2.0: the no-answer threshold this dev set chose is kept with the model.
             best["null_threshold"] = float(first.get("best_f1_threshold", 0.0))
-            meta_task = dict(meta_base["task"], null_threshold=best["null_threshold"])
-            checkpoint.save_params(workdir, checkpoint.BEST_DIR, step, state.params,
-                                   dict(meta_base, task=meta_task, step=step, best=dict(best)))
+            meta_task = dict(run.meta["task"], null_threshold=best["null_threshold"])
+            checkpoint.save_params(run.workdir, checkpoint.BEST_DIR, step, state.params,
+                                   dict(run.meta, task=meta_task, step=step, best=dict(best)))
 
     def save(state, step, force):
-        checkpointer.save(step, state.params, state.opt_state, dict(meta_base, step=step, best=dict(best)),
-                          force=force)
+        run.checkpointer.save(step, state.params, state.opt_state, dict(run.meta, step=step, best=dict(best)),
+                              force=force)
 
-    eval_every = config.logging.eval_every or steps_per_epoch
-    after_step = [lambda step, state: checkpointer.check_for_errors()]
+    after_step = [lambda step, state: run.checkpointer.check_for_errors()]
     if config.logging.profile_first_step:
-        after_step.append(loop.Profiler(files.join(workdir, "profile"), config.logging.profile_first_step,
-                                           config.logging.profile_steps))
+        after_step.append(loop.Profiler(files.join(run.workdir, "profile"), config.logging.profile_first_step,
+                                        config.logging.profile_steps))
+    return loop.Hooks(log=log, evaluate=evaluate, save=save, preemption=preemption, after_step=after_step)
+
+
+def train(run: Run, state: TrainState, p_train_step, dropout_key, data_sharding) -> TrainState:
+    """The loop of bertjax.training.loop over the training batches; Stopped where SIGTERM or Ctrl-C saved."""
+    from bertjax.tasks import batches as task_batches
+
+    config, data = run.config, run.data
     preemption = Preemption()
-    hooks = loop.Hooks(log=log, evaluate=evaluate, save=save, preemption=preemption, after_step=after_step)
-    steps = loop.LoopSteps(start=start_step, total=num_steps, log_every=config.logging.log_every,
-                           eval_every=eval_every, save_every=steps_per_epoch)
-    batches = task_batches.train_batches(train_features, batch_size, config.train.seed, start_step,
-                                         process_index=process_index, process_count=process_count)
+    steps = loop.LoopSteps(start=int(state.step), total=data.num_steps, log_every=config.logging.log_every,
+                           eval_every=config.logging.eval_every or data.steps_per_epoch,
+                           save_every=data.steps_per_epoch)
+    train_features = data.train.features
+    batches = task_batches.train_batches(train_features, config.train.batch_size, config.train.seed, int(state.step),
+                                         process_index=jax.process_index(), process_count=jax.process_count())
     train_keys = TRAIN_KEYS + tuple(k for k in ("label_weight",) if k in train_features)
     device_batches = sharding.prefetch_to_devices(({k: b[k] for k in train_keys} for b in batches), data_sharding,
                                                   size=config.train.prefetch_batches)
-    with jax.set_mesh(mesh), nn.logical_axis_rules(rules), device_batches:
-        state, stopped_at = loop.run_loop(state, p_train_step, device_batches, dropout_key, steps, hooks)
-    checkpointer.wait()
-    checkpointer.close()
+    with device_batches:
+        state, stopped_at = loop.run_loop(state, p_train_step, device_batches, dropout_key, steps,
+                                          hooks(run, preemption))
+    run.checkpointer.wait()
+    run.checkpointer.close()
     if stopped_at is not None:
-        writer.close()
+        run.writer.close()
         say(f"{preemption.name}: saved the checkpoint of step {stopped_at}; re-run the same command to resume")
         raise Stopped(stopped_at, preemption.exit_code)
+    return state
 
-    # ---------------------------------------------------------------- predictions of the best checkpoint
-    if best["step"] != num_steps:
-        best_params, _ = checkpoint.restore_params(files.join(workdir, checkpoint.BEST_DIR), abstract_state.params)
+
+def predict_splits(run: Run, state: TrainState, abstract_params) -> list[str]:
+    """Every dev and test split predicted by the best checkpoint; the prediction files written."""
+    from bertjax.tasks import scoring
+
+    if run.best["step"] != run.data.num_steps:
+        best_params, _ = checkpoint.restore_params(files.join(run.workdir, checkpoint.BEST_DIR), abstract_params)
     else:
         best_params = state.params
     written = []
-    with jax.set_mesh(mesh), nn.logical_axis_rules(rules):
-        for split, s in {**dev_splits, **test_splits}.items():
-            result = scored(best_params, split, s, null_threshold=best.get("null_threshold", 0.0))
-            if process_index == 0:
-                written += scoring.write_predictions(files.join(workdir, "predictions"), result)
+    for split, s in {**run.data.dev, **run.data.test}.items():
+        result = run.scorer(best_params, split, s, null_threshold=run.best.get("null_threshold", 0.0))
+        if jax.process_index() == 0:
+            written += scoring.write_predictions(files.join(run.workdir, "predictions"), result)
+    return written
+
+
+def summarize(run: Run, written: list[str]) -> dict:
+    """summary.json and the run's last line: the best dev result and where the predictions are."""
+    task, best, num_steps = run.task, run.best, run.data.num_steps
     summary = {"task": task.name, "main_metric": task.main_metric, "steps": num_steps,
-               "learning_rate": config.optimizer.learning_rate, "best": best, "predictions": written}
-    writer.close()
-    if process_index == 0:
-        files.write_bytes(files.join(workdir, "summary.json"), json.dumps(summary, indent=1).encode())
+               "learning_rate": run.config.optimizer.learning_rate, "best": best, "predictions": written}
+    run.writer.close()
+    if jax.process_index() == 0:
+        files.write_bytes(files.join(run.workdir, "summary.json"), json.dumps(summary, indent=1).encode())
     shown = "; ".join(f"{split} " + ", ".join(f"{k} {v:.4f}" for k, v in m.items() if not k.startswith("f1_"))
                       for split, m in best["metrics"].items())
     say(f"{task.name}: best dev {task.main_metric} {best['value']:.4f} at step {best['step']} of {num_steps} "
-        f"({shown}); predictions in {files.join(workdir, 'predictions')}")
+        f"({shown}); predictions in {files.join(run.workdir, 'predictions')}")
     return summary
 
 
@@ -498,8 +591,7 @@ def _check_same_task(step: int, meta: dict, *, task) -> None:
 
 
 def entry():
-    _define_flags()
-    app.run(main, flags_parser=console.parse_flags)
+    console.run_program(main, define_flags)
 
 
 if __name__ == "__main__":

@@ -75,9 +75,10 @@ class LoadedBert:
             {"params": params}, ids, segments, mask, positions, deterministic=True)["mlm_logits"])
         if self.task is not None:
             from bertjax.models import heads
+            from bertjax.tasks import kinds
 
             kind = self.task["kind"]
-            num_labels = len(self.task["labels"]) if kind in ("classification", "tagging") else None
+            num_labels = kinds.get(kind).num_labels(self.task["labels"])
             net = heads.network(kind, self.config, num_labels, feature_based=self.task.get("feature_based"))
             self._task_logits = jax.jit(lambda params, ids, segments, mask: net.apply(
                 {"params": params}, ids, segments, mask, deterministic=True))
@@ -218,98 +219,20 @@ class LoadedBert:
         if self.task is None:
             raise ValueError(f"{self.source or 'this model'} is not a fine-tuned task checkpoint: predict needs "
                              f"one written by python -m bertjax.finetune")
-        kind = self.task["kind"]
-        if kind == "span":
-            return self._answer(questions, contexts)
-        if questions is not None or contexts is not None:
-            raise ValueError(f"questions and contexts are for span QA; this model is fine-tuned for {kind}")
-        if kind == "tagging":
-            return self._tag(texts)
-        from bertjax.tasks import features
+        from bertjax.tasks import kinds
 
-        texts = [texts] if isinstance(texts, str) else list(texts)
-        seq = int(self.task["max_seq_length"])
-        tok = self.tokenizer
-        special = dict(cls_id=tok.cls_id, sep_id=tok.sep_id, pad_id=tok.pad_id)
-        ids_a = tok.encode(texts)
-        if kind == "multiple_choice":
-            if choices is None or len(choices) != len(texts):
-                raise ValueError("predict for multiple choice needs choices=[[choice, ...] per context]")
-            encoded = [[features.encode_pair(np.asarray(a), np.asarray(c), seq, **special) for c in tok.encode(list(cs))]
-                       for a, cs in zip(ids_a, choices)]
-            batch = {k: np.stack([np.stack([e[k] for e in row]) for row in encoded])
-                     for k in ("input_ids", "segment_ids", "input_mask")}  # [B, C, S]
-        else:
-            if text_pairs is not None and len(text_pairs) != len(texts):
-                raise ValueError(f"{len(texts)} texts but {len(text_pairs)} text_pairs")
-            ids_b = tok.encode(list(text_pairs)) if text_pairs is not None else [None] * len(texts)
-            encoded = [features.encode_pair(np.asarray(a), None if b is None else np.asarray(b), seq, **special)
-                       for a, b in zip(ids_a, ids_b)]
-            batch = {k: np.stack([e[k] for e in encoded]) for k in ("input_ids", "segment_ids", "input_mask")}
-        logits = np.asarray(self._task_logits(self.params, batch["input_ids"], batch["segment_ids"],
-                                              batch["input_mask"]), np.float32)
-        if kind == "regression":
-            return [{"score": float(v)} for v in logits[:, 0]]
-        probs = np.asarray(jax.nn.softmax(logits, axis=-1))
-        if kind == "multiple_choice":
-            return [{"label": int(np.argmax(p)), "scores": [float(x) for x in p]} for p in probs]
-        labels = self.task["labels"]
-        return [{"label": labels[int(np.argmax(p))], "score": float(np.max(p)),
-                 "scores": {name: float(x) for name, x in zip(labels, p)}} for p in probs]
+        return kinds.get(self.task["kind"]).predict(self, texts, text_pairs, choices, questions=questions,
+                                                    contexts=contexts)
 
-
-    def _logits_of(self, features: dict, batch_size: int = 32) -> np.ndarray:
-        """The task head's logits for every row of fixed-shape features, in batches."""
+    def task_logits(self, features: dict, batch_size: int = 32) -> np.ndarray:
+        """The task head's logits (float32) for every row of fixed-shape features, in batches: what a
+        kind's predict (bertjax/tasks/kinds/) reads."""
         out = []
         for start in range(0, len(features["input_ids"]), batch_size):
             part = {k: features[k][start:start + batch_size] for k in ("input_ids", "segment_ids", "input_mask")}
             out.append(np.asarray(self._task_logits(self.params, part["input_ids"], part["segment_ids"],
-                                                    part["input_mask"]), np.float32))
+                                                     part["input_mask"]), np.float32))
         return np.concatenate(out)
-
-    def _answer(self, questions, contexts) -> list[dict]:
-        from bertjax.tasks import squad
-
-        if questions is None or contexts is None:
-            raise ValueError("predict for span QA needs questions=[...] and contexts=[...], one context per question")
-        questions = [questions] if isinstance(questions, str) else list(questions)
-        contexts = [contexts] if isinstance(contexts, str) else list(contexts)
-        if len(questions) != len(contexts) or not questions:
-            raise ValueError(f"{len(questions)} questions but {len(contexts)} contexts: give one context per question")
-        settings = squad.Settings(**self.task["squad_settings"])
-        examples = [squad.SquadExample(str(n), q, c, (), ()) for n, (q, c) in enumerate(zip(questions, contexts))]
-        features = squad.featurize_squad(examples, self.tokenizer, settings)
-        logits = self._logits_of(features)
-        answers = squad.decode_answers(examples, features, logits[..., 0], logits[..., 1], settings,
-                                       self.task["squad_version"], self.task.get("null_threshold", 0.0))
-        out = []
-        for e in examples:
-            text = answers.text[e.id]
-            best = next(entry for entry in answers.nbest[e.id] if entry["text"] == text)
-            out.append({"answer": text, "start": best["start"], "end": best["end"], "score": best["probability"]})
-        return out
-
-    def _tag(self, texts) -> list[dict]:
-        from bertjax.tasks import metrics
-        from bertjax.tasks import tagging
-
-        if texts is None:
-            raise ValueError("predict for tagging needs texts: sentences, each a list of words or a string")
-        if isinstance(texts, str):
-            texts = [texts]
-        sentences = [tuple(t.split()) if isinstance(t, str) else tuple(t) for t in texts]
-        examples = [tagging.TagExample(n, words, None) for n, words in enumerate(sentences)]
-        labels = tuple(self.task["labels"])
-        features = tagging.featurize_tagging(examples, labels, self.tokenizer, int(self.task["max_seq_length"]))
-        predicted = tagging.tags_from_predictions(features, np.argmax(self._logits_of(features), axis=-1), labels,
-                                                  examples)
-        out = []
-        for e in examples:
-            tags = predicted[e.idx]
-            entities = [{"type": kind, "start": first, "end": last + 1, "text": " ".join(e.words[first:last + 1])}
-                        for kind, first, last in metrics.tag_entities(list(tags))]
-            out.append({"tags": list(zip(e.words, tags)), "entities": entities})
-        return out
 
 
 MASK = "[MASK]"

@@ -31,11 +31,10 @@ from bertjax.training import sharding
 from bertjax.training import pretraining
 from bertjax.training import state as train_state
 
-_FLAGS = {}  # defined by entry(): importing this module defines no flags
 
-
-def _define_flags() -> None:
-    _FLAGS.update(
+def define_flags() -> dict:
+    """The flags, defined when the program is entered: importing it defines none."""
+    return dict(
         config=config_flags.DEFINE_config_file("config", None, "A configs/<size>.py file.", lock_config=True),
         topology=flags.DEFINE_string("topology", None, "Cloud TPU slice, e.g. v4-32, v5e-256, v5p-128, v6e-64."),
         find_max_batch=flags.DEFINE_bool("find_max_batch", False, "Also search the largest batch per data-parallel "
@@ -178,45 +177,19 @@ def compile_step(config, topology: Topology, devices, batch_size: int) -> dict:
     replicated = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
     key = jax.ShapeDtypeStruct(dropout_key.shape, dropout_key.dtype, sharding=replicated)
     batch = abstract_batch(config, batch_size, data_sharding)
-    start = time.perf_counter()
-    try:
-        with jax.set_mesh(mesh):
-            compiled = step_fn.lower(setup.abstract_state, batch, key).compile()
-        out_of_memory = None
-    except jax.errors.JaxRuntimeError as e:
-        # The TPU compiler itself refuses a step whose temporaries exceed the chip's HBM.
-        if "RESOURCE_EXHAUSTED" not in str(e):
-            raise
-        compiled, out_of_memory = None, str(e).splitlines()[0]
-    compile_seconds = time.perf_counter() - start
+    compiled, out_of_memory, compile_seconds = _compile(step_fn, setup.abstract_state, batch, key, mesh)
 
     params = bytes_per_device(setup.abstract_state.params)
     opt_state = bytes_per_device(setup.abstract_state.opt_state)
     batch_bytes = bytes_per_device(batch)
     hbm = topology.generation.hbm_bytes
-    if compiled is not None:
-        m = compiled.memory_analysis()
-        temp = int(m.temp_size_in_bytes)
-        # Arguments + outputs + temporaries, less what the donated state shares between arguments and outputs.
-        total = int(m.argument_size_in_bytes + m.output_size_in_bytes + temp - m.alias_size_in_bytes)
-        cost = _cost(compiled)
-        collectives = count_collectives(compiled.as_text())
-    else:
-        required = re.search(r"required for HLO temporaries \(([\d.]+)G\)", out_of_memory)
-        temp = int(float(required[1]) * GiB) if required else 0
-        total, cost, collectives = params + opt_state + batch_bytes + temp, {}, {}
+    temp, total, cost, collectives = _memory(compiled, out_of_memory, params + opt_state + batch_bytes)
 
     chips = len(devices)
     cfg = setup.bert_config
-    seq, preds = config.data.max_seq_length, config.data.max_predictions_per_seq
-    per_token = flops.train_flops_per_token(cfg.num_layers, cfg.hidden_size, seq, cfg.vocab_size, preds / seq)
-    model_flops = per_token * batch_size * seq / chips  # per chip per step
-    compiled_flops = float(cost.get("flops", 0.0))
-    bytes_accessed = float(cost.get("bytes accessed", 0.0))
-    peak = flops.peak_flops_per_device(devices[0].device_kind)
-    # The step takes at least its FLOPs at peak and at least its HBM traffic at full bandwidth. XLA's
-    # count takes a loop body once (the scanned layers of large), so the larger of the two counts is used.
-    floor = max(max(compiled_flops, model_flops) / peak, bytes_accessed / topology.generation.hbm_bandwidth) if peak else 0.0
+    seq = config.data.max_seq_length
+    model_flops, compiled_flops, bytes_accessed, peak, floor = _step_time_floor(
+        config, cfg, topology, devices, batch_size, cost)
     return dict(
         topology=topology.name, libtpu_topology=topology.libtpu_name, device_kind=devices[0].device_kind,
         chips=chips, mesh=dict(mesh.shape), batch_size=batch_size, seq_len=seq, grad_accum_steps=grad_accum,
@@ -229,6 +202,52 @@ def compile_step(config, topology: Topology, devices, batch_size: int) -> dict:
         step_time_floor=floor, mfu_bound=(model_flops / peak / floor) if floor and compiled else None,
         collectives=collectives, compile_seconds=compile_seconds,
     )
+
+
+def _compile(step_fn, abstract_state, batch, key, mesh):
+    """The compiled step (None when the compiler ran out of HBM), the compiler's out-of-memory line
+    (None when it fit), and the seconds compiling took."""
+    start = time.perf_counter()
+    try:
+        with jax.set_mesh(mesh):
+            compiled = step_fn.lower(abstract_state, batch, key).compile()
+        out_of_memory = None
+    except jax.errors.JaxRuntimeError as e:
+        # The TPU compiler itself refuses a step whose temporaries exceed the chip's HBM.
+        if "RESOURCE_EXHAUSTED" not in str(e):
+            raise
+        compiled, out_of_memory = None, str(e).splitlines()[0]
+    return compiled, out_of_memory, time.perf_counter() - start
+
+
+def _memory(compiled, out_of_memory: str | None, argument_bytes: int):
+    """Temporaries and total bytes per device, XLA's cost analysis and the collectives; for a step the
+    compiler refused, the temporaries its error names on top of the arguments (no cost, no collectives)."""
+    if compiled is not None:
+        m = compiled.memory_analysis()
+        temp = int(m.temp_size_in_bytes)
+        # Arguments + outputs + temporaries, less what the donated state shares between arguments and outputs.
+        total = int(m.argument_size_in_bytes + m.output_size_in_bytes + temp - m.alias_size_in_bytes)
+        return temp, total, _cost(compiled), count_collectives(compiled.as_text())
+    required = re.search(r"required for HLO temporaries \(([\d.]+)G\)", out_of_memory)
+    temp = int(float(required[1]) * GiB) if required else 0
+    return temp, argument_bytes + temp, {}, {}
+
+
+def _step_time_floor(config, cfg, topology: Topology, devices, batch_size: int, cost: dict):
+    """Model and compiled FLOPs and HBM bytes per chip per step, the chip's peak, and the least time the
+    step can take."""
+    chips = len(devices)
+    seq, preds = config.data.max_seq_length, config.data.max_predictions_per_seq
+    per_token = flops.train_flops_per_token(cfg.num_layers, cfg.hidden_size, seq, cfg.vocab_size, preds / seq)
+    model_flops = per_token * batch_size * seq / chips  # per chip per step
+    compiled_flops = float(cost.get("flops", 0.0))
+    bytes_accessed = float(cost.get("bytes accessed", 0.0))
+    peak = flops.peak_flops_per_device(devices[0].device_kind)
+    # The step takes at least its FLOPs at peak and at least its HBM traffic at full bandwidth. XLA's
+    # count takes a loop body once (the scanned layers of large), so the larger of the two counts is used.
+    floor = max(max(compiled_flops, model_flops) / peak, bytes_accessed / topology.generation.hbm_bandwidth) if peak else 0.0
+    return model_flops, compiled_flops, bytes_accessed, peak, floor
 
 
 def find_max_batch(config, topology: Topology, devices, bisect_steps: int = 3, start: int = 1,
@@ -308,26 +327,26 @@ def format_plan(plan: dict) -> str:
     return "\n".join(lines)
 
 
-def main(argv):
+def main(argv, args):
     if len(argv) > 1:
         raise app.UsageError(f"unexpected arguments: {argv[1:]}")
-    config = _FLAGS["config"].value
+    config = args.config
     try:
-        topology = parse_topology(_FLAGS["topology"].value)
+        topology = parse_topology(args.topology)
         devices = topology_devices(topology)
         sharding.mesh_shape(config.mesh, len(devices))
-        if _FLAGS["find_max_batch"].value:
+        if args.find_max_batch:
             mesh = sharding.make_mesh(config.mesh, devices)
             dp = sharding.data_parallel_size(mesh, sharding.logical_rules(config.logical_axis_rules))
-            start = _FLAGS["start"].value or max(1, config.train.batch_size // (dp * config.train.grad_accum_steps))
-            best, tried = find_max_batch(config, topology, devices, _FLAGS["bisect"].value, start)
+            start = args.start or max(1, config.train.batch_size // (dp * config.train.grad_accum_steps))
+            best, tried = find_max_batch(config, topology, devices, args.bisect, start)
         else:
             best, tried = None, [compile_step(config, topology, devices, config.train.batch_size)]
     except ValueError as e:
-        console.fail(f"{_FLAGS['topology'].value}: {e}" if _FLAGS["topology"].value and not str(e).startswith(
+        console.fail(f"{args.topology}: {e}" if args.topology and not str(e).startswith(
             ("unknown TPU", "topology")) else str(e))
     plans = [tried[-1]] if best is None else tried
-    if _FLAGS["json"].value:
+    if args.json:
         out = dict(tried[-1], tried=tried, max_batch_per_data_device=best) if best is not None else tried[-1]
         print(json.dumps(out))
     else:
@@ -337,15 +356,14 @@ def main(argv):
             print(f"largest batch per data-parallel device that fits: {best} (searched: "
                   f"{', '.join(str(p['batch_per_data_device']) + (' fits' if p['fits'] else ' no') for p in tried)})")
     fits = (best > 0) if best is not None else tried[-1]["fits"]
-    if _FLAGS["require_fit"].value and not fits:
+    if args.require_fit and not fits:
         print("does not fit (--require_fit)", file=sys.stderr)
         sys.exit(1)
 
 
 def entry():
     """The console script's entry point (pyproject.toml)."""
-    _define_flags()
-    app.run(main, flags_parser=console.parse_flags)
+    console.run_program(main, define_flags)
 
 
 if __name__ == "__main__":

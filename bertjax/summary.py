@@ -13,19 +13,18 @@ from ml_collections import config_flags
 from bertjax import console
 from bertjax.models import bert
 
-_FLAGS = {}  # defined by entry(): importing this module defines no flags
 
-
-def _define_flags() -> None:
-    _FLAGS.update(
+def define_flags() -> dict:
+    """The flags, defined when the program is entered: importing it defines none."""
+    return dict(
         config=config_flags.DEFINE_config_file("config", None, "A configs/<size>.py file.", lock_config=True),
     )
 
 
-def main(argv):
+def main(argv, args):
     if len(argv) > 1:
         raise app.UsageError(f"unexpected arguments: {argv[1:]}")
-    config = _FLAGS["config"].value
+    config = args.config
     cfg = bert.BertConfig.from_dict(config.model)
     batch = bert.dummy_batch(1, config.data.max_seq_length, config.data.max_predictions_per_seq)
     boxed = jax.eval_shape(lambda: bert.BertForPreTraining(cfg).init(jax.random.key(0), **batch))["params"]
@@ -45,8 +44,7 @@ def main(argv):
 
 def entry():
     """`python -m bertjax.summary` as a console program."""
-    _define_flags()
-    app.run(main, flags_parser=console.parse_flags)
+    console.run_program(main, define_flags)
 
 
 if __name__ == "__main__":

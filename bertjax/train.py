@@ -11,8 +11,10 @@ The model, the step and the synthetic data path import no TensorFlow: only the r
 """
 
 import contextlib
+import dataclasses
 import functools
 import sys
+from typing import Callable
 
 import flax.linen as nn
 import jax
@@ -31,11 +33,9 @@ from bertjax.training.preemption import Preemption
 from bertjax.training.pretraining import BATCH_KEYS, summarize
 from bertjax.training.state import TrainState, root_keys
 
-_FLAGS = {}  # defined by entry(): importing this module defines no flags
-
-
-def _define_flags() -> None:
-    _FLAGS.update(
+def define_flags() -> dict:
+    """The flags, defined when the program is entered: importing it defines none."""
+    return dict(
         config=config_flags.DEFINE_config_file("config", None, "A configs/<size>.py file.", lock_config=True),
         workdir=flags.DEFINE_string("workdir", None, "Checkpoints, metrics.jsonl and TensorBoard events go here."),
         coordinator_address=flags.DEFINE_string("coordinator_address", None,
@@ -74,14 +74,15 @@ def say(message: str) -> None:
         print(message, flush=True)
 
 
-def main(argv):
+def main(argv, args):
     if len(argv) > 1:
         raise app.UsageError(f"unexpected arguments: {argv[1:]}")
     console.quiet_library_logs()
-    config, workdir = _FLAGS["config"].value, _FLAGS["workdir"].value
+    config, workdir = args.config, args.workdir
     if not workdir:
         console.fail("--workdir is required (checkpoints and metrics go there)")
-    distributed = {name: _FLAGS[name].value for name in ("coordinator_address", "num_processes", "process_id")}
+    distributed = dict(coordinator_address=args.coordinator_address, num_processes=args.num_processes,
+                       process_id=args.process_id)
     try:
         code = run(config, workdir, **distributed)
     except (ValueError, FileNotFoundError, FloatingPointError) as e:
@@ -119,48 +120,21 @@ def train(config, workdir: str) -> int:
     # ---------------------------------------------------------------- model and optimizer: shapes first
     init_key, dropout_key = root_keys(config.train.seed, config.train.dropout_rng)
     setup = pretraining.setup(config, mesh, rules, init_key)
-    bert_config, schedule, abstract_state = setup.bert_config, setup.schedule, setup.abstract_state
+    bert_config, abstract_state = setup.bert_config, setup.abstract_state
     bert.check_input_shapes(bert_config, config.data.max_seq_length, config.data.max_predictions_per_seq)
-    say(f"model: {bert_config.num_layers} layers, hidden {bert_config.hidden_size}, "
-        f"{bert.count_params(abstract_state.params):,} parameters; {bert_config.dtype} compute, "
-        f"{bert_config.attention_impl} attention (dropout {bert_config.attention_dropout_rate}), "
-        f"{bert_config.word_embedding} word embedding, remat {bert_config.remat_policy}"
-        + (", scanned layers" if bert_config.scan_layers else ""))
+    say(describe_model(bert_config, abstract_state.params))
 
     # ---------------------------------------------------------------- restore: workdir > init_from > scratch
-    checkpointer = checkpoint.Checkpointer(
-        workdir, every_steps=config.checkpoint.every_steps, keep=config.checkpoint.keep,
-        async_save=config.checkpoint.async_save,
-        bytes_per_checkpoint=sum(x.size * x.dtype.itemsize for x in jax.tree_util.tree_leaves(abstract_state)))
-    restored = checkpointer.restore_latest(abstract_state.params, abstract_state.opt_state,
-                                           check_meta=functools.partial(check_same_run, config=config,
-                                                                        bert_config=bert_config))
+    checkpointer = make_checkpointer(config, workdir, abstract_state)
     with jax.set_mesh(mesh), nn.logical_axis_rules(rules):
-        if restored is not None:
-            check_same_stream(restored.meta, config, process_count)
-            state = TrainState(jnp.int32(restored.step), restored.params, restored.opt_state)
-            say(f"resumed from step {restored.step} ({checkpointer.directory})")
-        else:
-            state = setup.init(init_key)
-            if config.train.init_from:
-                state = state.replace(params=initial_params(config.train.init_from, bert_config,
-                                                            abstract_state.params))
-                say(f"parameters from {config.train.init_from}")
+        state = restore(config, setup, checkpointer, init_key, process_count)
     start_step = int(state.step)
 
     # ---------------------------------------------------------------- data
     config = with_init_from_vocabulary(config)
     train_batches, eval_batches, tokenizer, vocab_path = host_batches(config, workdir, start_step, process_index,
                                                                       process_count)
-    if tokenizer is not None and tokenizer.vocab_size > bert_config.vocab_size:
-        raise ValueError(f"the tokenizer has {tokenizer.vocab_size} tokens but model.vocab_size="
-                         f"{bert_config.vocab_size}: set model.vocab_size to at least {tokenizer.vocab_size}")
-    tokenizer_meta = None
-    if tokenizer is not None:
-        kind = tokenizer.kind  # prepared shards name their own tokenizer, whatever data.tokenizer says
-        # Kept in the workdir and recorded relative to it, so that a copied workdir still loads.
-        name = workdirs.keep_vocabulary(workdir, vocab_path, kind) if is_primary else files.VOCAB_FILES[kind]
-        tokenizer_meta = {"kind": kind, "path": name, "lower_case": bool(tokenizer.lower_case)}
+    tokenizer_meta = tokenizer_metadata(tokenizer, vocab_path, bert_config, workdir, is_primary)
     eval_global = [sharding.global_batch(b, data_sharding) for b in eval_batches]
 
     # ---------------------------------------------------------------- jitted steps
@@ -171,45 +145,10 @@ def train(config, workdir: str) -> int:
     writer.write_config(config.to_dict())
     if start_step > 0:
         writer.resumed(start_step)  # the steps an interrupted run logged after its checkpoint go
-    peak = flops.peak_flops_per_device(jax.devices()[0].device_kind)
+    parts = RunHooks(config, setup, writer, checkpointer, p_eval_step, eval_global, tokenizer_meta, process_count)
     preemption = Preemption()
-    add_sums = jax.jit(functools.partial(jax.tree_util.tree_map, jnp.add))
-    flops_per_token = None
-
-    def log(step, window, speed):
-        nonlocal flops_per_token
-        out = summarize(window)
-        real_tokens = float(window["real_tokens"])
-        out.update(learning_rate=float(schedule(step - 1)), **speed,
-                   padding_efficiency=real_tokens / (window["steps"] * config.train.batch_size
-                                                     * config.data.max_seq_length))
-        if flops_per_token is None:
-            fraction = float(window["mlm_count"]) / max(real_tokens, 1.0)
-            flops_per_token = flops.train_flops_per_token(
-                bert_config.num_layers, bert_config.hidden_size, config.data.max_seq_length,
-                bert_config.vocab_size, fraction)
-        if peak and "tokens_per_second" in speed:
-            out["mfu"] = flops.mfu(speed["tokens_per_second"], flops_per_token, jax.device_count(), peak)
-        writer.write(step, out)
-
-    def evaluate(state, step):
-        totals = None
-        for b in eval_global:
-            s = p_eval_step(state.params, b)
-            totals = s if totals is None else add_sums(totals, s)
-        if totals is not None:
-            writer.write(step, summarize(jax.device_get(totals)), split="eval")
-
-    def save(state, step, force):
-        meta = {"step": step, "model": bert_config.__dict__, "optimizer": config.optimizer.to_dict(),
-                "data": stream_position(config, process_count), "tokenizer": tokenizer_meta}
-        checkpointer.save(step, state.params, state.opt_state, meta, force=force)
-
-    after_step = [lambda step, state: checkpointer.check_for_errors()]  # a failed background save stops the run now
-    if config.logging.profile_first_step:
-        after_step.append(loop.Profiler(files.join(workdir, "profile"), config.logging.profile_first_step,
-                                           config.logging.profile_steps))
-    hooks = loop.Hooks(log=log, evaluate=evaluate, save=save, preemption=preemption, after_step=after_step)
+    hooks = loop.Hooks(log=parts.log, evaluate=parts.evaluate, save=parts.save, preemption=preemption,
+                       after_step=after_step_hooks(config, workdir, checkpointer))
     steps = loop.LoopSteps(start=start_step, total=config.train.num_steps, log_every=config.logging.log_every,
                            eval_every=config.logging.eval_every, save_every=config.checkpoint.every_steps)
     # Batches are made and put on the devices by a thread, ahead of the step that takes them.
@@ -224,6 +163,112 @@ def train(config, workdir: str) -> int:
     checkpointer.close()
     writer.close()
     return preemption.exit_code
+
+
+def describe_model(bert_config: bert.BertConfig, abstract_params) -> str:
+    """The one line that says which model (and which compute choices) this run trains."""
+    return (f"model: {bert_config.num_layers} layers, hidden {bert_config.hidden_size}, "
+            f"{bert.count_params(abstract_params):,} parameters; {bert_config.dtype} compute, "
+            f"{bert_config.attention_impl} attention (dropout {bert_config.attention_dropout_rate}), "
+            f"{bert_config.word_embedding} word embedding, remat {bert_config.remat_policy}"
+            + (", scanned layers" if bert_config.scan_layers else ""))
+
+
+def make_checkpointer(config, workdir: str, abstract_state) -> checkpoint.Checkpointer:
+    """The workdir's checkpoints; their size is known from the shapes, before any array exists."""
+    return checkpoint.Checkpointer(
+        workdir, every_steps=config.checkpoint.every_steps, keep=config.checkpoint.keep,
+        async_save=config.checkpoint.async_save,
+        bytes_per_checkpoint=sum(x.size * x.dtype.itemsize for x in jax.tree_util.tree_leaves(abstract_state)))
+
+
+def restore(config, setup, checkpointer: checkpoint.Checkpointer, init_key, process_count: int) -> TrainState:
+    """The one restore order: this workdir's latest checkpoint > train.init_from's parameters > scratch.
+    Runs under the mesh and its logical rules, so that what it creates is sharded."""
+    bert_config, abstract_state = setup.bert_config, setup.abstract_state
+    restored = checkpointer.restore_latest(abstract_state.params, abstract_state.opt_state,
+                                           check_meta=functools.partial(check_same_run, config=config,
+                                                                        bert_config=bert_config))
+    if restored is not None:
+        check_same_stream(restored.meta, config, process_count)
+        say(f"resumed from step {restored.step} ({checkpointer.directory})")
+        return TrainState(jnp.int32(restored.step), restored.params, restored.opt_state)
+    state = setup.init(init_key)
+    if config.train.init_from:
+        state = state.replace(params=initial_params(config.train.init_from, bert_config, abstract_state.params))
+        say(f"parameters from {config.train.init_from}")
+    return state
+
+
+def tokenizer_metadata(tokenizer, vocab_path: str | None, bert_config: bert.BertConfig, workdir: str,
+                       is_primary: bool) -> dict | None:
+    """What a checkpoint records of its tokenizer (None for synthetic data), after checking that the
+    model's embedding table has a row for each of its tokens."""
+    if tokenizer is None:
+        return None
+    if tokenizer.vocab_size > bert_config.vocab_size:
+        raise ValueError(f"the tokenizer has {tokenizer.vocab_size} tokens but model.vocab_size="
+                         f"{bert_config.vocab_size}: set model.vocab_size to at least {tokenizer.vocab_size}")
+    kind = tokenizer.kind  # prepared shards name their own tokenizer, whatever data.tokenizer says
+    # Kept in the workdir and recorded relative to it, so that a copied workdir still loads.
+    name = workdirs.keep_vocabulary(workdir, vocab_path, kind) if is_primary else files.VOCAB_FILES[kind]
+    return {"kind": kind, "path": name, "lower_case": bool(tokenizer.lower_case)}
+
+
+def after_step_hooks(config, workdir: str, checkpointer: checkpoint.Checkpointer) -> list:
+    """Called after every step: a failed background save stops the run now; the optional profiler."""
+    after_step = [lambda step, state: checkpointer.check_for_errors()]
+    if config.logging.profile_first_step:
+        after_step.append(loop.Profiler(files.join(workdir, "profile"), config.logging.profile_first_step,
+                                        config.logging.profile_steps))
+    return after_step
+
+
+@dataclasses.dataclass
+class RunHooks:
+    """The run's parts the loop's log/evaluate/save hooks need, and those hooks."""
+    config: ml_collections.ConfigDict
+    setup: pretraining.PretrainingSetup
+    writer: writers.MetricWriter
+    checkpointer: checkpoint.Checkpointer
+    p_eval_step: Callable
+    eval_global: list
+    tokenizer_meta: dict | None
+    process_count: int
+    flops_per_token: float | None = None  # known from the first logged window's share of MLM tokens
+    peak: float | None = dataclasses.field(
+        default_factory=lambda: flops.peak_flops_per_device(jax.devices()[0].device_kind))
+    add_sums: Callable = dataclasses.field(
+        default_factory=lambda: jax.jit(functools.partial(jax.tree_util.tree_map, jnp.add)))
+
+    def log(self, step, window, speed):
+        config, bert_config = self.config, self.setup.bert_config
+        out = summarize(window)
+        real_tokens = float(window["real_tokens"])
+        out.update(learning_rate=float(self.setup.schedule(step - 1)), **speed,
+                   padding_efficiency=real_tokens / (window["steps"] * config.train.batch_size
+                                                     * config.data.max_seq_length))
+        if self.flops_per_token is None:
+            fraction = float(window["mlm_count"]) / max(real_tokens, 1.0)
+            self.flops_per_token = flops.train_flops_per_token(
+                bert_config.num_layers, bert_config.hidden_size, config.data.max_seq_length,
+                bert_config.vocab_size, fraction)
+        if self.peak and "tokens_per_second" in speed:
+            out["mfu"] = flops.mfu(speed["tokens_per_second"], self.flops_per_token, jax.device_count(), self.peak)
+        self.writer.write(step, out)
+
+    def evaluate(self, state, step):
+        totals = None
+        for b in self.eval_global:
+            s = self.p_eval_step(state.params, b)
+            totals = s if totals is None else self.add_sums(totals, s)
+        if totals is not None:
+            self.writer.write(step, summarize(jax.device_get(totals)), split="eval")
+
+    def save(self, state, step, force):
+        meta = {"step": step, "model": self.setup.bert_config.__dict__, "optimizer": self.config.optimizer.to_dict(),
+                "data": stream_position(self.config, self.process_count), "tokenizer": self.tokenizer_meta}
+        self.checkpointer.save(step, state.params, state.opt_state, meta, force=force)
 
 
 # What a checkpoint's arrays are: a resumed run must agree on all of it (checked before reading them).
@@ -246,8 +291,11 @@ def check_same_run(step: int, meta: dict, *, config, bert_config: bert.BertConfi
 
 def stream_position(config, process_count: int) -> dict:
     """What decides the data stream besides the step: a resumed run must agree on all of it."""
-    return {"seed": config.data.seed, "batch_size": config.train.batch_size, "process_count": process_count,
-            "max_seq_length": config.data.max_seq_length, "source": config.data.source}
+    data = config.data
+    return {"seed": data.seed, "batch_size": config.train.batch_size, "process_count": process_count,
+            "max_seq_length": data.max_seq_length, "source": data.source,
+            # As the config says them (data.inputs resolves them; its module imports TensorFlow).
+            **{key: data.get(key) for key in ("objective", "mask_rate", "masked_lm_prob", "eval_mask_rate")}}
 
 
 def check_same_stream(meta: dict, config, process_count: int) -> None:
@@ -263,7 +311,8 @@ def initial_params(path: str, bert_config: bert.BertConfig, abstract_params):
     architecture must be this config's."""
     compute = {k: getattr(bert_config, k) for k in ("dtype", "param_dtype", "attention_impl", "remat_policy",
                                                   "scan_layers")}
-    model = pretrained.load(path, what="train.init_from", model_overrides=compute, abstract_params=abstract_params)
+    model = pretrained.load(path, what="train.init_from", model_overrides=compute, abstract_params=abstract_params,
+                            tokenizer=False)
     differ = [f"{field}={getattr(model.config, field)!r} but the config has model.{field}="
               f"{getattr(bert_config, field)!r}" for field in ARCHITECTURE_FIELDS
               if getattr(model.config, field) != getattr(bert_config, field)]
@@ -291,8 +340,7 @@ def with_init_from_vocabulary(config):
 
 
 def entry():
-    _define_flags()
-    app.run(main, flags_parser=console.parse_flags)
+    console.run_program(main, define_flags)
 
 
 if __name__ == "__main__":

@@ -44,7 +44,7 @@ def base_config() -> ml_collections.ConfigDict:
         )
     )
 
-    # --- Input pipeline (bertjax/data): documents -> NSP pairs -> dynamic masking.
+    # --- Input pipeline (bertjax/data): documents -> examples by objective -> dynamic masking.
     config.data = ml_collections.ConfigDict(
         dict(
             source="demo",  # demo | text | tfds | prepared | synthetic (random batches, no TensorFlow)
@@ -64,9 +64,17 @@ def base_config() -> ml_collections.ConfigDict:
             vocab_size=30522,  # size of a learned vocabulary
             lower_case=True,
             max_seq_length=128,
-            max_predictions_per_seq=20,  # 20 at seq 128, 80 at seq 512 (MLPerf: 76)
-            masked_lm_prob=0.15,
-            short_seq_prob=0.1,
+            max_predictions_per_seq=20,  # 20 at seq 128, 80 at seq 512 (MLPerf: 76); at least rate x seq
+            # nsp: BERT's next-sentence pairs | sop: ALBERT's sentence order (two consecutive segments of
+            # one document, half swapped) | none: RoBERTa's FULL-SENTENCES rows, masked LM only.
+            objective="nsp",
+            # Share of each example's tokens to predict: BERT 0.15, ModernBERT 0.3. (The older key
+            # masked_lm_prob, where a config still sets it, wins over this one.)
+            mask_rate=0.15,
+            eval_mask_rate=config_dict.placeholder(float),  # held-out batches; unset: mask_rate
+            mask_token_fraction=0.8,  # of the predicted positions: shown as [MASK]
+            random_token_fraction=0.1,  # shown as a random token; the rest (0.1) stay unchanged
+            short_seq_prob=0.1,  # nsp and sop: share of pairs with a shorter random target length
             whole_word_masking=False,
             seed=0,  # pairs and masks: the batch at step N is a function of (corpus, config, seed, N)
         )

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from bertjax import benchmark
-from bertjax.models import bert
+from bertjax.models import bert, layers
 from bertjax.training import sharding
 
 VOCAB, HIDDEN, MAX_POS = 97, 64, 40
@@ -89,7 +89,7 @@ def test_embedding_forms_give_the_same_outputs_and_gradients():
     """Sliced positions, selected segments and the one-hot word lookup equal nn.Embed gathers."""
     batch = {k: jnp.asarray(v) for k, v in make_batch(3).items()}
     cfg = tiny_config(hidden_dropout_rate=0.0, attention_dropout_rate=0.0)
-    emb = bert.Embeddings(cfg)
+    emb = layers.Embeddings(cfg)
     params = nn.unbox(emb.init(jax.random.key(0), batch["input_ids"], batch["segment_ids"], True))["params"]
 
     def reference(p):  # what nn.Embed's lookups compute
@@ -100,7 +100,7 @@ def test_embedding_forms_give_the_same_outputs_and_gradients():
             {"params": p["layer_norm"]}, x)
 
     def ours(p, word_embedding):
-        return bert.Embeddings(tiny_config(hidden_dropout_rate=0.0, word_embedding=word_embedding)).apply(
+        return layers.Embeddings(tiny_config(hidden_dropout_rate=0.0, word_embedding=word_embedding)).apply(
             {"params": p}, batch["input_ids"], batch["segment_ids"], True)
 
     weights = jax.random.normal(jax.random.key(5), (4, 16, HIDDEN))
@@ -124,7 +124,7 @@ def test_padding_as_lengths_equals_the_mask_outputs_and_gradients(queries):
 
     def run(form):
         def f(q, k, v):
-            out = bert.fused_attention(q, k, v, mask=mask, implementation="xla",
+            out = layers.fused_attention(q, k, v, mask=mask, implementation="xla",
                                         kv_lengths=jnp.asarray(lengths) if form == "lengths" else None)
             return jnp.sum(out * weights), out
         return jax.jit(jax.value_and_grad(f, argnums=(0, 1, 2), has_aux=True))(q, k, v)
@@ -136,7 +136,7 @@ def test_padding_as_lengths_equals_the_mask_outputs_and_gradients(queries):
         np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=1e-6)
     # Padded keys matter to neither: changing them changes nothing.
     k2 = k.at[1, 9:].set(100.0)
-    moved = bert.fused_attention(q, k2, v, mask=mask, kv_lengths=jnp.asarray(lengths), implementation="xla")
+    moved = layers.fused_attention(q, k2, v, mask=mask, kv_lengths=jnp.asarray(lengths), implementation="xla")
     np.testing.assert_allclose(np.asarray(moved), np.asarray(with_lengths), atol=1e-6)
 
 

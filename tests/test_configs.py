@@ -59,3 +59,24 @@ def test_config_file_loads_by_path_from_another_directory(tmp_path):
         num_layers=24, max_seq_length=512, learning_rate=1e-5, num_steps=7)
     error = load(tmp_path, f"--config={large}:lamb_phase3")["error"]
     assert "unknown recipe 'lamb_phase3' for configs/large.py: choose one of adam, adam_seq512" in error
+
+
+def test_data_objective_and_mask_keys_are_written_out():
+    from configs import common
+
+    data = common.base_config().data
+    assert data.objective == "nsp" and data.mask_rate == 0.15 and data.eval_mask_rate is None
+    assert (data.mask_token_fraction, data.random_token_fraction) == (0.8, 0.1)
+    assert "masked_lm_prob" not in data  # the older name is read where a config sets it, not defaulted
+
+
+def test_objective_and_mask_rates_from_the_command_line(tmp_path):
+    tiny = REPO / "configs" / "tiny.py"
+    code = LOAD.replace('{"num_layers": config.model.num_layers', '{"objective": config.data.objective, '
+                        '"eval_mask_rate": config.data.eval_mask_rate, "num_layers": config.model.num_layers')
+    result = subprocess.run([sys.executable, "-c", code, f"--config={tiny}", "--config.data.objective=sop",
+                             "--config.data.eval_mask_rate=0.15"], cwd=tmp_path, capture_output=True, text=True,
+                            timeout=120, env={**os.environ, "PYTHONPATH": str(REPO)})
+    assert result.returncode == 0, result.stderr[-3000:]
+    out = json.loads(result.stdout.splitlines()[-1])
+    assert out["objective"] == "sop" and out["eval_mask_rate"] == 0.15

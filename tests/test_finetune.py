@@ -224,6 +224,19 @@ def test_bad_input_is_one_line(pretrained, tmp_path):
         result.stderr
 
 
+@pytest.mark.parametrize("missing", ["train", "validation", "test"])
+def test_a_missing_data_file_is_said_before_the_model_loads(tmp_path, missing):
+    """init_from names nothing that exists: the data file's line comes first, so nothing was loaded."""
+    data = {split: write_jsonl(tmp_path / f"{split}.jsonl", [{"text": "a b", "label": "no"}])
+            for split in ("train", "validation", "test")}
+    data[missing] = str(tmp_path / "nowhere.jsonl")
+    config = finetune_configs.finetune_config("classification")
+    config.train.init_from = str(tmp_path / "no-model")
+    config.data.update(labels=("no", "yes"), **data)
+    with pytest.raises(ValueError, match=r"^" + re.escape(f"{tmp_path / 'nowhere.jsonl'}: no such file") + "$"):
+        finetune.finetune(config, str(tmp_path / "run"))
+
+
 # --------------------------------------------------------------------------------------------------
 # The shared training core: gradient accumulation, SIGTERM and resume
 # --------------------------------------------------------------------------------------------------

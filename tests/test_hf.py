@@ -23,7 +23,7 @@ import safetensors.numpy
 import torch
 import transformers
 
-from bertjax.interop import hf
+from bertjax.interop import hf, hf_files
 from bertjax.models import bert as bert_model
 
 ATOL = 1e-5
@@ -330,7 +330,7 @@ def test_torch_reader_without_torch_semantics(tmp_path):
         ids=torch.arange(10),
     )
     torch.save(state, tmp_path / "x.bin")
-    read = hf.read_torch_state_dict(tmp_path / "x.bin")
+    read = hf_files.read_torch_state_dict(tmp_path / "x.bin")
     assert sorted(read) == sorted(state)
     for name, tensor in state.items():
         expected = tensor.detach().float().numpy() if tensor.dtype == torch.bfloat16 else tensor.detach().numpy()
@@ -340,7 +340,7 @@ def test_torch_reader_without_torch_semantics(tmp_path):
 
     torch.save(state, tmp_path / "old.bin", _use_new_zipfile_serialization=False)
     with pytest.raises(ValueError, match="re-save it with a recent torch"):
-        hf.read_torch_state_dict(tmp_path / "old.bin")
+        hf_files.read_torch_state_dict(tmp_path / "old.bin")
 
 
 class _Payload:
@@ -353,7 +353,7 @@ class _Payload:
 def test_torch_reader_refuses_arbitrary_classes(tmp_path):
     torch.save({"x": torch.zeros(2), "y": _Payload()}, tmp_path / "evil.bin")
     with pytest.raises(pickle.UnpicklingError, match="refusing"):
-        hf.read_torch_state_dict(tmp_path / "evil.bin")
+        hf_files.read_torch_state_dict(tmp_path / "evil.bin")
     assert not (tmp_path / "pwned").exists() and not os.path.exists("pwned")
 
 

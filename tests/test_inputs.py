@@ -219,3 +219,38 @@ def test_a_cached_vocabulary_must_match_the_config(corpus_dir, tmp_path):
     with pytest.raises(ValueError, match=r"learned with data.vocab_size=120, which the config changes"):
         inputs.load_or_learn_tokenizer(data_config(corpus_dir, vocab_path=None, vocab_size=240), str(tmp_path),
                                        documents)
+
+
+def test_mask_rates_from_the_config(corpus_dir):
+    """ModernBERT trains at 30% and reports at 15%: the held-out batches take data.eval_mask_rate."""
+    assert inputs.mask_rates(data_config(corpus_dir)) == (0.15, 0.15)
+    assert inputs.mask_rates(data_config(corpus_dir, mask_rate=0.3)) == (0.3, 0.3)
+    # The older name, where a config still sets it, wins over data.mask_rate.
+    assert inputs.mask_rates(data_config(corpus_dir, mask_rate=0.3, masked_lm_prob=0.2)) == (0.2, 0.2)
+    data = inputs.build_inputs(data_config(corpus_dir, objective="none", mask_rate=0.3, eval_mask_rate=0.15,
+                                           max_predictions_per_seq=20), workdir=None)
+    for batch, rate in ((next(data.train.dataset(32).as_numpy_iterator()), 0.3), (data.eval_batches(32, 1)[0], 0.15)):
+        lengths = batch["input_mask"].sum(1)
+        expected = np.minimum(20, np.maximum(1, np.round(lengths * rate)))
+        np.testing.assert_array_equal(batch["masked_lm_weights"].sum(1), expected)
+
+
+@pytest.mark.parametrize("objective", ["sop", "none"])
+def test_objectives_from_the_config(corpus_dir, objective):
+    data = inputs.build_inputs(data_config(corpus_dir, objective=objective), workdir=None)
+    assert data.train.objective == data.eval.objective == objective
+    batch = next(data.train.dataset(64).as_numpy_iterator())
+    if objective == "none":
+        assert (batch["segment_ids"] == 0).all() and (batch["input_mask"].sum(1) == 64).mean() > 0.9
+    else:
+        assert (batch["segment_ids"].max(1) == 1).all() and 0.3 < batch["next_sentence_labels"].mean() < 0.7
+    with pytest.raises(ValueError, match="data.objective='bogus': choose nsp or sop or none"):
+        inputs.build_inputs(data_config(corpus_dir, objective="bogus"), workdir=None)
+
+
+def test_one_sentence_documents_cannot_give_sop_pairs(corpus_dir, tmp_path):
+    single = tmp_path / "single.txt"
+    single.write_text("\n\n".join(f"The {w} was built early in the century." for w in WORDS) + "\n")
+    with pytest.raises(ValueError, match="data.objective='sop' .* every document here has one sentence"):
+        inputs.build_inputs(data_config(corpus_dir, input_pattern=str(single), eval_fraction=0.2, objective="sop"),
+                            workdir=None)

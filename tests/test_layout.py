@@ -227,11 +227,14 @@ def test_layer_checker_catches_upward_imports(tmp_path):
                                   "bertjax.console (a program)")
 
 
-def test_every_module_imports_in_one_process_without_duplicate_flags():
-    """Programs define their flags when entered, so importing all of them together (a notebook, the
-    tests) defines none twice."""
+def test_importing_every_module_defines_no_flags():
+    """Programs define their flags when entered (console.run_program), so importing all of them together
+    (a notebook, the tests, another program) defines none: no module-level flag state."""
     names = sorted(n for n in package_modules() if not n.endswith("__main__"))
-    code = "import importlib\n" + "".join(f"importlib.import_module({n!r})\n" for n in names)
+    code = ("import importlib\n" + "".join(f"importlib.import_module({n!r})\n" for n in names)
+            + "from absl import flags\n"
+            + "defined = {m: [f.name for f in fs] for m, fs in flags.FLAGS.flags_by_module_dict().items() if 'bertjax' in m}\n"
+            + "assert not defined, defined\n")
     env = dict(os.environ, PYTHONPATH=str(REPO), JAX_PLATFORMS="cpu", CUDA_VISIBLE_DEVICES="")
     result = subprocess.run([sys.executable, "-c", code], env=env, cwd=REPO, capture_output=True, text=True,
                             timeout=600)

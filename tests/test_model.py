@@ -12,7 +12,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from bertjax.models import bert
+from bertjax.models import bert, layers
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 SIZES = ["tiny", "mini", "small", "medium", "base", "large"]
@@ -287,7 +287,7 @@ def test_heads_only_rows_exclude_hidden_states():
 def test_dropout_rate_scale_and_independence(shape):
     rate = 0.1
     x = jnp.ones(shape, jnp.float32)
-    drop = bert.Dropout(rate)
+    drop = layers.Dropout(rate)
     y = np.asarray(drop.apply({}, x, deterministic=False, rngs={"dropout": jax.random.key(0)}))
     n = y.size
     kept = y != 0

@@ -347,3 +347,225 @@ def test_bad_settings_are_errors(corpus):
         stream(corpus, max_seq_length=4)
     with pytest.raises(ValueError, match="max_predictions_per_seq=5 .*at least 19"):
         pt.PretrainingStream(corpus, spec(max_predictions=5), seed=0, max_seq_length=128)
+
+
+# --------------------------------------------------------------------------------------------------
+# Objectives: SOP (ALBERT), FULL-SENTENCES (RoBERTa); mask rates (ModernBERT)
+# --------------------------------------------------------------------------------------------------
+
+
+def reference_sop_instances(all_documents, max_seq_length, short_seq_prob, rng):
+    """ALBERT's create_instances_from_document with random_next_sentence=False (sentence order), except
+    that a one-sentence chunk gives no instance (ALBERT takes a random document there), then shuffled."""
+    instances = []
+    max_num_tokens = max_seq_length - 3
+    for document in all_documents:
+        target_seq_length = max_num_tokens
+        if rng.random() < short_seq_prob:
+            target_seq_length = rng.randint(2, max_num_tokens)
+        current_chunk, current_length = [], 0
+        for i, segment in enumerate(document):
+            current_chunk.append(segment)
+            current_length += len(segment)
+            if i == len(document) - 1 or current_length >= target_seq_length:
+                if len(current_chunk) >= 2:
+                    a_end = rng.randint(1, len(current_chunk) - 1)
+                    tokens_a = [t for s in current_chunk[:a_end] for t in s]
+                    tokens_b = [t for s in current_chunk[a_end:] for t in s]
+                    is_swapped = rng.random() < 0.5
+                    if is_swapped:
+                        tokens_a, tokens_b = tokens_b, tokens_a
+                    while len(tokens_a) + len(tokens_b) > max_num_tokens:
+                        trunc = tokens_a if len(tokens_a) > len(tokens_b) else tokens_b
+                        if rng.random() < 0.5:
+                            del trunc[0]
+                        else:
+                            trunc.pop()
+                    instances.append((tokens_a, tokens_b, int(is_swapped)))
+                current_chunk, current_length = [], 0
+    rng.shuffle(instances)
+    return instances
+
+
+def token_documents(corpus):
+    """The document of every token of the flat array."""
+    sentence_doc = np.repeat(np.arange(corpus.num_documents), np.diff(corpus.doc_starts))
+    return np.repeat(sentence_doc, np.diff(corpus.sentence_starts))
+
+
+def test_sop_pairs_equal_albert_and_are_one_document_in_order_or_swapped(documents, corpus):
+    plan = pt.build_sop_plan(corpus, seed=7, epoch=3, shard=0, max_seq_length=128, short_seq_prob=0.1)
+    expected = reference_sop_instances(documents, 128, 0.1, random.Random("bertjax-sop:7:3:0"))
+    tokens = corpus.tokens.astype(np.int64)
+    assert len(plan) == len(expected) > 1000
+    for row, (a, b, swapped) in zip(plan, expected):
+        assert tokens[row[pt.A_START]:row[pt.A_END]].tolist() == a
+        assert tokens[row[pt.B_START]:row[pt.B_END]].tolist() == b
+        assert row[pt.LABEL] == swapped
+    doc = token_documents(corpus)
+    a0, a1, b0, b1, label = plan.T
+    assert (a1 > a0).all() and (b1 > b0).all() and ((a1 - a0) + (b1 - b0) <= 125).all()
+    # Never another document: both segments, start to end, lie in one document.
+    assert (doc[a0] == doc[a1 - 1]).all() and (doc[a0] == doc[b0]).all() and (doc[b0] == doc[b1 - 1]).all()
+    # Label 0: A comes before B in the document; label 1: B before A.
+    assert (a1[label == 0] <= b0[label == 0]).all() and (b1[label == 1] <= a0[label == 1]).all()
+    assert abs(label.mean() - 0.5) < 0.04
+
+
+def test_sop_examples_are_two_segments_and_refuse_one_sentence_documents(corpus):
+    s = pt.PretrainingStream(corpus, spec(), seed=1, max_seq_length=64, objective="sop")
+    ex = next(s.dataset(256).as_numpy_iterator())
+    assert 0.4 < ex["next_sentence_labels"].mean() < 0.6
+    assert (ex["segment_ids"].max(1) == 1).all()  # A then B, as NSP's inputs
+    singles = pt.corpus_from_token_lists([[list(range(10, 30))] for _ in range(20)], VOCAB)
+    with pytest.raises(ValueError, match="data.objective='sop'.*data.objective='none'"):
+        pt.PretrainingStream(singles, spec(), seed=1, max_seq_length=64, objective="sop")
+
+
+@pytest.fixture(scope="module")
+def small_corpus(documents):
+    return pt.corpus_from_token_lists(documents[:60], VOCAB)
+
+
+def full_sentences_rows(documents, max_seq_length):
+    """RoBERTa's FULL-SENTENCES on token lists: documents joined with an extra [SEP] between them, cut
+    into rows of max_seq_length - 2 tokens, each row [CLS] ... [SEP]."""
+    joined = []
+    for d, document in enumerate(documents):
+        joined += ([SEP] if d else []) + [t for s in document for t in s]
+    budget = max_seq_length - 2
+    return [[CLS] + joined[i:i + budget] + [SEP] for i in range(0, len(joined), budget)]
+
+
+def unmasked(ex):
+    """The examples' tokens before masking, each cut at its length."""
+    ids = ex["input_ids"].copy()
+    rows, cols = np.nonzero(ex["masked_lm_weights"] > 0)
+    ids[rows, ex["masked_lm_positions"][rows, cols]] = ex["masked_lm_ids"][rows, cols]
+    return [r[:int(m.sum())].tolist() for r, m in zip(ids, ex["input_mask"])]
+
+
+def test_full_sentences_rows_are_full_cross_documents_and_one_segment(documents, small_corpus):
+    s = pt.PretrainingStream(small_corpus, spec(), seed=1, max_seq_length=128, objective="none")
+    expected = full_sentences_rows(documents[:60], 128)
+    assert s.examples_per_epoch == len(expected)
+    ex = concat(batches(s, s.examples_per_epoch, 1))
+    got = unmasked(ex)
+    # One epoch is every row once, in a shuffled order.
+    assert sorted(got) == sorted(expected) and got != expected
+    last = max(range(len(got)), key=lambda i: got[i] == expected[-1])
+    lengths = ex["input_mask"].sum(1)
+    assert (np.delete(lengths, last) == 128).all()  # full, except the corpus's end
+    assert sum(row.count(SEP) - 1 for row in got) == 59  # one extra separator between documents
+    assert (ex["segment_ids"] == 0).all() and (ex["next_sentence_labels"] == 0).all()
+    # The separators between documents are never masked.
+    assert not np.isin(ex["masked_lm_ids"][ex["masked_lm_weights"] > 0], [CLS, SEP]).any()
+
+
+def test_mask_rate_and_split_are_configurable(small_corpus):
+    fractions = dict(mask_token_fraction=0.6, random_token_fraction=0.3)
+    for split in (dict(), fractions):
+        masking = pt.MaskingSpec(
+            cls_id=CLS, sep_id=SEP, pad_id=PAD, mask_id=MASK, replacement_ids=REPLACEMENT_IDS, word_start=WORD_START,
+            max_predictions_per_seq=40, mask_rate=0.3, **split)
+        s = pt.PretrainingStream(small_corpus, masking, seed=2, max_seq_length=128, objective="none")
+        ex = concat(batches(s, 64, 2 * s.examples_per_epoch // 64))
+        weights = ex["masked_lm_weights"] > 0
+        lengths = ex["input_mask"].sum(1)
+        expected = np.minimum(40, np.maximum(1, np.round(lengths * 0.3)))
+        np.testing.assert_array_equal(weights.sum(1), expected)  # round(0.30 x 128) = 38 on a full row
+        rows = np.nonzero(weights)[0]
+        now = ex["input_ids"][rows, ex["masked_lm_positions"][weights]]
+        was = ex["masked_lm_ids"][weights]
+        mask_share, random_share = split.get("mask_token_fraction", 0.8), split.get("random_token_fraction", 0.1)
+        assert abs(np.mean(now == MASK) - mask_share) < 0.025
+        assert abs(np.mean((now != MASK) & (now != was)) - random_share) < 0.025
+        assert abs(np.mean(now == was) - (1 - mask_share - random_share)) < 0.025
+    with pytest.raises(ValueError, match="mask_token_fraction=0.9 and data.random_token_fraction=0.2"):
+        pt.MaskingSpec(cls_id=CLS, sep_id=SEP, pad_id=PAD, mask_id=MASK, replacement_ids=REPLACEMENT_IDS,
+                       word_start=WORD_START, max_predictions_per_seq=20, mask_token_fraction=0.9,
+                       random_token_fraction=0.2)
+
+
+@pytest.mark.parametrize("objective", ["sop", "none"])
+def test_resume_equals_uninterrupted_for_every_objective(small_corpus, objective):
+    def make():
+        return pt.PretrainingStream(small_corpus, spec(), seed=3, max_seq_length=64, objective=objective)
+
+    s = make()
+    batch_size = 24
+    steps_per_epoch = s.examples_per_epoch / batch_size
+    total = int(2.5 * steps_per_epoch)  # crosses two epoch boundaries, mid-batch
+    full = batches(s, batch_size, total)
+    assert not np.array_equal(full[0]["input_ids"], full[int(steps_per_epoch) + 1]["input_ids"])
+    for start in (1, int(steps_per_epoch) + 1, total - 2):
+        resumed = batches(make(), batch_size, total - start, start_step=start)
+        for got, want in zip(resumed, full[start:]):
+            for key in want:
+                np.testing.assert_array_equal(got[key], want[key], err_msg=f"{objective} start {start} {key}")
+
+
+# --------------------------------------------------------------------------------------------------
+# The loss by objective (bertjax.models.bert.pretraining_loss, bertjax.training.pretraining)
+# --------------------------------------------------------------------------------------------------
+
+
+def loss_inputs():
+    rng = np.random.default_rng(0)
+    return (rng.normal(size=(4, 5, 30)).astype(np.float32), rng.normal(size=(4, 2)).astype(np.float32),
+            rng.integers(0, 30, size=(4, 5)), (rng.random((4, 5)) < 0.7).astype(np.float32),
+            rng.integers(0, 2, size=(4,)))
+
+
+def test_loss_by_objective():
+    import jax
+    import jax.numpy as jnp
+
+    from bertjax.models import bert
+    from bertjax.training import pretraining as training
+
+    mlm_logits, nsp_logits, ids, weights, labels = loss_inputs()
+    nsp, nsp_sums = bert.pretraining_loss(mlm_logits, nsp_logits, ids, weights, labels)
+    # BERT's sum, as it was before objectives: NSP is unchanged, to the bit.
+    mlm_nll = jax.nn.logsumexp(mlm_logits, -1) - np.take_along_axis(mlm_logits, ids[..., None], -1)[..., 0]
+    mlm = jnp.sum(weights * mlm_nll) / (jnp.sum(weights) + 1e-5)
+    sentence = jnp.mean(-jnp.take_along_axis(jax.nn.log_softmax(nsp_logits, -1), labels[:, None], -1)[:, 0])
+    np.testing.assert_allclose(float(nsp), float(mlm + sentence), rtol=1e-6)
+    assert set(nsp_sums) == {"mlm_loss", "mlm_correct", "mlm_count", "nsp_loss", "nsp_correct", "nsp_count"}
+    # SOP: the same 2-way head and loss, its metrics named sop_*.
+    sop, sop_sums = bert.pretraining_loss(mlm_logits, nsp_logits, ids, weights, labels, objective="sop")
+    assert float(sop) == float(nsp) and float(sop_sums["sop_loss"]) == float(nsp_sums["nsp_loss"])
+    # none: masked LM only, and no sentence head needed.
+    none, none_sums = bert.pretraining_loss(mlm_logits, None, ids, weights, labels, objective="none")
+    assert float(none) == float(none_sums["mlm_loss"]) == float(nsp_sums["mlm_loss"])
+    assert set(none_sums) == {"mlm_loss", "mlm_correct", "mlm_count"}
+    with pytest.raises(ValueError, match="data.objective='nope'"):
+        bert.pretraining_loss(mlm_logits, nsp_logits, ids, weights, labels, objective="nope")
+    assert training.mean_metrics("nsp") == training.MEAN_METRICS
+    for objective, sums in (("nsp", nsp_sums), ("sop", sop_sums), ("none", none_sums)):
+        out = training.summarize(dict(sums, loss_sum=1.0, steps=1.0))
+        sentence_keys = {k for k in out if k.startswith(("nsp_", "sop_"))}
+        assert sentence_keys == (set() if objective == "none" else {f"{objective}_loss", f"{objective}_accuracy"})
+        assert set(training.mean_metrics(objective)) <= set(sums)
+
+
+def test_objective_none_gives_the_sentence_head_no_gradient():
+    import flax.linen as nn
+    import jax
+
+    from bertjax.models import bert
+    from bertjax.training import pretraining as training
+
+    cfg = bert.BertConfig(vocab_size=30, hidden_size=16, num_layers=1, num_heads=2, intermediate_size=32,
+                          max_position_embeddings=16, dtype="float32", attention_impl="xla")
+    net = bert.BertForPreTraining(cfg)
+    mlm_logits, nsp_logits, ids, weights, labels = loss_inputs()
+    batch = dict(input_ids=np.tile(np.arange(8), (4, 1)), segment_ids=np.zeros((4, 8), np.int32),
+                 input_mask=np.ones((4, 8), np.int32), masked_lm_positions=np.tile(np.arange(5), (4, 1)),
+                 masked_lm_ids=ids, masked_lm_weights=weights, next_sentence_labels=labels)
+    params = nn.unbox(net.init({"params": jax.random.key(0)}, **{k: batch[k] for k in bert.dummy_batch(1, 8, 5)}))
+    params = params["params"]
+    for objective, moved in (("nsp", True), ("none", False)):
+        grads, _ = jax.grad(training.loss_fn, has_aux=True)(params, batch, jax.random.key(1), net=net,
+                                                            objective=objective)
+        assert bool(np.abs(grads["nsp_head"]["kernel"]).max() > 0) == moved

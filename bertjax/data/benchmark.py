@@ -17,11 +17,10 @@ from absl import app, flags
 
 from bertjax import console
 
-_FLAGS = {}  # defined by entry(): importing this module defines no flags
 
-
-def _define_flags() -> None:
-    _FLAGS.update(
+def define_flags() -> dict:
+    """The flags, defined when the program is entered: importing it defines none."""
+    return dict(
         input=flags.DEFINE_string("input_pattern", None, "Text files (sentence per line); the demo corpus if unset."),
         vocab=flags.DEFINE_string("vocab_path", None, "A WordPiece vocab.txt; learned from the corpus if unset."),
         num_examples=flags.DEFINE_integer("num_examples", 20_000, "Examples to time per measurement."),
@@ -40,7 +39,7 @@ def measure(stream, num_examples: int, batch_size: int, threads: int | None) -> 
     return steps * batch_size / (time.perf_counter() - start)
 
 
-def main(argv):
+def main(argv, args):
     if len(argv) > 1:
         raise app.UsageError(f"unexpected arguments: {argv[1:]}")
     from bertjax.data import demo, prepared, sources
@@ -49,12 +48,12 @@ def main(argv):
     from bertjax.text import vocab as vocabularies
 
     tf_cpu.import_tensorflow()
-    if _FLAGS["input"].value:
-        documents = list(sources.read_text_documents(files.expand_pattern(_FLAGS["input"].value), "sentences"))
+    if args.input:
+        documents = list(sources.read_text_documents(files.expand_pattern(args.input), "sentences"))
     else:
         documents = demo.demo_documents()
     tmp = tempfile.mkdtemp(prefix="bertjax-data-benchmark-")
-    vocab_path = _FLAGS["vocab"].value
+    vocab_path = args.vocab
     if not vocab_path:
         vocab_path = vocabularies.learn_wordpiece_vocab(
             (s for d in documents for s in d), 8192, True, os.path.join(tmp, "vocab.txt"))
@@ -83,7 +82,7 @@ def main(argv):
             stream = pt.PretrainingStream(source_corpus, spec, seed=0, max_seq_length=seq)
             setup_s = time.perf_counter() - start
             for threads in (1, os.cpu_count()):
-                rate = measure(stream, _FLAGS["num_examples"].value, _FLAGS["batch"].value, threads)
+                rate = measure(stream, args.num_examples, args.batch, threads)
                 print(f"{seq:>4} {source:>9} {threads:>8} {rate:>11,.0f} {rate / threads:>9,.0f}  "
                       f"{setup_s:.1f}s to examples ({stream.examples_per_epoch:,} pairs/epoch)")
 
@@ -93,14 +92,13 @@ def main(argv):
     for step in (0, 1_000_000):
         start = time.perf_counter()
         stream = pt.PretrainingStream(prepared.load_corpus(tmp, "train", 0, 1), spec, seed=0, max_seq_length=128)
-        next(stream.dataset(_FLAGS["batch"].value, start_step=step).as_numpy_iterator())
-        epoch, _ = stream.locate(step * _FLAGS["batch"].value)
+        next(stream.dataset(args.batch, start_step=step).as_numpy_iterator())
+        epoch, _ = stream.locate(step * args.batch)
         print(f"first batch at step {step:>9,} (epoch {epoch:,}): {time.perf_counter() - start:.2f}s")
 
 
 def entry():
-    _define_flags()
-    app.run(main, flags_parser=console.parse_flags)
+    console.run_program(main, define_flags)
 
 
 if __name__ == "__main__":

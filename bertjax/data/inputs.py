@@ -4,7 +4,7 @@
       -> this host's share                     (document i belongs to host i % process_count)
       -> held-out split                         (a stable hash of each document: training never sees it)
       -> tokenizer                              (data.vocab_path, or learned once and cached in the workdir)
-      -> TokenizedCorpus -> PretrainingStream   (train and eval)
+      -> TokenizedCorpus -> PretrainingStream   (train and eval; data.objective: nsp | sop | none)
 
 Entry programs (train, data.preview, the benchmark) call build_inputs(config.data, ...); everything
 below it takes explicit arguments.
@@ -126,24 +126,46 @@ def load_or_learn_tokenizer(data, workdir: str | None, train_documents: Sequence
     return tokenizers.load_tokenizer(data.tokenizer, local_path, lower_case=data.lower_case), path
 
 
-def masking_spec(data, tokenizer) -> pt.MaskingSpec:
+def mask_rates(data) -> tuple[float, float]:
+    """(training, held-out) mask rates. data.masked_lm_prob, the older name, wins over data.mask_rate
+    when a config or a command line sets it (configs/common.py no longer does); data.eval_mask_rate
+    unset means the training rate."""
+    old = data.get("masked_lm_prob")
+    rate = float(old if old is not None else data.get("mask_rate", 0.15))
+    eval_rate = data.get("eval_mask_rate")
+    return rate, float(rate if eval_rate is None else eval_rate)
+
+
+def objective(data) -> str:
+    """data.objective, "nsp" for configs written before it existed."""
+    value = data.get("objective", "nsp")
+    if value not in pt.OBJECTIVES:
+        raise ValueError(f"data.objective={value!r}: choose {' or '.join(pt.OBJECTIVES)}")
+    return value
+
+
+def masking_spec(data, tokenizer, mask_rate: float) -> pt.MaskingSpec:
     return pt.MaskingSpec.from_tokenizer(
         tokenizer,
         max_predictions_per_seq=data.max_predictions_per_seq,
-        masked_lm_prob=data.masked_lm_prob,
+        mask_rate=mask_rate,
         whole_word_masking=data.whole_word_masking,
+        mask_token_fraction=data.get("mask_token_fraction", 0.8),
+        random_token_fraction=data.get("random_token_fraction", 0.1),
     )
 
 
-def make_stream(corpus: pt.TokenizedCorpus, data, tokenizer, *, shard: int, seed_offset: int = 0):
+def make_stream(corpus: pt.TokenizedCorpus, data, tokenizer, *, shard: int, mask_rate: float, seed_offset: int = 0):
     return pt.PretrainingStream(
-        corpus, masking_spec(data, tokenizer), seed=data.seed + seed_offset, max_seq_length=data.max_seq_length,
-        short_seq_prob=data.short_seq_prob, shard=shard,
+        corpus, masking_spec(data, tokenizer, mask_rate), seed=data.seed + seed_offset,
+        max_seq_length=data.max_seq_length, short_seq_prob=data.short_seq_prob, shard=shard,
+        objective=objective(data),
     )
 
 
 def build_inputs(data, *, workdir: str | None, process_index: int = 0, process_count: int = 1) -> PretrainingInputs:
     """The train and held-out streams of this host, from the config's data section."""
+    objective(data)  # a bad data.objective fails before the corpus is read
     if data.source == "prepared":
         if not data.prepared_dir:
             raise ValueError("data.source='prepared' needs data.prepared_dir (written by python -m bertjax.data.prepare)")
@@ -175,21 +197,24 @@ def build_inputs(data, *, workdir: str | None, process_index: int = 0, process_c
                 )
         train_corpus = pt.tokenize_documents([d for d, e in mine if not e], tokenizer)
         eval_corpus = pt.tokenize_documents([d for d, e in mine if e], tokenizer)
-    if train_corpus.num_documents < 2:
+    if objective(data) == "nsp" and train_corpus.num_documents < 2:
         # A NotNext pair takes its second segment from another document: with one, it would come from
         # the same document and carry a wrong label.
         raise ValueError(f"host {process_index} of {process_count} has {train_corpus.num_documents} training "
                          f"document: next-sentence pairs need at least 2; give more documents (a blank line "
-                         f"separates documents in data.text_format=sentences)")
+                         f"separates documents in data.text_format=sentences), or set data.objective=sop or none")
     logging.info(
         "host %d/%d: %d training documents (%d sentences, %d tokens), %d held-out documents",
         process_index, process_count, train_corpus.num_documents, train_corpus.num_sentences,
         len(train_corpus.tokens), eval_corpus.num_documents,
     )
+    train_rate, eval_rate = mask_rates(data)
     return PretrainingInputs(
         tokenizer=tokenizer,
         vocab_path=vocab_path if files.is_remote(vocab_path) else os.path.abspath(vocab_path),
-        train=make_stream(train_corpus, data, tokenizer, shard=process_index),
-        # Its own seed stream, so held-out examples share no random draws with training ones.
-        eval=make_stream(eval_corpus, data, tokenizer, shard=process_index, seed_offset=1_000_003),
+        train=make_stream(train_corpus, data, tokenizer, shard=process_index, mask_rate=train_rate),
+        # Its own seed stream, so held-out examples share no random draws with training ones; its own
+        # mask rate, so a recipe training at 30% can report at BERT's 15%.
+        eval=make_stream(eval_corpus, data, tokenizer, shard=process_index, mask_rate=eval_rate,
+                         seed_offset=1_000_003),
     )

@@ -24,11 +24,10 @@ from ml_collections import config_flags
 
 from bertjax import console
 
-_FLAGS = {}  # defined by entry(): importing this module defines no flags
 
-
-def _define_flags() -> None:
-    _FLAGS.update(
+def define_flags() -> dict:
+    """The flags, defined when the program is entered: importing it defines none."""
+    return dict(
         config=config_flags.DEFINE_config_file("config", None, "A configs/<size>.py file (its data section is used)."),
         output_dir=flags.DEFINE_string("output_dir", None, "Where the shards and metadata.json go."),
         num_shards=flags.DEFINE_integer("num_shards", 16, "Output shards per split; a multiple of the training hosts."),
@@ -86,14 +85,14 @@ def prepare_shard(data_dict: dict, shard: int, num_shards: int, output_dir: str)
     return counts
 
 
-def main(argv):
+def main(argv, args):
     if len(argv) > 1:
         raise app.UsageError(f"unexpected arguments: {argv[1:]}")
     from bertjax.data import prepared
     from bertjax.text import sentences
 
-    data = _FLAGS["config"].value.data
-    output_dir, num_shards = _FLAGS["output_dir"].value, _FLAGS["num_shards"].value
+    data = args.config.data
+    output_dir, num_shards = args.output_dir, args.num_shards
     if not output_dir:
         console.fail("--output_dir is required")
     if not data.vocab_path:
@@ -103,19 +102,19 @@ def main(argv):
         sentences.get_splitter(data.sentence_splitter)
     except ValueError as e:
         console.fail(str(e))
-    if num_shards % _FLAGS["process_count"].value:
-        console.fail(f"--num_shards={num_shards} must be a multiple of --process_count={_FLAGS['process_count'].value}")
+    if num_shards % args.process_count:
+        console.fail(f"--num_shards={num_shards} must be a multiple of --process_count={args.process_count}")
     os.makedirs(output_dir, exist_ok=True)
-    if _FLAGS["process_index"].value == 0:
+    if args.process_index == 0:
         vocab_name = os.path.basename(data.vocab_path)
         shutil.copy(data.vocab_path, os.path.join(output_dir, vocab_name))
         prepared.write_metadata(output_dir, tokenizer=data.tokenizer, vocab_name=vocab_name,
                                 lower_case=data.lower_case, num_shards=num_shards, eval_fraction=data.eval_fraction)
-    shards = list(range(_FLAGS["process_index"].value, num_shards, _FLAGS["process_count"].value))
+    shards = list(range(args.process_index, num_shards, args.process_count))
     start = time.time()
     # Spawned, not forked: TensorFlow's runtime does not survive a fork.
     context = multiprocessing.get_context("spawn")
-    with concurrent.futures.ProcessPoolExecutor(max_workers=_FLAGS["num_workers"].value, mp_context=context) as pool:
+    with concurrent.futures.ProcessPoolExecutor(max_workers=args.num_workers, mp_context=context) as pool:
         futures = {pool.submit(prepare_shard, data.to_dict(), k, num_shards, output_dir): k for k in shards}
         totals = {"train": [0, 0], "eval": [0, 0]}
         for future in concurrent.futures.as_completed(futures):
@@ -130,8 +129,7 @@ def main(argv):
 
 def entry():
     """The console program `bertjax-prepare`, as `python -m bertjax.data.prepare`."""
-    _define_flags()
-    app.run(main, flags_parser=console.parse_flags)
+    console.run_program(main, define_flags)
 
 
 if __name__ == "__main__":

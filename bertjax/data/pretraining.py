@@ -1,4 +1,9 @@
-"""Pretraining examples: next-sentence pairs built online, dynamic 80/10/10 masking, an exactly resumable stream.
+"""Pretraining examples: NSP pairs, SOP pairs or FULL-SENTENCES rows built online, dynamic 80/10/10
+masking, an exactly resumable stream.
+
+Objectives (docs/data.md): "nsp" (BERT) pairs a segment with its continuation or a random document's
+text; "sop" (ALBERT) pairs two consecutive segments of one document, half of them swapped; "none"
+(RoBERTa FULL-SENTENCES, ModernBERT) cuts the corpus, an extra [SEP] between documents, into full rows.
 
 How the stream is laid out, and why it resumes exactly without saving tf.data state:
 
@@ -7,7 +12,9 @@ How the stream is laid out, and why it resumes exactly without saving tf.data st
   * Each epoch has a *plan*: the NSP pairs of create_instances_from_document (Devlin et al.), drawn
     from a generator seeded by (seed, epoch, host), shuffled. A pair is five integers, because every
     segment of a pair -- A, the real continuation B, a random B, each after truncation -- is one
-    contiguous range of the flat token array. The plan is light metadata; no token is copied.
+    contiguous range of the flat token array. The plan is light metadata; no token is copied. SOP
+    plans are the same rows (A's range first as the model sees it); a FULL-SENTENCES row is one range
+    of the flat array with a separator counted after each document.
   * Every epoch has the same length K (the length of epoch 0's plan; later epochs, whose pair counts
     differ by a fraction of a percent, are cut or wrapped to K), so example j of the host's stream is
     example j % K of epoch j // K. Resuming at step N builds one plan and skips within it: the cost
@@ -25,8 +32,10 @@ from typing import Iterable, Sequence
 import numpy as np
 import tensorflow as tf
 
-# Columns of a plan row.
+# Columns of a plan row. The label column is NSP's is-random-next, SOP's is-swapped, 0 for "none".
 A_START, A_END, B_START, B_END, IS_RANDOM_NEXT = range(5)
+LABEL = IS_RANDOM_NEXT
+OBJECTIVES = ("nsp", "sop", "none")
 # Stream keys for tf.random.experimental.stateless_fold_in: one independent stream per purpose.
 _GROUP_ORDER, _MASK_CHOICE, _RANDOM_TOKEN = 1, 2, 3
 
@@ -180,6 +189,70 @@ def build_epoch_plan(corpus: TokenizedCorpus, *, seed: int, epoch: int, shard: i
     return np.asarray(plan, dtype=np.int64).reshape(-1, 5)
 
 
+def build_sop_plan(corpus: TokenizedCorpus, *, seed: int, epoch: int, shard: int, max_seq_length: int,
+                   short_seq_prob: float) -> np.ndarray:
+    """All sentence-order pairs of one epoch (ALBERT, Lan et al. 2020), shuffled: int64 [num_pairs, 5].
+
+    Chunks, targets, A's split point and truncation are NSP's real-continuation case; B is always the
+    rest of the chunk, never another document's text, so that the only signal is the order (a topic
+    shift would give NSP's shortcut back). With probability 1/2 the two are swapped: the row then lists
+    the later segment first and its label is 1. A chunk of one sentence gives no pair (ALBERT would take
+    a random document there); the next chunk starts after it.
+    """
+    max_num_tokens = max_seq_length - 3  # [CLS] A [SEP] B [SEP]
+    rng = random.Random(f"bertjax-sop:{seed}:{epoch}:{shard}")
+    starts = corpus.sentence_starts.tolist()
+    doc_starts = corpus.doc_starts.tolist()
+    plan: list[tuple[int, int, int, int, int]] = []
+    for d in range(len(doc_starts) - 1):
+        first, last = doc_starts[d], doc_starts[d + 1]
+        target = max_num_tokens
+        if rng.random() < short_seq_prob:
+            target = rng.randint(2, max_num_tokens)
+        chunk_start = first
+        for chunk_end in range(first + 1, last + 1):  # the chunk is sentences [chunk_start, chunk_end)
+            if chunk_end < last and starts[chunk_end] - starts[chunk_start] < target:
+                continue
+            num_chunk = chunk_end - chunk_start
+            if num_chunk >= 2:
+                a_end = chunk_start + rng.randint(1, num_chunk - 1)
+                a, b = [starts[chunk_start], starts[a_end]], [starts[a_end], starts[chunk_end]]
+                swapped = rng.random() < 0.5
+                if swapped:  # as ALBERT's code: swap, then truncate the pair as the model sees it
+                    a, b = b, a
+                _truncate_pair(a, b, max_num_tokens, rng)
+                plan.append((a[0], a[1], b[0], b[1], int(swapped)))
+            chunk_start = chunk_end
+    rng.shuffle(plan)
+    return np.asarray(plan, dtype=np.int64).reshape(-1, 5)
+
+
+def document_separators(corpus: TokenizedCorpus) -> np.ndarray:
+    """Where the [SEP] between documents stand in the FULL-SENTENCES stream: the flat tokens with one
+    separator after every document but the last. int64 [num_documents - 1], ascending."""
+    doc_token_ends = corpus.sentence_starts[corpus.doc_starts[1:-1]]
+    return doc_token_ends + np.arange(len(doc_token_ends), dtype=np.int64)
+
+
+def build_full_sentences_plan(corpus: TokenizedCorpus, *, seed: int, epoch: int, shard: int,
+                              max_seq_length: int) -> np.ndarray:
+    """The FULL-SENTENCES rows of one epoch (RoBERTa, Liu et al. 2019), shuffled: int64 [num_rows, 5].
+
+    The corpus, an extra separator between documents, is cut into consecutive blocks of
+    max_seq_length - 2 tokens ([CLS] ... [SEP]): every row is full but the corpus's last, and rows cross
+    document boundaries instead of padding. A row is [start, end) in that stream (A_START, A_END); the
+    other columns are 0. Cut points are the same every epoch; the order and the masks are not.
+    """
+    budget = max_seq_length - 2
+    total = len(corpus.tokens) + corpus.num_documents - 1
+    plan = np.zeros([-(-total // budget), 5], np.int64)
+    plan[:, A_START] = np.arange(0, total, budget)
+    plan[:, A_END] = np.minimum(plan[:, A_START] + budget, total)
+    order = list(range(len(plan)))
+    random.Random(f"bertjax-full-sentences:{seed}:{epoch}:{shard}").shuffle(order)
+    return plan[order]
+
+
 # ----------------------------------------------------------------------------------------------------
 # Examples and masking, in TensorFlow ops (eager or inside tf.data)
 # ----------------------------------------------------------------------------------------------------
@@ -196,8 +269,19 @@ class MaskingSpec:
     replacement_ids: np.ndarray  # ids a "random token" is drawn from: the vocabulary without specials
     word_start: np.ndarray  # bool [vocab_size]: the token begins a word (whole-word masking)
     max_predictions_per_seq: int
-    masked_lm_prob: float = 0.15
+    mask_rate: float = 0.15  # share of an example's tokens to predict (BERT 0.15, ModernBERT 0.30)
     whole_word_masking: bool = False
+    # Of the predicted positions: this share becomes [MASK], this one a random token, the rest stay.
+    mask_token_fraction: float = 0.8
+    random_token_fraction: float = 0.1
+
+    def __post_init__(self):
+        if not 0.0 < self.mask_rate < 1.0:
+            raise ValueError(f"data.mask_rate={self.mask_rate} must lie in (0, 1) (BERT 0.15, ModernBERT 0.3)")
+        m, r = self.mask_token_fraction, self.random_token_fraction
+        if min(m, r) < 0.0 or m + r > 1.0:
+            raise ValueError(f"data.mask_token_fraction={m} and data.random_token_fraction={r} must be >= 0 "
+                             f"and add up to at most 1 (BERT: 0.8 and 0.1)")
 
     @classmethod
     def from_tokenizer(cls, tokenizer, **recipe) -> "MaskingSpec":
@@ -246,9 +330,10 @@ def mask_tokens(ids, key, spec: MaskingSpec):
     ids: [n] int32 ([CLS] A [SEP] B [SEP]); key: stateless RNG key.
     Returns (masked ids [n], masked_lm_positions [P], masked_lm_ids [P], masked_lm_weights [P]).
 
-    num_to_predict = min(P, max(1, round(n * masked_lm_prob))) positions, never [CLS]/[SEP], are
+    num_to_predict = min(P, max(1, round(n * mask_rate))) positions, never [CLS]/[SEP], are
     chosen at random (whole words together under whole-word masking, skipping a word that would
-    overshoot, as the original does). Of those, 80% become [MASK], 10% a random token, 10% stay:
+    overshoot, as the original does). Of those, 80% become [MASK], 10% a random token, 10% stay
+    (spec.mask_token_fraction and spec.random_token_fraction):
     the model cannot rely on [MASK] marking every position it is asked about, so it must keep a
     useful representation of every token -- and [MASK] never appears at fine-tuning time.
     """
@@ -257,7 +342,7 @@ def mask_tokens(ids, key, spec: MaskingSpec):
     max_predictions = spec.max_predictions_per_seq
     candidate = (ids != spec.cls_id) & (ids != spec.sep_id) & (ids != spec.pad_id)
     # tf.round rounds half to even, like Python's round() in the original.
-    num_to_predict = tf.cast(tf.round(tf.cast(n, tf.float32) * spec.masked_lm_prob), tf.int32)
+    num_to_predict = tf.cast(tf.round(tf.cast(n, tf.float32) * spec.mask_rate), tf.int32)
     num_to_predict = tf.minimum(max_predictions, tf.maximum(1, num_to_predict))
 
     # Groups of positions chosen together: single tokens, or whole words. A group starts at a candidate
@@ -287,7 +372,9 @@ def mask_tokens(ids, key, spec: MaskingSpec):
         minval=0, maxval=len(spec.replacement_ids), dtype=tf.int32,
     )
     random_tokens = tf.gather(tf.constant(spec.replacement_ids, tf.int32), random_index)
-    replacement = tf.where(u < 0.8, spec.mask_id, tf.where(u < 0.9, ids, random_tokens))
+    # u < mask share: [MASK]; then unchanged up to 1 - random share; the top random share: a random token.
+    keep_below = 1.0 - spec.random_token_fraction
+    replacement = tf.where(u < spec.mask_token_fraction, spec.mask_id, tf.where(u < keep_below, ids, random_tokens))
     masked = tf.where(chosen, replacement, ids)
 
     positions = tf.cast(tf.where(chosen)[:, 0], tf.int32)  # ascending, as the original sorts them
@@ -321,8 +408,37 @@ def make_example(tokens, pair, key, spec: MaskingSpec, max_seq_length: int) -> d
         "masked_lm_positions": tf.ensure_shape(positions, [spec.max_predictions_per_seq]),
         "masked_lm_ids": tf.ensure_shape(labels, [spec.max_predictions_per_seq]),
         "masked_lm_weights": tf.ensure_shape(weights, [spec.max_predictions_per_seq]),
-        # The original's convention: 0 = IsNext, 1 = NotNext (B from a random document).
-        "next_sentence_labels": tf.cast(pair[IS_RANDOM_NEXT], tf.int32),
+        # NSP, the original's convention: 0 = IsNext, 1 = NotNext (B from a random document).
+        # SOP: 0 = in the document's order, 1 = swapped.
+        "next_sentence_labels": tf.cast(pair[LABEL], tf.int32),
+    }
+
+
+def make_full_sentences_example(tokens, separators, row, key, spec: MaskingSpec, max_seq_length: int) -> dict:
+    """One FULL-SENTENCES row -> one padded, masked example: [CLS] tokens [SEP], one segment.
+
+    tokens: the host's flat token array; separators: [D - 1] int64 document_separators(); row: [5] int64
+    plan row, A_START/A_END a range of the stream with separators. The separators are [SEP] ids, so
+    masking never picks them. next_sentence_labels is 0 and means nothing: the loss leaves it out.
+    """
+    position = tf.range(row[A_START], row[A_END], dtype=tf.int64)  # [n - 2] in the stream
+    before = tf.searchsorted(separators, position, side="left", out_type=tf.int64)  # separators before it
+    padded = tf.concat([separators, [-1]], 0)  # so that the last document's positions gather a miss
+    is_separator = tf.gather(padded, before) == position
+    flat = tf.minimum(position - before, tf.shape(tokens, out_type=tf.int64)[0] - 1)  # a separator's: any
+    body = tf.where(is_separator, spec.sep_id, tf.cast(tf.gather(tokens, flat), tf.int32))
+    ids = tf.concat([[spec.cls_id], body, [spec.sep_id]], 0)  # [n]
+    n = tf.shape(ids)[0]
+    masked, positions, labels, weights = mask_tokens(ids, key, spec)
+    pad = [[0, max_seq_length - n]]
+    return {
+        "input_ids": tf.ensure_shape(tf.pad(masked, pad, constant_values=spec.pad_id), [max_seq_length]),
+        "input_mask": tf.ensure_shape(tf.pad(tf.ones([n], tf.int32), pad), [max_seq_length]),
+        "segment_ids": tf.zeros([max_seq_length], tf.int32),
+        "masked_lm_positions": tf.ensure_shape(positions, [spec.max_predictions_per_seq]),
+        "masked_lm_ids": tf.ensure_shape(labels, [spec.max_predictions_per_seq]),
+        "masked_lm_weights": tf.ensure_shape(weights, [spec.max_predictions_per_seq]),
+        "next_sentence_labels": tf.constant(0, tf.int32),
     }
 
 
@@ -339,27 +455,52 @@ class PretrainingStream:
     """
 
     def __init__(self, corpus: TokenizedCorpus, spec: MaskingSpec, *, seed: int, max_seq_length: int,
-                 short_seq_prob: float = 0.1, shard: int = 0):
+                 short_seq_prob: float = 0.1, shard: int = 0, objective: str = "nsp"):
+        if objective not in OBJECTIVES:
+            raise ValueError(f"data.objective={objective!r}: choose {', '.join(OBJECTIVES)}")
         if max_seq_length < 5:
             raise ValueError(f"data.max_seq_length={max_seq_length}: needs at least 5 ([CLS] A [SEP] B [SEP])")
-        # Full-length sequences would be capped below 15%: BERT uses 20 at 128, MLPerf 76 at 512.
-        needed = int(max_seq_length * spec.masked_lm_prob)
+        # Full-length sequences would be capped below the rate: BERT uses 20 at 128, MLPerf 76 at 512.
+        needed = int(max_seq_length * spec.mask_rate)
         if spec.max_predictions_per_seq < max(1, needed):
             raise ValueError(
                 f"data.max_predictions_per_seq={spec.max_predictions_per_seq} is too small for "
-                f"{spec.masked_lm_prob:.0%} of data.max_seq_length={max_seq_length}: set it to at least {needed}"
+                f"{spec.mask_rate:.0%} of data.max_seq_length={max_seq_length}: set it to at least {needed}"
             )
+        if objective == "sop" and np.all(np.diff(corpus.doc_starts) < 2):
+            raise ValueError("data.objective='sop' pairs two segments of one document, and every document here "
+                             "has one sentence: split documents into sentences, or set data.objective='none'")
         self.corpus, self.spec, self.seed, self.shard = corpus, spec, seed, shard
-        self.max_seq_length, self.short_seq_prob = max_seq_length, short_seq_prob
+        self.max_seq_length, self.short_seq_prob, self.objective = max_seq_length, short_seq_prob, objective
         # The plans of the last two epochs asked for (tf.data reads epoch e while preparing e + 1).
         self._plans = {0: self._build_plan(0)}
         self.examples_per_epoch = len(self._plans[0])
         if self.examples_per_epoch == 0:
-            raise ValueError("the corpus yields no sentence pairs")
+            raise ValueError(f"the corpus yields no examples for data.objective={objective!r}: give longer "
+                             f"documents or another data.objective")
 
     def _build_plan(self, epoch: int) -> np.ndarray:
-        return build_epoch_plan(self.corpus, seed=self.seed, epoch=epoch, shard=self.shard,
-                                max_seq_length=self.max_seq_length, short_seq_prob=self.short_seq_prob)
+        common = dict(seed=self.seed, epoch=epoch, shard=self.shard, max_seq_length=self.max_seq_length)
+        if self.objective == "none":
+            return build_full_sentences_plan(self.corpus, **common)
+        build = build_sop_plan if self.objective == "sop" else build_epoch_plan
+        return build(self.corpus, short_seq_prob=self.short_seq_prob, **common)
+
+    def _example_fn(self):
+        """(epoch, index, row) -> example, for this objective."""
+        tokens = tf.constant(self.corpus.tokens)
+        spec, seed, max_seq_length = self.spec, self.seed, self.max_seq_length
+        separators = tf.constant(document_separators(self.corpus), tf.int64)
+
+        # Named functions, not lambdas: autograph finds a lambda's source by its line, and mixes up two.
+        def full_sentences(epoch, index, row):
+            key = example_key(seed, epoch, index)
+            return make_full_sentences_example(tokens, separators, row, key, spec, max_seq_length)
+
+        def pair(epoch, index, row):
+            return make_example(tokens, row, example_key(seed, epoch, index), spec, max_seq_length)
+
+        return full_sentences if self.objective == "none" else pair
 
     def plan(self, epoch: int) -> np.ndarray:
         """The epoch's pairs, cut or wrapped to the length of epoch 0."""
@@ -382,8 +523,6 @@ class PretrainingStream:
         starting at step 0 costs. threads: cap tf.data's worker threads (benchmarks per core).
         """
         first_epoch, offset = self.locate(start_step * batch_size)
-        tokens = tf.constant(self.corpus.tokens)
-        spec, seed, max_seq_length = self.spec, self.seed, self.max_seq_length
 
         def epoch_rows(epoch):
             plan = tf.numpy_function(lambda e: self.plan(int(e)), [epoch], tf.int64, stateful=False)
@@ -394,11 +533,7 @@ class PretrainingStream:
 
         epochs = tf.data.Dataset.range(first_epoch, np.iinfo(np.int64).max)
         ds = epochs.flat_map(epoch_rows)
-        ds = ds.map(
-            lambda epoch, index, pair: make_example(tokens, pair, example_key(seed, epoch, index), spec,
-                                                    max_seq_length),
-            num_parallel_calls=tf.data.AUTOTUNE, deterministic=True,
-        )
+        ds = ds.map(self._example_fn(), num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
         ds = ds.batch(batch_size, drop_remainder=True)
         options = tf.data.Options()
         options.deterministic = True

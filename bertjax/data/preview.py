@@ -5,8 +5,9 @@
 
 The text form shows each pair as segments A and B with every masked position marked
 [MASK→original] (or «replacement→original» for a random token, =original= for one left unchanged),
-and the NSP label. The jsonl form writes one example per line with every model input and the decoded
-tokens. --start_step shows the examples of a later training step (as a resumed run would see them).
+and the NSP or SOP label (data.objective=none: one segment, no label). The jsonl form writes one
+example per line with every model input and the decoded tokens. --start_step shows the examples of a
+later training step (as a resumed run would see them).
 """
 
 import json
@@ -18,11 +19,9 @@ from ml_collections import config_flags
 
 from bertjax import console
 
-_FLAGS = {}  # defined by entry(): importing this module defines no flags
-
-
-def _define_flags() -> None:
-    _FLAGS.update(
+def define_flags() -> dict:
+    """The flags, defined when the program is entered: importing it defines none."""
+    return dict(
         config=config_flags.DEFINE_config_file("config", None, "A configs/<size>.py file."),
         num_examples=flags.DEFINE_integer("num_examples", 5, "How many examples to show."),
         format=flags.DEFINE_enum("format", "text", ["text", "jsonl"], "text for people, jsonl for tools."),
@@ -44,7 +43,12 @@ def example_record(tokenizer, ex: dict) -> dict:
     return record
 
 
-def format_text(tokenizer, ex: dict, number: int) -> str:
+# What next_sentence_labels 0 and 1 mean, by data.objective.
+_LABELS = {"nsp": ("IsNext", "NotNext (B from a random document)"),
+           "sop": ("in order", "swapped (B comes first in the document)")}
+
+
+def format_text(tokenizer, ex: dict, number: int, objective: str = "nsp") -> str:
     record = example_record(tokenizer, ex)
     tokens = list(record["tokens"])
     originals = dict(zip(record["masked_lm_positions"], record["masked_lm_tokens"]))
@@ -60,7 +64,9 @@ def format_text(tokenizer, ex: dict, number: int) -> str:
     segments = record["segment_ids"][:n]
     a = [t for t, s in zip(tokens, segments) if s == 0]
     b = [t for t, s in zip(tokens, segments) if s == 1]
-    label = "NotNext (B from a random document)" if record["next_sentence_labels"] else "IsNext"
+    if objective == "none":  # FULL-SENTENCES: one segment, documents separated by [SEP]
+        return f"--- example {number}: {n} tokens, {len(originals)} to predict\n" + " ".join(tokens)
+    label = _LABELS[objective][int(record["next_sentence_labels"])]
     return "\n".join([
         f"--- example {number}: {n} tokens, {len(originals)} to predict, {label}",
         "A: " + " ".join(a),
@@ -68,33 +74,33 @@ def format_text(tokenizer, ex: dict, number: int) -> str:
     ])
 
 
-def main(argv):
+def main(argv, args):
     if len(argv) > 1:
         raise app.UsageError(f"unexpected arguments: {argv[1:]}")
     from bertjax.data import inputs
 
-    config = _FLAGS["config"].value
-    workdir = _FLAGS["workdir"].value or tempfile.mkdtemp(prefix="bertjax-preview-")
+    config = args.config
+    workdir = args.workdir or tempfile.mkdtemp(prefix="bertjax-preview-")
     try:
         data = inputs.build_inputs(config.data, workdir=workdir)
     except (ValueError, FileNotFoundError) as e:
         console.fail(str(e))
-    stream = data.train if _FLAGS["split"].value == "train" else data.eval
+    stream = data.train if args.split == "train" else data.eval
     # The stream batched as training batches it, so that step N means the examples training sees at step N.
     batch_size = config.train.batch_size
-    dataset = stream.dataset(batch_size, start_step=_FLAGS["start_step"].value).unbatch().take(_FLAGS["num_examples"].value)
+    dataset = stream.dataset(batch_size, start_step=args.start_step).unbatch().take(args.num_examples)
     for i, ex in enumerate(dataset.as_numpy_iterator()):
-        if _FLAGS["format"].value == "jsonl":
+        if args.format == "jsonl":
             print(json.dumps(example_record(data.tokenizer, ex)))
         else:
-            print(format_text(data.tokenizer, ex, _FLAGS["start_step"].value * batch_size + i), end="\n\n")
+            print(format_text(data.tokenizer, ex, args.start_step * batch_size + i,
+                              objective=stream.objective), end="\n\n")
     sys.stdout.flush()
 
 
 def entry():
     """The console program `bertjax-preview`, as `python -m bertjax.data.preview`."""
-    _define_flags()
-    app.run(main, flags_parser=console.parse_flags)
+    console.run_program(main, define_flags)
 
 
 if __name__ == "__main__":

@@ -15,25 +15,18 @@ The task heads of bertjax/heads.py map to the matching transformers classes (Ber
 BertForMultipleChoice, BertForQuestionAnswering, BertForTokenClassification) through the same encoder
 rows plus one row pair for the head's dense layer (`HF_HEADS`).
 
-Readers: model.safetensors (via safetensors.numpy), sharded safetensors (model.safetensors.index.json),
-and pytorch_model.bin (zip format, single or sharded) through a restricted unpickler that allows only
-the handful of torch classes a state dict needs, so that no torch import is needed and no code in the
-file can run.
+The files of a Hugging Face directory are read and written by bertjax/interop/hf_files.py.
 
 Shape legend (as in bertjax/model.py):
   H hidden size   N attention heads   D head size H/N   F feed-forward size   V vocabulary   L layers
   T segment (token type) vocabulary
 """
 
-import collections
 import contextlib
 import dataclasses
 import json
 import logging
 import os
-import pickle
-import shutil
-import zipfile
 from pathlib import Path
 from typing import Any, Callable
 
@@ -43,8 +36,10 @@ import ml_dtypes
 import numpy as np
 from flax import traverse_util
 
+from bertjax.interop import hf_files
 from bertjax.models import heads
 from bertjax.models import bert as bert_model
+from bertjax.tasks import kinds
 
 log = logging.getLogger(__name__)
 
@@ -323,10 +318,28 @@ def _from_hf(state: dict[str, np.ndarray], cfg: bert_model.BertConfig, seed: int
     """hf_to_params for BertForPreTraining (kind None) or a task head: the table-driven core."""
     shapes = _param_shapes(cfg, kind, num_labels)
     names = _canonical_names(state)
-    param_dtype = np.dtype(cfg.param_dtype)
+    table = _expanded_table(cfg.num_layers) if kind is None else _head_rows(cfg.num_layers, kind, pooler=True)
+    flat, used = _converted_rows(state, names, table, shapes, np.dtype(cfg.param_dtype))
+    if kind is None:  # a head reads no decoder: a pretraining checkpoint's is left
+        used |= _checked_tied(state, names)
+    _report_unused(names, used, kind)
+    missing = [path for path in shapes if path not in flat]
+    _check_required(missing, table, cfg, kind)
+    if missing:
+        log.warning("not in the checkpoint, freshly initialised: %s", missing)
+        flat.update(_fresh_params(cfg, missing, seed, kind, num_labels))
+
+    params = _unflatten(flat)
+    if cfg.scan_layers:
+        params = _stack(params, cfg)
+    return params, missing
+
+
+def _converted_rows(state: dict[str, np.ndarray], names: dict[str, str], table, shapes: dict, param_dtype):
+    """The table's rows the checkpoint has, in bertjax's layout and param_dtype (path -> array), and the
+    canonical HF names they used; each tensor's shape is checked against the config's."""
     flat: dict[str, np.ndarray] = {}
     used = set()
-    table = _expanded_table(cfg.num_layers) if kind is None else _head_rows(cfg.num_layers, kind, pooler=True)
     for hf_name, path, transform in table:
         if hf_name not in names:
             continue
@@ -341,9 +354,14 @@ def _from_hf(state: dict[str, np.ndarray], cfg: bert_model.BertConfig, seed: int
         # np.array copies: the result owns its memory (not a view into a file buffer) in param_dtype.
         flat[path] = np.array(transform.to_bertjax(np.asarray(x), shapes[path]), dtype=param_dtype)
         used.add(hf_name)
+    return flat, used
 
+
+def _checked_tied(state: dict[str, np.ndarray], names: dict[str, str]) -> set[str]:
+    """The tied decoder tensors the checkpoint has, each checked equal to the tensor bertjax ties it to."""
+    used = set()
     for tied, source_name in _TIED.items():
-        if tied in names and kind is None:  # a head reads no decoder: a pretraining checkpoint's is left
+        if tied in names:
             x, source = state[names[tied]], state.get(names.get(source_name, ""))
             if source is None or x.shape != source.shape or not np.array_equal(x, source):
                 raise ValueError(
@@ -352,7 +370,11 @@ def _from_hf(state: dict[str, np.ndarray], cfg: bert_model.BertConfig, seed: int
                     "checkpoint cannot be loaded exactly"
                 )
             used.add(tied)
+    return used
 
+
+def _report_unused(names: dict[str, str], used: set[str], kind: str | None):
+    """Logs the checkpoint's tensors the network does not have (buffers aside)."""
     unexpected = sorted(
         names[n] for n in names if n not in used and not n.endswith(_BUFFERS)
     )
@@ -364,7 +386,9 @@ def _from_hf(state: dict[str, np.ndarray], cfg: bert_model.BertConfig, seed: int
         # E.g. the classifier of a fine-tuned BertForSequenceClassification: not part of pretraining.
         log.warning("ignoring %d tensor(s) that %s does not have: %s", len(unexpected), what, unexpected)
 
-    missing = [path for path in shapes if path not in flat]
+
+def _check_required(missing: list[str], table, cfg: bert_model.BertConfig, kind: str | None):
+    """Only the pooler and the heads may be absent (and freshly initialised); an encoder tensor may not."""
     optional = _OPTIONAL_PREFIXES if kind is None else ("bert/pooler/", "classifier/")
     required = [p for p in missing if not p.startswith(optional)]
     if required:
@@ -373,14 +397,6 @@ def _from_hf(state: dict[str, np.ndarray], cfg: bert_model.BertConfig, seed: int
             f"the checkpoint lacks {len(required)} encoder tensor(s), e.g. {hf_names[required[0]]!r} "
             f"(for {required[0]}): is it a BERT checkpoint with num_hidden_layers={cfg.num_layers}?"
         )
-    if missing:
-        log.warning("not in the checkpoint, freshly initialised: %s", missing)
-        flat.update(_fresh_params(cfg, missing, seed, kind, num_labels))
-
-    params = _unflatten(flat)
-    if cfg.scan_layers:
-        params = _stack(params, cfg)
-    return params, missing
 
 
 @contextlib.contextmanager
@@ -463,166 +479,6 @@ def _to_hf(params: dict, cfg: bert_model.BertConfig, kind: str | None) -> dict[s
 
 
 # --------------------------------------------------------------------------------------------------
-# Reading weight files
-# --------------------------------------------------------------------------------------------------
-
-# torch storage class -> numpy dtype of its elements.
-_TORCH_STORAGES = {
-    "FloatStorage": np.float32,
-    "DoubleStorage": np.float64,
-    "HalfStorage": np.float16,
-    "BFloat16Storage": ml_dtypes.bfloat16,
-    "LongStorage": np.int64,  # buffers such as position_ids
-    "IntStorage": np.int32,
-    "ShortStorage": np.int16,
-    "CharStorage": np.int8,
-    "ByteStorage": np.uint8,
-    "BoolStorage": np.bool_,
-}
-
-
-@dataclasses.dataclass(frozen=True)
-class _StorageType:
-    """Stands in for torch.FloatStorage & co. in the pickle: all we need of it is the dtype."""
-
-    dtype: np.dtype
-
-
-def _rebuild_tensor_v2(storage, storage_offset, size, stride, requires_grad=False, backward_hooks=None, metadata=None):
-    """torch._utils._rebuild_tensor_v2 for numpy: a (possibly strided) view of a 1-D storage."""
-    size, stride = tuple(size), tuple(stride)
-    if any(n == 0 for n in size):
-        return np.zeros(size, storage.dtype)
-    # Bounds check before as_strided, which would otherwise read whatever memory lies beyond.
-    last = storage_offset + sum((n - 1) * s for n, s in zip(size, stride))
-    if storage_offset < 0 or min(stride, default=0) < 0 or last >= storage.size:
-        raise ValueError(f"corrupt tensor in pytorch checkpoint: size {size}, stride {stride} beyond its storage")
-    view = np.lib.stride_tricks.as_strided(
-        storage[storage_offset:], shape=size, strides=[s * storage.itemsize for s in stride], writeable=False
-    )
-    return np.ascontiguousarray(view)
-
-
-def _rebuild_parameter(data, requires_grad=False, backward_hooks=None):
-    return data  # an nn.Parameter is its tensor, for our purposes
-
-
-class _RestrictedTorchUnpickler(pickle.Unpickler):
-    """Unpickles a torch.save'd state dict into numpy arrays, refusing every class but a state dict's.
-
-    A pickle can call any importable function; allowing only these few makes loading a downloaded
-    pytorch_model.bin as safe as reading a safetensors file.
-    """
-
-    _ALLOWED = {
-        ("torch._utils", "_rebuild_tensor_v2"): _rebuild_tensor_v2,
-        ("torch._utils", "_rebuild_parameter"): _rebuild_parameter,
-        ("collections", "OrderedDict"): collections.OrderedDict,
-    }
-
-    def __init__(self, file, archive: zipfile.ZipFile, root: str, byteorder: str):
-        super().__init__(file)
-        self._archive, self._root, self._byteorder = archive, root, byteorder
-        self._storages: dict[str, np.ndarray] = {}
-
-    def find_class(self, module, name):
-        if (module, name) in self._ALLOWED:
-            return self._ALLOWED[(module, name)]
-        if module == "torch" and name in _TORCH_STORAGES:
-            return _StorageType(np.dtype(_TORCH_STORAGES[name]))
-        raise pickle.UnpicklingError(
-            f"pytorch checkpoint refers to {module}.{name}, which a plain state dict does not contain: "
-            "refusing to load it (re-save the weights as safetensors)"
-        )
-
-    def persistent_load(self, pid):
-        # pid = ("storage", storage type, key, location, numel); the bytes live in <root>/data/<key>.
-        if not (isinstance(pid, tuple) and len(pid) == 5 and pid[0] == "storage"):
-            raise pickle.UnpicklingError(f"unsupported persistent id in pytorch checkpoint: {pid!r}")
-        _, storage_type, key, _, numel = pid
-        if not isinstance(storage_type, _StorageType):
-            raise pickle.UnpicklingError(f"unsupported storage type in pytorch checkpoint: {storage_type!r}")
-        if key not in self._storages:
-            raw = self._archive.read(f"{self._root}/data/{key}")
-            dtype = storage_type.dtype.newbyteorder("<" if self._byteorder == "little" else ">")
-            storage = np.frombuffer(raw, dtype=dtype)  # a read-only view of the bytes
-            if storage.size < numel:
-                raise ValueError(f"pytorch checkpoint storage {key} holds {storage.size} elements, expected {numel}")
-            self._storages[key] = storage.astype(storage_type.dtype, copy=False)  # native order
-        return self._storages[key]
-
-
-def read_torch_state_dict(path: str | os.PathLike) -> dict[str, np.ndarray]:
-    """A torch.save'd state dict (zip format, torch >= 1.6) -> name -> numpy array, without torch."""
-    path = Path(path)
-    if not zipfile.is_zipfile(path):
-        raise ValueError(
-            f"{path} is not a zip-format PyTorch checkpoint (legacy torch < 1.6 format?): re-save it with a "
-            "recent torch (torch.save(torch.load(f), f)) or as safetensors (model.save_pretrained(dir))"
-        )
-    with zipfile.ZipFile(path) as archive:
-        pickles = [n for n in archive.namelist() if n.endswith("/data.pkl") and n.count("/") == 1]
-        if len(pickles) != 1:
-            raise ValueError(f"{path}: expected one <root>/data.pkl in the zip, found {pickles}")
-        root = pickles[0].split("/")[0]
-        byteorder = "little"
-        if f"{root}/byteorder" in archive.namelist():
-            byteorder = archive.read(f"{root}/byteorder").decode().strip()
-        with archive.open(pickles[0]) as f:
-            state = _RestrictedTorchUnpickler(f, archive, root, byteorder).load()
-    if not isinstance(state, dict):
-        raise ValueError(f"{path} does not hold a state dict (name -> tensor) but a {type(state).__name__}")
-    if "state_dict" in state and isinstance(state["state_dict"], dict):  # a training checkpoint wrapper
-        state = state["state_dict"]
-    return {name: value for name, value in state.items() if isinstance(value, np.ndarray)}
-
-
-def _read_safetensors(path: Path) -> dict[str, np.ndarray]:
-    import safetensors.numpy  # numpy flavour: no torch
-
-    return safetensors.numpy.load_file(str(path))
-
-
-# Weight files in the order transformers prefers them: (file name or shard index, reader of one file).
-_WEIGHT_FILES = (
-    ("model.safetensors", _read_safetensors),
-    ("model.safetensors.index.json", _read_safetensors),
-    ("pytorch_model.bin", read_torch_state_dict),
-    ("pytorch_model.bin.index.json", read_torch_state_dict),
-)
-
-
-def find_weights(directory: str | os.PathLike) -> Path | None:
-    """The weight file (or shard index) transformers would load from this directory, or None."""
-    for name, _ in _WEIGHT_FILES:
-        if (Path(directory) / name).is_file():
-            return Path(directory) / name
-    return None
-
-
-def read_hf_weights(directory: str | os.PathLike) -> dict[str, np.ndarray]:
-    """All tensors of a Hugging Face model directory (single or sharded safetensors / pytorch .bin)."""
-    directory = Path(directory)
-    path = find_weights(directory)
-    if path is None:
-        raise ValueError(
-            f"{directory} has no weights: expected one of {[name for name, _ in _WEIGHT_FILES]}"
-        )
-    reader = dict(_WEIGHT_FILES)[path.name]
-    if not path.name.endswith(".index.json"):
-        return reader(path)
-    # Sharded: the index maps every tensor name to its shard file.
-    weight_map = json.loads(path.read_text())["weight_map"]
-    state = {}
-    for shard in sorted(set(weight_map.values())):
-        state.update(reader(directory / shard))
-    absent = sorted(set(weight_map) - set(state))
-    if absent:
-        raise ValueError(f"{path} lists tensors that are in none of its shards, e.g. {absent[:3]}")
-    return state
-
-
-# --------------------------------------------------------------------------------------------------
 # Directories
 # --------------------------------------------------------------------------------------------------
 
@@ -639,7 +495,7 @@ def load_hf_checkpoint(path: str | os.PathLike, model_config_overrides: dict | N
     if not (path / "config.json").is_file():
         raise ValueError(f"{path} is not a Hugging Face model directory: it has no config.json")
     cfg = config_from_hf(json.loads((path / "config.json").read_text()), **(model_config_overrides or {}))
-    params, missing = hf_to_params(read_hf_weights(path), cfg)
+    params, missing = hf_to_params(hf_files.read_hf_weights(path), cfg)
     return cfg, params, missing
 
 
@@ -662,32 +518,7 @@ def save_hf_checkpoint(path: str | os.PathLike, cfg: bert_model.BertConfig, para
     if masked_lm_only:
         state = {k: v for k, v in state.items() if not k.startswith(_NOT_IN_MASKED_LM)}
         hf_config["architectures"] = ["BertForMaskedLM"]
-    _write_directory(path, cfg, state, hf_config, vocab_path, lower_case)
-
-
-def _write_directory(path, cfg: bert_model.BertConfig, state: dict[str, np.ndarray], hf_config: dict,
-                     vocab_path, lower_case: bool):
-    """config.json, model.safetensors and the optional vocabulary of a transformers model directory."""
-    import safetensors.numpy
-
-    path = Path(path)
-    path.mkdir(parents=True, exist_ok=True)
-    dtypes = {str(x.dtype) for x in state.values()}
-    if len(dtypes) == 1:  # say what was written, so that transformers loads it in that dtype
-        hf_config["dtype"] = hf_config["torch_dtype"] = dtypes.pop()
-    # "format": "pt" is the metadata transformers' own files carry.
-    safetensors.numpy.save_file(state, str(path / "model.safetensors"), metadata={"format": "pt"})
-    (path / "config.json").write_text(json.dumps(hf_config, indent=2, sort_keys=True) + "\n")
-    if vocab_path is not None:
-        if Path(vocab_path).resolve() != (path / "vocab.txt").resolve():
-            shutil.copyfile(vocab_path, path / "vocab.txt")
-        tokenizer_config = {
-            "tokenizer_class": "BertTokenizer",
-            "do_lower_case": lower_case,
-            "model_max_length": cfg.max_position_embeddings,
-        }
-        (path / "tokenizer_config.json").write_text(json.dumps(tokenizer_config, indent=2) + "\n")
-    log.info("wrote Hugging Face checkpoint %s (%d tensors)", path, len(state))
+    hf_files.write_directory(path, cfg, state, hf_config, vocab_path, lower_case)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -704,16 +535,12 @@ class HFHead:
     pooler: bool  # whether the class has bert.pooler (the per-token classes are built without one)
     labels: bool  # whether id2label / label2id describe the K outputs (the class reads num_labels)
     problem_type: str | None  # what transformers' loss should be for this kind, where it asks
+    auto_class: str  # the AutoModelFor... class that loads it (the model card's example)
 
 
-# Keyed like heads.HEADS (tests check that the keys agree).
-HF_HEADS = {
-    "classification": HFHead("BertForSequenceClassification", "classifier", True, True, "single_label_classification"),
-    "regression": HFHead("BertForSequenceClassification", "classifier", True, True, "regression"),
-    "multiple_choice": HFHead("BertForMultipleChoice", "classifier", True, False, None),
-    "span": HFHead("BertForQuestionAnswering", "qa_outputs", False, False, None),
-    "tagging": HFHead("BertForTokenClassification", "classifier", False, True, None),
-}
+# One per task kind, read from the kind's own record (bertjax/tasks/kinds/); keyed like heads.HEADS
+# (tests check that the keys agree).
+HF_HEADS = {name: HFHead(**kind.hf_class) for name, kind in kinds.KINDS.items()}
 _HF_HEAD_PREFIXES = tuple(sorted({f"{spec.prefix}." for spec in HF_HEADS.values()}))
 
 
@@ -792,7 +619,7 @@ def load_hf_head(path: str | os.PathLike, kind: str, num_labels: int | None = No
         # bertjax's heads drop out at BERT's hidden rate, where HF's classifier_dropout falls back to.
         log.warning("%s sets classifier_dropout=%s: bertjax heads use hidden_dropout_rate=%s", path,
                     hf_config["classifier_dropout"], cfg.hidden_dropout_rate)
-    state = read_hf_weights(path)
+    state = hf_files.read_hf_weights(path)
     spec = _hf_head(kind)
     if spec.architecture in (hf_config.get("architectures") or []):
         problem_type = hf_config.get("problem_type")
@@ -818,4 +645,4 @@ def save_hf_head(path: str | os.PathLike, cfg: bert_model.BertConfig, params: di
     state = head_params_to_hf(params, cfg, kind)
     num_labels = int(state[f"{_hf_head(kind).prefix}.bias"].shape[0])
     hf_config = config_to_hf(cfg, kind, num_labels if heads.head(kind).num_labels is None else None, label_names)
-    _write_directory(path, cfg, state, hf_config, vocab_path, lower_case)
+    hf_files.write_directory(path, cfg, state, hf_config, vocab_path, lower_case)

@@ -6,6 +6,7 @@ import json
 
 from bertjax.models import bert as bert_model
 from bertjax.text import files
+from bertjax.tasks import kinds
 
 # How each export format is loaded, shown in the card.
 _LOADING = {
@@ -38,11 +39,6 @@ params = traverse_util.unflatten_dict(dict(np.load("{path}/params.npz")), sep="/
 net = bert.BertForPreTraining(bert.BertConfig.from_dict(config["model"]))   # or the task's head
 ```""",
 }
-
-_AUTO_CLASS = {None: "AutoModelForMaskedLM", "classification": "AutoModelForSequenceClassification",
-               "regression": "AutoModelForSequenceClassification", "multiple_choice": "AutoModelForMultipleChoice",
-               "span": "AutoModelForQuestionAnswering", "tagging": "AutoModelForTokenClassification"}
-
 
 def _read_json_lines(path: str) -> list[dict]:
     p = files.path(path)
@@ -133,7 +129,8 @@ def _pretraining(config: dict, metrics: list[dict], step: int | None) -> list[st
         lines.append(f"- {step:,} steps of {batch} sequences of {seq} tokens: {step * batch:,} sequences, "
                      f"{step * batch * seq:,} token positions seen{real}")
     masking = "whole-word" if data.get("whole_word_masking") else "token"
-    lines.append(f"- {masking} masking, {data.get('masked_lm_prob', 0.15):g} of the tokens, "
+    rate = data.get("masked_lm_prob") or data.get("mask_rate", 0.15)  # the older key wins, as in training
+    lines.append(f"- {masking} masking, {rate:g} of the tokens, {data.get('objective', 'nsp')} objective, "
                  f"{optimizer.get('name', '?')} at learning rate {optimizer.get('learning_rate', '?')}")
     return lines
 
@@ -168,7 +165,7 @@ def _pretraining_results(metrics: list[dict]) -> list[str]:
 
 
 def _loading(export_format: str, task: dict | None, path_hint: str) -> str:
-    auto_class = _AUTO_CLASS.get(task["kind"] if task else None, "AutoModel")
+    auto_class = kinds.get(task["kind"]).hf_class["auto_class"] if task else "AutoModelForMaskedLM"
     pipe = ("" if task else
             'pipeline("fill-mask", model=model, tokenizer=tokenizer)("The capital of France is [MASK].")\n')
     return _LOADING[export_format].format(path=path_hint, auto_class=auto_class, pipeline=pipe)

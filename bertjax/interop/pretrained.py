@@ -12,7 +12,7 @@ from typing import Any
 
 from etils import epath
 
-from bertjax.interop import hf
+from bertjax.interop import hf, hf_files
 from bertjax.models import bert as bert_model
 from bertjax.training import checkpoint
 from bertjax.text import files
@@ -55,7 +55,7 @@ def kind_of(path: str) -> str | None:
     if model_checkpoint(path) is not None:
         return BERTJAX
     # A bertjax workdir has a config.json too (the run's config): the weights tell a HF directory apart.
-    if (epath.Path(path) / "config.json").exists() and hf.find_weights(path) is not None:
+    if (epath.Path(path) / "config.json").exists() and hf_files.find_weights(path) is not None:
         return HUGGING_FACE
     return None
 
@@ -69,7 +69,7 @@ def model_checkpoint(path: str) -> str | None:
 
 
 def load(path: str, *, what: str = "init_from", model_overrides: dict | None = None, head: str | None = None,
-         num_labels: int | None = None, abstract_params=None) -> Pretrained:
+         num_labels: int | None = None, abstract_params=None, tokenizer: bool = True) -> Pretrained:
     """The model at `path`. `what` names the setting in error messages. model_overrides set the compute
     fields the weights do not fix (dtype, attention_impl, scan_layers, ...). head: a task kind whose
     head params to read from a Hugging Face directory (a bertjax checkpoint holds what it was trained
@@ -84,7 +84,7 @@ def load(path: str, *, what: str = "init_from", model_overrides: dict | None = N
     if kind == BERTJAX:
         return _from_bertjax(model_checkpoint(path), what, overrides, abstract_params)
     if kind == HUGGING_FACE:
-        return _from_hugging_face(path, overrides, head, num_labels, abstract_params)
+        return _from_hugging_face(path, overrides, head, num_labels, abstract_params, tokenizer)
     raise FileNotFoundError(f"{what}={path} is neither a bertjax workdir/checkpoint nor a Hugging Face BERT "
                             f"directory (config.json and model.safetensors or pytorch_model.bin)")
 
@@ -118,8 +118,9 @@ def _from_bertjax(path: str, what: str, model_overrides: dict, abstract_params) 
 
 
 def _from_hugging_face(path: str, model_overrides: dict, head: str | None, num_labels: int | None,
-                       abstract_params) -> Pretrained:
-    vocab, lower_case = hf_vocabulary(path)  # before the weights: a missing file is found at once
+                       abstract_params, tokenizer: bool) -> Pretrained:
+    # Before the weights: a missing vocabulary is found at once.
+    vocabulary = TokenizerFiles("wordpiece", *hf_vocabulary(path)) if tokenizer else None
     if head is None:
         config, params, missing = hf.load_hf_checkpoint(path, model_config_overrides=model_overrides)
     else:
@@ -128,7 +129,7 @@ def _from_hugging_face(path: str, model_overrides: dict, head: str | None, num_l
         import jax
 
         params = jax.device_put(params, jax.tree_util.tree_map(lambda a: a.sharding, abstract_params))
-    return Pretrained(config, params, TokenizerFiles("wordpiece", vocab, lower_case), path, {}, missing)
+    return Pretrained(config, params, vocabulary, path, {}, missing)
 
 
 def hf_vocabulary(path: str) -> tuple[str, bool]:

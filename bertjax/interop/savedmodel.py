@@ -27,17 +27,23 @@ Signatures (B texts; S max_seq_length; H hidden size; P masks per text, at most 
                                  answer's UTF-8 byte offsets in the context; -1 for none), score float32
                                  [B] (best start + end logit), null_score float32 [B] ([CLS]'s)
 
+encode and fill_mask are built here; a fine-tuned model's own signatures by its kind's module
+(bertjax/tasks/kinds/<kind>.py), from the `Graph` this module hands it (jax2tf, the tokenizer in the graph).
+
 The served answer is one window (question, then the context cut to what fits in S) and whole words:
 its span runs from the first to the last word (whitespace-separated) of the best tokens.
 `bertjax.load(...).predict` does the full post-processing of run_squad.py in Python: overlapping
 windows over a long context, the max-context rule, and the exact characters of each token.
 """
 
+import dataclasses
+from typing import Any
+
 import jax
 import numpy as np
 
-from bertjax.models import heads
 from bertjax.models import bert as bert_model
+from bertjax.tasks import kinds
 
 MAX_MASKS = 8
 TOP_K = 5
@@ -125,17 +131,10 @@ def export_savedmodel(bert, directory: str, max_seq_length: int | None = None) -
     length = _sequence_length(bert, max_seq_length)
     module = _weights_and_tokenizer(tf, bert)
     signatures = {"encode": _encode_signature(tf, module, bert, length)}
-    kind = bert.task["kind"] if bert.task is not None else None
-    if kind is None and "mlm_head" in module.params:
+    if bert.task is not None:  # a fine-tuned model: its kind's signatures (bertjax/tasks/kinds/)
+        signatures.update(kinds.get(bert.task["kind"]).signatures(Graph(tf, module, bert, length)))
+    elif "mlm_head" in module.params:
         signatures["fill_mask"] = _fill_mask_signature(tf, module, bert, length)
-    if kind == "multiple_choice":
-        signatures["predict_choices"] = _choices_signature(tf, module, bert, length)
-    if kind == "tagging":
-        signatures["tag"] = _tag_signature(tf, module, bert, length)
-    if kind == "span":
-        signatures["answer"] = _answer_signature(tf, module, bert, length)
-    if kind in ("classification", "regression"):
-        signatures.update(_predict_signatures(tf, module, bert, length))
     tf.saved_model.save(module, directory, signatures=signatures)
     return list(signatures)
 
@@ -172,6 +171,38 @@ def _head(net):
     """A task network's float32 output from (params, input_ids, segment_ids, input_mask)."""
     return lambda p, ids, segments, mask: net.apply({"params": p}, ids, segments, mask,
                                                     deterministic=True).astype(np.float32)
+
+
+@dataclasses.dataclass
+class Graph:
+    """What a task kind's signatures (bertjax/tasks/kinds/) are built of: the saved module's weights, the
+    jax2tf conversion, and the tokenizer in the graph at the fixed length S."""
+
+    tf: Any  # the tensorflow module
+    module: Any  # the tf.Module saved (_weights_and_tokenizer)
+    bert: Any  # the bertjax.load result: config, tokenizer, task
+    length: int  # S
+
+    def convert(self, net, shape: str | None = None):
+        """A task network as a TF function of (input_ids, segment_ids, input_mask) -> float32, the weights
+        bound; shape: each input's polymorphic shape, (b, S) by default."""
+        tf_net = _to_tf(_head(net), *[shape or f"(b, {self.length})"] * 3)
+        return lambda ids, segments, mask: tf_net(self.module.params, ids, segments, mask)
+
+    def text_spec(self, shape=(None,)):
+        return _text_spec(self.tf, shape)
+
+    def single(self, texts):
+        """[CLS] text [SEP], cut to S: input_ids, segment_ids, input_mask int32 [B, S]."""
+        return _single(self.tf, self.bert.tokenizer, texts, self.length)
+
+    def pair(self, texts, pairs):
+        """[CLS] A [SEP] B [SEP], cut as in training: input_ids, segment_ids, input_mask int32 [B, S]."""
+        return _pair(self.tf, self.bert.tokenizer, texts, pairs, self.length)
+
+    def pad_rows(self, rows, pad_id: int):
+        """Ragged int32 [B, (n)] -> dense [B, S] right-padded with pad_id, and the input mask [B, S]."""
+        return _pad_rows(self.tf, rows, self.length, pad_id)
 
 
 def _text_spec(tf, shape=(None,)):
@@ -218,147 +249,3 @@ def _fill_mask_signature(tf, module, bert, length: int):
                 "top_scores": tf.where(valid, scores, 0.0)}
 
     return fill_mask
-
-
-def _choices_signature(tf, module, bert, length: int):
-    """predict_choices(contexts, choices): each (context, choice) a pair, as in training."""
-    num_choices = int(bert.task["num_choices"])
-    tf_choices = _to_tf(_head(heads.network("multiple_choice", bert.config)),
-                        *[f"(b, {num_choices}, {length})"] * 3)
-
-    @tf.function(input_signature=[_text_spec(tf), _text_spec(tf, (None, num_choices))], autograph=False)
-    def predict_choices(contexts, choices):
-        # [B * C, S] pairs, then [B, C, S].
-        flat_contexts = tf.reshape(tf.repeat(contexts, num_choices), [-1])
-        ids, segments, mask = _pair(tf, bert.tokenizer, flat_contexts, tf.reshape(choices, [-1]), length)
-        shape = [-1, num_choices, length]
-        logits = tf_choices(module.params, tf.reshape(ids, shape), tf.reshape(segments, shape),
-                            tf.reshape(mask, shape))
-        return {"logits": logits, "probabilities": tf.nn.softmax(logits, axis=-1),
-                "label_index": tf.argmax(logits, axis=-1, output_type=tf.int32)}
-
-    return predict_choices
-
-
-def _tag_signature(tf, module, bert, length: int):
-    """tag(texts): each whitespace-separated word's tag, read at its first piece."""
-    tokenizer, labels = bert.tokenizer, list(bert.task["labels"])
-    net = heads.network("tagging", bert.config, len(labels), feature_based=bert.task.get("feature_based"))
-    tf_tags = _to_tf(_head(net), *[f"(b, {length})"] * 3)
-
-    @tf.function(input_signature=[_text_spec(tf)], autograph=False)
-    def tag(texts):
-        words = tf.strings.split(texts)  # [B, (W)]
-        pieces = tokenizer.tokenize(words.flat_values)  # [sum W, (P)]
-        empty = tf.cast(pieces.row_lengths() == 0, tf.int64)  # a word of dropped characters: [UNK]
-        unk = tf.RaggedTensor.from_row_lengths(tf.fill([tf.reduce_sum(empty)], tokenizer.unk_id), empty)
-        pieces = tf.concat([pieces, unk], axis=1)
-        first = tf.ragged.range(pieces.row_lengths()) == 0
-        tokens = tf.RaggedTensor.from_row_splits(pieces, words.row_splits).merge_dims(1, 2)[:, : length - 2]
-        first = tf.RaggedTensor.from_row_splits(first, words.row_splits).merge_dims(1, 2)[:, : length - 2]
-        batch = tf.shape(texts)[0]
-        rows = tf.concat([tf.fill([batch, 1], tokenizer.cls_id), tokens, tf.fill([batch, 1], tokenizer.sep_id)],
-                         axis=1)
-        ids, mask = _pad_rows(tf, rows, length, tokenizer.pad_id)
-        logits = tf_tags(module.params, ids, tf.zeros_like(ids), mask)  # [B, S, K]
-        predicted = tf.argmax(logits, axis=-1, output_type=tf.int32)  # [B, S]
-        at = tf.ragged.boolean_mask(tf.ragged.range(first.row_lengths()) + 1, first)  # first pieces, after [CLS]
-        word_tags = tf.gather(tf.constant(labels), tf.gather(predicted, tf.cast(at, tf.int32), batch_dims=1))
-        words_out = words.to_tensor(default_value="")  # [B, W]
-        tags_out = word_tags.to_tensor(default_value="")  # [B, <= W]: words past S have no tag
-        missing = tf.shape(words_out)[1] - tf.shape(tags_out)[1]
-        tags_out = tf.pad(tags_out, [[0, 0], [0, missing]], constant_values="")
-        return {"words": words_out, "tags": tags_out, "logits": logits}
-
-    return tag
-
-
-def _predict_signatures(tf, module, bert, length: int) -> dict:
-    """predict(texts) and predict_pair(texts, text_pairs): a classifier's label or a regression's score."""
-    tokenizer, kind = bert.tokenizer, bert.task["kind"]
-    labels = list(bert.task.get("labels") or [])
-    net = heads.network(kind, bert.config, len(labels) if kind == "classification" else None)
-    tf_logits = _to_tf(_head(net), *[f"(b, {length})"] * 3)
-
-    def outputs(ids, segments, mask):
-        logits = tf_logits(module.params, ids, segments, mask)
-        if kind == "regression":
-            return {"logits": logits, "score": logits[:, 0]}
-        index = tf.argmax(logits, axis=-1, output_type=tf.int32)
-        return {"logits": logits, "probabilities": tf.nn.softmax(logits, axis=-1), "label_index": index,
-                "label": tf.gather(tf.constant(labels), index)}
-
-    @tf.function(input_signature=[_text_spec(tf)], autograph=False)
-    def predict(texts):
-        return outputs(*_single(tf, tokenizer, texts, length))
-
-    @tf.function(input_signature=[_text_spec(tf), _text_spec(tf)], autograph=False)
-    def predict_pair(texts, text_pairs):
-        return outputs(*_pair(tf, tokenizer, texts, text_pairs, length))
-
-    return {"predict": predict, "predict_pair": predict_pair}
-
-
-def _answer_signature(tf, module, bert, length: int):
-    """answer(questions, contexts): the span QA signature described in the module docstring."""
-    import tensorflow_text as tf_text
-
-    tokenizer, task = bert.tokenizer, bert.task
-    settings = task.get("squad_settings") or {}
-    max_query, max_answer = int(settings.get("max_query_length", 64)), int(settings.get("max_answer_length", 30))
-    threshold = float(task.get("null_threshold") or 0.0) if task.get("squad_version") == "v2.0" else None
-    tf_span = _to_tf(_head(heads.network("span", bert.config)), *[f"(b, {length})"] * 3)
-    words_of = tf_text.WhitespaceTokenizer()
-
-    @tf.function(input_signature=[_text_spec(tf), _text_spec(tf)], autograph=False)
-    def answer(questions, contexts):
-        batch = tf.shape(questions)[0]
-        question = tokenizer.tokenize(questions)[:, :max_query]  # [B, (Q)]
-        words, word_starts, word_ends = words_of.tokenize_with_offsets(contexts)  # [B, (W)], byte offsets
-        pieces = tokenizer.tokenize(words.flat_values)  # [sum W, (P)]
-        word_index = tf.ragged.range(words.row_lengths()).flat_values  # each word's place in its context
-        piece_word = tf.RaggedTensor.from_row_lengths(tf.repeat(word_index, pieces.row_lengths()),
-                                                      pieces.row_lengths())
-        context = tf.RaggedTensor.from_row_splits(pieces, words.row_splits).merge_dims(1, 2)  # [B, (T)]
-        context_word = tf.RaggedTensor.from_row_splits(piece_word, words.row_splits).merge_dims(1, 2)
-        room = length - 3 - question.row_lengths()  # [B]: what the window leaves for the context
-        fits = tf.ragged.range(context.row_lengths()) < room[:, None]
-        context, context_word = tf.ragged.boolean_mask(context, fits), tf.ragged.boolean_mask(context_word, fits)
-        cls, sep = tf.fill([batch, 1], tokenizer.cls_id), tf.fill([batch, 1], tokenizer.sep_id)
-        rows = tf.concat([cls, question, sep, context, sep], axis=1)
-        ids, mask = _pad_rows(tf, rows, length, tokenizer.pad_id)
-        second = tf.concat([tf.zeros_like(cls), tf.zeros_like(question), tf.zeros_like(sep), tf.ones_like(context),
-                            tf.ones_like(sep)], axis=1)
-        segments, _ = _pad_rows(tf, second, length, 0)
-        logits = tf_span(module.params, ids, segments, mask)  # [B, S, 2]
-        start_logits, end_logits = logits[..., 0], logits[..., 1]
-        offset = tf.cast(question.row_lengths() + 2, tf.int32)[:, None]  # [B, 1]: the context's first position
-        first, last, score = _best_span(tf, start_logits, end_logits, offset,
-                                        tf.cast(context.row_lengths(), tf.int32)[:, None], length, max_answer)
-        words_dense = context_word.to_tensor(default_value=0)  # [B, T']
-        first_word = tf.gather(words_dense, tf.maximum(first - offset[:, 0], 0), batch_dims=1)
-        last_word = tf.gather(words_dense, tf.maximum(last - offset[:, 0], 0), batch_dims=1)
-        begin = tf.gather(word_starts.to_tensor(), first_word, batch_dims=1)
-        end = tf.gather(word_ends.to_tensor(), last_word, batch_dims=1)
-        null_score = start_logits[:, 0] + end_logits[:, 0]
-        found = tf.math.is_finite(score)
-        if threshold is not None:
-            found &= null_score - score <= threshold
-        text = tf.strings.substr(contexts, begin, end - begin)
-        return {"answer": tf.where(found, text, ""), "start": tf.where(found, tf.cast(begin, tf.int32), -1),
-                "end": tf.where(found, tf.cast(end, tf.int32), -1), "score": score, "null_score": null_score}
-
-    return answer
-
-
-def _best_span(tf, start_logits, end_logits, offset, context_length, length: int, max_answer: int):
-    """The best span inside the context, at most max_answer long: its first and last positions [B] and its
-    score [B] (start + end logit; -inf where none fits). Logits [B, S]; offset, context_length [B, 1]."""
-    position = tf.range(length)[None, :]
-    in_context = (position >= offset) & (position < offset + context_length)
-    scores = start_logits[:, :, None] + end_logits[:, None, :]  # [B, S, S]: rows start, columns end
-    span = position[0][None, :] - position[0][:, None]  # end - start
-    valid = (in_context[:, :, None] & in_context[:, None, :] & (span >= 0)[None] & (span < max_answer)[None])
-    flat = tf.reshape(tf.where(valid, scores, -np.inf), [-1, length * length])
-    best = tf.argmax(flat, axis=-1, output_type=tf.int32)
-    return best // length, best % length, tf.reduce_max(flat, axis=-1)

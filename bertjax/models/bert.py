@@ -3,7 +3,7 @@
 Faithful to Devlin et al. 2018 and the original TensorFlow release: summed token + segment + learned
 position embeddings with LayerNorm (eps 1e-12), post-LN Transformer blocks with exact (erf) GELU, a tanh
 pooler on [CLS], and a masked-LM head whose decoder is the transposed word-embedding matrix plus a bias,
-evaluated only at the gathered masked positions.
+evaluated only at the gathered masked positions. The blocks it is built of are in models/layers.py.
 
 Every parameter carries logical axis names and the key activations carry logical constraints; the
 config's one rules table (configs/common.py) maps them onto the mesh axes (data, fsdp, tensor).
@@ -21,7 +21,8 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jax.ad_checkpoint import checkpoint_name
+
+from bertjax.models import layers
 
 # (layers, hidden) of the published BERT sizes; heads = hidden / 64, feed-forward = 4 * hidden.
 # tiny, mini, small, medium: Turc et al. 2019, "Well-Read Students Learn Better" (Table 6 grid).
@@ -66,6 +67,10 @@ REMAT_POLICIES = {
 }
 
 ATTENTION_IMPLS = ("xla", "cudnn")
+POSITION_EMBEDDINGS = ("learned", "rotary", "none")
+ACTIVATIONS = ("gelu", "gelu_tanh", "geglu")
+NORM_PLACEMENTS = ("post", "pre")
+NORMS = ("layernorm", "rmsnorm")
 WORD_EMBEDDINGS = ("gather", "one_hot")
 
 # What "auto" means per platform (jax.default_backend()), for the fields that are a matter of speed
@@ -133,6 +138,19 @@ class BertConfig:
     remat_policy: str = "none"  # a key of REMAT_POLICIES
     scan_layers: bool = False  # nn.scan over the blocks: one compiled block, params stacked on "layers"
     pre_layer_norm: bool = False  # LayerNorm before each sub-layer plus a final one (not original BERT)
+    # Family options (RoBERTa, ALBERT, ModernBERT); the defaults are BERT. docs/design.md lists them.
+    position_embedding: str = "learned"  # "learned" (a table) | "rotary" (RoPE on q, k) | "none"
+    position_offset: int = 0  # first row of the position table (RoBERTa: padding_idx + 1 = 2)
+    activation: str = "gelu"  # "gelu" (erf) | "gelu_tanh" (ALBERT's gelu_new) | "geglu" (input dense -> 2F)
+    norm_placement: str = "post"  # "post" | "pre": embedding norm, none before layer 0's attention, final norm
+    use_bias: bool = True  # biases of the linear layers and the norms (ModernBERT: none)
+    norm: str = "layernorm"  # "layernorm" | "rmsnorm"
+    rotary_theta: float = 10000.0  # RoPE base of the local (or all) layers
+    global_rotary_theta: float = 10000.0  # RoPE base of the global layers (ModernBERT: 160,000)
+    local_attention_window: int = 0  # sliding window in total (128: +-64) on the local layers; 0: none
+    global_attention_every: int = 1  # layer i attends globally when i % n == 0 (ModernBERT: 3)
+    embedding_size: int = 0  # ALBERT's factorised embedding width E, projected to H once; 0: hidden_size
+    num_hidden_groups: int = 0  # ALBERT's groups of layers sharing parameters; 0: one per layer (BERT)
 
     def __post_init__(self):
         autos = [f.name for f in dataclasses.fields(self) if getattr(self, f.name) == "auto"]
@@ -156,6 +174,46 @@ class BertConfig:
             raise ValueError(f"model.remat_policy={self.remat_policy!r}: choose one of {sorted(REMAT_POLICIES)}")
         for name in ("dtype", "param_dtype"):
             jnp.dtype(getattr(self, name))  # raises on an unknown dtype name
+        self._check_family_options()
+
+    def _check_family_options(self):
+        """One line naming the keys, for a choice that is unknown or that another choice rules out."""
+        choices = dict(position_embedding=POSITION_EMBEDDINGS, activation=ACTIVATIONS,
+                       norm_placement=NORM_PLACEMENTS, norm=NORMS)
+        for name, allowed in choices.items():
+            if getattr(self, name) not in allowed:
+                raise ValueError(f"model.{name}={getattr(self, name)!r}: choose one of {allowed}")
+        problems = []
+        if self.position_embedding == "rotary" and self.head_dim % 2:
+            problems.append(f"model.position_embedding='rotary' needs an even head size, and model.hidden_size/"
+                            f"model.num_heads={self.head_dim}")
+        if self.position_offset and self.position_embedding != "learned":
+            problems.append("model.position_offset is set but model.position_embedding is not 'learned'")
+        if self.position_offset < 0 or self.type_vocab_size < 0 or self.embedding_size < 0:
+            problems.append("model.position_offset, model.type_vocab_size and model.embedding_size must be >= 0")
+        if self.pre_layer_norm and self.norm_placement != "post":
+            problems.append("model.pre_layer_norm=True and model.norm_placement='pre' are two pre-norm layouts: "
+                            "set one")
+        if self.local_attention_window < 0 or self.local_attention_window % 2:
+            problems.append(f"model.local_attention_window={self.local_attention_window} must be an even width >= 0")
+        if self.global_attention_every < 1:
+            problems.append(f"model.global_attention_every={self.global_attention_every} must be >= 1")
+        groups = self.num_hidden_groups
+        if groups < 0 or (groups and self.num_layers % groups):
+            problems.append(f"model.num_hidden_groups={groups} must divide model.num_layers={self.num_layers}")
+        if self.num_groups != self.num_layers and (self.local_attention_window or self.norm_placement == "pre"):
+            problems.append("model.num_hidden_groups (shared layers) cannot be combined with "
+                            "model.local_attention_window or model.norm_placement='pre' (layers that differ)")
+        if self.scan_layers and self.num_groups != self.num_layers:
+            problems.append("model.scan_layers=True cannot share layers (model.num_hidden_groups): set scan_layers=False")
+        if self.scan_layers and self.norm_placement == "pre":
+            problems.append("model.scan_layers=True cannot scan norm_placement='pre' (layer 0 has no attention "
+                            "norm): set scan_layers=False")
+        if self.scan_layers and self.local_attention_window and self.global_attention_every > 1:
+            problems.append("model.scan_layers=True cannot scan alternating local/global attention "
+                            "(model.global_attention_every > 1): set scan_layers=False")
+        if problems:
+            raise ValueError("; ".join(problems))
 
     @classmethod
     def from_size(cls, size: str, **overrides: Any) -> "BertConfig":
@@ -180,279 +238,18 @@ class BertConfig:
     def head_dim(self) -> int:
         return self.hidden_size // self.num_heads
 
+    @property
+    def embedding_width(self) -> int:
+        """E: the width of the embedding tables (and of the MLM head's decoder input)."""
+        return self.embedding_size or self.hidden_size
 
-def bert_init(stddev: float):
-    """BERT's initializer: normal(0, stddev) cut at two standard deviations (tf.truncated_normal).
+    @property
+    def num_groups(self) -> int:
+        """Distinct parameter sets in the stack: num_layers unless ALBERT shares them."""
+        return self.num_hidden_groups or self.num_layers
 
-    jax.nn.initializers.truncated_normal rescales so that the *truncated* distribution has `stddev`;
-    the original does not, so we draw the unit truncated normal and scale it ourselves.
-    """
-
-    def init(key, shape, dtype=jnp.float32):
-        return stddev * jax.random.truncated_normal(key, -2.0, 2.0, shape, dtype)
-
-    return init
-
-
-def _kernel(cfg: BertConfig, names):
-    return nn.with_logical_partitioning(bert_init(cfg.initializer_range), names)
-
-
-def _zeros(names):
-    return nn.with_logical_partitioning(nn.initializers.zeros_init(), names)
-
-
-def _layer_norm(cfg: BertConfig, name: str) -> nn.LayerNorm:
-    return nn.LayerNorm(
-        epsilon=cfg.layer_norm_eps,
-        dtype=cfg.dtype,
-        param_dtype=cfg.param_dtype,
-        # The exact two-pass variance, as BERT computes it; E[x^2]-E[x]^2 loses digits.
-        use_fast_variance=False,
-        scale_init=nn.with_logical_partitioning(nn.initializers.ones_init(), ("embed",)),
-        bias_init=_zeros(("embed",)),
-        name=name,
-    )
-
-
-def _dense(cfg: BertConfig, features: int, names, name: str) -> nn.Dense:
-    return nn.Dense(
-        features,
-        dtype=cfg.dtype,
-        param_dtype=cfg.param_dtype,
-        kernel_init=_kernel(cfg, names),
-        bias_init=_zeros(names[-1:]),
-        name=name,
-    )
-
-
-# Dropout draws one 16-bit uniform per element, two from each 32-bit threefry word: half the random-bit
-# work of nn.Dropout's 32-bit draws (docs/performance.md), with the rate
-# resolved to 1/65536 (0.1 -> 0.100006). The bits of an element depend only on the key and its index,
-# so masks do not change with the mesh (jax's partitionable threefry).
-DROPOUT_BITS = 16
-
-
-def dropout_keep_mask(rng, shape: tuple, rate: float):
-    """Bool mask of `shape`, True with probability 1 - rate (to 1/65536), from half as many 32-bit words."""
-    threshold = np.uint32(round(rate * 2**DROPOUT_BITS))
-    if shape[-1] % 2:
-        words = jax.random.bits(rng, shape, jnp.uint32)
-        return (words >> DROPOUT_BITS) >= threshold
-    words = jax.random.bits(rng, (*shape[:-1], shape[-1] // 2), jnp.uint32)
-    low, high = words & np.uint32(2**DROPOUT_BITS - 1), words >> DROPOUT_BITS
-    return jnp.concatenate([low, high], axis=-1) >= threshold
-
-
-class Dropout(nn.Module):
-    """Inverted dropout (kept values scaled by 1 / (1 - rate)), as nn.Dropout, with 16-bit draws."""
-
-    rate: float
-
-    @nn.compact
-    def __call__(self, x, deterministic: bool):
-        if deterministic or self.rate == 0.0:
-            return x
-        if self.rate >= 1.0:
-            return jnp.zeros_like(x)
-        keep = dropout_keep_mask(self.make_rng("dropout"), x.shape, self.rate)
-        return jnp.where(keep, x / (1.0 - self.rate), 0).astype(x.dtype)
-
-
-class Embeddings(nn.Module):
-    """Token + segment + learned position embeddings, summed, LayerNorm, dropout.
-
-    Only the word embedding is looked up by index. The position rows are a slice of their table and the
-    segment rows a select between the table's rows: the gradient of a gather is a scatter-add, and with
-    every sequence of the batch reading the same position and segment rows those updates collide on a
-    handful of rows (slow on GPUs). The word embedding is a gather, or with word_embedding="one_hot" a
-    one-hot matmul whose gradient is a matmul too.
-    """
-
-    config: BertConfig
-
-    def setup(self):
-        cfg = self.config
-        embed = lambda n, names: nn.Embed(  # noqa: E731
-            n,
-            cfg.hidden_size,
-            dtype=cfg.dtype,
-            param_dtype=cfg.param_dtype,
-            embedding_init=_kernel(cfg, names),
-        )
-        self.word_embeddings = embed(cfg.vocab_size, ("vocab", "embed"))
-        self.position_embeddings = embed(cfg.max_position_embeddings, (None, "embed"))
-        self.token_type_embeddings = embed(cfg.type_vocab_size, (None, "embed"))
-        self.layer_norm = _layer_norm(cfg, "layer_norm")
-        self.dropout = Dropout(cfg.hidden_dropout_rate)
-
-    def __call__(self, input_ids, segment_ids, deterministic: bool):
-        # input_ids, segment_ids: [B, S] int
-        cfg = self.config
-        seq_len = input_ids.shape[1]
-        if seq_len > cfg.max_position_embeddings:
-            raise ValueError(
-                f"sequence length {seq_len} exceeds model.max_position_embeddings="
-                f"{cfg.max_position_embeddings}: shorten data.max_seq_length"
-            )
-        words = self.word_embeddings.embedding.astype(cfg.dtype)  # [V, H]
-        if cfg.word_embedding == "one_hot":
-            one_hot = jax.nn.one_hot(input_ids, cfg.vocab_size, dtype=cfg.dtype)  # [B, S, V]
-            # HIGHEST keeps float32 exact (one product per output); 16-bit products are exact anyway.
-            x = jnp.einsum("bsv,vh->bsh", one_hot, words, precision=jax.lax.Precision.HIGHEST)
-        else:
-            x = jnp.take(words, input_ids, axis=0)  # [B, S, H]
-        x = x + self.position_embeddings.embedding[:seq_len].astype(cfg.dtype)  # [S, H] broadcast over B
-        types = self.token_type_embeddings.embedding.astype(cfg.dtype)  # [T, H]
-        segment_rows = types[0]
-        for t in range(1, cfg.type_vocab_size):
-            segment_rows = jnp.where(segment_ids[..., None] == t, types[t], segment_rows)  # [B, S, H]
-        x = x + segment_rows
-        x = self.layer_norm(x)
-        x = self.dropout(x, deterministic=deterministic)
-        return nn.with_logical_constraint(x, ("batch", "length", "hidden"))
-
-    def word_embedding_table(self):
-        return self.word_embeddings.embedding  # [V, H]
-
-
-class HeadProjection(nn.Module):
-    """A dense layer whose kernel keeps the head axes apart: [H, N, D] for q/k/v, [N, D, H] for the output.
-
-    Written as an einsum rather than nn.DenseGeneral, which initialises a flattened 2-D kernel and so
-    cannot carry the 3-axis logical names through a sharded init.
-    """
-
-    config: BertConfig
-    kernel_shape: tuple
-    kernel_names: tuple
-    bias_rank: int  # the bias covers the last bias_rank axes of the kernel (the output features)
-    equation: str
-
-    @nn.compact
-    def __call__(self, x):
-        cfg = self.config
-        kernel = self.param("kernel", _kernel(cfg, self.kernel_names), self.kernel_shape, cfg.param_dtype)
-        bias = self.param(
-            "bias", _zeros(self.kernel_names[-self.bias_rank:]), self.kernel_shape[-self.bias_rank:], cfg.param_dtype
-        )
-        x, kernel, bias = nn.dtypes.promote_dtype(x, kernel, bias, dtype=cfg.dtype)
-        return jnp.einsum(self.equation, x, kernel) + bias
-
-
-def fused_attention(q, k, v, *, mask, kv_lengths, implementation: str):
-    """softmax(q k^T / sqrt(D)) v over the real keys, by jax.nn.dot_product_attention.
-
-    q: [B, Q, N, D]; k, v: [B, S, N, D]; mask: [B, 1, 1, S] bool, True at real keys; kv_lengths: None or
-    [B] int32, the number of real keys of each row when padding is on the right. Given, the padding goes
-    to the kernel as lengths (the form cuDNN's flash attention takes, which then skips padded blocks),
-    else as the mask. The two forms are the same function for right-padded rows.
-    """
-    if kv_lengths is not None:
-        return jax.nn.dot_product_attention(q, k, v, key_value_seq_lengths=kv_lengths, implementation=implementation)
-    return jax.nn.dot_product_attention(q, k, v, mask=mask, implementation=implementation)
-
-
-class SelfAttention(nn.Module):
-    """Multi-head self-attention with a padding mask and an output projection."""
-
-    config: BertConfig
-    deterministic: bool
-
-    @nn.compact
-    def __call__(self, x, padding, queries=None):
-        # x: [B, S, H]; padding: (mask [B, 1, 1, S] bool, True at keys that may be attended to; lengths [B]
-        # int32, real tokens per row, which are right-padded). queries: [B, Q, H] rows to compute
-        # outputs for (default x itself, Q = S); keys and values always come from every position of x.
-        cfg = self.config
-        mask, lengths = padding
-        queries = x if queries is None else queries
-
-        def project(name, source):
-            return HeadProjection(
-                cfg, (cfg.hidden_size, cfg.num_heads, cfg.head_dim), ("embed", "heads", "kv"), 2,
-                "bsh,hnd->bsnd", name=name,
-            )(source)
-
-        q = project("query", queries)  # [B, Q, N, D]
-        k, v = project("key", x), project("value", x)  # each [B, S, N, D]
-        q = checkpoint_name(nn.with_logical_constraint(q, ("batch", "length", "heads", "kv")), "qkv")
-        k = checkpoint_name(nn.with_logical_constraint(k, ("batch", "length", "heads", "kv")), "qkv")
-        v = checkpoint_name(nn.with_logical_constraint(v, ("batch", "length", "heads", "kv")), "qkv")
-
-        if self.deterministic or cfg.attention_dropout_rate == 0.0:
-            kv_lengths = lengths if cfg.attention_impl == "cudnn" else None
-            context = fused_attention(q, k, v, mask=mask, kv_lengths=kv_lengths, implementation=cfg.attention_impl)
-        else:
-            # jax.nn.dot_product_attention has no dropout on the attention probabilities, which BERT
-            # trains with (rate 0.1); this is the same computation with the dropout in the middle.
-            logits = jnp.einsum("bqnd,bknd->bnqk", q, k, preferred_element_type=jnp.float32)  # [B, N, Q, S]
-            logits = logits / np.sqrt(cfg.head_dim).astype(np.float32)
-            logits = jnp.where(mask, logits, jnp.finfo(jnp.float32).min)
-            probs = jax.nn.softmax(logits, axis=-1).astype(cfg.dtype)
-            probs = Dropout(cfg.attention_dropout_rate)(probs, deterministic=False)
-            context = jnp.einsum("bnqk,bknd->bqnd", probs, v)  # [B, Q, N, D]
-        context = checkpoint_name(nn.with_logical_constraint(context, ("batch", "length", "heads", "kv")), "context")
-
-        out = HeadProjection(
-            cfg, (cfg.num_heads, cfg.head_dim, cfg.hidden_size), ("heads", "kv", "embed"), 1,
-            "bsnd,ndh->bsh", name="output",
-        )(context)  # [B, Q, H]
-        return checkpoint_name(nn.with_logical_constraint(out, ("batch", "length", "hidden")), "attention_out")
-
-
-class FeedForward(nn.Module):
-    """Dense H->F, exact GELU, dense F->H."""
-
-    config: BertConfig
-
-    @nn.compact
-    def __call__(self, x):
-        cfg = self.config
-        h = _dense(cfg, cfg.intermediate_size, ("embed", "mlp"), "intermediate")(x)  # [B, S, F]
-        h = checkpoint_name(h, "mlp_in")
-        # BERT's GELU is the exact erf form, not the tanh approximation.
-        h = nn.gelu(h, approximate=False)
-        h = nn.with_logical_constraint(h, ("batch", "length", "mlp"))
-        h = _dense(cfg, cfg.hidden_size, ("mlp", "embed"), "output")(h)  # [B, S, H]
-        return checkpoint_name(nn.with_logical_constraint(h, ("batch", "length", "hidden")), "mlp_out")
-
-
-class TransformerBlock(nn.Module):
-    """One encoder block. Post-LN as in BERT: x = LN(x + Dropout(SubLayer(x))).
-
-    With `rows` ([B, Q] positions) the block computes its output only at those positions: attention
-    still reads keys and values at every position, and everything after it (residual, LayerNorms,
-    feed-forward) is per position. Exactly the rows of the full block's output, for 2 of its 12 H^2
-    per token at the other positions (only the key and value projections).
-
-    Returns (x, x or None) so that nn.scan can stack the per-layer outputs when they are wanted.
-    """
-
-    config: BertConfig
-    deterministic: bool
-    output_hidden_states: bool = False
-
-    @nn.compact
-    def __call__(self, x, padding, rows=None):
-        # x: [B, S, H]; padding: (mask, lengths) as SelfAttention takes it; rows: None or [B, Q] int.
-        # Returns [B, S, H], or [B, Q, H] with rows.
-        cfg = self.config
-        at_rows = (lambda y: y) if rows is None else (lambda y: jnp.take_along_axis(y, rows[..., None], axis=1))
-        attention = SelfAttention(cfg, self.deterministic, name="attention")
-        feed_forward = FeedForward(cfg, name="mlp")
-        attention_norm = _layer_norm(cfg, "attention_layer_norm")
-        mlp_norm = _layer_norm(cfg, "mlp_layer_norm")
-        dropout = Dropout(cfg.hidden_dropout_rate)
-        if cfg.pre_layer_norm:
-            normed = attention_norm(x)
-            x = at_rows(x) + dropout(attention(normed, padding, at_rows(normed)), deterministic=self.deterministic)
-            x = x + dropout(feed_forward(mlp_norm(x)), deterministic=self.deterministic)
-        else:
-            x = attention_norm(at_rows(x) + dropout(attention(x, padding, at_rows(x)), deterministic=self.deterministic))
-            x = mlp_norm(x + dropout(feed_forward(x), deterministic=self.deterministic))
-        x = checkpoint_name(nn.with_logical_constraint(x, ("batch", "length", "hidden")), "block_out")
-        return x, (x if self.output_hidden_states else None)
+    def is_local(self, layer: int) -> bool:
+        return bool(self.local_attention_window) and layer % self.global_attention_every != 0
 
 
 class Encoder(nn.Module):
@@ -467,7 +264,7 @@ class Encoder(nn.Module):
     @nn.compact
     def __call__(self, x, padding, deterministic: bool, output_hidden_states: bool = False, rows=None):
         cfg = self.config
-        block = TransformerBlock
+        block = layers.TransformerBlock
         if cfg.remat_policy != "none":
             # Under scan, CSE across iterations cannot happen, so prevent_cse (which costs speed) is off.
             block = nn.remat(block, policy=REMAT_POLICIES[cfg.remat_policy], prevent_cse=not cfg.scan_layers)
@@ -485,13 +282,17 @@ class Encoder(nn.Module):
             if rows is not None:
                 x = jnp.take_along_axis(x, rows[..., None], axis=1)  # [B, Q, H]
         else:
+            # ALBERT: layer i runs group i // (L / G)'s parameters; otherwise one group per layer.
+            per_group = cfg.num_layers // cfg.num_groups
+            blocks = [block(cfg, deterministic, output_hidden_states, cfg.is_local(g * per_group), g == 0,
+                            name=f"layers_{g}") for g in range(cfg.num_groups)]
             layer_outputs = []
             for i in range(cfg.num_layers):
                 last_rows = rows if i == cfg.num_layers - 1 else None
-                x, out = block(cfg, deterministic, output_hidden_states, name=f"layers_{i}")(x, padding, last_rows)
+                x, out = blocks[i // per_group](x, padding, last_rows)
                 layer_outputs.append(out)
-        if cfg.pre_layer_norm:
-            x = _layer_norm(cfg, "final_layer_norm")(x)
+        if cfg.pre_layer_norm or cfg.norm_placement == "pre":
+            x = layers.layer_norm(cfg, "final_layer_norm")(x)
         return x, layer_outputs
 
 
@@ -502,9 +303,9 @@ class BertModel(nn.Module):
 
     def setup(self):
         cfg = self.config
-        self.embeddings = Embeddings(cfg)
+        self.embeddings = layers.Embeddings(cfg)
         self.encoder = Encoder(cfg)
-        self.pooler = _dense(cfg, cfg.hidden_size, ("embed", None), "pooler")
+        self.pooler = layers.dense(cfg, cfg.hidden_size, ("embed", None), "pooler")
 
     def __call__(self, input_ids, segment_ids, input_mask, deterministic: bool = True,
                  output_hidden_states: bool = False, output_rows=None):
@@ -533,22 +334,23 @@ class BertModel(nn.Module):
 
 
 class MaskedLMHead(nn.Module):
-    """Dense H->H, GELU, LayerNorm, then the tied word-embedding decoder plus a per-token bias."""
+    """Dense H->E (E = H but for ALBERT), GELU, LayerNorm, then the tied word-embedding decoder plus a
+    per-token bias (kept without use_bias too: ModernBERT's decoder has one)."""
 
     config: BertConfig
 
     @nn.compact
     def __call__(self, x, word_embeddings):
-        # x: [B, P, H] hidden states at the masked positions; word_embeddings: [V, H]
+        # x: [B, P, H] hidden states at the masked positions; word_embeddings: [V, E]
         cfg = self.config
-        x = _dense(cfg, cfg.hidden_size, ("embed", None), "transform")(x)
-        x = nn.gelu(x, approximate=False)
-        x = _layer_norm(cfg, "layer_norm")(x)
+        x = layers.dense(cfg, cfg.embedding_width, ("embed", None), "transform")(x)  # [B, P, E]
+        x = layers.activation(cfg.activation)(x)
+        x = layers.layer_norm(cfg, "layer_norm")(x)
         # Accumulate in float32: the softmax over V = 30k entries is where bf16 loses most.
         logits = jnp.einsum(
             "bph,vh->bpv", x, word_embeddings.astype(cfg.dtype), preferred_element_type=jnp.float32
         )  # [B, P, V]
-        bias = self.param("output_bias", _zeros(("vocab",)), (cfg.vocab_size,), cfg.param_dtype)
+        bias = self.param("output_bias", layers.zeros_init(("vocab",)), (cfg.vocab_size,), cfg.param_dtype)
         logits = logits + bias.astype(jnp.float32)
         return nn.with_logical_constraint(logits, ("batch", None, "vocab"))
 
@@ -562,7 +364,7 @@ class BertForPreTraining(nn.Module):
         cfg = self.config
         self.bert = BertModel(cfg)
         self.mlm_head = MaskedLMHead(cfg)
-        self.nsp_head = _dense(cfg, 2, ("embed", None), "nsp_head")
+        self.nsp_head = layers.dense(cfg, 2, ("embed", None), "nsp_head")
 
     def __call__(self, input_ids, segment_ids, input_mask, masked_lm_positions, deterministic: bool = True,
                  heads_only: bool = False):
@@ -583,13 +385,18 @@ class BertForPreTraining(nn.Module):
         return outputs
 
 
-def pretraining_loss(mlm_logits, nsp_logits, masked_lm_ids, masked_lm_weights, next_sentence_labels):
+def pretraining_loss(mlm_logits, nsp_logits, masked_lm_ids, masked_lm_weights, next_sentence_labels,
+                     objective: str = "nsp"):
     """BERT's loss: weighted masked-LM NLL over the real predictions plus mean NSP cross-entropy.
 
     mlm_logits: [B, P, V]; nsp_logits: [B, 2]; masked_lm_ids: [B, P] int; masked_lm_weights: [B, P] float
     (1 for a real prediction, 0 for padding); next_sentence_labels: [B] int (0 IsNext, 1 NotNext).
+    objective: "nsp"; "sop" (ALBERT: the same 2-way head on 0 in order / 1 swapped, metrics sop_*);
+    "none" (RoBERTa, ModernBERT: masked LM only, no sentence metrics; nsp_logits may be None).
     Returns (loss, metrics) with metrics holding sums and counts so that they add across microbatches.
     """
+    if objective not in ("nsp", "sop", "none"):
+        raise ValueError(f"data.objective={objective!r}: choose nsp, sop or none")
     weights = masked_lm_weights.astype(jnp.float32)
     logits = mlm_logits.astype(jnp.float32)
     # NLL = logsumexp(logits) - logit[label], the label's logit picked by a one-hot select rather than
@@ -600,17 +407,19 @@ def pretraining_loss(mlm_logits, nsp_logits, masked_lm_ids, masked_lm_weights, n
     mlm_nll = jax.nn.logsumexp(logits, axis=-1) - label_logit  # [B, P]
     # The 1e-5 keeps a batch without predictions finite, as in the original.
     mlm_loss = jnp.sum(weights * mlm_nll) / (jnp.sum(weights) + 1e-5)
+    metrics = {
+        "mlm_loss": mlm_loss,
+        "mlm_correct": jnp.sum(weights * (jnp.argmax(mlm_logits, -1) == masked_lm_ids)),
+        "mlm_count": jnp.sum(weights),
+    }
+    if objective == "none":  # the label of a FULL-SENTENCES row means nothing
+        return mlm_loss, metrics
     nsp_logp = jax.nn.log_softmax(nsp_logits.astype(jnp.float32), axis=-1)
     nsp_nll = -jnp.take_along_axis(nsp_logp, next_sentence_labels[:, None], axis=-1)[:, 0]  # [B]
     nsp_loss = jnp.mean(nsp_nll)
-    metrics = {
-        "mlm_loss": mlm_loss,
-        "nsp_loss": nsp_loss,
-        "mlm_correct": jnp.sum(weights * (jnp.argmax(mlm_logits, -1) == masked_lm_ids)),
-        "mlm_count": jnp.sum(weights),
-        "nsp_correct": jnp.sum((jnp.argmax(nsp_logits, -1) == next_sentence_labels).astype(jnp.float32)),
-        "nsp_count": jnp.asarray(next_sentence_labels.shape[0], jnp.float32),
-    }
+    metrics[f"{objective}_loss"] = nsp_loss
+    metrics[f"{objective}_correct"] = jnp.sum((jnp.argmax(nsp_logits, -1) == next_sentence_labels).astype(jnp.float32))
+    metrics[f"{objective}_count"] = jnp.asarray(next_sentence_labels.shape[0], jnp.float32)
     return mlm_loss + nsp_loss, metrics
 
 

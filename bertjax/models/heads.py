@@ -9,8 +9,8 @@ head as it is (`with_pretrained_encoder`). As in Devlin et al. 2018 and Hugging 
   tagging                       dropout on every token's output, dense H->K (NER and other tag sets)
 The dropout is BERT's hidden dropout (Hugging Face's classifier_dropout falls back to it).
 
-`HEADS` is the one table of task kinds: per kind the network, the loss and how logits become
-predictions; a new kind is one row.
+`HEADS` is the model side of the task kinds: per kind the network, the loss and how logits become
+predictions; everything else about a kind is its module in bertjax/tasks/kinds/.
 
 Shape legend (as in bertjax/models/bert.py):
   B batch   C choices   S sequence length   H hidden size   K labels (classes, tags; 2 for span)
@@ -25,6 +25,7 @@ import jax.numpy as jnp
 
 from bertjax.models import bert as bert_model
 from bertjax.models.bert import BertConfig
+from bertjax.models.layers import Dropout, dense
 
 # --------------------------------------------------------------------------------------------------
 # Networks
@@ -33,7 +34,7 @@ from bertjax.models.bert import BertConfig
 
 def _classifier(cfg: BertConfig, num_labels: int) -> nn.Dense:
     # ("embed", None) like the NSP head: K is a handful of labels, not worth sharding.
-    return bert_model._dense(cfg, num_labels, ("embed", None), "classifier")
+    return dense(cfg, num_labels, ("embed", None), "classifier")
 
 
 def _pooled_output(cfg: BertConfig, input_ids, segment_ids, input_mask, deterministic: bool):
@@ -56,7 +57,7 @@ class BertForSequenceClassification(nn.Module):
         # input_ids, segment_ids, input_mask: [B, S] int. Returns float32 logits [B, K].
         cfg = self.config
         pooled = _pooled_output(cfg, input_ids, segment_ids, input_mask, deterministic)  # [B, H]
-        pooled = bert_model.Dropout(cfg.hidden_dropout_rate)(pooled, deterministic)
+        pooled = Dropout(cfg.hidden_dropout_rate)(pooled, deterministic)
         logits = _classifier(cfg, self.num_labels)(pooled).astype(jnp.float32)  # [B, K]
         return nn.with_logical_constraint(logits, ("batch", None))
 
@@ -74,7 +75,7 @@ class BertForMultipleChoice(nn.Module):
         batch, choices, seq_len = input_ids.shape
         flat = lambda x: x.reshape(batch * choices, seq_len)  # noqa: E731  [B*C, S]: one row per pair
         pooled = _pooled_output(cfg, flat(input_ids), flat(segment_ids), flat(input_mask), deterministic)
-        pooled = bert_model.Dropout(cfg.hidden_dropout_rate)(pooled, deterministic)  # [B*C, H]
+        pooled = Dropout(cfg.hidden_dropout_rate)(pooled, deterministic)  # [B*C, H]
         scores = _classifier(cfg, 1)(pooled).astype(jnp.float32)  # [B*C, 1]
         return nn.with_logical_constraint(scores.reshape(batch, choices), ("batch", None))
 
@@ -106,7 +107,7 @@ class BertForTokenClassification(nn.Module):
         # input_ids, segment_ids, input_mask: [B, S] int. Returns float32 logits [B, S, K].
         cfg = self.config
         encoded = bert_model.BertModel(cfg, name="bert")(input_ids, segment_ids, input_mask, deterministic)
-        x = bert_model.Dropout(cfg.hidden_dropout_rate)(encoded["sequence_output"], deterministic)  # [B, S, H]
+        x = Dropout(cfg.hidden_dropout_rate)(encoded["sequence_output"], deterministic)  # [B, S, H]
         logits = _classifier(cfg, self.num_labels)(x).astype(jnp.float32)  # [B, S, K]
         return nn.with_logical_constraint(logits, ("batch", "length", None))
 
@@ -136,7 +137,7 @@ class BertFeatureTagger(nn.Module):
             forward = nn.RNN(nn.OptimizedLSTMCell(self.lstm_size, name=f"lstm_{n}_forward"))
             backward = nn.RNN(nn.OptimizedLSTMCell(self.lstm_size, name=f"lstm_{n}_backward"))
             x = nn.Bidirectional(forward, backward)(x, seq_lengths=lengths)  # [B, S, 2 * lstm_size]
-            x = bert_model.Dropout(cfg.hidden_dropout_rate)(x, deterministic)
+            x = Dropout(cfg.hidden_dropout_rate)(x, deterministic)
         logits = nn.Dense(self.num_labels, name="classifier")(x)  # [B, S, K]
         return nn.with_logical_constraint(logits.astype(jnp.float32), ("batch", "length", None))
 

@@ -21,22 +21,9 @@ from bertjax.tasks.examples import ChoiceExample, Example
 
 def read_split(task: registry.Task, split: str, *, path: str | None = None, data_dir: str | None = None,
                labeled: bool = True) -> list:
-    """One split's examples: from the file `path` when given (JSON lines; SQuAD-format JSON for span
-    tasks; CoNLL columns for tagging), else from the task's TFDS split."""
-    if task.kind == registry.SPAN:
-        from bertjax.tasks import squad
-
-        if path:
-            return squad.read_squad_json(path, task.squad_version, labeled=labeled)
-        _check_tfds_split(task, split)
-        return squad.read_tfds_squad(task.squad_version, split, data_dir=data_dir)
-    if task.kind == registry.TAGGING:
-        from bertjax.tasks import tagging
-
-        if path:
-            return tagging.read_conll(path, task.labels, labeled=labeled)
-        _check_tfds_split(task, split)
-        return tagging.read_tfds_conll(split, data_dir=data_dir)
+    """One split's examples of a classification, regression or multiple-choice task: from the JSON-lines
+    file `path` when given, else from the task's TFDS split. (Each kind reads through its Kind.read,
+    bertjax/tasks/kinds/; span QA and tagging have their own formats.)"""
     if path:
         return read_jsonl(path, task, labeled=labeled)
     if task.tfds_name is None:
@@ -62,7 +49,7 @@ def _tfds_label(task: registry.Task, value):
     return None if value < 0 else value
 
 
-def _check_tfds_split(task: registry.Task, split: str) -> None:
+def check_tfds_split(task: registry.Task, split: str) -> None:
     if task.tfds_name is None:
         raise ValueError(f"task {task.name} reads the user's files: set data.{split} to a file")
     known = tuple(s for s in (task.train_split, *task.eval_splits, *task.test_splits) if s)
@@ -74,7 +61,7 @@ def read_tfds(task: registry.Task, split: str, data_dir: str | None = None) -> l
     """The examples of a TFDS split, in the dataset's `idx` order where it has one (GLUE)."""
     import tensorflow_datasets as tfds  # imported here: JSON-lines users need not pay for it
 
-    _check_tfds_split(task, split)
+    check_tfds_split(task, split)
     ds = tfds.load(task.tfds_name, split=split, data_dir=data_dir, shuffle_files=False)
     rows = list(tfds.as_numpy(ds))
     if not rows:

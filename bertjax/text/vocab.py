@@ -107,14 +107,21 @@ def learn_wordpiece(
     vocab = list(dict.fromkeys(reserved))
     if vocab_size <= len(vocab):
         raise ValueError(f"vocab_size {vocab_size} leaves no room beyond the {len(vocab)} reserved tokens")
+    kept = _kept_characters(word_counts, vocab_size, len(vocab), always_split)
+    vocab += kept + ["##" + c for c in kept if c not in always_split]
+    return _merge_pieces(word_counts, kept, vocab, vocab_size, min_frequency)
 
-    # Characters, most frequent first; if even they do not all fit, the rarest are left out (their
-    # words become [UNK]), which only happens for tiny vocabularies or huge alphabets.
+
+def _kept_characters(word_counts: Mapping[str, int], vocab_size: int, reserved: int,
+                     always_split: set[str]) -> list[str]:
+    """Characters, most frequent first; if even they do not all fit beside the reserved tokens (a "##"
+    form costs one more), the rarest are left out (their words become [UNK]), which only happens for
+    tiny vocabularies or huge alphabets."""
     char_counts = collections.Counter()
     for word, n in word_counts.items():
         for c in word:
             char_counts[c] += n
-    kept, room = [], vocab_size - len(vocab)
+    kept, room = [], vocab_size - reserved
     for c in sorted(char_counts, key=lambda c: (-char_counts[c], c)):
         cost = 1 if c in always_split else 2
         if cost > room:
@@ -124,22 +131,14 @@ def learn_wordpiece(
     if len(kept) < len(char_counts):
         log.warning("vocab_size %d holds only %d of the %d characters seen; the rest will be [UNK]",
                     vocab_size, len(kept), len(char_counts))
-    vocab += kept + ["##" + c for c in kept if c not in always_split]
-    in_vocab = set(vocab)
+    return kept
 
-    # Each word as a list of pieces; merges rewrite only the words that hold the merged pair.
-    kept_set = set(kept)
-    words, counts = [], []
-    for word, n in word_counts.items():
-        if len(word) > 1 and kept_set.issuperset(word):
-            words.append([word[0]] + ["##" + c for c in word[1:]])
-            counts.append(n)
-    pair_counts = collections.Counter()
-    holders = collections.defaultdict(set)  # pair -> indices of the words that contain it
-    for i, pieces in enumerate(words):
-        for pair in zip(pieces, pieces[1:]):
-            pair_counts[pair] += counts[i]
-            holders[pair].add(i)
+
+def _merge_pieces(word_counts: Mapping[str, int], kept: list[str], vocab: list[str], vocab_size: int,
+                  min_frequency: int) -> list[str]:
+    """vocab extended by merged pieces, most frequent pair first, until vocab_size or min_frequency."""
+    vocab, in_vocab = list(vocab), set(vocab)
+    words, counts, pair_counts, holders = _index_pairs(word_counts, kept)
     # Max-heap of (-count, left, right): the spelling breaks ties, so the order never depends on
     # dict or set iteration. Entries go stale as counts change; a stale one is re-pushed with the
     # current count when it surfaces, which is correct because counts of existing pairs only fall
@@ -159,29 +158,56 @@ def learn_wordpiece(
         if merged not in in_vocab:  # the same piece can be reached by two merge paths
             vocab.append(merged)
             in_vocab.add(merged)
-        risen = set()
-        for i in holders.pop((a, b)):
-            old, new, j = words[i], [], 0
-            while j < len(old):
-                if j + 1 < len(old) and old[j] == a and old[j + 1] == b:
-                    new.append(merged)
-                    j += 2
-                else:
-                    new.append(old[j])
-                    j += 1
-            for pair in zip(old, old[1:]):
-                pair_counts[pair] -= counts[i]
-                holders[pair].discard(i)
-            for pair in zip(new, new[1:]):
-                pair_counts[pair] += counts[i]
-                holders[pair].add(i)
-                if merged in pair:
-                    risen.add(pair)
-            words[i] = new
+        risen = _apply_merge(words, counts, holders.pop((a, b)), (a, b), merged, pair_counts, holders)
         del pair_counts[(a, b)]
         for pair in risen:
             heapq.heappush(heap, (-pair_counts[pair], *pair))
     return vocab
+
+
+def _index_pairs(word_counts: Mapping[str, int], kept: list[str]):
+    """Each word spelled in kept characters as a list of pieces, its count, and each adjacent pair's
+    count and holders (the indices of the words that contain it): merges rewrite only those words."""
+    kept_set = set(kept)
+    words, counts = [], []
+    for word, n in word_counts.items():
+        if len(word) > 1 and kept_set.issuperset(word):
+            words.append([word[0]] + ["##" + c for c in word[1:]])
+            counts.append(n)
+    pair_counts = collections.Counter()
+    holders = collections.defaultdict(set)  # pair -> indices of the words that contain it
+    for i, pieces in enumerate(words):
+        for pair in zip(pieces, pieces[1:]):
+            pair_counts[pair] += counts[i]
+            holders[pair].add(i)
+    return words, counts, pair_counts, holders
+
+
+def _apply_merge(words: list[list[str]], counts: list[int], indices: Iterable[int], pair: tuple[str, str],
+                 merged: str, pair_counts: collections.Counter, holders: Mapping[tuple, set]) -> set[tuple]:
+    """Rewrites the words at indices with pair merged, updating the pair counts and holders in place;
+    returns the pairs that hold the new piece (their counts rose)."""
+    a, b = pair
+    risen = set()
+    for i in indices:
+        old, new, j = words[i], [], 0
+        while j < len(old):
+            if j + 1 < len(old) and old[j] == a and old[j + 1] == b:
+                new.append(merged)
+                j += 2
+            else:
+                new.append(old[j])
+                j += 1
+        for p in zip(old, old[1:]):
+            pair_counts[p] -= counts[i]
+            holders[p].discard(i)
+        for p in zip(new, new[1:]):
+            pair_counts[p] += counts[i]
+            holders[p].add(i)
+            if merged in p:
+                risen.add(p)
+        words[i] = new
+    return risen
 
 
 def learn_wordpiece_vocab(sentences: Iterable[str], vocab_size: int, lower_case: bool, out_path: str) -> str:
@@ -224,6 +250,45 @@ def learn_sentencepiece_model(sentences: Iterable[str], vocab_size: int, out_pat
     if vocab_size <= len(SPECIAL_TOKENS):
         raise ValueError(f"vocab_size {vocab_size} leaves no room beyond the special tokens")
     listing_path = (out_path[: -len(".model")] if out_path.endswith(".model") else out_path) + ".vocab"
+    model = _train_sentencepiece(sentences, _sentencepiece_options(vocab_size, lower_case))
+    # The .vocab the spm_train program writes beside the model: piece <tab> score, for humans.
+    processor = sentencepiece.SentencePieceProcessor(model_proto=model)
+    listing = "".join(
+        f"{processor.id_to_piece(i)}\t{processor.get_score(i):g}\n" for i in range(processor.get_piece_size())
+    )
+    _write_atomically(listing_path, listing.encode("utf-8"))
+    _write_atomically(out_path, model)
+    return out_path
+
+
+def _sentencepiece_options(vocab_size: int, lower_case: bool) -> dict:
+    """The trainer's settings (see learn_sentencepiece_model for why each)."""
+    return dict(
+        model_type="unigram",
+        vocab_size=vocab_size,
+        hard_vocab_limit=False,
+        pad_id=0,
+        pad_piece="[PAD]",
+        unk_id=1,
+        unk_piece="[UNK]",
+        bos_id=-1,
+        eos_id=-1,
+        control_symbols=["[CLS]", "[SEP]", "[MASK]"],
+        # NFKC plus the NMT clean-ups; "_cf" adds case folding for an uncased model.
+        normalization_rule_name="nmt_nfkc_cf" if lower_case else "nmt_nfkc",
+        # Paragraph-per-line corpora have lines far over the default 4,192 bytes, which the
+        # trainer would otherwise skip.
+        max_sentence_length=1 << 16,
+        num_threads=1,
+        minloglevel=2,  # warnings and errors only
+    )
+
+
+def _train_sentencepiece(sentences: Iterable[str], options: dict) -> bytes:
+    """The serialized model the trainer learns from the non-blank sentences; its failures raised as
+    ValueError in one line, or as the exception reading the sentences raised."""
+    import sentencepiece
+
     # Written to memory, not to a model_prefix: the trainer records model_prefix inside the model,
     # which would make the bytes depend on where they are written.
     model = io.BytesIO()
@@ -243,42 +308,14 @@ def learn_sentencepiece_model(sentences: Iterable[str], vocab_size: int, out_pat
 
     sentencepiece.set_random_generator_seed(0)
     try:
-        sentencepiece.SentencePieceTrainer.train(
-            sentence_iterator=lines(),
-            model_writer=model,
-            model_type="unigram",
-            vocab_size=vocab_size,
-            hard_vocab_limit=False,
-            pad_id=0,
-            pad_piece="[PAD]",
-            unk_id=1,
-            unk_piece="[UNK]",
-            bos_id=-1,
-            eos_id=-1,
-            control_symbols=["[CLS]", "[SEP]", "[MASK]"],
-            # NFKC plus the NMT clean-ups; "_cf" adds case folding for an uncased model.
-            normalization_rule_name="nmt_nfkc_cf" if lower_case else "nmt_nfkc",
-            # Paragraph-per-line corpora have lines far over the default 4,192 bytes, which the
-            # trainer would otherwise skip.
-            max_sentence_length=1 << 16,
-            num_threads=1,
-            minloglevel=2,  # warnings and errors only
-        )
+        sentencepiece.SentencePieceTrainer.train(sentence_iterator=lines(), model_writer=model, **options)
     except RuntimeError as e:
         if failures:
             raise failures[0] from None
         if not lines_read[0]:
             raise ValueError("no text to learn a SentencePiece model from: the text is empty") from None
         raise ValueError(f"SentencePiece training failed: {str(e).strip().splitlines()[-1]}") from None
-    model = model.getvalue()
-    # The .vocab the spm_train program writes beside the model: piece <tab> score, for humans.
-    processor = sentencepiece.SentencePieceProcessor(model_proto=model)
-    listing = "".join(
-        f"{processor.id_to_piece(i)}\t{processor.get_score(i):g}\n" for i in range(processor.get_piece_size())
-    )
-    _write_atomically(listing_path, listing.encode("utf-8"))
-    _write_atomically(out_path, model)
-    return out_path
+    return model.getvalue()
 
 
 def _write_atomically(path: str, data: bytes):

@@ -368,7 +368,18 @@ def accumulate_gradients(loss_and_grad_fn, params, batch, num_microbatches: int,
         raise ValueError(f"train.grad_accum_steps={k} must be at least 1")
     if k == 1:
         return loss_and_grad_fn(params, batch, rng)
+    microbatches = _strided_microbatches(batch, k)
+    rngs = None if rng is None else jax.random.split(rng, k)
+    ((loss_sum, metrics), grad_sum), out_shape = _summed_over_microbatches(loss_and_grad_fn, params,
+                                                                           microbatches, rngs)
+    (loss_shape, _), grad_shape = out_shape
+    loss = (loss_sum / k).astype(loss_shape.dtype)
+    grads = jax.tree_util.tree_map(lambda g, s: (g / k).astype(s.dtype), grad_sum, grad_shape)
+    return (loss, metrics), grads
 
+
+def _strided_microbatches(batch, k: int):
+    """[B, ...] -> [k, B/k, ...] per feature, microbatch i = examples i::k (see accumulate_gradients)."""
     sizes = {x.shape[0] for x in jax.tree_util.tree_leaves(batch)}
     if len(sizes) != 1:
         raise ValueError(f"every batch feature needs the same leading (batch) size; got sizes {sorted(sizes)}")
@@ -382,8 +393,12 @@ def accumulate_gradients(loss_and_grad_fn, params, batch, num_microbatches: int,
     def split(x):  # [B, ...] -> [k, B/k, ...], microbatch i = examples i::k
         return jnp.swapaxes(x.reshape((size // k, k) + x.shape[1:]), 0, 1)
 
-    microbatches = jax.tree_util.tree_map(split, batch)
-    rngs = None if rng is None else jax.random.split(rng, k)
+    return jax.tree_util.tree_map(split, batch)
+
+
+def _summed_over_microbatches(loss_and_grad_fn, params, microbatches, rngs):
+    """((loss sum, metric sums), grad sums) over the microbatches, in one scan, and the shapes and
+    dtypes of one microbatch's result."""
 
     # Sums accumulate in float32 at least: k bfloat16 additions would round each partial sum.
     def acc_dtype(dtype):
@@ -398,8 +413,4 @@ def accumulate_gradients(loss_and_grad_fn, params, batch, num_microbatches: int,
         out = loss_and_grad_fn(params, microbatch, key)
         return jax.tree_util.tree_map(lambda t, o: t + o.astype(t.dtype), total, out), None
 
-    (loss_sum, metrics), grad_sum = jax.lax.scan(body, zeros, (microbatches, rngs))[0]
-    (loss_shape, _), grad_shape = out_shape
-    loss = (loss_sum / k).astype(loss_shape.dtype)
-    grads = jax.tree_util.tree_map(lambda g, s: (g / k).astype(s.dtype), grad_sum, grad_shape)
-    return (loss, metrics), grads
+    return jax.lax.scan(body, zeros, (microbatches, rngs))[0], out_shape

@@ -1,6 +1,7 @@
-"""What pretraining puts into the shared core: its batch keys, its loss (masked LM and next sentence),
-its eval step and logged metrics, and its Setup (BertForPreTraining from a configs/<size>.py config).
-Shared by the pretraining program, the planner, the benchmark and the tests."""
+"""What pretraining puts into the shared core: its batch keys, its loss (masked LM, plus next-sentence or
+sentence-order prediction by data.objective), its eval step and logged metrics, and its Setup
+(BertForPreTraining from a configs/<size>.py config). Shared by the pretraining program, the planner,
+the benchmark and the tests."""
 
 import dataclasses
 import functools
@@ -17,34 +18,43 @@ BATCH_KEYS = ("input_ids", "segment_ids", "input_mask", "masked_lm_positions", "
 MEAN_METRICS = ("mlm_loss", "nsp_loss")
 
 
-def loss_fn(params, batch, dropout_rng, *, net):
+def mean_metrics(objective: str) -> tuple:
+    """MEAN_METRICS of an objective: its sentence loss is named after it; "none" has none."""
+    return ("mlm_loss",) if objective == "none" else ("mlm_loss", f"{objective}_loss")
+
+
+def loss_fn(params, batch, dropout_rng, *, net, objective: str = "nsp"):
     out = net.apply(
         {"params": params}, batch["input_ids"], batch["segment_ids"], batch["input_mask"],
         batch["masked_lm_positions"], deterministic=False, rngs={"dropout": dropout_rng},
         heads_only=True,  # the last block only where the heads read: same loss, less work
     )
-    return bert.pretraining_loss(out["mlm_logits"], out["nsp_logits"], batch["masked_lm_ids"],
-                                 batch["masked_lm_weights"], batch["next_sentence_labels"])
+    return bert.pretraining_loss(out["mlm_logits"], out.get("nsp_logits"), batch["masked_lm_ids"],
+                                 batch["masked_lm_weights"], batch["next_sentence_labels"], objective=objective)
 
 
-def eval_step(params, batch, *, net):
+def eval_step(params, batch, *, net, objective: str = "nsp"):
     out = net.apply({"params": params}, batch["input_ids"], batch["segment_ids"], batch["input_mask"],
                     batch["masked_lm_positions"], deterministic=True, heads_only=True)
-    loss, sums = bert.pretraining_loss(out["mlm_logits"], out["nsp_logits"], batch["masked_lm_ids"],
-                                        batch["masked_lm_weights"], batch["next_sentence_labels"])
+    loss, sums = bert.pretraining_loss(out["mlm_logits"], out.get("nsp_logits"), batch["masked_lm_ids"],
+                                        batch["masked_lm_weights"], batch["next_sentence_labels"],
+                                        objective=objective)
     return dict(sums, loss_sum=loss, steps=jnp.float32(1))
 
 
 def summarize(sums: dict) -> dict:
-    """Metric sums over some steps -> the logged means and accuracies."""
+    """Metric sums over some steps -> the logged means and accuracies. The sentence task's metrics are
+    named by the sums present: nsp_* (data.objective=nsp), sop_* (sop), none for objective none."""
     steps = max(sums["steps"], 1.0)
     out = {
         "loss": sums["loss_sum"] / steps,
         "mlm_loss": sums["mlm_loss"] / steps,
-        "nsp_loss": sums["nsp_loss"] / steps,
         "mlm_accuracy": sums["mlm_correct"] / max(sums["mlm_count"], 1.0),
-        "nsp_accuracy": sums["nsp_correct"] / max(sums["nsp_count"], 1.0),
     }
+    for task in ("nsp", "sop"):
+        if f"{task}_loss" in sums:
+            out[f"{task}_loss"] = sums[f"{task}_loss"] / steps
+            out[f"{task}_accuracy"] = sums[f"{task}_correct"] / max(sums[f"{task}_count"], 1.0)
     if "grad_norm_sum" in sums:
         out["grad_norm"] = sums["grad_norm_sum"] / steps
     return out
@@ -55,12 +65,15 @@ class PretrainingSetup(state.Setup):
     """state.Setup of BertForPreTraining, with its model config and its pair of jitted steps."""
 
     bert_config: bert.BertConfig | None = None
+    objective: str = "nsp"  # data.objective: which sentence task the loss adds (none: masked LM only)
 
     def compile_steps(self, data_sharding, grad_accum_steps: int):
         """(train_step, eval_step), jitted once with explicit shardings; the state is donated."""
-        p_train_step = self.compile_train_step(functools.partial(loss_fn, net=self.net), data_sharding,
-                                               grad_accum_steps, mean_metrics=MEAN_METRICS)
-        p_eval_step = self.compile_eval_step(functools.partial(eval_step, net=self.net), data_sharding)
+        p_train_step = self.compile_train_step(functools.partial(loss_fn, net=self.net, objective=self.objective),
+                                               data_sharding, grad_accum_steps,
+                                               mean_metrics=mean_metrics(self.objective))
+        p_eval_step = self.compile_eval_step(functools.partial(eval_step, net=self.net, objective=self.objective),
+                                             data_sharding)
         return p_train_step, p_eval_step
 
 
@@ -71,4 +84,5 @@ def setup(config, mesh, rules, init_key, platform: str | None = None) -> Pretrai
     tx, schedule = optim.optimizer_from_config(config.optimizer, config.schedule, config.train.num_steps)
     example = bert.dummy_batch(1, config.data.max_seq_length, config.data.max_predictions_per_seq)
     return PretrainingSetup.create(bert.BertForPreTraining(bert_config), example, tx, schedule, mesh, rules,
-                                   init_key, bert_config=bert_config)
+                                   init_key, bert_config=bert_config,
+                                   objective=config.data.get("objective", "nsp"))

@@ -115,6 +115,8 @@ _CONSOLE_FORMATS = {
     "nsp_loss": lambda v: f"nsp_loss {v:.4g}",
     "mlm_accuracy": lambda v: f"mlm_acc {v:.3f}",
     "nsp_accuracy": lambda v: f"nsp_acc {v:.3f}",
+    "sop_loss": lambda v: f"sop_loss {v:.4g}",
+    "sop_accuracy": lambda v: f"sop_acc {v:.3f}",
     "learning_rate": lambda v: f"lr {v:.1e}",
     "grad_norm": lambda v: f"grad_norm {v:.3g}",
     "tokens_per_second": lambda v: f"{_si(v)} tok/s",

@@ -1,0 +1,370 @@
+"""The building blocks of the encoders: embeddings, attention, feed-forward, the Transformer block, and
+the dropout, initializers, dense and LayerNorm layers they are made of.
+
+Each block takes the encoder's config (models/bert.py's BertConfig, or a family's config with the same
+fields) and reads only the fields it needs, so that a family (RoBERTa, ALBERT, ModernBERT) can be an
+option of these blocks rather than a copy of them. Every parameter carries logical axis names, and the
+key activations logical constraints and the checkpoint names the remat policies save.
+
+Shape legend: as in models/bert.py (B batch, S sequence, H hidden, N heads, D head size, F feed-forward,
+V vocabulary, T segment vocabulary, Q query rows).
+"""
+
+from typing import Any
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.ad_checkpoint import checkpoint_name
+
+
+def truncated_normal_init(stddev: float):
+    """BERT's initializer: normal(0, stddev) cut at two standard deviations (tf.truncated_normal).
+
+    jax.nn.initializers.truncated_normal rescales so that the *truncated* distribution has `stddev`;
+    the original does not, so we draw the unit truncated normal and scale it ourselves.
+    """
+
+    def init(key, shape, dtype=jnp.float32):
+        return stddev * jax.random.truncated_normal(key, -2.0, 2.0, shape, dtype)
+
+    return init
+
+
+def kernel_init(cfg, names):
+    return nn.with_logical_partitioning(truncated_normal_init(cfg.initializer_range), names)
+
+
+def zeros_init(names):
+    return nn.with_logical_partitioning(nn.initializers.zeros_init(), names)
+
+
+def layer_norm(cfg, name: str) -> nn.Module:
+    """The encoder's norm: LayerNorm (BERT; without bias for ModernBERT, use_bias=False) or RMSNorm."""
+    scale_init = nn.with_logical_partitioning(nn.initializers.ones_init(), ("embed",))
+    if cfg.norm == "rmsnorm":
+        return nn.RMSNorm(epsilon=cfg.layer_norm_eps, dtype=cfg.dtype, param_dtype=cfg.param_dtype,
+                          scale_init=scale_init, name=name)
+    return nn.LayerNorm(
+        epsilon=cfg.layer_norm_eps,
+        dtype=cfg.dtype,
+        param_dtype=cfg.param_dtype,
+        # The exact two-pass variance, as BERT computes it; E[x^2]-E[x]^2 loses digits.
+        use_fast_variance=False,
+        use_bias=cfg.use_bias,
+        scale_init=scale_init,
+        bias_init=zeros_init(("embed",)),
+        name=name,
+    )
+
+
+def dense(cfg, features: int, names, name: str, use_bias: bool | None = None) -> nn.Dense:
+    return nn.Dense(
+        features,
+        use_bias=cfg.use_bias if use_bias is None else use_bias,
+        dtype=cfg.dtype,
+        param_dtype=cfg.param_dtype,
+        kernel_init=kernel_init(cfg, names),
+        bias_init=zeros_init(names[-1:]),
+        name=name,
+    )
+
+
+def activation(name: str):
+    """BERT's exact (erf) GELU, or the tanh approximation ALBERT's checkpoints use ("gelu_new")."""
+    return lambda x: nn.gelu(x, approximate=(name == "gelu_tanh"))
+
+
+# Dropout draws one 16-bit uniform per element, two from each 32-bit threefry word: half the random-bit
+# work of nn.Dropout's 32-bit draws (docs/performance.md), with the rate
+# resolved to 1/65536 (0.1 -> 0.100006). The bits of an element depend only on the key and its index,
+# so masks do not change with the mesh (jax's partitionable threefry).
+DROPOUT_BITS = 16
+
+
+def dropout_keep_mask(rng, shape: tuple, rate: float):
+    """Bool mask of `shape`, True with probability 1 - rate (to 1/65536), from half as many 32-bit words."""
+    threshold = np.uint32(round(rate * 2**DROPOUT_BITS))
+    if shape[-1] % 2:
+        words = jax.random.bits(rng, shape, jnp.uint32)
+        return (words >> DROPOUT_BITS) >= threshold
+    words = jax.random.bits(rng, (*shape[:-1], shape[-1] // 2), jnp.uint32)
+    low, high = words & np.uint32(2**DROPOUT_BITS - 1), words >> DROPOUT_BITS
+    return jnp.concatenate([low, high], axis=-1) >= threshold
+
+
+class Dropout(nn.Module):
+    """Inverted dropout (kept values scaled by 1 / (1 - rate)), as nn.Dropout, with 16-bit draws."""
+
+    rate: float
+
+    @nn.compact
+    def __call__(self, x, deterministic: bool):
+        if deterministic or self.rate == 0.0:
+            return x
+        if self.rate >= 1.0:
+            return jnp.zeros_like(x)
+        keep = dropout_keep_mask(self.make_rng("dropout"), x.shape, self.rate)
+        return jnp.where(keep, x / (1.0 - self.rate), 0).astype(x.dtype)
+
+
+class Embeddings(nn.Module):
+    """Token + segment + learned position embeddings, summed, LayerNorm, dropout.
+
+    Only the word embedding is looked up by index. The position rows are a slice of their table and the
+    segment rows a select between the table's rows: the gradient of a gather is a scatter-add, and with
+    every sequence of the batch reading the same position and segment rows those updates collide on a
+    handful of rows (slow on GPUs). The word embedding is a gather, or with word_embedding="one_hot" a
+    one-hot matmul whose gradient is a matmul too.
+
+    Family options: no position table (position_embedding "rotary" or "none": positions enter in the
+    attention), positions from position_offset (RoBERTa's start at 2), no segment table
+    (type_vocab_size 0), and ALBERT's factorised tables of width E = embedding_size, projected to H
+    once at the end.
+    """
+
+    config: Any  # the encoder config (see the module docstring)
+
+    def setup(self):
+        cfg = self.config
+        width = cfg.embedding_width
+        embed = lambda n, names: nn.Embed(  # noqa: E731
+            n,
+            width,
+            dtype=cfg.dtype,
+            param_dtype=cfg.param_dtype,
+            embedding_init=kernel_init(cfg, names),
+        )
+        self.word_embeddings = embed(cfg.vocab_size, ("vocab", "embed"))
+        if cfg.position_embedding == "learned":
+            self.position_embeddings = embed(cfg.max_position_embeddings, (None, "embed"))
+        if cfg.type_vocab_size > 0:
+            self.token_type_embeddings = embed(cfg.type_vocab_size, (None, "embed"))
+        self.layer_norm = layer_norm(cfg, "layer_norm")
+        self.dropout = Dropout(cfg.hidden_dropout_rate)
+        if width != cfg.hidden_size:  # ALBERT: E -> H, once
+            self.projection = dense(cfg, cfg.hidden_size, (None, "embed"), "projection")
+
+    def __call__(self, input_ids, segment_ids, deterministic: bool):
+        # input_ids, segment_ids: [B, S] int
+        cfg = self.config
+        seq_len = input_ids.shape[1]
+        if seq_len + cfg.position_offset > cfg.max_position_embeddings:
+            raise ValueError(
+                f"sequence length {seq_len} (+ model.position_offset={cfg.position_offset}) exceeds "
+                f"model.max_position_embeddings={cfg.max_position_embeddings}: shorten data.max_seq_length"
+            )
+        words = self.word_embeddings.embedding.astype(cfg.dtype)  # [V, E]
+        if cfg.word_embedding == "one_hot":
+            one_hot = jax.nn.one_hot(input_ids, cfg.vocab_size, dtype=cfg.dtype)  # [B, S, V]
+            # HIGHEST keeps float32 exact (one product per output); 16-bit products are exact anyway.
+            x = jnp.einsum("bsv,vh->bsh", one_hot, words, precision=jax.lax.Precision.HIGHEST)
+        else:
+            x = jnp.take(words, input_ids, axis=0)  # [B, S, E]
+        if cfg.position_embedding == "learned":
+            start = cfg.position_offset
+            x = x + self.position_embeddings.embedding[start:start + seq_len].astype(cfg.dtype)  # [S, E]
+        if cfg.type_vocab_size > 0:
+            types = self.token_type_embeddings.embedding.astype(cfg.dtype)  # [T, E]
+            segment_rows = types[0]
+            for t in range(1, cfg.type_vocab_size):
+                segment_rows = jnp.where(segment_ids[..., None] == t, types[t], segment_rows)  # [B, S, E]
+            x = x + segment_rows
+        x = self.layer_norm(x)
+        x = self.dropout(x, deterministic=deterministic)
+        if cfg.embedding_width != cfg.hidden_size:
+            x = self.projection(x)  # [B, S, H]
+        return nn.with_logical_constraint(x, ("batch", "length", "hidden"))
+
+    def word_embedding_table(self):
+        return self.word_embeddings.embedding  # [V, E]
+
+
+class HeadProjection(nn.Module):
+    """A dense layer whose kernel keeps the head axes apart: [H, N, D] for q/k/v, [N, D, H] for the output.
+
+    Written as an einsum rather than nn.DenseGeneral, which initialises a flattened 2-D kernel and so
+    cannot carry the 3-axis logical names through a sharded init.
+    """
+
+    config: Any  # the encoder config (see the module docstring)
+    kernel_shape: tuple
+    kernel_names: tuple
+    bias_rank: int  # the bias covers the last bias_rank axes of the kernel (the output features)
+    equation: str
+
+    @nn.compact
+    def __call__(self, x):
+        cfg = self.config
+        kernel = self.param("kernel", kernel_init(cfg, self.kernel_names), self.kernel_shape, cfg.param_dtype)
+        if not cfg.use_bias:
+            x, kernel = nn.dtypes.promote_dtype(x, kernel, dtype=cfg.dtype)
+            return jnp.einsum(self.equation, x, kernel)
+        bias = self.param(
+            "bias", zeros_init(self.kernel_names[-self.bias_rank:]), self.kernel_shape[-self.bias_rank:], cfg.param_dtype
+        )
+        x, kernel, bias = nn.dtypes.promote_dtype(x, kernel, bias, dtype=cfg.dtype)
+        return jnp.einsum(self.equation, x, kernel) + bias
+
+
+def rotary(x, theta: float, positions):
+    """RoPE, "rotate half" (non-interleaved) as GPT-NeoX and ModernBERT: pairs (d, d + D/2) turn by
+    position * theta^(-2d/D). x: [B, S, N, D]; positions: [B, S] int. Computed in float32."""
+    dim = x.shape[-1]
+    inv_freq = 1.0 / (theta ** (np.arange(0, dim, 2, dtype=np.float32) / dim))  # [D/2]
+    freqs = positions[..., None].astype(jnp.float32) * inv_freq  # [B, S, D/2]
+    angles = jnp.concatenate([freqs, freqs], axis=-1)[:, :, None, :]  # [B, S, 1, D]
+    x32 = x.astype(jnp.float32)
+    half = dim // 2
+    rotated = jnp.concatenate([-x32[..., half:], x32[..., :half]], axis=-1)
+    return (x32 * jnp.cos(angles) + rotated * jnp.sin(angles)).astype(x.dtype)
+
+
+def fused_attention(q, k, v, *, mask, kv_lengths, implementation: str, local_window=None):
+    """softmax(q k^T / sqrt(D)) v over the real keys, by jax.nn.dot_product_attention.
+
+    q: [B, Q, N, D]; k, v: [B, S, N, D]; mask: [B, 1, 1 or Q, S] bool, True at keys a query may attend
+    to; kv_lengths: None or [B] int32, the number of real keys of each row when padding is on the right.
+    Given, the padding goes to the kernel as lengths (the form cuDNN's flash attention takes, which then
+    skips padded blocks), else as the mask. The two forms are the same function for right-padded rows.
+    local_window: None or (left, right), a sliding window the kernel applies itself (cuDNN).
+    """
+    local = {} if local_window is None else {"local_window_size": local_window}
+    if kv_lengths is not None:
+        return jax.nn.dot_product_attention(q, k, v, key_value_seq_lengths=kv_lengths, implementation=implementation,
+                                            **local)
+    return jax.nn.dot_product_attention(q, k, v, mask=mask, implementation=implementation, **local)
+
+
+class SelfAttention(nn.Module):
+    """Multi-head self-attention with a padding mask and an output projection; optionally rotary
+    positions on q and k and a sliding window (`local`: the layer is one of the local ones)."""
+
+    config: Any  # the encoder config (see the module docstring)
+    deterministic: bool
+    local: bool = False
+
+    @nn.compact
+    def __call__(self, x, padding, queries=None, query_positions=None):
+        # x: [B, S, H]; padding: (mask [B, 1, 1, S] bool, True at keys that may be attended to; lengths [B]
+        # int32, real tokens per row, which are right-padded). queries: [B, Q, H] rows to compute
+        # outputs for (default x itself, Q = S), at query_positions [B, Q] int (default 0 .. S-1); keys
+        # and values always come from every position of x.
+        cfg = self.config
+        mask, lengths = padding
+        queries = x if queries is None else queries
+
+        def project(name, source):
+            return HeadProjection(
+                cfg, (cfg.hidden_size, cfg.num_heads, cfg.head_dim), ("embed", "heads", "kv"), 2,
+                "bsh,hnd->bsnd", name=name,
+            )(source)
+
+        q = project("query", queries)  # [B, Q, N, D]
+        k, v = project("key", x), project("value", x)  # each [B, S, N, D]
+        key_positions = jnp.broadcast_to(jnp.arange(x.shape[1]), x.shape[:2])  # [B, S]
+        if query_positions is None:
+            query_positions = key_positions
+        if cfg.position_embedding == "rotary":
+            theta = cfg.rotary_theta if self.local else cfg.global_rotary_theta
+            q, k = rotary(q, theta, query_positions), rotary(k, theta, key_positions)
+        q = checkpoint_name(nn.with_logical_constraint(q, ("batch", "length", "heads", "kv")), "qkv")
+        k = checkpoint_name(nn.with_logical_constraint(k, ("batch", "length", "heads", "kv")), "qkv")
+        v = checkpoint_name(nn.with_logical_constraint(v, ("batch", "length", "heads", "kv")), "qkv")
+
+        local_window = None
+        if self.local:
+            half = cfg.local_attention_window // 2
+            if cfg.attention_impl == "cudnn" and queries is x:
+                local_window = (half, half)  # the kernel's own sliding window
+            else:  # a mask: |query - key| <= window / 2
+                band = jnp.abs(query_positions[:, :, None] - key_positions[:, None, :]) <= half  # [B, Q, S]
+                mask = mask & band[:, None]  # [B, 1, Q, S]
+        if self.deterministic or cfg.attention_dropout_rate == 0.0:
+            use_lengths = cfg.attention_impl == "cudnn" and (not self.local or local_window is not None)
+            context = fused_attention(q, k, v, mask=mask, kv_lengths=lengths if use_lengths else None,
+                                      implementation=cfg.attention_impl, local_window=local_window)
+        else:
+            # jax.nn.dot_product_attention has no dropout on the attention probabilities, which BERT
+            # trains with (rate 0.1); this is the same computation with the dropout in the middle.
+            logits = jnp.einsum("bqnd,bknd->bnqk", q, k, preferred_element_type=jnp.float32)  # [B, N, Q, S]
+            logits = logits / np.sqrt(cfg.head_dim).astype(np.float32)
+            logits = jnp.where(mask, logits, jnp.finfo(jnp.float32).min)
+            probs = jax.nn.softmax(logits, axis=-1).astype(cfg.dtype)
+            probs = Dropout(cfg.attention_dropout_rate)(probs, deterministic=False)
+            context = jnp.einsum("bnqk,bknd->bqnd", probs, v)  # [B, Q, N, D]
+        context = checkpoint_name(nn.with_logical_constraint(context, ("batch", "length", "heads", "kv")), "context")
+
+        out = HeadProjection(
+            cfg, (cfg.num_heads, cfg.head_dim, cfg.hidden_size), ("heads", "kv", "embed"), 1,
+            "bsnd,ndh->bsh", name="output",
+        )(context)  # [B, Q, H]
+        return checkpoint_name(nn.with_logical_constraint(out, ("batch", "length", "hidden")), "attention_out")
+
+
+class FeedForward(nn.Module):
+    """Dense H->F, GELU, dense F->H; or GeGLU (ModernBERT): dense H->2F, gelu(first half) * second half,
+    dense F->H."""
+
+    config: Any  # the encoder config (see the module docstring)
+
+    @nn.compact
+    def __call__(self, x):
+        cfg = self.config
+        glu = cfg.activation == "geglu"
+        width = cfg.intermediate_size * (2 if glu else 1)
+        h = dense(cfg, width, ("embed", "mlp"), "intermediate")(x)  # [B, S, F] (GeGLU: [B, S, 2F])
+        h = checkpoint_name(h, "mlp_in")
+        if glu:
+            h, gate = jnp.split(h, 2, axis=-1)  # each [B, S, F]
+            h = activation(cfg.activation)(h) * gate
+        else:
+            # BERT's GELU is the exact erf form, not the tanh approximation.
+            h = activation(cfg.activation)(h)
+        h = nn.with_logical_constraint(h, ("batch", "length", "mlp"))
+        h = dense(cfg, cfg.hidden_size, ("mlp", "embed"), "output")(h)  # [B, S, H]
+        return checkpoint_name(nn.with_logical_constraint(h, ("batch", "length", "hidden")), "mlp_out")
+
+
+class TransformerBlock(nn.Module):
+    """One encoder block. Post-LN as in BERT: x = LN(x + Dropout(SubLayer(x))); pre-LN (pre_layer_norm,
+    or norm_placement="pre"): x = x + Dropout(SubLayer(LN(x))).
+
+    With `rows` ([B, Q] positions) the block computes its output only at those positions: attention
+    still reads keys and values at every position, and everything after it (residual, LayerNorms,
+    feed-forward) is per position. Exactly the rows of the full block's output, for 2 of its 12 H^2
+    per token at the other positions (only the key and value projections).
+
+    Returns (x, x or None) so that nn.scan can stack the per-layer outputs when they are wanted.
+    """
+
+    config: Any  # the encoder config (see the module docstring)
+    deterministic: bool
+    output_hidden_states: bool = False
+    local: bool = False  # sliding-window attention (model.local_attention_window) in this block
+    first: bool = False  # layer 0: with norm_placement="pre", no norm before its attention (ModernBERT)
+
+    @nn.compact
+    def __call__(self, x, padding, rows=None):
+        # x: [B, S, H]; padding: (mask, lengths) as SelfAttention takes it; rows: None or [B, Q] int.
+        # Returns [B, S, H], or [B, Q, H] with rows.
+        cfg = self.config
+        at_rows = (lambda y: y) if rows is None else (lambda y: jnp.take_along_axis(y, rows[..., None], axis=1))
+        attention_module = SelfAttention(cfg, self.deterministic, self.local, name="attention")
+        attention = lambda y, queries: attention_module(y, padding, queries, rows)  # noqa: E731
+        feed_forward = FeedForward(cfg, name="mlp")
+        # The embedding norm already normalises layer 0's input in ModernBERT's pre-norm stack.
+        skip_first_norm = self.first and cfg.norm_placement == "pre"
+        attention_norm = (lambda y: y) if skip_first_norm else layer_norm(cfg, "attention_layer_norm")
+        mlp_norm = layer_norm(cfg, "mlp_layer_norm")
+        dropout = Dropout(cfg.hidden_dropout_rate)
+        if cfg.pre_layer_norm or cfg.norm_placement == "pre":
+            normed = attention_norm(x)
+            x = at_rows(x) + dropout(attention(normed, at_rows(normed)), deterministic=self.deterministic)
+            x = x + dropout(feed_forward(mlp_norm(x)), deterministic=self.deterministic)
+        else:
+            x = attention_norm(at_rows(x) + dropout(attention(x, at_rows(x)), deterministic=self.deterministic))
+            x = mlp_norm(x + dropout(feed_forward(x), deterministic=self.deterministic))
+        x = checkpoint_name(nn.with_logical_constraint(x, ("batch", "length", "hidden")), "block_out")
+        return x, (x if self.output_hidden_states else None)
