@@ -344,7 +344,23 @@ def mask_tokens(ids, key, spec: MaskingSpec):
     # tf.round rounds half to even, like Python's round() in the original.
     num_to_predict = tf.cast(tf.round(tf.cast(n, tf.float32) * spec.mask_rate), tf.int32)
     num_to_predict = tf.minimum(max_predictions, tf.maximum(1, num_to_predict))
+    chosen = _chosen_positions(ids, candidate, num_to_predict, key, spec)
+    masked = tf.where(chosen, _replacements(ids, key, spec), ids)
 
+    positions = tf.cast(tf.where(chosen)[:, 0], tf.int32)  # ascending, as the original sorts them
+    labels = tf.gather(ids, positions)
+    count = tf.shape(positions)[0]
+    pad = [[0, max_predictions - count]]
+    return (
+        masked,
+        tf.pad(positions, pad),
+        tf.pad(labels, pad),
+        tf.pad(tf.ones([count], tf.float32), pad),
+    )
+
+
+def _chosen_positions(ids, candidate, num_to_predict, key, spec: MaskingSpec):
+    """[n] bool: the positions to predict, whole groups at a time, visited in a random order."""
     # Groups of positions chosen together: single tokens, or whole words. A group starts at a candidate
     # that begins a word or follows a non-candidate ([CLS], [SEP]): a "##" piece right after [SEP]
     # (B cut mid-word) starts its own group instead of joining the last word of A.
@@ -364,8 +380,12 @@ def mask_tokens(ids, key, spec: MaskingSpec):
     order = tf.argsort(scores)
     taken_in_order = _greedy_fill(tf.gather(sizes, order), num_to_predict)
     taken = tf.scatter_nd(order[:, None], taken_in_order, [num_groups])
-    chosen = candidate & tf.gather(tf.concat([taken, [False]], 0), tf.where(candidate, group, num_groups))
+    return candidate & tf.gather(tf.concat([taken, [False]], 0), tf.where(candidate, group, num_groups))
 
+
+def _replacements(ids, key, spec: MaskingSpec):
+    """[n] int32: what each position becomes if chosen: [MASK], itself, or a random token."""
+    n = tf.shape(ids)[0]
     u = tf.random.stateless_uniform([n], tf.random.experimental.stateless_fold_in(key, _MASK_CHOICE))
     random_index = tf.random.stateless_uniform(
         [n], tf.random.experimental.stateless_fold_in(key, _RANDOM_TOKEN),
@@ -374,19 +394,7 @@ def mask_tokens(ids, key, spec: MaskingSpec):
     random_tokens = tf.gather(tf.constant(spec.replacement_ids, tf.int32), random_index)
     # u < mask share: [MASK]; then unchanged up to 1 - random share; the top random share: a random token.
     keep_below = 1.0 - spec.random_token_fraction
-    replacement = tf.where(u < spec.mask_token_fraction, spec.mask_id, tf.where(u < keep_below, ids, random_tokens))
-    masked = tf.where(chosen, replacement, ids)
-
-    positions = tf.cast(tf.where(chosen)[:, 0], tf.int32)  # ascending, as the original sorts them
-    labels = tf.gather(ids, positions)
-    count = tf.shape(positions)[0]
-    pad = [[0, max_predictions - count]]
-    return (
-        masked,
-        tf.pad(positions, pad),
-        tf.pad(labels, pad),
-        tf.pad(tf.ones([count], tf.float32), pad),
-    )
+    return tf.where(u < spec.mask_token_fraction, spec.mask_id, tf.where(u < keep_below, ids, random_tokens))
 
 
 def make_example(tokens, pair, key, spec: MaskingSpec, max_seq_length: int) -> dict:

@@ -86,6 +86,17 @@ def read_conll(path: str, labels: tuple[str, ...] | None, labeled: bool = True) 
     same. Every problem is one ValueError line naming the file (and line).
     """
     path = os.fspath(path)
+    examples = []
+    for words, tags, numbers in _sentences(path, _read_utf8(path), labeled):
+        bio = _checked_tags(path, tags, numbers, labels) if tags else None
+        examples.append(TagExample(len(examples), tuple(words), bio))
+    if not examples:
+        raise ValueError(f"{path}: no sentences: expected a word and its tag per line, a blank line between "
+                         "sentences")
+    return examples
+
+
+def _read_utf8(path: str) -> str:
     if not os.path.exists(path):
         raise ValueError(f"{path}: no such file")
     if os.path.isdir(path):
@@ -93,41 +104,24 @@ def read_conll(path: str, labels: tuple[str, ...] | None, labeled: bool = True) 
     with open(path, "rb") as f:
         raw = f.read()
     try:
-        text = raw.decode("utf-8-sig")  # -sig: a byte-order mark some editors write
+        return raw.decode("utf-8-sig")  # -sig: a byte-order mark some editors write
     except UnicodeDecodeError as e:
         line = raw[:e.start].count(b"\n") + 1
         raise ValueError(f"{path}:{line}: invalid UTF-8 ({e.reason})") from None
-    known = set(labels) if labels is not None else None
-    examples: list[TagExample] = []
+
+
+def _sentences(path: str, text: str, labeled: bool):
+    """(words, tags, line numbers) of each sentence; the column counts checked line by line."""
     words, tags, numbers = [], [], []
     columns = first_line = None
-
-    def close():
-        if not words:
-            return
-        bio = None
-        if tags:
-            bio = to_bio(tags)
-            if known is not None:
-                for number, tag, read_as in zip(numbers, tags, bio):
-                    if read_as not in known:
-                        shown = f"{tag!r}" + (f" (read as {read_as!r})" if read_as != tag else "")
-                        raise ValueError(f"{path}:{number}: tag {shown} is not a tag of the task: expected one of "
-                                         f"{', '.join(labels)}")
-        examples.append(TagExample(len(examples), tuple(words), bio))
-        words.clear()
-        tags.clear()
-        numbers.clear()
-
     # Lines end at "\n" only ("\r\n" too): str.splitlines() would also end one at U+2028 or U+0085
     # inside a word, and every later line number would be off.
     for number, line in enumerate(text.split("\n"), start=1):
         fields = _COLUMNS.findall(line)
-        if not fields:
-            close()
-            continue
-        if fields[0].startswith("-DOCSTART-"):
-            close()
+        if not fields or fields[0].startswith("-DOCSTART-"):
+            if words:
+                yield words, tags, numbers
+            words, tags, numbers = [], [], []
             continue
         if columns is None:
             columns, first_line = len(fields), number
@@ -141,11 +135,20 @@ def read_conll(path: str, labels: tuple[str, ...] | None, labeled: bool = True) 
         numbers.append(number)
         if columns >= 2:
             tags.append(fields[-1])
-    close()
-    if not examples:
-        raise ValueError(f"{path}: no sentences: expected a word and its tag per line, a blank line between "
-                         "sentences")
-    return examples
+    if words:
+        yield words, tags, numbers
+
+
+def _checked_tags(path: str, tags: list[str], numbers: list[int], labels: tuple[str, ...] | None) -> tuple:
+    """A sentence's tags as BIO, each a tag of the task where `labels` is given."""
+    bio = to_bio(tags)
+    if labels is not None:
+        for number, tag, read_as in zip(numbers, tags, bio):
+            if read_as not in labels:
+                shown = f"{tag!r}" + (f" (read as {read_as!r})" if read_as != tag else "")
+                raise ValueError(f"{path}:{number}: tag {shown} is not a tag of the task: expected one of "
+                                 f"{', '.join(labels)}")
+    return bio
 
 
 def read_tfds_conll(split: str, data_dir: str | None = None) -> list[TagExample]:
