@@ -89,11 +89,14 @@ def _plain(params) -> dict:
 
 
 def write_hf(bert, directory: str, hf_class: str = "pretraining") -> None:
-    from bertjax.interop import hf
+    from bertjax.interop import hf, hf_families
 
     vocab, lower_case = _vocabulary_file(bert), bool(bert.tokenizer.lower_case)
     params = _plain(bert.params)
-    if bert.task is None:
+    model_type = hf_families.model_type_of(bert.config)
+    if bert.task is None and model_type != "bert":  # RoBERTa, ALBERT, ModernBERT: their own classes
+        hf_families.save_hf_checkpoint(directory, bert.config, params, model_type, vocab, lower_case)
+    elif bert.task is None:
         hf.save_hf_checkpoint(directory, bert.config, params, vocab_path=vocab, lower_case=lower_case,
                               masked_lm_only=hf_class == "masked_lm")
     else:

@@ -273,7 +273,11 @@ class RunHooks:
 
 # What a checkpoint's arrays are: a resumed run must agree on all of it (checked before reading them).
 ARCHITECTURE_FIELDS = ("vocab_size", "hidden_size", "num_layers", "num_heads", "intermediate_size",
-                       "max_position_embeddings", "type_vocab_size", "pre_layer_norm", "scan_layers", "param_dtype")
+                       "max_position_embeddings", "type_vocab_size", "pre_layer_norm", "scan_layers", "param_dtype",
+                       # the family options (RoBERTa, ALBERT, ModernBERT); older checkpoints lack them
+                       "position_embedding", "position_offset", "activation", "norm_placement", "use_bias", "norm",
+                       "rotary_theta", "global_rotary_theta", "local_attention_window", "global_attention_every",
+                       "embedding_size", "num_hidden_groups")
 
 
 def check_same_run(step: int, meta: dict, *, config, bert_config: bert.BertConfig) -> None:

@@ -41,6 +41,19 @@ def base_config() -> ml_collections.ConfigDict:
             # True: one compiled block for all layers, compile time independent of depth (large sets it).
             scan_layers=False,
             pre_layer_norm=False,  # original BERT is post-LN
+            # Family options (bertjax.models.bert.BertConfig); these values are BERT's.
+            position_embedding="learned",  # learned | rotary | none
+            position_offset=0,  # first position row (RoBERTa: 2)
+            activation="gelu",  # gelu | gelu_tanh | geglu
+            norm_placement="post",  # post | pre (ModernBERT: embedding norm, none before layer 0, final norm)
+            use_bias=True,
+            norm="layernorm",  # layernorm | rmsnorm
+            rotary_theta=10000.0,
+            global_rotary_theta=0.0,  # the global layers' RoPE base; 0: rotary_theta
+            local_attention_window=0,  # total width of the sliding window of local layers; 0: none
+            global_attention_every=1,  # layer i global when i % n == 0
+            embedding_size=0,  # ALBERT's E; 0: hidden_size
+            num_hidden_groups=0,  # ALBERT's shared groups; 0: one per layer
         )
     )
 
@@ -83,7 +96,7 @@ def base_config() -> ml_collections.ConfigDict:
     # --- Optimizer: BERT's Adam with decoupled weight decay (not on LayerNorm or biases).
     config.optimizer = ml_collections.ConfigDict(
         dict(
-            name="adamw",  # adamw | lamb
+            name="adamw",  # adamw | lamb | decoupled_adamw (weight decay scaled by lr / peak: ModernBERT)
             learning_rate=1e-4,
             b1=0.9,
             b2=0.999,
@@ -98,8 +111,9 @@ def base_config() -> ml_collections.ConfigDict:
     config.schedule = ml_collections.ConfigDict(
         dict(
             warmup_steps=10000,
-            decay="linear",  # linear | poly
+            decay="linear",  # linear | poly | wsd
             power=1.0,  # exponent of the poly decay (NVIDIA's LAMB recipe uses 0.5)
+            decay_steps=0,  # wsd (warmup-stable-decay): the last steps, where lr falls to 0 by 1 - sqrt
         )
     )
 

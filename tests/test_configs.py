@@ -33,9 +33,25 @@ else:
 """
 
 
+# configs/<family>_<size>.py: the model families beside BERT's size files (DESIGN.md, wave 3).
+FAMILY_FILES = {"roberta_base", "roberta_tiny", "albert_base", "albert_tiny", "modernbert_base", "modernbert_large",
+                "modernbert_tiny"}
+
+
 def test_every_size_has_a_config_file():
     files = {p.stem for p in (REPO / "configs").glob("*.py")} - {"__init__", "common"}
-    assert files == set(bert.SIZES)
+    assert files == set(bert.SIZES) | FAMILY_FILES
+
+
+@pytest.mark.parametrize("name", sorted(FAMILY_FILES))
+def test_family_config_file_is_a_valid_model(name):
+    """Each family file's model section makes a BertConfig (the family's options agree with each other)."""
+    config = runpy.run_path(str(REPO / "configs" / f"{name}.py"))["get_config"]()
+    cfg = bert.BertConfig.from_dict(config.model.to_dict(), platform="cpu")
+    family = name.split("_")[0]
+    expected = {"roberta": ("none", 2, "learned"), "albert": ("sop", 0, "learned"),
+                "modernbert": ("none", 0, "rotary")}[family]
+    assert (config.data.objective, cfg.position_offset, cfg.position_embedding) == expected
 
 
 @pytest.mark.parametrize("size", bert.SIZES)

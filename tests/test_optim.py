@@ -552,3 +552,28 @@ def test_optimizer_from_config_errors():
     config.schedule.power = 0.5  # with decay='linear'
     with pytest.raises(ValueError, match=r"schedule\.power"):
         optim.optimizer_from_config(config.optimizer, config.schedule, 100_000)
+
+
+def test_warmup_stable_decay_schedule():
+    """ModernBERT's trapezoid: linear warmup, flat at the peak, 1 - sqrt to 0 over the last decay_steps."""
+    schedule = optim.warmup_stable_decay_schedule(2.0, warmup_steps=10, total_steps=100, decay_steps=40)
+    values = {step: float(schedule(step)) for step in (0, 5, 10, 59, 60, 70, 100, 120)}
+    assert values[0] == 0.0 and values[5] == pytest.approx(1.0) and values[10] == values[59] == 2.0
+    assert values[60] == 2.0 and values[70] == pytest.approx(2.0 * (1 - 0.5)) and values[100] == values[120] == 0.0
+    with pytest.raises(ValueError, match="must fit in total_steps"):
+        optim.warmup_stable_decay_schedule(1.0, warmup_steps=70, total_steps=100, decay_steps=40)
+
+
+def test_decoupled_adamw_decays_by_lr_over_peak():
+    """composer's DecoupledAdamW: the decay term is wd * (lr(t) / peak) * w, not wd * lr(t) * w."""
+    import ml_collections
+
+    o = ml_collections.ConfigDict(dict(name="decoupled_adamw", learning_rate=0.5, b1=0.9, b2=0.98, eps=1e-6,
+                                       weight_decay=0.1, bias_correction=True, clip_norm=0.0))
+    s = ml_collections.ConfigDict(dict(warmup_steps=0, decay="wsd", power=1.0, decay_steps=0))
+    tx, _ = optim.optimizer_from_config(o, s, num_steps=10)
+    params = {"dense": {"kernel": jnp.full((2,), 3.0)}, "layer_norm": {"scale": jnp.full((2,), 3.0)}}
+    zeros = jax.tree_util.tree_map(jnp.zeros_like, params)
+    updates, _ = tx.update(zeros, tx.init(params), params)
+    np.testing.assert_allclose(updates["dense"]["kernel"], -0.1 * 3.0, rtol=1e-6)  # lr(t) = peak here
+    np.testing.assert_allclose(updates["layer_norm"]["scale"], 0.0)  # norms do not decay

@@ -111,6 +111,11 @@ def config_to_hf(cfg: bert_model.BertConfig, kind: str | None = None, num_labels
     label_names, default LABEL_i) and problem_type, as transformers' own save_pretrained writes them."""
     if cfg.pre_layer_norm:
         raise ValueError("a pre_layer_norm=True model has no Hugging Face BERT equivalent (which is post-LN)")
+    defaults = bert_model.BertConfig()
+    changed = sorted(k for k in bert_model.FAMILY_OPTIONS if getattr(cfg, k) != getattr(defaults, k))
+    if changed:
+        raise ValueError(f"model options {changed} are not BERT's: RoBERTa, ALBERT and ModernBERT models are "
+                         "written by bertjax.interop.hf_families.save_hf_checkpoint (bertjax.export does that)")
     hf = {"model_type": "bert", "architectures": ["BertForPreTraining"]}
     if kind is not None:
         hf.update(_head_config(kind, num_labels, label_names))

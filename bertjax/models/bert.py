@@ -67,6 +67,9 @@ REMAT_POLICIES = {
 }
 
 ATTENTION_IMPLS = ("xla", "cudnn")
+# BertConfig fields that choose a family's network (RoBERTa, ALBERT, ModernBERT); BERT has their defaults.
+FAMILY_OPTIONS = ("position_embedding", "position_offset", "activation", "norm_placement", "use_bias", "norm",
+                  "local_attention_window", "embedding_size", "num_hidden_groups", "pre_layer_norm")
 POSITION_EMBEDDINGS = ("learned", "rotary", "none")
 ACTIVATIONS = ("gelu", "gelu_tanh", "geglu")
 NORM_PLACEMENTS = ("post", "pre")
@@ -146,7 +149,7 @@ class BertConfig:
     use_bias: bool = True  # biases of the linear layers and the norms (ModernBERT: none)
     norm: str = "layernorm"  # "layernorm" | "rmsnorm"
     rotary_theta: float = 10000.0  # RoPE base of the local (or all) layers
-    global_rotary_theta: float = 10000.0  # RoPE base of the global layers (ModernBERT: 160,000)
+    global_rotary_theta: float = 0.0  # RoPE base of the global layers (ModernBERT: 160,000); 0: rotary_theta
     local_attention_window: int = 0  # sliding window in total (128: +-64) on the local layers; 0: none
     global_attention_every: int = 1  # layer i attends globally when i % n == 0 (ModernBERT: 3)
     embedding_size: int = 0  # ALBERT's factorised embedding width E, projected to H once; 0: hidden_size

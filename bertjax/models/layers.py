@@ -267,7 +267,8 @@ class SelfAttention(nn.Module):
         if query_positions is None:
             query_positions = key_positions
         if cfg.position_embedding == "rotary":
-            theta = cfg.rotary_theta if self.local else cfg.global_rotary_theta
+            # Local layers (and every layer when global_rotary_theta is 0) turn at rotary_theta.
+            theta = cfg.rotary_theta if self.local else (cfg.global_rotary_theta or cfg.rotary_theta)
             q, k = rotary(q, theta, query_positions), rotary(k, theta, key_positions)
         q = checkpoint_name(nn.with_logical_constraint(q, ("batch", "length", "heads", "kv")), "qkv")
         k = checkpoint_name(nn.with_logical_constraint(k, ("batch", "length", "heads", "kv")), "qkv")

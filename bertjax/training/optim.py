@@ -33,8 +33,9 @@ NO_DECAY_PATTERNS = ("LayerNorm", "layer_norm", "bias")
 # The dict key under which model.Encoder's nn.scan stacks its per-layer params on axis 0.
 SCANNED_LAYERS_KEY = "layers"
 
-OPTIMIZERS = ("adamw", "lamb")
-DECAYS = ("linear", "poly")
+# decoupled_adamw: composer's DecoupledAdamW (ModernBERT): weight decay scaled by lr / peak, not by lr.
+OPTIMIZERS = ("adamw", "lamb", "decoupled_adamw")
+DECAYS = ("linear", "poly", "wsd")
 
 Mask = Union[Any, Callable[[Any], Any]]
 
@@ -86,6 +87,31 @@ def learning_rate_schedule(
         # in float32, so the last steps keep their relative precision instead of losing it to rounding.
         remaining = (total_steps - jnp.minimum(step, total_steps)) / total_steps
         lr = peak * remaining**power
+        if warmup_steps > 0:
+            lr = jnp.where(step < warmup_steps, peak * step / warmup_steps, lr)
+        return lr
+
+    return schedule
+
+
+def warmup_stable_decay_schedule(peak: float, warmup_steps: int, total_steps: int, decay_steps: int) -> optax.Schedule:
+    """Warmup-stable-decay (ModernBERT's trapezoid): linear warmup to `peak`, `peak` until the last
+    `decay_steps` steps, then 1 - sqrt down to 0 at `total_steps` (Hägele et al. 2024's cooldown).
+
+    lr(step) = peak * step / warmup_steps                                  if step < warmup_steps
+             = peak                                                        until total - decay_steps
+             = peak * (1 - sqrt((step - (total - decay_steps)) / decay_steps)) after (0 from total on)
+    """
+    if total_steps <= 0 or not 0 <= warmup_steps <= total_steps - decay_steps or decay_steps < 0:
+        raise ValueError(f"warmup_steps={warmup_steps} + decay_steps={decay_steps} must fit in total_steps="
+                         f"{total_steps} (all >= 0)")
+
+    def schedule(step):
+        step = jnp.asarray(step, jnp.float32)
+        lr = jnp.full_like(step, peak)
+        if decay_steps > 0:
+            into = jnp.clip((step - (total_steps - decay_steps)) / decay_steps, 0.0, 1.0)
+            lr = peak * (1.0 - jnp.sqrt(into))
         if warmup_steps > 0:
             lr = jnp.where(step < warmup_steps, peak * step / warmup_steps, lr)
         return lr
@@ -324,9 +350,15 @@ def optimizer_from_config(optimizer_cfg, schedule_cfg, num_steps: int):
     if o.clip_norm < 0:
         raise ValueError(f"optimizer.clip_norm={o.clip_norm} must not be negative (0 turns clipping off)")
 
-    schedule = learning_rate_schedule(o.learning_rate, s.warmup_steps, num_steps, s.decay, s.power)
-    make = bert_adamw if o.name == "adamw" else lamb
+    if s.decay == "wsd":
+        schedule = warmup_stable_decay_schedule(o.learning_rate, s.warmup_steps, num_steps, s.get("decay_steps", 0))
+    else:
+        schedule = learning_rate_schedule(o.learning_rate, s.warmup_steps, num_steps, s.decay, s.power)
+    make = lamb if o.name == "lamb" else bert_adamw
     kwargs = dict(b1=o.b1, b2=o.b2, eps=o.eps, weight_decay=o.weight_decay)
+    if o.name == "decoupled_adamw":
+        # -lr(t) * (adam + wd/peak * w) = -lr(t) * adam - (lr(t)/peak) * wd * w: composer's DecoupledAdamW.
+        kwargs["weight_decay"] = o.weight_decay / o.learning_rate
     if o.bias_correction is not None:
         kwargs["bias_correction"] = bool(o.bias_correction)
     tx = make(schedule, **kwargs)

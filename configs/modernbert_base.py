@@ -1,0 +1,71 @@
+"""ModernBERT-Base (Warner et al. 2024), 149M parameters: L=22, H=768, A=12, GeGLU width 1,152.
+
+  python -m bertjax.train --config=configs/modernbert_base.py --workdir=$WORKDIR --config.data.source=...
+
+The network: pre-norm LayerNorm without biases (eps 1e-5) with an embedding norm, none before layer 0's
+attention and a final norm; no biases in the linear layers; rotary positions ("rotate half") with base
+10,000 on the local layers and 160,000 on the global ones; attention global on layers i % 3 == 0, else
+a sliding window of 128 in total (+-64); GeGLU feed-forward; a 50,368-token vocabulary; no dropout.
+Converts to and from HF ModernBertForMaskedLM (bertjax.interop.hf_families). The alternating layers
+and layer 0 cannot be scanned: scan_layers stays False.
+
+The recipe: masked LM only (data.objective=none) at 30% masking (held-out batches 15%), decoupled AdamW
+(weight decay 1e-5 scaled by lr / peak, not on norms or biases) lr 8e-4, betas (0.9, 0.98), eps 1e-6, a
+warmup-stable-decay schedule, sequences of 1,024. Batch and steps are derived from the paper's token
+counts (4,608 x 1,024 tokens a step; 3B tokens of warmup = 640 steps; 1.7T tokens = 360,000 steps; a
+1 - sqrt decay over the last 50B tokens = 10,600 steps); the paper's batch-size warmup and the
+8,192-token context extension are not reproduced.
+"""
+
+from configs import common
+
+
+def modernbert_model(config, layers: int, hidden: int, heads: int, intermediate: int):
+    """ModernBERT's network on config.model (shared by the base, large and tiny files)."""
+    m = config.model
+    m.num_layers, m.hidden_size, m.num_heads, m.intermediate_size = layers, hidden, heads, intermediate
+    m.vocab_size = 50368
+    m.max_position_embeddings = 8192  # rotary: no table, only the longest sequence allowed
+    m.type_vocab_size = 0  # no segment embeddings
+    m.position_embedding = "rotary"
+    m.rotary_theta = 10000.0
+    m.global_rotary_theta = 160000.0
+    m.local_attention_window = 128
+    m.global_attention_every = 3
+    m.activation = "geglu"
+    m.norm_placement = "pre"
+    m.norm = "layernorm"
+    m.use_bias = False
+    m.layer_norm_eps = 1e-5
+    m.hidden_dropout_rate = 0.0
+    m.attention_dropout_rate = 0.0
+    m.scan_layers = False
+
+
+def modernbert_recipe(config, learning_rate: float):
+    config.data.objective = "none"
+    config.data.mask_rate = 0.3
+    config.data.eval_mask_rate = 0.15
+    config.data.vocab_size = 50368
+    config.optimizer.name = "decoupled_adamw"
+    config.optimizer.learning_rate = learning_rate
+    config.optimizer.b1 = 0.9
+    config.optimizer.b2 = 0.98
+    config.optimizer.eps = 1e-6
+    config.optimizer.weight_decay = 1e-5
+    config.optimizer.bias_correction = True
+    config.optimizer.clip_norm = 0.0
+    config.schedule.decay = "wsd"
+
+
+def get_config():
+    config = common.base_config()
+    modernbert_model(config, layers=22, hidden=768, heads=12, intermediate=1152)
+    modernbert_recipe(config, learning_rate=8e-4)
+    config.data.max_seq_length = 1024
+    config.data.max_predictions_per_seq = 320  # 30% of 1,024 = 307, rounded up
+    config.schedule.warmup_steps = 640
+    config.schedule.decay_steps = 10_600
+    config.train.batch_size = 4608
+    config.train.num_steps = 360_000
+    return config

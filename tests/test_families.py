@@ -1,0 +1,287 @@
+"""The model families (RoBERTa, ALBERT, ModernBERT) as options of the one encoder, against transformers:
+random small weights in float32, logits within 1e-5 of the reference, and HF -> bertjax -> HF bit-exact.
+
+As in tests/test_hf.py, every reference parameter (norms and biases included) is overwritten with
+noise, so that a wrong name, transpose or reshape in a family's table shows up in the outputs.
+"""
+
+import dataclasses
+import functools
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+import torch
+import transformers
+
+from bertjax.interop import hf, hf_families, pretrained
+from bertjax.models import bert as bert_model
+
+ATOL = 1e-5
+MAX_DIFFERENCES = {}  # family -> max |logit difference|, printed by the last test (-s)
+
+
+def randomize(hf_model, seed: int = 0):
+    generator = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in hf_model.named_parameters():
+            noise = torch.randn(p.shape, generator=generator)
+            is_scale = name.endswith("weight") and p.ndim == 1  # a norm's scale
+            p.copy_(1.0 + 0.1 * noise if is_scale else 0.05 * noise)
+    return hf_model.eval()
+
+
+def make_batch(vocab: int, pad: int, seq: int = 12, seed: int = 0) -> dict:
+    """Three right-padded rows (padding = the family's pad id), three predictions per row, the last
+    row's third a padding prediction at position 0. Real ids avoid the special ids 0..3."""
+    rng = np.random.default_rng(seed)
+    lengths = np.array([seq, 7, 4])
+    input_mask = (np.arange(seq)[None, :] < lengths[:, None]).astype(np.int32)
+    input_ids = np.where(input_mask == 1, rng.integers(4, vocab, size=(3, seq)), pad).astype(np.int32)
+    segment_ids = np.zeros_like(input_ids)
+    positions = np.stack([np.sort(rng.choice(np.arange(1, n), size=3, replace=False)) for n in lengths])
+    positions[2, 2] = 0
+    return dict(input_ids=input_ids, segment_ids=segment_ids, input_mask=input_mask,
+                masked_lm_positions=positions.astype(np.int32))
+
+
+@functools.lru_cache(maxsize=None)
+def _forward(cfg: bert_model.BertConfig):
+    def forward(params, batch):
+        out = bert_model.BertForPreTraining(cfg).apply({"params": params}, **batch, heads_only=True)
+        inputs = {k: batch[k] for k in ("input_ids", "segment_ids", "input_mask")}
+        full = bert_model.BertModel(cfg).apply({"params": params["bert"]}, **inputs, output_hidden_states=True)
+        return {"mlm_logits": out["mlm_logits"], "nsp_logits": out["nsp_logits"], **full}
+
+    return jax.jit(forward)
+
+
+def hf_reference(hf_model, batch: dict, **kwargs) -> dict:
+    ids = torch.as_tensor(batch["input_ids"], dtype=torch.long)
+    mask = torch.as_tensor(batch["input_mask"], dtype=torch.long)
+    with torch.no_grad():
+        out = hf_model(input_ids=ids, attention_mask=mask, output_hidden_states=True, **kwargs)
+    logits = out.logits if hasattr(out, "logits") else out.prediction_logits
+    return {"mlm_logits": np.take_along_axis(logits.numpy(), batch["masked_lm_positions"][..., None], axis=1),
+            "hidden_states": [h.numpy() for h in out.hidden_states], "out": out}
+
+
+def check_parity(family: str, cfg, params, batch, ref) -> float:
+    ours = jax.device_get(_forward(cfg)(params, batch))
+    real = batch["input_mask"].astype(bool)
+    assert len(ours["hidden_states"]) == len(ref["hidden_states"])
+    for a, b in zip(ours["hidden_states"][:-1], ref["hidden_states"][:-1]):
+        np.testing.assert_allclose(a[real], b[real], rtol=0, atol=ATOL)
+    difference = float(np.abs(ours["mlm_logits"] - ref["mlm_logits"]).max())
+    np.testing.assert_allclose(ours["mlm_logits"], ref["mlm_logits"], rtol=0, atol=ATOL)
+    MAX_DIFFERENCES[family] = difference
+    return difference
+
+
+def check_round_trip(hf_model, cfg, params, model_type: str, tmp_path):
+    """bertjax -> HF gives the reference's own tensors (tied copies aside), bit for bit, and a directory
+    the transformers class loads with nothing missing."""
+    family = hf_families.FAMILIES[model_type]
+    state = hf_families.params_to_hf(params, cfg, family)
+    reference = {k: v.numpy() for k, v in hf_model.state_dict().items() if k not in family.tied}
+    reference = {k: v for k, v in reference.items() if not k.endswith("_ids")}
+    assert sorted(state) == sorted(reference)
+    for name, x in state.items():
+        np.testing.assert_array_equal(x, reference[name], err_msg=name)
+    model_type_found = hf_families.model_type_of(cfg)  # how bertjax.export finds the family
+    assert model_type_found == model_type
+    hf_families.save_hf_checkpoint(tmp_path / "out", cfg, params, model_type_found)
+    loaded, info = type(hf_model).from_pretrained(tmp_path / "out", output_loading_info=True)
+    assert not info["missing_keys"] and not info["unexpected_keys"], info
+    for name, x in loaded.state_dict().items():
+        if name in reference:
+            np.testing.assert_array_equal(x.numpy(), reference[name], err_msg=name)
+
+
+# --------------------------------------------------------------------------------------------------
+# RoBERTa
+# --------------------------------------------------------------------------------------------------
+
+ROBERTA = dict(vocab_size=101, hidden_size=64, num_hidden_layers=2, num_attention_heads=4, intermediate_size=96,
+               max_position_embeddings=20, type_vocab_size=1, layer_norm_eps=1e-5, pad_token_id=1)
+
+
+@pytest.fixture(scope="module")
+def roberta(tmp_path_factory):
+    config = transformers.RobertaConfig(**ROBERTA, attn_implementation="eager")
+    torch.manual_seed(0)
+    hf_model = randomize(transformers.RobertaForMaskedLM(config))
+    directory = tmp_path_factory.mktemp("roberta")
+    hf_model.save_pretrained(directory)
+    return hf_model, directory
+
+
+def test_roberta_parity_with_transformers(roberta):
+    hf_model, directory = roberta
+    loaded = pretrained.load(str(directory), tokenizer=False)
+    cfg, params = loaded.config, loaded.params
+    assert (cfg.position_offset, cfg.type_vocab_size, cfg.max_position_embeddings) == (2, 1, 20)
+    assert sorted(loaded.missing) == ["bert/pooler/bias", "bert/pooler/kernel", "nsp_head/bias", "nsp_head/kernel"]
+    batch = make_batch(ROBERTA["vocab_size"], pad=1, seq=18)  # 18 + offset 2 = the whole position table
+    check_parity("roberta", cfg, params, batch, hf_reference(hf_model, batch))
+
+
+def test_roberta_round_trip(roberta, tmp_path):
+    hf_model, directory = roberta
+    cfg, params, _ = hf_families.load_hf_checkpoint(directory)
+    check_round_trip(hf_model, cfg, params, "roberta", tmp_path)
+
+
+# --------------------------------------------------------------------------------------------------
+# ALBERT: E != H, 4 layers in 2 shared groups, tanh GELU, SOP head
+# --------------------------------------------------------------------------------------------------
+
+ALBERT = dict(vocab_size=97, embedding_size=24, hidden_size=64, num_hidden_layers=4, num_hidden_groups=2,
+              num_attention_heads=4, intermediate_size=80, max_position_embeddings=16, hidden_act="gelu_new",
+              pad_token_id=0)
+
+
+@pytest.fixture(scope="module")
+def albert(tmp_path_factory):
+    config = transformers.AlbertConfig(**ALBERT, attn_implementation="eager")
+    torch.manual_seed(0)
+    hf_model = randomize(transformers.AlbertForPreTraining(config), seed=1)
+    directory = tmp_path_factory.mktemp("albert")
+    hf_model.save_pretrained(directory)
+    return hf_model, directory
+
+
+def test_albert_parity_with_transformers(albert):
+    hf_model, directory = albert
+    loaded = pretrained.load(str(directory), tokenizer=False)
+    cfg, params = loaded.config, loaded.params
+    assert loaded.missing == []
+    assert (cfg.embedding_width, cfg.num_groups, cfg.activation) == (24, 2, "gelu_tanh")
+    assert sorted(k for k in params["bert"]["encoder"]) == ["layers_0", "layers_1"]  # two groups of parameters
+    batch = make_batch(ALBERT["vocab_size"], pad=0, seq=16, seed=1)
+    batch["segment_ids"] = (np.arange(16)[None, :] >= 5).astype(np.int32) * batch["input_mask"]
+    ref = hf_reference(hf_model, batch, token_type_ids=torch.as_tensor(batch["segment_ids"], dtype=torch.long))
+    check_parity("albert", cfg, params, batch, ref)
+    ours = jax.device_get(_forward(cfg)(params, batch))
+    np.testing.assert_allclose(ours["nsp_logits"], ref["out"].sop_logits.numpy(), rtol=0, atol=ATOL)
+
+
+def test_albert_round_trip(albert, tmp_path):
+    hf_model, directory = albert
+    cfg, params, _ = hf_families.load_hf_checkpoint(directory)
+    check_round_trip(hf_model, cfg, params, "albert", tmp_path)
+
+
+# --------------------------------------------------------------------------------------------------
+# ModernBERT: pre-norm without biases, RoPE (two bases), GeGLU, global every 2nd layer, window 4 (+-2)
+# --------------------------------------------------------------------------------------------------
+
+MODERNBERT = dict(vocab_size=103, hidden_size=64, num_hidden_layers=3, num_attention_heads=4, intermediate_size=48,
+                  max_position_embeddings=64, local_attention=4, global_attn_every_n_layers=2,
+                  global_rope_theta=160000.0, local_rope_theta=10000.0, pad_token_id=0, bos_token_id=1,
+                  cls_token_id=1, eos_token_id=2, sep_token_id=2)
+
+
+@pytest.fixture(scope="module")
+def modernbert(tmp_path_factory):
+    config = transformers.ModernBertConfig(**MODERNBERT, attn_implementation="eager")
+    torch.manual_seed(0)
+    hf_model = randomize(transformers.ModernBertForMaskedLM(config), seed=2)
+    directory = tmp_path_factory.mktemp("modernbert")
+    hf_model.save_pretrained(directory)
+    return hf_model, directory
+
+
+def test_modernbert_parity_with_transformers(modernbert):
+    hf_model, directory = modernbert
+    loaded = pretrained.load(str(directory), tokenizer=False)
+    cfg, params = loaded.config, loaded.params
+    assert (cfg.local_attention_window, cfg.global_attention_every, cfg.global_rotary_theta) == (4, 2, 160000.0)
+    assert "attention_layer_norm" not in params["bert"]["encoder"]["layers_0"]  # HF's Identity
+    batch = make_batch(MODERNBERT["vocab_size"], pad=0, seq=12, seed=2)
+    check_parity("modernbert", cfg, params, batch, hf_reference(hf_model, batch))
+
+
+def test_modernbert_round_trip(modernbert, tmp_path):
+    hf_model, directory = modernbert
+    cfg, params, _ = hf_families.load_hf_checkpoint(directory)
+    check_round_trip(hf_model, cfg, params, "modernbert", tmp_path)
+
+
+def test_max_logit_differences_reported():
+    print("max |logit difference| vs transformers:", MAX_DIFFERENCES)
+
+
+# --------------------------------------------------------------------------------------------------
+# The options themselves: validation, scan and remat, and that the parity tests would see a mistake
+# --------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("fields, keys", [
+    (dict(num_layers=4, num_hidden_groups=3), "model.num_hidden_groups=3 must divide model.num_layers=4"),
+    (dict(hidden_size=30, num_heads=2, position_embedding="rotary"), "model.position_embedding='rotary' needs"),
+    (dict(num_layers=4, scan_layers=True, local_attention_window=8, global_attention_every=2),
+     "cannot scan alternating local/global attention"),
+    (dict(num_layers=4, scan_layers=True, num_hidden_groups=1), "model.scan_layers=True cannot share layers"),
+    (dict(norm_placement="pre", pre_layer_norm=True), "model.pre_layer_norm=True and model.norm_placement='pre'"),
+    (dict(activation="swiglu"), "model.activation='swiglu': choose one of"),
+    (dict(position_embedding="rotary", position_offset=2), "model.position_offset is set but"),
+])
+def test_incompatible_options_are_one_line_naming_the_keys(fields, keys):
+    with pytest.raises(ValueError) as error:
+        bert_model.BertConfig(**{"hidden_size": 32, "num_heads": 2, "intermediate_size": 48, **fields})
+    message = str(error.value)
+    assert keys in message and "\n" not in message, message
+
+
+def _small(**fields):
+    return bert_model.BertConfig(vocab_size=50, hidden_size=32, num_layers=3, num_heads=4, intermediate_size=40,
+                                 max_position_embeddings=20, hidden_dropout_rate=0.0, attention_dropout_rate=0.0,
+                                 **fields)
+
+
+SCANNABLE = dict(position_embedding="rotary", rotary_theta=500.0, activation="geglu", norm="rmsnorm", use_bias=False,
+                 type_vocab_size=0)
+
+
+@pytest.mark.parametrize("remat", ["none", "full"])
+def test_options_under_scan_and_remat_compute_the_unrolled_network(remat):
+    cfg = _small(**SCANNABLE)
+    batch = make_batch(50, pad=0, seq=10, seed=3)
+    params = nn.meta.unbox(bert_model.BertForPreTraining(cfg).init(jax.random.PRNGKey(0), **batch)["params"])
+    scanned_cfg = _small(**SCANNABLE, scan_layers=True, remat_policy=remat)
+    scanned = dict(params, bert=dict(params["bert"], encoder=bert_model.stack_layers(params["bert"]["encoder"], 3)))
+    a = _forward(cfg)(params, batch)
+    b = _forward(scanned_cfg)(scanned, batch)
+    np.testing.assert_allclose(a["mlm_logits"], b["mlm_logits"], atol=1e-5)
+
+    def loss(p, c):
+        return jnp.sum(bert_model.BertForPreTraining(c).apply({"params": p}, **batch, heads_only=True)["mlm_logits"])
+
+    g_a = jax.grad(loss)(params, cfg)["bert"]["encoder"]
+    g_b = bert_model.unstack_layers(jax.grad(loss)(scanned, scanned_cfg)["bert"]["encoder"], 3)
+    jax.tree_util.tree_map(lambda x, y: np.testing.assert_allclose(x, y, atol=1e-5), g_a, g_b)
+
+
+def test_modernbert_window_and_rotary_bases_matter(modernbert):
+    """The parity test would notice a window or a rotary base left out: each moves the logits by well over
+    its tolerance."""
+    hf_model, directory = modernbert
+    cfg, params, _ = hf_families.load_hf_checkpoint(directory)
+    batch = make_batch(MODERNBERT["vocab_size"], pad=0, seq=12, seed=2)
+    reference = np.asarray(_forward(cfg)(params, batch)["mlm_logits"])
+    for change in (dict(local_attention_window=0), dict(global_rotary_theta=0.0), dict(rotary_theta=160000.0)):
+        other = np.asarray(_forward(dataclasses.replace(cfg, **change))(params, batch)["mlm_logits"])
+        assert np.abs(other - reference).max() > 10 * ATOL, change
+
+
+def test_options_no_hugging_face_class_has_are_refused_on_export():
+    assert hf_families.model_type_of(_small()) == "bert"
+    with pytest.raises(ValueError, match=r"model options \['norm'\] make a network no Hugging Face class has"):
+        hf_families.model_type_of(_small(norm="rmsnorm"))
+    with pytest.raises(ValueError, match="a ModernBERT checkpoint needs"):
+        hf_families.model_type_of(_small(**SCANNABLE))
+    with pytest.raises(ValueError, match=r"model options \['position_offset'\] are not BERT's"):
+        hf.config_to_hf(_small(position_offset=2))
