@@ -4,7 +4,7 @@ one score per pair and a softmax over the C. Features and scoring are classifica
 import numpy as np
 
 from bertjax.models import heads
-from bertjax.tasks.kinds import classification
+import bertjax.tasks.kinds.classification as classification
 from bertjax.tasks.kinds.base import Kind, refuse_questions
 
 
