@@ -6,7 +6,6 @@ import pathlib
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 import pytest
 
 from bertjax.training import sharding
