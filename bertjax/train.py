@@ -136,6 +136,9 @@ def train(config, workdir: str) -> int:
                                                                       process_count)
     tokenizer_meta = tokenizer_metadata(tokenizer, vocab_path, bert_config, workdir, is_primary)
     eval_global = [sharding.global_batch(b, data_sharding) for b in eval_batches]
+    baseline = pretraining.constant_guess_accuracy(eval_batches)
+    if baseline is not None:
+        say(f"held-out masked LM: the most frequent masked token, guessed everywhere, scores mlm_acc {baseline:.3f}")
 
     # ---------------------------------------------------------------- jitted steps
     p_train_step, p_eval_step = setup.compile_steps(data_sharding, grad_accum)
@@ -250,9 +253,7 @@ class RunHooks:
                                                      * config.data.max_seq_length))
         if self.flops_per_token is None:
             fraction = float(window["mlm_count"]) / max(real_tokens, 1.0)
-            self.flops_per_token = flops.train_flops_per_token(
-                bert_config.num_layers, bert_config.hidden_size, config.data.max_seq_length,
-                bert_config.vocab_size, fraction)
+            self.flops_per_token = flops.config_flops_per_token(bert_config, config.data.max_seq_length, fraction)
         if self.peak and "tokens_per_second" in speed:
             out["mfu"] = flops.mfu(speed["tokens_per_second"], self.flops_per_token, jax.device_count(), self.peak)
         self.writer.write(step, out)

@@ -4,8 +4,9 @@
 
 What differs from BERT: no next-sentence prediction (data.objective=none: FULL-SENTENCES rows of
 contiguous sentences up to 512 tokens, crossing documents), masks re-drawn every epoch (bertjax's
-masking always is), one segment (type_vocab_size 1), positions from padding_idx + 1 = 2 (514 rows, as
-HF RobertaForMaskedLM: the weights convert both ways, bertjax.interop.hf_families), LayerNorm eps 1e-5,
+masking always is), one segment (type_vocab_size 1), positions from padding_idx + 1 = 1 (513 rows, as
+HF RobertaForMaskedLM numbers them with bertjax's [PAD] at 0: the weights convert both ways,
+bertjax.interop.hf_families), LayerNorm eps 1e-5,
 Adam b2 0.98 with bias correction, eps 1e-6, weight decay 0.01, no clipping, lr 6e-4 with 24,000 warmup
 steps then linear decay to 0 at 500,000 steps, batch 8,192 sequences of 512 tokens (Table 9).
 The paper's tokenizer is a 50,265-token byte-level BPE; bertjax learns a WordPiece vocabulary of that
@@ -22,8 +23,10 @@ def get_config():
     config.model.num_heads = 12  # hidden / 64
     config.model.intermediate_size = 3072  # 4 * hidden
     config.model.vocab_size = 50265
-    config.model.max_position_embeddings = 514  # 512 + padding_idx + 1
-    config.model.position_offset = 2  # padding_idx (1) + 1
+    config.model.max_position_embeddings = 513  # 512 + padding_idx + 1
+    # HF RoBERTa numbers positions from padding_idx + 1, and bertjax vocabularies put [PAD] at id 0
+    # (the released roberta-base has <pad> at 1, so its checkpoints load with offset 2).
+    config.model.position_offset = 1
     config.model.type_vocab_size = 1
     config.model.layer_norm_eps = 1e-5
 

@@ -4,7 +4,7 @@ minutes on a CPU.
   python -m bertjax.train --config=configs/roberta_tiny.py --workdir=/tmp/bertjax-roberta-tiny
 
 RoBERTa's choices at this size: no next-sentence prediction (data.objective=none, FULL-SENTENCES rows),
-one segment, positions from 2, LayerNorm eps 1e-5, Adam b2 0.98 with bias correction, eps 1e-6. The rest
+one segment, positions from [PAD]'s id + 1, LayerNorm eps 1e-5, Adam b2 0.98 with bias correction, eps 1e-6. The rest
 (lr 1e-3, 60 warmup steps, 600 steps of 32 x 128 tokens, an 8k WordPiece vocabulary) is configs/tiny.py's,
 so the two runs compare.
 """
@@ -19,8 +19,8 @@ def get_config():
     config.model.num_heads = 2  # hidden / 64
     config.model.intermediate_size = 512  # 4 * hidden
     config.model.vocab_size = 8192
-    config.model.max_position_embeddings = 130  # 128 + padding_idx + 1
-    config.model.position_offset = 2
+    config.model.max_position_embeddings = 129  # 128 + padding_idx + 1
+    config.model.position_offset = 1  # [PAD] (id 0) + 1, as HF RoBERTa numbers positions
     config.model.type_vocab_size = 1
     config.model.layer_norm_eps = 1e-5
 

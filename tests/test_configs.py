@@ -49,7 +49,8 @@ def test_family_config_file_is_a_valid_model(name):
     config = runpy.run_path(str(REPO / "configs" / f"{name}.py"))["get_config"]()
     cfg = bert.BertConfig.from_dict(config.model.to_dict(), platform="cpu")
     family = name.split("_")[0]
-    expected = {"roberta": ("none", 2, "learned"), "albert": ("sop", 0, "learned"),
+    # RoBERTa: positions from [PAD]'s id + 1, and bertjax vocabularies put [PAD] at 0.
+    expected = {"roberta": ("none", 1, "learned"), "albert": ("sop", 0, "learned"),
                 "modernbert": ("none", 0, "rotary")}[family]
     assert (config.data.objective, cfg.position_offset, cfg.position_embedding) == expected
 

@@ -360,3 +360,19 @@ def test_continued_pretraining_from_hugging_face(tmp_path):
                                    attention_mask=torch.as_tensor(batch["input_mask"], dtype=torch.long),
                                    labels=labels).loss)
     assert abs(first["mlm_loss"] - expected) < 1e-4 * expected, (first["mlm_loss"], expected)
+
+
+def test_constant_guess_accuracy_is_the_most_frequent_masked_label_share():
+    """The baseline the training log prints: Counter over the real (weight 1) labels of all batches."""
+    import collections
+
+    from bertjax.training import pretraining as pretraining_lib
+
+    rng = np.random.default_rng(0)
+    batches = [{"masked_lm_ids": rng.integers(0, 6, (4, 5)), "masked_lm_weights": (rng.random((4, 5)) < 0.7).astype(np.float32)}
+               for _ in range(3)]
+    labels = [int(i) for b in batches for i, w in zip(b["masked_lm_ids"].ravel(), b["masked_lm_weights"].ravel()) if w]
+    expected = collections.Counter(labels).most_common(1)[0][1] / len(labels)
+    assert pretraining_lib.constant_guess_accuracy(batches) == pytest.approx(expected)
+    empty = [{"masked_lm_ids": np.zeros((2, 3), np.int64), "masked_lm_weights": np.zeros((2, 3), np.float32)}]
+    assert pretraining_lib.constant_guess_accuracy(empty) is None

@@ -7,6 +7,7 @@ import dataclasses
 import functools
 
 import jax.numpy as jnp
+import numpy as np
 
 from bertjax.models import bert
 from bertjax.training import optim
@@ -75,6 +76,14 @@ class PretrainingSetup(state.Setup):
         p_eval_step = self.compile_eval_step(functools.partial(eval_step, net=self.net, objective=self.objective),
                                              data_sharding)
         return p_train_step, p_eval_step
+
+
+def constant_guess_accuracy(eval_batches: list) -> float | None:
+    """Held-out masked-LM accuracy of the best constant guess, the most frequent masked token of these
+    batches: the figure a model's mlm_acc must beat to have learned anything beyond token frequency.
+    None when the batches hold no prediction."""
+    labels = np.concatenate([b["masked_lm_ids"][b["masked_lm_weights"] > 0] for b in eval_batches])
+    return float(np.bincount(labels).max() / labels.size) if labels.size else None
 
 
 def setup(config, mesh, rules, init_key, platform: str | None = None) -> PretrainingSetup:
