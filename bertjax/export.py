@@ -9,7 +9,9 @@ dev checkpoint; --step=N one step of its checkpoints/) or a checkpoint directory
   hf          model.safetensors, config.json and the tokenizer's files: transformers' AutoTokenizer and
               BertForPreTraining (or the fine-tuned task's class) load it with nothing missing or
               unused; --hf_class=masked_lm writes BertForMaskedLM's weights alone, which
-              AutoModelForMaskedLM and pipeline("fill-mask") load with nothing unused (bertjax/hf.py)
+              AutoModelForMaskedLM and pipeline("fill-mask") load with nothing unused (bertjax/hf.py).
+              RoBERTa, ALBERT and ModernBERT models go to their family's classes (RobertaForMaskedLM,
+              ModernBertForSequenceClassification, ...: bertjax/interop/hf_families.py)
   savedmodel  a TensorFlow SavedModel for TF Serving, signatures on raw strings (bertjax/savedmodel.py)
   params      params.npz (the parameter tree, flattened with "/"), config.json and the vocabulary
 Every export also writes a README.md model card (bertjax/model_card.py). The export is written to a
@@ -104,8 +106,12 @@ def write_hf(bert, directory: str, hf_class: str = "pretraining") -> None:
             raise ValueError("the feature-based tagger (a BiLSTM on frozen features) has no Hugging Face class: "
                              "export it with --format=params")
         labels = list(bert.task.get("labels") or []) or None
-        hf.save_hf_head(directory, bert.config, params, bert.task["kind"], label_names=labels, vocab_path=vocab,
-                        lower_case=lower_case)
+        if model_type == "bert":
+            hf.save_hf_head(directory, bert.config, params, bert.task["kind"], label_names=labels, vocab_path=vocab,
+                            lower_case=lower_case)
+        else:  # the family's task class: RobertaForSequenceClassification, ModernBertForTokenClassification, ...
+            hf_families.save_hf_head(directory, bert.config, params, model_type, bert.task["kind"],
+                                     label_names=labels, vocab_path=vocab, lower_case=lower_case)
     _write_tokenizer_files(bert, directory)
 
 
@@ -121,10 +127,11 @@ def _write_tokenizer_files(bert, directory: str) -> None:
     with open(os.path.join(directory, "special_tokens_map.json"), "w") as f:
         json.dump(special, f, indent=2)
     if bert.tokenizer.kind == "sentencepiece":
-        from bertjax.interop import hf_tokenizer
+        from bertjax.interop import hf_files, hf_tokenizer
 
         hf_tokenizer.write_sentencepiece_tokenizer(bert.tokenizer, bert.vocab_path, directory,
-                                                   model_max_length=bert.config.max_position_embeddings)
+                                                   model_max_length=bert.config.max_position_embeddings,
+                                                   model_input_names=hf_files.model_input_names(bert.config))
 
 
 def write_params(bert, directory: str, meta: dict) -> None:

@@ -6,8 +6,8 @@ The network: pre-norm LayerNorm without biases (eps 1e-5) with an embedding norm
 attention and a final norm; no biases in the linear layers; rotary positions ("rotate half") with base
 10,000 on the local layers and 160,000 on the global ones; attention global on layers i % 3 == 0, else
 a sliding window of 128 in total (+-64); GeGLU feed-forward; a 50,368-token vocabulary; no dropout.
-Converts to and from HF ModernBertForMaskedLM (bertjax.interop.hf_families). The alternating layers
-and layer 0 cannot be scanned: scan_layers stays False.
+Converts to and from HF ModernBertForMaskedLM (bertjax.interop.hf_families). With scan_layers=True layer 0
+(no attention norm) stays unrolled and layers 1..L-1 are scanned, each told whether it is local.
 
 The recipe: masked LM only (data.objective=none) at 30% masking (held-out batches 15%), decoupled AdamW
 (weight decay 1e-5 scaled by lr / peak, not on norms or biases) lr 8e-4, betas (0.9, 0.98), eps 1e-6, a
@@ -36,6 +36,7 @@ def modernbert_model(config, layers: int, hidden: int, heads: int, intermediate:
     m.norm_placement = "pre"
     m.norm = "layernorm"
     m.use_bias = False
+    m.pooler = "gelu_norm"  # ModernBERT's prediction head (dense, GELU, norm): its HF task classes' head
     m.layer_norm_eps = 1e-5
     m.hidden_dropout_rate = 0.0
     m.attention_dropout_rate = 0.0

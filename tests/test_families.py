@@ -18,6 +18,7 @@ import transformers
 
 from bertjax.interop import hf, hf_families, pretrained
 from bertjax.models import bert as bert_model
+from bertjax.models import layers
 
 ATOL = 1e-5
 MAX_DIFFERENCES = {}  # family -> max |logit difference|, printed by the last test (-s)
@@ -222,9 +223,6 @@ def test_max_logit_differences_reported():
 @pytest.mark.parametrize("fields, keys", [
     (dict(num_layers=4, num_hidden_groups=3), "model.num_hidden_groups=3 must divide model.num_layers=4"),
     (dict(hidden_size=30, num_heads=2, position_embedding="rotary"), "model.position_embedding='rotary' needs"),
-    (dict(num_layers=4, scan_layers=True, local_attention_window=8, global_attention_every=2),
-     "cannot scan alternating local/global attention"),
-    (dict(num_layers=4, scan_layers=True, num_hidden_groups=1), "model.scan_layers=True cannot share layers"),
     (dict(norm_placement="pre", pre_layer_norm=True), "model.pre_layer_norm=True and model.norm_placement='pre'"),
     (dict(activation="swiglu"), "model.activation='swiglu': choose one of"),
     (dict(position_embedding="rotary", position_offset=2), "model.position_offset is set but"),
@@ -237,7 +235,8 @@ def test_incompatible_options_are_one_line_naming_the_keys(fields, keys):
 
 
 def _small(**fields):
-    return bert_model.BertConfig(vocab_size=50, hidden_size=32, num_layers=3, num_heads=4, intermediate_size=40,
+    fields = {"num_layers": 3, **fields}
+    return bert_model.BertConfig(vocab_size=50, hidden_size=32, num_heads=4, intermediate_size=40,
                                  max_position_embeddings=20, hidden_dropout_rate=0.0, attention_dropout_rate=0.0,
                                  **fields)
 
@@ -245,24 +244,137 @@ def _small(**fields):
 SCANNABLE = dict(position_embedding="rotary", rotary_theta=500.0, activation="geglu", norm="rmsnorm", use_bias=False,
                  type_vocab_size=0)
 
+# Networks whose scanned layout differs from BERT's (bert.scanned_layout), at 4 layers: ALBERT's groups
+# stacked [G, ...], each run L/G times; ModernBERT's layer 0 unrolled and layers 1..3 stacked, local
+# (window 4 < seq 16, rotary base 500) or global (base 20,000) by a flag scanned over.
+SCANNED_FAMILIES = {
+    "albert_one_group": dict(num_layers=4, num_hidden_groups=1, embedding_size=24, activation="gelu_tanh"),
+    "albert_two_groups": dict(num_layers=4, num_hidden_groups=2),
+    "modernbert": dict(SCANNABLE, num_layers=4, norm_placement="pre", local_attention_window=4,
+                       global_attention_every=3, global_rotary_theta=20000.0),
+}
+SCAN_BATCH = make_batch(50, pad=0, seq=16, seed=3)
 
-@pytest.mark.parametrize("remat", ["none", "full"])
-def test_options_under_scan_and_remat_compute_the_unrolled_network(remat):
-    cfg = _small(**SCANNABLE)
-    batch = make_batch(50, pad=0, seq=10, seed=3)
-    params = nn.meta.unbox(bert_model.BertForPreTraining(cfg).init(jax.random.PRNGKey(0), **batch)["params"])
-    scanned_cfg = _small(**SCANNABLE, scan_layers=True, remat_policy=remat)
-    scanned = dict(params, bert=dict(params["bert"], encoder=bert_model.stack_layers(params["bert"]["encoder"], 3)))
-    a = _forward(cfg)(params, batch)
-    b = _forward(scanned_cfg)(scanned, batch)
-    np.testing.assert_allclose(a["mlm_logits"], b["mlm_logits"], atol=1e-5)
 
-    def loss(p, c):
-        return jnp.sum(bert_model.BertForPreTraining(c).apply({"params": p}, **batch, heads_only=True)["mlm_logits"])
+def _scanned_pair(family: str, **compute):
+    """(unrolled config, scanned config, unrolled params, the same params stacked). Random params of the
+    init's shapes (norm scales near 1), drawn in numpy: an eager init costs seconds per config."""
+    cfg = _small(**SCANNED_FAMILIES[family])
+    scanned_cfg = dataclasses.replace(cfg, scan_layers=True, **compute)
+    shapes = jax.eval_shape(bert_model.BertForPreTraining(cfg).init, jax.random.PRNGKey(0), **SCAN_BATCH)
+    rng = np.random.default_rng(0)
+    params = jax.tree_util.tree_map_with_path(
+        lambda path, x: (1.0 if "scale" in jax.tree_util.keystr(path) else 0.0) + rng.normal(0, 0.1, x.shape).astype(x.dtype),
+        nn.meta.unbox(shapes["params"]))
+    encoder = bert_model.stack_layers(params["bert"]["encoder"], scanned_cfg)
+    return cfg, scanned_cfg, params, dict(params, bert=dict(params["bert"], encoder=encoder))
 
-    g_a = jax.grad(loss)(params, cfg)["bert"]["encoder"]
-    g_b = bert_model.unstack_layers(jax.grad(loss)(scanned, scanned_cfg)["bert"]["encoder"], 3)
-    jax.tree_util.tree_map(lambda x, y: np.testing.assert_allclose(x, y, atol=1e-5), g_a, g_b)
+
+# Compiling is most of the scan tests' time, and these tiny programs run in milliseconds: LLVM's
+# optimisation passes, about half of each compile on CPU, are skipped (float semantics are unchanged).
+QUICK_COMPILE = {"xla_backend_optimization_level": 0}
+
+
+@functools.lru_cache(maxsize=None)
+def _encoder_grad_and_outputs(cfg: bert_model.BertConfig):
+    """One compiled function per config: the gradient of a loss on the encoder's output, with its output
+    and every layer's hidden state."""
+
+    def loss(encoder_params, x, padding):
+        y, hidden = bert_model.Encoder(cfg).apply({"params": encoder_params}, x, padding, True, True)
+        return jnp.mean(jnp.sin(y)), [y, *hidden]  # sin: the gradient depends on every layer
+
+    return jax.jit(jax.grad(loss, has_aux=True), compiler_options=QUICK_COMPILE)
+
+
+def _encoder_inputs():
+    """x [B, S, H] and the padding (mask [B, 1, 1, S], lengths [B]) of SCAN_BATCH."""
+    x = np.random.default_rng(1).normal(0, 1, (*SCAN_BATCH["input_ids"].shape, 32)).astype(np.float32)
+    mask = SCAN_BATCH["input_mask"] > 0
+    return x, (mask[:, None, None, :], mask.sum(-1).astype(np.int32))
+
+
+def _assert_trees_close(a, b, atol=1e-5):
+    assert jax.tree_util.tree_structure(a) == jax.tree_util.tree_structure(b)
+    jax.tree_util.tree_map(lambda x, y: np.testing.assert_allclose(x, y, rtol=0, atol=atol), a, b)
+
+
+@pytest.mark.parametrize("family, remat", [("albert_one_group", "none"), ("albert_two_groups", "save_named"),
+                                           ("modernbert", "none"), ("modernbert", "full")])
+def test_options_under_scan_and_remat_compute_the_unrolled_network(family, remat):
+    """The scanned layouts compute the unrolled network, outputs and gradients (the heads' rows taken
+    after a scan are compared with transformers in the next test)."""
+    cfg, scanned_cfg, params, scanned = _scanned_pair(family, remat_policy=remat)
+    # The scanned model initialises the tree that stack_layers builds, and unstack_layers undoes it.
+    init = jax.eval_shape(bert_model.BertForPreTraining(scanned_cfg).init, jax.random.PRNGKey(0), **SCAN_BATCH)
+    _assert_trees_close(jax.tree_util.tree_map(lambda x: x.shape, nn.meta.unbox(init["params"])),
+                        jax.tree_util.tree_map(lambda x: x.shape, scanned))
+    _assert_trees_close(bert_model.unstack_layers(scanned["bert"]["encoder"], scanned_cfg), params["bert"]["encoder"], 0)
+
+    grads, outputs = _encoder_grad_and_outputs(cfg)(params["bert"]["encoder"], *_encoder_inputs())
+    scanned_grads, scanned_outputs = _encoder_grad_and_outputs(scanned_cfg)(scanned["bert"]["encoder"],
+                                                                            *_encoder_inputs())
+    assert len(outputs) == 1 + cfg.num_layers
+    _assert_trees_close(outputs, scanned_outputs)
+    _assert_trees_close(grads, bert_model.unstack_layers(scanned_grads, scanned_cfg))
+
+
+@pytest.mark.parametrize("family", ["albert", "modernbert"])
+def test_scanned_families_convert_to_and_from_hugging_face(family, request):
+    """Loading a family's HF directory with scan_layers=True stacks what the unrolled load gives, exports
+    the same tensors, and computes transformers' outputs."""
+    hf_model, directory = request.getfixturevalue(family)
+    cfg, params, _ = hf_families.load_hf_checkpoint(directory)
+    scanned_cfg, scanned, _ = hf_families.load_hf_checkpoint(directory, {"scan_layers": True})
+    assert scanned_cfg == dataclasses.replace(cfg, scan_layers=True)
+    expected = {"albert": ["layers"], "modernbert": ["final_layer_norm", "layers", "layers_0"]}[family]
+    assert sorted(scanned["bert"]["encoder"]) == expected
+    unstacked = bert_model.unstack_layers(scanned["bert"]["encoder"], scanned_cfg)
+    jax.tree_util.tree_map(np.testing.assert_array_equal, unstacked, params["bert"]["encoder"])
+
+    model_type = hf_families.model_type_of(scanned_cfg)
+    exported = hf_families.params_to_hf(scanned, scanned_cfg, hf_families.FAMILIES[model_type])
+    reference = hf_families.params_to_hf(params, cfg, hf_families.FAMILIES[model_type])
+    assert sorted(exported) == sorted(reference)
+    for name, x in exported.items():
+        np.testing.assert_array_equal(x, reference[name], err_msg=name)
+
+    if family == "albert":  # the batches of the parity tests above
+        batch = make_batch(ALBERT["vocab_size"], pad=0, seq=16, seed=1)
+        batch["segment_ids"] = (np.arange(16)[None, :] >= 5).astype(np.int32) * batch["input_mask"]
+        ref = hf_reference(hf_model, batch, token_type_ids=torch.as_tensor(batch["segment_ids"], dtype=torch.long))
+    else:
+        batch = make_batch(MODERNBERT["vocab_size"], pad=0, seq=12, seed=2)
+        ref = hf_reference(hf_model, batch)
+    check_parity(f"{family} (scanned)", scanned_cfg, scanned, batch, ref)
+
+
+def test_scanned_cudnn_path_selects_the_window_by_lax_cond(monkeypatch):
+    """cuDNN attention does not run on CPU. With the XLA implementation of jax.nn.dot_product_attention
+    standing in for it, the scanned cuDNN path (padding as lengths, each layer's kernel window or none
+    chosen by lax.cond) computes the unrolled XLA network; and the families' cuDNN configs construct."""
+    for family in ("albert_two_groups", "modernbert"):
+        _small(**SCANNED_FAMILIES[family], scan_layers=True, attention_impl="cudnn", dtype="bfloat16")
+    cfg, scanned_cfg, params, scanned = _scanned_pair("modernbert", attention_impl="cudnn")
+    _, expected = _encoder_grad_and_outputs(cfg)(params["bert"]["encoder"], *_encoder_inputs())
+
+    fused_attention = layers.fused_attention
+    calls = set()
+
+    def xla_for_cudnn(q, k, v, *, implementation, **kwargs):
+        calls.add((implementation, kwargs["local_window"], kwargs["mask"] is None))
+        return fused_attention(q, k, v, implementation="xla", **kwargs)
+
+    monkeypatch.setattr(layers, "fused_attention", xla_for_cudnn)
+    forward = jax.jit(lambda p, x, padding: bert_model.Encoder(scanned_cfg).apply({"params": p}, x, padding, True, True))
+    traced = forward.trace(scanned["bert"]["encoder"], *_encoder_inputs())
+    assert "cond[" in str(traced.jaxpr)  # one branch runs, not both under a select
+    # Layer 0 (global, unrolled) and both branches of the scanned layers' cond; padding always as lengths.
+    assert calls == {("cudnn", None, False), ("cudnn", None, True), ("cudnn", (2, 2), True)}, calls
+    y, hidden = traced.lower().compile(QUICK_COMPILE)(scanned["bert"]["encoder"], *_encoder_inputs())
+    real = SCAN_BATCH["input_mask"].astype(bool)
+    for a, b in zip([y, *hidden], expected):  # the real rows: padded ones attend to nothing in a local window
+        np.testing.assert_allclose(np.asarray(a)[real], np.asarray(b)[real], rtol=0, atol=ATOL)
 
 
 def test_modernbert_window_and_rotary_bases_matter(modernbert):

@@ -36,6 +36,68 @@ def test_flops_per_token_terms():
         flops.train_flops_per_token(0, 768, 128, VOCAB, 0.1)
 
 
+
+def test_flops_per_token_albert_shape():
+    # ALBERT-base at S=128, p=20/128: L=12, H=768, F=3072, E=128, V=30000.
+    #   dense layers   6 * 12 * (4*768^2 + 2*768*3072) = 6 * 12 * 7,077,888     = 509,607,936
+    #   E->H projection 6 * 128 * 768                                            =     589,824
+    #   attention      12 * 12 * 128 * 768                                       =  14,155,776
+    #   MLM head       6 * (20/128) * (768*128 + 128*30000) = 0.9375 * 3,938,304 =   3,692,160
+    #   total                                                                       528,045,696
+    per_token = flops.train_flops_per_token(12, 768, 128, 30000, 20 / 128, intermediate_size=3072, embedding_size=128)
+    assert per_token == 528_045_696
+    # E = H is BERT: no projection, the same head.
+    assert flops.train_flops_per_token(12, 768, 128, VOCAB, 0.1, embedding_size=768) == \
+        flops.train_flops_per_token(12, 768, 128, VOCAB, 0.1)
+
+
+def test_flops_per_token_geglu():
+    # ModernBERT-base's shape with every layer global, S=1024, p=320/1024: L=22, H=768, F=1152, V=50368.
+    #   dense layers   6 * 22 * (4*768^2 + 768*2*1152 + 1152*768) = 6 * 22 * 5,013,504 = 661,782,528
+    #   attention      12 * 22 * 1024 * 768                                           = 207,618,048
+    #   MLM head       6 * (320/1024) * (768^2 + 768*50368) = 1.875 * 39,272,448     =  73,635,840
+    #   total                                                                            943,036,416
+    per_token = flops.train_flops_per_token(22, 768, 1024, 50368, 320 / 1024, intermediate_size=1152, gated=True)
+    assert per_token == 943_036_416
+    # Gating adds the H*F of the second half of the input projection per layer.
+    ungated = flops.train_flops_per_token(22, 768, 1024, 50368, 320 / 1024, intermediate_size=1152)
+    assert per_token - ungated == 6 * 22 * 768 * 1152
+
+
+def test_flops_per_token_local_window():
+    # As above, with ModernBERT-base's attention: of 22 layers, 0, 3, ..., 21 are global (8) and 14 are
+    # local with a window of 128 in total, |query - key| <= 64: 129 keys.
+    #   attention      12 * 768 * (8*1024 + 14*129) = 12 * 768 * 9,998 = 92,141,568
+    #   total          661,782,528 + 92,141,568 + 73,635,840           = 827,559,936
+    per_token = flops.train_flops_per_token(22, 768, 1024, 50368, 320 / 1024, intermediate_size=1152, gated=True,
+                                            local_layers=14, local_attention_window=128)
+    assert per_token == 827_559_936
+    # A window wider than the sequence is global attention: min(S, W+1) = S keys.
+    assert flops.train_flops_per_token(3, 128, 128, 8192, 0.3, local_layers=2, local_attention_window=128) == \
+        flops.train_flops_per_token(3, 128, 128, 8192, 0.3)
+    with pytest.raises(ValueError, match="local_attention_window"):
+        flops.train_flops_per_token(3, 128, 128, 8192, 0.3, local_layers=2)
+    with pytest.raises(ValueError, match="local_layers"):
+        flops.train_flops_per_token(3, 128, 128, 8192, 0.3, local_layers=4, local_attention_window=8)
+
+
+def test_config_flops_per_token_reads_the_family_options():
+    from types import SimpleNamespace
+
+    from configs import albert_base, base, modernbert_base
+
+    # A BERT config, and an object with only BERT's attributes: the formula with its defaults.
+    bert_base = base.get_config().model
+    assert flops.config_flops_per_token(bert_base, 128, 20 / 128) == \
+        flops.train_flops_per_token(12, 768, 128, 30522, 20 / 128)
+    plain = SimpleNamespace(num_layers=12, hidden_size=768, vocab_size=VOCAB, intermediate_size=3072)
+    assert flops.config_flops_per_token(plain, 128, 20 / 128) == \
+        flops.train_flops_per_token(12, 768, 128, VOCAB, 20 / 128)
+    assert flops.config_flops_per_token(albert_base.get_config().model, 128, 20 / 128) == 528_045_696
+    # ModernBERT-base: GeGLU, and 14 local layers of 22 (i % 3 != 0).
+    assert flops.config_flops_per_token(modernbert_base.get_config().model, 1024, 320 / 1024) == 827_559_936
+
+
 def test_mfu_arithmetic():
     # 100k tokens/s * 500 MFLOP = 5e13 FLOP/s on 2 devices of 1e14 peak each: 25%.
     assert flops.mfu(1e5, 5e8, 2, 1e14) == pytest.approx(0.25)

@@ -71,9 +71,9 @@ def loss_fn(cfg, params, batch):
     return loss
 
 
-def with_scanned_encoder(params, num_layers):
+def with_scanned_encoder(params, cfg):
     params = jax.tree_util.tree_map(lambda x: x, params)  # copy the dict structure
-    params["bert"]["encoder"] = bert.stack_layers(params["bert"]["encoder"], num_layers)
+    params["bert"]["encoder"] = bert.stack_layers(params["bert"]["encoder"], cfg)
     return params
 
 
@@ -128,7 +128,7 @@ def test_scan_equals_unrolled_outputs_and_gradients():
     batch = make_batch(np.random.default_rng(0))
     params = init(cfg, batch)
     scan_cfg = small_config(scan_layers=True)
-    scan_params = with_scanned_encoder(params, cfg.num_layers)
+    scan_params = with_scanned_encoder(params, scan_cfg)
     # The scanned model initialises the same tree shape that stack_layers builds.
     scan_init = init(scan_cfg, batch)
     assert jax.tree_util.tree_structure(scan_init) == jax.tree_util.tree_structure(scan_params)
@@ -136,7 +136,7 @@ def test_scan_equals_unrolled_outputs_and_gradients():
 
     grads = grad(cfg, params, batch)
     scan_grads = grad(scan_cfg, scan_params, batch)
-    scan_grads["bert"]["encoder"] = bert.unstack_layers(scan_grads["bert"]["encoder"], cfg.num_layers)
+    scan_grads["bert"]["encoder"] = bert.unstack_layers(scan_grads["bert"]["encoder"], scan_cfg)
     assert_trees_close(grads, scan_grads, atol=1e-6, rtol=1e-4)
 
 

@@ -416,7 +416,7 @@ def test_lamb_trust_ratio_is_per_layer_under_scan():
 
     def stacked(tree):
         tree = jax.tree_util.tree_map(lambda x: x, tree)
-        tree["bert"]["encoder"] = bert_model.stack_layers(tree["bert"]["encoder"], cfg.num_layers)
+        tree["bert"]["encoder"] = bert_model.stack_layers(tree["bert"]["encoder"], cfg)
         return tree
 
     rng = np.random.default_rng(6)
@@ -424,7 +424,7 @@ def test_lamb_trust_ratio_is_per_layer_under_scan():
     tx = optim.lamb(1e-2)
     got_unrolled, _ = run_optax(tx, unrolled, grads_seq)
     got_scanned, _ = run_optax(tx, stacked(unrolled), [stacked(g) for g in grads_seq])
-    got_scanned["bert"]["encoder"] = bert_model.unstack_layers(got_scanned["bert"]["encoder"], cfg.num_layers)
+    got_scanned["bert"]["encoder"] = bert_model.unstack_layers(got_scanned["bert"]["encoder"], cfg)
     for (path, a), b in zip(
         jax.tree_util.tree_flatten_with_path(got_unrolled)[0], jax.tree_util.tree_leaves(got_scanned)
     ):

@@ -4,7 +4,8 @@
       -> this host's share                     (document i belongs to host i % process_count)
       -> held-out split                         (a stable hash of each document: training never sees it)
       -> tokenizer                              (data.vocab_path, or learned once and cached in the workdir)
-      -> TokenizedCorpus -> PretrainingStream   (train and eval; data.objective: nsp | sop | none)
+      -> TokenizedCorpus -> PretrainingStream   (train and eval; data.objective: nsp | sop | none;
+                                                 data.packing: several examples per row)
 
 Entry programs (train, data.preview, the benchmark) call build_inputs(config.data, ...); everything
 below it takes explicit arguments.
@@ -156,10 +157,13 @@ def masking_spec(data, tokenizer, mask_rate: float) -> pt.MaskingSpec:
 
 
 def make_stream(corpus: pt.TokenizedCorpus, data, tokenizer, *, shard: int, mask_rate: float, seed_offset: int = 0):
+    """The stream of one corpus; data.packing and its keys default to off for configs written before them."""
     return pt.PretrainingStream(
         corpus, masking_spec(data, tokenizer, mask_rate), seed=data.seed + seed_offset,
         max_seq_length=data.max_seq_length, short_seq_prob=data.short_seq_prob, shard=shard,
-        objective=objective(data),
+        objective=objective(data), packing=data.get("packing", False),
+        max_sequences_per_row=data.get("max_sequences_per_row", 8),
+        packing_window=data.get("packing_window", 1000),
     )
 
 

@@ -15,14 +15,31 @@ How the stream is laid out, and why it resumes exactly without saving tf.data st
     contiguous range of the flat token array. The plan is light metadata; no token is copied. SOP
     plans are the same rows (A's range first as the model sees it); a FULL-SENTENCES row is one range
     of the flat array with a separator counted after each document.
-  * Every epoch has the same length K (the length of epoch 0's plan; later epochs, whose pair counts
-    differ by a fraction of a percent, are cut or wrapped to K), so example j of the host's stream is
-    example j % K of epoch j // K. Resuming at step N builds one plan and skips within it: the cost
+  * Every epoch has the same length E (the length of epoch 0's plan; later epochs, whose pair counts
+    differ by a few percent, are cut or wrapped to E), so example j of the host's stream is
+    example j % E of epoch j // E. Resuming at step N builds one plan and skips within it: the cost
     does not grow with N.
   * Masks are drawn in TensorFlow from a stateless RNG keyed by (seed, epoch, index in epoch), so the
     same example gets the same mask in every run and a new one every epoch.
+  * Packing (data.packing) adds a *row plan* per epoch: which examples of the epoch's plan share a row,
+    found in numpy by best-fit decreasing over windows of consecutive plan rows (packing.py). Every
+    epoch has the rows of epoch 0 (cut or wrapped); an example keeps its own key, so its tokens and mask
+    are the unpacked stream's, shifted by its offset in the row.
 
-Shape legend: S max_seq_length, P max_predictions_per_seq, n length of an unpadded example.
+A packed batch (docs/data.md, "Packing"; packing.unpack_row turns a row back into examples):
+    input_ids, segment_ids, input_mask    [B, S] int32    as unpacked; segment_ids 0 for A, 1 for B
+    sequence_ids                          [B, S] int32    k for the row's k-th sequence (1..K), 0 at padding
+    position_ids                          [B, S] int32    position within the token's own sequence
+    masked_lm_positions, masked_lm_ids    [B, P] int32    row positions; the row's predictions <= P
+    masked_lm_weights                     [B, P] float32
+    next_sentence_labels                  [B, K] int32    per sequence slot; 0 in empty slots
+    sentence_positions                    [B, K] int32    row position of each sequence's [CLS]
+    sentence_weights                      [B, K] float32  1 for a sequence, 0 for an empty slot
+Unpacked, a batch has no sequence_ids, position_ids, sentence_* keys, next_sentence_labels is [B], and
+P bounds each example's predictions.
+
+Shape legend: B batch, S max_seq_length, P max_predictions_per_seq, K max_sequences_per_row,
+n length of an unpadded example, R rows of an epoch.
 """
 
 import dataclasses
@@ -31,6 +48,10 @@ from typing import Iterable, Sequence
 
 import numpy as np
 import tensorflow as tf
+from absl import logging
+
+# `packer`, not `packing`: data.packing is a parameter of the stream.
+from bertjax.data import packing as packer
 
 # Columns of a plan row. The label column is NSP's is-random-next, SOP's is-swapped, 0 for "none".
 A_START, A_END, B_START, B_END, IS_RANDOM_NEXT = range(5)
@@ -397,16 +418,36 @@ def _replacements(ids, key, spec: MaskingSpec):
     return tf.where(u < spec.mask_token_fraction, spec.mask_id, tf.where(u < keep_below, ids, random_tokens))
 
 
-def make_example(tokens, pair, key, spec: MaskingSpec, max_seq_length: int) -> dict:
-    """One plan row -> one padded, masked pretraining example (a dict of fixed-shape tensors).
-
-    tokens: the host's flat token array; pair: [5] int64 plan row; key: the example's RNG key.
-    """
+def pair_ids(tokens, pair, spec: MaskingSpec):
+    """One pair's unmasked tokens: ([CLS] A [SEP] B [SEP] [n] int32, segment ids [n] int32, label)."""
     a = tf.cast(tokens[pair[A_START]:pair[A_END]], tf.int32)
     b = tf.cast(tokens[pair[B_START]:pair[B_END]], tf.int32)
     ids = tf.concat([[spec.cls_id], a, [spec.sep_id], b, [spec.sep_id]], 0)  # [n]
-    n = tf.shape(ids)[0]
     segment_ids = tf.concat([tf.zeros([tf.shape(a)[0] + 2], tf.int32), tf.ones([tf.shape(b)[0] + 1], tf.int32)], 0)
+    # NSP, the original's convention: 0 = IsNext, 1 = NotNext (B from a random document).
+    # SOP: 0 = in the document's order, 1 = swapped.
+    return ids, segment_ids, tf.cast(pair[LABEL], tf.int32)
+
+
+def full_sentences_ids(tokens, separators, row, spec: MaskingSpec):
+    """One FULL-SENTENCES row's unmasked tokens: ([CLS] ... [SEP] [n] int32, segment ids [n] (all 0), label 0).
+
+    separators: [D - 1] int64 document_separators(); row: [5] int64 plan row, A_START/A_END a range of
+    the stream with separators. The separators are [SEP] ids, so masking never picks them.
+    """
+    position = tf.range(row[A_START], row[A_END], dtype=tf.int64)  # [n - 2] in the stream
+    before = tf.searchsorted(separators, position, side="left", out_type=tf.int64)  # separators before it
+    padded = tf.concat([separators, [-1]], 0)  # so that the last document's positions gather a miss
+    is_separator = tf.gather(padded, before) == position
+    flat = tf.minimum(position - before, tf.shape(tokens, out_type=tf.int64)[0] - 1)  # a separator's: any
+    body = tf.where(is_separator, spec.sep_id, tf.cast(tf.gather(tokens, flat), tf.int32))
+    ids = tf.concat([[spec.cls_id], body, [spec.sep_id]], 0)  # [n]
+    return ids, tf.zeros_like(ids), tf.constant(0, tf.int32)
+
+
+def _padded_example(ids, segment_ids, label, key, spec: MaskingSpec, max_seq_length: int) -> dict:
+    """An unmasked example -> masked, padded to S and P."""
+    n = tf.shape(ids)[0]
     masked, positions, labels, weights = mask_tokens(ids, key, spec)
     pad = [[0, max_seq_length - n]]
     return {
@@ -416,38 +457,82 @@ def make_example(tokens, pair, key, spec: MaskingSpec, max_seq_length: int) -> d
         "masked_lm_positions": tf.ensure_shape(positions, [spec.max_predictions_per_seq]),
         "masked_lm_ids": tf.ensure_shape(labels, [spec.max_predictions_per_seq]),
         "masked_lm_weights": tf.ensure_shape(weights, [spec.max_predictions_per_seq]),
-        # NSP, the original's convention: 0 = IsNext, 1 = NotNext (B from a random document).
-        # SOP: 0 = in the document's order, 1 = swapped.
-        "next_sentence_labels": tf.cast(pair[LABEL], tf.int32),
+        "next_sentence_labels": label,
     }
+
+
+def make_example(tokens, pair, key, spec: MaskingSpec, max_seq_length: int) -> dict:
+    """One plan row -> one padded, masked pretraining example (a dict of fixed-shape tensors).
+
+    tokens: the host's flat token array; pair: [5] int64 plan row; key: the example's RNG key.
+    """
+    return _padded_example(*pair_ids(tokens, pair, spec), key, spec, max_seq_length)
 
 
 def make_full_sentences_example(tokens, separators, row, key, spec: MaskingSpec, max_seq_length: int) -> dict:
     """One FULL-SENTENCES row -> one padded, masked example: [CLS] tokens [SEP], one segment.
 
-    tokens: the host's flat token array; separators: [D - 1] int64 document_separators(); row: [5] int64
-    plan row, A_START/A_END a range of the stream with separators. The separators are [SEP] ids, so
-    masking never picks them. next_sentence_labels is 0 and means nothing: the loss leaves it out.
+    next_sentence_labels is 0 and means nothing: the loss leaves it out.
     """
-    position = tf.range(row[A_START], row[A_END], dtype=tf.int64)  # [n - 2] in the stream
-    before = tf.searchsorted(separators, position, side="left", out_type=tf.int64)  # separators before it
-    padded = tf.concat([separators, [-1]], 0)  # so that the last document's positions gather a miss
-    is_separator = tf.gather(padded, before) == position
-    flat = tf.minimum(position - before, tf.shape(tokens, out_type=tf.int64)[0] - 1)  # a separator's: any
-    body = tf.where(is_separator, spec.sep_id, tf.cast(tf.gather(tokens, flat), tf.int32))
-    ids = tf.concat([[spec.cls_id], body, [spec.sep_id]], 0)  # [n]
-    n = tf.shape(ids)[0]
-    masked, positions, labels, weights = mask_tokens(ids, key, spec)
-    pad = [[0, max_seq_length - n]]
-    return {
-        "input_ids": tf.ensure_shape(tf.pad(masked, pad, constant_values=spec.pad_id), [max_seq_length]),
-        "input_mask": tf.ensure_shape(tf.pad(tf.ones([n], tf.int32), pad), [max_seq_length]),
-        "segment_ids": tf.zeros([max_seq_length], tf.int32),
-        "masked_lm_positions": tf.ensure_shape(positions, [spec.max_predictions_per_seq]),
-        "masked_lm_ids": tf.ensure_shape(labels, [spec.max_predictions_per_seq]),
-        "masked_lm_weights": tf.ensure_shape(weights, [spec.max_predictions_per_seq]),
-        "next_sentence_labels": tf.constant(0, tf.int32),
+    return _padded_example(*full_sentences_ids(tokens, separators, row, spec), key, spec, max_seq_length)
+
+
+def make_packed_row(sequence_fn, key_fn, members, rows, spec: MaskingSpec, max_seq_length: int) -> dict:
+    """Several plan rows -> one packed row of S tokens (the contract in the module docstring).
+
+    sequence_fn: plan row [5] -> (unmasked ids [n], segment ids [n], label), pair_ids or
+    full_sentences_ids; key_fn: index in the epoch's plan -> the example's RNG key; members: [K] int64
+    indices in the epoch's plan, ascending, -1 after the last; rows: [K, 5] int64 their plan rows.
+    Each sequence is masked exactly as unpacked (its own key and budget); the row plan guarantees that
+    the tokens fit in S and the predictions in P.
+    """
+    s, p, k_max = max_seq_length, spec.max_predictions_per_seq, members.shape[0]
+    count = tf.reduce_sum(tf.cast(members >= 0, tf.int32))
+
+    def body(k, offset, pieces):
+        ids, segment_ids, label = sequence_fn(rows[k])
+        masked, positions, labels, weights = mask_tokens(ids, key_fn(members[k]), spec)
+        n = tf.shape(ids)[0]
+        c = tf.math.count_nonzero(weights, dtype=tf.int32)  # predictions fill the first c slots
+        new = (masked, segment_ids, positions[:c] + offset, labels[:c], n[None], label[None])
+        return k + 1, offset + n, tuple(array.write(k, piece) for array, piece in zip(pieces, new))
+
+    # One piece per sequence of each: ids [n], segment ids [n], row positions [c], labels [c], n, label.
+    pieces = tuple(tf.TensorArray(tf.int32, size=count, infer_shape=False, element_shape=[None]) for _ in range(6))
+    zero = tf.constant(0, tf.int32)
+    _, n, pieces = tf.while_loop(lambda k, *_: k < count, body, (zero, zero, pieces))
+    ids, segment_ids, positions, labels, lengths, nsp_labels = (array.concat() for array in pieces)
+    starts = tf.cumsum(lengths, exclusive=True)  # [count] row position of each [CLS]
+    c = tf.shape(positions)[0]
+    pad_s, pad_p, pad_k = [[0, s - n]], [[0, p - c]], [[0, k_max - count]]
+    row = {
+        "input_ids": tf.pad(ids, pad_s, constant_values=spec.pad_id),  # [S]
+        "input_mask": tf.pad(tf.ones([n], tf.int32), pad_s),
+        "segment_ids": tf.pad(segment_ids, pad_s),
+        "sequence_ids": tf.pad(tf.repeat(tf.range(1, count + 1), lengths), pad_s),
+        "position_ids": tf.pad(tf.range(n) - tf.repeat(starts, lengths), pad_s),
+        "masked_lm_positions": tf.pad(positions, pad_p),  # [P]
+        "masked_lm_ids": tf.pad(labels, pad_p),
+        "masked_lm_weights": tf.pad(tf.ones([c], tf.float32), pad_p),
+        "next_sentence_labels": tf.pad(nsp_labels, pad_k),  # [K]
+        "sentence_positions": tf.pad(starts, pad_k),
+        "sentence_weights": tf.pad(tf.ones([count], tf.float32), pad_k),
     }
+    size = {"masked_lm_positions": p, "masked_lm_ids": p, "masked_lm_weights": p,
+            "next_sentence_labels": k_max, "sentence_positions": k_max, "sentence_weights": k_max}
+    return {key: tf.ensure_shape(row[key], [size.get(key, s)]) for key in packer.PACKED_KEYS}
+
+
+# ----------------------------------------------------------------------------------------------------
+# Packing: the plan's example lengths (the packer itself is bertjax/data/packing.py, without TF)
+# ----------------------------------------------------------------------------------------------------
+
+
+def example_lengths(plan: np.ndarray, objective: str) -> np.ndarray:
+    """Each plan row's length in tokens, special tokens included: int64 [N]."""
+    if objective == "none":
+        return plan[:, A_END] - plan[:, A_START] + 2  # [CLS] ... [SEP]
+    return plan[:, A_END] - plan[:, A_START] + plan[:, B_END] - plan[:, B_START] + 3  # [CLS] A [SEP] B [SEP]
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -455,15 +540,23 @@ def make_full_sentences_example(tokens, separators, row, key, spec: MaskingSpec,
 # ----------------------------------------------------------------------------------------------------
 
 
+def _is_count(value) -> bool:
+    """A whole number of at least 1 (not a bool, not a float)."""
+    return isinstance(value, (int, np.integer)) and not isinstance(value, bool) and value >= 1
+
+
 class PretrainingStream:
-    """A host's infinite, deterministic stream of pretraining examples, startable at any step.
+    """A host's infinite, deterministic stream of pretraining examples or packed rows, startable at any step.
 
     The batch at step N is a pure function of (corpus shard, recipe, seed, N): nothing else is stored
-    to resume.
+    to resume. packing: several examples per row (nsp, sop; "none" rows are full already and stay one
+    sequence each, in the packed format); max_sequences_per_row: K; packing_window: examples the packer
+    sees at once.
     """
 
     def __init__(self, corpus: TokenizedCorpus, spec: MaskingSpec, *, seed: int, max_seq_length: int,
-                 short_seq_prob: float = 0.1, shard: int = 0, objective: str = "nsp"):
+                 short_seq_prob: float = 0.1, shard: int = 0, objective: str = "nsp", packing: bool = False,
+                 max_sequences_per_row: int = 8, packing_window: int = 1000):
         if objective not in OBJECTIVES:
             raise ValueError(f"data.objective={objective!r}: choose {', '.join(OBJECTIVES)}")
         if max_seq_length < 5:
@@ -475,17 +568,34 @@ class PretrainingStream:
                 f"data.max_predictions_per_seq={spec.max_predictions_per_seq} is too small for "
                 f"{spec.mask_rate:.0%} of data.max_seq_length={max_seq_length}: set it to at least {needed}"
             )
+        if not isinstance(packing, (bool, np.bool_)):
+            raise ValueError(f"data.packing={packing!r}: set True or False")
+        if not _is_count(max_sequences_per_row):
+            raise ValueError(f"data.max_sequences_per_row={max_sequences_per_row!r}: set a whole number of at least "
+                             f"1 (sequences sharing a packed row; 8 at seq 128, 16 at seq 512)")
+        if not _is_count(packing_window):
+            raise ValueError(f"data.packing_window={packing_window!r}: set a whole number of at least 1 (examples "
+                             f"the packer sees at once; 1000 packs the demo corpus to 99% real tokens at seq 128)")
         if objective == "sop" and np.all(np.diff(corpus.doc_starts) < 2):
             raise ValueError("data.objective='sop' pairs two segments of one document, and every document here "
                              "has one sentence: split documents into sentences, or set data.objective='none'")
         self.corpus, self.spec, self.seed, self.shard = corpus, spec, seed, shard
         self.max_seq_length, self.short_seq_prob, self.objective = max_seq_length, short_seq_prob, objective
-        # The plans of the last two epochs asked for (tf.data reads epoch e while preparing e + 1).
+        self.packing, self.max_sequences_per_row = bool(packing), int(max_sequences_per_row)
+        self.packing_window = int(packing_window)
+        # The uncut plans of the last two epochs asked for (tf.data reads epoch e while preparing e + 1).
         self._plans = {0: self._build_plan(0)}
         self.examples_per_epoch = len(self._plans[0])
         if self.examples_per_epoch == 0:
             raise ValueError(f"the corpus yields no examples for data.objective={objective!r}: give longer "
                              f"documents or another data.objective")
+        self._row_plans = {0: self._build_row_plan(0)} if self.packing else {}
+        # Dataset elements (examples, or packed rows) per epoch: every epoch has epoch 0's.
+        self.rows_per_epoch = len(self._row_plans[0]) if self.packing else self.examples_per_epoch
+        if self.packing and objective == "none":
+            logging.info("data.packing with data.objective='none': FULL-SENTENCES rows are full already (%.2f%% "
+                         "real tokens), so each row stays one sequence; the batches have the packed keys",
+                         100 * self.real_token_share(self.rows_per_epoch))
 
     def _build_plan(self, epoch: int) -> np.ndarray:
         common = dict(seed=self.seed, epoch=epoch, shard=self.shard, max_seq_length=self.max_seq_length)
@@ -494,53 +604,134 @@ class PretrainingStream:
         build = build_sop_plan if self.objective == "sop" else build_epoch_plan
         return build(self.corpus, short_seq_prob=self.short_seq_prob, **common)
 
-    def _example_fn(self):
-        """(epoch, index, row) -> example, for this objective."""
+    def _build_row_plan(self, epoch: int) -> np.ndarray:
+        """The epoch's uncut plan packed into rows: int64 [rows, K] indices in it, -1 padded."""
+        plan = self.uncut_plan(epoch)
+        k = self.max_sequences_per_row
+        if self.objective == "none":  # full rows: one sequence each
+            rows = np.full([len(plan), k], -1, np.int64)
+            rows[:, 0] = np.arange(len(plan))
+            return rows
+        lengths = example_lengths(plan, self.objective)
+        predictions = packer.num_predictions(lengths, self.spec.mask_rate, self.spec.max_predictions_per_seq)
+        return packer.pack_rows(lengths, predictions, max_tokens=self.max_seq_length,
+                                max_predictions=self.spec.max_predictions_per_seq, max_sequences=k,
+                                window=self.packing_window)
+
+    def _sequence_fn(self):
+        """plan row -> (unmasked ids, segment ids, label), for this objective."""
         tokens = tf.constant(self.corpus.tokens)
-        spec, seed, max_seq_length = self.spec, self.seed, self.max_seq_length
+        spec = self.spec
         separators = tf.constant(document_separators(self.corpus), tf.int64)
 
         # Named functions, not lambdas: autograph finds a lambda's source by its line, and mixes up two.
-        def full_sentences(epoch, index, row):
-            key = example_key(seed, epoch, index)
-            return make_full_sentences_example(tokens, separators, row, key, spec, max_seq_length)
+        def full_sentences(row):
+            return full_sentences_ids(tokens, separators, row, spec)
 
-        def pair(epoch, index, row):
-            return make_example(tokens, row, example_key(seed, epoch, index), spec, max_seq_length)
+        def pair(row):
+            return pair_ids(tokens, row, spec)
 
         return full_sentences if self.objective == "none" else pair
 
-    def plan(self, epoch: int) -> np.ndarray:
-        """The epoch's pairs, cut or wrapped to the length of epoch 0."""
+    def _example_fn(self):
+        """(epoch, index, row) -> example (unpacked), or (epoch, members, rows) -> packed row."""
+        sequence_fn = self._sequence_fn()
+        spec, seed, max_seq_length = self.spec, self.seed, self.max_seq_length
+
+        def example(epoch, index, row):
+            return _padded_example(*sequence_fn(row), example_key(seed, epoch, index), spec, max_seq_length)
+
+        def packed_row(epoch, members, rows):
+            def key(index):
+                return example_key(seed, epoch, index)
+
+            return make_packed_row(sequence_fn, key, members, rows, spec, max_seq_length)
+
+        return packed_row if self.packing else example
+
+    def uncut_plan(self, epoch: int) -> np.ndarray:
+        """All the epoch's pairs (their number varies a little from epoch to epoch)."""
         if epoch not in self._plans:
-            plan = self._build_plan(epoch)
-            if len(plan) != self.examples_per_epoch:
-                plan = plan[np.arange(self.examples_per_epoch) % len(plan)]
             self._plans = {e: p for e, p in self._plans.items() if e == max(self._plans)}
-            self._plans[epoch] = plan
+            self._plans[epoch] = self._build_plan(epoch)
         return self._plans[epoch]
 
-    def locate(self, example: int) -> tuple[int, int]:
-        """Example number in the host's stream -> (epoch, index in the epoch)."""
-        return divmod(example, self.examples_per_epoch)
+    def plan(self, epoch: int) -> np.ndarray:
+        """The epoch's pairs, cut or wrapped to the length of epoch 0."""
+        plan = self.uncut_plan(epoch)
+        return plan if len(plan) == self.examples_per_epoch else plan[np.arange(self.examples_per_epoch) % len(plan)]
+
+    def row_plan(self, epoch: int) -> np.ndarray:
+        """The epoch's packed rows (data.packing): all its pairs (uncut_plan) packed, then the rows cut or
+        wrapped to the rows of epoch 0, which varies less than cutting pairs first (the corpus's tokens are
+        the same every epoch, the number of pairs they make is not). int64 [R, K], indices in
+        uncut_plan(epoch), ascending within a row, -1 after its last sequence."""
+        if not self.packing:
+            raise ValueError("row_plan needs a packed stream (data.packing=True)")
+        if epoch not in self._row_plans:
+            rows = self._build_row_plan(epoch)
+            if len(rows) != self.rows_per_epoch:
+                rows = rows[np.arange(self.rows_per_epoch) % len(rows)]
+            self._row_plans = {e: r for e, r in self._row_plans.items() if e == max(self._row_plans)}
+            self._row_plans[epoch] = rows
+        return self._row_plans[epoch]
+
+    def _packed_epoch(self, epoch: int) -> tuple[np.ndarray, np.ndarray]:
+        """(row plan [R, K], the plan rows of its members [R, K, 5]) of one epoch."""
+        members = self.row_plan(epoch)
+        return members, self.uncut_plan(epoch)[np.maximum(members, 0)]
+
+    def locate(self, row: int) -> tuple[int, int]:
+        """Element number in the host's stream (an example, or a packed row) -> (epoch, index in the epoch)."""
+        return divmod(row, self.rows_per_epoch)
+
+    def row_lengths(self, epoch: int) -> np.ndarray:
+        """Real tokens of each dataset element of the epoch (examples, or packed rows): int64 [R]."""
+        if not self.packing:
+            return example_lengths(self.plan(epoch), self.objective)
+        lengths = example_lengths(self.uncut_plan(epoch), self.objective)
+        members = self.row_plan(epoch)
+        return np.where(members >= 0, lengths[np.maximum(members, 0)], 0).sum(1)
+
+    def real_token_share(self, num_rows: int, start_row: int = 0) -> float:
+        """The share of the positions that are real tokens (not padding) in the stream's rows
+        [start_row, start_row + num_rows): what input_mask.mean() of those batches gives, from the plans."""
+        real, row = 0, start_row
+        while row < start_row + num_rows:
+            epoch, index = self.locate(row)
+            take = min(self.rows_per_epoch - index, start_row + num_rows - row)
+            real += int(self.row_lengths(epoch)[index:index + take].sum())
+            row += take
+        return real / (num_rows * self.max_seq_length)
 
     def dataset(self, batch_size: int, start_step: int = 0, threads: int | None = None) -> tf.data.Dataset:
-        """Batches of `batch_size` examples from step `start_step` on.
+        """Batches of `batch_size` examples (packed: rows) from step `start_step` on.
 
         Built from the plan of the epoch the step falls in: resuming at step 1,000,000 costs what
         starting at step 0 costs. threads: cap tf.data's worker threads (benchmarks per core).
         """
         first_epoch, offset = self.locate(start_step * batch_size)
+        r, k = self.rows_per_epoch, self.max_sequences_per_row
+
+        def epoch_examples(epoch):
+            plan = tf.numpy_function(lambda e: self.plan(int(e)), [epoch], tf.int64, stateful=False)
+            plan = tf.ensure_shape(plan, [r, 5])
+            index = tf.range(r, dtype=tf.int64)
+            return tf.data.Dataset.from_tensor_slices((tf.fill([r], epoch), index, plan))
 
         def epoch_rows(epoch):
-            plan = tf.numpy_function(lambda e: self.plan(int(e)), [epoch], tf.int64, stateful=False)
-            plan = tf.ensure_shape(plan, [self.examples_per_epoch, 5])
-            index = tf.range(self.examples_per_epoch, dtype=tf.int64)
-            rows = tf.data.Dataset.from_tensor_slices((tf.fill([self.examples_per_epoch], epoch), index, plan))
-            return rows.skip(tf.where(epoch == first_epoch, tf.constant(offset, tf.int64), tf.constant(0, tf.int64)))
+            members, rows = tf.numpy_function(lambda e: self._packed_epoch(int(e)), [epoch], (tf.int64, tf.int64),
+                                              stateful=False)
+            members, rows = tf.ensure_shape(members, [r, k]), tf.ensure_shape(rows, [r, k, 5])
+            return tf.data.Dataset.from_tensor_slices((tf.fill([r], epoch), members, rows))
+
+        def epoch_elements(epoch):
+            elements = epoch_rows(epoch) if self.packing else epoch_examples(epoch)
+            skip = tf.where(epoch == first_epoch, tf.constant(offset, tf.int64), tf.constant(0, tf.int64))
+            return elements.skip(skip)
 
         epochs = tf.data.Dataset.range(first_epoch, np.iinfo(np.int64).max)
-        ds = epochs.flat_map(epoch_rows)
+        ds = epochs.flat_map(epoch_elements)
         ds = ds.map(self._example_fn(), num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
         ds = ds.batch(batch_size, drop_remainder=True)
         options = tf.data.Options()

@@ -8,6 +8,10 @@ The text form shows each pair as segments A and B with every masked position mar
 and the NSP or SOP label (data.objective=none: one segment, no label). The jsonl form writes one
 example per line with every model input and the decoded tokens. --start_step shows the examples of a
 later training step (as a resumed run would see them).
+
+With data.packing, an "example" is a packed row: the text form shows each of its sequences on lines of
+its own, numbered as its sequence_ids, with its row positions; jsonl rows carry the packed keys. Both
+end with the packing efficiency (the share of positions that are real tokens; on stderr for jsonl).
 """
 
 import json
@@ -18,6 +22,7 @@ from absl import app, flags
 from ml_collections import config_flags
 
 from bertjax import console
+from bertjax.data import packing
 
 def define_flags() -> dict:
     """The flags, defined when the program is entered: importing it defines none."""
@@ -74,6 +79,30 @@ def format_text(tokenizer, ex: dict, number: int, objective: str = "nsp") -> str
     ])
 
 
+def format_packed_text(tokenizer, row: dict, number: int, objective: str = "nsp") -> str:
+    """One packed row: a header, then each sequence (tokens marked as format_text marks them)."""
+    record = example_record(tokenizer, row)
+    n, s = len(record["tokens"]), len(record["input_ids"])
+    count = int(sum(record["sentence_weights"]))
+    lines = [f"--- row {number}: {count} sequence{'s' * (count != 1)}, {n} of {s} positions real "
+             f"({n / s:.1%}), {len(record['masked_lm_tokens'])} to predict"]
+    sequences = packing.unpack_row(row, pad_id=tokenizer.pad_id)
+    for k, example in enumerate(sequences):
+        start = int(row["sentence_positions"][k])
+        length = int(example["input_mask"].sum())
+        text = format_text(tokenizer, example, number, objective).split("\n")[1:]  # without its header
+        label = "" if objective == "none" else ", " + _LABELS[objective][int(example["next_sentence_labels"])]
+        lines.append(f"  [{k + 1}] positions {start}-{start + length - 1}{label}")
+        lines += ["      " + line for line in text]
+    return "\n".join(lines)
+
+
+def efficiency_line(real: int, positions: int, stream, rows: int) -> str:
+    """The packing efficiency of the rows shown and of the stream's first `rows` rows (from its plans)."""
+    return (f"packing: {real / positions:.1%} of the positions shown are real tokens; the stream's first {rows:,} "
+            f"rows: {stream.real_token_share(rows):.1%} (data.packing={stream.packing})")
+
+
 def main(argv, args):
     if len(argv) > 1:
         raise app.UsageError(f"unexpected arguments: {argv[1:]}")
@@ -89,12 +118,17 @@ def main(argv, args):
     # The stream batched as training batches it, so that step N means the examples training sees at step N.
     batch_size = config.train.batch_size
     dataset = stream.dataset(batch_size, start_step=args.start_step).unbatch().take(args.num_examples)
+    real = positions = 0
     for i, ex in enumerate(dataset.as_numpy_iterator()):
+        real, positions = real + int(ex["input_mask"].sum()), positions + ex["input_mask"].size
         if args.format == "jsonl":
             print(json.dumps(example_record(data.tokenizer, ex)))
         else:
-            print(format_text(data.tokenizer, ex, args.start_step * batch_size + i,
-                              objective=stream.objective), end="\n\n")
+            show = format_packed_text if stream.packing else format_text
+            print(show(data.tokenizer, ex, args.start_step * batch_size + i, objective=stream.objective), end="\n\n")
+    if positions:
+        line = efficiency_line(real, positions, stream, min(stream.rows_per_epoch, 100 * batch_size))
+        print(line, file=sys.stderr if args.format == "jsonl" else sys.stdout)
     sys.stdout.flush()
 
 

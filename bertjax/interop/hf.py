@@ -437,7 +437,7 @@ def _fresh_params(cfg: bert_model.BertConfig, paths: list[str], seed: int, kind:
 def _stack(params: dict, cfg: bert_model.BertConfig) -> dict:
     # Stacked on the host: the result is a host tree like the unrolled one, whatever the default device.
     with _on_host():
-        encoder = bert_model.stack_layers(params["bert"]["encoder"], cfg.num_layers)
+        encoder = bert_model.stack_layers(params["bert"]["encoder"], cfg)
         encoder = jax.tree_util.tree_map(np.asarray, encoder)
     return {**params, "bert": {**params["bert"], "encoder": encoder}}
 
@@ -458,7 +458,7 @@ def _to_hf(params: dict, cfg: bert_model.BertConfig, kind: str | None) -> dict[s
         params = params["params"]
     encoder = params["bert"]["encoder"]
     if "layers" in encoder:  # scanned layout: back to layers_0 ... layers_{L-1}
-        encoder = bert_model.unstack_layers(encoder, cfg.num_layers)
+        encoder = bert_model.unstack_layers(encoder, cfg)
         params = {**params, "bert": {**params["bert"], "encoder": encoder}}
     flat = _flatten(params)
     num_labels = None
@@ -624,22 +624,29 @@ def load_hf_head(path: str | os.PathLike, kind: str, num_labels: int | None = No
         # bertjax's heads drop out at BERT's hidden rate, where HF's classifier_dropout falls back to.
         log.warning("%s sets classifier_dropout=%s: bertjax heads use hidden_dropout_rate=%s", path,
                     hf_config["classifier_dropout"], cfg.hidden_dropout_rate)
-    state = hf_files.read_hf_weights(path)
+    state = task_state(path, hf_config, hf_files.read_hf_weights(path), kind, _hf_head(kind).architecture,
+                       _HF_HEAD_PREFIXES)
+    params, missing = hf_to_head_params(state, cfg, kind, num_labels)
+    return cfg, params, missing
+
+
+def task_state(path, hf_config: dict, state: dict[str, np.ndarray], kind: str, architecture: str,
+               head_prefixes: tuple[str, ...]) -> dict[str, np.ndarray]:
+    """What a `kind` head reads of a directory's tensors: all of them when it is the kind's own class
+    (`architecture`; its problem_type checked), else all but the tensors under `head_prefixes`, the task
+    heads of the class it is (another task's classifier means nothing to this one). Every family's."""
     spec = _hf_head(kind)
-    if spec.architecture in (hf_config.get("architectures") or []):
+    if architecture in (hf_config.get("architectures") or []):
         problem_type = hf_config.get("problem_type")
         if problem_type is not None and spec.problem_type is not None and problem_type != spec.problem_type:
             raise ValueError(f"{path} is a {problem_type!r} checkpoint, not {spec.problem_type!r}: load it as "
                              f"another kind than {kind!r}")
-    else:
-        # Another class's head (a classifier of other labels, say) means nothing to this task.
-        other = sorted(name for name in state if name.startswith(_HF_HEAD_PREFIXES))
-        if other:
-            log.warning("%s is a %s checkpoint: its head %s is not loaded into a %r head",
-                        path, hf_config.get("architectures"), other, kind)
-        state = {name: x for name, x in state.items() if name not in other}
-    params, missing = hf_to_head_params(state, cfg, kind, num_labels)
-    return cfg, params, missing
+        return state
+    other = sorted(name for name in state if name.startswith(head_prefixes))
+    if other:
+        log.warning("%s is a %s checkpoint: its head %s is not loaded into a %r head",
+                    path, hf_config.get("architectures"), other, kind)
+    return {name: x for name, x in state.items() if name not in other}
 
 
 def save_hf_head(path: str | os.PathLike, cfg: bert_model.BertConfig, params: dict, kind: str,

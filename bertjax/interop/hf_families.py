@@ -12,6 +12,10 @@ whose bertjax path the config does not have (ModernBERT's layer 0 attention norm
 use_bias=False) is left out. bertjax params with no row (the pooler and NSP head of families whose HF
 class has none) are freshly initialised on load and not written.
 
+Task heads (bertjax/models/heads.py) map to each family's task classes (RobertaForSequenceClassification,
+AlbertForQuestionAnswering, ModernBertForTokenClassification, ...): the encoder's rows of the table plus
+the head's own rows per kind (`TaskClass`), through the same core and hf.py's label config.
+
 Shape legend: as in hf.py (H hidden, N heads, D head size, F feed-forward, V vocabulary, E embedding).
 """
 
@@ -26,11 +30,26 @@ import numpy as np
 
 from bertjax.interop import hf, hf_files
 from bertjax.models import bert as bert_model
+from bertjax.models import heads
 
 log = logging.getLogger(__name__)
 
 COPY, LINEAR = hf.COPY, hf.LINEAR
 QKV_KERNEL, QKV_BIAS, ATTENTION_OUT_KERNEL = hf.QKV_KERNEL, hf.QKV_BIAS, hf.ATTENTION_OUT_KERNEL
+
+
+@dataclasses.dataclass(frozen=True)
+class TaskClass:
+    """A task kind's transformers class in one family and the rows of its head: the pooler's where the
+    class has one, then the classifier's (bertjax's `classifier`), as Family.table's rows."""
+
+    architecture: str  # e.g. "RobertaForSequenceClassification"
+    rows: tuple  # (HF name, bertjax path, transform)
+
+    @property
+    def pooler(self) -> bool:
+        """Whether the class has bertjax's pooler; where not, bertjax computes it unused (nor written)."""
+        return any(path.startswith("bert/pooler") for _, path, _ in self.rows)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -45,8 +64,26 @@ class Family:
     tied: dict  # HF name -> the HF name it is a copy of (accepted if equal, never written)
     config_from_hf: Callable[[dict], dict]  # config.json -> BertConfig fields
     config_to_hf: Callable[[bert_model.BertConfig], dict]  # BertConfig -> config.json
+    task_classes: dict  # task kind (hf.HF_HEADS) -> TaskClass
     split: Callable[[dict, bert_model.BertConfig], dict] = lambda state, cfg: state  # HF -> table names
     join: Callable[[dict, bert_model.BertConfig], dict] = lambda state, cfg: state  # table names -> HF
+    pooler: str = "tanh"  # the model.pooler its task classes compute (bert_model.POOLERS)
+    task_config: Callable[[bert_model.BertConfig], dict] = lambda cfg: {}  # a task class's config.json fields
+
+
+def _linear(hf_prefix: str, path: str) -> tuple:
+    """The rows of a torch Linear (<hf_prefix>.weight [out, in], .bias) <-> a flax Dense (<path>/kernel, /bias)."""
+    return ((f"{hf_prefix}.weight", f"{path}/kernel", LINEAR), (f"{hf_prefix}.bias", f"{path}/bias", COPY))
+
+
+def _task_classes(model: str, *, sequence: tuple, multiple_choice: tuple, span: tuple, tagging: tuple) -> dict:
+    """kind -> TaskClass, given each class's head rows; transformers names a family's task classes as
+    BERT's, <Model>For<Task>."""
+    return {"classification": TaskClass(f"{model}ForSequenceClassification", sequence),
+            "regression": TaskClass(f"{model}ForSequenceClassification", sequence),
+            "multiple_choice": TaskClass(f"{model}ForMultipleChoice", multiple_choice),
+            "span": TaskClass(f"{model}ForQuestionAnswering", span),
+            "tagging": TaskClass(f"{model}ForTokenClassification", tagging)}
 
 
 def _bert_fields(hf_config: dict, defaults: dict) -> dict:
@@ -154,6 +191,14 @@ ROBERTA = Family(
           "lm_head.decoder.bias": "lm_head.bias"},
     config_from_hf=_roberta_from_hf,
     config_to_hf=_roberta_to_hf,
+    # RobertaModel's pooler is only in the multiple-choice class; the sequence classifier has its own
+    # dense + tanh on <s> (classifier.dense), which computes what bertjax's pooler does, then out_proj.
+    task_classes=_task_classes(
+        "Roberta",
+        sequence=_linear("classifier.dense", "bert/pooler") + _linear("classifier.out_proj", "classifier"),
+        multiple_choice=_linear("roberta.pooler.dense", "bert/pooler") + _linear("classifier", "classifier"),
+        span=_linear("qa_outputs", "classifier"),
+        tagging=_linear("classifier", "classifier")),
 )
 
 
@@ -209,6 +254,15 @@ ALBERT = Family(
           "predictions.decoder.bias": "predictions.bias"},
     config_from_hf=_albert_from_hf,
     config_to_hf=_albert_to_hf,
+    # AlbertModel's pooler (a Linear named albert.pooler) in the pooled classes; none per token.
+    task_classes=_task_classes(
+        "Albert",
+        sequence=_linear("albert.pooler", "bert/pooler") + _linear("classifier", "classifier"),
+        multiple_choice=_linear("albert.pooler", "bert/pooler") + _linear("classifier", "classifier"),
+        span=_linear("qa_outputs", "classifier"),
+        tagging=_linear("classifier", "classifier")),
+    # ALBERT's classifiers drop out at classifier_dropout_prob (default 0.1); bertjax's heads at the hidden rate.
+    task_config=lambda cfg: {"classifier_dropout_prob": cfg.hidden_dropout_rate},
 )
 
 
@@ -255,7 +309,7 @@ def _modernbert_from_hf(hf_config: dict) -> dict:
                 rotary_theta=_rope_theta(hf_config, "sliding_attention", "local_rope_theta", 10000.0),
                 global_rotary_theta=_rope_theta(hf_config, "full_attention", "global_rope_theta", 160000.0),
                 local_attention_window=hf_config.get("local_attention", 128),
-                global_attention_every=_global_every(hf_config))
+                global_attention_every=_global_every(hf_config), pooler="gelu_norm")
 
 
 def _modernbert_to_hf(cfg: bert_model.BertConfig) -> dict:
@@ -277,8 +331,9 @@ def _modernbert_to_hf(cfg: bert_model.BertConfig) -> dict:
           "rope_parameters": {"full_attention": {"rope_type": "default", "rope_theta": global_theta},
                               "sliding_attention": {"rope_type": "default", "rope_theta": cfg.rotary_theta}},
           "tie_word_embeddings": True}
-    if cfg.vocab_size <= 50283:  # HF's special ids (50281 ...) would lie outside a smaller vocabulary
-        hf.update(pad_token_id=0, cls_token_id=1, bos_token_id=1, sep_token_id=2, eos_token_id=2)
+    if cfg.vocab_size <= 50283:  # HF's special ids (50281 ...) would lie outside a smaller vocabulary:
+        # bertjax's own, as its vocabularies order them ([PAD] [UNK] [CLS] [SEP] [MASK]).
+        hf.update(pad_token_id=0, cls_token_id=2, bos_token_id=2, sep_token_id=3, eos_token_id=3)
     return hf
 
 
@@ -319,6 +374,9 @@ def _modernbert_layer(layer: str) -> tuple:
     )
 
 
+_PREDICTION_HEAD = _linear("head.dense", "bert/pooler") + (("head.norm.weight", "bert/pooler_norm/scale", COPY),
+                                                             ("head.norm.bias", "bert/pooler_norm/bias", COPY))
+
 MODERNBERT = Family(
     model_type="modernbert",
     architecture="ModernBertForMaskedLM",
@@ -332,6 +390,14 @@ MODERNBERT = Family(
     tied={"decoder.weight": "model.embeddings.tok_embeddings.weight"},
     config_from_hf=_modernbert_from_hf,
     config_to_hf=_modernbert_to_hf,
+    # Every class runs ModernBertPredictionHead `head` (dense, GELU, norm: bertjax's pooler "gelu_norm")
+    # before its classifier: on [CLS] for the pooled kinds, at every token for span and tagging.
+    task_classes=_task_classes("ModernBert", sequence=_PREDICTION_HEAD + _linear("classifier", "classifier"),
+                               multiple_choice=_PREDICTION_HEAD + _linear("classifier", "classifier"),
+                               span=_PREDICTION_HEAD + _linear("classifier", "classifier"),
+                               tagging=_PREDICTION_HEAD + _linear("classifier", "classifier")),
+    pooler="gelu_norm",
+    task_config=lambda cfg: {"classifier_pooling": "cls", "classifier_dropout": cfg.hidden_dropout_rate},
     split=_split_qkv,
     join=_join_qkv,
 )
@@ -344,6 +410,9 @@ FAMILIES = {family.model_type: family for family in (ROBERTA, ALBERT, MODERNBERT
 # --------------------------------------------------------------------------------------------------
 
 
+_TRAINING_FIELDS = ("hidden_dropout_rate", "attention_dropout_rate")
+
+
 def family_of(hf_config: dict) -> Family:
     model_type = hf_config.get("model_type", "bert")
     if model_type not in FAMILIES:
@@ -354,38 +423,70 @@ def family_of(hf_config: dict) -> Family:
 def config_from_hf(hf_config: dict, **overrides) -> bert_model.BertConfig:
     """A family's config.json -> BertConfig; `overrides` set the compute fields (dtype, remat, ...)."""
     fields = family_of(hf_config).config_from_hf(hf_config)
-    clash = sorted(k for k in overrides if k in fields and overrides[k] != fields[k])
+    # Dropout is how a run trains (fine-tuning sets its own), not what the weights are: overrides win.
+    clash = sorted(k for k in overrides if k in fields and overrides[k] != fields[k] and k not in _TRAINING_FIELDS)
     if clash:
         raise ValueError(f"the overrides {clash} contradict the checkpoint's config.json")
     return bert_model.BertConfig(**{**fields, **overrides})
 
 
-def _rows(family: Family, cfg: bert_model.BertConfig, shapes: dict) -> list:
-    """The family's table for this config: {i} over the parameter groups, rows the config lacks left out."""
+def _task_class(family: Family, kind: str, cfg: bert_model.BertConfig) -> TaskClass:
+    """The family's transformers class for a task kind, whose head the config must compute."""
+    hf._hf_head(kind)  # an unknown kind: one line listing the known ones
+    task = family.task_classes[kind]
+    if cfg.pooler != family.pooler:
+        raise ValueError(f"a {family.model_type} {kind!r} head needs model.pooler={family.pooler!r} (what "
+                         f"{task.architecture} computes), not {cfg.pooler!r}")
+    return task
+
+
+def _rows(family: Family, cfg: bert_model.BertConfig, shapes: dict, kind: str | None = None,
+          reading: bool = False) -> list:
+    """The family's table for this config: {i} over the parameter groups, rows the config lacks left out.
+    With a task kind: the encoder's rows and the rows of the kind's class's head; `reading`, the pretraining
+    class's pooler too where the task class has none (as hf.py reads bert.pooler for every head)."""
+    table = family.table
+    if kind is not None:
+        task = _task_class(family, kind, cfg)
+        pretraining_pooler = reading and not task.pooler
+        encoder = tuple(row for row in table if row[1].startswith("bert/")
+                        and (pretraining_pooler or not row[1].startswith("bert/pooler")))
+        table = encoder + task.rows
     rows = []
-    for hf_name, path, transform in family.table:
+    for hf_name, path, transform in table:
         groups = range(cfg.num_groups) if "{i}" in hf_name else [None]
         rows += [(hf_name.format(i=i), path.format(i=i), transform) for i in groups]
     return [row for row in rows if row[1] in shapes]
 
 
+def _task_prefixes(family: Family) -> tuple:
+    """The prefixes of the task classes' head tensors outside the encoder that no pretraining class has
+    ("classifier.", "qa_outputs."; not ModernBERT's "head.", its masked-LM class's head too)."""
+    prefixes = {name.split(".")[0] + "." for task in family.task_classes.values() for name, _, _ in task.rows
+                if not name.startswith(family.base)}
+    return tuple(sorted(prefixes - set(family.heads)))
+
+
 def _canonical(family: Family, state: dict) -> dict:
     """Canonical name -> the checkpoint's: a bare encoder checkpoint gets the class's prefix."""
     names = {}
+    outside = (family.base,) + family.heads + _task_prefixes(family)
     for name in state:
-        new = name if name.startswith((family.base,) + family.heads) else family.base + name
+        new = name if name.startswith(outside) else family.base + name
         names[new] = name
     return names
 
 
-def hf_to_params(state: dict, cfg: bert_model.BertConfig, family: Family, seed: int = 0):
-    """A family's HF state dict -> (bertjax BertForPreTraining params, missing), as hf.hf_to_params."""
-    shapes = hf._param_shapes(cfg)
+def hf_to_params(state: dict, cfg: bert_model.BertConfig, family: Family, seed: int = 0, kind: str | None = None,
+                 num_labels: int | None = None):
+    """A family's HF state dict -> (bertjax BertForPreTraining params, missing), as hf.hf_to_params; with
+    a task kind, the params of its head (hf_to_head_params), whose pooler and classifier may be fresh."""
+    shapes = hf._param_shapes(cfg, kind, num_labels)
     state = family.split(dict(state), cfg)
     names = _canonical(family, state)
-    rows = _rows(family, cfg, shapes)
+    rows = _rows(family, cfg, shapes, kind, reading=True)
     flat, used = hf._converted_rows(state, names, rows, shapes, np.dtype(cfg.param_dtype))
-    for tied, source in family.tied.items():
+    for tied, source in family.tied.items() if kind is None else ():  # a head reads no decoder
         if tied in names:
             x, y = state[names[tied]], state.get(names.get(source, ""))
             if y is None or x.shape != y.shape or not np.array_equal(x, y):
@@ -393,36 +494,50 @@ def hf_to_params(state: dict, cfg: bert_model.BertConfig, family: Family, seed: 
                                  "checkpoint cannot be loaded exactly")
             used.add(tied)
     unused = sorted(names[n] for n in names if n not in used and not n.endswith("_ids"))
-    if unused:
-        log.warning("ignoring %d tensor(s) that %s has no place for: %s", len(unused), family.architecture, unused)
+    if kind is not None and unused and all(n.startswith(family.heads) for n in unused):
+        log.info("not used by a %r head: the pretraining heads %s", kind, unused)  # fine-tuning replaces them
+    elif unused:
+        what = family.architecture if kind is None else family.task_classes[kind].architecture
+        log.warning("ignoring %d tensor(s) that %s has no place for: %s", len(unused), what, unused)
     missing = [path for path in shapes if path not in flat]
-    required = [path for path in missing if path in {row[1] for row in rows}]
+    optional = () if kind is None else ("bert/pooler", "classifier/")  # a task head's own: fresh if absent
+    required = [path for path in missing if path in {row[1] for row in rows} and not path.startswith(optional)]
     if required:
         hf_name = {path: name for name, path, _ in rows}[required[0]]
         raise ValueError(f"the checkpoint lacks {len(required)} tensor(s), e.g. {hf_name!r}: is it a "
                          f"{family.model_type} checkpoint with num_hidden_layers={cfg.num_layers}?")
     if missing:
         log.info("no %s tensor, freshly initialised: %s", family.model_type, missing)
-        flat.update(hf._fresh_params(cfg, missing, seed))
+        flat.update(hf._fresh_params(cfg, missing, seed, kind, num_labels))
     params = hf._unflatten(flat)
     return (hf._stack(params, cfg) if cfg.scan_layers else params), missing
 
 
-def params_to_hf(params: dict, cfg: bert_model.BertConfig, family: Family) -> dict:
+def params_to_hf(params: dict, cfg: bert_model.BertConfig, family: Family, kind: str | None = None) -> dict:
     """bertjax BertForPreTraining params (boxed or plain, unrolled or scanned) -> the family's HF state
-    dict; params with no HF name (pooler, NSP head) are left out, tied tensors are not written."""
+    dict; params with no HF name (pooler, NSP head) are left out, tied tensors are not written. With a
+    task kind, a head's params -> its class's (head_params_to_hf): every param has a name there, but the
+    pooler of a class without one."""
     import flax.linen as nn
 
     params = nn.meta.unbox(params)
     params = params.get("params", params)
     encoder = params["bert"]["encoder"]
     if "layers" in encoder:
-        encoder = bert_model.unstack_layers(encoder, cfg.num_layers)
+        encoder = bert_model.unstack_layers(encoder, cfg)
         params = {**params, "bert": {**params["bert"], "encoder": encoder}}
     flat = hf._flatten(params)
-    shapes = hf._param_shapes(cfg)
+    num_labels = None if kind is None else hf._classifier_width(flat, kind)
+    shapes = hf._param_shapes(cfg, kind, num_labels)
+    rows = _rows(family, cfg, shapes, kind)
+    if kind is not None:
+        has_pooler = family.task_classes[kind].pooler
+        unmapped = sorted(path for path in set(flat) - {row[1] for row in rows}
+                          if has_pooler or not path.startswith("bert/pooler"))
+        if unmapped:
+            raise ValueError(f"bertjax params with no name in {family.task_classes[kind].architecture}: {unmapped}")
     state = {}
-    for hf_name, path, transform in _rows(family, cfg, shapes):
+    for hf_name, path, transform in rows:
         p = np.asarray(flat[path])
         if tuple(p.shape) != shapes[path]:
             raise ValueError(f"bertjax param {path}: the config implies shape {shapes[path]}, found {p.shape}")
@@ -466,6 +581,13 @@ def save_hf_checkpoint(path: str | os.PathLike, cfg: bert_model.BertConfig, para
     """Write a directory that the family's transformers class (FAMILIES[model_type].architecture) loads,
     with the WordPiece vocabulary the model was trained with where one is given."""
     family = FAMILIES[model_type]
+    _check_vocabulary(model_type, cfg, vocab_path)
+    state = params_to_hf(params, cfg, family)
+    hf_config = {**family.config_to_hf(cfg), "dtype": cfg.param_dtype, "torch_dtype": cfg.param_dtype}
+    hf_files.write_directory(path, cfg, state, hf_config, vocab_path, lower_case)
+
+
+def _check_vocabulary(model_type: str, cfg: bert_model.BertConfig, vocab_path) -> None:
     pad = cfg.position_offset - 1
     if model_type == "roberta" and vocab_path is not None:
         tokens = Path(vocab_path).read_text(encoding="utf-8").split("\n")
@@ -474,6 +596,70 @@ def save_hf_checkpoint(path: str | os.PathLike, cfg: bert_model.BertConfig, para
             log.warning("model.position_offset=%d makes pad_token_id %d, which is %r in %s: transformers will "
                         "number positions wrongly after it; train with position_offset = [PAD]'s id + 1",
                         cfg.position_offset, pad, tokens[pad], vocab_path)
-    state = params_to_hf(params, cfg, family)
-    hf_config = {**family.config_to_hf(cfg), "dtype": cfg.param_dtype, "torch_dtype": cfg.param_dtype}
+
+
+# --------------------------------------------------------------------------------------------------
+# Task heads (bertjax/models/heads.py) <-> each family's task classes
+# --------------------------------------------------------------------------------------------------
+
+
+def _classifier_bias(task: TaskClass) -> str:
+    return next(hf_name for hf_name, path, _ in task.rows if path == "classifier/bias")
+
+
+def hf_to_head_params(state: dict, cfg: bert_model.BertConfig, family: Family, kind: str,
+                      num_labels: int | None = None, seed: int = 0):
+    """A family's HF state dict -> (params of the `kind` head, missing), as hf.hf_to_head_params: from the
+    kind's own class everything loads; from a pretraining or bare encoder state dict the encoder does and
+    the classifier is fresh (in missing). num_labels: None takes it from the state dict's classifier."""
+    weights = state.get(_classifier_bias(_task_class(family, kind, cfg)))
+    if num_labels is None and heads.head(kind).num_labels is None and weights is not None:
+        num_labels = int(weights.shape[0])
+    return hf_to_params(state, cfg, family, seed, kind=kind, num_labels=heads.resolve_num_labels(kind, num_labels))
+
+
+def head_params_to_hf(params: dict, cfg: bert_model.BertConfig, family: Family, kind: str) -> dict:
+    """bertjax params of the `kind` head (boxed or plain, unrolled or scanned) -> the state dict of the
+    family's class for it."""
+    return params_to_hf(params, cfg, family, kind)
+
+
+def load_hf_head(path: str | os.PathLike, kind: str, num_labels: int | None = None,
+                 model_config_overrides: dict | None = None):
+    """A family's Hugging Face directory -> (BertConfig, params of the `kind` head, missing), as
+    hf.load_hf_head: the kind's own class loads whole; a pretraining directory (RobertaForMaskedLM, ...)
+    or another task's gives the encoder and a fresh classifier (in missing). ModernBERT's prediction
+    head `head.` is its masked-LM class's too, and becomes the pooler, as transformers loads it."""
+    path = Path(path)
+    hf_config = json.loads((path / "config.json").read_text())
+    family = family_of(hf_config)
+    cfg = config_from_hf(hf_config, **(model_config_overrides or {}))
+    task = _task_class(family, kind, cfg)
+    pooling = hf_config.get("classifier_pooling", "cls")  # ModernBERT's: what its pooled classes pool
+    if pooling != "cls" and hf.HF_HEADS[kind].pooler:  # a kind that reads the pooled [CLS]
+        if task.architecture in (hf_config.get("architectures") or []):
+            raise ValueError(f"{path} was trained with classifier_pooling={pooling!r}: bertjax's heads pool "
+                             "[CLS] only (classifier_pooling='cls'); fine-tune from its encoder's checkpoint")
+        log.warning("%s says classifier_pooling=%r: the %r head pools [CLS] (its export says 'cls')",
+                    path, pooling, kind)
+    state = hf.task_state(path, hf_config, hf_files.read_hf_weights(path), kind, task.architecture,
+                          _task_prefixes(family))
+    params, missing = hf_to_head_params(state, cfg, family, kind, num_labels)
+    return cfg, params, missing
+
+
+def save_hf_head(path: str | os.PathLike, cfg: bert_model.BertConfig, params: dict, model_type: str, kind: str,
+                 label_names: list[str] | None = None, vocab_path: str | os.PathLike | None = None,
+                 lower_case: bool = True):
+    """Write a directory that the family's class for `kind` (and AutoModelFor... of that task) loads with
+    no missing or unexpected weight: as save_hf_checkpoint, for a task head's params; its config.json
+    carries the labels and problem_type as hf.save_hf_head writes them for BERT."""
+    family = FAMILIES[model_type]
+    _check_vocabulary(model_type, cfg, vocab_path)
+    state = head_params_to_hf(params, cfg, family, kind)
+    task = family.task_classes[kind]
+    num_labels = int(state[_classifier_bias(task)].shape[0])
+    labels = hf._head_config(kind, num_labels if heads.head(kind).num_labels is None else None, label_names)
+    hf_config = {**family.config_to_hf(cfg), **family.task_config(cfg), **labels, "architectures": [task.architecture],
+                 "dtype": cfg.param_dtype, "torch_dtype": cfg.param_dtype}
     hf_files.write_directory(path, cfg, state, hf_config, vocab_path, lower_case)

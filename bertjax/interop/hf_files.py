@@ -3,7 +3,8 @@
 Readers: model.safetensors (via safetensors.numpy), sharded safetensors (model.safetensors.index.json),
 and pytorch_model.bin (zip format, single or sharded) through a restricted unpickler that allows only
 the handful of torch classes a state dict needs, so that no torch import is needed and no code in the
-file can run. The writer: config.json, model.safetensors and the optional vocabulary. What the tensors
+file can run. The writer: config.json, model.safetensors and the optional vocabulary (with a tokenizer.json for the
+families, bertjax/interop/hf_tokenizer.py). What the tensors
 mean (names, layouts) is bertjax/interop/hf.py's business.
 """
 
@@ -210,6 +211,24 @@ def write_directory(path, cfg: bert_model.BertConfig, state: dict[str, np.ndarra
             "tokenizer_class": "BertTokenizer",
             "do_lower_case": lower_case,
             "model_max_length": cfg.max_position_embeddings,
+            "model_input_names": model_input_names(cfg),
         }
+        if hf_config.get("model_type", "bert") != "bert":
+            # AutoTokenizer takes tokenizer_class over RoBERTa's and ALBERT's own, but for ModernBERT's
+            # model_type it reads tokenizer.json only, with the special tokens named here.
+            from bertjax.interop import hf_tokenizer
+
+            hf_tokenizer.write_wordpiece_tokenizer(str(path / "vocab.txt"), lower_case, str(path))
+            tokenizer_config.update(unk_token="[UNK]", sep_token="[SEP]", pad_token="[PAD]", cls_token="[CLS]",
+                                    mask_token="[MASK]")
         (path / "tokenizer_config.json").write_text(json.dumps(tokenizer_config, indent=2) + "\n")
     log.info("wrote Hugging Face checkpoint %s (%d tensors)", path, len(state))
+
+
+def model_input_names(cfg: bert_model.BertConfig) -> list[str]:
+    """What the exported tokenizer gives the model: token_type_ids only where the model has two segment
+    rows or more. HF RoBERTa has one (a pair's 1s would index past it) and ModernBERT none; bertjax reads
+    row 0 for every segment id of a one-row table, so leaving them out computes what bertjax does."""
+    if cfg.type_vocab_size >= 2:
+        return ["input_ids", "token_type_ids", "attention_mask"]
+    return ["input_ids", "attention_mask"]

@@ -1,18 +1,41 @@
-"""A bertjax SentencePiece model as a Hugging Face `tokenizer.json` (the `tokenizers` library's format),
-so that AutoTokenizer loads an exported SentencePiece model with the ids bertjax gives.
+"""A bertjax SentencePiece model (or WordPiece vocabulary) as a Hugging Face `tokenizer.json` (the
+`tokenizers` library's format), so that AutoTokenizer loads an exported model with the ids bertjax gives.
 
 The unigram pieces and scores, the model's own normalisation (its precompiled NFKC / case-folding map)
 and SentencePiece's whitespace rules (extra spaces removed, "▁" before every word) become the
-tokenizers pipeline; [CLS] A [SEP] (B [SEP]) is its post-processor. WordPiece needs none of this:
-transformers builds its fast tokenizer from vocab.txt itself.
+tokenizers pipeline; [CLS] A [SEP] (B [SEP]) is its post-processor. A BERT directory's WordPiece needs
+none of this (transformers builds BertTokenizer from vocab.txt itself), but AutoTokenizer for ModernBERT's
+model_type reads tokenizer.json only: family directories get the same WordPiece pipeline as tokenizer.json.
 """
 
 import json
 import os
 
 
-def write_sentencepiece_tokenizer(tokenizer, model_path: str, directory: str, model_max_length: int) -> None:
-    """tokenizer.json and tokenizer_config.json for `tokenizer` (a SentencePieceTokenizer) in `directory`."""
+def write_wordpiece_tokenizer(vocab_path: str, lower_case: bool, directory: str) -> None:
+    """tokenizer.json of a WordPiece vocab.txt: what transformers' BertTokenizer builds from it (BERT's
+    normaliser and pre-tokenizer, ## pieces, [CLS] A [SEP] (B [SEP]) with segments 0 and 1)."""
+    from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors
+
+    with open(vocab_path, encoding="utf-8") as f:  # text mode: lines end at \n, \r\n or \r, as for transformers
+        vocab = {line.rstrip("\n"): i for i, line in enumerate(f)}
+    # 100 characters a word at most, as BertTokenizer (and bertjax.text.tokenizers.MAX_CHARS_PER_WORD).
+    hf = Tokenizer(models.WordPiece(vocab, unk_token="[UNK]", max_input_chars_per_word=100))
+    hf.normalizer = normalizers.BertNormalizer(clean_text=True, handle_chinese_chars=True, strip_accents=None,
+                                               lowercase=lower_case)
+    hf.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+    hf.decoder = decoders.WordPiece(prefix="##")
+    hf.post_processor = processors.TemplateProcessing(
+        single="[CLS]:0 $A:0 [SEP]:0", pair="[CLS]:0 $A:0 [SEP]:0 $B:1 [SEP]:1",
+        special_tokens=[("[CLS]", vocab["[CLS]"]), ("[SEP]", vocab["[SEP]"])])
+    hf.add_special_tokens(["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"])  # in the vocabulary: ids kept
+    hf.save(os.path.join(directory, "tokenizer.json"))
+
+
+def write_sentencepiece_tokenizer(tokenizer, model_path: str, directory: str, model_max_length: int,
+                                  model_input_names: list[str]) -> None:
+    """tokenizer.json and tokenizer_config.json for `tokenizer` (a SentencePieceTokenizer) in `directory`;
+    model_input_names: what the model's forward takes (hf_files.model_input_names)."""
     try:
         from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, processors
     except ImportError:
@@ -45,6 +68,6 @@ def write_sentencepiece_tokenizer(tokenizer, model_path: str, directory: str, mo
     hf.save(os.path.join(directory, "tokenizer.json"))
     config = {"tokenizer_class": "PreTrainedTokenizerFast", "model_max_length": model_max_length,
               "unk_token": "[UNK]", "pad_token": "[PAD]", "cls_token": cls, "sep_token": sep, "mask_token": "[MASK]",
-              "model_input_names": ["input_ids", "token_type_ids", "attention_mask"]}
+              "model_input_names": list(model_input_names)}
     with open(os.path.join(directory, "tokenizer_config.json"), "w") as f:
         json.dump(config, f, indent=2)

@@ -121,7 +121,7 @@ def _from_hugging_face(path: str, model_overrides: dict, head: str | None, num_l
                        abstract_params, tokenizer: bool) -> Pretrained:
     model_type = json.loads((epath.Path(path) / "config.json").read_text()).get("model_type", "bert")
     if model_type in hf_families.FAMILIES:  # RoBERTa, ALBERT, ModernBERT: options of the one encoder
-        return _from_family(path, model_type, model_overrides, head, abstract_params, tokenizer)
+        return _from_family(path, model_overrides, head, num_labels, abstract_params, tokenizer)
     # Before the weights: a missing vocabulary is found at once.
     vocabulary = TokenizerFiles("wordpiece", *hf_vocabulary(path)) if tokenizer else None
     if head is None:
@@ -135,17 +135,19 @@ def _from_hugging_face(path: str, model_overrides: dict, head: str | None, num_l
     return Pretrained(config, params, vocabulary, path, {}, missing)
 
 
-def _from_family(path: str, model_type: str, model_overrides: dict, head: str | None, abstract_params,
+def _from_family(path: str, model_overrides: dict, head: str | None, num_labels: int | None, abstract_params,
                  tokenizer: bool) -> Pretrained:
-    """A RoBERTa, ALBERT or ModernBERT directory (interop/hf_families.py). Their BPE / SentencePiece
-    tokenizer files are not read by bertjax: a WordPiece vocab.txt beside them is, else none."""
-    if head is not None:
-        raise ValueError(f"{path} is a {model_type} checkpoint: task heads load from BERT directories only; "
-                         "fine-tune from a bertjax checkpoint converted from it")
+    """A RoBERTa, ALBERT or ModernBERT directory (interop/hf_families.py), as pretraining params or a task
+    head's. Their BPE / SentencePiece tokenizer files are not read by bertjax: a WordPiece vocab.txt
+    beside them is, else none."""
     vocabulary = None
     if tokenizer and (epath.Path(path) / "vocab.txt").exists():
         vocabulary = TokenizerFiles("wordpiece", *hf_vocabulary(path))
-    config, params, missing = hf_families.load_hf_checkpoint(path, model_config_overrides=model_overrides)
+    if head is None:
+        config, params, missing = hf_families.load_hf_checkpoint(path, model_config_overrides=model_overrides)
+    else:
+        config, params, missing = hf_families.load_hf_head(path, head, num_labels,
+                                                           model_config_overrides=model_overrides)
     if abstract_params is not None:
         import jax
 

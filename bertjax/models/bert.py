@@ -68,12 +68,16 @@ REMAT_POLICIES = {
 
 ATTENTION_IMPLS = ("xla", "cudnn")
 # BertConfig fields that choose a family's network (RoBERTa, ALBERT, ModernBERT); BERT has their defaults.
-FAMILY_OPTIONS = ("position_embedding", "position_offset", "activation", "norm_placement", "use_bias", "norm",
+FAMILY_OPTIONS = ("position_embedding", "position_offset", "activation", "norm_placement", "use_bias", "norm", "pooler",
                   "local_attention_window", "embedding_size", "num_hidden_groups", "pre_layer_norm")
 POSITION_EMBEDDINGS = ("learned", "rotary", "none")
 ACTIVATIONS = ("gelu", "gelu_tanh", "geglu")
 NORM_PLACEMENTS = ("post", "pre")
 NORMS = ("layernorm", "rmsnorm")
+# model.pooler -> whether the per-token heads (span, tagging) apply it at every token too. Both start with a
+# dense H->H; "tanh" is BERT's pooler (RoBERTa's and ALBERT's too), "gelu_norm" ModernBERT's prediction head
+# (GELU, then the encoder's norm), which its transformers task classes run before every classifier.
+POOLERS = {"tanh": False, "gelu_norm": True}
 WORD_EMBEDDINGS = ("gather", "one_hot")
 
 # What "auto" means per platform (jax.default_backend()), for the fields that are a matter of speed
@@ -154,6 +158,7 @@ class BertConfig:
     global_attention_every: int = 1  # layer i attends globally when i % n == 0 (ModernBERT: 3)
     embedding_size: int = 0  # ALBERT's factorised embedding width E, projected to H once; 0: hidden_size
     num_hidden_groups: int = 0  # ALBERT's groups of layers sharing parameters; 0: one per layer (BERT)
+    pooler: str = "tanh"  # a key of POOLERS: "tanh" (dense, tanh on [CLS]) | "gelu_norm" (ModernBERT's head)
 
     def __post_init__(self):
         autos = [f.name for f in dataclasses.fields(self) if getattr(self, f.name) == "auto"]
@@ -182,7 +187,7 @@ class BertConfig:
     def _check_family_options(self):
         """One line naming the keys, for a choice that is unknown or that another choice rules out."""
         choices = dict(position_embedding=POSITION_EMBEDDINGS, activation=ACTIVATIONS,
-                       norm_placement=NORM_PLACEMENTS, norm=NORMS)
+                       norm_placement=NORM_PLACEMENTS, norm=NORMS, pooler=tuple(POOLERS))
         for name, allowed in choices.items():
             if getattr(self, name) not in allowed:
                 raise ValueError(f"model.{name}={getattr(self, name)!r}: choose one of {allowed}")
@@ -207,14 +212,6 @@ class BertConfig:
         if self.num_groups != self.num_layers and (self.local_attention_window or self.norm_placement == "pre"):
             problems.append("model.num_hidden_groups (shared layers) cannot be combined with "
                             "model.local_attention_window or model.norm_placement='pre' (layers that differ)")
-        if self.scan_layers and self.num_groups != self.num_layers:
-            problems.append("model.scan_layers=True cannot share layers (model.num_hidden_groups): set scan_layers=False")
-        if self.scan_layers and self.norm_placement == "pre":
-            problems.append("model.scan_layers=True cannot scan norm_placement='pre' (layer 0 has no attention "
-                            "norm): set scan_layers=False")
-        if self.scan_layers and self.local_attention_window and self.global_attention_every > 1:
-            problems.append("model.scan_layers=True cannot scan alternating local/global attention "
-                            "(model.global_attention_every > 1): set scan_layers=False")
         if problems:
             raise ValueError("; ".join(problems))
 
@@ -255,8 +252,25 @@ class BertConfig:
         return bool(self.local_attention_window) and layer % self.global_attention_every != 0
 
 
+def scanned_layout(cfg: BertConfig) -> tuple[int, int]:
+    """(U, K) of the scanned encoder: its first U layers stay unrolled (layers_0 ...), and the params
+    of the K parameter sets after them are stacked on the leading "layers" axis.
+
+    BERT: (0, L). ALBERT: (0, G), the groups stacked, each applied L/G times in its scan step.
+    norm_placement="pre" (ModernBERT): (1, L-1), as layer 0 alone has no attention norm.
+    """
+    unrolled = 1 if cfg.norm_placement == "pre" else 0
+    return unrolled, cfg.num_groups - unrolled
+
+
+def alternates(cfg: BertConfig) -> bool:
+    """Whether the layers alternate between local (sliding-window) and global attention."""
+    return bool(cfg.local_attention_window) and cfg.global_attention_every > 1
+
+
 class Encoder(nn.Module):
-    """L blocks, either unrolled (params layers_0 ... layers_{L-1}) or scanned (params stacked on axis 0).
+    """L blocks, either unrolled (params layers_0 ... layers_{L-1}) or scanned (params stacked on axis 0:
+    scanned_layout gives the layout).
 
     With `rows` ([B, Q] positions) only those rows of the output are returned. Unrolled, the last block
     computes only them; scanned, every block is the same compiled body, so the rows are taken after it.
@@ -267,22 +281,48 @@ class Encoder(nn.Module):
     @nn.compact
     def __call__(self, x, padding, deterministic: bool, output_hidden_states: bool = False, rows=None):
         cfg = self.config
-        block = layers.TransformerBlock
+        block = scanned_block = layers.TransformerBlock
         if cfg.remat_policy != "none":
+            policy = REMAT_POLICIES[cfg.remat_policy]
+            block = nn.remat(block, policy=policy, prevent_cse=True)
             # Under scan, CSE across iterations cannot happen, so prevent_cse (which costs speed) is off.
-            block = nn.remat(block, policy=REMAT_POLICIES[cfg.remat_policy], prevent_cse=not cfg.scan_layers)
+            scanned_block = nn.remat(scanned_block, policy=policy, prevent_cse=False)
+
+        def stack(body, length: int, in_axes=nn.broadcast):
+            return nn.scan(body, variable_axes={"params": 0}, split_rngs={"params": True, "dropout": True},
+                           in_axes=in_axes, length=length, metadata_params={nn.PARTITION_NAME: "layers"},
+                           )(cfg, deterministic, output_hidden_states, name="layers")
+
         if cfg.scan_layers:
-            stack = nn.scan(
-                block,
-                variable_axes={"params": 0},
-                split_rngs={"params": True, "dropout": True},
-                in_axes=nn.broadcast,
-                length=cfg.num_layers,
-                metadata_params={nn.PARTITION_NAME: "layers"},
-            )
-            x, per_layer = stack(cfg, deterministic, output_hidden_states, name="layers")(x, padding)
-            layer_outputs = list(per_layer) if output_hidden_states else []  # L x [B, S, H]
-            if rows is not None:
+            unrolled, stacked = scanned_layout(cfg)
+            per_group = cfg.num_layers // cfg.num_groups
+            layer_outputs = []  # L x [B, S, H]
+            for i in range(unrolled):  # layer 0 of norm_placement="pre": it has no attention norm
+                last_rows = rows if i == cfg.num_layers - 1 else None
+                x, out = block(cfg, deterministic, output_hidden_states, cfg.is_local(i), i == 0,
+                               name=f"layers_{i}")(x, padding, last_rows)
+                layer_outputs.append(out)
+            if per_group > 1:
+                # ALBERT: a scan step per group, whose params an inner scan (params broadcast) applies L/G times.
+                repeat = nn.scan(scanned_block, variable_broadcast="params", split_rngs={"params": False, "dropout": True},
+                                 in_axes=nn.broadcast, length=per_group)
+                x, per_layer = stack(repeat, stacked)(x, padding)
+                if output_hidden_states:  # [G, L/G, B, S, H] -> [L, B, S, H]
+                    per_layer = per_layer.reshape((cfg.num_layers, *per_layer.shape[2:]))
+            elif stacked and alternates(cfg):
+                # Each step reads its layer's kind (scanned over) and selects by it: the band of its mask
+                # (XLA), one of two kernel calls (cuDNN), one of the two rotary tables computed here once.
+                is_local = jnp.asarray([cfg.is_local(i) for i in range(unrolled, cfg.num_layers)])  # [K] bool
+                tables = None
+                if cfg.position_embedding == "rotary":
+                    tables = layers.local_and_global_rotary_tables(cfg, x.shape[1])
+                in_axes = (nn.broadcast, nn.broadcast, 0, nn.broadcast)  # padding, rows (None), is_local, tables
+                x, per_layer = stack(scanned_block, stacked, in_axes)(x, padding, None, is_local, tables)
+            elif stacked:
+                x, per_layer = stack(scanned_block, stacked)(x, padding)
+            if stacked and output_hidden_states:
+                layer_outputs += list(per_layer)
+            if stacked and rows is not None:
                 x = jnp.take_along_axis(x, rows[..., None], axis=1)  # [B, Q, H]
         else:
             # ALBERT: layer i runs group i // (L / G)'s parameters; otherwise one group per layer.
@@ -300,7 +340,9 @@ class Encoder(nn.Module):
 
 
 class BertModel(nn.Module):
-    """Embeddings + encoder + tanh pooler on [CLS]: what BertModel is in every BERT implementation."""
+    """Embeddings + encoder + pooler on [CLS]: what BertModel is in every BERT implementation. The pooler
+    is BERT's dense + tanh, or with model.pooler="gelu_norm" ModernBERT's dense + GELU + norm (params
+    pooler and pooler_norm), which the per-token heads also apply at every token (`pool`)."""
 
     config: BertConfig
 
@@ -309,6 +351,8 @@ class BertModel(nn.Module):
         self.embeddings = layers.Embeddings(cfg)
         self.encoder = Encoder(cfg)
         self.pooler = layers.dense(cfg, cfg.hidden_size, ("embed", None), "pooler")
+        if cfg.pooler == "gelu_norm":
+            self.pooler_norm = layers.layer_norm(cfg, "pooler_norm")
 
     def __call__(self, input_ids, segment_ids, input_mask, deterministic: bool = True,
                  output_hidden_states: bool = False, output_rows=None):
@@ -325,12 +369,19 @@ class BertModel(nn.Module):
         if output_rows is not None:
             rows = jnp.concatenate([jnp.zeros_like(output_rows[:, :1]), output_rows], axis=1)  # [B, 1+Q]: [CLS] first
         encoded, layer_outputs = self.encoder(x, (mask, lengths), deterministic, output_hidden_states, rows)
-        pooled_output = jnp.tanh(self.pooler(encoded[:, 0]))  # [B, H]
+        pooled_output = self.pool(encoded[:, 0])  # [B, H]
         sequence_output = encoded if rows is None else encoded[:, 1:]  # [B, S, H] or [B, Q, H]
         outputs = {"sequence_output": sequence_output, "pooled_output": pooled_output}
         if output_hidden_states:
             outputs["hidden_states"] = [x] + layer_outputs  # L+1 x [B, S, H], embeddings first
         return outputs
+
+    def pool(self, x):
+        """The pooler's transform of hidden states [..., H] -> [..., H]: of [CLS] in __call__, of every
+        token in the span and tagging heads where POOLERS[model.pooler] says so."""
+        if self.config.pooler == "tanh":
+            return jnp.tanh(self.pooler(x))
+        return self.pooler_norm(nn.gelu(self.pooler(x), approximate=False))  # ModernBERT's classifier_activation
 
     def word_embedding_table(self):
         return self.embeddings.word_embedding_table()
@@ -453,17 +504,23 @@ def count_params(params) -> int:
     return int(sum(np.prod(x.shape) for x in jax.tree_util.tree_leaves(params)))
 
 
-def stack_layers(encoder_params: dict, num_layers: int) -> dict:
-    """Unrolled encoder params {layers_0: p0, ...} -> scanned {layers: stack(p0..p_{L-1})}."""
-    rest = {k: v for k, v in encoder_params.items() if not k.startswith("layers_")}
-    layers = [encoder_params[f"layers_{i}"] for i in range(num_layers)]
-    rest["layers"] = jax.tree_util.tree_map(lambda *xs: jnp.stack(xs), *layers)
+def stack_layers(encoder_params: dict, cfg: BertConfig) -> dict:
+    """Unrolled encoder params {layers_0: p0, ...} -> the scanned layout of cfg (scanned_layout):
+    {layers_0 .. layers_{U-1} as they are, layers: stack(p_U .. p_{U+K-1})}. ALBERT's unrolled params
+    are its G groups, so its stack is [G, ...]."""
+    unrolled, stacked = scanned_layout(cfg)
+    kept = {f"layers_{i}" for i in range(unrolled)}
+    rest = {k: v for k, v in encoder_params.items() if not k.startswith("layers_") or k in kept}
+    if stacked:
+        layers = [encoder_params[f"layers_{i}"] for i in range(unrolled, unrolled + stacked)]
+        rest["layers"] = jax.tree_util.tree_map(lambda *xs: jnp.stack(xs), *layers)
     return rest
 
 
-def unstack_layers(encoder_params: dict, num_layers: int) -> dict:
-    """Scanned encoder params {layers: stacked} -> unrolled {layers_0: p0, ...}."""
+def unstack_layers(encoder_params: dict, cfg: BertConfig) -> dict:
+    """The scanned layout of cfg (stack_layers) -> unrolled {layers_0: p0, ...}."""
+    unrolled, stacked = scanned_layout(cfg)
     rest = {k: v for k, v in encoder_params.items() if k != "layers"}
-    for i in range(num_layers):
-        rest[f"layers_{i}"] = jax.tree_util.tree_map(lambda x, i=i: x[i], encoder_params["layers"])
+    for i in range(stacked):
+        rest[f"layers_{unrolled + i}"] = jax.tree_util.tree_map(lambda x, i=i: x[i], encoder_params["layers"])
     return rest

@@ -7,7 +7,9 @@ head as it is (`with_pretrained_encoder`). As in Devlin et al. 2018 and Hugging 
   multiple choice               each (context, choice) row scored like that with K=1, softmax over C
   span                          dense H->2 at every position (start and end logits), no dropout (SQuAD)
   tagging                       dropout on every token's output, dense H->K (NER and other tag sets)
-The dropout is BERT's hidden dropout (Hugging Face's classifier_dropout falls back to it).
+The dropout is BERT's hidden dropout (Hugging Face's classifier_dropout falls back to it). With ModernBERT's
+pooler (model.pooler="gelu_norm"), span and tagging read every token through the pooler's transform,
+as transformers' ModernBERT task classes run their prediction head before the classifier.
 
 `HEADS` is the model side of the task kinds: per kind the network, the loss and how logits become
 predictions; everything else about a kind is its module in bertjax/tasks/kinds/.
@@ -33,8 +35,9 @@ from bertjax.models.layers import Dropout, dense
 
 
 def _classifier(cfg: BertConfig, num_labels: int) -> nn.Dense:
-    # ("embed", None) like the NSP head: K is a handful of labels, not worth sharding.
-    return dense(cfg, num_labels, ("embed", None), "classifier")
+    # ("embed", None) like the NSP head: K is a handful of labels, not worth sharding. A bias whatever
+    # model.use_bias says: every transformers task class has one (ModernBERT's too).
+    return dense(cfg, num_labels, ("embed", None), "classifier", use_bias=True)
 
 
 def _pooled_output(cfg: BertConfig, input_ids, segment_ids, input_mask, deterministic: bool):
@@ -43,6 +46,13 @@ def _pooled_output(cfg: BertConfig, input_ids, segment_ids, input_mask, determin
     cls_row = jnp.zeros((input_ids.shape[0], 1), jnp.int32)  # [B, 1]: position 0
     bert = bert_model.BertModel(cfg, name="bert")
     return bert(input_ids, segment_ids, input_mask, deterministic, output_rows=cls_row)["pooled_output"]
+
+
+def _token_output(cfg: BertConfig, bert: bert_model.BertModel, encoded: dict):
+    """What the per-token classifiers read [B, S, H]: the sequence output, or where POOLERS[model.pooler]
+    says so (ModernBERT) the pooler's transform of every token. The one place that decides it."""
+    x = encoded["sequence_output"]
+    return bert.pool(x) if bert_model.POOLERS[cfg.pooler] else x
 
 
 class BertForSequenceClassification(nn.Module):
@@ -90,9 +100,10 @@ class BertForQuestionAnswering(nn.Module):
     def __call__(self, input_ids, segment_ids, input_mask, deterministic: bool = True):
         # input_ids, segment_ids, input_mask: [B, S] int. Returns float32 logits [B, S, 2]: start, end.
         cfg = self.config
-        # The pooler is computed and unused: kept so that the `bert` subtree is BertModel's own.
-        encoded = bert_model.BertModel(cfg, name="bert")(input_ids, segment_ids, input_mask, deterministic)
-        logits = _classifier(cfg, 2)(encoded["sequence_output"]).astype(jnp.float32)  # [B, S, 2]
+        # The pooled [CLS] is computed and unused: kept so that the `bert` subtree is BertModel's own.
+        bert = bert_model.BertModel(cfg, name="bert")
+        encoded = bert(input_ids, segment_ids, input_mask, deterministic)
+        logits = _classifier(cfg, 2)(_token_output(cfg, bert, encoded)).astype(jnp.float32)  # [B, S, 2]
         return nn.with_logical_constraint(logits, ("batch", "length", None))
 
 
@@ -106,8 +117,9 @@ class BertForTokenClassification(nn.Module):
     def __call__(self, input_ids, segment_ids, input_mask, deterministic: bool = True):
         # input_ids, segment_ids, input_mask: [B, S] int. Returns float32 logits [B, S, K].
         cfg = self.config
-        encoded = bert_model.BertModel(cfg, name="bert")(input_ids, segment_ids, input_mask, deterministic)
-        x = Dropout(cfg.hidden_dropout_rate)(encoded["sequence_output"], deterministic)  # [B, S, H]
+        bert = bert_model.BertModel(cfg, name="bert")
+        encoded = bert(input_ids, segment_ids, input_mask, deterministic)
+        x = Dropout(cfg.hidden_dropout_rate)(_token_output(cfg, bert, encoded), deterministic)  # [B, S, H]
         logits = _classifier(cfg, self.num_labels)(x).astype(jnp.float32)  # [B, S, K]
         return nn.with_logical_constraint(logits, ("batch", "length", None))
 

@@ -208,17 +208,28 @@ class HeadProjection(nn.Module):
         return jnp.einsum(self.equation, x, kernel) + bias
 
 
-def rotary(x, theta: float, positions):
-    """RoPE, "rotate half" (non-interleaved) as GPT-NeoX and ModernBERT: pairs (d, d + D/2) turn by
-    position * theta^(-2d/D). x: [B, S, N, D]; positions: [B, S] int. Computed in float32."""
-    dim = x.shape[-1]
+def rotary_tables(theta: float, positions, dim: int):
+    """(cos, sin) of RoPE's angles position * theta^(-2d/D), each [B, S, 1, D] float32, for positions
+    [B, S] int. Separate from rotary() so that a scanned stack computes them once, not per layer."""
     inv_freq = 1.0 / (theta ** (np.arange(0, dim, 2, dtype=np.float32) / dim))  # [D/2]
     freqs = positions[..., None].astype(jnp.float32) * inv_freq  # [B, S, D/2]
     angles = jnp.concatenate([freqs, freqs], axis=-1)[:, :, None, :]  # [B, S, 1, D]
+    return jnp.cos(angles), jnp.sin(angles)
+
+
+def apply_rotary(x, tables):
+    """x: [B, S, N, D] turned by rotary_tables' (cos, sin), "rotate half" (non-interleaved) as GPT-NeoX
+    and ModernBERT: the pairs (d, d + D/2). Computed in float32."""
+    cos, sin = tables
     x32 = x.astype(jnp.float32)
-    half = dim // 2
+    half = x.shape[-1] // 2
     rotated = jnp.concatenate([-x32[..., half:], x32[..., :half]], axis=-1)
-    return (x32 * jnp.cos(angles) + rotated * jnp.sin(angles)).astype(x.dtype)
+    return (x32 * cos + rotated * sin).astype(x.dtype)
+
+
+def rotary(x, theta: float, positions):
+    """RoPE on x [B, S, N, D] at positions [B, S] int, with base theta."""
+    return apply_rotary(x, rotary_tables(theta, positions, x.shape[-1]))
 
 
 def fused_attention(q, k, v, *, mask, kv_lengths, implementation: str, local_window=None):
@@ -237,23 +248,51 @@ def fused_attention(q, k, v, *, mask, kv_lengths, implementation: str, local_win
     return jax.nn.dot_product_attention(q, k, v, mask=mask, implementation=implementation, **local)
 
 
+def local_or_global_attention(q, k, v, is_local, *, kv_lengths, local_window: tuple, implementation: str):
+    """fused_attention with the kernel's sliding window `local_window` where the traced bool is_local
+    is True, else over every real key: the cuDNN path of a scanned layer whose kind is known only at
+    run time. lax.cond runs one of the two calls (the attention core has no params, so both branches
+    are plain functions); a select would run both. q: [B, S, N, D]; k, v: [B, S, N, D]; kv_lengths: [B]."""
+
+    def attend(window):
+        return lambda: fused_attention(q, k, v, mask=None, kv_lengths=kv_lengths, implementation=implementation,
+                                       local_window=window)
+
+    return jax.lax.cond(is_local, attend(local_window), attend(None))
+
+
+def local_and_global_rotary_tables(cfg, seq_len: int):
+    """(local, global) rotary_tables at positions 0 .. S-1, each (cos, sin) [1, S, 1, D] float32: what a
+    scanned stack of alternating local and global layers computes once, each layer selecting one."""
+    positions = jnp.arange(seq_len)[None]  # [1, S]: the same for every row
+    local = rotary_tables(cfg.rotary_theta, positions, cfg.head_dim)
+    return local, rotary_tables(cfg.global_rotary_theta or cfg.rotary_theta, positions, cfg.head_dim)
+
+
 class SelfAttention(nn.Module):
     """Multi-head self-attention with a padding mask and an output projection; optionally rotary
-    positions on q and k and a sliding window (`local`: the layer is one of the local ones)."""
+    positions on q and k and a sliding window (`local`: the layer is one of the local ones; or, in a
+    scanned stack, the traced `is_local`)."""
 
     config: Any  # the encoder config (see the module docstring)
     deterministic: bool
     local: bool = False
 
     @nn.compact
-    def __call__(self, x, padding, queries=None, query_positions=None):
+    def __call__(self, x, padding, queries=None, query_positions=None, is_local=None, rope_tables=None):
         # x: [B, S, H]; padding: (mask [B, 1, 1, S] bool, True at keys that may be attended to; lengths [B]
         # int32, real tokens per row, which are right-padded). queries: [B, Q, H] rows to compute
         # outputs for (default x itself, Q = S), at query_positions [B, Q] int (default 0 .. S-1); keys
-        # and values always come from every position of x.
+        # and values always come from every position of x. is_local: None (self.local decides) or a
+        # [] bool, this layer's kind in a scanned stack; rope_tables: with is_local and rotary positions,
+        # local_and_global_rotary_tables(), of which it selects one.
         cfg = self.config
         mask, lengths = padding
         queries = x if queries is None else queries
+        rotary_positions = cfg.position_embedding == "rotary"
+        if is_local is not None and (self.local or queries is not x or (rotary_positions and rope_tables is None)):
+            raise ValueError("SelfAttention: a traced is_local needs every query row, local=False and the "
+                             "rope_tables of rotary positions")
 
         def project(name, source):
             return HeadProjection(
@@ -266,10 +305,13 @@ class SelfAttention(nn.Module):
         key_positions = jnp.broadcast_to(jnp.arange(x.shape[1]), x.shape[:2])  # [B, S]
         if query_positions is None:
             query_positions = key_positions
-        if cfg.position_embedding == "rotary":
+        if rotary_positions and is_local is None:
             # Local layers (and every layer when global_rotary_theta is 0) turn at rotary_theta.
             theta = cfg.rotary_theta if self.local else (cfg.global_rotary_theta or cfg.rotary_theta)
             q, k = rotary(q, theta, query_positions), rotary(k, theta, key_positions)
+        elif rotary_positions:  # one of the two tables the stack computed once
+            tables = jax.tree_util.tree_map(lambda a, b: jnp.where(is_local, a, b), *rope_tables)
+            q, k = apply_rotary(q, tables), apply_rotary(k, tables)
         q = checkpoint_name(nn.with_logical_constraint(q, ("batch", "length", "heads", "kv")), "qkv")
         k = checkpoint_name(nn.with_logical_constraint(k, ("batch", "length", "heads", "kv")), "qkv")
         v = checkpoint_name(nn.with_logical_constraint(v, ("batch", "length", "heads", "kv")), "qkv")
@@ -282,7 +324,17 @@ class SelfAttention(nn.Module):
             else:  # a mask: |query - key| <= window / 2
                 band = jnp.abs(query_positions[:, :, None] - key_positions[:, None, :]) <= half  # [B, Q, S]
                 mask = mask & band[:, None]  # [B, 1, Q, S]
-        if self.deterministic or cfg.attention_dropout_rate == 0.0:
+        elif is_local is not None and cfg.attention_impl != "cudnn":
+            # The band of a local layer, none (|query - key| <= S) on a global one: an iota compare that
+            # XLA fuses into the masking, where a band computed outside the scan would be an [S, S] input.
+            reach = jnp.where(is_local, cfg.local_attention_window // 2, x.shape[1])
+            band = jnp.abs(key_positions[:, :, None] - key_positions[:, None, :]) <= reach  # [B, S, S]
+            mask = mask & band[:, None]  # [B, 1, S, S]
+        if is_local is not None and cfg.attention_impl == "cudnn":  # no dropout: the config rules it out
+            half = cfg.local_attention_window // 2
+            context = local_or_global_attention(q, k, v, is_local, kv_lengths=lengths, local_window=(half, half),
+                                                implementation=cfg.attention_impl)
+        elif self.deterministic or cfg.attention_dropout_rate == 0.0:
             use_lengths = cfg.attention_impl == "cudnn" and (not self.local or local_window is not None)
             context = fused_attention(q, k, v, mask=mask, kv_lengths=lengths if use_lengths else None,
                                       implementation=cfg.attention_impl, local_window=local_window)
@@ -337,6 +389,9 @@ class TransformerBlock(nn.Module):
     feed-forward) is per position. Exactly the rows of the full block's output, for 2 of its 12 H^2
     per token at the other positions (only the key and value projections).
 
+    Under nn.scan a stack of alternating local and global layers passes each block its kind as the
+    traced `is_local` ([] bool, scanned over) and the rotary tables of both kinds (broadcast).
+
     Returns (x, x or None) so that nn.scan can stack the per-layer outputs when they are wanted.
     """
 
@@ -347,13 +402,13 @@ class TransformerBlock(nn.Module):
     first: bool = False  # layer 0: with norm_placement="pre", no norm before its attention (ModernBERT)
 
     @nn.compact
-    def __call__(self, x, padding, rows=None):
+    def __call__(self, x, padding, rows=None, is_local=None, rope_tables=None):
         # x: [B, S, H]; padding: (mask, lengths) as SelfAttention takes it; rows: None or [B, Q] int.
-        # Returns [B, S, H], or [B, Q, H] with rows.
+        # is_local, rope_tables: None, or as SelfAttention takes them. Returns [B, S, H], or [B, Q, H] with rows.
         cfg = self.config
         at_rows = (lambda y: y) if rows is None else (lambda y: jnp.take_along_axis(y, rows[..., None], axis=1))
         attention_module = SelfAttention(cfg, self.deterministic, self.local, name="attention")
-        attention = lambda y, queries: attention_module(y, padding, queries, rows)  # noqa: E731
+        attention = lambda y, queries: attention_module(y, padding, queries, rows, is_local, rope_tables)  # noqa: E731
         feed_forward = FeedForward(cfg, name="mlp")
         # The embedding norm already normalises layer 0's input in ModernBERT's pre-norm stack.
         skip_first_norm = self.first and cfg.norm_placement == "pre"

@@ -1,13 +1,27 @@
-"""Training FLOPs per token of BERT pretraining, the peak FLOP/s of each accelerator kind, and MFU.
+"""Training FLOPs per token of BERT-family pretraining, the peak FLOP/s of each accelerator kind, and MFU.
 
 Imports nothing but the standard library: the figures are plain arithmetic, used by the training
-program's log line and by the benchmark.
+program's log line, the benchmark and the planner. `config_flops_per_token` reads a model config
+(bertjax.models.bert.BertConfig or anything with its attribute names) so that callers pass it once.
 """
 
+
 def train_flops_per_token(
-    num_layers: int, hidden_size: int, seq_len: int, vocab_size: int, predicted_fraction: float
+    num_layers: int,
+    hidden_size: int,
+    seq_len: int,
+    vocab_size: int,
+    predicted_fraction: float,
+    *,
+    intermediate_size: int | None = None,
+    gated: bool = False,
+    embedding_size: int | None = None,
+    local_layers: int = 0,
+    local_attention_window: int = 0,
 ) -> float:
-    """Training FLOPs (forward + backward) per real token of BERT pretraining.
+    """Training FLOPs (forward + backward) per real token of BERT-family pretraining.
+
+    With every keyword at its default (BERT: F = 4H, E = H, every layer global) this is
 
         6 * 12*L*H^2  +  12*L*S*H  +  6*p*(H^2 + H*V)
 
@@ -21,24 +35,63 @@ def train_flops_per_token(
     - the masked-LM head (transform H*H, tied decoder H*V) runs only at the predicted positions, a
       fraction p = predictions per sequence / S of the positions: 20/128 and 80/512 in BERT's recipes.
       Pass the measured fraction where not every prediction slot is filled.
+
+    The family options change the terms so:
+    - intermediate_size F (default 4H): the feed-forward layer is H*F + F*H multiply-accumulates; with
+      `gated` (GeGLU, ModernBERT) its input projection is H -> 2F, H*2F + F*H.
+    - embedding_size E (ALBERT, E < H): the E -> H projection of the embeddings, E*H per token, and a
+      head whose transform is H -> E and decoder E*V: 6*p*(H*E + E*V).
+    - local_layers of the L layers attend within a sliding window of local_attention_window W in total
+      (|query - key| <= W/2): each is charged min(S, W+1) keys instead of S, the span of a query away
+      from the sequence's ends (queries near the ends see fewer; the count is not reduced for them).
+      The model's count, not the kernel's: XLA's attention computes all S keys and masks the rest.
     Not counted: embedding lookups (gathers, not matmuls), the pooler and NSP head (once per sequence),
-    softmax, LayerNorm and other element-wise work. Attention is charged at the padded length S.
+    softmax, LayerNorm, GeGLU's product and other element-wise work. Attention is charged at the padded
+    length S. ALBERT's shared layers are charged once per layer run: sharing saves parameters, not work.
 
     Reference values (tested within 1%): BERT-base at S=128, p=20/128: 546 MFLOP/token;
     BERT-large at S=128: 1.88 GFLOP/token; BERT-large at S=512, p=80/512: 1.99 GFLOP/token.
     """
-    if min(num_layers, hidden_size, seq_len, vocab_size) <= 0:
+    F = 4 * hidden_size if intermediate_size is None else intermediate_size
+    E = hidden_size if embedding_size is None else embedding_size
+    if min(num_layers, hidden_size, seq_len, vocab_size, F, E) <= 0:
         raise ValueError(
             f"model dimensions must be positive: num_layers={num_layers}, hidden_size={hidden_size}, "
-            f"seq_len={seq_len}, vocab_size={vocab_size}"
+            f"seq_len={seq_len}, vocab_size={vocab_size}, intermediate_size={F}, embedding_size={E}"
         )
     if not 0.0 <= predicted_fraction <= 1.0:
         raise ValueError(f"predicted_fraction={predicted_fraction} must lie in [0, 1]")
+    if not 0 <= local_layers <= num_layers or local_attention_window < 0:
+        raise ValueError(f"local_layers={local_layers} must lie in [0, num_layers={num_layers}] and "
+                         f"local_attention_window={local_attention_window} must be >= 0")
+    if local_layers and not local_attention_window:
+        raise ValueError(f"local_layers={local_layers} needs a local_attention_window > 0")
     L, H, S, V = num_layers, hidden_size, seq_len, vocab_size
-    dense = 6 * 12 * L * H * H
-    attention = 12 * L * S * H
-    mlm_head = 6 * predicted_fraction * (H * H + H * V)
-    return float(dense + attention + mlm_head)
+    mlp = H * F * (2 if gated else 1) + F * H
+    dense = 6 * L * (4 * H * H + mlp)
+    projection = 6 * E * H if E != H else 0
+    local_keys = min(S, local_attention_window + 1)
+    attention = 12 * H * ((L - local_layers) * S + local_layers * local_keys)
+    mlm_head = 6 * predicted_fraction * (H * E + E * V)
+    return float(dense + projection + attention + mlm_head)
+
+
+def config_flops_per_token(model, seq_len: int, predicted_fraction: float) -> float:
+    """train_flops_per_token of a model config: any object with BertConfig's attribute names (num_layers,
+    hidden_size, vocab_size, intermediate_size, activation, embedding_size, local_attention_window,
+    global_attention_every); the family options it lacks are taken as BERT's. Layer i is local when
+    local_attention_window > 0 and i % global_attention_every != 0, as the encoder builds it."""
+    window = getattr(model, "local_attention_window", 0)
+    every = getattr(model, "global_attention_every", 1)
+    local_layers = sum(1 for i in range(model.num_layers) if window and i % every != 0)
+    return train_flops_per_token(
+        model.num_layers, model.hidden_size, seq_len, model.vocab_size, predicted_fraction,
+        intermediate_size=model.intermediate_size,
+        gated=getattr(model, "activation", "gelu") == "geglu",
+        embedding_size=getattr(model, "embedding_size", 0) or None,
+        local_layers=local_layers,
+        local_attention_window=window if local_layers else 0,
+    )
 
 
 # Dense (no structured sparsity) bfloat16 peak FLOP/s of one JAX device, matched as a case-insensitive
