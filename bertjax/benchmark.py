@@ -2,17 +2,22 @@
 
     python -m bertjax.benchmark                                   # CPU: mini, small, base at 32 x 128, vs HF
     python -m bertjax.benchmark --sizes=base --steps=5 --no_torch # bertjax alone
+    python -m bertjax.benchmark --sizes=roberta_base,albert_base,modernbert_base  # the families, vs HF
     python -m bertjax.benchmark --accelerator                     # GPU/TPU: base and large, bf16, vs HF
     python -m bertjax.benchmark --accelerator --profile=/tmp/prof # and a trace, kernel time by category
 
 What is timed is the whole optimizer step as the trainer runs it (training.step.train_step: forward, backward,
-global-norm clipping, BERT's AdamW; state donated), built by pretraining.setup from configs/<size>.py on a
-one-device mesh, on synthetic full-length batches. The platform's defaults apply (bert.PLATFORM_DEFAULTS:
-bf16 and cuDNN attention on GPUs, float32 and XLA attention on CPUs) unless --dtype or --model_overrides
-say otherwise. Hugging Face `BertForPreTraining` runs the same batches in PyTorch: on the CPU eager in
-float32; on a GPU eager and torch.compile'd, with sdpa attention, bf16 autocast, fused AdamW and
-clipping 1.0. Printed: tokens/s, model TFLOP/s and MFU, the step's memory (bertjax: the compiled step's
-memory_analysis(); HF: torch's peak allocation) and bertjax's ratio to each HF variant.
+the config's clipping and optimizer, BERT's AdamW for BERT; state donated), built by pretraining.setup from
+configs/<size>.py on a one-device mesh, on synthetic full-length batches. Every pretraining config under
+configs/ is a size (BERT's and the RoBERTa, ALBERT and ModernBERT ones), all at the benchmark's
+vocabulary (BERT's 30,522) and shapes (BERT's 15% of predictions, for ModernBERT's 30% too). The
+platform's defaults apply (bert.PLATFORM_DEFAULTS: bf16 and cuDNN attention on GPUs, float32 and XLA
+attention on CPUs) unless --dtype or --model_overrides say otherwise. The Hugging Face class the config
+converts to (BertForPreTraining, RobertaForMaskedLM, AlbertForPreTraining, ModernBertForMaskedLM) runs
+the same batches in PyTorch: on the CPU eager in float32; on a GPU eager and torch.compile'd, with sdpa
+attention, bf16 autocast, fused AdamW and clipping 1.0. Printed: tokens/s, model TFLOP/s and MFU, the
+step's memory (bertjax: the compiled step's memory_analysis(); HF: torch's peak allocation) and bertjax's
+ratio to each HF variant.
 docs/performance.md records the figures. No TensorFlow is imported here.
 """
 
@@ -31,14 +36,22 @@ import numpy as np
 from absl import app, flags
 from ml_collections import config_flags
 
+import configs.albert_base
+import configs.albert_tiny
 import configs.base
 import configs.large
 import configs.medium
 import configs.mini
+import configs.modernbert_base
+import configs.modernbert_large
+import configs.modernbert_tiny
+import configs.roberta_base
+import configs.roberta_tiny
 import configs.small
 import configs.tiny
 
 from bertjax import console
+from bertjax.interop import hf, hf_families
 from bertjax.training import flops
 from bertjax.models import bert
 from bertjax.training import sharding
@@ -49,7 +62,8 @@ from bertjax.data import synthetic
 def define_flags(argv: list[str]) -> dict:
     """The flags, defined when the program is entered: importing it defines none."""
     return dict(
-        sizes=flags.DEFINE_list("sizes", None, "Model sizes (configs/<size>.py). Default: mini,small,base on the CPU, "
+        sizes=flags.DEFINE_list("sizes", None, "Model configs (configs/<size>.py: tiny ... large, roberta_base, "
+                                "albert_tiny, modernbert_large, ...). Default: mini,small,base on the CPU, "
                                 "base,large with --accelerator."),
         batch=flags.DEFINE_integer("batch_size", 32, "Sequences per step (CPU mode; with --accelerator it replaces "
                                    "the default shapes when given)."),
@@ -91,9 +105,13 @@ def max_predictions(seq_len: int) -> int:
 # ---------------------------------------------------------------------------------------------------
 
 
-# The size configs (the configs package), by the names --sizes takes.
+# The pretraining configs (the configs package), by the names --sizes takes: BERT's sizes, then the families.
 SIZES = {"tiny": configs.tiny, "mini": configs.mini, "small": configs.small, "medium": configs.medium,
-         "base": configs.base, "large": configs.large}
+         "base": configs.base, "large": configs.large,
+         "roberta_tiny": configs.roberta_tiny, "roberta_base": configs.roberta_base,
+         "albert_tiny": configs.albert_tiny, "albert_base": configs.albert_base,
+         "modernbert_tiny": configs.modernbert_tiny, "modernbert_base": configs.modernbert_base,
+         "modernbert_large": configs.modernbert_large}
 
 
 def load_config(size: str):
@@ -122,9 +140,12 @@ def with_model_overrides(argv: list[str]) -> list[str]:
 def benchmark_config(config, dtype: str | None, overrides: dict, seq_len: int, num_predictions: int,
                      dropout_rng: str = "threefry"):
     """The size's config with the benchmark's vocabulary, dtype, overrides and shapes; its model section
-    is checked (an unknown override key is an error) by BertConfig.from_dict, here and in Setup."""
+    is checked (an unknown override key is an error) by BertConfig.from_dict, here and in Setup. A
+    position range shorter than the sequence (roberta_tiny's, modernbert_tiny's) is widened to it."""
     config.model.update(vocab_size=VOCAB_SIZE, **({"dtype": dtype} if dtype else {}))
     config.model.update_from_flattened_dict(overrides)
+    needed = seq_len + config.model.position_offset
+    config.model.max_position_embeddings = max(config.model.max_position_embeddings, needed)
     config.data.update(max_seq_length=seq_len, max_predictions_per_seq=num_predictions)
     config.train.dropout_rng = dropout_rng
     bert.BertConfig.from_dict(config.model)
@@ -209,13 +230,30 @@ def torch_cuda_available() -> bool:
     return torch.cuda.is_available()
 
 
+# The label of the sentence head, by the HF class that has one (the masked-LM classes have none).
+HF_SENTENCE_LABELS = {"BertForPreTraining": "next_sentence_label", "AlbertForPreTraining": "sentence_order_label"}
+
+
+def hf_peer_config(cfg: bert.BertConfig) -> dict:
+    """The config.json dict of the Hugging Face class that computes `cfg`'s network (its architectures[0])."""
+    try:
+        model_type = hf_families.model_type_of(cfg)
+        if model_type == "bert":
+            return hf.config_to_hf(cfg)
+        return hf_families.FAMILIES[model_type].config_to_hf(cfg)
+    except ValueError as e:
+        raise ValueError(f"{e}; no Hugging Face class to time beside it: run with --no_torch") from e
+
+
 class HFStep:
-    """transformers.BertForPreTraining in train mode with torch.optim.AdamW, on the same batches.
+    """The Hugging Face class of the config (hf_peer_config) in train mode with torch.optim.AdamW, on the
+    same batches: MLM labels at the masked positions, the sentence label where the class has a sentence
+    head, token types where the model has more than one.
 
     On the CPU: eager, float32. On a GPU: sdpa attention, bf16 autocast, fused AdamW, global-norm
     clipping 1.0, eager or torch.compile'd."""
 
-    def __init__(self, bert_config: bert.BertConfig, batches: list, device: str = "cpu", compile: bool = False):
+    def __init__(self, hf_config: dict, batches: list, device: str = "cpu", compile: bool = False):
         import torch
         import transformers
 
@@ -224,16 +262,10 @@ class HFStep:
         if device == "cpu":
             torch.set_num_threads(os.cpu_count())
         torch.manual_seed(0)
-        hf_config = transformers.BertConfig(
-            vocab_size=bert_config.vocab_size, hidden_size=bert_config.hidden_size,
-            num_hidden_layers=bert_config.num_layers, num_attention_heads=bert_config.num_heads,
-            intermediate_size=bert_config.intermediate_size, hidden_act="gelu",
-            hidden_dropout_prob=0.1, attention_probs_dropout_prob=0.1,
-            max_position_embeddings=bert_config.max_position_embeddings, type_vocab_size=bert_config.type_vocab_size,
-            layer_norm_eps=bert_config.layer_norm_eps, initializer_range=bert_config.initializer_range,
-            attn_implementation="sdpa",
-        )
-        net = transformers.BertForPreTraining(hf_config).to(device).train()
+        fields = {k: v for k, v in hf_config.items() if k not in ("model_type", "dtype", "torch_dtype")}
+        architecture = self.architecture = fields["architectures"][0]
+        config = transformers.AutoConfig.for_model(hf_config["model_type"], **fields, attn_implementation="sdpa")
+        net = getattr(transformers, architecture)(config).to(device).train()
         self.params = sum(p.numel() for p in net.parameters())
         self.attention = getattr(net.config, "_attn_implementation", None) or "eager"
         self.threads = torch.get_num_threads()
@@ -243,16 +275,20 @@ class HFStep:
         self.params_list = list(net.parameters())
         self.net = torch.compile(net) if compile else net
         self.autocast = (lambda: torch.autocast("cuda", dtype=torch.bfloat16)) if on_gpu else contextlib.nullcontext
+        sentence_label = HF_SENTENCE_LABELS.get(architecture)
+        # RoBERTa's one segment and ModernBERT's none: bertjax reads no segment ids there either.
+        token_types = hf_config.get("type_vocab_size", 0) > 1
 
         def to_torch(b):
             # MLM labels at every position, -100 (ignored) except at the masked ones.
             labels = np.full(b["input_ids"].shape, -100, np.int64)
             rows = np.arange(labels.shape[0])[:, None]
             labels[rows, b["masked_lm_positions"]] = np.where(b["masked_lm_weights"] > 0, b["masked_lm_ids"], -100)
-            tensors = dict(
-                input_ids=b["input_ids"], token_type_ids=b["segment_ids"], attention_mask=b["input_mask"],
-                labels=labels, next_sentence_label=b["next_sentence_labels"],
-            )
+            tensors = dict(input_ids=b["input_ids"], attention_mask=b["input_mask"], labels=labels)
+            if token_types:
+                tensors["token_type_ids"] = b["segment_ids"]
+            if sentence_label:
+                tensors[sentence_label] = b["next_sentence_labels"]
             return {k: torch.from_numpy(np.asarray(v).astype(np.int64)).to(device) for k, v in tensors.items()}
 
         self.batches = [to_torch(b) for b in batches]
@@ -430,15 +466,17 @@ def run_shape(size: str, seq_len: int, batch_size: int, *, steps: int, warmup: i
     batches = make_batches(min(warmup + steps, 8), batch_size, seq_len, num_predictions)
     runners = [BertjaxStep(config, batches)]
     cfg = runners[0].bert_config
-    flops_per_token = flops.train_flops_per_token(cfg.num_layers, cfg.hidden_size, seq_len, cfg.vocab_size,
-                                                  num_predictions / seq_len)
+    flops_per_token = flops.config_flops_per_token(cfg, seq_len, num_predictions / seq_len)
     print(f"  {size} {batch_size} x {seq_len}: bertjax {cfg.dtype}, {cfg.attention_impl} attention, "
           f"{cfg.word_embedding} embedding, remat {cfg.remat_policy}, scan {cfg.scan_layers}; compiled in "
           f"{runners[0].compile_seconds:.1f} s, step memory {_gib(runners[0].memory_bytes)}", flush=True)
     if memory_only:
         return []
+    # HF is built from the config as the recipe writes it (platform "cpu": its own dropout rates; on a
+    # GPU bertjax's cuDNN attention has no attention-probability dropout, HF's sdpa keeps it).
+    hf_config = hf_peer_config(bert.BertConfig.from_dict(config.model, platform="cpu"))
     for device, compile in hf_variants:
-        runners.append(HFStep(cfg, batches, device=device, compile=compile))
+        runners.append(HFStep(hf_config, batches, device=device, compile=compile))
     timings = measure(runners, warmup, steps)
     tokens = batch_size * seq_len
     rows = []
@@ -450,7 +488,8 @@ def run_shape(size: str, seq_len: int, batch_size: int, *, steps: int, warmup: i
                          ms=1e3 * t["seconds"] / steps, tflops=flops_per_token * tps / 1e12, first=t["first_step"],
                          mfu=None if peak is None else flops.mfu(tps, flops_per_token, 1, peak), loss=t["loss"],
                          memory=memory, peak_memory=runner.peak_bytes()))
-        print(f"    {runner.name}: {_si(tps)} tok/s ({rows[-1]['ms']:.1f} ms/step, fastest "
+        label = runner.name + (f" ({runner.architecture})" if hasattr(runner, "architecture") else "")
+        print(f"    {label}: {_si(tps)} tok/s ({rows[-1]['ms']:.1f} ms/step, fastest "
               f"{1e3 * t['best']:.1f}, first {t['first_step']:.1f} s, loss {t['loss']:.2f})", flush=True)
     if profile:
         print_profile(f"{size} {batch_size} x {seq_len} bertjax",
@@ -471,7 +510,7 @@ def print_results(rows: list[dict], peak: float | None) -> None:
                       f"{r['ratio']:.2f}x" if "ratio" in r else "-"])
     print()
     print_table(header, table)
-    print("model TFLOP/s: tokens/s x flops.train_flops_per_token (the MLM head at the predicted positions); "
+    print("model TFLOP/s: tokens/s x flops.config_flops_per_token (the MLM head at the predicted positions); "
           "memory: bertjax's compiled step (arguments + outputs + temporaries - donated), HF's peak allocation"
           + ("" if peak else "; MFU needs a known accelerator peak"))
 

@@ -239,7 +239,7 @@ def _step_time_floor(config, cfg, topology: Topology, devices, batch_size: int, 
     step can take."""
     chips = len(devices)
     seq, preds = config.data.max_seq_length, config.data.max_predictions_per_seq
-    per_token = flops.train_flops_per_token(cfg.num_layers, cfg.hidden_size, seq, cfg.vocab_size, preds / seq)
+    per_token = flops.config_flops_per_token(cfg, seq, preds / seq)
     model_flops = per_token * batch_size * seq / chips  # per chip per step
     compiled_flops = float(cost.get("flops", 0.0))
     bytes_accessed = float(cost.get("bytes accessed", 0.0))

@@ -288,10 +288,10 @@ def _encoder_grad_and_outputs(cfg: bert_model.BertConfig):
 
 
 def _encoder_inputs():
-    """x [B, S, H] and the padding (mask [B, 1, 1, S], lengths [B]) of SCAN_BATCH."""
+    """x [B, S, H] and the Padding (mask [B, 1, 1, S], lengths [B], no positions) of SCAN_BATCH."""
     x = np.random.default_rng(1).normal(0, 1, (*SCAN_BATCH["input_ids"].shape, 32)).astype(np.float32)
     mask = SCAN_BATCH["input_mask"] > 0
-    return x, (mask[:, None, None, :], mask.sum(-1).astype(np.int32))
+    return x, layers.Padding(mask[:, None, None, :], mask.sum(-1).astype(np.int32), None)
 
 
 def _assert_trees_close(a, b, atol=1e-5):
@@ -349,10 +349,13 @@ def test_scanned_families_convert_to_and_from_hugging_face(family, request):
     check_parity(f"{family} (scanned)", scanned_cfg, scanned, batch, ref)
 
 
-def test_scanned_cudnn_path_selects_the_window_by_lax_cond(monkeypatch):
-    """cuDNN attention does not run on CPU. With the XLA implementation of jax.nn.dot_product_attention
-    standing in for it, the scanned cuDNN path (padding as lengths, each layer's kernel window or none
-    chosen by lax.cond) computes the unrolled XLA network; and the families' cuDNN configs construct."""
+def test_cudnn_path_sends_windows_as_masks(monkeypatch):
+    """cuDNN attention does not run on CPU, and JAX's cuDNN call refuses a window reaching to the right
+    (it has only the causal, left one). With the XLA implementation of jax.nn.dot_product_attention
+    standing in for it, the scanned cuDNN path of alternating layers passes every layer's keys as a
+    mask (the band of the local ones inside it), never as a kernel window, and computes the unrolled
+    XLA network; unrolled, the global layers still pass padding as lengths. The families' cuDNN
+    configs construct."""
     for family in ("albert_two_groups", "modernbert"):
         _small(**SCANNED_FAMILIES[family], scan_layers=True, attention_impl="cudnn", dtype="bfloat16")
     cfg, scanned_cfg, params, scanned = _scanned_pair("modernbert", attention_impl="cudnn")
@@ -362,16 +365,16 @@ def test_scanned_cudnn_path_selects_the_window_by_lax_cond(monkeypatch):
     calls = set()
 
     def xla_for_cudnn(q, k, v, *, implementation, **kwargs):
-        calls.add((implementation, kwargs["local_window"], kwargs["mask"] is None))
+        assert set(kwargs) == {"mask", "kv_lengths"}  # no window argument reaches the kernel
+        calls.add((implementation, kwargs["kv_lengths"] is None))
         return fused_attention(q, k, v, implementation="xla", **kwargs)
 
     monkeypatch.setattr(layers, "fused_attention", xla_for_cudnn)
     forward = jax.jit(lambda p, x, padding: bert_model.Encoder(scanned_cfg).apply({"params": p}, x, padding, True, True))
-    traced = forward.trace(scanned["bert"]["encoder"], *_encoder_inputs())
-    assert "cond[" in str(traced.jaxpr)  # one branch runs, not both under a select
-    # Layer 0 (global, unrolled) and both branches of the scanned layers' cond; padding always as lengths.
-    assert calls == {("cudnn", None, False), ("cudnn", None, True), ("cudnn", (2, 2), True)}, calls
-    y, hidden = traced.lower().compile(QUICK_COMPILE)(scanned["bert"]["encoder"], *_encoder_inputs())
+    y, hidden = forward.lower(scanned["bert"]["encoder"], *_encoder_inputs()).compile(QUICK_COMPILE)(
+        scanned["bert"]["encoder"], *_encoder_inputs())
+    # Layer 0 (global, unrolled): lengths; the scanned layers, local or global by a traced flag: a mask.
+    assert calls == {("cudnn", False), ("cudnn", True)}, calls
     real = SCAN_BATCH["input_mask"].astype(bool)
     for a, b in zip([y, *hidden], expected):  # the real rows: padded ones attend to nothing in a local window
         np.testing.assert_allclose(np.asarray(a)[real], np.asarray(b)[real], rtol=0, atol=ATOL)

@@ -137,3 +137,26 @@ def test_format_plan_of_a_step_the_compiler_refused():
     text = plan.format_plan(p)
     assert "NO: does not fit" in text and "RESOURCE_EXHAUSTED" in text and "not compiled" in text
     assert "  temporaries        40.00 GiB" in text and "MFU bound" not in text
+
+
+def test_plan_modernbert_on_v5e_4():
+    """ModernBERT's network (GeGLU, no biases, RoPE, a global layer 0 and sliding-window layers 1 and 2,
+    pre-norm) compiled for a v5e-4 with FSDP, at modernbert_tiny's size: the TPU compiler takes minutes
+    over modernbert_large's unrolled layers on 2 cores, even over three of them. The whole model, by hand:
+
+        python -m bertjax.plan --config=configs/modernbert_large.py --topology=v5e-4 \
+            --config.train.batch_size=32 --config.mesh.data=1 --config.mesh.fsdp=-1
+    """
+    code, out, err = _finish(_start("--config=configs/modernbert_tiny.py", "--topology=v5e-4",
+                                    "--config.train.batch_size=8", "--config.mesh.data=1", "--config.mesh.fsdp=-1",
+                                    "--json"))
+    assert code == 0, err[-3000:]
+    p = json.loads(out.strip().splitlines()[-1])
+    assert p["mesh"] == {"data": 1, "fsdp": 4, "tensor": 1} and p["dtype"] == "bfloat16"
+    assert p["fits"] is True and p["compiled_flops"] > 0 and 0 < p["mfu_bound"] <= 1
+    # The model formula per chip: L=3, H=128, F=192 gated, V=8192, S=128, p=40/128 (30% masking); the window
+    # of 128 (129 keys) spans the whole sequence, so the local layers are charged S keys like the global one.
+    from bertjax.training import flops
+
+    per_token = flops.train_flops_per_token(3, 128, 128, 8192, 40 / 128, intermediate_size=192, gated=True)
+    assert p["model_flops"] == pytest.approx(per_token * 8 * 128 / 4)

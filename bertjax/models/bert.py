@@ -315,7 +315,8 @@ class Encoder(nn.Module):
                 is_local = jnp.asarray([cfg.is_local(i) for i in range(unrolled, cfg.num_layers)])  # [K] bool
                 tables = None
                 if cfg.position_embedding == "rotary":
-                    tables = layers.local_and_global_rotary_tables(cfg, x.shape[1])
+                    positions = jnp.arange(x.shape[1])[None] if padding.positions is None else padding.positions
+                    tables = layers.local_and_global_rotary_tables(cfg, positions)
                 in_axes = (nn.broadcast, nn.broadcast, 0, nn.broadcast)  # padding, rows (None), is_local, tables
                 x, per_layer = stack(scanned_block, stacked, in_axes)(x, padding, None, is_local, tables)
             elif stacked:
@@ -355,22 +356,41 @@ class BertModel(nn.Module):
             self.pooler_norm = layers.layer_norm(cfg, "pooler_norm")
 
     def __call__(self, input_ids, segment_ids, input_mask, deterministic: bool = True,
-                 output_hidden_states: bool = False, output_rows=None):
+                 output_hidden_states: bool = False, output_rows=None, sequence_ids=None, position_ids=None,
+                 cls_positions=None):
         # input_ids, segment_ids, input_mask: [B, S] int; input_mask is 1 at real tokens, 0 at padding.
         # output_rows: None, or [B, Q] int positions: sequence_output is then [B, Q, H], those rows
         # only, and the last block (unrolled) computes just them and [CLS] (for the pooler).
+        # Packed rows (several sequences per row, docs/data.md): sequence_ids [B, S] int (k for the k-th
+        # sequence, 0 at padding), position_ids [B, S] int (positions within each sequence) and
+        # cls_positions [B, K] int (each sequence's [CLS]); pooled_output is then [B, K, H].
         if output_rows is not None and output_hidden_states:
             raise ValueError("output_rows and output_hidden_states exclude each other: the last layer's "
                              "hidden state would hold only some rows")
-        x = self.embeddings(input_ids, segment_ids, deterministic)  # [B, S, H]
-        mask = (input_mask > 0)[:, None, None, :]  # [B, 1, 1, S]
-        lengths = jnp.sum(input_mask > 0, axis=-1, dtype=jnp.int32)  # [B]: rows are right-padded
+        packed = sequence_ids is not None
+        if packed != (cls_positions is not None):
+            raise ValueError("packed rows need both sequence_ids and cls_positions")
+        x = self.embeddings(input_ids, segment_ids, deterministic, position_ids)  # [B, S, H]
+        if packed:
+            # Block-diagonal: a token sees the real tokens of its own sequence only.
+            same = sequence_ids[:, :, None] == sequence_ids[:, None, :]  # [B, S, S]
+            mask = (same & (sequence_ids > 0)[:, None, :])[:, None]  # [B, 1, S, S]
+            padding = layers.Padding(mask, None, position_ids)
+        else:
+            mask = (input_mask > 0)[:, None, None, :]  # [B, 1, 1, S]
+            lengths = jnp.sum(input_mask > 0, axis=-1, dtype=jnp.int32)  # [B]: rows are right-padded
+            padding = layers.Padding(mask, lengths, position_ids)
+        cls_rows = cls_positions if packed else jnp.zeros_like(input_ids[:, :1])  # [B, K] (K = 1 unpacked)
         rows = None
         if output_rows is not None:
-            rows = jnp.concatenate([jnp.zeros_like(output_rows[:, :1]), output_rows], axis=1)  # [B, 1+Q]: [CLS] first
-        encoded, layer_outputs = self.encoder(x, (mask, lengths), deterministic, output_hidden_states, rows)
-        pooled_output = self.pool(encoded[:, 0])  # [B, H]
-        sequence_output = encoded if rows is None else encoded[:, 1:]  # [B, S, H] or [B, Q, H]
+            rows = jnp.concatenate([cls_rows, output_rows], axis=1)  # [B, K+Q]: the [CLS] rows first
+        encoded, layer_outputs = self.encoder(x, padding, deterministic, output_hidden_states, rows)
+        num_cls = cls_rows.shape[1]
+        cls_hidden = encoded[:, :num_cls] if rows is not None else jnp.take_along_axis(encoded, cls_rows[..., None], 1)
+        pooled_output = self.pool(cls_hidden)  # [B, K, H]
+        if not packed:
+            pooled_output = pooled_output[:, 0]  # [B, H]
+        sequence_output = encoded if rows is None else encoded[:, num_cls:]  # [B, S, H] or [B, Q, H]
         outputs = {"sequence_output": sequence_output, "pooled_output": pooled_output}
         if output_hidden_states:
             outputs["hidden_states"] = [x] + layer_outputs  # L+1 x [B, S, H], embeddings first
@@ -421,32 +441,40 @@ class BertForPreTraining(nn.Module):
         self.nsp_head = layers.dense(cfg, 2, ("embed", None), "nsp_head")
 
     def __call__(self, input_ids, segment_ids, input_mask, masked_lm_positions, deterministic: bool = True,
-                 heads_only: bool = False):
+                 heads_only: bool = False, sequence_ids=None, position_ids=None, sentence_positions=None):
         # masked_lm_positions: [B, P] int, padded with 0 where there are fewer predictions (weight 0).
         # Only the P gathered positions go through the head: V-wide logits at every one of S positions
         # would cost (S/P) times more in the largest matmul of the model.
         # heads_only (what training and evaluation use): the last block, too, runs only at the rows the
         # heads read ([CLS] and the P positions); the same numbers, and sequence_output holds those P
         # rows ([B, P, H]) instead of all S. For mini that is a sixth of the encoder's work.
+        # Packed rows: sequence_ids, position_ids as BertModel takes them, sentence_positions [B, K] the
+        # [CLS] of each sequence; nsp_logits are then [B, K, 2], one pair per sequence.
+        packing = dict(sequence_ids=sequence_ids, position_ids=position_ids, cls_positions=sentence_positions)
         if heads_only:
-            outputs = self.bert(input_ids, segment_ids, input_mask, deterministic, output_rows=masked_lm_positions)
+            outputs = self.bert(input_ids, segment_ids, input_mask, deterministic, output_rows=masked_lm_positions,
+                                **packing)
             gathered = outputs["sequence_output"]  # [B, P, H]
         else:
-            outputs = self.bert(input_ids, segment_ids, input_mask, deterministic)
+            outputs = self.bert(input_ids, segment_ids, input_mask, deterministic, **packing)
             gathered = jnp.take_along_axis(outputs["sequence_output"], masked_lm_positions[..., None], axis=1)
         outputs["mlm_logits"] = self.mlm_head(gathered, self.bert.word_embedding_table())  # [B, P, V] f32
-        outputs["nsp_logits"] = self.nsp_head(outputs["pooled_output"]).astype(jnp.float32)  # [B, 2]
+        outputs["nsp_logits"] = self.nsp_head(outputs["pooled_output"]).astype(jnp.float32)  # [B, 2] or [B, K, 2]
         return outputs
 
 
 def pretraining_loss(mlm_logits, nsp_logits, masked_lm_ids, masked_lm_weights, next_sentence_labels,
-                     objective: str = "nsp"):
+                     objective: str = "nsp", sentence_weights=None):
     """BERT's loss: weighted masked-LM NLL over the real predictions plus mean NSP cross-entropy.
 
     mlm_logits: [B, P, V]; nsp_logits: [B, 2]; masked_lm_ids: [B, P] int; masked_lm_weights: [B, P] float
     (1 for a real prediction, 0 for padding); next_sentence_labels: [B] int (0 IsNext, 1 NotNext).
     objective: "nsp"; "sop" (ALBERT: the same 2-way head on 0 in order / 1 swapped, metrics sop_*);
     "none" (RoBERTa, ModernBERT: masked LM only, no sentence metrics; nsp_logits may be None).
+    Packed rows: nsp_logits [B, K, 2], next_sentence_labels [B, K], sentence_weights [B, K] (1 for a
+    sequence, 0 for an empty slot). Either way the masked-LM loss is the mean over the batch's
+    predictions and the sentence loss the mean over its sequences: a packed batch's loss is the same
+    number as the loss of its sequences unpacked.
     Returns (loss, metrics) with metrics holding sums and counts so that they add across microbatches.
     """
     if objective not in ("nsp", "sop", "none"):
@@ -468,12 +496,16 @@ def pretraining_loss(mlm_logits, nsp_logits, masked_lm_ids, masked_lm_weights, n
     }
     if objective == "none":  # the label of a FULL-SENTENCES row means nothing
         return mlm_loss, metrics
+    if sentence_weights is None:
+        sentence_weights = jnp.ones(next_sentence_labels.shape, jnp.float32)  # [B]: one per row
+    sentence_weights = sentence_weights.astype(jnp.float32)
     nsp_logp = jax.nn.log_softmax(nsp_logits.astype(jnp.float32), axis=-1)
-    nsp_nll = -jnp.take_along_axis(nsp_logp, next_sentence_labels[:, None], axis=-1)[:, 0]  # [B]
-    nsp_loss = jnp.mean(nsp_nll)
+    nsp_nll = -jnp.take_along_axis(nsp_logp, next_sentence_labels[..., None], axis=-1)[..., 0]  # [B] or [B, K]
+    num_sentences = jnp.sum(sentence_weights)
+    nsp_loss = jnp.sum(sentence_weights * nsp_nll) / jnp.maximum(num_sentences, 1.0)
     metrics[f"{objective}_loss"] = nsp_loss
-    metrics[f"{objective}_correct"] = jnp.sum((jnp.argmax(nsp_logits, -1) == next_sentence_labels).astype(jnp.float32))
-    metrics[f"{objective}_count"] = jnp.asarray(next_sentence_labels.shape[0], jnp.float32)
+    metrics[f"{objective}_correct"] = jnp.sum(sentence_weights * (jnp.argmax(nsp_logits, -1) == next_sentence_labels))
+    metrics[f"{objective}_count"] = num_sentences
     return mlm_loss + nsp_loss, metrics
 
 

@@ -10,7 +10,7 @@ Shape legend: as in models/bert.py (B batch, S sequence, H hidden, N heads, D he
 V vocabulary, T segment vocabulary, Q query rows).
 """
 
-from typing import Any
+from typing import Any, NamedTuple
 
 import flax.linen as nn
 import jax
@@ -118,8 +118,11 @@ class Embeddings(nn.Module):
     handful of rows (slow on GPUs). The word embedding is a gather, or with word_embedding="one_hot" a
     one-hot matmul whose gradient is a matmul too.
 
+    Packed rows (several sequences per row) give `position_ids`, each token's position in its own
+    sequence: the position rows are then gathered, the one case where a scatter-add gradient is due.
+
     Family options: no position table (position_embedding "rotary" or "none": positions enter in the
-    attention), positions from position_offset (RoBERTa's start at 2), no segment table
+    attention), positions from position_offset (RoBERTa's start after [PAD]'s id), no segment table
     (type_vocab_size 0), and ALBERT's factorised tables of width E = embedding_size, projected to H
     once at the end.
     """
@@ -146,8 +149,8 @@ class Embeddings(nn.Module):
         if width != cfg.hidden_size:  # ALBERT: E -> H, once
             self.projection = dense(cfg, cfg.hidden_size, (None, "embed"), "projection")
 
-    def __call__(self, input_ids, segment_ids, deterministic: bool):
-        # input_ids, segment_ids: [B, S] int
+    def __call__(self, input_ids, segment_ids, deterministic: bool, position_ids=None):
+        # input_ids, segment_ids: [B, S] int; position_ids: None (0 .. S-1) or [B, S] int (packed rows)
         cfg = self.config
         seq_len = input_ids.shape[1]
         if seq_len + cfg.position_offset > cfg.max_position_embeddings:
@@ -164,7 +167,11 @@ class Embeddings(nn.Module):
             x = jnp.take(words, input_ids, axis=0)  # [B, S, E]
         if cfg.position_embedding == "learned":
             start = cfg.position_offset
-            x = x + self.position_embeddings.embedding[start:start + seq_len].astype(cfg.dtype)  # [S, E]
+            table = self.position_embeddings.embedding.astype(cfg.dtype)
+            if position_ids is None:
+                x = x + table[start:start + seq_len]  # [S, E]
+            else:
+                x = x + jnp.take(table, position_ids + start, axis=0)  # [B, S, E]
         if cfg.type_vocab_size > 0:
             types = self.token_type_embeddings.embedding.astype(cfg.dtype)  # [T, E]
             segment_rows = types[0]
@@ -232,39 +239,38 @@ def rotary(x, theta: float, positions):
     return apply_rotary(x, rotary_tables(theta, positions, x.shape[-1]))
 
 
-def fused_attention(q, k, v, *, mask, kv_lengths, implementation: str, local_window=None):
-    """softmax(q k^T / sqrt(D)) v over the real keys, by jax.nn.dot_product_attention.
+class Padding(NamedTuple):
+    """Which keys each query may see, in the forms the attention kernels take.
+
+    mask: [B, 1, 1, S] bool (one sequence per row: its real tokens) or [B, 1, S, S] (packed rows: the
+      tokens of the query's own sequence, block-diagonal); lengths: [B] int32, real tokens per
+      right-padded row, or None where the mask says more than padding; positions: None (0 .. S-1) or
+      [B, S] int, each token's position in its own sequence (rotary angles, local windows).
+    """
+
+    mask: Any
+    lengths: Any
+    positions: Any
+
+
+def fused_attention(q, k, v, *, mask, kv_lengths, implementation: str):
+    """softmax(q k^T / sqrt(D)) v over the keys a query may see, by jax.nn.dot_product_attention.
 
     q: [B, Q, N, D]; k, v: [B, S, N, D]; mask: [B, 1, 1 or Q, S] bool, True at keys a query may attend
-    to; kv_lengths: None or [B] int32, the number of real keys of each row when padding is on the right.
-    Given, the padding goes to the kernel as lengths (the form cuDNN's flash attention takes, which then
-    skips padded blocks), else as the mask. The two forms are the same function for right-padded rows.
-    local_window: None or (left, right), a sliding window the kernel applies itself (cuDNN).
+    to; kv_lengths: None or [B] int32, the number of real keys of each row when padding is on the right
+    and nothing else is masked. Given, the padding goes to the kernel as lengths (the form cuDNN's flash
+    attention takes, which then skips padded blocks), else as the mask (which cuDNN adds as a bias).
+    Sliding windows go as masks too: JAX's cuDNN call takes only a left (causal) window.
     """
-    local = {} if local_window is None else {"local_window_size": local_window}
     if kv_lengths is not None:
-        return jax.nn.dot_product_attention(q, k, v, key_value_seq_lengths=kv_lengths, implementation=implementation,
-                                            **local)
-    return jax.nn.dot_product_attention(q, k, v, mask=mask, implementation=implementation, **local)
+        return jax.nn.dot_product_attention(q, k, v, key_value_seq_lengths=kv_lengths, implementation=implementation)
+    return jax.nn.dot_product_attention(q, k, v, mask=mask, implementation=implementation)
 
 
-def local_or_global_attention(q, k, v, is_local, *, kv_lengths, local_window: tuple, implementation: str):
-    """fused_attention with the kernel's sliding window `local_window` where the traced bool is_local
-    is True, else over every real key: the cuDNN path of a scanned layer whose kind is known only at
-    run time. lax.cond runs one of the two calls (the attention core has no params, so both branches
-    are plain functions); a select would run both. q: [B, S, N, D]; k, v: [B, S, N, D]; kv_lengths: [B]."""
-
-    def attend(window):
-        return lambda: fused_attention(q, k, v, mask=None, kv_lengths=kv_lengths, implementation=implementation,
-                                       local_window=window)
-
-    return jax.lax.cond(is_local, attend(local_window), attend(None))
-
-
-def local_and_global_rotary_tables(cfg, seq_len: int):
-    """(local, global) rotary_tables at positions 0 .. S-1, each (cos, sin) [1, S, 1, D] float32: what a
-    scanned stack of alternating local and global layers computes once, each layer selecting one."""
-    positions = jnp.arange(seq_len)[None]  # [1, S]: the same for every row
+def local_and_global_rotary_tables(cfg, positions):
+    """(local, global) rotary_tables at positions [B or 1, S] int, each (cos, sin) [B or 1, S, 1, D]
+    float32: what a scanned stack of alternating local and global layers computes once, each layer
+    selecting one."""
     local = rotary_tables(cfg.rotary_theta, positions, cfg.head_dim)
     return local, rotary_tables(cfg.global_rotary_theta or cfg.rotary_theta, positions, cfg.head_dim)
 
@@ -279,15 +285,16 @@ class SelfAttention(nn.Module):
     local: bool = False
 
     @nn.compact
-    def __call__(self, x, padding, queries=None, query_positions=None, is_local=None, rope_tables=None):
-        # x: [B, S, H]; padding: (mask [B, 1, 1, S] bool, True at keys that may be attended to; lengths [B]
-        # int32, real tokens per row, which are right-padded). queries: [B, Q, H] rows to compute
-        # outputs for (default x itself, Q = S), at query_positions [B, Q] int (default 0 .. S-1); keys
-        # and values always come from every position of x. is_local: None (self.local decides) or a
-        # [] bool, this layer's kind in a scanned stack; rope_tables: with is_local and rotary positions,
-        # local_and_global_rotary_tables(), of which it selects one.
+    def __call__(self, x, padding, queries=None, rows=None, is_local=None, rope_tables=None):
+        # x: [B, S, H]; padding: Padding (mask [B, 1, 1, S] or, for packed rows, [B, 1, S, S] bool, True
+        # at keys a query may attend to; lengths [B] int32 or None; positions [B, S] int or None).
+        # queries: [B, Q, H] rows to compute outputs for (default x itself, Q = S), at row indices rows
+        # [B, Q] int (default 0 .. S-1); keys and values always come from every position of x.
+        # is_local: None (self.local decides) or a [] bool, this layer's kind in a scanned stack;
+        # rope_tables: with is_local and rotary positions, local_and_global_rotary_tables(), of which it
+        # selects one.
         cfg = self.config
-        mask, lengths = padding
+        mask, lengths, positions = padding
         queries = x if queries is None else queries
         rotary_positions = cfg.position_embedding == "rotary"
         if is_local is not None and (self.local or queries is not x or (rotary_positions and rope_tables is None)):
@@ -302,9 +309,13 @@ class SelfAttention(nn.Module):
 
         q = project("query", queries)  # [B, Q, N, D]
         k, v = project("key", x), project("value", x)  # each [B, S, N, D]
-        key_positions = jnp.broadcast_to(jnp.arange(x.shape[1]), x.shape[:2])  # [B, S]
-        if query_positions is None:
-            query_positions = key_positions
+        # Each token's position in its own sequence (packed rows restart at 0), at the keys and the queries.
+        key_positions = jnp.broadcast_to(jnp.arange(x.shape[1]) if positions is None else positions, x.shape[:2])
+        query_positions = key_positions
+        if rows is not None:
+            query_positions = jnp.take_along_axis(key_positions, rows, axis=1)  # [B, Q]
+            if mask.shape[2] > 1:  # a mask per query (packed rows): the rows' own
+                mask = jnp.take_along_axis(mask, rows[:, None, :, None], axis=2)  # [B, 1, Q, S]
         if rotary_positions and is_local is None:
             # Local layers (and every layer when global_rotary_theta is 0) turn at rotary_theta.
             theta = cfg.rotary_theta if self.local else (cfg.global_rotary_theta or cfg.rotary_theta)
@@ -316,28 +327,19 @@ class SelfAttention(nn.Module):
         k = checkpoint_name(nn.with_logical_constraint(k, ("batch", "length", "heads", "kv")), "qkv")
         v = checkpoint_name(nn.with_logical_constraint(v, ("batch", "length", "heads", "kv")), "qkv")
 
-        local_window = None
-        if self.local:
+        if self.local or is_local is not None:
+            # A band |query - key| <= window / 2 (in positions: within one sequence they are its offsets;
+            # across sequences the mask already says no). A traced is_local widens it to everything on
+            # global layers: an iota compare that XLA fuses into the masking.
             half = cfg.local_attention_window // 2
-            if cfg.attention_impl == "cudnn" and queries is x:
-                local_window = (half, half)  # the kernel's own sliding window
-            else:  # a mask: |query - key| <= window / 2
-                band = jnp.abs(query_positions[:, :, None] - key_positions[:, None, :]) <= half  # [B, Q, S]
-                mask = mask & band[:, None]  # [B, 1, Q, S]
-        elif is_local is not None and cfg.attention_impl != "cudnn":
-            # The band of a local layer, none (|query - key| <= S) on a global one: an iota compare that
-            # XLA fuses into the masking, where a band computed outside the scan would be an [S, S] input.
-            reach = jnp.where(is_local, cfg.local_attention_window // 2, x.shape[1])
-            band = jnp.abs(key_positions[:, :, None] - key_positions[:, None, :]) <= reach  # [B, S, S]
-            mask = mask & band[:, None]  # [B, 1, S, S]
-        if is_local is not None and cfg.attention_impl == "cudnn":  # no dropout: the config rules it out
-            half = cfg.local_attention_window // 2
-            context = local_or_global_attention(q, k, v, is_local, kv_lengths=lengths, local_window=(half, half),
-                                                implementation=cfg.attention_impl)
-        elif self.deterministic or cfg.attention_dropout_rate == 0.0:
-            use_lengths = cfg.attention_impl == "cudnn" and (not self.local or local_window is not None)
+            reach = half if is_local is None else jnp.where(is_local, half, x.shape[1])
+            band = jnp.abs(query_positions[:, :, None] - key_positions[:, None, :]) <= reach  # [B, Q, S]
+            mask = mask & band[:, None]  # [B, 1, Q, S]
+            lengths = None  # no longer padding alone
+        if self.deterministic or cfg.attention_dropout_rate == 0.0:
+            use_lengths = cfg.attention_impl == "cudnn" and lengths is not None
             context = fused_attention(q, k, v, mask=mask, kv_lengths=lengths if use_lengths else None,
-                                      implementation=cfg.attention_impl, local_window=local_window)
+                                      implementation=cfg.attention_impl)
         else:
             # jax.nn.dot_product_attention has no dropout on the attention probabilities, which BERT
             # trains with (rate 0.1); this is the same computation with the dropout in the middle.
@@ -403,7 +405,7 @@ class TransformerBlock(nn.Module):
 
     @nn.compact
     def __call__(self, x, padding, rows=None, is_local=None, rope_tables=None):
-        # x: [B, S, H]; padding: (mask, lengths) as SelfAttention takes it; rows: None or [B, Q] int.
+        # x: [B, S, H]; padding: a Padding, as SelfAttention takes it; rows: None or [B, Q] int.
         # is_local, rope_tables: None, or as SelfAttention takes them. Returns [B, S, H], or [B, Q, H] with rows.
         cfg = self.config
         at_rows = (lambda y: y) if rows is None else (lambda y: jnp.take_along_axis(y, rows[..., None], axis=1))

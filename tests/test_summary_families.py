@@ -1,0 +1,70 @@
+"""python -m bertjax.summary counts the parameters the Hugging Face class of each family counts.
+
+bertjax's count comes from jax.eval_shape, HF's from the transformers class built on the meta device
+(no memory, no initialisation arithmetic), so the large configs cost no more than the base ones.
+"""
+
+import types
+
+import flax
+import flax.linen as nn
+import pytest
+import torch
+import transformers
+
+from bertjax import summary
+from bertjax.interop import hf, hf_families
+from bertjax.models import bert
+from configs import albert_base, base, large, modernbert_base, modernbert_large, roberta_base
+
+# bertjax keeps BertForPreTraining's pooler and next-sentence head in every family (the sentence task of
+# configs whose objective has none is simply not trained); the HF class lacks both where it is a
+# masked-LM class: RoBERTa (tanh pooler H -> H and head H -> 2, with biases) and ModernBERT (no biases;
+# its pooler is model.pooler="gelu_norm", dense + GELU + a norm, as its HF task heads compute it).
+NO_POOLER_NOR_SENTENCE_HEAD = ("bert/pooler", "nsp_head/")
+CASES = [
+    (base, "BertForPreTraining", ()),
+    (large, "BertForPreTraining", ()),
+    (roberta_base, "RobertaForMaskedLM", NO_POOLER_NOR_SENTENCE_HEAD),
+    (albert_base, "AlbertForPreTraining", ()),
+    (modernbert_base, "ModernBertForMaskedLM", NO_POOLER_NOR_SENTENCE_HEAD),
+    (modernbert_large, "ModernBertForMaskedLM", NO_POOLER_NOR_SENTENCE_HEAD),
+]
+
+
+def hf_parameter_count(cfg: bert.BertConfig) -> tuple[str, int]:
+    """The transformers class of the config, built on the meta device, and its parameters() count (a tied
+    tensor is one Parameter, counted once)."""
+    model_type = hf_families.model_type_of(cfg)
+    hf_config = hf.config_to_hf(cfg) if model_type == "bert" else hf_families.FAMILIES[model_type].config_to_hf(cfg)
+    hf_config = {k: v for k, v in hf_config.items() if k not in ("model_type", "dtype", "torch_dtype")}
+    config = transformers.AutoConfig.for_model(model_type, **hf_config)
+    architecture = hf_config["architectures"][0]
+    with torch.device("meta"):
+        model = getattr(transformers, architecture)(config)
+    return architecture, sum(p.numel() for p in model.parameters())
+
+
+@pytest.mark.parametrize("module, architecture, lacks", CASES, ids=lambda x: getattr(x, "__name__", "")[8:] or None)
+def test_summary_counts_what_the_hf_class_counts(module, architecture, lacks):
+    cfg = bert.BertConfig.from_dict(module.get_config().model, platform="cpu")
+    hf_architecture, hf_count = hf_parameter_count(cfg)
+    assert hf_architecture == architecture
+    got_architecture, count, lacking = summary.hf_class_count(cfg)
+    assert got_architecture == architecture
+    assert count == hf_count
+    params = flax.traverse_util.flatten_dict(nn.unbox(summary.abstract_params(cfg)), sep="/")
+    expected = {path: x.size for path, x in params.items() if lacks and path.startswith(lacks)}
+    assert sorted(lacking) == sorted(expected)
+    assert bert.count_params(params) == hf_count + sum(expected.values())
+    if architecture == "RobertaForMaskedLM":  # pooler H*H + H, head 2*H + 2
+        assert sum(expected.values()) == 768 * 768 + 768 + 2 * 768 + 2
+
+
+def test_summary_prints_both_counts_where_they_differ(capsys):
+    summary.main(["summary"], types.SimpleNamespace(config=roberta_base.get_config()))
+    out = capsys.readouterr().out
+    assert "parameters: 125,288,795 in all (125.3M)" in out
+    assert "as Hugging Face RobertaForMaskedLM counts them: 124,696,665 (124.7M), without bertjax's" in out
+    summary.main(["summary"], types.SimpleNamespace(config=albert_base.get_config()))
+    assert "as Hugging Face AlbertForPreTraining counts them: the same" in capsys.readouterr().out
