@@ -136,12 +136,17 @@ def topology_devices(topology: Topology) -> list:
 
 
 def abstract_batch(config, batch_size: int, data_sharding) -> dict:
-    """The train step's batch as shapes with the data sharding: [B, S] ids, [B, P] predictions, [B] labels."""
+    """The train step's batch as shapes with the data sharding: [B, S] ids, [B, P] predictions, [B] labels;
+    packed rows (data.packing): [B, S] sequence ids and positions, [B, K] labels, [CLS] positions, weights."""
     s, p = config.data.max_seq_length, config.data.max_predictions_per_seq
+    packing = config.data.get("packing", False)
+    k = config.data.get("max_sequences_per_row", 8)
     shapes = {"input_ids": (s,), "segment_ids": (s,), "input_mask": (s,), "masked_lm_positions": (p,),
-              "masked_lm_ids": (p,), "masked_lm_weights": (p,), "next_sentence_labels": ()}
-    return {k: jax.ShapeDtypeStruct((batch_size, *shapes[k]), np.float32 if k == "masked_lm_weights" else np.int32,
-                                    sharding=data_sharding) for k in pretraining.BATCH_KEYS}
+              "masked_lm_ids": (p,), "masked_lm_weights": (p,), "next_sentence_labels": (k,) if packing else (),
+              "sequence_ids": (s,), "position_ids": (s,), "sentence_positions": (k,), "sentence_weights": (k,)}
+    floats = ("masked_lm_weights", "sentence_weights")
+    return {key: jax.ShapeDtypeStruct((batch_size, *shapes[key]), np.float32 if key in floats else np.int32,
+                                      sharding=data_sharding) for key in pretraining.batch_keys(packing)}
 
 
 def bytes_per_device(tree) -> int:

@@ -30,7 +30,7 @@ from bertjax.text import files
 from bertjax.training import checkpoint, flops, loop, pretraining, sharding, writers
 from bertjax.training import workdir as workdirs
 from bertjax.training.preemption import Preemption
-from bertjax.training.pretraining import BATCH_KEYS, summarize
+from bertjax.training.pretraining import summarize
 from bertjax.training.state import TrainState, root_keys
 
 def define_flags() -> dict:
@@ -55,7 +55,8 @@ def host_batches(config, workdir: str, start_step: int, process_index: int, proc
 
         kwargs = dict(batch_size=local_batch, max_seq_length=data.max_seq_length,
                       max_predictions_per_seq=data.max_predictions_per_seq, vocab_size=config.model.vocab_size,
-                      seed=data.seed, shard=process_index)
+                      seed=data.seed, shard=process_index, packed=data.get("packing", False),
+                      max_sequences_per_row=data.get("max_sequences_per_row", 8), mask_rate=data.get("mask_rate", 0.15))
         evals = [synthetic.synthetic_batch(i, split=1, **kwargs) for i in range(config.logging.eval_batches)]
         return synthetic.synthetic_batches(start_step, **kwargs), evals, None, None
     from bertjax.text import tf_cpu
@@ -155,7 +156,8 @@ def train(config, workdir: str) -> int:
     steps = loop.LoopSteps(start=start_step, total=config.train.num_steps, log_every=config.logging.log_every,
                            eval_every=config.logging.eval_every, save_every=config.checkpoint.every_steps)
     # Batches are made and put on the devices by a thread, ahead of the step that takes them.
-    device_batches = sharding.prefetch_to_devices(({k: b[k] for k in BATCH_KEYS} for b in train_batches),
+    keys = pretraining.batch_keys(config.data.get("packing", False))
+    device_batches = sharding.prefetch_to_devices(({k: b[k] for k in keys} for b in train_batches),
                                                   data_sharding, size=config.train.prefetch_batches)
     with jax.set_mesh(mesh), nn.logical_axis_rules(rules), device_batches:
         state, stopped_at = loop.run_loop(state, p_train_step, device_batches, dropout_key, steps, hooks)

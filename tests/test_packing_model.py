@@ -7,6 +7,7 @@ the same examples' loss unpacked, for BERT and every family (scanned too).
 """
 
 import dataclasses
+import json
 
 import jax
 import jax.numpy as jnp
@@ -15,6 +16,7 @@ import pytest
 
 from bertjax.data import packing, synthetic
 from bertjax.models import bert as bert_model
+from test_train import corpus  # noqa: F401  (the fixture: a small text corpus and its vocabulary)
 
 ATOL = 1e-5
 SEQ, PREDICTIONS, SEQUENCES, VOCAB = 32, 8, 4, 64
@@ -170,3 +172,58 @@ def test_learned_positions_restart_in_each_sequence():
     np.testing.assert_allclose(np.asarray(out_p["hidden_states"][0][row, start:start + n]),
                                np.asarray(out_u["hidden_states"][0][example, :n]), rtol=0, atol=1e-6)
     assert jnp.asarray(out_p["pooled_output"]).shape == (2, SEQUENCES, cfg.hidden_size)
+
+
+def test_the_packed_train_step_on_a_mesh_gives_the_losses_of_one_device():
+    """The training step (pretraining.loss_fn through Setup) on packed synthetic batches: data and fsdp
+    parallel over 4 devices give the one-device losses. (Gradient accumulation averages its
+    microbatches' means, packed or not: rows of unequal prediction counts weigh alike.)"""
+    from test_train import small_config
+    from bertjax.training import pretraining, sharding
+
+    config = small_config()
+    config.data.update(packing=True, max_sequences_per_row=SEQUENCES)
+
+    def losses(mesh_shape, steps=3):
+        mesh = sharding.make_mesh(dict(zip(sharding.MESH_AXES, mesh_shape)), jax.devices()[:int(np.prod(mesh_shape))])
+        rules = sharding.logical_rules(config.logical_axis_rules)
+        init_key, dropout_key = jax.random.split(jax.random.key(0))
+        setup = pretraining.setup(config, mesh, rules, init_key)
+        data_sharding = sharding.batch_sharding(mesh, rules)
+        step_fn, _ = setup.compile_steps(data_sharding, 1)
+        state, out = setup.init(init_key), []
+        with jax.set_mesh(mesh):
+            for step in range(steps):
+                host = synthetic.synthetic_batch(step, batch_size=config.train.batch_size, max_seq_length=32,
+                                                 max_predictions_per_seq=5, vocab_size=config.model.vocab_size,
+                                                 packed=True, max_sequences_per_row=SEQUENCES)
+                assert set(host) == set(pretraining.batch_keys(True))
+                state, sums = step_fn(state, sharding.global_batch(host, data_sharding), dropout_key)
+                out.append((float(sums["loss_sum"]), float(sums["nsp_count"])))
+        return np.array(out)
+
+    one = losses((1, 1, 1))
+    assert np.all(one[:, 1] > config.train.batch_size)  # more sequences than rows: the rows are packed
+    np.testing.assert_allclose(losses((2, 2, 1)), one, rtol=2e-5)
+
+
+@pytest.mark.slow
+def test_packed_training_on_text_resumes_exactly(corpus, tmp_path):
+    """python -m bertjax.train with data.packing=true on text: it logs its packing efficiency, and a
+    run resumed from step 4's checkpoint logs the uninterrupted run's later losses exactly."""
+    from test_train import command, losses, run
+
+    packed = ("--config.data.packing=true", "--config.train.num_steps=8")
+    first = run(command(corpus, tmp_path / "a", *packed))
+    assert first.returncode == 0, first.stderr[-3000:]
+    records = [json.loads(line) for line in (tmp_path / "a" / "metrics.jsonl").read_text().splitlines()]
+    efficiency = [r["padding_efficiency"] for r in records if "padding_efficiency" in r]
+    assert efficiency and np.mean(efficiency) > 0.9, efficiency  # rows of several sequences, little padding
+    import shutil
+
+    shutil.copytree(tmp_path / "a", tmp_path / "b")
+    shutil.rmtree(tmp_path / "b" / "checkpoints" / "8")
+    second = run(command(corpus, tmp_path / "b", *packed))
+    assert second.returncode == 0, second.stderr[-3000:]
+    assert "resum" in (second.stderr + second.stdout).lower()
+    assert losses(tmp_path / "b") == losses(tmp_path / "a")

@@ -15,6 +15,9 @@ from bertjax.training import state
 
 BATCH_KEYS = ("input_ids", "segment_ids", "input_mask", "masked_lm_positions", "masked_lm_ids",
               "masked_lm_weights", "next_sentence_labels")
+# Packed rows add these (docs/data.md, "Packing"): which sequence each token is of, its position in it,
+# and each sequence's [CLS] position and weight (next_sentence_labels is then [B, K]).
+PACKED_KEYS = ("sequence_ids", "position_ids", "sentence_positions", "sentence_weights")
 # pretraining_loss returns these as means over the batch: a step of k microbatches reports their mean.
 MEAN_METRICS = ("mlm_loss", "nsp_loss")
 
@@ -24,22 +27,34 @@ def mean_metrics(objective: str) -> tuple:
     return ("mlm_loss",) if objective == "none" else ("mlm_loss", f"{objective}_loss")
 
 
-def loss_fn(params, batch, dropout_rng, *, net, objective: str = "nsp"):
-    out = net.apply(
+def batch_keys(packing: bool) -> tuple:
+    """The keys of a batch the step reads: BATCH_KEYS, and PACKED_KEYS for packed rows (data.packing)."""
+    return BATCH_KEYS + (PACKED_KEYS if packing else ())
+
+
+def _forward(net, params, batch, deterministic: bool, rngs=None):
+    # A packed batch (its keys are static under jit) gives the model each row's sequences.
+    packed = {key: batch[key] for key in ("sequence_ids", "position_ids", "sentence_positions") if key in batch}
+    return net.apply(
         {"params": params}, batch["input_ids"], batch["segment_ids"], batch["input_mask"],
-        batch["masked_lm_positions"], deterministic=False, rngs={"dropout": dropout_rng},
+        batch["masked_lm_positions"], deterministic=deterministic, rngs=rngs,
         heads_only=True,  # the last block only where the heads read: same loss, less work
+        **packed,
     )
+
+
+def _loss(out, batch, objective: str):
     return bert.pretraining_loss(out["mlm_logits"], out.get("nsp_logits"), batch["masked_lm_ids"],
-                                 batch["masked_lm_weights"], batch["next_sentence_labels"], objective=objective)
+                                 batch["masked_lm_weights"], batch["next_sentence_labels"], objective=objective,
+                                 sentence_weights=batch.get("sentence_weights"))
+
+
+def loss_fn(params, batch, dropout_rng, *, net, objective: str = "nsp"):
+    return _loss(_forward(net, params, batch, False, {"dropout": dropout_rng}), batch, objective)
 
 
 def eval_step(params, batch, *, net, objective: str = "nsp"):
-    out = net.apply({"params": params}, batch["input_ids"], batch["segment_ids"], batch["input_mask"],
-                    batch["masked_lm_positions"], deterministic=True, heads_only=True)
-    loss, sums = bert.pretraining_loss(out["mlm_logits"], out.get("nsp_logits"), batch["masked_lm_ids"],
-                                        batch["masked_lm_weights"], batch["next_sentence_labels"],
-                                        objective=objective)
+    loss, sums = _loss(_forward(net, params, batch, True), batch, objective)
     return dict(sums, loss_sum=loss, steps=jnp.float32(1))
 
 
