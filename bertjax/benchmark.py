@@ -3,6 +3,7 @@
     python -m bertjax.benchmark                                   # CPU: mini, small, base at 32 x 128, vs HF
     python -m bertjax.benchmark --sizes=base --steps=5 --no_torch # bertjax alone
     python -m bertjax.benchmark --sizes=roberta_base,albert_base,modernbert_base  # the families, vs HF
+    python -m bertjax.benchmark --sizes=tiny,mini --packing       # packed rows against padded ones
     python -m bertjax.benchmark --accelerator                     # GPU/TPU: base and large, bf16, vs HF
     python -m bertjax.benchmark --accelerator --profile=/tmp/prof # and a trace, kernel time by category
 
@@ -87,6 +88,8 @@ def define_flags(argv: list[str]) -> dict:
         dropout_rng=flags.DEFINE_string("dropout_rng", "threefry", "train.dropout_rng: threefry | rbg."),
         profile=flags.DEFINE_string("profile", None, "Write a jax.profiler trace of a few bertjax steps under this "
                                     "directory and print the device time per step by kernel category."),
+        packing=flags.DEFINE_bool("packing", False, "Time bertjax on packed rows against rows of one padded "
+                                  "example each, both of the demo corpus's example lengths: real tokens/s."),
         memory_only=flags.DEFINE_bool("memory_only", False, "Compile bertjax's step and print its memory; run nothing "
                                        "(e.g. to choose a remat policy for a GPU on a CPU machine)."),
     )
@@ -179,7 +182,8 @@ class BertjaxStep:
         self.params = bert.count_params(self.state.params)
         data_sharding = sharding.batch_sharding(self.mesh, rules)
         step_fn, _ = setup.compile_steps(data_sharding, grad_accum_steps=1)
-        self.batches = [sharding.global_batch({k: b[k] for k in pretraining.BATCH_KEYS}, data_sharding)
+        keys = pretraining.batch_keys(config.data.get("packing", False))
+        self.batches = [sharding.global_batch({k: b[k] for k in keys}, data_sharding)
                         for b in batches]
         start = time.perf_counter()
         with jax.set_mesh(self.mesh):
@@ -499,6 +503,41 @@ def run_shape(size: str, seq_len: int, batch_size: int, *, steps: int, warmup: i
     return rows
 
 
+def run_packing(size: str, seq_len: int, batch_size: int, *, steps: int, warmup: int, dtype, overrides: dict,
+                dropout_rng: str) -> list[dict]:
+    """bertjax on rows of one example each, padded at the right, and on packed rows, the examples of
+    both drawn with the demo corpus's lengths (synthetic.synthetic_lengths): real tokens/s of each."""
+    num_predictions = max_predictions(seq_len)
+    sequences = 16 if seq_len > 256 else 8  # data.max_sequences_per_row of the seq-128 and seq-512 recipes
+    runners, real = [], []
+    for packed in (False, True):
+        config = benchmark_config(load_config(size), dtype, overrides, seq_len, num_predictions, dropout_rng)
+        config.data.update(packing=packed, max_sequences_per_row=sequences)
+        batches = [synthetic.synthetic_batch(i, batch_size=batch_size, max_seq_length=seq_len,
+                                             max_predictions_per_seq=num_predictions, vocab_size=VOCAB_SIZE,
+                                             packed=packed, padded=not packed, max_sequences_per_row=sequences)
+                   for i in range(min(warmup + steps, 8))]
+        runner = BertjaxStep(config, batches)
+        runner.name = "packed" if packed else "padded"
+        runners.append(runner)
+        real.append(float(np.mean([b["input_mask"].sum() for b in batches])))  # real tokens of a batch
+    timings = measure(runners, warmup, steps)
+    rows = []
+    for runner, t, tokens in zip(runners, timings, real):
+        rows.append(dict(size=size, seq_len=seq_len, batch_size=batch_size, rows=runner.name,
+                         share=tokens / (batch_size * seq_len), real_tps=steps * tokens / t["seconds"],
+                         ms=1e3 * t["seconds"] / steps))
+    rows[1]["ratio"] = rows[1]["real_tps"] / rows[0]["real_tps"]
+    return rows
+
+
+def print_packing(rows: list[dict]) -> None:
+    table = [[f"{r['size']} {r['batch_size']} x {r['seq_len']}", r["rows"], f"{100 * r['share']:.1f}%",
+              f"{r['real_tps']:,.0f}", f"{r['ms']:.1f}", f"{r['ratio']:.2f}x" if "ratio" in r else "-"]
+             for r in rows]
+    print_table(["shape", "rows", "real tokens", "real tok/s", "ms/step", "packed / padded"], table)
+
+
 def print_results(rows: list[dict], peak: float | None) -> None:
     header = ["shape", "runner", "params", "tok/s", "ms/step", "model TFLOP/s", "MFU", "memory", "bertjax / this"]
     table = []
@@ -542,6 +581,14 @@ def main(argv, args):
               f"{args.warmup} warmup + {args.steps} timed steps, interleaved; HF: "
               f"{', '.join(('compiled' if c else 'eager') + ' on ' + d for d, c in hf_variants) or 'not run'}"
               + (f"; overrides {overrides}" if overrides else ""), flush=True)
+        if args.packing:
+            packing_rows = []
+            for size in args.sizes or ["tiny", "mini"]:
+                for seq_len, batch_size in shapes:
+                    packing_rows += run_packing(size, seq_len, batch_size, steps=args.steps, warmup=args.warmup,
+                                                dtype=args.dtype, overrides=overrides, dropout_rng=args.dropout_rng)
+            print_packing(packing_rows)
+            return
         rows = []
         for size in sizes:
             for seq_len, batch_size in shapes:

@@ -227,3 +227,37 @@ def test_packed_training_on_text_resumes_exactly(corpus, tmp_path):
     assert second.returncode == 0, second.stderr[-3000:]
     assert "resum" in (second.stderr + second.stdout).lower()
     assert losses(tmp_path / "b") == losses(tmp_path / "a")
+
+
+def test_padded_synthetic_rows_are_the_unpacked_rows_packing_is_timed_against():
+    """synthetic padded=True: one example per row, right-padded, its predictions inside it, as many as
+    packing counts for that length; packed=True holds the same length mix with little padding."""
+    batch = synthetic.synthetic_batch(0, batch_size=64, max_seq_length=128, max_predictions_per_seq=20,
+                                      vocab_size=VOCAB, padded=True)
+    lengths = batch["input_mask"].sum(1)
+    assert np.all(batch["input_mask"] == (np.arange(128)[None] < lengths[:, None]))  # right-padded
+    assert 0.6 < lengths.mean() / 128 < 0.9  # the demo corpus's share of real positions at 128 (76%)
+    counts = batch["masked_lm_weights"].sum(1)
+    np.testing.assert_array_equal(counts, packing.num_predictions(lengths, 0.15, 20))
+    inside = (batch["masked_lm_positions"] < lengths[:, None]) & (batch["masked_lm_positions"] > 0)
+    assert np.all(inside[batch["masked_lm_weights"] > 0])
+    packed = synthetic.synthetic_batch(0, batch_size=16, max_seq_length=128, max_predictions_per_seq=20,
+                                       vocab_size=VOCAB, packed=True)
+    assert packed["input_mask"].mean() > 0.95
+
+
+@pytest.mark.slow
+def test_the_benchmark_times_packed_rows_against_padded_ones():
+    import subprocess
+    import sys
+
+    from test_train import ENV, REPO
+
+    result = subprocess.run([sys.executable, "-m", "bertjax.benchmark", "--packing", "--sizes=tiny", "--seq_len=64",
+                             "--batch_size=4", "--steps=1", "--warmup=1"], capture_output=True, text=True, cwd=REPO,
+                            env=ENV, timeout=600)
+    assert result.returncode == 0, result.stderr[-3000:]
+    rows = {line.split()[4]: line.split() for line in result.stdout.splitlines() if line.startswith("tiny 4 x 64")}
+    assert set(rows) == {"padded", "packed"}, result.stdout
+    assert float(rows["padded"][5].rstrip("%")) < float(rows["packed"][5].rstrip("%"))  # real share rises
+    assert float(rows["packed"][-1].rstrip("x")) > 0  # the ratio is printed

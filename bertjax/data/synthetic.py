@@ -36,14 +36,18 @@ def synthetic_lengths(rng: np.random.Generator, count: int, max_seq_length: int)
 
 def synthetic_batch(step: int, *, batch_size: int, max_seq_length: int, max_predictions_per_seq: int,
                     vocab_size: int, seed: int = 0, shard: int = 0, split: int = 0, packed: bool = False,
-                    max_sequences_per_row: int = 8, mask_rate: float = 0.15) -> dict:
+                    max_sequences_per_row: int = 8, mask_rate: float = 0.15, padded: bool = False) -> dict:
     """split: 0 for the training stream, 1 for the held-out one (an independent random stream).
     packed: rows of several sequences (max_sequences_per_row of them at most, each with
-    round(mask_rate x length) predictions, as the real masking asks)."""
+    round(mask_rate x length) predictions, as the real masking asks). padded: one example per row, of
+    the demo corpus's lengths, padded at the right: the unpacked stream's rows, which packing is timed
+    against."""
     rng = np.random.default_rng([seed, split, step, shard])
     if packed:
         return _packed_batch(rng, batch_size, max_seq_length, max_predictions_per_seq, vocab_size,
                              max_sequences_per_row, mask_rate)
+    if padded:
+        return _padded_batch(rng, batch_size, max_seq_length, max_predictions_per_seq, vocab_size, mask_rate)
     b, s, p = batch_size, max_seq_length, max_predictions_per_seq
     # Ids from 5 on: the first five are the special tokens in both vocabularies bertjax writes.
     input_ids = rng.integers(5, vocab_size, size=(b, s), dtype=np.int32)
@@ -59,6 +63,28 @@ def synthetic_batch(step: int, *, batch_size: int, max_seq_length: int, max_pred
         "masked_lm_weights": np.ones((b, p), np.float32),
         "next_sentence_labels": rng.integers(0, 2, size=(b,), dtype=np.int32),
     }
+
+
+def _padded_batch(rng, b: int, s: int, p: int, vocab_size: int, mask_rate: float) -> dict:
+    """B rows of one example each, demo-like lengths n, padded at the right; min(P, round(rate x n))
+    predictions at distinct positions inside each example (never its [CLS])."""
+    lengths = synthetic_lengths(rng, b, s)  # [B]
+    wanted = packing.num_predictions(lengths, mask_rate, p)  # [B]
+    real = np.arange(s)[None, :] < lengths[:, None]  # [B, S]
+    batch = {
+        "input_ids": np.where(real, rng.integers(5, vocab_size, size=(b, s)), 0).astype(np.int32),
+        "input_mask": real.astype(np.int32),
+        "segment_ids": (real & (np.arange(s)[None, :] >= np.maximum(2, lengths[:, None] // 2))).astype(np.int32),
+        "masked_lm_positions": np.zeros((b, p), np.int32),
+        "masked_lm_ids": np.zeros((b, p), np.int32),
+        "masked_lm_weights": np.zeros((b, p), np.float32),
+        "next_sentence_labels": rng.integers(0, 2, size=(b,), dtype=np.int32),
+    }
+    for row, (n, c) in enumerate(zip(lengths.tolist(), wanted.tolist())):
+        batch["masked_lm_positions"][row, :c] = np.sort(rng.permutation(n - 1)[:c] + 1)
+        batch["masked_lm_ids"][row, :c] = rng.integers(5, vocab_size, size=c)
+        batch["masked_lm_weights"][row, :c] = 1.0
+    return batch
 
 
 def _packed_batch(rng, b: int, s: int, p: int, vocab_size: int, k: int, mask_rate: float) -> dict:
