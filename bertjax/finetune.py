@@ -58,6 +58,7 @@ def define_flags() -> dict:
 
 INPUT_KEYS = ("input_ids", "segment_ids", "input_mask")
 TRAIN_KEYS = INPUT_KEYS + ("label", "example_weight")
+PACKED_INPUT_KEYS = ("sequence_ids", "position_ids", "cls_positions")  # = batches.PACKED_INPUT_KEYS
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -113,12 +114,15 @@ def load_pretrained(path: str, kind: str, num_labels: int, model_overrides: dict
 
 
 def task_loss(params, batch: dict, dropout_rng, *, net, loss):
-    """The head's loss on a batch of task examples: (loss, metric sums), as step.train_step takes it."""
-    weights = batch["example_weight"]  # [B]
+    """The head's loss on a batch of task examples: (loss, metric sums), as step.train_step takes it.
+    A packed batch (bertjax/tasks/batches.py) carries sequence_ids, position_ids and cls_positions too."""
+    weights = batch["example_weight"]  # [B] ([B, Q] packed)
+    packed = {k: batch[k] for k in PACKED_INPUT_KEYS if k in batch}
     if "label_weight" in batch:  # tagging: the tokens that carry a tag, [B, S]
-        weights = batch["label_weight"] * weights[:, None]
+        # Packed rows hold their examples' weights in label_weight already.
+        weights = batch["label_weight"] if packed else batch["label_weight"] * weights[:, None]
     logits = net.apply({"params": params}, *(batch[k] for k in INPUT_KEYS), deterministic=False,
-                       rngs={"dropout": dropout_rng})
+                       rngs={"dropout": dropout_rng}, **packed)
     return loss(logits, batch["label"], weights)
 
 
@@ -297,7 +301,7 @@ def _finetune(config, workdir: str) -> dict:
     pretrained = pretrained_for(config, task, num_labels)
 
     # ---------------------------------------------------------------- data
-    data = task_data(config, task, pretrained.tokenizer)
+    data = task_data(config, task, pretrained.tokenizer, mesh, rules)
 
     # ---------------------------------------------------------------- head, optimizer, state: shapes first
     feature_based = feature_based_settings(config, task, pretrained.bert_config.num_layers)
@@ -359,13 +363,49 @@ class TaskData:
     settings: object  # the kind's own (span: squad.Settings), or None
     num_steps: int
     steps_per_epoch: int
+    packing: "Packing | None" = None  # packed training batches, or None
 
 
-def task_data(config, task, tokenizer) -> TaskData:
-    """Every split read and featurized; the steps of config.train.epochs over the training rows."""
+@dataclasses.dataclass(frozen=True)
+class Packing:
+    """How training steps are packed (bertjax/tasks/batches.py): num_rows rows of up to max_sequences."""
+
+    num_rows: int  # R: the rows of a (global) packed step
+    max_sequences: int  # K
+
+
+def packing_settings(config, task, feature_based: bool) -> tuple[int, int | None] | None:
+    """(max_sequences_per_row, packed_rows or None) when config.data.packing is on, checked; else None."""
+    data = config.data
+    packing = data.get("packing", False)
+    if not isinstance(packing, bool):
+        raise ValueError(f"data.packing={packing!r}: True or False")
+    if not packing:
+        return None
+    if not heads.head(task.kind).packable:
+        packable = [kind for kind, h in heads.HEADS.items() if h.packable]
+        raise ValueError(f"data.packing packs {', '.join(packable)} tasks; task {task.name} is {task.kind} "
+                         "(see docs/data.md, Packing in fine-tuning): set data.packing=False")
+    if feature_based:
+        raise ValueError("data.packing and feature_based.enabled exclude each other: the BiLSTM would read "
+                         "across the sequences of a row")
+    k = data.max_sequences_per_row
+    if not isinstance(k, int) or k < 1:
+        raise ValueError(f"data.max_sequences_per_row={k!r}: a positive integer")
+    rows = data.get("packed_rows")
+    if rows is not None and (not isinstance(rows, int) or rows < 1):
+        raise ValueError(f"data.packed_rows={rows!r}: a positive integer, or unset to derive it")
+    return k, rows
+
+
+def task_data(config, task, tokenizer, mesh=None, rules=None) -> TaskData:
+    """Every split read and featurized; the steps of config.train.epochs over the training rows; with
+    data.packing the rows of a packed step (derived: the most any step of the run needs, rounded up to
+    what the data-parallel devices and processes divide)."""
     from bertjax.tasks import batches as task_batches
     from bertjax.tasks import kinds
 
+    packing = packing_settings(config, task, bool(config.get("feature_based") and config.feature_based.enabled))
     train_split, dev_splits, test_splits = split_features(task, tokenizer, config)
     batch_size = config.train.batch_size
     num_train = task_batches.num_examples(train_split.features)
@@ -374,8 +414,34 @@ def task_data(config, task, tokenizer) -> TaskData:
     rows = "" if num_train == len(train_split.examples) else f" in {num_train} rows"
     say(f"{len(train_split.examples)} training examples{rows}, {dev_sizes}; {num_steps} steps of {batch_size} "
         f"({config.train.epochs:g} epochs)")
+    packed = None
+    if packing:
+        packed = packed_rows(config, train_split.features, num_steps, *packing, mesh=mesh, rules=rules)
     return TaskData(train_split, dev_splits, test_splits, kinds.get(task.kind).settings_from_config(config),
-                    num_steps, math.ceil(num_train / batch_size))
+                    num_steps, math.ceil(num_train / batch_size), packed)
+
+
+def packed_rows(config, features: dict, num_steps: int, max_sequences: int, rows: int | None, *, mesh=None,
+                rules=None) -> Packing:
+    """The Packing of the run: data.packed_rows as set, or derived and said in one line."""
+    from bertjax.tasks import batches as task_batches
+
+    batch_size, k = config.train.batch_size, config.train.grad_accum_steps
+    lengths = task_batches.example_lengths(features)
+    if rows is None:
+        per_microbatch = task_batches.packed_rows_needed(
+            lengths, batch_size, config.train.seed, num_steps, max_seq_length=config.data.max_seq_length,
+            max_sequences=max_sequences, grad_accum_steps=k)
+        unit = sharding.data_parallel_size(mesh, rules) if mesh is not None else 1
+        unit = math.lcm(unit, jax.process_count())
+        rows = k * (-(-per_microbatch // unit) * unit)
+        real = float(np.sum(lengths)) / len(lengths) * batch_size
+        say(f"packing: {batch_size} examples a step in {rows} rows of {config.data.max_seq_length} (about "
+            f"{100 * real / (rows * config.data.max_seq_length):.0f}% real tokens; unpacked "
+            f"{100 * real / (batch_size * config.data.max_seq_length):.0f}%)")
+    if mesh is not None:
+        sharding.check_batch_size(rows, k, mesh, rules)
+    return Packing(rows, max_sequences)
 
 
 def restore(checkpointer, setup: Setup, task, init_key) -> tuple[TrainState, dict]:
@@ -502,9 +568,18 @@ def train(run: Run, state: TrainState, p_train_step, dropout_key, data_sharding)
                            eval_every=config.logging.eval_every or data.steps_per_epoch,
                            save_every=data.steps_per_epoch)
     train_features = data.train.features
-    batches = task_batches.train_batches(train_features, config.train.batch_size, config.train.seed, int(state.step),
-                                         process_index=jax.process_index(), process_count=jax.process_count())
     train_keys = TRAIN_KEYS + tuple(k for k in ("label_weight",) if k in train_features)
+    if data.packing is None:
+        batches = task_batches.train_batches(train_features, config.train.batch_size, config.train.seed,
+                                             int(state.step), process_index=jax.process_index(),
+                                             process_count=jax.process_count())
+    else:
+        batches = task_batches.packed_train_batches(
+            train_features, config.train.batch_size, config.train.seed, int(state.step), keys=train_keys,
+            num_rows=data.packing.num_rows, max_sequences=data.packing.max_sequences,
+            grad_accum_steps=config.train.grad_accum_steps, process_index=jax.process_index(),
+            process_count=jax.process_count())
+        train_keys += PACKED_INPUT_KEYS
     device_batches = sharding.prefetch_to_devices(({k: b[k] for k in train_keys} for b in batches), data_sharding,
                                                   size=config.train.prefetch_batches)
     with device_batches:

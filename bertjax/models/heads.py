@@ -14,8 +14,15 @@ as transformers' ModernBERT task classes run their prediction head before the cl
 `HEADS` is the model side of the task kinds: per kind the network, the loss and how logits become
 predictions; everything else about a kind is its module in bertjax/tasks/kinds/.
 
+Packed rows (data.packing; bertjax/tasks/batches.py): classification, regression and tagging also take
+sequence_ids, position_ids [B, S] and cls_positions [B, Q] as BertModel does; each sequence of a row then
+computes what it computes alone, and classification / regression read each sequence's own [CLS]:
+logits [B, Q, K], labels and weights [B, Q]. The losses are means over the real entries whatever the
+leading shape, so a packed batch's loss is the same examples' unpacked loss.
+
 Shape legend (as in bertjax/models/bert.py):
   B batch   C choices   S sequence length   H hidden size   K labels (classes, tags; 2 for span)
+  Q sequence slots of a packed row (data.max_sequences_per_row)
 """
 
 import dataclasses
@@ -63,13 +70,23 @@ class BertForSequenceClassification(nn.Module):
     num_labels: int
 
     @nn.compact
-    def __call__(self, input_ids, segment_ids, input_mask, deterministic: bool = True):
+    def __call__(self, input_ids, segment_ids, input_mask, deterministic: bool = True, sequence_ids=None,
+                 position_ids=None, cls_positions=None):
         # input_ids, segment_ids, input_mask: [B, S] int. Returns float32 logits [B, K].
+        # Packed rows: sequence_ids, position_ids [B, S], cls_positions [B, Q]; logits [B, Q, K].
         cfg = self.config
-        pooled = _pooled_output(cfg, input_ids, segment_ids, input_mask, deterministic)  # [B, H]
+        if sequence_ids is None:
+            pooled = _pooled_output(cfg, input_ids, segment_ids, input_mask, deterministic)  # [B, H]
+            axes = ("batch", None)
+        else:  # the last block (unrolled) computes only the Q [CLS] rows (and one asked for again)
+            bert = bert_model.BertModel(cfg, name="bert")
+            pooled = bert(input_ids, segment_ids, input_mask, deterministic, output_rows=cls_positions[:, :1],
+                          sequence_ids=sequence_ids, position_ids=position_ids,
+                          cls_positions=cls_positions)["pooled_output"]  # [B, Q, H]
+            axes = ("batch", None, None)
         pooled = Dropout(cfg.hidden_dropout_rate)(pooled, deterministic)
-        logits = _classifier(cfg, self.num_labels)(pooled).astype(jnp.float32)  # [B, K]
-        return nn.with_logical_constraint(logits, ("batch", None))
+        logits = _classifier(cfg, self.num_labels)(pooled).astype(jnp.float32)  # [B, K] or [B, Q, K]
+        return nn.with_logical_constraint(logits, axes)
 
 
 class BertForMultipleChoice(nn.Module):
@@ -114,11 +131,15 @@ class BertForTokenClassification(nn.Module):
     num_labels: int
 
     @nn.compact
-    def __call__(self, input_ids, segment_ids, input_mask, deterministic: bool = True):
+    def __call__(self, input_ids, segment_ids, input_mask, deterministic: bool = True, sequence_ids=None,
+                 position_ids=None, cls_positions=None):
         # input_ids, segment_ids, input_mask: [B, S] int. Returns float32 logits [B, S, K].
+        # Packed rows: sequence_ids, position_ids [B, S], cls_positions [B, Q]; logits still [B, S, K].
         cfg = self.config
         bert = bert_model.BertModel(cfg, name="bert")
-        encoded = bert(input_ids, segment_ids, input_mask, deterministic)
+        packed = {} if sequence_ids is None else dict(sequence_ids=sequence_ids, position_ids=position_ids,
+                                                      cls_positions=cls_positions)
+        encoded = bert(input_ids, segment_ids, input_mask, deterministic, **packed)
         x = Dropout(cfg.hidden_dropout_rate)(_token_output(cfg, bert, encoded), deterministic)  # [B, S, H]
         logits = _classifier(cfg, self.num_labels)(x).astype(jnp.float32)  # [B, S, K]
         return nn.with_logical_constraint(logits, ("batch", "length", None))
@@ -192,7 +213,8 @@ def classification_loss(logits, labels, weights):
     """Softmax cross-entropy, the mean over the real examples (classification and multiple choice).
 
     logits: [B, K] (or [B, C]); labels: [B] int; weights: [B], 1 for a real example and 0 for the
-    padding that fills a final partial batch. Returns (loss, {nll_sum, correct, count}).
+    padding that fills a final partial batch (packed: [B, Q, K], [B, Q], [B, Q], 0 at empty slots).
+    Returns (loss, {nll_sum, correct, count}).
     """
     weights = weights.astype(jnp.float32)
     nll = _softmax_nll(logits, labels)  # [B]
@@ -203,9 +225,10 @@ def classification_loss(logits, labels, weights):
 
 def regression_loss(logits, labels, weights):
     """Mean squared error over the real examples (STS-B). logits: [B, 1]; labels: [B] float;
-    weights: [B] as in classification_loss. Returns (loss, {squared_error_sum, count})."""
+    weights: [B] as in classification_loss (packed: [B, Q, 1], [B, Q], [B, Q]).
+    Returns (loss, {squared_error_sum, count})."""
     weights = weights.astype(jnp.float32)
-    squared_error = jnp.square(logits[:, 0].astype(jnp.float32) - labels.astype(jnp.float32))  # [B]
+    squared_error = jnp.square(logits[..., 0].astype(jnp.float32) - labels.astype(jnp.float32))  # [B]
     loss, count = _weighted_mean(squared_error, weights)
     return loss, {"squared_error_sum": jnp.sum(weights * squared_error), "count": count}
 
@@ -268,15 +291,18 @@ class Head:
     predict: Callable  # logits -> predictions
     num_labels: int | None  # fixed by the kind, or None where the task's label set decides
     choices: bool = False  # inputs carry a choice axis: [B, C, S] instead of [B, S]
+    # The network reads packed rows (several examples per row) for training; see docs/data.md.
+    packable: bool = False
 
 
 HEADS = {
-    "classification": Head(BertForSequenceClassification, classification_loss, _argmax, None),  # [B]
-    "regression": Head(BertForSequenceClassification, regression_loss, _value, 1),  # [B] float
+    "classification": Head(BertForSequenceClassification, classification_loss, _argmax, None,
+                           packable=True),  # [B]
+    "regression": Head(BertForSequenceClassification, regression_loss, _value, 1, packable=True),  # [B] float
     "multiple_choice": Head(lambda cfg, _: BertForMultipleChoice(cfg), multiple_choice_loss, _argmax, 1,
                             choices=True),  # [B]: the chosen choice
     "span": Head(lambda cfg, _: BertForQuestionAnswering(cfg), span_loss, best_spans, 2),  # [B, 2]
-    "tagging": Head(BertForTokenClassification, tagging_loss, _argmax, None),  # [B, S]
+    "tagging": Head(BertForTokenClassification, tagging_loss, _argmax, None, packable=True),  # [B, S]
 }
 
 
