@@ -32,7 +32,9 @@ FAMILIES = {
                        use_bias=False, type_vocab_size=0, local_attention_window=4, global_attention_every=2,
                        rotary_theta=100.0, global_rotary_theta=1000.0, pooler="gelu_norm", layer_norm_eps=1e-5),
 }
-CASES = [(family, False) for family in FAMILIES] + [("albert", True), ("modernbert", True)]
+# Scanned: ModernBERT (layer 0 unrolled, local/global selected per step); ALBERT's scanned groups run the
+# same blocks as unrolled (tests/test_families.py), so its unrolled case covers its packing.
+CASES = [(family, False) for family in FAMILIES] + [("modernbert", True)]
 
 
 def _config(family: str, scan: bool) -> bert_model.BertConfig:
@@ -105,7 +107,7 @@ def _loss(net, params, batch, packed: bool):
     return loss, metrics
 
 
-@pytest.mark.parametrize("family, scan", [("bert", False), ("roberta", False), ("albert", False), ("modernbert", True)])
+@pytest.mark.parametrize("family, scan", [("bert", False), ("albert", False), ("modernbert", True)])
 def test_a_packed_batch_has_the_loss_and_gradients_of_its_sequences_unpacked(family, scan):
     """Masked LM: the mean over the batch's predictions; NSP: the mean over its sequences. Both are the
     unpacked batch's figures, so the gradients agree too (and the metric sums: counts of sequences)."""
