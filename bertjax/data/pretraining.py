@@ -469,14 +469,6 @@ def make_example(tokens, pair, key, spec: MaskingSpec, max_seq_length: int) -> d
     return _padded_example(*pair_ids(tokens, pair, spec), key, spec, max_seq_length)
 
 
-def make_full_sentences_example(tokens, separators, row, key, spec: MaskingSpec, max_seq_length: int) -> dict:
-    """One FULL-SENTENCES row -> one padded, masked example: [CLS] tokens [SEP], one segment.
-
-    next_sentence_labels is 0 and means nothing: the loss leaves it out.
-    """
-    return _padded_example(*full_sentences_ids(tokens, separators, row, spec), key, spec, max_seq_length)
-
-
 def make_packed_row(sequence_fn, key_fn, members, rows, spec: MaskingSpec, max_seq_length: int) -> dict:
     """Several plan rows -> one packed row of S tokens (the contract in the module docstring).
 
