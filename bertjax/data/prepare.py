@@ -37,32 +37,6 @@ def define_flags() -> dict:
     )
 
 
-def shard_documents(data, shard: int, num_shards: int):
-    """The raw documents of output shard `shard`, in a deterministic order."""
-    from bertjax.data import demo, sources
-    from bertjax.text import files as text_files
-    from bertjax.text import sentences
-
-    split = sentences.get_splitter(data.sentence_splitter)
-    if data.source == "text":
-        files = text_files.expand_pattern(data.input_pattern)
-        if len(files) >= num_shards:
-            return list(sources.read_text_documents(files[shard::num_shards], data.text_format, data.text_field,
-                                                    split=split))
-        docs = sources.read_text_documents(files, data.text_format, data.text_field, split=split)
-    elif data.source == "tfds":
-        import tensorflow_datasets as tfds
-
-        tfds_split = tfds.even_splits(data.tfds_split, n=num_shards)[shard]
-        return list(sources.read_tfds_documents(data.tfds_name, tfds_split, data.tfds_text_feature, data.tfds_data_dir,
-                                                split_text=split))
-    elif data.source == "demo":
-        docs = demo.demo_documents()
-    else:
-        raise ValueError(f"data.source={data.source!r} cannot be prepared: use text, tfds or demo")
-    return [d for i, d in enumerate(docs) if i % num_shards == shard]
-
-
 def prepare_shard(data_dict: dict, shard: int, num_shards: int, output_dir: str) -> dict:
     """Read, split, tokenize and write one output shard (both splits). Runs in a worker process."""
     import ml_collections
@@ -74,7 +48,7 @@ def prepare_shard(data_dict: dict, shard: int, num_shards: int, output_dir: str)
 
     data = ml_collections.ConfigDict(data_dict)
     tokenizer = tokenizers.load_tokenizer(data.tokenizer, data.vocab_path, lower_case=data.lower_case)
-    documents = shard_documents(data, shard, num_shards)
+    documents = sources.shard_documents(data, shard, num_shards)
     held_out = [sources.is_eval_document(d, data.eval_fraction) for d in documents]  # one hash per document
     counts = {}
     for split in prepared.SPLITS:

@@ -702,7 +702,18 @@ class PretrainingStream:
         Built from the plan of the epoch the step falls in: resuming at step 1,000,000 costs what
         starting at step 0 costs. threads: cap tf.data's worker threads (benchmarks per core).
         """
-        first_epoch, offset = self.locate(start_step * batch_size)
+        ds = self.elements(start_step * batch_size).batch(batch_size, drop_remainder=True)
+        options = tf.data.Options()
+        options.deterministic = True
+        if threads:
+            options.threading.private_threadpool_size = threads
+            options.threading.max_intra_op_parallelism = 1
+        return ds.with_options(options).prefetch(tf.data.AUTOTUNE)
+
+    def elements(self, start: int = 0) -> tf.data.Dataset:
+        """The stream's examples (packed: rows), unbatched and infinite, from element `start` on (element
+        i of the host's stream is batch i // B's example i % B): what a mixture of streams interleaves."""
+        first_epoch, offset = self.locate(start)
         r, k = self.rows_per_epoch, self.max_sequences_per_row
 
         def epoch_examples(epoch):
@@ -724,11 +735,4 @@ class PretrainingStream:
 
         epochs = tf.data.Dataset.range(first_epoch, np.iinfo(np.int64).max)
         ds = epochs.flat_map(epoch_elements)
-        ds = ds.map(self._example_fn(), num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
-        ds = ds.batch(batch_size, drop_remainder=True)
-        options = tf.data.Options()
-        options.deterministic = True
-        if threads:
-            options.threading.private_threadpool_size = threads
-            options.threading.max_intra_op_parallelism = 1
-        return ds.with_options(options).prefetch(tf.data.AUTOTUNE)
+        return ds.map(self._example_fn(), num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)

@@ -271,3 +271,24 @@ def require_documents(
         yield document
     if empty:
         raise ValueError(f"{what} yielded no documents: check {check}")
+
+
+def shard_documents(data, shard: int, num_shards: int):
+    """The raw documents of bertjax.data.prepare's output shard `shard`, in a deterministic order."""
+    split = get_splitter(data.sentence_splitter)
+    if data.source == "text":
+        paths = files.expand_pattern(data.input_pattern)
+        if len(paths) >= num_shards:
+            return list(read_text_documents(paths[shard::num_shards], data.text_format, data.text_field, split=split))
+        docs = read_text_documents(paths, data.text_format, data.text_field, split=split)
+    elif data.source == "tfds":
+        import tensorflow_datasets as tfds
+
+        tfds_split = tfds.even_splits(data.tfds_split, n=num_shards)[shard]
+        return list(read_tfds_documents(data.tfds_name, tfds_split, data.tfds_text_feature, data.tfds_data_dir,
+                                        split_text=split))
+    elif data.source == "demo":
+        docs = demo.demo_documents()
+    else:
+        raise ValueError(f"data.source={data.source!r} cannot be prepared: use text, tfds or demo")
+    return [d for i, d in enumerate(docs) if i % num_shards == shard]
