@@ -149,7 +149,8 @@ def benchmark_config(config, dtype: str | None, overrides: dict, seq_len: int, n
     config.model.update_from_flattened_dict(overrides)
     needed = seq_len + config.model.position_offset
     config.model.max_position_embeddings = max(config.model.max_position_embeddings, needed)
-    config.data.update(max_seq_length=seq_len, max_predictions_per_seq=num_predictions)
+    # Full-length rows of one sequence, as the peer computes them (--packing times packed rows on its own).
+    config.data.update(max_seq_length=seq_len, max_predictions_per_seq=num_predictions, packing=False)
     config.train.dropout_rng = dropout_rng
     bert.BertConfig.from_dict(config.model)
     return config

@@ -3,12 +3,22 @@
     python -m bertjax.evaluate --init_from=path/to/bert-base-uncased --suite=glue --workdir=runs/glue
     python -m bertjax.evaluate --init_from=runs/base --suite=glue --tasks=sst2,mrpc --sweep --workdir=runs/glue
     python -m bertjax.evaluate --init_from=runs/base --suite=all --workdir=runs/eval   # glue, squad, conll
+    python -m bertjax.evaluate compress --task=dev.jsonl --teacher=runs/sst2 \
+        --variant=int8=runs/sst2+int8 --variant=student=runs/sst2-distilled
 
 Each task of the suite whose data TFDS has prepared (`tfds build glue/<task>`, `squad/v1.1`,
 `conll2003`; nothing is downloaded here) is fine-tuned with its configs/finetune/<task>.py in
 WORKDIR/<task>; the dev scores go into one table in the layout of the BERT paper's tables (Devlin et
 al. 2018: GLUE table 1, SQuAD tables 2 and 3, CoNLL-2003 table 7), printed and written to
 WORKDIR/<suite>.md and <suite>.json.
+
+`compress`: the compression report (bertjax/compression/report.py) of a fine-tuned --teacher and its
+--variant=NAME=DIR (a fine-tuning workdir, a params export or a Hugging Face directory; DIR+int8
+quantises it on load) on the task's dev set: --task is the dev file (the task's JSON lines) or a
+benchmark task's name (its configs/finetune/<task>.py recipe's TFDS dev split). One table: parameters,
+size and its ratio, dev score and the share of the teacher's retained, latency at batch 1 and 32 at
+one sequence length (the teacher's, or --max_seq_length) and the speed-up; --workdir (optional) gets
+compression.md and compression.json.
 """
 
 import dataclasses
@@ -33,7 +43,14 @@ def define_flags() -> dict:
         sweep=flags.DEFINE_bool("sweep", False, "The paper's learning-rate grid per task, the best dev score kept."),
         epochs=flags.DEFINE_float("epochs", None, "Override the recipe's epochs (e.g. for a quick look)."),
         batch_size=flags.DEFINE_integer("batch_size", None, "Override the recipe's batch size."),
-        max_seq_length=flags.DEFINE_integer("max_seq_length", None, "Override the recipe's sequence length."),
+        max_seq_length=flags.DEFINE_integer("max_seq_length", None, "Override the recipe's sequence length "
+                                            "(compress: the one every model is timed and scored at)."),
+        task=flags.DEFINE_string("task", None, "compress: the dev set, a JSON-lines file of the task, or a "
+                                 "benchmark task (sst2, mrpc, ...: its configs/finetune/ recipe's TFDS dev split)."),
+        teacher=flags.DEFINE_string("teacher", None, "compress: the fine-tuned model the variants are compared with."),
+        variant=flags.DEFINE_multi_string("variant", [], "compress: NAME=DIR, or NAME=DIR+int8 to quantise on load "
+                                          "(repeat the flag per variant)."),
+        repeats=flags.DEFINE_integer("repeats", 10, "compress: timed runs per latency (the median is reported)."),
     )
 
 
@@ -188,10 +205,71 @@ def _evaluate_all(init_from: str, workdir: str, *, tasks=None, **kwargs) -> dict
     return {"suite": "all", "suites": results, "table": lines}
 
 
+COMMANDS = ("compress",)
+
+
+def parse_variant(spec: str):
+    """--variant=NAME=DIR or NAME=DIR+int8 -> report.Model; one line for anything else."""
+    from bertjax.compression import quantize, report
+
+    name, sep, path = spec.partition("=")
+    if not sep or not name or not path:
+        raise ValueError(f"--variant={spec}: write NAME=DIR, or NAME=DIR+int8 to quantise it on load")
+    mode = None
+    for suffix in quantize.MODES:
+        if path.endswith("+" + suffix):
+            path, mode = path[: -len(suffix) - 1], suffix
+            break
+    return report.Model(name, path, mode)
+
+
+def dev_set(task: str) -> tuple[str | None, str | None]:
+    """--task -> (dev file, TFDS data dir): a JSON-lines file as it is; a benchmark task's fine-tuning
+    config (configs/finetune/<task>.py): its data.validation (None: the task's TFDS dev split) and
+    data.tfds_data_dir."""
+    import os
+
+    if task in TASK_CONFIGS:
+        config = TASK_CONFIGS[task].get_config()
+        return config.data.get("validation") or None, config.data.get("tfds_data_dir")
+    if not os.path.isfile(task):
+        raise ValueError(f"--task={task}: no such file; give the dev set's JSON lines, or a benchmark task "
+                         f"({', '.join(sorted(TASK_CONFIGS))}) for its TFDS dev split")
+    return task, None
+
+
+def compress(args) -> dict:
+    """The compression report of the flags; prints its table, writes it under --workdir when given."""
+    from bertjax.compression import report
+
+    if not args.task or not args.teacher or not args.variant:
+        raise ValueError("compress needs --task (dev set), --teacher and at least one --variant=NAME=DIR")
+    teacher = parse_variant(args.teacher if "=" in args.teacher else f"teacher={args.teacher}")
+    variants = [parse_variant(v) for v in args.variant]
+    dev_path, data_dir = dev_set(args.task)
+    out = report.compression_report(teacher, variants, dev_path=dev_path, data_dir=args.tfds_data_dir or data_dir,
+                                    max_seq_length=args.max_seq_length, repeats=args.repeats)
+    print(f"{out['task']}: {out['examples']} dev examples ({out['split']}), sequence length {out['max_seq_length']}; "
+          f"latency: median of {args.repeats} runs on this machine")
+    print("\n".join(out["table"]), flush=True)
+    if args.workdir:
+        files.make(args.workdir)
+        saved = {**out, "rows": [dataclasses.asdict(r) for r in out["rows"]]}
+        files.write_bytes(files.join(args.workdir, "compression.json"), json.dumps(saved, indent=1).encode())
+        files.write_bytes(files.join(args.workdir, "compression.md"), ("\n".join(out["table"]) + "\n").encode())
+    return out
+
+
 def main(argv, args):
-    if len(argv) > 1:
-        raise app.UsageError(f"unexpected arguments: {argv[1:]}")
+    if len(argv) > 2 or (len(argv) == 2 and argv[1] not in COMMANDS):
+        raise app.UsageError(f"unexpected arguments: {argv[1:]} (the one command is: {', '.join(COMMANDS)})")
     console.quiet_library_logs()
+    if len(argv) == 2:
+        try:
+            compress(args)
+        except (ValueError, FileNotFoundError) as e:
+            console.fail(str(e))
+        return
     if not args.init_from or not args.workdir:
         console.fail("--init_from and --workdir are required")
     try:

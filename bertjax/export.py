@@ -3,6 +3,7 @@
     python -m bertjax.export --from=runs/tiny --to=exports/tiny-hf --format=hf
     python -m bertjax.export --from=runs/tiny --step=400 --to=exports/tiny-serving --format=savedmodel
     python -m bertjax.export --from=runs/sst2 --to=exports/sst2-params --format=params
+    python -m bertjax.export --from=runs/sst2 --to=exports/sst2-int8 --format=params --quantize=int8
 
 --from is a pretraining or fine-tuning workdir (its newest checkpoint; a fine-tuning workdir its best
 dev checkpoint; --step=N one step of its checkpoints/) or a checkpoint directory. Formats:
@@ -14,6 +15,9 @@ dev checkpoint; --step=N one step of its checkpoints/) or a checkpoint directory
               ModernBertForSequenceClassification, ...: bertjax/interop/hf_families.py)
   savedmodel  a TensorFlow SavedModel for TF Serving, signatures on raw strings (bertjax/savedmodel.py)
   params      params.npz (the parameter tree, flattened with "/"), config.json and the vocabulary
+--quantize=int8 (params, savedmodel): every dense layer's kernel stored as int8 with a float32 scale per
+output channel (bertjax/compression/quantize.py); params.npz then holds kernel/qvalue and kernel/scale
+in place of each kernel, and config.json says "quantize". bertjax.load reads it back as int8.
 Every export also writes a README.md model card (bertjax/model_card.py). The export is written to a
 temporary directory beside --to and renamed into place, so an interrupted export leaves nothing
 half-written; an existing non-empty --to is refused unless --overwrite.
@@ -46,6 +50,8 @@ def define_flags() -> dict:
         hf_class=flags.DEFINE_enum("hf_class", "pretraining", ["pretraining", "masked_lm"],
                                    "hf, a pretraining checkpoint: BertForPreTraining's weights (the pooler and NSP "
                                    "head kept), or BertForMaskedLM's alone (fill-mask loads it with nothing unused)."),
+        quantize=flags.DEFINE_string("quantize", None, "params, savedmodel: int8 (or int8-weights, int8-dynamic) "
+                                     "stores every dense layer's kernel as int8 with per-channel scales."),
     )
 
 
@@ -141,6 +147,9 @@ def write_params(bert, directory: str, meta: dict) -> None:
     np.savez(os.path.join(directory, "params.npz"), **flat)
     config = {"model": meta["model"], "tokenizer": dict(meta.get("tokenizer") or {}), "task": meta.get("task"),
               "step": meta.get("step")}
+    if bert.quantize:  # kernels as kernel/qvalue (int8) and kernel/scale (float32), one per layer (unrolled)
+        config["model"] = {**meta["model"], "scan_layers": False}
+        config["quantize"] = bert.quantize
     if bert.vocab_path:
         name = os.path.basename(bert.vocab_path)
         shutil.copyfile(bert.vocab_path, os.path.join(directory, name))
@@ -161,7 +170,7 @@ def write_savedmodel(bert, directory: str, max_seq_length: int | None) -> None:
 
 
 def export(source: str, to: str, export_format: str, *, step: int | None = None, overwrite: bool = False,
-           max_seq_length: int | None = None, hf_class: str = "pretraining") -> str:
+           max_seq_length: int | None = None, hf_class: str = "pretraining", quantize: str | None = None) -> str:
     """Writes the export; returns its directory. A temporary directory beside `to` is renamed into place
     at the end, so nothing is half-written if anything fails."""
     import bertjax
@@ -172,11 +181,15 @@ def export(source: str, to: str, export_format: str, *, step: int | None = None,
         raise ValueError(f"--format={export_format}: choose one of {', '.join(FORMATS)}")
     if not source or not to:
         raise ValueError("--from and --to are required")
+    if quantize and export_format == "hf":
+        raise ValueError("--format=hf --quantize: transformers reads no int8 BERT format without extra packages "
+                         "(its int8 loaders need bitsandbytes, quanto, torchao or compressed-tensors); export "
+                         "int8 as --format=params or --format=savedmodel, or hf without --quantize")
     to = os.path.abspath(to)
     if os.path.exists(to) and (not os.path.isdir(to) or os.listdir(to)) and not overwrite:
         raise ValueError(f"--to={to} exists and is not empty: choose a new directory, or pass --overwrite")
     chosen = checkpoint_to_export(source, step)
-    bert = bertjax.load(chosen)
+    bert = bertjax.load(chosen, quantize=quantize)
     _, meta = checkpoint.restore_params(chosen)
     if step is not None and meta.get("step") != step:
         raise ValueError(f"--step={step}: that checkpoint is unreadable (the newest readable one is step "
@@ -193,6 +206,9 @@ def export(source: str, to: str, export_format: str, *, step: int | None = None,
             write_savedmodel(bert, temporary, max_seq_length)
         card = model_card.model_card(workdir=checkpoint.workdir_of(chosen), meta=meta, params=bert.params,
                                      export_format=export_format, path_hint=to)
+        if bert.quantize:
+            card += (f"\nQuantised: every dense layer's kernel is int8 with a float32 scale per output channel "
+                     f"({bert.quantize}, bertjax/compression/quantize.py); bertjax.load reads it as such.\n")
         with open(os.path.join(temporary, "README.md"), "w") as f:
             f.write(card)
         if os.path.exists(to):
@@ -215,7 +231,7 @@ def main(argv, args):
     console.quiet_library_logs()
     try:
         out = export(args.source, args.to, args.format, step=args.step, overwrite=args.overwrite,
-                     max_seq_length=args.max_seq_length, hf_class=args.hf_class)
+                     max_seq_length=args.max_seq_length, hf_class=args.hf_class, quantize=args.quantize)
     except (ValueError, FileNotFoundError, OSError) as e:
         console.fail(str(e))
     except KeyboardInterrupt:

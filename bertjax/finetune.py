@@ -38,6 +38,7 @@ from absl import app, flags
 from ml_collections import config_dict, config_flags
 
 from bertjax import console
+from bertjax.compression import pruning
 from bertjax.interop import pretrained as pretrained_models
 from bertjax.models import bert, heads
 from bertjax.text import files
@@ -113,9 +114,10 @@ def load_pretrained(path: str, kind: str, num_labels: int, model_overrides: dict
 # ----------------------------------------------------------------------------------------------------
 
 
-def task_loss(params, batch: dict, dropout_rng, *, net, loss):
+def task_loss(params, batch: dict, dropout_rng, *, net, loss, teacher=None):
     """The head's loss on a batch of task examples: (loss, metric sums), as step.train_step takes it.
-    A packed batch (bertjax/tasks/batches.py) carries sequence_ids, position_ids and cls_positions too."""
+    A packed batch (bertjax/tasks/batches.py) carries sequence_ids, position_ids and cls_positions too.
+    teacher (task distillation): inputs -> a teacher's logits, which loss then takes as a fourth argument."""
     weights = batch["example_weight"]  # [B] ([B, Q] packed)
     packed = {k: batch[k] for k in PACKED_INPUT_KEYS if k in batch}
     if "label_weight" in batch:  # tagging: the tokens that carry a tag, [B, S]
@@ -123,6 +125,8 @@ def task_loss(params, batch: dict, dropout_rng, *, net, loss):
         weights = batch["label_weight"] if packed else batch["label_weight"] * weights[:, None]
     logits = net.apply({"params": params}, *(batch[k] for k in INPUT_KEYS), deterministic=False,
                        rngs={"dropout": dropout_rng}, **packed)
+    if teacher is not None:
+        return loss(logits, batch["label"], weights, teacher(*(batch[k] for k in INPUT_KEYS), **packed))
     return loss(logits, batch["label"], weights)
 
 
@@ -135,6 +139,8 @@ def summarize_train(window: dict) -> dict:
     out = {"loss": float(window["loss_sum"]) / steps, "grad_norm": float(window["grad_norm_sum"]) / steps}
     if "correct" in window:
         out["accuracy"] = float(window["correct"]) / max(float(window["count"]), 1.0)
+    if "soft_loss_sum" in window:  # task distillation's loss toward the teacher
+        out["soft_loss"] = float(window["soft_loss_sum"]) / max(float(window["count"]), 1.0)
     return out
 
 
@@ -315,7 +321,10 @@ def _finetune(config, workdir: str) -> dict:
 
     # ---------------------------------------------------------------- jitted steps
     loss = functools.partial(task_loss, net=setup.net, loss=heads.head(task.kind).loss)
-    p_train_step = setup.compile_train_step(loss, data_sharding, config.train.grad_accum_steps)
+    if config.get("distill") and config.distill.teacher:  # task distillation: the teacher inside the step
+        p_train_step = distillation_step(config, task, num_labels, pretrained, setup, data_sharding)
+    else:
+        p_train_step = setup.compile_train_step(loss, data_sharding, config.train.grad_accum_steps)
     p_logits = setup.compile_eval_step(functools.partial(task_logits, net=setup.net), data_sharding)
     scorer = Scorer(task, data.settings, p_logits, data_sharding, config.logging.eval_batch_size)
 
@@ -640,9 +649,54 @@ def task_setup(config, task, pretrained: Pretrained, num_labels: int, feature_ba
     tx, schedule = optim.optimizer_from_config(optimizer_config, schedule_config, num_steps)
     if feature_based:  # the encoder stays as pretrained: only the tagger on its features learns
         tx = optax.chain(tx, optax.masked(optax.set_to_zero(), heads.encoder_mask))
+    if config.get("prune") and config.prune.sparsity:  # a magnitude-pruned model (bertjax.prune): zeros stay zero
+        tx = optax.chain(tx, pruning.keep_pruned_zeros())
     task_inputs = heads.dummy_inputs(task.kind, 1, config.data.max_seq_length, task.num_choices or 1)
     return Setup.create(net, task_inputs, tx, schedule, mesh, rules, init_key,
                         prepare_params=functools.partial(with_pretrained, pretrained=pretrained))
+
+
+def distillation_step(config, task, num_labels: int, pretrained: Pretrained, setup: Setup, data_sharding):
+    """The train step of task distillation: distill.teacher (fine-tuned on this task, of the same
+    tokenizer) gives its logits on each batch inside the jitted step (an argument, never trained or saved)."""
+    from bertjax.compression import distillation
+
+    settings = config.distill
+    distillation.check_task_distillation(task.kind, settings.temperature, settings.alpha)
+    teacher = pretrained_models.load(settings.teacher, what="distill.teacher", model_overrides=config.model.to_dict(),
+                                     head=task.kind, num_labels=num_labels)
+    teacher_task = teacher.task or {}
+    if (teacher.meta and (teacher_task.get("kind"), list(teacher_task.get("labels") or [])) != (
+            task.kind, list(task.labels))) or any(m.startswith("classifier") for m in teacher.missing):
+        raise ValueError(f"distill.teacher={settings.teacher} is not a model fine-tuned on {task.name} ({task.kind}, "
+                         f"labels {list(task.labels)}): give the workdir of that fine-tuning")
+    if teacher_task.get("feature_based") or teacher.tokenizer is None:
+        raise ValueError(f"distill.teacher={settings.teacher}: a fine-tuned encoder with its tokenizer is needed "
+                         "(not a feature-based tagger)")
+    distillation.check_same_vocabulary(pretrained.files.vocab_path, teacher.tokenizer.vocab_path, "distill.teacher")
+    say(f"distilling from {settings.teacher} ({teacher.config.num_layers} layers, hidden {teacher.config.hidden_size}): "
+        f"alpha {settings.alpha:g}, temperature {settings.temperature:g}")
+    teacher_net = heads.network(task.kind, teacher.config, num_labels)
+    example = heads.dummy_inputs(task.kind, 1, config.data.max_seq_length, task.num_choices or 1)
+    teacher_params = distillation.place_params(teacher_net, example, teacher.params, setup.mesh, setup.rules)
+    return task_distillation_step(setup, teacher_net, teacher_params, task.kind, float(settings.temperature),
+                                  float(settings.alpha), data_sharding, config.train.grad_accum_steps)
+
+
+def task_distillation_step(setup: Setup, teacher_net, teacher_params, kind: str, temperature: float, alpha: float,
+                           data_sharding, grad_accum_steps: int):
+    """task_loss with the teacher's logits mixed into the loss (distillation.task_distillation_loss), jitted
+    with the teacher's params as an argument of the step."""
+    from bertjax.compression import distillation
+
+    soft = functools.partial(distillation.task_distillation_loss, gold_loss=heads.head(kind).loss, kind=kind,
+                             temperature=temperature, alpha=alpha)
+
+    def loss_fn(params, batch, dropout_rng, teacher_params):
+        teacher_logits = functools.partial(distillation.teacher_task_logits, teacher_params, net=teacher_net)
+        return task_loss(params, batch, dropout_rng, net=setup.net, loss=soft, teacher=teacher_logits)
+
+    return distillation.compile_step_with_teacher(setup, loss_fn, teacher_params, data_sharding, grad_accum_steps)
 
 
 def with_pretrained(params: dict, *, pretrained: Pretrained) -> dict:

@@ -5,7 +5,8 @@
     out["sequence_output"]  # [B, S, H] numpy, one row per text, right-padded
 
 `load` reads the model through the one init-from (bertjax/interop/pretrained.py), as training,
-fine-tuning and export do.
+fine-tuning and export do, or a params export (python -m bertjax.export --format=params).
+`load(path, quantize="int8")` runs every dense layer with int8 weights (bertjax/compression/quantize.py).
 
 Shape legend (as in bertjax/models/bert.py): B batch, S sequence length, H hidden size, L layers.
 """
@@ -49,18 +50,22 @@ class LoadedBert:
     # params are then the task head's ({"bert", "classifier"}).
     task: dict | None = None
     vocab_path: str | None = None  # the tokenizer's vocabulary file (vocab.txt or the SentencePiece .model)
+    # None (float params), or the int8 mode (bertjax/compression/quantize.py): params then hold each dense
+    # kernel as {"qvalue" int8, "scale" float32}, and every network runs through `network`.
+    quantize: str | None = None
     _forward: Callable = dataclasses.field(init=False, repr=False)
 
     def __repr__(self) -> str:
         c = self.config
         return (f"LoadedBert({self.source or 'in memory'}: {c.num_layers} layers, hidden {c.hidden_size}, "
-                f"{c.num_heads} heads, vocabulary {c.vocab_size}, {bert_model.count_params(self.params):,} "
-                f"parameters, {c.dtype}" + (f", fine-tuned for {self.task['name']}" if self.task else "") + ")")
+                f"{c.num_heads} heads, vocabulary {c.vocab_size}, {self.num_params():,} parameters, {c.dtype}"
+                + (f", {self.quantize}" if self.quantize else "")
+                + (f", fine-tuned for {self.task['name']}" if self.task else "") + ")")
 
     def __post_init__(self):
         # On the default device once, rather than copied from the host at every call.
         self.params = jax.device_put(self.params)
-        module = bert_model.BertModel(self.config)
+        module = self.network(bert_model.BertModel(self.config))
 
         def forward(bert_params, input_ids, segment_ids, input_mask):
             return module.apply(
@@ -70,7 +75,7 @@ class LoadedBert:
 
         # Compiled once per padded length S; a notebook typically sees few distinct lengths.
         self._forward = jax.jit(forward)
-        pretraining = bert_model.BertForPreTraining(self.config)
+        pretraining = self.network(bert_model.BertForPreTraining(self.config))
         self._mlm = jax.jit(lambda params, ids, segments, mask, positions: pretraining.apply(
             {"params": params}, ids, segments, mask, positions, deterministic=True)["mlm_logits"])
         if self.task is not None:
@@ -79,9 +84,23 @@ class LoadedBert:
 
             kind = self.task["kind"]
             num_labels = kinds.get(kind).num_labels(self.task["labels"])
-            net = heads.network(kind, self.config, num_labels, feature_based=self.task.get("feature_based"))
+            net = self.network(heads.network(kind, self.config, num_labels,
+                                             feature_based=self.task.get("feature_based")))
             self._task_logits = jax.jit(lambda params, ids, segments, mask: net.apply(
                 {"params": params}, ids, segments, mask, deterministic=True))
+
+    def network(self, module):
+        """A flax module of this model's family, as it runs with these params: itself for float params,
+        with int8 kernels for a quantised model (its `apply` takes these params as they are)."""
+        from bertjax.compression import quantize
+
+        return quantize.network(module, self.quantize)
+
+    def num_params(self) -> int:
+        """The network's parameter count (a quantised kernel counts its int8 values, not its scales)."""
+        from bertjax.compression import quantize
+
+        return quantize.parameter_count(self.params)
 
     def tokenize(self, texts: list[str], max_length: int | None = None) -> dict[str, np.ndarray]:
         """[CLS] text [SEP] per text, truncated to max_length (default max_position_embeddings) and
@@ -238,23 +257,65 @@ class LoadedBert:
 MASK = "[MASK]"
 
 
-def load(path: str | os.PathLike, dtype: str = "float32") -> LoadedBert:
+def load(path: str | os.PathLike, dtype: str = "float32", quantize: str | None = None) -> LoadedBert:
     """Loads a BERT for inference: a bertjax training or fine-tuning workdir (a fine-tuning workdir's
-    best dev checkpoint), its checkpoints/ or one step's directory, or a Hugging Face BERT directory.
-    `dtype` is the compute dtype ("bfloat16" on accelerators); the params stay in float32."""
+    best dev checkpoint), its checkpoints/ or one step's directory, a params export, or a Hugging Face
+    BERT directory. `dtype` is the compute dtype ("bfloat16" on accelerators); the params stay in float32.
+    quantize: "int8" (or "int8-weights", "int8-dynamic": bertjax/compression/quantize.py) quantises every
+    dense layer's kernel to int8 on load; an int8 params export is int8 already (quantize then picks
+    the mode its weights run in; by default the one it was exported with)."""
+    from bertjax.compression import quantize as quantization
+
+    mode = quantization.resolve(quantize)
     path = str(path) if files.is_remote(str(path)) else str(Path(path).expanduser())
     if not epath.Path(path).exists():
         raise ValueError(f"bertjax.load: {path} does not exist")
-    if pretrained.kind_of(path) is None:
+    overrides = dict(dtype=dtype, attention_impl="auto", word_embedding="auto", remat_policy="none")
+    if is_params_export(path):
+        model, stored_mode = _from_params_export(path, overrides)
+        mode = mode or stored_mode
+    elif pretrained.kind_of(path) is None:
         raise ValueError(f"bertjax.load: {path} is not a model directory it can read: expected a bertjax training "
                          f"or fine-tuning workdir, its checkpoints/ (or best/) directory or one step's directory; "
-                         f"or a Hugging Face BERT directory (config.json, model.safetensors / "
-                         f"model.safetensors.index.json / pytorch_model.bin, vocab.txt)")
-    # How it was computed in training (cuDNN attention on a GPU, say) is chosen anew for this machine.
-    model = pretrained.load(path, what="bertjax.load", model_overrides=dict(
-        dtype=dtype, attention_impl="auto", word_embedding="auto", remat_policy="none"))
+                         f"a params export (params.npz, config.json); or a Hugging Face BERT directory "
+                         f"(config.json, model.safetensors / model.safetensors.index.json / pytorch_model.bin, "
+                         f"vocab.txt)")
+    else:
+        # How it was computed in training (cuDNN attention on a GPU, say) is chosen anew for this machine.
+        model = pretrained.load(path, what="bertjax.load", model_overrides=overrides)
     if model.tokenizer is None:
         raise ValueError(f"{path} was trained on synthetic data and has no tokenizer: load it with "
                          f"bertjax.training.checkpoint.restore_params instead")
-    return LoadedBert(model.config, model.params, _make_tokenizer(model.tokenizer), source=model.source,
-                      missing=model.missing, task=model.task, vocab_path=model.tokenizer.vocab_path)
+    config, params = model.config, model.params
+    if mode is not None and not quantization.is_stored(params):
+        config, params = quantization.quantize_model(config, params, model.task, mode)
+    return LoadedBert(config, params, _make_tokenizer(model.tokenizer), source=model.source,
+                      missing=model.missing, task=model.task, vocab_path=model.tokenizer.vocab_path, quantize=mode)
+
+
+PARAMS_FILE = "params.npz"  # a params export's weights (python -m bertjax.export --format=params)
+
+
+def is_params_export(path: str) -> bool:
+    return (epath.Path(path) / PARAMS_FILE).exists() and (epath.Path(path) / "config.json").exists()
+
+
+def _from_params_export(path: str, overrides: dict) -> tuple[pretrained.Pretrained, str | None]:
+    """A params export's model (its config.json: model, tokenizer, task, step, quantize) and its int8 mode."""
+    import json
+
+    from flax import traverse_util
+
+    meta = json.loads((epath.Path(path) / "config.json").read_text())
+    if "model" not in meta:
+        raise ValueError(f"bertjax.load: {path}/config.json has no model section: not a bertjax params export")
+    config = bert_model.BertConfig.from_dict({**meta["model"], **bert_model.resolve_platform(overrides)})
+    with (epath.Path(path) / PARAMS_FILE).open("rb") as f:
+        flat = dict(np.load(f))
+    params = traverse_util.unflatten_dict(flat, sep="/")
+    info = meta.get("tokenizer") or {}
+    tokenizer = None
+    if info.get("path"):
+        tokenizer = pretrained.TokenizerFiles(info["kind"], files.local_copy(str(epath.Path(path) / info["path"])),
+                                              bool(info["lower_case"]))
+    return pretrained.Pretrained(config, params, tokenizer, path, meta, []), meta.get("quantize")

@@ -106,17 +106,10 @@ def run(config, workdir: str, coordinator_address: str | None = None, num_proces
 
 
 def train(config, workdir: str) -> int:
-    process_index, process_count = jax.process_index(), jax.process_count()
-    is_primary = process_index == 0
+    process_count = jax.process_count()
 
     # ---------------------------------------------------------------- mesh
-    mesh = sharding.make_mesh(config.mesh)
-    rules = sharding.logical_rules(config.logical_axis_rules)
-    grad_accum = config.train.grad_accum_steps
-    sharding.check_batch_size(config.train.batch_size, grad_accum, mesh, rules)
-    data_sharding = sharding.batch_sharding(mesh, rules)
-    say(f"{jax.process_count()} process(es), {jax.device_count()} {jax.devices()[0].device_kind} device(s), "
-        f"mesh {dict(mesh.shape)}")
+    mesh, rules, data_sharding = make_mesh(config)
 
     # ---------------------------------------------------------------- model and optimizer: shapes first
     init_key, dropout_key = root_keys(config.train.seed, config.train.dropout_rng)
@@ -129,27 +122,64 @@ def train(config, workdir: str) -> int:
     checkpointer = make_checkpointer(config, workdir, abstract_state)
     with jax.set_mesh(mesh), nn.logical_axis_rules(rules):
         state = restore(config, setup, checkpointer, init_key, process_count)
-    start_step = int(state.step)
 
     # ---------------------------------------------------------------- data
     config = with_init_from_vocabulary(config)
+    stream = open_stream(config, workdir, bert_config, int(state.step), data_sharding)
+
+    # ---------------------------------------------------------------- jitted steps
+    p_train_step, p_eval_step = setup.compile_steps(data_sharding, config.train.grad_accum_steps)
+
+    # ---------------------------------------------------------------- loop
+    return run_steps(config, workdir, setup, checkpointer, state, p_train_step, p_eval_step, stream, dropout_key)
+
+
+def make_mesh(config):
+    """(mesh, logical rules, the batches' sharding) of config.mesh, the batch size checked against it."""
+    mesh = sharding.make_mesh(config.mesh)
+    rules = sharding.logical_rules(config.logical_axis_rules)
+    sharding.check_batch_size(config.train.batch_size, config.train.grad_accum_steps, mesh, rules)
+    say(f"{jax.process_count()} process(es), {jax.device_count()} {jax.devices()[0].device_kind} device(s), "
+        f"mesh {dict(mesh.shape)}")
+    return mesh, rules, sharding.batch_sharding(mesh, rules)
+
+
+@dataclasses.dataclass
+class Stream:
+    """A run's data from its start step on: host batches, the fixed eval batches on the devices, and what
+    checkpoints record of the tokenizer."""
+
+    train_batches: object  # iterator of host numpy batches
+    eval_global: list
+    tokenizer_meta: dict | None
+    data_sharding: object
+
+
+def open_stream(config, workdir: str, bert_config: bert.BertConfig, start_step: int, data_sharding) -> Stream:
+    process_index, process_count = jax.process_index(), jax.process_count()
     train_batches, eval_batches, tokenizer, vocab_path = host_batches(config, workdir, start_step, process_index,
                                                                       process_count)
-    tokenizer_meta = tokenizer_metadata(tokenizer, vocab_path, bert_config, workdir, is_primary)
+    tokenizer_meta = tokenizer_metadata(tokenizer, vocab_path, bert_config, workdir, process_index == 0)
     eval_global = [sharding.global_batch(b, data_sharding) for b in eval_batches]
     baseline = pretraining.constant_guess_accuracy(eval_batches)
     if baseline is not None:
         say(f"held-out masked LM: the most frequent masked token, guessed everywhere, scores mlm_acc {baseline:.3f}")
+    return Stream(train_batches, eval_global, tokenizer_meta, data_sharding)
 
-    # ---------------------------------------------------------------- jitted steps
-    p_train_step, p_eval_step = setup.compile_steps(data_sharding, grad_accum)
 
-    # ---------------------------------------------------------------- loop
-    writer = writers.MetricWriter(workdir, enabled=is_primary)
+def run_steps(config, workdir: str, setup, checkpointer: checkpoint.Checkpointer, state: TrainState,
+              p_train_step, p_eval_step, stream: Stream, dropout_key, summarize_window: Callable = summarize,
+              extra_meta: dict | None = None) -> int:
+    """The loop over the stream with its hooks (metrics, evaluation, checkpoints, preemption), until
+    train.num_steps or a stop; returns the exit code. summarize_window and extra_meta: another program's
+    logged metrics and what its checkpoints record besides pretraining's (distillation's)."""
+    start_step, process_count = int(state.step), jax.process_count()
+    writer = writers.MetricWriter(workdir, enabled=jax.process_index() == 0)
     writer.write_config(config.to_dict())
     if start_step > 0:
         writer.resumed(start_step)  # the steps an interrupted run logged after its checkpoint go
-    parts = RunHooks(config, setup, writer, checkpointer, p_eval_step, eval_global, tokenizer_meta, process_count)
+    parts = RunHooks(config, setup, writer, checkpointer, p_eval_step, stream.eval_global, stream.tokenizer_meta,
+                     process_count, summarize_window=summarize_window, extra_meta=dict(extra_meta or {}))
     preemption = Preemption()
     hooks = loop.Hooks(log=parts.log, evaluate=parts.evaluate, save=parts.save, preemption=preemption,
                        after_step=after_step_hooks(config, workdir, checkpointer))
@@ -157,9 +187,9 @@ def train(config, workdir: str) -> int:
                            eval_every=config.logging.eval_every, save_every=config.checkpoint.every_steps)
     # Batches are made and put on the devices by a thread, ahead of the step that takes them.
     keys = pretraining.batch_keys(config.data.get("packing", False))
-    device_batches = sharding.prefetch_to_devices(({k: b[k] for k in keys} for b in train_batches),
-                                                  data_sharding, size=config.train.prefetch_batches)
-    with jax.set_mesh(mesh), nn.logical_axis_rules(rules), device_batches:
+    device_batches = sharding.prefetch_to_devices(({k: b[k] for k in keys} for b in stream.train_batches),
+                                                  stream.data_sharding, size=config.train.prefetch_batches)
+    with jax.set_mesh(setup.mesh), nn.logical_axis_rules(setup.rules), device_batches:
         state, stopped_at = loop.run_loop(state, p_train_step, device_batches, dropout_key, steps, hooks)
     if stopped_at is not None:
         checkpointer.wait()
@@ -240,6 +270,8 @@ class RunHooks:
     eval_global: list
     tokenizer_meta: dict | None
     process_count: int
+    summarize_window: Callable = summarize  # metric sums -> the logged line
+    extra_meta: dict = dataclasses.field(default_factory=dict)  # recorded in every checkpoint besides the rest
     flops_per_token: float | None = None  # known from the first logged window's share of MLM tokens
     peak: float | None = dataclasses.field(
         default_factory=lambda: flops.peak_flops_per_device(jax.devices()[0].device_kind))
@@ -248,7 +280,7 @@ class RunHooks:
 
     def log(self, step, window, speed):
         config, bert_config = self.config, self.setup.bert_config
-        out = summarize(window)
+        out = self.summarize_window(window)
         real_tokens = float(window["real_tokens"])
         out.update(learning_rate=float(self.setup.schedule(step - 1)), **speed,
                    padding_efficiency=real_tokens / (window["steps"] * config.train.batch_size
@@ -270,7 +302,8 @@ class RunHooks:
 
     def save(self, state, step, force):
         meta = {"step": step, "model": self.setup.bert_config.__dict__, "optimizer": self.config.optimizer.to_dict(),
-                "data": stream_position(self.config, self.process_count), "tokenizer": self.tokenizer_meta}
+                "data": stream_position(self.config, self.process_count), "tokenizer": self.tokenizer_meta,
+                **self.extra_meta}
         self.checkpointer.save(step, state.params, state.opt_state, meta, force=force)
 
 
@@ -334,13 +367,19 @@ def with_init_from_vocabulary(config):
     """Continued pretraining reads text with the starting model's own tokenizer: train.init_from's
     vocabulary stands in for data.vocab_path when that is unset (a vocabulary learned anew would give
     the pretrained embeddings other tokens' ids)."""
+    return with_model_vocabulary(config, config.train.init_from, "train.init_from")
+
+
+def with_model_vocabulary(config, path: str | None, what: str):
+    """config with the vocabulary of the model at `path` (setting `what`) as data.vocab_path, where that is
+    unset and the data is text; as it is otherwise."""
     data = config.data
-    if not config.train.init_from or data.vocab_path or data.source in ("synthetic", "prepared"):
+    if not path or data.vocab_path or data.source in ("synthetic", "prepared"):
         return config
-    tokenizer = pretrained.tokenizer_files(config.train.init_from, what="train.init_from")
+    tokenizer = pretrained.tokenizer_files(path, what=what)
     if tokenizer is None:
         return config
-    say(f"tokenizer: the vocabulary of {config.train.init_from} ({tokenizer.kind})")
+    say(f"tokenizer: the vocabulary of {path} ({tokenizer.kind})")
     config = ml_collections.ConfigDict(config.to_dict())
     config.data.update(vocab_path=tokenizer.vocab_path, tokenizer=tokenizer.kind, lower_case=tokenizer.lower_case)
     return config

@@ -61,8 +61,10 @@ def base_config() -> ml_collections.ConfigDict:
     # --- Input pipeline (bertjax/data): documents -> examples by objective -> dynamic masking.
     config.data = ml_collections.ConfigDict(
         dict(
-            source="demo",  # demo | text | tfds | prepared | synthetic (random batches, no TensorFlow)
-            input_pattern=config_dict.placeholder(str),  # comma-separated globs of text files, source=text
+            # demo | text | tfds | parquet | hf_datasets | prepared | synthetic (random batches, no TensorFlow)
+            source="demo",
+            # comma-separated globs of files, local or gs://: text files (source=text), Parquet (source=parquet)
+            input_pattern=config_dict.placeholder(str),
             text_format="sentences",  # sentences (one per line, blank line between documents) | documents
             #                           (one per line) | jsonl | document_per_file
             text_field="text",  # the JSON field of text_format=jsonl
@@ -71,6 +73,18 @@ def base_config() -> ml_collections.ConfigDict:
             tfds_split="train",
             tfds_text_feature="text",
             tfds_data_dir=config_dict.placeholder(str),
+            # Tables (source=parquet | hf_datasets): one row per document. text_column is split into sentences;
+            # sentences_column, when set, is a list<string> column taken as the sentences (no splitter).
+            text_column="text",
+            sentences_column=config_dict.placeholder(str),
+            hf_dataset_path=config_dict.placeholder(str),  # a datasets save_to_disk directory, source=hf_datasets
+            hf_dataset_name=config_dict.placeholder(str),  # or a dataset name the datasets cache holds
+            hf_dataset_split="train",  # the split of a DatasetDict directory, or of hf_dataset_name
+            # Several sources by weight, e.g. (dict(source="parquet", input_pattern="web/*.parquet", weight=0.8),
+            # dict(source="text", input_pattern="books/*.txt", weight=0.2)): each entry sets its source's keys
+            # over this section's; the recipe below is shared. (): no mixture, data.source alone.
+            mixture=(),
+            mixture_block_size=100,  # every block of this many elements holds each source's weighted count
             prepared_dir=config_dict.placeholder(str),  # written by python -m bertjax.data.prepare
             eval_fraction=0.01,  # share of documents held out (chosen by a stable hash of their text)
             tokenizer="wordpiece",  # wordpiece | sentencepiece
@@ -91,8 +105,9 @@ def base_config() -> ml_collections.ConfigDict:
             short_seq_prob=0.1,  # nsp and sop: share of pairs with a shorter random target length
             whole_word_masking=False,
             # Packing (docs/data.md): several examples share a row of max_seq_length (nsp, sop; "none" rows
-            # are full already). Rows then hold about 99% real tokens instead of 76% (demo corpus, seq 128).
-            packing=False,
+            # are full already and stay one sequence each). Rows then hold about 99% real tokens instead of
+            # 76% (demo corpus, seq 128); train.batch_size counts rows. False: one padded example per row.
+            packing=True,
             # K, sequences a packed row may hold: the [B, K] sentence slots. 8 leaves seq 128 unconstrained
             # (rows use at most 5); seq 512 wants 16 (the seq-512 recipe sets it).
             max_sequences_per_row=8,

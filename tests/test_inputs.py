@@ -99,7 +99,10 @@ def prepare(corpus_dir, out, input_pattern, num_shards=2):
     result = run_module("bertjax.data.prepare", *config_flags(corpus_dir, input_pattern=input_pattern),
                         f"--output_dir={out}", f"--num_shards={num_shards}", "--num_workers=2")
     assert result.returncode == 0, result.stderr[-2000:]
-    assert "train:" in result.stdout and json.loads((out / "metadata.json").read_text())["num_shards"] == num_shards
+    meta = json.loads((out / "metadata.json").read_text())
+    assert "train:" in result.stdout and "MB/s per worker process" in result.stdout
+    assert meta["num_shards"] == num_shards and meta["format_version"] == 2 and meta["dtype"] == "uint16"
+    assert len(list(out.glob("*.npy"))) == 6 * num_shards  # tokens, sentence and document offsets, 2 splits
     return data_config(corpus_dir, source="prepared", prepared_dir=str(out), input_pattern=None, vocab_path=None)
 
 
@@ -138,7 +141,8 @@ def test_prepared_file_shards_are_disjoint_and_complete(corpus_dir, tmp_path):
 
 @pytest.mark.slow
 def test_preview_text_and_jsonl(corpus_dir):
-    text = run_module("bertjax.data.preview", *config_flags(corpus_dir), "--num_examples=3")
+    text = run_module("bertjax.data.preview", *config_flags(corpus_dir), "--num_examples=3",
+                      "--config.data.packing=false")  # one example a row (packed rows: tests/test_packing_data.py)
     assert text.returncode == 0, text.stderr[-2000:]
     assert text.stdout.count("--- example") == 3 and "[MASK→" in text.stdout and "A: [CLS]" in text.stdout
     jsonl = run_module("bertjax.data.preview", *config_flags(corpus_dir), "--num_examples=4", "--format=jsonl",
@@ -193,7 +197,8 @@ def test_one_sentence_documents_pair_with_random_next(corpus_dir, tmp_path):
     single.write_text("\n\n".join(f"The {w} was built early in the century." for w in WORDS) + "\n")
     data = inputs.build_inputs(data_config(corpus_dir, input_pattern=str(single), eval_fraction=0.2), workdir=None)
     batch = next(data.train.dataset(32).as_numpy_iterator())
-    assert (batch["next_sentence_labels"] == 1).all()  # a lone sentence has no real continuation
+    # A lone sentence has no real continuation (packed rows: every sequence's label, at its slot).
+    assert (batch["next_sentence_labels"][batch["sentence_weights"] > 0] == 1).all()
 
 
 def test_a_training_split_of_one_document_is_refused(corpus_dir, tmp_path):
@@ -243,7 +248,8 @@ def test_objectives_from_the_config(corpus_dir, objective):
     if objective == "none":
         assert (batch["segment_ids"] == 0).all() and (batch["input_mask"].sum(1) == 64).mean() > 0.9
     else:
-        assert (batch["segment_ids"].max(1) == 1).all() and 0.3 < batch["next_sentence_labels"].mean() < 0.7
+        labels = batch["next_sentence_labels"][batch["sentence_weights"] > 0]  # each packed sequence's
+        assert (batch["segment_ids"].max(1) == 1).all() and 0.3 < labels.mean() < 0.7
     with pytest.raises(ValueError, match="data.objective='bogus': choose nsp or sop or none"):
         inputs.build_inputs(data_config(corpus_dir, objective="bogus"), workdir=None)
 

@@ -129,7 +129,7 @@ LAYERS = (
     ("interop", ("interop",)),
     ("inference", ("inference", "")),
     # The programs: flags and main. By contract some live beside the library they drive.
-    ("programs", ("train", "finetune", "distill", "evaluate", "export", "plan", "benchmark", "summary",
+    ("programs", ("train", "finetune", "distill", "prune", "evaluate", "export", "plan", "benchmark", "summary",
                   "console", "vocab", "data.preview", "data.prepare", "data.benchmark")),
 )
 PROGRAMS = frozenset(LAYERS[-1][1])

@@ -7,7 +7,6 @@ the same examples' loss unpacked, for BERT and every family (scanned too).
 """
 
 import dataclasses
-import json
 
 import jax
 import jax.numpy as jnp
@@ -16,7 +15,6 @@ import pytest
 
 from bertjax.data import packing, synthetic
 from bertjax.models import bert as bert_model
-from test_train import corpus  # noqa: F401  (the fixture: a small text corpus and its vocabulary)
 
 ATOL = 1e-5
 SEQ, PREDICTIONS, SEQUENCES, VOCAB = 32, 8, 4, 64
@@ -207,28 +205,6 @@ def test_the_packed_train_step_on_a_mesh_gives_the_losses_of_one_device():
     one = losses((1, 1, 1))
     assert np.all(one[:, 1] > config.train.batch_size)  # more sequences than rows: the rows are packed
     np.testing.assert_allclose(losses((2, 2, 1)), one, rtol=2e-5)
-
-
-@pytest.mark.slow
-def test_packed_training_on_text_resumes_exactly(corpus, tmp_path):
-    """python -m bertjax.train with data.packing=true on text: it logs its packing efficiency, and a
-    run resumed from step 4's checkpoint logs the uninterrupted run's later losses exactly."""
-    from test_train import command, losses, run
-
-    packed = ("--config.data.packing=true", "--config.train.num_steps=8")
-    first = run(command(corpus, tmp_path / "a", *packed))
-    assert first.returncode == 0, first.stderr[-3000:]
-    records = [json.loads(line) for line in (tmp_path / "a" / "metrics.jsonl").read_text().splitlines()]
-    efficiency = [r["padding_efficiency"] for r in records if "padding_efficiency" in r]
-    assert efficiency and np.mean(efficiency) > 0.9, efficiency  # rows of several sequences, little padding
-    import shutil
-
-    shutil.copytree(tmp_path / "a", tmp_path / "b")
-    shutil.rmtree(tmp_path / "b" / "checkpoints" / "8")
-    second = run(command(corpus, tmp_path / "b", *packed))
-    assert second.returncode == 0, second.stderr[-3000:]
-    assert "resum" in (second.stderr + second.stdout).lower()
-    assert losses(tmp_path / "b") == losses(tmp_path / "a")
 
 
 def test_padded_synthetic_rows_are_the_unpacked_rows_packing_is_timed_against():

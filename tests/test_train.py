@@ -215,6 +215,8 @@ def test_a_run_logs_evaluates_and_checkpoints(uninterrupted):
     for key in ("loss", "mlm_loss", "mlm_accuracy", "nsp_accuracy", "learning_rate", "grad_norm"):
         assert all(np.isfinite(r[key]) for r in train_records), key
     assert all("tokens_per_second" in r for r in train_records[1:])
+    # Packed by default (data.packing): rows of several sequences, little padding, logged beside the speed.
+    assert np.mean([r["padding_efficiency"] for r in train_records]) > 0.9
     assert [r["step"] for r in records if r.get("split") == "eval"] == [6, 12]
     assert sorted(int(p.name) for p in (uninterrupted / "checkpoints").iterdir() if p.name.isdigit()) == [4, 8, 12]
     assert list((uninterrupted / "tensorboard").glob("events.out.tfevents.*"))
@@ -342,7 +344,8 @@ def test_continued_pretraining_from_hugging_face(tmp_path):
                   "--config.model.max_position_embeddings=64", "--config.model.hidden_dropout_rate=0.0",
                   "--config.model.attention_dropout_rate=0.0", "--config.train.batch_size=8",
                   "--config.train.num_steps=2", "--config.logging.log_every=1", "--config.logging.eval_every=100",
-                  "--config.schedule.warmup_steps=1", f"--config.train.init_from={hf_dir}"])
+                  "--config.schedule.warmup_steps=1", f"--config.train.init_from={hf_dir}",
+                  "--config.data.packing=false"])  # the first batch's loss is compared with HF's, unpacked
     assert result.returncode == 0, result.stderr[-3000:]
     assert f"parameters from {hf_dir}" in result.stdout
     first = json.loads((tmp_path / "run" / "metrics.jsonl").read_text().splitlines()[0])

@@ -5,15 +5,27 @@ much of each row is real tokens, unpacked and packed.
     python -m bertjax.data.benchmark --input_pattern='/data/wiki/*.txt' --vocab_path=vocab.txt
 
 For seq 128 and 512 it measures, on one tf.data thread (one core) and on all of them:
-  prepared: from prepared shards (load, plan, pair, mask, batch) -- the training path for large corpora;
+  prepared: from a prepared shard, mapped (plan, pair, mask, batch) -- the training path for large corpora;
   raw text: from documents of sentence strings, tokenization included -- the in-memory path;
   packed:   prepared shards with data.packing (several pairs per row; rows/s and examples/s differ).
 "per cpu-s" is examples per second of the process's CPU time. Then the packing efficiency (share of
 positions that are real tokens) of each stream's first batches. Figures are printed as tables;
 docs/data.md records them.
+
+    python -m bertjax.data.benchmark --memory              # the memory-mapped prepared corpus
+
+--memory writes a prepared corpus of --memory_tokens (200M) tokens by repeating the demo corpus's
+tokenized documents, and one of 1M (also as four shards), and measures, each in a fresh process: the
+peak resident memory of building a stream on it and drawing --memory_batches batches, and its
+examples/s; and the same for the 1M corpus loaded into RAM (the in-memory path). It prints
+RSS(200M) - RSS(1M) and mapped against in-memory examples/s (--objective: nsp, sop or none).
 """
 
+import json
 import os
+import shutil
+import subprocess
+import sys
 import tempfile
 import time
 
@@ -35,7 +47,130 @@ def define_flags() -> dict:
         batch=flags.DEFINE_integer("batch_size", 256, "Examples (packed: rows) per batch."),
         efficiency_batches=flags.DEFINE_integer("efficiency_batches", 100, "Batches the real-token share is "
                                                 "taken over (at most one epoch)."),
+        memory=flags.DEFINE_bool("memory", False, "Measure the memory of mapped prepared corpora instead."),
+        memory_tokens=flags.DEFINE_integer("memory_tokens", 200_000_000, "Tokens of the large mapped corpus."),
+        memory_batches=flags.DEFINE_integer("memory_batches", 100, "Batches each memory run draws."),
+        objective=flags.DEFINE_enum("objective", "nsp", ["nsp", "sop", "none"], "The memory runs' objective."),
     )
+
+
+# ----------------------------------------------------------------------------------------------------
+# --memory: a large prepared corpus, mapped, against a small one in RAM
+# ----------------------------------------------------------------------------------------------------
+
+
+def write_repeated(directory: str, corpus, num_tokens: int, vocab_path: str, vocab_size: int,
+                   num_shards: int = 1) -> int:
+    """A prepared corpus of the corpus's documents repeated until it holds at least num_tokens tokens,
+    whole repeats dealt to num_shards shards, written array by array through np.lib.format.open_memmap
+    (never whole in RAM); the held-out split is the corpus once, in shard 0. Returns its training tokens."""
+    import numpy as np
+
+    from bertjax.data import prepared
+
+    os.makedirs(directory, exist_ok=True)
+    repeats = max(num_shards, -(-num_tokens // len(corpus.tokens)))
+    dtype = prepared.token_dtype(vocab_size)
+    arrays = {"tokens": (corpus.tokens.astype(dtype), len(corpus.tokens), dtype),
+              "sentence_starts": (corpus.sentence_starts[:-1], corpus.sentence_starts[-1], np.int64),
+              "doc_starts": (corpus.doc_starts[:-1], corpus.doc_starts[-1], np.int64)}
+    for k in range(num_shards):
+        count = len(range(k, repeats, num_shards))
+        for name, (block, shift, array_dtype) in arrays.items():
+            ends_with_total = name != "tokens"  # offsets: S + 1 (D + 1) entries, the last the total
+            out = np.lib.format.open_memmap(prepared.array_path(directory, "train", k, num_shards, name), mode="w+",
+                                            dtype=array_dtype, shape=(count * len(block) + ends_with_total,))
+            for r in range(count):
+                out[r * len(block):(r + 1) * len(block)] = block + (r * shift if ends_with_total else 0)
+            if ends_with_total:
+                out[-1] = count * shift
+            out.flush()
+            del out
+        prepared.write_shard(directory, "eval", k, num_shards, corpus if k == 0 else None, dtype)
+    if os.path.abspath(vocab_path) != os.path.abspath(os.path.join(directory, "vocab.txt")):
+        shutil.copy(vocab_path, os.path.join(directory, "vocab.txt"))
+    prepared.write_metadata(directory, dict(format_version=prepared.FORMAT_VERSION, tokenizer="wordpiece",
+                                            vocab="vocab.txt", lower_case=True, num_shards=num_shards,
+                                            eval_fraction=0.0, dtype=dtype.name))
+    return repeats * len(corpus.tokens)
+
+
+def memory_run(directory: str, in_memory: bool, objective: str, batch_size: int, num_batches: int) -> dict:
+    """In this (fresh) process: the stream of the prepared corpus's training split, mapped or loaded
+    into RAM; num_batches drawn. -> peak RSS (from the corpus on: with the plan built, and after the
+    batches), examples/s (wall and per CPU second), setup seconds."""
+    import resource
+
+    import numpy as np
+
+    from bertjax.data import prepared
+    from bertjax.data import pretraining as pt
+    from bertjax.text import tf_cpu, tokenizers
+
+    tf_cpu.import_tensorflow()
+    start = time.perf_counter()
+    meta = prepared.read_metadata(directory)
+    tokenizer = tokenizers.load_tokenizer(meta["tokenizer"], prepared.vocab_file(directory, meta))
+    # The peak from here on: importing TensorFlow and loading the tokenizer peak higher than the data
+    # work of a small corpus, and would hide it (Linux: "5" resets the high-water mark).
+    with open("/proc/self/clear_refs", "w") as f:
+        f.write("5")
+    corpus = prepared.load_corpus(directory, "train", 0, 1)
+    if in_memory:  # today's in-memory path: the arrays read whole into RAM
+        corpus = pt.TokenizedCorpus(np.array(corpus.tokens), np.array(corpus.sentence_starts),
+                                    np.array(corpus.doc_starts))
+    spec = pt.MaskingSpec.from_tokenizer(tokenizer, max_predictions_per_seq=20)
+    stream = pt.PretrainingStream(corpus, spec, seed=0, max_seq_length=128, objective=objective)
+    built_rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # the plan built, no batch yet
+    batches = stream.dataset(batch_size).as_numpy_iterator()
+    next(batches)
+    setup = time.perf_counter() - start
+    begin, begin_cpu = time.perf_counter(), time.process_time()
+    for _ in range(num_batches):
+        next(batches)
+    seconds, cpu = time.perf_counter() - begin, time.process_time() - begin_cpu
+    return dict(peak_rss_mb=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, built_rss_mb=built_rss,
+                setup_s=setup,
+                examples_per_s=num_batches * batch_size / seconds, examples_per_cpu_s=num_batches * batch_size / cpu,
+                tokens=len(corpus.tokens), sentences=corpus.num_sentences, in_memory=corpus.in_memory)
+
+
+def memory_benchmark(corpus, vocab_path: str, vocab_size: int, args) -> None:
+    """--memory: write the two corpora, measure each in a fresh process, print the comparison."""
+    tmp = tempfile.mkdtemp(prefix="bertjax-memory-benchmark-")
+    try:
+        start = time.perf_counter()
+        large = write_repeated(os.path.join(tmp, "large"), corpus, args.memory_tokens, vocab_path, vocab_size)
+        small = write_repeated(os.path.join(tmp, "small"), corpus, 1_000_000, vocab_path, vocab_size)
+        write_repeated(os.path.join(tmp, "sharded"), corpus, 1_000_000, vocab_path, vocab_size, num_shards=4)
+        print(f"wrote prepared corpora of {large:,} and {small:,} tokens (the second also as 4 shards) in "
+              f"{time.perf_counter() - start:.1f}s")
+        results = {}
+        for name, directory, in_memory in (("mapped, large", "large", False), ("mapped, 1M", "small", False),
+                                           ("4 maps, 1M", "sharded", False), ("in memory, 1M", "small", True)):
+            code = ("import json, sys; from bertjax.data import benchmark; "
+                    "print(json.dumps(benchmark.memory_run(*json.loads(sys.argv[1]))))")
+            argv = json.dumps([os.path.join(tmp, directory), in_memory, args.objective, args.batch,
+                               args.memory_batches])
+            done = subprocess.run([sys.executable, "-c", code, argv], capture_output=True, text=True)
+            if done.returncode:
+                console.fail(f"the {name} run failed: {done.stderr.strip().splitlines()[-1]}")
+            results[name] = r = json.loads(done.stdout.strip().splitlines()[-1])
+            print(f"{name:>14}: {r['tokens']:>11,} tokens, {r['sentences']:>10,} sentences: peak RSS "
+                  f"{r['built_rss_mb']:>6,.0f} MB with the plan, {r['peak_rss_mb']:>6,.0f} MB after the batches, "
+                  f"{r['examples_per_s']:>6,.0f} examples/s "
+                  f"({r['examples_per_cpu_s']:,.0f} per CPU-s), {r['setup_s']:.1f}s to the first batch")
+        print(f"objective {args.objective}, {args.memory_batches} batches of {args.batch}, seq 128")
+        for key, when in (("built_rss_mb", "with the plan built"), ("peak_rss_mb", "after the batches")):
+            grown = results["mapped, large"][key] - results["mapped, 1M"][key]
+            print(f"RSS(large) - RSS(1M), mapped, peak {when}: {grown:,.0f} MB (target < 1,024 MB)")
+        for key, unit in (("examples_per_s", "examples/s"), ("examples_per_cpu_s", "examples per CPU-s")):
+            loaded = results["in memory, 1M"][key]
+            for name in ("mapped, 1M", "4 maps, 1M"):
+                print(f"{unit}, 1M corpus: {name.split(',')[0]} {results[name][key]:,.0f} / in memory "
+                      f"{loaded:,.0f} = {results[name][key] / loaded:.2f}x (target >= 0.9x)")
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
 
 
 def measure(stream, num_rows: int, batch_size: int, threads: int | None) -> tuple[float, float, float]:
@@ -87,9 +222,10 @@ def main(argv, args):
     tokenize_s = time.perf_counter() - start
     print(f"tokenization: {num_sentences / tokenize_s:,.0f} sentences/s ({len(corpus.tokens):,} tokens in "
           f"{tokenize_s:.1f}s, all cores)")
-    prepared.write_shard(prepared.shard_path(tmp, "train", 0, 1), corpus)
-    prepared.write_metadata(tmp, tokenizer="wordpiece", vocab_name="vocab.txt", lower_case=True, num_shards=1,
-                            eval_fraction=0.0)
+    if args.memory:
+        memory_benchmark(corpus, vocab_path, tokenizer.vocab_size, args)
+        return
+    write_repeated(tmp, corpus, len(corpus.tokens), vocab_path, tokenizer.vocab_size)  # the corpus once, as prepare writes it
 
     print(f"{'seq':>4} {'source':>9} {'threads':>8} {'examples/s':>11} {'per core':>9} {'rows/s':>8} "
           f"{'per cpu-s':>10}  plan build")

@@ -1,11 +1,12 @@
 """From the config's data section to the streams an entry program consumes.
 
-    documents (demo | text | tfds | prepared shards)
+    documents (demo | text | tfds | parquet | hf_datasets | prepared shards)
       -> this host's share                     (document i belongs to host i % process_count)
       -> held-out split                         (a stable hash of each document: training never sees it)
       -> tokenizer                              (data.vocab_path, or learned once and cached in the workdir)
       -> TokenizedCorpus -> PretrainingStream   (train and eval; data.objective: nsp | sop | none;
                                                  data.packing: several examples per row)
+      data.mixture: each source its own corpus and stream, interleaved by weight (bertjax.data.mixture)
 
 Entry programs (train, data.preview, the benchmark) call build_inputs(config.data, ...); everything
 below it takes explicit arguments.
@@ -21,6 +22,7 @@ from typing import Iterable, Iterator, Sequence, TypeVar
 from absl import logging
 from etils import epath
 
+from bertjax.data import mixture as mixing
 from bertjax.data import prepared
 from bertjax.data import pretraining as pt
 from bertjax.data import sources
@@ -43,9 +45,10 @@ def host_documents(documents: Iterable[T], process_index: int, process_count: in
 @dataclasses.dataclass
 class PretrainingInputs:
     tokenizer: object
-    train: pt.PretrainingStream
-    eval: pt.PretrainingStream
+    train: pt.PretrainingStream | mixing.MixtureStream
+    eval: pt.PretrainingStream | mixing.MixtureStream
     vocab_path: str  # the tokenizer's file, recorded in checkpoints so bertjax.load finds it
+    bad_rows: sources.BadRows = dataclasses.field(default_factory=sources.BadRows)  # table rows skipped
 
     def train_batches(self, batch_size: int, start_step: int = 0) -> Iterator[dict]:
         """numpy batches of this host's examples, from step start_step on, without end."""
@@ -56,8 +59,9 @@ class PretrainingInputs:
         return list(self.eval.dataset(batch_size).take(num_batches).as_numpy_iterator())
 
 
-def read_source_documents(data) -> Iterator[list[str]]:
-    """The documents of the configured raw-text source (demo, text files, TFDS)."""
+def read_source_documents(data, bad_rows: sources.BadRows | None = None) -> Iterator[list[str]]:
+    """The documents of the configured raw-text source (demo, text files, TFDS, Parquet, HF datasets);
+    table rows that are not text are skipped into `bad_rows`."""
     return sources.read_documents(
         data.source,
         input_pattern=data.input_pattern,
@@ -67,8 +71,64 @@ def read_source_documents(data) -> Iterator[list[str]]:
         tfds_split=data.tfds_split,
         tfds_text_feature=data.tfds_text_feature,
         tfds_data_dir=data.tfds_data_dir,
+        # Configs written before these keys existed read no table.
+        text_column=data.get("text_column", "text"),
+        sentences_column=data.get("sentences_column"),
+        hf_dataset_path=data.get("hf_dataset_path"),
+        hf_dataset_name=data.get("hf_dataset_name"),
+        hf_dataset_split=data.get("hf_dataset_split", "train"),
         sentence_splitter=data.sentence_splitter,
+        bad_rows=bad_rows,
     )
+
+
+# What a data.mixture entry may set besides its weight: where and how its documents are read. The
+# recipe (tokenizer, lengths, masking, objective, packing, seed, held-out share) is the data section's,
+# shared by all sources: their elements are interleaved into the same batches.
+MIXTURE_SOURCES = ("demo", "text", "tfds", "parquet", "hf_datasets")
+MIXTURE_KEYS = ("source", "input_pattern", "text_format", "text_field", "sentence_splitter", "tfds_name",
+                "tfds_split", "tfds_text_feature", "tfds_data_dir", "text_column", "sentences_column",
+                "hf_dataset_path", "hf_dataset_name", "hf_dataset_split")
+
+
+def mixture_sources(data) -> list[tuple[object, float]]:
+    """(the data section as source k sees it, weight k) for each data.mixture entry; [] without a
+    mixture. An entry sets `source`, `weight` and any of MIXTURE_KEYS; the rest is the data section's."""
+    entries = data.get("mixture") or ()
+    if not isinstance(entries, (list, tuple)):
+        raise ValueError(f"data.mixture={entries!r}: give a tuple of dicts, each with source= and weight=")
+    result = []
+    for k, entry in enumerate(entries):
+        entry = dict(entry) if hasattr(entry, "keys") else entry
+        if not isinstance(entry, dict):
+            raise ValueError(f"data.mixture[{k}]={entry!r}: give a dict with source and weight, e.g. "
+                             f"{{'source': 'text', 'input_pattern': 'books/*.txt', 'weight': 0.2}}")
+        if "source" not in entry or "weight" not in entry:
+            raise ValueError(f"data.mixture[{k}]={entry!r} needs both source= and weight=")
+        if entry["source"] not in MIXTURE_SOURCES:
+            raise ValueError(f"data.mixture[{k}] source={entry['source']!r}: choose one of "
+                             f"{', '.join(MIXTURE_SOURCES)}")
+        weight = entry.pop("weight")
+        if isinstance(weight, bool) or not isinstance(weight, (int, float)) or not weight > 0 or weight == float("inf"):
+            raise ValueError(f"data.mixture[{k}] weight={weight!r}: set a number above 0 (weights are relative: "
+                             f"0.8 and 0.2, or 4 and 1)")
+        unknown = sorted(set(entry) - set(MIXTURE_KEYS))
+        if unknown:
+            shared = [key for key in unknown if key in data]
+            why = (f"{', '.join(shared)} belong{'s' * (len(shared) == 1)} to the recipe the sources share: set "
+                   f"them in data" if shared else f"it may set {', '.join(MIXTURE_KEYS)}")
+            raise ValueError(f"data.mixture[{k}] sets {', '.join(unknown)}: {why}")
+        source_data = data.copy_and_resolve_references()
+        with source_data.unlocked():
+            source_data.mixture = ()
+            for key, value in entry.items():
+                try:
+                    source_data[key] = value
+                except TypeError:
+                    raise ValueError(f"data.mixture[{k}] {key}={value!r}: data.{key} is "
+                                     f"{type(source_data[key]).__name__}") from None
+        result.append((source_data, float(weight)))
+    return result
 
 
 def vocabulary_path(data, workdir: str | None) -> str:
@@ -170,6 +230,11 @@ def make_stream(corpus: pt.TokenizedCorpus, data, tokenizer, *, shard: int, mask
 def build_inputs(data, *, workdir: str | None, process_index: int = 0, process_count: int = 1) -> PretrainingInputs:
     """The train and held-out streams of this host, from the config's data section."""
     objective(data)  # a bad data.objective fails before the corpus is read
+    bad_rows = sources.BadRows()
+    mixture = mixture_sources(data)
+    if mixture:
+        return _mixture_inputs(data, mixture, workdir=workdir, process_index=process_index,
+                               process_count=process_count, bad_rows=bad_rows)
     if data.source == "prepared":
         if not data.prepared_dir:
             raise ValueError("data.source='prepared' needs data.prepared_dir (written by python -m bertjax.data.prepare)")
@@ -179,28 +244,104 @@ def build_inputs(data, *, workdir: str | None, process_index: int = 0, process_c
         train_corpus = prepared.load_corpus(data.prepared_dir, "train", process_index, process_count)
         eval_corpus = prepared.load_corpus(data.prepared_dir, "eval", process_index, process_count)
     else:
-        documents = list(read_source_documents(data))
-        held_out = [sources.is_eval_document(doc, data.eval_fraction) for doc in documents]
-        logging.info("corpus: %d documents, %d held out for evaluation", len(documents), sum(held_out))
-        if not any(held_out):
-            raise ValueError(
-                f"no document of the {len(documents)} fell into the held-out split: raise data.eval_fraction "
-                f"(now {data.eval_fraction}) or give a larger corpus"
-            )
+        documents, held_out = _split_documents(data, bad_rows)
+        _log_bad_rows(bad_rows)
         # Every host learns (or reads) the same vocabulary, from all training documents.
         train_documents = [d for d, e in zip(documents, held_out) if not e]
         tokenizer, vocab_path = load_or_learn_tokenizer(data, workdir, train_documents)
-        # Split between hosts first, as prepare does with --num_shards=process_count, so that both paths
-        # give a host the very same documents.
-        mine = host_documents(zip(documents, held_out), process_index, process_count)
-        for split, wanted in (("training", False), ("held-out", True)):
-            if not any(e == wanted for _, e in mine):
-                raise ValueError(
-                    f"host {process_index} of {process_count} gets no {split} document of the {len(documents)}: "
-                    f"give a larger corpus{' or raise data.eval_fraction' if wanted else ''}"
-                )
-        train_corpus = pt.tokenize_documents([d for d, e in mine if not e], tokenizer)
-        eval_corpus = pt.tokenize_documents([d for d, e in mine if e], tokenizer)
+        train_corpus, eval_corpus = _host_corpora(documents, held_out, tokenizer, process_index, process_count)
+    _check_corpus(data, train_corpus, eval_corpus, process_index, process_count)
+    train_rate, eval_rate = mask_rates(data)
+    return PretrainingInputs(
+        tokenizer=tokenizer,
+        vocab_path=_absolute(vocab_path),
+        train=make_stream(train_corpus, data, tokenizer, shard=process_index, mask_rate=train_rate),
+        # Its own seed stream, so held-out examples share no random draws with training ones; its own
+        # mask rate, so a recipe training at 30% can report at BERT's 15%.
+        eval=make_stream(eval_corpus, data, tokenizer, shard=process_index, mask_rate=eval_rate,
+                         seed_offset=EVAL_SEED_OFFSET),
+        bad_rows=bad_rows,
+    )
+
+
+EVAL_SEED_OFFSET = 1_000_003
+# Source k of a mixture draws its pairs and masks from data.seed + k * this: its own random streams.
+MIXTURE_SEED_OFFSET = 10_007
+
+
+def _mixture_inputs(data, mixture, *, workdir, process_index: int, process_count: int,
+                    bad_rows: sources.BadRows) -> PretrainingInputs:
+    """A data.mixture's streams: each source split, tokenized and streamed on its own, then interleaved by
+    weight; the held-out batches are a mixture of the sources' held-out streams with the same weights."""
+    splits = []
+    for k, (source_data, _) in enumerate(mixture):
+        try:
+            splits.append(_split_documents(source_data, bad_rows))
+        except (ValueError, FileNotFoundError) as e:
+            raise ValueError(f"data.mixture[{k}] (source={source_data.source!r}): {e}") from None
+    _log_bad_rows(bad_rows)
+    # One vocabulary for all sources, learned from all their training documents.
+    tokenizer, vocab_path = load_or_learn_tokenizer(
+        data, workdir, [d for documents, held_out in splits for d, e in zip(documents, held_out) if not e])
+    train_rate, eval_rate = mask_rates(data)
+    train_streams, eval_streams = [], []
+    for k, (documents, held_out) in enumerate(splits):
+        try:
+            train_corpus, eval_corpus = _host_corpora(documents, held_out, tokenizer, process_index, process_count)
+            _check_corpus(data, train_corpus, eval_corpus, process_index, process_count)
+        except ValueError as e:
+            raise ValueError(f"data.mixture[{k}]: {e}") from None
+        offset = k * MIXTURE_SEED_OFFSET
+        train_streams.append(make_stream(train_corpus, data, tokenizer, shard=process_index, mask_rate=train_rate,
+                                         seed_offset=offset))
+        eval_streams.append(make_stream(eval_corpus, data, tokenizer, shard=process_index, mask_rate=eval_rate,
+                                        seed_offset=EVAL_SEED_OFFSET + offset))
+    weights = [weight for _, weight in mixture]
+    block = data.get("mixture_block_size", 100)
+    return PretrainingInputs(
+        tokenizer=tokenizer,
+        vocab_path=_absolute(vocab_path),
+        train=mixing.MixtureStream(train_streams, weights, seed=data.seed, block_size=block),
+        eval=mixing.MixtureStream(eval_streams, weights, seed=data.seed + EVAL_SEED_OFFSET, block_size=block),
+        bad_rows=bad_rows,
+    )
+
+
+def _split_documents(data, bad_rows: sources.BadRows) -> tuple[list[list[str]], list[bool]]:
+    """All documents of a raw-text source, and which of them are held out (sources.is_eval_document)."""
+    documents = list(read_source_documents(data, bad_rows))
+    held_out = [sources.is_eval_document(doc, data.eval_fraction) for doc in documents]
+    logging.info("corpus: %d documents, %d held out for evaluation", len(documents), sum(held_out))
+    if not any(held_out):
+        raise ValueError(
+            f"no document of the {len(documents)} fell into the held-out split: raise data.eval_fraction "
+            f"(now {data.eval_fraction}) or give a larger corpus"
+        )
+    return documents, held_out
+
+
+def _log_bad_rows(bad_rows: sources.BadRows) -> None:
+    """The table rows skipped as not text, one line (at WARNING: programs show it by default)."""
+    if bad_rows.count:
+        logging.warning("corpus: %s", bad_rows.summary())
+
+
+def _host_corpora(documents, held_out, tokenizer, process_index: int, process_count: int):
+    """(training corpus, held-out corpus) of this host's share of the documents."""
+    # Split between hosts first, as prepare does with --num_shards=process_count, so that both paths
+    # give a host the very same documents.
+    mine = host_documents(zip(documents, held_out), process_index, process_count)
+    for split, wanted in (("training", False), ("held-out", True)):
+        if not any(e == wanted for _, e in mine):
+            raise ValueError(
+                f"host {process_index} of {process_count} gets no {split} document of the {len(documents)}: "
+                f"give a larger corpus{' or raise data.eval_fraction' if wanted else ''}"
+            )
+    return (pt.tokenize_documents([d for d, e in mine if not e], tokenizer),
+            pt.tokenize_documents([d for d, e in mine if e], tokenizer))
+
+
+def _check_corpus(data, train_corpus, eval_corpus, process_index: int, process_count: int) -> None:
     if objective(data) == "nsp" and train_corpus.num_documents < 2:
         # A NotNext pair takes its second segment from another document: with one, it would come from
         # the same document and carry a wrong label.
@@ -212,13 +353,7 @@ def build_inputs(data, *, workdir: str | None, process_index: int = 0, process_c
         process_index, process_count, train_corpus.num_documents, train_corpus.num_sentences,
         len(train_corpus.tokens), eval_corpus.num_documents,
     )
-    train_rate, eval_rate = mask_rates(data)
-    return PretrainingInputs(
-        tokenizer=tokenizer,
-        vocab_path=vocab_path if files.is_remote(vocab_path) else os.path.abspath(vocab_path),
-        train=make_stream(train_corpus, data, tokenizer, shard=process_index, mask_rate=train_rate),
-        # Its own seed stream, so held-out examples share no random draws with training ones; its own
-        # mask rate, so a recipe training at 30% can report at BERT's 15%.
-        eval=make_stream(eval_corpus, data, tokenizer, shard=process_index, mask_rate=eval_rate,
-                         seed_offset=1_000_003),
-    )
+
+
+def _absolute(vocab_path: str) -> str:
+    return vocab_path if files.is_remote(vocab_path) else os.path.abspath(vocab_path)

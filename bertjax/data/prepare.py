@@ -1,4 +1,4 @@
-"""python -m bertjax.data.prepare: tokenize and index a corpus once, into sharded files.
+"""python -m bertjax.data.prepare: tokenize and index a corpus once, into memory-mappable shards.
 
     python -m bertjax.data.prepare --config=configs/base.py \\
         --config.data.source=text --config.data.input_pattern='/data/wiki/*.txt' \\
@@ -9,20 +9,33 @@ Then train with --config.data.source=prepared --config.data.prepared_dir=/data/w
 Output shard k holds the documents of input files j with j % num_shards == k (or, with fewer files
 than shards, of documents i with i % num_shards == k; for TFDS, the k-th of num_shards even splits),
 divided into train and eval by the same stable hash as the in-memory path. The shards are written by a
-pool of worker processes; on many hosts each host writes the shards k with k % process_count ==
-process_index, which are the shards it reads when training.
+pool of worker processes (--num_workers=0: in this process); on many hosts each host writes the shards k
+with k % process_count == process_index, which are the shards it reads when training.
+
+Progress (documents, tokens, MB of raw text, MB/s, ETA where the input's size is known) is logged every
+--progress_seconds. A rerun with the same settings skips the shards that are complete (their files are
+written beside and renamed), so a run killed at any point and started again ends with the files an
+uninterrupted run writes.
 """
 
 import concurrent.futures
+import gzip
 import multiprocessing
 import os
+import queue
 import shutil
 import time
 
+import numpy as np
 from absl import app, flags, logging
 from ml_collections import config_flags
 
 from bertjax import console
+
+# Sentences tokenized per TensorFlow call in a worker, and so per progress report.
+BATCH_SENTENCES = 4096
+# A worker's progress reports go here: the pool's queue in a worker, a local one in this process.
+_progress = None
 
 
 def define_flags() -> dict:
@@ -31,14 +44,49 @@ def define_flags() -> dict:
         config=config_flags.DEFINE_config_file("config", None, "A configs/<size>.py file (its data section is used)."),
         output_dir=flags.DEFINE_string("output_dir", None, "Where the shards and metadata.json go."),
         num_shards=flags.DEFINE_integer("num_shards", 16, "Output shards per split; a multiple of the training hosts."),
-        num_workers=flags.DEFINE_integer("num_workers", os.cpu_count() or 1, "Worker processes on this host."),
+        num_workers=flags.DEFINE_integer("num_workers", os.cpu_count() or 1,
+                                         "Worker processes on this host; 0 prepares in this process."),
         process_index=flags.DEFINE_integer("process_index", 0, "This host's index, when several hosts prepare."),
         process_count=flags.DEFINE_integer("process_count", 1, "How many hosts prepare (and will train)."),
+        progress_seconds=flags.DEFINE_float("progress_seconds", 5.0, "Seconds between progress lines."),
     )
 
 
-def prepare_shard(data_dict: dict, shard: int, num_shards: int, output_dir: str) -> dict:
-    """Read, split, tokenize and write one output shard (both splits). Runs in a worker process."""
+def _set_progress_queue(q) -> None:
+    global _progress
+    _progress = q
+
+
+def _tokenize(documents: list[list[str]], tokenizer, shard: int):
+    """pt.tokenize_documents, reporting (shard, documents, tokens, bytes of text) after each batch.
+    -> (flat token ids, sentence lengths, sentence -> document), or None without a non-empty sentence."""
+    import tensorflow as tf
+
+    values, lengths, doc_of_sentence = [np.zeros(0, np.int64)], [np.zeros(0, np.int64)], [np.zeros(0, np.int64)]
+    first = 0
+    while first < len(documents):
+        last, sentences = first, []
+        while last < len(documents) and (not sentences or len(sentences) + len(documents[last]) <= BATCH_SENTENCES):
+            sentences.extend(documents[last])
+            last += 1
+        ragged = tokenizer.tokenize(tf.constant(sentences))
+        values.append(ragged.flat_values.numpy())
+        lengths.append(np.diff(ragged.row_splits.numpy()))
+        doc_of_sentence.append(np.repeat(np.arange(first, last), [len(d) for d in documents[first:last]]))
+        num_bytes = sum(len(s.encode("utf-8")) + 1 for s in sentences)  # + 1: the line break
+        if _progress is not None:
+            _progress.put((shard, last - first, len(values[-1]), num_bytes))
+        first = last
+    lengths = np.concatenate(lengths)
+    if not lengths.sum():
+        return None
+    return np.concatenate(values), lengths, np.concatenate(doc_of_sentence)
+
+
+def prepare_shard(data_dict: dict, shard: int, num_shards: int, output_dir: str, dtype: str) -> dict:
+    """Read, split, tokenize and write one output shard (both splits). Runs in a worker process.
+    -> {split: (documents, sentences, tokens)}, "bytes": raw text read, "bad_rows": sources.BadRows,
+    "seconds": time taken."""
     import ml_collections
 
     from bertjax.data import prepared
@@ -46,59 +94,234 @@ def prepare_shard(data_dict: dict, shard: int, num_shards: int, output_dir: str)
     from bertjax.data import sources
     from bertjax.text import tokenizers
 
+    start = time.perf_counter()
     data = ml_collections.ConfigDict(data_dict)
     tokenizer = tokenizers.load_tokenizer(data.tokenizer, data.vocab_path, lower_case=data.lower_case)
-    documents = sources.shard_documents(data, shard, num_shards)
+    bad_rows = sources.BadRows()  # table rows that are not text: skipped, counted, the first few named
+    documents = sources.shard_documents(data, shard, num_shards, bad_rows=bad_rows)
     held_out = [sources.is_eval_document(d, data.eval_fraction) for d in documents]  # one hash per document
-    counts = {}
+    result = {"bytes": sum(len(s.encode("utf-8")) + 1 for d in documents for s in d), "bad_rows": bad_rows}
     for split in prepared.SPLITS:
         docs = [d for d, e in zip(documents, held_out) if e == (split == "eval")]
-        corpus = pt.tokenize_documents(docs, tokenizer) if docs else None
-        prepared.write_shard(prepared.shard_path(output_dir, split, shard, num_shards), corpus)
-        counts[split] = (corpus.num_documents, len(corpus.tokens)) if corpus is not None else (0, 0)
-    return counts
+        tokenized = _tokenize(docs, tokenizer, shard)
+        corpus = pt.corpus_from_lengths(*tokenized, tokenizer.vocab_size) if tokenized else None
+        prepared.write_shard(output_dir, split, shard, num_shards, corpus, np.dtype(dtype))
+        result[split] = prepared.shard_counts(output_dir, split, shard, num_shards)
+    result["seconds"] = time.perf_counter() - start
+    return result
+
+
+def input_bytes(data) -> int | None:
+    """The size of the raw text to read, where the file sizes tell it (plain text files); else None."""
+    if data.source != "text":
+        return None
+    from bertjax.text import files
+
+    total = 0
+    for path in files.expand_pattern(data.input_pattern):
+        with open(path, "rb") as f:
+            if f.read(2) == b"\x1f\x8b":  # gzip: its size on disk says little about its text
+                return None
+        total += os.path.getsize(path)
+    return total
+
+
+class Progress:
+    """Sums the workers' reports; a line every `every` seconds: documents, tokens, MB, MB/s, ETA."""
+
+    def __init__(self, total_bytes: int | None, every: float):
+        self.total_bytes, self.every = total_bytes, every
+        self.documents = self.tokens = self.bytes = self.logged_bytes = 0
+        self.start = self.last = time.perf_counter()
+
+    def add(self, documents: int, tokens: int, num_bytes: int) -> None:
+        self.documents += documents
+        self.tokens += tokens
+        self.bytes += num_bytes
+
+    def maybe_log(self) -> None:
+        """A line when `every` seconds have passed and text was read since the last one (or a minute
+        has passed: the workers may be reading a large shard before tokenizing it)."""
+        now = time.perf_counter()
+        if now - self.last < self.every or (self.bytes == self.logged_bytes and now - self.last < 60):
+            return
+        self.last, self.logged_bytes = now, self.bytes
+        rate = self.bytes / 1e6 / max(now - self.start, 1e-9)
+        eta = ""
+        if self.total_bytes and rate > 0:
+            eta = f", ETA {max(self.total_bytes - self.bytes, 0) / 1e6 / rate:,.0f}s of {self.total_bytes / 1e6:,.1f} MB"
+        logging.info("prepare: %s documents, %s tokens, %.1f MB of raw text read, %.2f MB/s%s",
+                     f"{self.documents:,}", f"{self.tokens:,}", self.bytes / 1e6, rate, eta)
+
+
+def corpus_metadata(data, vocab_name: str, num_shards: int, dtype: np.dtype) -> dict:
+    """What the shards are a function of: a rerun into the same directory must have the same."""
+    from bertjax.data import prepared
+
+    keys = {"text": ("input_pattern", "text_format", "text_field"),
+            "tfds": ("tfds_name", "tfds_split", "tfds_text_feature"),
+            "parquet": ("input_pattern", "text_column", "sentences_column"),
+            "hf_datasets": ("hf_dataset_path", "hf_dataset_name", "hf_dataset_split", "text_column",
+                            "sentences_column")}.get(data.source, ())
+    source = {"source": data.source, "sentence_splitter": data.sentence_splitter}
+    source.update({key: data.get(key) for key in keys if data.get(key) is not None})
+    return dict(format_version=prepared.FORMAT_VERSION, tokenizer=data.tokenizer, vocab=vocab_name,
+                lower_case=bool(data.lower_case), num_shards=num_shards, eval_fraction=float(data.eval_fraction),
+                dtype=dtype.name, data=source)
+
+
+def check_resumable(output_dir: str, meta: dict, vocab_path: str) -> None:
+    """An output directory with shards of other settings is refused, not mixed into."""
+    from bertjax.data import prepared
+
+    path = os.path.join(output_dir, prepared.METADATA)
+    if not os.path.exists(path):
+        return
+    try:
+        old = prepared.read_metadata(output_dir)
+    except ValueError:
+        raise ValueError(f"--output_dir={output_dir} holds a corpus of the older TFRecord format: use a fresh "
+                         f"--output_dir") from None
+    changed = [f"{k}={old.get(k)!r} (now {meta[k]!r})" for k in meta if old.get(k) != meta[k]]
+    copy = os.path.join(output_dir, meta["vocab"])
+    if not changed and os.path.exists(copy):
+        with open(copy, "rb") as a, open(vocab_path, "rb") as b:
+            if a.read() != b.read():
+                changed.append(f"the vocabulary {meta['vocab']}")
+    if changed:
+        raise ValueError(f"--output_dir={output_dir} was prepared with other settings ({', '.join(changed)}): use a "
+                         f"fresh --output_dir, or the same settings to finish it")
+
+
+def run(data, output_dir: str, *, num_shards: int, num_workers: int, process_index: int = 0,
+        process_count: int = 1, progress_seconds: float = 5.0) -> dict:
+    """Prepare this host's shards of `data` into output_dir, skipping the complete ones.
+
+    Returns the totals {split: [documents, sentences, tokens]}, "bytes", "worker_seconds", "seconds",
+    "shards", "skipped", "bad_rows" (a sources.BadRows over the shards written now, in shard order).
+    Raises ValueError (or FileNotFoundError) for input a user must change.
+    """
+    from bertjax.data import prepared, sources
+    from bertjax.text import sentences, tokenizers
+
+    if not output_dir:
+        raise ValueError("--output_dir is required")
+    if not data.vocab_path:
+        raise ValueError("prepare needs --config.data.vocab_path: learn one first with "
+                         "python -m bertjax.vocab train --input=... --vocab_size=... --out=...")
+    if not os.path.exists(data.vocab_path):
+        raise FileNotFoundError(f"data.vocab_path={data.vocab_path} does not exist")
+    sentences.get_splitter(data.sentence_splitter)  # here, not in a worker: a missing package is one line
+    if num_shards < 1 or num_shards % process_count:
+        raise ValueError(f"--num_shards={num_shards} must be a positive multiple of --process_count={process_count}")
+    tokenizer = tokenizers.load_tokenizer(data.tokenizer, data.vocab_path, lower_case=data.lower_case)
+    dtype = prepared.token_dtype(tokenizer.vocab_size)
+    vocab_name = os.path.basename(data.vocab_path)
+    meta = corpus_metadata(data, vocab_name, num_shards, dtype)
+    check_resumable(output_dir, meta, data.vocab_path)
+    os.makedirs(output_dir, exist_ok=True)
+    if process_index == 0:
+        shutil.copy(data.vocab_path, os.path.join(output_dir, vocab_name))
+        if not os.path.exists(os.path.join(output_dir, prepared.METADATA)):
+            prepared.write_metadata(output_dir, meta)
+
+    shards = list(range(process_index, num_shards, process_count))
+    todo = [k for k in shards if not prepared.shard_complete(output_dir, k, num_shards)]
+    if len(todo) < len(shards):
+        logging.info("prepare: %d of %d shards are complete already; preparing the other %d",
+                     len(shards) - len(todo), len(shards), len(todo))
+    totals = {split: np.zeros(3, np.int64) for split in prepared.SPLITS}
+    for k in set(shards) - set(todo):
+        for split in prepared.SPLITS:
+            totals[split] += prepared.shard_counts(output_dir, split, k, num_shards)
+    progress = Progress(input_bytes(data), progress_seconds)
+    done = {"bytes": 0, "worker_seconds": 0.0}
+    bad_rows = {}  # shard -> its sources.BadRows
+
+    def finished(shard, result):
+        for split in prepared.SPLITS:
+            totals[split] += result[split]
+        done["bytes"] += result["bytes"]
+        done["worker_seconds"] += result["seconds"]
+        bad_rows[shard] = result["bad_rows"]
+
+    def drain(reports):
+        while True:
+            try:
+                _, documents, tokens, num_bytes = reports.get_nowait()
+            except queue.Empty:
+                return
+            progress.add(documents, tokens, num_bytes)
+
+    start = time.perf_counter()
+    if num_workers == 0:
+        reports = queue.SimpleQueue()
+        _set_progress_queue(reports)
+        try:
+            for k in todo:
+                finished(k, prepare_shard(data.to_dict(), k, num_shards, output_dir, dtype.name))
+                drain(reports)
+                progress.maybe_log()
+        finally:
+            _set_progress_queue(None)
+    elif todo:
+        # Spawned, not forked: TensorFlow's runtime does not survive a fork.
+        context = multiprocessing.get_context("spawn")
+        reports = context.Queue()
+        with concurrent.futures.ProcessPoolExecutor(max_workers=min(num_workers, len(todo)), mp_context=context,
+                                                    initializer=_set_progress_queue, initargs=(reports,)) as pool:
+            shard_of = {pool.submit(prepare_shard, data.to_dict(), k, num_shards, output_dir, dtype.name): k
+                        for k in todo}
+            pending = set(shard_of)
+            try:
+                while pending:
+                    complete, pending = concurrent.futures.wait(pending, timeout=min(max(progress_seconds, 0.1), 1))
+                    drain(reports)
+                    for future in complete:
+                        finished(shard_of[future], future.result())
+                    progress.maybe_log()
+            except BaseException:
+                pool.shutdown(wait=True, cancel_futures=True)
+                raise
+    if not any(totals[split][0] for split in prepared.SPLITS):
+        raise ValueError(f"the corpus ({data.source} {data.get('input_pattern') or data.get('tfds_name') or ''}) "
+                         f"holds no document with a token for host {process_index}'s shards: check the input")
+    if all(prepared.shard_complete(output_dir, k, num_shards) for k in range(num_shards)):
+        # The counts, once every host's shards are in: the same bytes however the run was cut up.
+        counts = {split: dict(documents=0, sentences=0, tokens=0) for split in prepared.SPLITS}
+        for k in range(num_shards):
+            for split in prepared.SPLITS:
+                for key, n in zip(("documents", "sentences", "tokens"),
+                                  prepared.shard_counts(output_dir, split, k, num_shards)):
+                    counts[split][key] += n
+        prepared.write_metadata(output_dir, {**meta, "counts": counts})
+    merged = sources.BadRows()
+    for k in sorted(bad_rows):
+        merged.count += bad_rows[k].count
+        merged.first += bad_rows[k].first[:merged.keep - len(merged.first)]
+    return dict({split: totals[split].tolist() for split in prepared.SPLITS}, shards=len(shards),
+                skipped=len(shards) - len(todo), seconds=time.perf_counter() - start, bad_rows=merged, **done)
 
 
 def main(argv, args):
     if len(argv) > 1:
         raise app.UsageError(f"unexpected arguments: {argv[1:]}")
-    from bertjax.data import prepared
-    from bertjax.text import sentences
-
-    data = args.config.data
-    output_dir, num_shards = args.output_dir, args.num_shards
-    if not output_dir:
-        console.fail("--output_dir is required")
-    if not data.vocab_path:
-        console.fail("prepare needs --config.data.vocab_path: learn one first with "
-                 "python -m bertjax.vocab train --input=... --vocab_size=... --out=...")
-    try:  # here, not in a worker: a missing package is one line, not a worker's traceback
-        sentences.get_splitter(data.sentence_splitter)
-    except ValueError as e:
-        console.fail(str(e))
-    if num_shards % args.process_count:
-        console.fail(f"--num_shards={num_shards} must be a multiple of --process_count={args.process_count}")
-    os.makedirs(output_dir, exist_ok=True)
-    if args.process_index == 0:
-        vocab_name = os.path.basename(data.vocab_path)
-        shutil.copy(data.vocab_path, os.path.join(output_dir, vocab_name))
-        prepared.write_metadata(output_dir, tokenizer=data.tokenizer, vocab_name=vocab_name,
-                                lower_case=data.lower_case, num_shards=num_shards, eval_fraction=data.eval_fraction)
-    shards = list(range(args.process_index, num_shards, args.process_count))
-    start = time.time()
-    # Spawned, not forked: TensorFlow's runtime does not survive a fork.
-    context = multiprocessing.get_context("spawn")
-    with concurrent.futures.ProcessPoolExecutor(max_workers=args.num_workers, mp_context=context) as pool:
-        futures = {pool.submit(prepare_shard, data.to_dict(), k, num_shards, output_dir): k for k in shards}
-        totals = {"train": [0, 0], "eval": [0, 0]}
-        for future in concurrent.futures.as_completed(futures):
-            for split, (docs, tokens) in future.result().items():
-                totals[split][0] += docs
-                totals[split][1] += tokens
-            logging.info("shard %d done", futures[future])
-    for split, (docs, tokens) in totals.items():
-        print(f"{split}: {docs} documents, {tokens} tokens in {len(shards)} shards")
-    print(f"prepared {output_dir} in {time.time() - start:.1f}s")
+    try:
+        summary = run(args.config.data, args.output_dir, num_shards=args.num_shards, num_workers=args.num_workers,
+                      process_index=args.process_index, process_count=args.process_count,
+                      progress_seconds=args.progress_seconds)
+    except (ValueError, FileNotFoundError, UnicodeDecodeError, gzip.BadGzipFile) as e:
+        console.fail(str(e).splitlines()[0] if str(e) else type(e).__name__)
+    for split in ("train", "eval"):
+        documents, sentences, tokens = summary[split]
+        print(f"{split}: {documents} documents, {sentences} sentences, {tokens} tokens in {summary['shards']} shards")
+    if summary["bad_rows"].count:
+        print(summary["bad_rows"].summary())
+    if summary["skipped"]:
+        print(f"{summary['skipped']} of {summary['shards']} shards were complete already and kept")
+    megabytes, workers = summary["bytes"] / 1e6, summary["worker_seconds"]
+    print(f"prepared {args.output_dir} in {summary['seconds']:.1f}s: {megabytes:.1f} MB of raw text, "
+          f"{megabytes / workers if workers else 0:.2f} MB/s per worker process")
 
 
 def entry():

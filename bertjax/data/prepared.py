@@ -1,70 +1,154 @@
-"""The prepared-corpus format: tokenized documents in sharded TFRecord files.
+"""The prepared-corpus format: tokenized documents as flat .npy arrays per split and shard, memory-mapped.
 
-    DIR/metadata.json                     tokenizer kind, vocabulary file, lower_case, number of shards
-    DIR/<vocabulary file>                 a copy, so the directory is self-contained
-    DIR/train-00003-of-00016.tfrecord     one tf.train.Example per document:
-    DIR/eval-00003-of-00016.tfrecord        tokens (int64 list), sentence_lengths (int64 list)
+    DIR/metadata.json                                format_version, tokenizer, vocabulary file, lower_case,
+                                                     num_shards, eval_fraction, token dtype, the source
+                                                     prepared; once every shard is written, the counts
+    DIR/<vocabulary file>                            a copy, so the directory is self-contained
+    DIR/train-00003-of-00016.tokens.npy              [T] uint16 (vocabulary <= 65,536 pieces) or uint32
+    DIR/train-00003-of-00016.sentence_starts.npy     [S + 1] int64 offsets of the sentences in tokens
+    DIR/train-00003-of-00016.doc_starts.npy          [D + 1] int64 offsets of the documents in sentences
+    DIR/eval-00003-of-00016.*.npy                    the held-out documents, the same three arrays
 
-Host p of P reads the shards k with k % P == p, so a host reads only what it trains on. The per-sentence
-lengths are what the pairing plan needs; nothing else about sentences is kept.
+These are a shard's TokenizedCorpus as it is in memory, so training maps them (np.load mmap_mode="r")
+instead of loading them: the pages of tokens a batch reads are read from disk then, and the operating
+system may drop them again. Host p of P maps the shards k with k % P == p; their token maps stay
+separate (TokenShards reads a range across them), and only the offsets, which are small, are joined in
+memory. Directories of the older TFRecord format (no format_version) are refused with a line saying
+to prepare them again.
 """
 
 import json
 import os
 
 import numpy as np
-import tensorflow as tf
 
 from bertjax.data import pretraining as pt
 
 METADATA = "metadata.json"
 SPLITS = ("train", "eval")
+ARRAYS = ("tokens", "sentence_starts", "doc_starts")
+FORMAT_VERSION = 2
 
 
-def shard_path(directory: str, split: str, shard: int, num_shards: int) -> str:
-    return os.path.join(directory, f"{split}-{shard:05d}-of-{num_shards:05d}.tfrecord")
+def token_dtype(vocab_size: int) -> np.dtype:
+    """uint16 while every id fits (BERT's 30,522 pieces do): half of uint32's disk and page cache."""
+    return np.dtype(np.uint16 if vocab_size <= np.iinfo(np.uint16).max + 1 else np.uint32)
 
 
-def write_shard(path: str, corpus: pt.TokenizedCorpus | None) -> None:
-    """One shard file: a record per document of the corpus (none for None). Written beside and renamed,
-    so a shard file that exists is complete."""
+def array_path(directory: str, split: str, shard: int, num_shards: int, array: str) -> str:
+    return os.path.join(directory, f"{split}-{shard:05d}-of-{num_shards:05d}.{array}.npy")
+
+
+def shard_files(directory: str, shard: int, num_shards: int) -> list[str]:
+    """Every file of one output shard, both splits."""
+    return [array_path(directory, split, shard, num_shards, a) for split in SPLITS for a in ARRAYS]
+
+
+def shard_complete(directory: str, shard: int, num_shards: int) -> bool:
+    """Each file is written beside and renamed, so a shard whose files all exist is complete."""
+    return all(os.path.exists(p) for p in shard_files(directory, shard, num_shards))
+
+
+def _save(path: str, array: np.ndarray) -> None:
     tmp = path + ".tmp"
-    with tf.io.TFRecordWriter(tmp) as writer:
-        for d in range(corpus.num_documents if corpus is not None else 0):
-            s0, s1 = corpus.doc_starts[d], corpus.doc_starts[d + 1]
-            t0, t1 = corpus.sentence_starts[s0], corpus.sentence_starts[s1]
-            features = {
-                "tokens": tf.train.Feature(int64_list=tf.train.Int64List(value=corpus.tokens[t0:t1].tolist())),
-                "sentence_lengths": tf.train.Feature(
-                    int64_list=tf.train.Int64List(value=np.diff(corpus.sentence_starts[s0:s1 + 1]).tolist())
-                ),
-            }
-            writer.write(tf.train.Example(features=tf.train.Features(feature=features)).SerializeToString())
-    tf.io.gfile.rename(tmp, path, overwrite=True)
+    with open(tmp, "wb") as f:
+        np.save(f, array, allow_pickle=False)
+    os.replace(tmp, path)
 
 
-def write_metadata(directory: str, *, tokenizer: str, vocab_name: str, lower_case: bool, num_shards: int,
-                   eval_fraction: float) -> None:
-    meta = dict(tokenizer=tokenizer, vocab=vocab_name, lower_case=lower_case, num_shards=num_shards,
-                eval_fraction=eval_fraction)
-    with tf.io.gfile.GFile(os.path.join(directory, METADATA), "w") as f:
-        json.dump(meta, f, indent=2)
+def write_shard(directory: str, split: str, shard: int, num_shards: int, corpus: pt.TokenizedCorpus | None,
+                dtype: np.dtype) -> None:
+    """One split of one shard as its three arrays (None: a split with no documents)."""
+    if corpus is None:
+        arrays = dict(tokens=np.zeros(0, dtype), sentence_starts=np.zeros(1, np.int64),
+                      doc_starts=np.zeros(1, np.int64))
+    else:
+        arrays = dict(tokens=np.asarray(corpus.tokens).astype(dtype), sentence_starts=corpus.sentence_starts,
+                      doc_starts=corpus.doc_starts)
+    for name in ARRAYS:
+        _save(array_path(directory, split, shard, num_shards, name), np.asarray(arrays[name]))
+
+
+def shard_counts(directory: str, split: str, shard: int, num_shards: int) -> tuple[int, int, int]:
+    """(documents, sentences, tokens) of a written shard, from the arrays' headers."""
+    shapes = [np.load(array_path(directory, split, shard, num_shards, a), mmap_mode="r").shape[0] for a in ARRAYS]
+    return shapes[2] - 1, shapes[1] - 1, shapes[0]
+
+
+def write_metadata(directory: str, meta: dict) -> None:
+    """metadata.json, written beside and renamed; sorted keys so that the same corpus gives the same bytes."""
+    path = os.path.join(directory, METADATA)
+    with open(path + ".tmp", "w") as f:
+        json.dump(meta, f, indent=2, sort_keys=True)
+        f.write("\n")
+    os.replace(path + ".tmp", path)
 
 
 def read_metadata(directory: str) -> dict:
+    if "://" in directory:
+        raise ValueError(f"data.prepared_dir={directory}: prepared corpora are memory-mapped, so they must be on "
+                         f"a local (or mounted, e.g. gcsfuse) file system: copy the directory to the host")
     path = os.path.join(directory, METADATA)
-    if not tf.io.gfile.exists(path):
+    if not os.path.exists(path):
         raise FileNotFoundError(f"{path} is missing: is data.prepared_dir a directory written by bertjax.data.prepare?")
-    with tf.io.gfile.GFile(path) as f:
-        return json.load(f)
+    with open(path) as f:
+        meta = json.load(f)
+    if meta.get("format_version") != FORMAT_VERSION:
+        raise ValueError(f"{directory} holds prepared shards of an older format (TFRecord): run python -m "
+                         f"bertjax.data.prepare again into a fresh --output_dir (the new shards are memory-mapped)")
+    return meta
 
 
 def vocab_file(directory: str, meta: dict) -> str:
     return os.path.join(directory, meta["vocab"])
 
 
+class TokenShards:
+    """Several shards' token maps read as one flat array, without copying them.
+
+    len() and [start:stop] (an ndarray, read across shard boundaries where the range crosses them),
+    which is all the stream and the plans read. np.asarray() reads the whole of it (tests).
+    """
+
+    def __init__(self, parts: list[np.ndarray]):
+        self.parts = parts
+        self.starts = np.concatenate([[0], np.cumsum([len(p) for p in parts])]).astype(np.int64)
+        self.dtype = parts[0].dtype
+        self.shape = (int(self.starts[-1]),)
+        self.ndim = 1
+
+    def __len__(self) -> int:
+        return self.shape[0]
+
+    def __getitem__(self, index):
+        if isinstance(index, slice):
+            start, stop, step = index.indices(len(self))
+            if step != 1:
+                raise IndexError("TokenShards reads contiguous ranges only")
+            pieces = []
+            k = int(np.searchsorted(self.starts, start, side="right")) - 1
+            while start < stop:
+                end = min(stop, int(self.starts[k + 1]))
+                pieces.append(self.parts[k][start - self.starts[k]:end - self.starts[k]])
+                start, k = end, k + 1
+            return np.concatenate(pieces) if pieces else np.zeros(0, self.dtype)
+        i = int(index) + (len(self) if int(index) < 0 else 0)
+        if not 0 <= i < len(self):
+            raise IndexError(f"token {index} of {len(self)}")
+        k = int(np.searchsorted(self.starts, i, side="right")) - 1
+        return self.parts[k][i - self.starts[k]]
+
+    def __array__(self, dtype=None, copy=None):
+        whole = self[:]
+        return whole if dtype is None else whole.astype(dtype)
+
+
 def load_corpus(directory: str, split: str, process_index: int, process_count: int) -> pt.TokenizedCorpus:
-    """This host's shards of one split -> TokenizedCorpus (documents in shard order, then file order)."""
+    """This host's shards of one split, memory-mapped -> TokenizedCorpus (documents in shard order).
+
+    One shard: its three maps as they are. Several: the token maps behind a TokenShards, the offsets
+    joined (shifted by the tokens and sentences before each shard) in memory.
+    """
     meta = read_metadata(directory)
     num_shards = meta["num_shards"]
     if num_shards < process_count:
@@ -72,24 +156,28 @@ def load_corpus(directory: str, split: str, process_index: int, process_count: i
             f"{directory} has {num_shards} shards for {process_count} processes: prepare it again with "
             f"--num_shards a multiple of {process_count}"
         )
-    paths = [shard_path(directory, split, k, num_shards) for k in range(process_index, num_shards, process_count)]
-    missing = [p for p in paths if not tf.io.gfile.exists(p)]
+    shards = range(process_index, num_shards, process_count)
+    missing = [k for k in shards if not shard_complete(directory, k, num_shards)]
     if missing:
-        raise FileNotFoundError(f"prepared shard {missing[0]} is missing ({len(missing)} of {len(paths)} missing)")
-    spec = {
-        "tokens": tf.io.RaggedFeature(tf.int64),
-        "sentence_lengths": tf.io.RaggedFeature(tf.int64),
-    }
-    # Batched parsing: one parse op per thousand documents, not one per document.
-    records = tf.data.TFRecordDataset(paths).batch(1024).map(lambda x: tf.io.parse_example(x, spec))
-    tokens, lengths, doc_sizes = [], [], []
-    for batch in records:  # eager RaggedTensors: as_numpy_iterator would make object arrays of them
-        tokens.append(batch["tokens"].flat_values.numpy())
-        lengths.append(batch["sentence_lengths"].flat_values.numpy())
-        doc_sizes.append(batch["sentence_lengths"].row_lengths().numpy())
-    if not doc_sizes or sum(len(d) for d in doc_sizes) == 0:
-        raise ValueError(f"the {split} shards {paths[0]} ... of host {process_index} hold no documents")
-    flat, doc_sizes = np.concatenate(tokens), np.concatenate(doc_sizes)
-    sentence_document = np.repeat(np.arange(len(doc_sizes)), doc_sizes)
-    # The shards record no vocabulary size: the largest id present decides the token dtype.
-    return pt.corpus_from_lengths(flat, np.concatenate(lengths), sentence_document, int(flat.max(initial=0)) + 1)
+        raise FileNotFoundError(f"prepared shard {array_path(directory, split, missing[0], num_shards, 'tokens')} is "
+                                f"missing ({len(missing)} of {len(shards)} shards incomplete): run prepare again "
+                                f"with the same settings to finish it")
+    maps = []
+    for k in shards:
+        arrays = {a: np.load(array_path(directory, split, k, num_shards, a), mmap_mode="r") for a in ARRAYS}
+        if arrays["tokens"].dtype != np.dtype(meta["dtype"]):
+            raise ValueError(f"{array_path(directory, split, k, num_shards, 'tokens')} holds {arrays['tokens'].dtype}, "
+                             f"metadata.json says {meta['dtype']}: prepare the directory again")
+        if len(arrays["doc_starts"]) > 1:  # a shard without documents of this split adds nothing
+            maps.append(arrays)
+    if not maps:
+        raise ValueError(f"the {split} shards of host {process_index} in {directory} hold no documents")
+    if len(maps) == 1:
+        return pt.TokenizedCorpus(maps[0]["tokens"], maps[0]["sentence_starts"], maps[0]["doc_starts"])
+    token_offsets = np.cumsum([0] + [len(m["tokens"]) for m in maps])
+    sentence_offsets = np.cumsum([0] + [len(m["sentence_starts"]) - 1 for m in maps])
+    sentence_starts = np.concatenate([m["sentence_starts"][:-1] + t for m, t in zip(maps, token_offsets)]
+                                     + [token_offsets[-1:]]).astype(np.int64)
+    doc_starts = np.concatenate([m["doc_starts"][:-1] + s for m, s in zip(maps, sentence_offsets)]
+                                + [sentence_offsets[-1:]]).astype(np.int64)
+    return pt.TokenizedCorpus(TokenShards([m["tokens"] for m in maps]), sentence_starts, doc_starts)

@@ -43,6 +43,7 @@ n length of an unpadded example, R rows of an epoch.
 """
 
 import dataclasses
+import os
 import random
 from typing import Iterable, Sequence
 
@@ -68,11 +69,20 @@ class TokenizedCorpus:
     tokens:          [num_tokens] token ids of all sentences, back to back
     sentence_starts: [num_sentences + 1] offset of each sentence in tokens (last = num_tokens)
     doc_starts:      [num_documents + 1] offset of each document in sentences (last = num_sentences)
+
+    The arrays are in memory, or memory-mapped from a prepared corpus (prepared.load_corpus): then
+    tokens is an np.memmap, or a prepared.TokenShards over several shards' maps; either is read only
+    by len() and [start:stop].
     """
 
     tokens: np.ndarray
     sentence_starts: np.ndarray
     doc_starts: np.ndarray
+
+    @property
+    def in_memory(self) -> bool:
+        """The tokens are an array in RAM (not a map of files): the stream may copy them into TensorFlow."""
+        return isinstance(self.tokens, np.ndarray) and not isinstance(self.tokens, np.memmap)
 
     @property
     def num_documents(self) -> int:
@@ -532,6 +542,108 @@ def example_lengths(plan: np.ndarray, objective: str) -> np.ndarray:
 # ----------------------------------------------------------------------------------------------------
 
 
+def _rebased_full_sentences(read, separators: tf.Tensor, spec: "MaskingSpec"):
+    """row -> full_sentences_ids of it, given read(begin, end): the flat tokens [begin, end) as int32.
+
+    Only the row's own tokens and separators are handed over, the row re-based to 0: the same example
+    as full_sentences_ids on the whole corpus, without its per-row copy of all D separators.
+    """
+    def full_sentences(row):
+        start, end = row[A_START], row[A_END]
+        first, last = tf.unstack(tf.searchsorted(separators, tf.stack([start, end]), side="left", out_type=tf.int64))
+        flat_start = start - first  # the stream position less the separators before it
+        real = read(flat_start, flat_start + (end - start) - (last - first))  # the row's tokens, no separator
+        local = tf.stack([tf.constant(0, tf.int64), end - start, 0, 0, 0])
+        return full_sentences_ids(real, separators[first:last] - start, local, spec)
+
+    return full_sentences
+
+
+def _map_variable(value: tf.Tensor) -> tf.Variable:
+    """A variable holding `value` without a copy of it: what a tf.data function captures by reference.
+    A tensor it captured itself would be serialized into the pipeline's graph (a copy of every page)."""
+    return tf.Variable(value, trainable=False, name="mapped_tokens")
+
+
+def _map_tensor(array: np.memmap) -> tf.Tensor:
+    """A tensor over a memory-mapped array's pages, not a copy of them (DLPack). DLPack exports only
+    writable arrays, so the file is mapped again copy-on-write; nothing writes to it."""
+    size = (os.path.getsize(array.filename) - array.offset) // array.itemsize
+    if array.ndim != 1 or len(array) != size:
+        raise ValueError(f"{array.filename}: a whole one-dimensional .npy map is needed, not a part of one")
+    writable = np.memmap(array.filename, dtype=array.dtype, mode="c", offset=array.offset, shape=array.shape)
+    if writable.ctypes.data % 64:  # TensorFlow's kernels assume 64-byte aligned buffers (np.save aligns)
+        raise ValueError(f"{array.filename}: its data does not start at a multiple of 64 bytes: prepare it again")
+    return tf.experimental.dlpack.from_dlpack(writable.__dlpack__())
+
+
+def _map_sequence_fn(tokens: np.memmap, objective: str, separators: tf.Tensor, spec: "MaskingSpec"):
+    """_sequence_fn over one token map: the in-memory path's ops on a tensor of the map's pages, read
+    from a variable each row (value() aliases, never copies; a gather straight on the variable would
+    switch it to copying)."""
+    variable = _map_variable(_map_tensor(tokens))
+
+    def read(begin, end):
+        return tf.cast(variable.value()[begin:end], tf.int32)
+
+    def pair(row):
+        return pair_ids(variable.value(), row, spec)
+
+    return _rebased_full_sentences(read, separators, spec) if objective == "none" else pair
+
+
+def _shards_sequence_fn(parts: list[np.memmap], objective: str, separators: tf.Tensor, spec: "MaskingSpec",
+                        max_row_tokens: int):
+    """_sequence_fn over several shards' token maps (prepared.TokenShards): a TensorList of a tensor per
+    map, held by a variable; a range is read from the shard(s) it lies in, and the row re-based on what
+    was read goes through pair_ids or full_sentences_ids, so the examples are the in-memory path's."""
+    dtype = tf.as_dtype(parts[0].dtype)
+    shards = tf.raw_ops.EmptyTensorList(element_shape=tf.constant([-1], tf.int32), max_num_elements=-1,
+                                        element_dtype=dtype)
+    for part in parts:
+        shards = tf.raw_ops.TensorListPushBack(input_handle=shards, tensor=_map_tensor(part))
+    variable = _map_variable(shards)
+    starts = tf.constant(np.cumsum([0] + [len(p) for p in parts]), tf.int64)  # [K + 1]
+    last_shard = len(parts) - 1
+
+    def shard_of(position):
+        k = tf.searchsorted(starts, position[None], side="right")[0] - 1
+        return tf.minimum(k, last_shard)  # the end of the last shard: an empty read from it
+
+    def piece(k, begin, end):  # the part of [begin, end) in shard k
+        part = tf.raw_ops.TensorListGetItem(input_handle=variable.value(), index=tf.cast(k, tf.int32),
+                                            element_shape=tf.constant([-1], tf.int32), element_dtype=dtype)
+        return tf.cast(part[tf.maximum(begin, starts[k]) - starts[k]:tf.minimum(end, starts[k + 1]) - starts[k]],
+                       tf.int32)
+
+    def read_two(begin, end):  # [begin, end) within two neighbouring shards -> int32 [end - begin]
+        k = shard_of(begin)
+        # The next shard's part; empty when the range ends in shard k (k the last: [total, end) is empty).
+        later = piece(tf.minimum(k + 1, last_shard), tf.maximum(begin, starts[k + 1]), end)
+        return tf.concat([piece(k, begin, end), later], 0)
+
+    def read_any(begin, end):  # [begin, end) across any number of shards -> int32 [end - begin]
+        def body(k, out):
+            return k + 1, tf.concat([out, piece(k, begin, end)], 0)
+
+        _, out = tf.while_loop(lambda k, out: (k <= last_shard) & (starts[k] < end), body,
+                               (shard_of(begin), tf.zeros([0], tf.int32)),
+                               shape_invariants=(tf.TensorShape([]), tf.TensorShape([None])))
+        return out
+
+    # A row spans at most two shards unless a shard is shorter than a row: no loop then.
+    read = read_two if min(len(p) for p in parts) >= max_row_tokens else read_any
+
+    def pair(row):
+        # A segment lies in one document, so in one shard: one read each, no loop.
+        a = piece(shard_of(row[A_START]), row[A_START], row[A_END])
+        b = piece(shard_of(row[B_START]), row[B_START], row[B_END])
+        la, lb = tf.size(a, tf.int64), tf.size(b, tf.int64)
+        return pair_ids(tf.concat([a, b], 0), tf.stack([0, la, la, la + lb, row[LABEL]]), spec)
+
+    return _rebased_full_sentences(read, separators, spec) if objective == "none" else pair
+
+
 def _is_count(value) -> bool:
     """A whole number of at least 1 (not a bool, not a float)."""
     return isinstance(value, (int, np.integer)) and not isinstance(value, bool) and value >= 1
@@ -611,19 +723,29 @@ class PretrainingStream:
                                 window=self.packing_window)
 
     def _sequence_fn(self):
-        """plan row -> (unmasked ids, segment ids, label), for this objective."""
-        tokens = tf.constant(self.corpus.tokens)
+        """plan row -> (unmasked ids, segment ids, label), for this objective.
+
+        A corpus in memory becomes one tf.constant that the rows slice; a mapped one a tensor over the
+        map's pages, held by a variable (no copy: the pages a row reads are read from disk then); several
+        shards' maps are read shard by shard. The same ops on the same values: the same examples.
+        """
         spec = self.spec
         separators = tf.constant(document_separators(self.corpus), tf.int64)
+        if hasattr(self.corpus.tokens, "parts"):  # prepared.TokenShards: several shards' maps
+            return _shards_sequence_fn(self.corpus.tokens.parts, self.objective, separators, spec,
+                                       self.max_seq_length)
+        if not self.corpus.in_memory:
+            return _map_sequence_fn(self.corpus.tokens, self.objective, separators, spec)
+        tokens = tf.constant(self.corpus.tokens)
 
         # Named functions, not lambdas: autograph finds a lambda's source by its line, and mixes up two.
-        def full_sentences(row):
-            return full_sentences_ids(tokens, separators, row, spec)
+        def read(begin, end):
+            return tf.cast(tokens[begin:end], tf.int32)
 
         def pair(row):
             return pair_ids(tokens, row, spec)
 
-        return full_sentences if self.objective == "none" else pair
+        return _rebased_full_sentences(read, separators, spec) if self.objective == "none" else pair
 
     def _example_fn(self):
         """(epoch, index, row) -> example (unpacked), or (epoch, members, rows) -> packed row."""

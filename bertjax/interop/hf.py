@@ -36,6 +36,7 @@ import ml_dtypes
 import numpy as np
 from flax import traverse_util
 
+from bertjax.compression import pruning
 from bertjax.interop import hf_files
 from bertjax.models import heads
 from bertjax.models import bert as bert_model
@@ -111,6 +112,9 @@ def config_to_hf(cfg: bert_model.BertConfig, kind: str | None = None, num_labels
     label_names, default LABEL_i) and problem_type, as transformers' own save_pretrained writes them."""
     if cfg.pre_layer_norm:
         raise ValueError("a pre_layer_norm=True model has no Hugging Face BERT equivalent (which is post-LN)")
+    if cfg.head_dim * cfg.num_heads != cfg.hidden_size:
+        raise ValueError(f"model.head_size={cfg.head_dim} x model.num_heads={cfg.num_heads} is not model.hidden_size="
+                         f"{cfg.hidden_size}: Hugging Face BERT has head size hidden_size / num_attention_heads")
     defaults = bert_model.BertConfig()
     changed = sorted(k for k in bert_model.FAMILY_OPTIONS if getattr(cfg, k) != getattr(defaults, k))
     if changed:
@@ -456,6 +460,9 @@ def _to_hf(params: dict, cfg: bert_model.BertConfig, kind: str | None) -> dict[s
     params = nn.meta.unbox(params)
     if set(params) == {"params"}:  # a whole variables dict
         params = params["params"]
+    # Pruned heads (model.layer_heads): transformers 5's BERT has no pruned_heads, so they are written at
+    # full shapes, the removed heads all zeros: the same outputs.
+    cfg, params = pruning.with_all_heads(params, cfg)
     encoder = params["bert"]["encoder"]
     if "layers" in encoder:  # scanned layout: back to layers_0 ... layers_{L-1}
         encoder = bert_model.unstack_layers(encoder, cfg)

@@ -186,7 +186,7 @@ class Graph:
     def convert(self, net, shape: str | None = None):
         """A task network as a TF function of (input_ids, segment_ids, input_mask) -> float32, the weights
         bound; shape: each input's polymorphic shape, (b, S) by default."""
-        tf_net = _to_tf(_head(net), *[shape or f"(b, {self.length})"] * 3)
+        tf_net = _to_tf(_head(self.bert.network(net)), *[shape or f"(b, {self.length})"] * 3)
         return lambda ids, segments, mask: tf_net(self.module.params, ids, segments, mask)
 
     def text_spec(self, shape=(None,)):
@@ -211,7 +211,7 @@ def _text_spec(tf, shape=(None,)):
 
 def _encode_signature(tf, module, bert, length: int):
     """encode(texts): the encoder's sequence and pooled outputs, and the ids and mask it read."""
-    encoder = bert_model.BertModel(bert.config)
+    encoder = bert.network(bert_model.BertModel(bert.config))  # int8 kernels where bert is quantised
 
     def encode_fn(p, ids, segments, mask):
         out = encoder.apply({"params": p["bert"]}, ids, segments, mask, deterministic=True)
@@ -230,7 +230,7 @@ def _encode_signature(tf, module, bert, length: int):
 
 def _fill_mask_signature(tf, module, bert, length: int):
     """fill_mask(texts): the TOP_K guesses and their probabilities at each "[MASK]" of a text."""
-    pretraining = bert_model.BertForPreTraining(bert.config)
+    pretraining = bert.network(bert_model.BertForPreTraining(bert.config))
 
     def fill_fn(p, ids, segments, mask, positions):
         logits = pretraining.apply({"params": p}, ids, segments, mask, jax.numpy.maximum(positions, 0),

@@ -9,9 +9,10 @@ Every parameter carries logical axis names and the key activations carry logical
 config's one rules table (configs/common.py) maps them onto the mesh axes (data, fsdp, tensor).
 
 Shape legend:
-  B batch           S sequence length      H hidden size          N attention heads
+  B batch           S sequence length      H hidden size          N attention heads (of a layer)
   D head size H/N   F feed-forward size    P masked-LM predictions per sequence (max_predictions_per_seq)
   V vocabulary      L layers               T segment (token type) vocabulary
+  (a pruned model's N differs per layer, model.layer_heads, and model.head_size gives D)
 """
 
 import dataclasses
@@ -66,7 +67,7 @@ REMAT_POLICIES = {
     "save_block_out": jax.checkpoint_policies.save_only_these_names("block_out"),
 }
 
-ATTENTION_IMPLS = ("xla", "cudnn")
+ATTENTION_IMPLS = ("xla", "cudnn", "splash")
 # BertConfig fields that choose a family's network (RoBERTa, ALBERT, ModernBERT); BERT has their defaults.
 FAMILY_OPTIONS = ("position_embedding", "position_offset", "activation", "norm_placement", "use_bias", "norm", "pooler",
                   "local_attention_window", "embedding_size", "num_hidden_groups", "pre_layer_norm")
@@ -140,7 +141,7 @@ class BertConfig:
     initializer_range: float = 0.02
     dtype: str = "float32"  # compute dtype of matmuls and activations ("bfloat16" on accelerators)
     param_dtype: str = "float32"  # storage dtype of the parameters (and so of the optimizer state)
-    attention_impl: str = "xla"  # "xla" or "cudnn" (flash attention on NVIDIA GPUs; padding as lengths)
+    attention_impl: str = "xla"  # "xla" | "cudnn" (flash attention, NVIDIA GPUs) | "splash" (Pallas kernel, TPUs)
     word_embedding: str = "gather"  # "gather" or "one_hot" (a [B, S, V] x [V, H] matmul: what TPUs prefer)
     remat_policy: str = "none"  # a key of REMAT_POLICIES
     scan_layers: bool = False  # nn.scan over the blocks: one compiled block, params stacked on "layers"
@@ -159,22 +160,30 @@ class BertConfig:
     embedding_size: int = 0  # ALBERT's factorised embedding width E, projected to H once; 0: hidden_size
     num_hidden_groups: int = 0  # ALBERT's groups of layers sharing parameters; 0: one per layer (BERT)
     pooler: str = "tanh"  # a key of POOLERS: "tanh" (dense, tanh on [CLS]) | "gelu_norm" (ModernBERT's head)
+    # Pruned attention heads (bertjax.compression.pruning): each layer's head count, () = num_heads in every
+    # layer; and the head size D, 0 = hidden_size / num_heads. A pruned layer's q/k/v kernels are [H, h_l, D].
+    layer_heads: tuple = ()
+    head_size: int = 0
 
     def __post_init__(self):
+        # A checkpoint's JSON metadata gives a list: the config must stay hashable (a static jit argument).
+        object.__setattr__(self, "layer_heads", tuple(int(h) for h in self.layer_heads))
         autos = [f.name for f in dataclasses.fields(self) if getattr(self, f.name) == "auto"]
         if autos:
             raise ValueError(f"model fields {autos} are 'auto': resolve them with BertConfig.from_dict "
                              "(or model.resolve_platform) for the platform the model runs on")
-        if self.hidden_size % self.num_heads:
+        if self.head_size < 0:
+            raise ValueError(f"model.head_size={self.head_size} must be >= 0 (0: hidden_size / num_heads)")
+        if not self.head_size and self.hidden_size % self.num_heads:
             raise ValueError(
                 f"model.hidden_size={self.hidden_size} is not divisible by model.num_heads={self.num_heads}"
             )
         if self.attention_impl not in ATTENTION_IMPLS:
             raise ValueError(f"model.attention_impl={self.attention_impl!r}: choose one of {ATTENTION_IMPLS}")
-        if self.attention_impl == "cudnn" and self.attention_dropout_rate > 0:
+        if self.attention_impl in ("cudnn", "splash") and self.attention_dropout_rate > 0:
             raise ValueError(
-                "model.attention_impl='cudnn' has no attention-probability dropout in "
-                "jax.nn.dot_product_attention: set model.attention_dropout_rate=0.0 or model.attention_impl='xla'"
+                f"model.attention_impl={self.attention_impl!r} has no attention-probability dropout (a fused "
+                "kernel): set model.attention_dropout_rate=0.0 or model.attention_impl='xla'"
             )
         if self.word_embedding not in WORD_EMBEDDINGS:
             raise ValueError(f"model.word_embedding={self.word_embedding!r}: choose one of {WORD_EMBEDDINGS}")
@@ -183,6 +192,22 @@ class BertConfig:
         for name in ("dtype", "param_dtype"):
             jnp.dtype(getattr(self, name))  # raises on an unknown dtype name
         self._check_family_options()
+        self._check_layer_heads()
+
+    def _check_layer_heads(self):
+        """Pruned heads: a count per layer in [1, num_heads]; a scanned stack needs one shape, so one count."""
+        counts = self.layer_heads
+        if not counts:
+            return
+        if len(counts) != self.num_layers or self.num_groups != self.num_layers:
+            raise ValueError(f"model.layer_heads={counts} needs one head count for each of model.num_layers="
+                             f"{self.num_layers} layers (and no shared ALBERT groups)")
+        if not all(1 <= h <= self.num_heads for h in counts):
+            raise ValueError(f"model.layer_heads={counts}: each layer keeps 1 to model.num_heads={self.num_heads} "
+                             "heads")
+        if self.scan_layers and len(set(counts[scanned_layout(self)[0]:])) > 1:
+            raise ValueError(f"model.scan_layers=True stacks layers of one shape, and model.layer_heads={counts} "
+                             "differ: set model.scan_layers=False")
 
     def _check_family_options(self):
         """One line naming the keys, for a choice that is unknown or that another choice rules out."""
@@ -236,7 +261,11 @@ class BertConfig:
 
     @property
     def head_dim(self) -> int:
-        return self.hidden_size // self.num_heads
+        return self.head_size or self.hidden_size // self.num_heads
+
+    def heads_of(self, layer: int) -> int:
+        """The attention heads of layer `layer` (fewer than num_heads where pruning removed some)."""
+        return self.layer_heads[layer] if self.layer_heads else self.num_heads
 
     @property
     def embedding_width(self) -> int:
@@ -274,13 +303,18 @@ class Encoder(nn.Module):
 
     With `rows` ([B, Q] positions) only those rows of the output are returned. Unrolled, the last block
     computes only them; scanned, every block is the same compiled body, so the rows are taken after it.
+    head_mask: None or [L, N] float, layer l's heads multiplied by head_mask[l, :heads_of(l)].
     """
 
     config: BertConfig
 
     @nn.compact
-    def __call__(self, x, padding, deterministic: bool, output_hidden_states: bool = False, rows=None):
+    def __call__(self, x, padding, deterministic: bool, output_hidden_states: bool = False, rows=None,
+                 head_mask=None):
         cfg = self.config
+        layer_mask = lambda i: None if head_mask is None else head_mask[i, :cfg.heads_of(i)]  # noqa: E731
+        # The scanned layers' rows of head_mask go in as a scanned argument (axis 0), or None broadcast.
+        mask_axis = nn.broadcast if head_mask is None else 0
         block = scanned_block = layers.TransformerBlock
         if cfg.remat_policy != "none":
             policy = REMAT_POLICIES[cfg.remat_policy]
@@ -289,9 +323,11 @@ class Encoder(nn.Module):
             scanned_block = nn.remat(scanned_block, policy=policy, prevent_cse=False)
 
         def stack(body, length: int, in_axes=nn.broadcast):
+            # All the stacked layers have one head count (BertConfig checks it): the last layer's.
+            heads = cfg.heads_of(cfg.num_layers - 1)
             return nn.scan(body, variable_axes={"params": 0}, split_rngs={"params": True, "dropout": True},
                            in_axes=in_axes, length=length, metadata_params={nn.PARTITION_NAME: "layers"},
-                           )(cfg, deterministic, output_hidden_states, name="layers")
+                           )(cfg, deterministic, output_hidden_states, heads=heads, name="layers")
 
         if cfg.scan_layers:
             unrolled, stacked = scanned_layout(cfg)
@@ -300,9 +336,14 @@ class Encoder(nn.Module):
             for i in range(unrolled):  # layer 0 of norm_placement="pre": it has no attention norm
                 last_rows = rows if i == cfg.num_layers - 1 else None
                 x, out = block(cfg, deterministic, output_hidden_states, cfg.is_local(i), i == 0,
-                               name=f"layers_{i}")(x, padding, last_rows)
+                               heads=cfg.heads_of(i), name=f"layers_{i}")(x, padding, last_rows,
+                                                                          head_mask=layer_mask(i))
                 layer_outputs.append(out)
+            stacked_mask = None if head_mask is None else head_mask[unrolled:, :cfg.heads_of(cfg.num_layers - 1)]
             if per_group > 1:
+                if head_mask is not None:
+                    raise ValueError("head_mask is not supported with scanned ALBERT groups: set "
+                                     "model.scan_layers=False")
                 # ALBERT: a scan step per group, whose params an inner scan (params broadcast) applies L/G times.
                 repeat = nn.scan(scanned_block, variable_broadcast="params", split_rngs={"params": False, "dropout": True},
                                  in_axes=nn.broadcast, length=per_group)
@@ -317,10 +358,13 @@ class Encoder(nn.Module):
                 if cfg.position_embedding == "rotary":
                     positions = jnp.arange(x.shape[1])[None] if padding.positions is None else padding.positions
                     tables = layers.local_and_global_rotary_tables(cfg, positions)
-                in_axes = (nn.broadcast, nn.broadcast, 0, nn.broadcast)  # padding, rows (None), is_local, tables
-                x, per_layer = stack(scanned_block, stacked, in_axes)(x, padding, None, is_local, tables)
+                # padding, rows (None), is_local, tables, head_mask
+                in_axes = (nn.broadcast, nn.broadcast, 0, nn.broadcast, mask_axis)
+                x, per_layer = stack(scanned_block, stacked, in_axes)(x, padding, None, is_local, tables,
+                                                                      stacked_mask)
             elif stacked:
-                x, per_layer = stack(scanned_block, stacked)(x, padding)
+                in_axes = (nn.broadcast, nn.broadcast, nn.broadcast, nn.broadcast, mask_axis)
+                x, per_layer = stack(scanned_block, stacked, in_axes)(x, padding, None, None, None, stacked_mask)
             if stacked and output_hidden_states:
                 layer_outputs += list(per_layer)
             if stacked and rows is not None:
@@ -329,11 +373,11 @@ class Encoder(nn.Module):
             # ALBERT: layer i runs group i // (L / G)'s parameters; otherwise one group per layer.
             per_group = cfg.num_layers // cfg.num_groups
             blocks = [block(cfg, deterministic, output_hidden_states, cfg.is_local(g * per_group), g == 0,
-                            name=f"layers_{g}") for g in range(cfg.num_groups)]
+                            heads=cfg.heads_of(g * per_group), name=f"layers_{g}") for g in range(cfg.num_groups)]
             layer_outputs = []
             for i in range(cfg.num_layers):
                 last_rows = rows if i == cfg.num_layers - 1 else None
-                x, out = blocks[i // per_group](x, padding, last_rows)
+                x, out = blocks[i // per_group](x, padding, last_rows, head_mask=layer_mask(i))
                 layer_outputs.append(out)
         if cfg.pre_layer_norm or cfg.norm_placement == "pre":
             x = layers.layer_norm(cfg, "final_layer_norm")(x)
@@ -357,13 +401,19 @@ class BertModel(nn.Module):
 
     def __call__(self, input_ids, segment_ids, input_mask, deterministic: bool = True,
                  output_hidden_states: bool = False, output_rows=None, sequence_ids=None, position_ids=None,
-                 cls_positions=None):
+                 cls_positions=None, head_mask=None):
         # input_ids, segment_ids, input_mask: [B, S] int; input_mask is 1 at real tokens, 0 at padding.
         # output_rows: None, or [B, Q] int positions: sequence_output is then [B, Q, H], those rows
         # only, and the last block (unrolled) computes just them and [CLS] (for the pooler).
         # Packed rows (several sequences per row, docs/data.md): sequence_ids [B, S] int (k for the k-th
         # sequence, 0 at padding), position_ids [B, S] int (positions within each sequence) and
         # cls_positions [B, K] int (each sequence's [CLS]); pooled_output is then [B, K, H].
+        # head_mask: None or [L, N] float, each head's attention output multiplied by its entry (1 keeps,
+        # 0 removes), what transformers' head_mask means; a pruned layer l reads its first layer_heads[l].
+        if head_mask is not None:
+            expected = (self.config.num_layers, max(self.config.layer_heads or (self.config.num_heads,)))
+            if head_mask.shape != expected:
+                raise ValueError(f"head_mask has shape {head_mask.shape}: [layers, heads] = {expected} is expected")
         if output_rows is not None and output_hidden_states:
             raise ValueError("output_rows and output_hidden_states exclude each other: the last layer's "
                              "hidden state would hold only some rows")
@@ -375,16 +425,16 @@ class BertModel(nn.Module):
             # Block-diagonal: a token sees the real tokens of its own sequence only.
             same = sequence_ids[:, :, None] == sequence_ids[:, None, :]  # [B, S, S]
             mask = (same & (sequence_ids > 0)[:, None, :])[:, None]  # [B, 1, S, S]
-            padding = layers.Padding(mask, None, position_ids)
+            padding = layers.Padding(mask, None, position_ids, sequence_ids)
         else:
             mask = (input_mask > 0)[:, None, None, :]  # [B, 1, 1, S]
             lengths = jnp.sum(input_mask > 0, axis=-1, dtype=jnp.int32)  # [B]: rows are right-padded
-            padding = layers.Padding(mask, lengths, position_ids)
+            padding = layers.Padding(mask, lengths, position_ids, (input_mask > 0).astype(jnp.int32))
         cls_rows = cls_positions if packed else jnp.zeros_like(input_ids[:, :1])  # [B, K] (K = 1 unpacked)
         rows = None
         if output_rows is not None:
             rows = jnp.concatenate([cls_rows, output_rows], axis=1)  # [B, K+Q]: the [CLS] rows first
-        encoded, layer_outputs = self.encoder(x, padding, deterministic, output_hidden_states, rows)
+        encoded, layer_outputs = self.encoder(x, padding, deterministic, output_hidden_states, rows, head_mask)
         num_cls = cls_rows.shape[1]
         cls_hidden = encoded[:, :num_cls] if rows is not None else jnp.take_along_axis(encoded, cls_rows[..., None], 1)
         pooled_output = self.pool(cls_hidden)  # [B, K, H]

@@ -245,12 +245,14 @@ class Padding(NamedTuple):
     mask: [B, 1, 1, S] bool (one sequence per row: its real tokens) or [B, 1, S, S] (packed rows: the
       tokens of the query's own sequence, block-diagonal); lengths: [B] int32, real tokens per
       right-padded row, or None where the mask says more than padding; positions: None (0 .. S-1) or
-      [B, S] int, each token's position in its own sequence (rotary angles, local windows).
+      [B, S] int, each token's position in its own sequence (rotary angles, local windows); segments:
+      [B, S] int, the sequence of each token (0 at padding), for kernels that take segment ids.
     """
 
     mask: Any
     lengths: Any
     positions: Any
+    segments: Any = None  # [B, S] int: the sequence of each token, 0 at padding (the splash kernel's form)
 
 
 def fused_attention(q, k, v, *, mask, kv_lengths, implementation: str):
@@ -283,18 +285,19 @@ class SelfAttention(nn.Module):
     config: Any  # the encoder config (see the module docstring)
     deterministic: bool
     local: bool = False
+    heads: int = 0  # N of this layer (fewer where pruning removed heads); 0: config.num_heads
 
     @nn.compact
-    def __call__(self, x, padding, queries=None, rows=None, is_local=None, rope_tables=None):
+    def __call__(self, x, padding, queries=None, rows=None, is_local=None, rope_tables=None, head_mask=None):
         # x: [B, S, H]; padding: Padding (mask [B, 1, 1, S] or, for packed rows, [B, 1, S, S] bool, True
         # at keys a query may attend to; lengths [B] int32 or None; positions [B, S] int or None).
         # queries: [B, Q, H] rows to compute outputs for (default x itself, Q = S), at row indices rows
         # [B, Q] int (default 0 .. S-1); keys and values always come from every position of x.
         # is_local: None (self.local decides) or a [] bool, this layer's kind in a scanned stack;
         # rope_tables: with is_local and rotary positions, local_and_global_rotary_tables(), of which it
-        # selects one.
+        # selects one. head_mask: None or [N] float, each head's context multiplied by its entry.
         cfg = self.config
-        mask, lengths, positions = padding
+        mask, lengths, positions = padding.mask, padding.lengths, padding.positions
         queries = x if queries is None else queries
         rotary_positions = cfg.position_embedding == "rotary"
         if is_local is not None and (self.local or queries is not x or (rotary_positions and rope_tables is None)):
@@ -303,7 +306,7 @@ class SelfAttention(nn.Module):
 
         def project(name, source):
             return HeadProjection(
-                cfg, (cfg.hidden_size, cfg.num_heads, cfg.head_dim), ("embed", "heads", "kv"), 2,
+                cfg, (cfg.hidden_size, self.heads or cfg.num_heads, cfg.head_dim), ("embed", "heads", "kv"), 2,
                 "bsh,hnd->bsnd", name=name,
             )(source)
 
@@ -327,6 +330,13 @@ class SelfAttention(nn.Module):
         k = checkpoint_name(nn.with_logical_constraint(k, ("batch", "length", "heads", "kv")), "qkv")
         v = checkpoint_name(nn.with_logical_constraint(v, ("batch", "length", "heads", "kv")), "qkv")
 
+        if cfg.attention_impl == "splash" and queries is x:
+            # Segment ids and a static band, in the kernel's own form.
+            from bertjax.models import splash  # Pallas' TPU modules: imported only where used
+
+            window = cfg.local_attention_window // 2 if (self.local or is_local is not None) else 0
+            context = splash.splash_attention(q, k, v, padding.segments, half_window=window, is_local=is_local)
+            return self._output(context, head_mask)
         if self.local or is_local is not None:
             # A band |query - key| <= window / 2 (in positions: within one sequence they are its offsets;
             # across sequences the mask already says no). A traced is_local widens it to everything on
@@ -338,8 +348,9 @@ class SelfAttention(nn.Module):
             lengths = None  # no longer padding alone
         if self.deterministic or cfg.attention_dropout_rate == 0.0:
             use_lengths = cfg.attention_impl == "cudnn" and lengths is not None
+            # The last layer's few query rows (output_rows) take XLA's form under splash: its tiles need all S.
             context = fused_attention(q, k, v, mask=mask, kv_lengths=lengths if use_lengths else None,
-                                      implementation=cfg.attention_impl)
+                                      implementation="xla" if cfg.attention_impl == "splash" else cfg.attention_impl)
         else:
             # jax.nn.dot_product_attention has no dropout on the attention probabilities, which BERT
             # trains with (rate 0.1); this is the same computation with the dropout in the middle.
@@ -349,10 +360,15 @@ class SelfAttention(nn.Module):
             probs = jax.nn.softmax(logits, axis=-1).astype(cfg.dtype)
             probs = Dropout(cfg.attention_dropout_rate)(probs, deterministic=False)
             context = jnp.einsum("bnqk,bknd->bqnd", probs, v)  # [B, Q, N, D]
-        context = checkpoint_name(nn.with_logical_constraint(context, ("batch", "length", "heads", "kv")), "context")
+        return self._output(context, head_mask)
 
+    def _output(self, context, head_mask):
+        cfg = self.config
+        if head_mask is not None:  # as transformers' head_mask: a multiplier on each head's attention output
+            context = context * head_mask.astype(context.dtype)[:, None]  # [N, 1] on [B, Q, N, D]
+        context = checkpoint_name(nn.with_logical_constraint(context, ("batch", "length", "heads", "kv")), "context")
         out = HeadProjection(
-            cfg, (cfg.num_heads, cfg.head_dim, cfg.hidden_size), ("heads", "kv", "embed"), 1,
+            cfg, (self.heads or cfg.num_heads, cfg.head_dim, cfg.hidden_size), ("heads", "kv", "embed"), 1,
             "bsnd,ndh->bsh", name="output",
         )(context)  # [B, Q, H]
         return checkpoint_name(nn.with_logical_constraint(out, ("batch", "length", "hidden")), "attention_out")
@@ -402,15 +418,18 @@ class TransformerBlock(nn.Module):
     output_hidden_states: bool = False
     local: bool = False  # sliding-window attention (model.local_attention_window) in this block
     first: bool = False  # layer 0: with norm_placement="pre", no norm before its attention (ModernBERT)
+    heads: int = 0  # attention heads of this layer (pruned models); 0: config.num_heads
 
     @nn.compact
-    def __call__(self, x, padding, rows=None, is_local=None, rope_tables=None):
+    def __call__(self, x, padding, rows=None, is_local=None, rope_tables=None, head_mask=None):
         # x: [B, S, H]; padding: a Padding, as SelfAttention takes it; rows: None or [B, Q] int.
-        # is_local, rope_tables: None, or as SelfAttention takes them. Returns [B, S, H], or [B, Q, H] with rows.
+        # is_local, rope_tables, head_mask: None, or as SelfAttention takes them. Returns [B, S, H], or
+        # [B, Q, H] with rows.
         cfg = self.config
         at_rows = (lambda y: y) if rows is None else (lambda y: jnp.take_along_axis(y, rows[..., None], axis=1))
-        attention_module = SelfAttention(cfg, self.deterministic, self.local, name="attention")
-        attention = lambda y, queries: attention_module(y, padding, queries, rows, is_local, rope_tables)  # noqa: E731
+        attention_module = SelfAttention(cfg, self.deterministic, self.local, self.heads, name="attention")
+        attention = lambda y, queries: attention_module(y, padding, queries, rows, is_local, rope_tables,  # noqa: E731
+                                                        head_mask)
         feed_forward = FeedForward(cfg, name="mlp")
         # The embedding norm already normalises layer 0's input in ModernBERT's pre-norm stack.
         skip_first_norm = self.first and cfg.norm_placement == "pre"

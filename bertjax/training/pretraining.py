@@ -32,15 +32,20 @@ def batch_keys(packing: bool) -> tuple:
     return BATCH_KEYS + (PACKED_KEYS if packing else ())
 
 
-def _forward(net, params, batch, deterministic: bool, rngs=None):
+def forward(net, params, batch, deterministic: bool, rngs=None, heads_only: bool = True):
+    """BertForPreTraining's outputs on a pretraining batch. heads_only (training and evaluation): the last
+    block only where the heads read, the same loss for less work; False when a loss reads every token's
+    last hidden state (distillation's cosine loss)."""
     # A packed batch (its keys are static under jit) gives the model each row's sequences.
     packed = {key: batch[key] for key in ("sequence_ids", "position_ids", "sentence_positions") if key in batch}
     return net.apply(
         {"params": params}, batch["input_ids"], batch["segment_ids"], batch["input_mask"],
-        batch["masked_lm_positions"], deterministic=deterministic, rngs=rngs,
-        heads_only=True,  # the last block only where the heads read: same loss, less work
-        **packed,
+        batch["masked_lm_positions"], deterministic=deterministic, rngs=rngs, heads_only=heads_only, **packed,
     )
+
+
+def _forward(net, params, batch, deterministic: bool, rngs=None):
+    return forward(net, params, batch, deterministic, rngs)
 
 
 def _loss(out, batch, objective: str):

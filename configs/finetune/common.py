@@ -74,6 +74,22 @@ def finetune_config(task: str) -> ml_collections.ConfigDict:
     # eval_every=0: evaluate on the dev set at the end of every epoch.
     config.logging = ml_collections.ConfigDict(dict(log_every=50, eval_every=0, eval_batch_size=64,
                                                     profile_first_step=0, profile_steps=5))
+    # Task distillation (Hinton et al. 2015): a teacher fine-tuned on this task (a fine-tuning workdir of the
+    # same tokenizer) teaches the model being fine-tuned; loss = (1 - alpha) x the gold labels' loss +
+    # alpha x T^2 x KL of the softened logits (regression: the squared difference of the values).
+    config.distill = ml_collections.ConfigDict(dict(
+        teacher=config_dict.placeholder(str),  # unset: plain fine-tuning
+        temperature=2.0,
+        alpha=0.5,  # the weight of the teacher's soft targets against the gold labels, in [0, 1]
+    ))
+    # python -m bertjax.prune (train.init_from: a model fine-tuned on this task; docs/performance.md, Pruning).
+    config.prune = ml_collections.ConfigDict(dict(
+        heads=0,  # attention heads kept in all, the least important removed (Michel et al. 2019); 0: keep all
+        importance_batches=32,  # training batches (train.batch_size) the head importance is averaged over
+        sparsity=0.0,  # fraction of the encoder layers' dense weights set to zero by magnitude (one global cut)
+        # Fine-tuning epochs after pruning (the recipe's optimizer and schedule; pruned weights stay zero).
+        recovery_epochs=0.0,
+    ))
     return config
 
 

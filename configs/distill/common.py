@@ -1,0 +1,41 @@
+"""Defaults of general distillation (python -m bertjax.distill): DistilBERT's recipe (Sanh et al. 2019,
+section 3, and the training script published with it). Each configs/distill/<recipe>.py starts from
+distill_config() and writes out what differs.
+
+The sections are pretraining's (configs/common.py: the same stream, mesh, checkpoints and logging) plus
+`distill`. With distill.student_layers set, the student is the teacher's architecture with those layers
+(the model section's size fields are not read, only how it computes: dtype, attention_impl, remat_policy,
+scan_layers, dropout); with student_layers=() it is the model section as written, fresh or from
+train.init_from.
+"""
+
+import ml_collections
+from ml_collections import config_dict
+
+from configs import common
+
+# DistilBERT's extraction from BERT-Base: every other layer, the first and the last kept.
+DISTILBERT_LAYERS = (0, 2, 4, 7, 9, 11)
+
+
+def distill_config() -> ml_collections.ConfigDict:
+    config = common.base_config()
+    config.distill = ml_collections.ConfigDict(dict(
+        # A bertjax pretraining workdir or a Hugging Face BERT directory with its masked-LM head.
+        teacher=config_dict.placeholder(str),
+        # Student layer i starts as teacher layer student_layers[i]; embeddings, pooler and heads are
+        # copied. () : a fresh student of the model section (any width; then alpha_cos=0 if it differs).
+        student_layers=DISTILBERT_LAYERS,
+        temperature=2.0,  # T of the soft targets; their loss is scaled by T^2
+        alpha_ce=5.0,  # soft cross-entropy with the teacher's masked-LM distribution (at the masked positions)
+        alpha_mlm=2.0,  # the masked-LM loss on the labels
+        alpha_cos=1.0,  # 1 - cosine between the student's and the teacher's last hidden states (real tokens)
+        alpha_nsp=0.0,  # the sentence task of data.objective (nsp | sop); DistilBERT drops it
+    ))
+    # DistilBERT drops next-sentence prediction: rows of full sentences, masked LM only.
+    config.data.objective = "none"
+    # Its optimizer: Adam (with bias correction), eps 1e-6, no weight decay, clipping at 5.0, lr 5e-4
+    # after a warmup of 5% of the steps, then linear decay.
+    config.optimizer.update(name="adamw", learning_rate=5e-4, b1=0.9, b2=0.999, eps=1e-6, weight_decay=0.0,
+                            bias_correction=True, clip_norm=5.0)
+    return config

@@ -1,0 +1,257 @@
+"""Distillation: the losses against torch (DistilBERT's own functions), the student made from the teacher's
+layers, the step with the teacher as an argument (not trained, not saved, the loss going down), the
+program's resume, and task distillation's hook in fine-tuning (alpha=0 is plain fine-tuning exactly)."""
+
+import functools
+import shutil
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+import torch
+
+from bertjax import distill, finetune, train
+from bertjax.compression import distillation
+from bertjax.interop import pretrained as pretrained_models
+from bertjax.models import bert, heads
+from bertjax.training import checkpoint, optim, pretraining, sharding
+from bertjax.training.state import Setup
+from bertjax.data import synthetic
+from configs.distill import tiny as tiny_distill
+
+SEQ, PREDS, BATCH = 16, 3, 8
+TEACHER = dict(vocab_size=64, hidden_size=32, num_layers=3, num_heads=2, intermediate_size=64,
+               max_position_embeddings=32)
+LAYERS = (0, 2)  # the student's, of the teacher's three
+
+
+def distill_config(**overrides):
+    config = tiny_distill.get_config()
+    config.model.update(TEACHER, num_layers=2, hidden_dropout_rate=0.0, attention_dropout_rate=0.0)
+    config.distill.student_layers = LAYERS
+    config.data.update(source="synthetic", max_seq_length=SEQ, max_predictions_per_seq=PREDS)
+    config.train.update(batch_size=BATCH, num_steps=4)
+    config.schedule.warmup_steps = 1
+    config.optimizer.learning_rate = 3e-3
+    config.checkpoint.update(every_steps=2, async_save=False)
+    config.logging.update(log_every=1, eval_every=2, eval_batches=1)
+    for key, value in overrides.items():
+        section, name = key.split(".")
+        config[section][name] = value
+    return config
+
+
+def mesh_and_rules(config):
+    """One device: the library tests check the numbers (the program runs on the eight-device mesh)."""
+    mesh = sharding.make_mesh(dict(data=1, fsdp=1, tensor=1), jax.devices()[:1])
+    rules = sharding.logical_rules(config.logical_axis_rules)
+    return mesh, rules, sharding.batch_sharding(mesh, rules)
+
+
+@pytest.fixture(scope="module")
+def teacher(tmp_path_factory):
+    """A 3-layer teacher saved as a pretraining workdir (random weights: what is taught does not matter here)."""
+    workdir = str(tmp_path_factory.mktemp("teacher"))
+    config = distill_config()
+    config.model.num_layers = TEACHER["num_layers"]
+    mesh, rules, _ = mesh_and_rules(config)
+    setup = pretraining.setup(config, mesh, rules, jax.random.key(1))
+    state = setup.init(jax.random.key(1))
+    checkpointer = train.make_checkpointer(config, workdir, setup.abstract_state)
+    train.RunHooks(config, setup, None, checkpointer, None, [], None, 1).save(state, 1, True)
+    checkpointer.wait()
+    checkpointer.close()
+    return dict(workdir=workdir, config=setup.bert_config, params=jax.device_get(state.params))
+
+
+# ---------------------------------------------------------------------------------------------------
+# The losses, against DistilBERT's torch functions
+# ---------------------------------------------------------------------------------------------------
+
+
+def test_losses_match_torch_kl_div_and_cosine_embedding_loss():
+    rng = np.random.default_rng(0)
+    student, teacher = rng.normal(size=(2, 3, 4, 11)).astype(np.float32) * 3  # [B, P, V]
+    weights = (rng.random((3, 4)) < 0.6).astype(np.float32)
+    temperature = 2.0
+    got = float(distillation.soft_cross_entropy(student, teacher, weights, temperature))
+    # DistilBERT: the masked positions selected, KLDivLoss(batchmean) of the softened log-probs, x T^2.
+    rows = weights.reshape(-1) > 0
+    s = torch.tensor(student.reshape(-1, 11)[rows]) / temperature
+    t = torch.tensor(teacher.reshape(-1, 11)[rows]) / temperature
+    want = torch.nn.functional.kl_div(torch.log_softmax(s, -1), torch.softmax(t, -1), reduction="batchmean")
+    np.testing.assert_allclose(got, float(want) * temperature ** 2, rtol=1e-5)
+
+    hs, ht = rng.normal(size=(2, 3, 5, 6)).astype(np.float32)  # [B, S, H]
+    mask = np.array([[1, 1, 1, 0, 0], [1, 1, 1, 1, 1], [1, 1, 0, 0, 0]], np.float32)
+    keep = mask.reshape(-1) > 0
+    want = torch.nn.functional.cosine_embedding_loss(torch.tensor(hs.reshape(-1, 6)[keep]),
+                                                     torch.tensor(ht.reshape(-1, 6)[keep]),
+                                                     torch.ones(int(keep.sum())))
+    np.testing.assert_allclose(float(distillation.cosine_loss(hs, ht, mask)), float(want), rtol=1e-5)
+    assert float(distillation.soft_cross_entropy(teacher, teacher, weights, temperature)) == pytest.approx(0, abs=1e-6)
+
+
+# ---------------------------------------------------------------------------------------------------
+# The student, the step with the teacher
+# ---------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("scan_layers", [False, True])
+def test_the_student_is_made_of_the_teachers_layers(teacher, scan_layers):
+    layers = LAYERS
+    config = distill_config(**{"model.scan_layers": scan_layers})
+    student_config = distillation.student_config_from_teacher(teacher["config"], layers,
+                                                              dict(scan_layers=scan_layers))
+    assert (student_config.num_layers, student_config.hidden_size) == (2, 32)
+    config = distill.with_model(config, student_config)
+    mesh, rules, _ = mesh_and_rules(config)
+    setup = pretraining.setup(config, mesh, rules, jax.random.key(0))
+    params = distillation.student_params(teacher["params"], teacher["config"], setup.bert_config, layers,
+                                         setup.abstract_state.params)
+    encoder = params["bert"]["encoder"]
+    if scan_layers:
+        encoder = bert.unstack_layers(encoder, setup.bert_config)
+    for i, j in enumerate(layers):
+        jax.tree_util.tree_map(np.testing.assert_array_equal, encoder[f"layers_{i}"],
+                               teacher["params"]["bert"]["encoder"][f"layers_{j}"])
+    for part in ("embeddings", "pooler"):
+        jax.tree_util.tree_map(np.testing.assert_array_equal, params["bert"][part], teacher["params"]["bert"][part])
+    jax.tree_util.tree_map(np.testing.assert_array_equal, params["mlm_head"], teacher["params"]["mlm_head"])
+
+
+def test_a_student_of_another_width_needs_alpha_cos_zero(teacher):
+    narrow = bert.BertConfig(**dict(TEACHER, hidden_size=16, num_layers=2))
+    with pytest.raises(ValueError, match="distill.alpha_cos=1.0 compares last hidden states.*set distill.alpha_cos=0"):
+        distillation.check_student(teacher["config"], narrow, distillation.LossWeights())
+    distillation.check_student(teacher["config"], narrow, distillation.LossWeights(alpha_cos=0.0))
+    with pytest.raises(ValueError, match="distinct layers of the teacher's 0..2"):
+        distillation.check_layers(teacher["config"], (0, 3))
+
+
+def test_steps_lower_the_loss_and_leave_the_teacher_alone(teacher):
+    config = distill.with_model(distill_config(**{"train.num_steps": 100}), distillation.student_config_from_teacher(
+        teacher["config"], LAYERS, dict(hidden_dropout_rate=0.0, attention_dropout_rate=0.0)))
+    mesh, rules, data_sharding = mesh_and_rules(config)
+    setup = pretraining.setup(config, mesh, rules, jax.random.key(0))
+    teacher_net = bert.BertForPreTraining(teacher["config"])
+    teacher_params = distillation.place_params(teacher_net, bert.dummy_batch(1, SEQ, PREDS), teacher["params"],
+                                               mesh, rules)
+    weights = distillation.LossWeights()
+    loss_fn = functools.partial(distillation.pretraining_distillation_loss, net=setup.net, teacher_net=teacher_net,
+                                weights=weights, objective="none")
+    step = distillation.compile_step_with_teacher(setup, loss_fn, teacher_params, data_sharding, 1,
+                                                  weights.mean_metrics("none"))
+    state = setup.init(jax.random.key(0))
+    batch = sharding.global_batch(synthetic.synthetic_batch(0, batch_size=BATCH, max_seq_length=SEQ,
+                                                            max_predictions_per_seq=PREDS, vocab_size=64), data_sharding)
+    keys = pretraining.batch_keys(False)
+    losses = []
+    with jax.set_mesh(mesh):
+        for _ in range(5):
+            state, sums = step(state, {k: batch[k] for k in keys}, jax.random.key(0))
+            losses.append(float(sums["loss_sum"]))
+    assert all(later < earlier for earlier, later in zip(losses[1:], losses[2:])), losses  # step 1's lr is 0
+    assert losses[-1] < losses[0] - 0.3, losses
+    # The step's loss is the recipe's sum of its parts.
+    assert losses[-1] == pytest.approx(5 * float(sums["ce_loss"]) + 2 * float(sums["mlm_loss"])
+                                       + float(sums["cos_loss"]), rel=1e-5)
+    # The teacher was an argument: not donated, not changed, not in the state.
+    jax.tree_util.tree_map(np.testing.assert_array_equal, jax.device_get(teacher_params), teacher["params"])
+    assert set(state.params["bert"]["encoder"]) == {"layers_0", "layers_1"}
+
+
+# ---------------------------------------------------------------------------------------------------
+# The program: a pretraining workdir, resumed exactly
+# ---------------------------------------------------------------------------------------------------
+
+
+def train_losses(workdir):
+    import json
+    import pathlib
+
+    records = [json.loads(line) for line in (pathlib.Path(workdir) / "metrics.jsonl").read_text().splitlines()]
+    return {r["step"]: r["loss"] for r in records if "split" not in r}
+
+
+@pytest.mark.slow
+def test_the_program_writes_a_pretraining_workdir_and_resumes_exactly(teacher, tmp_path):
+    config = distill_config(**{"distill.teacher": teacher["workdir"]})
+    uninterrupted = str(tmp_path / "uninterrupted")
+    assert distill.distill(config, uninterrupted) == 0
+    losses = train_losses(uninterrupted)
+    assert sorted(losses) == [1, 2, 3, 4] and all(np.isfinite(list(losses.values())))
+    # Killed after the step-2 checkpoint: the same run from it gives the same steps, exactly.
+    killed = tmp_path / "killed"
+    shutil.copytree(uninterrupted, killed)
+    shutil.rmtree(killed / "checkpoints" / "4")
+    assert distill.distill(config, str(killed)) == 0
+    resumed = train_losses(killed)
+    assert [resumed[s] for s in (3, 4)] == [losses[s] for s in (3, 4)]
+    final, _ = checkpoint.restore_params(uninterrupted)
+    again, meta = checkpoint.restore_params(str(killed))
+    jax.tree_util.tree_map(np.testing.assert_array_equal, again, final)
+    # The student alone is saved, and it loads as any pretrained model does.
+    assert meta["distill"] == {"teacher": teacher["workdir"], "student_layers": list(LAYERS)}
+    assert set(final["bert"]["encoder"]) == {"layers_0", "layers_1"}
+    model = pretrained_models.load(uninterrupted)
+    assert (model.config.num_layers, model.config.hidden_size) == (2, 32) and model.task is None
+    jax.tree_util.tree_map(np.testing.assert_array_equal, model.params, final)
+
+
+# ---------------------------------------------------------------------------------------------------
+# Task distillation: the fine-tuning hook
+# ---------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.slow
+def test_task_distillation_is_exact_at_alpha_zero_and_follows_the_teacher_above():
+    config = distill_config()
+    mesh, rules, data_sharding = mesh_and_rules(config)
+    student_cfg = bert.BertConfig(**dict(TEACHER, num_layers=1, hidden_dropout_rate=0.0))
+    net = heads.network("classification", student_cfg, 3)
+    tx, schedule = optim.optimizer_from_config(config.optimizer, config.schedule, 4)
+    setup = Setup.create(net, heads.dummy_inputs("classification", 1, SEQ), tx, schedule, mesh, rules,
+                         jax.random.key(0))
+    # A fine-tuned teacher stands in as another random network (1 layer each: compiling is this test's time).
+    teacher_net = heads.network("classification", bert.BertConfig(**dict(TEACHER, num_layers=1)), 3)
+    teacher_params = distillation.place_params(
+        teacher_net, heads.dummy_inputs("classification", 1, SEQ),
+        jax.jit(teacher_net.init)(jax.random.key(5), **heads.dummy_inputs("classification", 1, SEQ))["params"],
+        mesh, rules)
+    rng = np.random.default_rng(0)
+    host = synthetic.synthetic_batch(0, batch_size=BATCH, max_seq_length=SEQ, max_predictions_per_seq=PREDS,
+                                     vocab_size=64)
+    batch = sharding.global_batch({k: host[k] for k in finetune.INPUT_KEYS} | {
+        "label": rng.integers(0, 3, BATCH).astype(np.int32), "example_weight": np.ones(BATCH, np.float32)},
+        data_sharding)
+    inputs = [batch[k] for k in finetune.INPUT_KEYS]
+    teacher_probs = jax.nn.softmax(jax.jit(teacher_net.apply)({"params": teacher_params}, *inputs), -1)
+
+    @jax.jit
+    def kl_to_teacher(params):
+        logits = net.apply({"params": params}, *inputs)
+        return jnp.mean(jnp.sum(teacher_probs * (jnp.log(teacher_probs) - jax.nn.log_softmax(logits, -1)), -1))
+
+    initial = jax.device_get(setup.init(jax.random.key(0)))
+
+    def run(step_fn):
+        state = jax.device_put(initial, setup.state_sharding)  # a fresh copy: the step donates it
+        with jax.set_mesh(mesh):
+            for _ in range(4):
+                state, sums = step_fn(state, batch, jax.random.key(0))
+        return state.params, float(kl_to_teacher(state.params)), sums
+
+    plain = run(setup.compile_train_step(functools.partial(finetune.task_loss, net=net,
+                                                           loss=heads.classification_loss), data_sharding, 1))
+    hook = functools.partial(finetune.task_distillation_step, setup, teacher_net, teacher_params, "classification",
+                             2.0, data_sharding=data_sharding, grad_accum_steps=1)
+    at_zero = run(hook(alpha=0.0))
+    jax.tree_util.tree_map(functools.partial(np.testing.assert_allclose, rtol=1e-5, atol=1e-7), at_zero[0], plain[0])
+    assert float(at_zero[2]["loss_sum"]) == pytest.approx(float(plain[2]["loss_sum"]), rel=1e-6)
+    at_one = run(hook(alpha=1.0))
+    assert at_one[1] < 0.5 * plain[1], (at_one[1], plain[1])  # the student's distribution nears the teacher's
+    assert "soft_loss_sum" in at_one[2]
+    with pytest.raises(ValueError, match="supports classification.*not span"):
+        distillation.check_task_distillation("span", 2.0, 0.5)

@@ -1,0 +1,228 @@
+"""int8 quantisation for inference (bertjax/compression/quantize.py, qwix): weight-only int8 equals the
+float network run with kernels quantised and dequantised by hand in numpy; both modes keep the logits
+and predictions of a classifier on real text; the int8 params export is >= 3.5x smaller in its dense
+kernels and loads back to the same outputs; the int8 SavedModel serves the same logits; hf is refused
+in one line."""
+
+import collections
+import json
+import os
+import pathlib
+import re
+
+import flax.linen as nn
+from flax import traverse_util
+import jax
+import numpy as np
+import pytest
+
+import bertjax
+from bertjax import export
+from bertjax.interop import pretrained as pretrained_files
+from bertjax.models import bert as bert_model
+from bertjax.models import heads
+from bertjax.training import checkpoint
+from test_finetune import keyword_sentences  # real sentences of the demo corpus, half with the keyword
+
+LABELS = ["no", "yes"]
+
+
+def keyword_classifier(root, rows, max_seq_length: int = 48) -> str:
+    """A fine-tuning workdir for the keyword task, written directly: a word-level vocabulary of the texts,
+    a small BERT drawn at random with a wide initializer (weights of std 0.2, so that its pooled outputs
+    differ from text to text as a trained encoder's do, unlike the near-constant ones of std 0.02), and a
+    classifier fitted by ridge regression to the training rows' pooled outputs. Returns its directory."""
+    words = collections.Counter(w for text, _ in rows for w in re.findall(r"\w+|[^\w\s]", text.lower()))
+    vocab = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"] + [w for w, _ in words.most_common(1500)]
+    workdir = pathlib.Path(root) / "classifier"
+    workdir.mkdir(parents=True)
+    (workdir / "vocab.txt").write_text("\n".join(vocab) + "\n", encoding="utf-8")
+    cfg = bert_model.BertConfig(vocab_size=len(vocab), hidden_size=64, num_layers=2, num_heads=2,
+                                intermediate_size=128, max_position_embeddings=64, initializer_range=0.2)
+    net = heads.network("classification", cfg, 2)
+    params = jax.jit(net.init)(jax.random.key(0), **heads.dummy_inputs("classification", 1, 8))["params"]
+    params = jax.tree_util.tree_map(np.asarray, jax.device_get(nn.unbox(params)))
+    encoder = bert_model.BertModel(cfg)
+    tokenizer = pretrained_files.TokenizerFiles("wordpiece", str(workdir / "vocab.txt"), True).load()
+    train = rows[: len(rows) * 3 // 4]
+    ids, mask = _tokenize(tokenizer, [text for text, _ in train], max_seq_length)
+    pooled = np.asarray(jax.jit(lambda p, i, m: encoder.apply({"params": p}, i, i * 0, m)["pooled_output"])(
+        params["bert"], ids, mask))  # [N, H]
+    targets = np.where(np.array([[label == name for name in LABELS] for _, label in train]), 1.0, -1.0)  # [N, 2]
+    design = np.concatenate([pooled, np.ones((len(pooled), 1), np.float32)], axis=1)
+    solution = np.linalg.solve(design.T @ design + 0.01 * len(design) * np.eye(design.shape[1]), design.T @ targets)
+    params["classifier"] = {"kernel": solution[:-1].astype(np.float32), "bias": solution[-1].astype(np.float32)}
+    meta = {"step": 1, "model": cfg.__dict__, "tokenizer": {"kind": "wordpiece", "path": "vocab.txt", "lower_case": True},
+            "task": {"name": "classification", "kind": "classification", "labels": LABELS, "num_choices": None,
+                     "max_seq_length": max_seq_length}}
+    checkpoint.save_params(str(workdir), checkpoint.BEST_DIR, 1, params, meta)
+    return str(workdir)
+
+
+def _tokenize(tokenizer, texts, length):
+    """[CLS] text [SEP], cut and padded to length: input_ids and input_mask [B, S]."""
+    ids = np.zeros((len(texts), length), np.int32)
+    for b, row in enumerate(tokenizer.encode(list(texts))):
+        row = [tokenizer.cls_id, *row[: length - 2], tokenizer.sep_id]
+        ids[b, : len(row)] = row
+    return ids, (ids != 0).astype(np.int32)
+
+
+@pytest.fixture(scope="module")
+def classifier(tmp_path_factory):
+    """The keyword task's classifier (keyword_classifier), the float model, its params and the dev features."""
+    rows = keyword_sentences()[:400]
+    workdir = keyword_classifier(tmp_path_factory.mktemp("quantize"), rows)
+    float_model = bertjax.load(workdir)
+    params, _ = checkpoint.restore_params(os.path.join(workdir, checkpoint.BEST_DIR))
+    dev = rows[len(rows) * 3 // 4:]
+    return dict(workdir=workdir, cfg=float_model.config, params=jax.device_get(params), float=float_model,
+                features=classification_features(float_model, [text for text, _ in dev]),
+                labels=[LABELS.index(label) for _, label in dev])
+
+
+def classification_features(model, texts):
+    from bertjax.tasks.kinds import classification
+
+    return classification.encode_texts(model, texts)
+
+
+def by_hand_int8(params):
+    """Every dense kernel quantised per output channel, symmetric int8, in numpy: scale = max |w| over
+    the contracted axes / 127.5 (qwix's int8 bound: the top bucket whole), q = clip(round(w / scale),
+    -128, 127). Returns {path: (q, scale)} for each kernel ("a/b/kernel")."""
+    out = {}
+    for path, w in traverse_util.flatten_dict(params, sep="/").items():
+        if path.endswith("/kernel"):
+            # The attention output's kernel [N, D, H] contracts its first two axes; the others [in, ...] one.
+            contracted = (0, 1) if path.endswith("attention/output/kernel") else (0,)
+            w = np.asarray(w, np.float32)
+            scale = np.max(np.abs(w), axis=contracted, keepdims=True) / np.float32(127.5)
+            out[path] = (np.clip(np.round(w / scale), -128, 127), scale)
+    return out
+
+
+def float_logits(cfg, params, feats):
+    net = heads.network("classification", cfg, 2)
+    apply = jax.jit(lambda p, ids, segments, mask: net.apply({"params": p}, ids, segments, mask, deterministic=True))
+    return np.asarray(apply(params, feats["input_ids"], feats["segment_ids"], feats["input_mask"]))
+
+
+@pytest.fixture(scope="module")
+def int8_models(classifier):
+    return {mode: bertjax.load(classifier["workdir"], quantize=mode) for mode in ("int8-weights", "int8-dynamic")}
+
+
+def test_weight_only_int8_is_the_float_network_with_kernels_rounded_by_hand(classifier, int8_models):
+    model = int8_models["int8-weights"]
+    assert "int8-weights" in repr(model)
+    stored = traverse_util.flatten_dict(jax.device_get(model.params), sep="/")
+    weights = traverse_util.flatten_dict(classifier["params"], sep="/")
+    hand = by_hand_int8(classifier["params"])
+    assert sorted(hand) == sorted(k[: -len("/qvalue")] for k in stored if k.endswith("/qvalue"))
+    dequantised = dict(weights)
+    for path, (q, scale) in hand.items():
+        qvalue, stored_scale = np.asarray(stored[path + "/qvalue"]), np.asarray(stored[path + "/scale"])
+        assert qvalue.dtype == np.int8 and stored_scale.shape == scale.shape
+        np.testing.assert_allclose(stored_scale, scale, rtol=1e-6)
+        # The same integers, but where a channel's extreme lands on -127.5 and float rounding of w / scale
+        # decides between -127 and -128.
+        differ = q != qvalue
+        extreme = np.abs(np.asarray(weights[path])) == np.max(np.abs(weights[path]), axis=tuple(
+            range(scale.ndim - np.sum(np.array(scale.shape) > 1))), keepdims=True)
+        assert np.all(np.abs(q - qvalue) <= 1) and np.all(extreme[differ]), path
+        dequantised[path] = qvalue.astype(np.float32) * scale
+    # The float network with the dequantised kernels: equal to float32 rounding (qwix dequantises inside
+    # the compiled function, the reference before it). 1e-4 is far below one int8 step's effect.
+    feats = classifier["features"]
+    logits = model.task_logits(feats)
+    reference = float_logits(classifier["cfg"], traverse_util.unflatten_dict(dequantised, sep="/"), feats)
+    np.testing.assert_allclose(logits, reference, rtol=1e-4, atol=1e-4)
+    assert np.abs(logits - classifier["float"].task_logits(feats)).max() > 1e-3  # and int8 is not float
+    # The embeddings stay float32.
+    assert model.params["bert"]["embeddings"]["word_embeddings"]["embedding"].dtype == np.float32
+
+
+def test_both_int8_modes_keep_the_logits_and_the_predictions(classifier, int8_models):
+    feats, labels = classifier["features"], np.array(classifier["labels"])
+    reference = classifier["float"].task_logits(feats)
+    float_accuracy = np.mean(reference.argmax(-1) == labels)
+    for mode, model in int8_models.items():
+        logits = model.task_logits(feats)
+        # This random encoder (weights of std 0.2) amplifies rounding more than a trained one: int8 moves
+        # its logits by 7% (weight-only) and 9% (dynamic) of their norm here, and keeps 97-98% of its
+        # predictions. The bounds leave room above those; a wrong scale axis or an unscaled kernel moves the
+        # logits by 100% and more.
+        relative = np.linalg.norm(logits - reference) / np.linalg.norm(reference)
+        assert relative < 0.15, (mode, relative)
+        assert np.mean(logits.argmax(-1) == reference.argmax(-1)) >= 0.9, mode
+        assert abs(np.mean(logits.argmax(-1) == labels) - float_accuracy) <= 0.05, mode
+    # The encoder of a quantised model runs int8 too (encode reads the same params).
+    texts = ["The function returns a list of the lines.", "short"]
+    q, f = int8_models["int8-dynamic"].encode(texts), classifier["float"].encode(texts)
+    assert not np.array_equal(q["pooled_output"], f["pooled_output"])
+    assert np.linalg.norm(q["pooled_output"] - f["pooled_output"]) / np.linalg.norm(f["pooled_output"]) < 0.05
+
+
+def test_the_int8_params_export_is_smaller_and_loads_back_the_same(classifier, int8_models, tmp_path):
+    plain = export.export(classifier["workdir"], str(tmp_path / "float"), "params")
+    int8 = export.export(classifier["workdir"], str(tmp_path / "int8"), "params", quantize="int8")
+    flat_float, flat_int8 = dict(np.load(f"{plain}/params.npz")), dict(np.load(f"{int8}/params.npz"))
+    kernels = sorted(k for k in flat_float if k.endswith("/kernel"))
+    assert kernels and all(flat_int8[k + "/qvalue"].dtype == np.int8 for k in kernels)
+    float_bytes = sum(flat_float[k].nbytes for k in kernels)
+    int8_bytes = sum(flat_int8[k + "/qvalue"].nbytes + flat_int8[k + "/scale"].nbytes for k in kernels)
+    assert float_bytes / int8_bytes >= 3.5
+    assert os.path.getsize(f"{int8}/params.npz") < os.path.getsize(f"{plain}/params.npz")
+    assert json.loads(open(f"{int8}/config.json").read())["quantize"] == "int8-dynamic"  # what "int8" means
+    # Read back: the same int8 weights as quantising on load, run in the mode it was exported with, or
+    # weight-only on request.
+    loaded = bertjax.load(int8)
+    assert loaded.quantize == "int8-dynamic"
+    jax.tree_util.tree_map(np.testing.assert_array_equal, jax.device_get(loaded.params),
+                           jax.device_get(int8_models["int8-dynamic"].params))
+    weight_only = bertjax.load(int8, quantize="int8-weights")
+    feats = classifier["features"]
+    np.testing.assert_array_equal(weight_only.task_logits(feats), int8_models["int8-weights"].task_logits(feats))
+    # The float export reads back as the float params.
+    jax.tree_util.tree_map(np.testing.assert_array_equal, jax.device_get(bertjax.load(plain).params),
+                           classifier["params"])
+
+
+def test_the_int8_savedmodel_serves_the_quantised_logits(classifier, int8_models, tmp_path):
+    import tensorflow as tf
+
+    # Weight-only: the served function is continuous in its inputs, so TF's compilation of it equals
+    # JAX's to float rounding. (int8-dynamic serves too, but rounds its activations, where the two
+    # compilations' last-bit differences land on different sides of a rounding point now and then.)
+    out = export.export(classifier["workdir"], str(tmp_path / "serving"), "savedmodel", quantize="int8-weights")
+    served = tf.saved_model.load(out)
+    assert any(v.dtype == tf.int8 for v in tf.nest.flatten(served.params))  # the kernels are stored as int8
+    texts = ["It returns the value of the key.", "The module reads the file."]
+    logits = served.signatures["predict"](texts=tf.constant(texts))["logits"].numpy()
+    model = int8_models["int8-weights"]
+    np.testing.assert_allclose(logits, model.task_logits(classification_features(model, texts)), atol=1e-5)
+
+
+def test_mistakes_are_one_line(classifier, tmp_path):
+    with pytest.raises(ValueError, match="transformers reads no int8 BERT format"):
+        export.export(classifier["workdir"], str(tmp_path / "hf"), "hf", quantize="int8")
+    assert not (tmp_path / "hf").exists()
+    with pytest.raises(ValueError, match="quantize='int4': choose one of int8, int8-weights, int8-dynamic"):
+        bertjax.load(classifier["workdir"], quantize="int4")
+
+
+def test_a_pretraining_checkpoint_quantises_its_heads_too(classifier, tmp_path):
+    cfg = classifier["cfg"]
+    net = bert_model.BertForPreTraining(cfg)
+    params = jax.jit(net.init)(jax.random.key(2), **bert_model.dummy_batch(1, 8, 2))["params"]
+    params = {**jax.device_get(nn.unbox(params)), "bert": classifier["params"]["bert"]}
+    vocab = os.path.join(classifier["workdir"], "vocab.txt")
+    meta = {"step": 1, "model": cfg.__dict__, "tokenizer": {"kind": "wordpiece", "path": vocab, "lower_case": True}}
+    checkpoint.save_params(str(tmp_path), checkpoint.BEST_DIR, 1, params, meta)
+    model = bertjax.load(tmp_path, quantize="int8")
+    assert model.params["mlm_head"]["transform"]["kernel"]["qvalue"].dtype == np.int8
+    assert model.params["nsp_head"]["kernel"]["qvalue"].dtype == np.int8
+    assert model.num_params() == bert_model.count_params(params)
+    guesses = model.fill_mask("The function [MASK] a list.")
+    assert len(guesses) == 5 and all(0 <= g["score"] <= 1 for g in guesses)
