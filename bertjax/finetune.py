@@ -386,9 +386,11 @@ class Packing:
 def packing_settings(config, task, feature_based: bool) -> tuple[int, int | None] | None:
     """(max_sequences_per_row, packed_rows or None) when config.data.packing is on, checked; else None."""
     data = config.data
-    packing = data.get("packing", False)
+    packing = data.get("packing", None)
+    if packing is None:  # unset: wherever it applies
+        packing = heads.head(task.kind).packable and not feature_based
     if not isinstance(packing, bool):
-        raise ValueError(f"data.packing={packing!r}: True or False")
+        raise ValueError(f"data.packing={packing!r}: True or False (or unset: where it applies)")
     if not packing:
         return None
     if not heads.head(task.kind).packable:

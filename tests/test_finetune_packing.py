@@ -1,12 +1,11 @@
 """Packed fine-tuning (data.packing): a packed batch's loss and gradients are the same examples' unpacked
 ones (classification, regression, tagging, gradient accumulation); the packing plan covers every example
-of an epoch once, within its budgets, and is a pure function of the step; a packed run on a small
-classification task trains, writes dev metrics and resumes exactly from an epoch's checkpoint."""
+of an epoch once, within its budgets, and is a pure function of the step; unset, packing is on where it
+applies.
+The fine-tuning runs of tests/test_finetune.py pack by default: their training, dev metrics and exact
+resume are a packed run's."""
 
 import functools
-import json
-import pathlib
-import shutil
 
 import jax
 import numpy as np
@@ -18,7 +17,6 @@ from bertjax.models import heads
 from bertjax.tasks import batches
 from bertjax.training import optim
 from configs.finetune import common as finetune_configs
-from test_finetune import keyword_sentences, pretrained, read_lines, small_config, write_jsonl  # noqa: F401
 
 S, K, VOCAB = 32, 4, 100
 
@@ -119,38 +117,19 @@ def test_the_packing_plan_covers_each_epoch_once_within_budgets_and_is_a_functio
         batches.packed_step_plan(lengths, batch_size, 3, 0, num_rows=1, max_seq_length=S, max_sequences=K)
 
 
-def test_packing_refuses_the_kinds_it_does_not_pack():
-    config = finetune_configs.finetune_config("multiple_choice")
-    config.data.update(num_choices=2, packing=True)
+def test_packing_is_on_where_it_applies_and_refused_where_asked_for_and_it_cannot():
+    """data.packing unset (the default) packs classification, regression and tagging, not multiple choice
+    or the feature-based tagger; True there is one line. (The fine-tuning runs of tests/test_finetune.py,
+    classification, train packed by default: their exact resume is the packed run's.)"""
+    def settings(task, feature_based=False, **data):
+        config = finetune_configs.finetune_config(task)
+        config.data.update(**data)
+        return finetune.packing_settings(config, finetune.task_from_config(config), feature_based)
+
+    assert settings("classification", labels=("a", "b")) == (16, None)
+    assert settings("tagging", labels=("O", "B-X")) == (16, None)
+    assert settings("tagging", True, labels=("O", "B-X")) is None
+    assert settings("multiple_choice", num_choices=2) is None
+    assert settings("classification", labels=("a", "b"), packing=False) is None
     with pytest.raises(ValueError, match="data.packing"):
-        finetune.packing_settings(config, finetune.task_from_config(config), False)
-
-
-def dev_lines(workdir):
-    return {r["step"]: {k: r[k] for k in ("accuracy", "f1")} for r in read_lines(workdir)
-            if r.get("split") == "validation"}
-
-
-@pytest.mark.slow  # about 50 s on 2 shared cores, the small pretrained workdir included
-def test_a_packed_run_trains_writes_dev_metrics_and_resumes_exactly(pretrained, tmp_path, capsys):  # noqa: F811
-    rows = [{"text": s, "label": label} for s, label in keyword_sentences()]
-    files = {"train": write_jsonl(tmp_path / "train.jsonl", rows[:128]),
-             "validation": write_jsonl(tmp_path / "dev.jsonl", rows[500:564])}
-    config = small_config("classification", pretrained, labels=("no", "yes"), **files)
-    config.data.packing = True
-    config.train.epochs = 2.0
-    config.checkpoint.update(keep=2, async_save=False)
-    whole = tmp_path / "whole"
-    summary = finetune.finetune(config, str(whole))
-    assert summary["steps"] == 16
-    expected = dev_lines(whole)
-    assert sorted(expected) == [8, 16]
-    # Interrupted after the first epoch: its checkpoint is the latest; the rerun trains the second again.
-    resumed = tmp_path / "resumed"
-    shutil.copytree(whole, resumed)
-    shutil.rmtree(resumed / "checkpoints" / "16")
-    capsys.readouterr()
-    finetune.finetune(config, str(resumed))
-    assert "resumed from step 8" in capsys.readouterr().out
-    assert dev_lines(resumed)[16] == expected[16]
-    assert json.loads((pathlib.Path(resumed) / "summary.json").read_text())["best"] == summary["best"]
+        settings("multiple_choice", num_choices=2, packing=True)

@@ -39,8 +39,10 @@ def finetune_config(task: str) -> ml_collections.ConfigDict:
         labels=config_dict.placeholder(tuple),  # class names, for task=classification: "('neg', 'pos')"
         num_choices=config_dict.placeholder(int),  # for task=multiple_choice
         # Training batches of several examples per row (classification, regression, tagging; docs/data.md
-        # "Packing in fine-tuning"): a step still takes train.batch_size examples, in packed_rows rows.
-        packing=False,
+        # "Packing in fine-tuning"): a step still takes train.batch_size examples, in packed_rows rows, and
+        # has their loss and gradients. Unset: on for those kinds, off for multiple choice, span and the
+        # feature-based tagger, which cannot pack; True asks for it (an error where it cannot apply).
+        packing=config_dict.placeholder(bool),
         max_sequences_per_row=16,  # K, the sequence slots of a packed row
         # Rows of a packed step (train.batch_size examples); unset: the most any step of the run needs.
         packed_rows=config_dict.placeholder(int),
