@@ -313,15 +313,18 @@ ARCHITECTURE_FIELDS = ("vocab_size", "hidden_size", "num_layers", "num_heads", "
                        # the family options (RoBERTa, ALBERT, ModernBERT); older checkpoints lack them
                        "position_embedding", "position_offset", "activation", "norm_placement", "use_bias", "norm",
                        "rotary_theta", "global_rotary_theta", "local_attention_window", "global_attention_every",
-                       "embedding_size", "num_hidden_groups")
+                       "embedding_size", "num_hidden_groups", "layer_heads", "head_size")
 
 
 def check_same_run(step: int, meta: dict, *, config, bert_config: bert.BertConfig) -> None:
     """Stop, naming what differs, when the workdir's checkpoint is not of this config's model and
     optimizer; the checkpoints stay as they are."""
     saved_model, saved_optimizer = meta.get("model", {}), meta.get("optimizer")
-    differences = [f"model.{k}={saved_model[k]!r}, the config {getattr(bert_config, k)!r}"
-                   for k in ARCHITECTURE_FIELDS if k in saved_model and saved_model[k] != getattr(bert_config, k)]
+    def as_saved(value):  # tuples come back from the checkpoint's JSON as lists
+        return list(value) if isinstance(value, tuple) else value
+
+    differences = [f"model.{k}={saved_model[k]!r}, the config {getattr(bert_config, k)!r}" for k in ARCHITECTURE_FIELDS
+                   if k in saved_model and saved_model[k] != as_saved(getattr(bert_config, k))]
     if saved_optimizer is not None and saved_optimizer.get("name") != config.optimizer.name:
         differences.append(f"optimizer.name={saved_optimizer.get('name')!r}, the config {config.optimizer.name!r}")
     if differences:
@@ -335,7 +338,9 @@ def stream_position(config, process_count: int) -> dict:
     return {"seed": data.seed, "batch_size": config.train.batch_size, "process_count": process_count,
             "max_seq_length": data.max_seq_length, "source": data.source,
             # As the config says them (data.inputs resolves them; its module imports TensorFlow).
-            **{key: data.get(key) for key in ("objective", "mask_rate", "masked_lm_prob", "eval_mask_rate")}}
+            **{key: data.get(key) for key in ("objective", "mask_rate", "masked_lm_prob", "eval_mask_rate", "packing")},
+            # Each source of a mixture and its weight (lists, as the checkpoint's JSON gives them back).
+            "mixture": [dict(entry) for entry in data.get("mixture", None) or ()]}
 
 
 def check_same_stream(meta: dict, config, process_count: int) -> None:
