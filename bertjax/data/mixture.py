@@ -109,13 +109,7 @@ class MixtureStream:
 
     def dataset(self, batch_size: int, start_step: int = 0, threads: int | None = None) -> tf.data.Dataset:
         """Batches of `batch_size` mixed elements from step `start_step` on (as PretrainingStream.dataset)."""
-        ds = self.elements(start_step * batch_size).batch(batch_size, drop_remainder=True)
-        options = tf.data.Options()
-        options.deterministic = True
-        if threads:
-            options.threading.private_threadpool_size = threads
-            options.threading.max_intra_op_parallelism = 1
-        return ds.with_options(options).prefetch(tf.data.AUTOTUNE)
+        return pt.batched(self.elements(start_step * batch_size), batch_size, threads)
 
     def real_token_share(self, num_rows: int, start_row: int = 0) -> float:
         """The share of real tokens in the mixed rows [start_row, start_row + num_rows), from each source's

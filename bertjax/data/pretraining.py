@@ -644,6 +644,17 @@ def _shards_sequence_fn(parts: list[np.memmap], objective: str, separators: tf.T
     return _rebased_full_sentences(read, separators, spec) if objective == "none" else pair
 
 
+def batched(elements: tf.data.Dataset, batch_size: int, threads: int | None = None) -> tf.data.Dataset:
+    """A stream's elements in deterministic batches, prefetched; threads caps tf.data's worker threads."""
+    ds = elements.batch(batch_size, drop_remainder=True)
+    options = tf.data.Options()
+    options.deterministic = True
+    if threads:
+        options.threading.private_threadpool_size = threads
+        options.threading.max_intra_op_parallelism = 1
+    return ds.with_options(options).prefetch(tf.data.AUTOTUNE)
+
+
 def _is_count(value) -> bool:
     """A whole number of at least 1 (not a bool, not a float)."""
     return isinstance(value, (int, np.integer)) and not isinstance(value, bool) and value >= 1
@@ -824,13 +835,7 @@ class PretrainingStream:
         Built from the plan of the epoch the step falls in: resuming at step 1,000,000 costs what
         starting at step 0 costs. threads: cap tf.data's worker threads (benchmarks per core).
         """
-        ds = self.elements(start_step * batch_size).batch(batch_size, drop_remainder=True)
-        options = tf.data.Options()
-        options.deterministic = True
-        if threads:
-            options.threading.private_threadpool_size = threads
-            options.threading.max_intra_op_parallelism = 1
-        return ds.with_options(options).prefetch(tf.data.AUTOTUNE)
+        return batched(self.elements(start_step * batch_size), batch_size, threads)
 
     def elements(self, start: int = 0) -> tf.data.Dataset:
         """The stream's examples (packed: rows), unbatched and infinite, from element `start` on (element
