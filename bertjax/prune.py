@@ -90,7 +90,7 @@ def prune(config, workdir: str) -> dict:
     loss = functools.partial(task_loss, net=net, loss=heads.head(task.kind).loss)
 
     # ---------------------------------------------------------------- heads by importance
-    record = {"heads_before": sum(cfg.heads_of(i) for i in range(cfg.num_layers)),
+    record = {"heads_before": pruning.total_heads(cfg),
               "params_before": bert.count_params(params["bert"])}
     if settings.heads:
         batches = task_batches.train_batches(data.train.features, config.train.batch_size, config.train.seed)

@@ -1,9 +1,11 @@
 """Distillation: the losses against torch (DistilBERT's own functions), the student made from the teacher's
 layers, the step with the teacher as an argument (not trained, not saved, the loss going down), the
-program's resume, and task distillation's hook in fine-tuning (alpha=0 is plain fine-tuning exactly)."""
+program's resume after SIGKILL, and task distillation's hook in fine-tuning (alpha=0 is plain fine-tuning exactly)."""
 
 import functools
-import shutil
+import signal
+import subprocess
+import sys
 
 import jax
 import jax.numpy as jnp
@@ -26,17 +28,19 @@ TEACHER = dict(vocab_size=64, hidden_size=32, num_layers=3, num_heads=2, interme
 LAYERS = (0, 2)  # the student's, of the teacher's three
 
 
+# configs/distill/tiny.py made small: "section.key" -> value, as the tests set them in-process and as a
+# command line's --config.section.key=value.
+SMALL = {**{f"model.{k}": v for k, v in TEACHER.items()}, "model.num_layers": 2, "model.hidden_dropout_rate": 0.0,
+         "model.attention_dropout_rate": 0.0, "distill.student_layers": LAYERS, "data.source": "synthetic",
+         "data.max_seq_length": SEQ, "data.max_predictions_per_seq": PREDS, "train.batch_size": BATCH,
+         "train.num_steps": 4, "schedule.warmup_steps": 1, "optimizer.learning_rate": 3e-3,
+         "checkpoint.every_steps": 2, "checkpoint.async_save": False, "logging.log_every": 1,
+         "logging.eval_every": 2, "logging.eval_batches": 1}
+
+
 def distill_config(**overrides):
     config = tiny_distill.get_config()
-    config.model.update(TEACHER, num_layers=2, hidden_dropout_rate=0.0, attention_dropout_rate=0.0)
-    config.distill.student_layers = LAYERS
-    config.data.update(source="synthetic", max_seq_length=SEQ, max_predictions_per_seq=PREDS)
-    config.train.update(batch_size=BATCH, num_steps=4)
-    config.schedule.warmup_steps = 1
-    config.optimizer.learning_rate = 3e-3
-    config.checkpoint.update(every_steps=2, async_save=False)
-    config.logging.update(log_every=1, eval_every=2, eval_batches=1)
-    for key, value in overrides.items():
+    for key, value in {**SMALL, **overrides}.items():
         section, name = key.split(".")
         config[section][name] = value
     return config
@@ -176,19 +180,27 @@ def train_losses(workdir):
 
 
 @pytest.mark.slow
-def test_the_program_writes_a_pretraining_workdir_and_resumes_exactly(teacher, tmp_path):
-    config = distill_config(**{"distill.teacher": teacher["workdir"]})
+def test_the_program_writes_a_pretraining_workdir_and_resumes_exactly_after_sigkill(teacher, tmp_path):
+    from test_train import REPO, wait_for
+
+    settings = {**SMALL, "distill.teacher": teacher["workdir"], "train.num_steps": 40, "logging.eval_every": 20}
     uninterrupted = str(tmp_path / "uninterrupted")
-    assert distill.distill(config, uninterrupted) == 0
+    assert distill.distill(distill_config(**settings), uninterrupted) == 0
     losses = train_losses(uninterrupted)
-    assert sorted(losses) == [1, 2, 3, 4] and all(np.isfinite(list(losses.values())))
-    # Killed after the step-2 checkpoint: the same run from it gives the same steps, exactly.
+    assert sorted(losses) == list(range(1, 41)) and all(np.isfinite(list(losses.values())))
+    # The program, killed once its first checkpoint is complete; then run again on its workdir.
     killed = tmp_path / "killed"
-    shutil.copytree(uninterrupted, killed)
-    shutil.rmtree(killed / "checkpoints" / "4")
-    assert distill.distill(config, str(killed)) == 0
-    resumed = train_losses(killed)
-    assert [resumed[s] for s in (3, 4)] == [losses[s] for s in (3, 4)]
+    command = [sys.executable, "-m", "bertjax.distill", f"--config={REPO / 'configs/distill/tiny.py'}",
+               f"--workdir={killed}"] + [f"--config.{key}={value}" for key, value in settings.items()]
+    proc = subprocess.Popen(command, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    wait_for(lambda: (killed / "checkpoints" / "2" / "params").is_dir(), proc)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait(timeout=60)
+    saved = max(int(p.name) for p in (killed / "checkpoints").iterdir() if p.name.isdigit())
+    assert saved < 40, "the run finished before it was killed"
+    assert distill.distill(distill_config(**settings), str(killed)) == 0
+    resumed = train_losses(killed)  # a step logged before the kill and again after it: the later
+    assert [resumed[s] for s in range(saved + 1, 41)] == [losses[s] for s in range(saved + 1, 41)]
     final, _ = checkpoint.restore_params(uninterrupted)
     again, meta = checkpoint.restore_params(str(killed))
     jax.tree_util.tree_map(np.testing.assert_array_equal, again, final)

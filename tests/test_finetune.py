@@ -23,24 +23,16 @@ from bertjax.training import checkpoint
 from bertjax.interop import hf
 from bertjax.models import bert as bert_model
 from bertjax.data import demo
+from bertjax.tasks import demo as demo_tasks
 from bertjax.text import vocab as vocabularies
 from configs.finetune import common as finetune_configs
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
-KEYWORD = "return"  # the task: does the sentence speak of what something returns?
 
 
 def keyword_sentences(seed=0):
     """Sentences of the demo corpus (Python's documentation prose), half with the keyword, balanced."""
-    sentences = [s for doc in demo.demo_documents() for s in doc if 30 <= len(s) <= 160]
-    positive = [s for s in sentences if KEYWORD in s.lower()]
-    negative = [s for s in sentences if KEYWORD not in s.lower()]
-    rng = np.random.default_rng(seed)
-    n = min(len(positive), len(negative), 330)
-    chosen = [(s, "yes") for s in rng.choice(positive, n, replace=False)] + \
-             [(s, "no") for s in rng.choice(negative, n, replace=False)]
-    rng.shuffle(chosen)
-    return chosen
+    return demo_tasks.keyword_examples(seed)
 
 
 def write_jsonl(path, rows):

@@ -130,7 +130,7 @@ LAYERS = (
     ("inference", ("inference", "")),
     # The programs: flags and main. By contract some live beside the library they drive.
     ("programs", ("train", "finetune", "distill", "prune", "evaluate", "export", "plan", "benchmark", "summary",
-                  "console", "vocab", "data.preview", "data.prepare", "data.benchmark")),
+                  "console", "vocab", "data.preview", "data.prepare", "data.benchmark", "tasks.demo")),
 )
 PROGRAMS = frozenset(LAYERS[-1][1])
 # Loading a config is `import configs.<name>` (configs/ is an installed package), never these.

@@ -5,6 +5,7 @@ against the unpruned one with those heads masked, Hugging Face export parity of 
 pruning's sparsity and its mask through recovery steps, and the program end to end."""
 
 import contextlib
+import dataclasses
 import functools
 import json
 
@@ -18,7 +19,7 @@ import torch
 import transformers
 
 from bertjax.compression import pruning
-from bertjax.interop import hf
+from bertjax.interop import hf, hf_families
 from bertjax.models import bert as bert_model
 from bertjax.models import heads
 
@@ -194,6 +195,42 @@ def test_pruned_hf_export_matches_transformers(reference, tmp_path):
     with torch.no_grad():
         theirs = exported(**torch_inputs(batch)).logits.numpy()
     np.testing.assert_allclose(logits_of(pruned_cfg, pruned, batch), theirs, atol=ATOL)
+
+
+@pytest.mark.parametrize("family", ("roberta", "albert", "modernbert"))
+def test_a_pruned_family_model_equals_its_masked_self_and_exports_to_its_class(family, tmp_path):
+    import test_family_heads as families
+
+    cfg = families.bertjax_config(family)  # 2 layers of 4 heads; ALBERT's two run one shared group
+    params = families.random_head(cfg, "classification")
+    keep = [[0, 3], [2]][:cfg.num_groups]
+    pruned_cfg, pruned = pruning.prune_heads(params, cfg, keep)
+    assert pruned_cfg.layer_heads == tuple(len(k) for k in keep)
+    head_mask = np.zeros((cfg.num_layers, cfg.num_heads), np.float32)  # ALBERT: each layer of the group alike
+    for layer in range(cfg.num_layers):
+        head_mask[layer, keep[layer * cfg.num_groups // cfg.num_layers]] = 1.0
+    segments = cfg.type_vocab_size >= 2
+    batch = families.make_inputs("classification", cfg.vocab_size, segments)
+    ours = logits_of(pruned_cfg, pruned, batch)
+    np.testing.assert_allclose(ours, logits_of(cfg, params, batch, jnp.asarray(head_mask)), atol=ATOL)
+    hf_families.save_hf_head(tmp_path, pruned_cfg, pruned, family, "classification")
+    exported = families.task_class(family, "classification").from_pretrained(tmp_path, attn_implementation="eager")
+    assert exported.config.num_attention_heads == cfg.num_heads  # full shapes, the removed heads zero
+    np.testing.assert_allclose(ours, families.hf_logits(exported.eval(), "classification", batch, segments),
+                               atol=ATOL)
+
+
+def test_albert_heads_go_per_shared_group_by_their_summed_importance():
+    cfg = bert_model.BertConfig(vocab_size=60, hidden_size=32, num_layers=4, num_heads=4, intermediate_size=48,
+                                num_hidden_groups=2, embedding_size=16)
+    importance = np.array([[0.9, 0.1, 0.0, 0.2], [0.0, 0.1, 0.5, 0.2],  # group 0's layers: sums .9 .2 .5 .4
+                           [0.1, 0.1, 0.1, 0.9], [0.3, 0.1, 0.0, 0.0]])  # group 1's: .4 .2 .1 .9
+    assert pruning.total_heads(cfg) == 8
+    assert pruning.heads_to_keep(importance, cfg, 4) == [[0, 2], [0, 3]]
+    with pytest.raises(ValueError, match="prune.heads=1"):
+        pruning.heads_to_keep(importance, cfg, 1)
+    pruned = dataclasses.replace(cfg, layer_heads=(2, 3), head_size=8)
+    assert [pruned.heads_of(layer) for layer in range(4)] == [2, 2, 3, 3]
 
 
 def test_magnitude_pruning_sparsity_and_mask_through_recovery(reference):

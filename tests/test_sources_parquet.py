@@ -227,16 +227,15 @@ def test_a_corpus_of_bad_rows_and_wrong_settings_are_one_line(corpus, bad_table,
     assert "does not read it" in error(source="text", input_pattern=str(all_bad), sentences_column="x")
 
 
-@pytest.mark.slow  # compiling the training and eval steps is most of it
-def test_a_short_training_run_on_parquet(corpus, tmp_path):
+@pytest.mark.slow  # compiling the training and eval steps is most of it (the second run reuses them)
+@pytest.mark.parametrize("name", ("parquet sentences", "hf sentences"))
+def test_a_short_training_run_on_a_table(corpus, name, tmp_path):
     from bertjax import train
 
     config = runpy.run_path(str(REPO / "configs" / "tiny.py"))["get_config"]()
     config.model.update(num_layers=1, hidden_size=32, num_heads=2, intermediate_size=64, vocab_size=600,
                         max_position_embeddings=32)
-    config.data.update(source="parquet", input_pattern=str(corpus / "parquet" / "*.parquet"),
-                       sentences_column="sentences", vocab_path=str(corpus / "vocab.txt"), eval_fraction=0.1,
-                       max_seq_length=32, max_predictions_per_seq=5)
+    config.data = source_config(corpus, name, max_seq_length=32, max_predictions_per_seq=5)
     config.train.update(batch_size=8, num_steps=2)
     config.schedule.warmup_steps = 1
     config.logging.update(log_every=1, eval_every=2, eval_batches=1)

@@ -6,7 +6,9 @@ head mask, all ones), accumulated over batches of the task's training data, then
 layer by the layer's L2 norm as the paper does. The globally least important heads go, every layer
 keeping at least one; the kept heads' parameters are sliced out (q/k/v kernels and biases, the output
 kernel's rows) and the config's layer_heads says how many each layer has, so the pruned model is smaller
-and faster. Hugging Face export pads the removed heads back as zeros (`with_all_heads`).
+and faster. ALBERT's layers share their parameters, so its heads go per shared group, for every layer
+that runs the group, ranked by their importance summed over those layers. Hugging Face export pads the
+removed heads back as zeros (`with_all_heads`), for every family.
 
 Weights: unstructured magnitude pruning sets the smallest |w| of the encoder layers' dense kernels (the
 attention q/k/v/output and feed-forward kernels; not the embeddings, pooler or classifier) to zero, with
@@ -88,19 +90,33 @@ def _mask_gradient(loss_fn: Callable):
     return jax.jit(jax.grad(masked_loss))
 
 
+def group_importance(importance: np.ndarray, cfg: bert_model.BertConfig) -> np.ndarray:
+    """[G, N]: the importance of each parameter group's heads, the sum over the layers that run it (ALBERT's
+    shared groups: a head removed from a group is removed from all its layers); [L, N] as it is otherwise."""
+    per_group = cfg.num_layers // cfg.num_groups
+    return importance.reshape(cfg.num_groups, per_group, -1).sum(axis=1)
+
+
+def total_heads(cfg: bert_model.BertConfig) -> int:
+    """The heads with parameters of their own: over the layers, or over ALBERT's shared groups."""
+    return sum(cfg.heads_of_group(g) for g in range(cfg.num_groups))
+
+
 def heads_to_keep(importance: np.ndarray, cfg: bert_model.BertConfig, target: int) -> list[list[int]]:
-    """The heads (indices in each layer, ascending) of the `target` most important in all, each layer
-    keeping at least its most important one."""
-    num_layers = cfg.num_layers
-    have = sum(cfg.heads_of(i) for i in range(num_layers))
-    if not num_layers <= target <= have:
-        raise ValueError(f"prune.heads={target}: between {num_layers} (one head per layer) and the model's {have} "
-                         "heads")
-    keep = [{int(np.argmax(importance[i, :cfg.heads_of(i)]))} for i in range(num_layers)]
-    ranked = sorted(((importance[i, h], i, h) for i in range(num_layers) for h in range(cfg.heads_of(i))
-                     if h not in keep[i]), reverse=True)
-    for _, i, h in ranked[:target - num_layers]:
-        keep[i].add(h)
+    """The heads (indices in each parameter group, ascending) of the `target` most important in all, each
+    group (each layer, but for ALBERT's shared groups) keeping at least its most important one; importance
+    is [L, N] (head_importance)."""
+    scores = group_importance(importance, cfg)
+    groups = cfg.num_groups
+    have = total_heads(cfg)
+    if not groups <= target <= have:
+        raise ValueError(f"prune.heads={target}: between {groups} (one head per layer or group) and the model's "
+                         f"{have} heads")
+    keep = [{int(np.argmax(scores[g, :cfg.heads_of_group(g)]))} for g in range(groups)]
+    ranked = sorted(((scores[g, h], g, h) for g in range(groups) for h in range(cfg.heads_of_group(g))
+                     if h not in keep[g]), reverse=True)
+    for _, g, h in ranked[:target - groups]:
+        keep[g].add(h)
     return [sorted(k) for k in keep]
 
 
@@ -110,10 +126,9 @@ def heads_to_keep(importance: np.ndarray, cfg: bert_model.BertConfig, target: in
 
 
 def _encoder_layers(params: dict, cfg: bert_model.BertConfig) -> dict:
-    """The encoder's params unrolled ({layers_0: ...}), from a task head's or pretraining's params."""
+    """The encoder's params unrolled ({layers_0: ...}, one entry per parameter group), from a task head's or
+    pretraining's params."""
     params = nn.meta.unbox(params)
-    if cfg.num_groups != cfg.num_layers:
-        raise ValueError("ALBERT's shared layers (model.num_hidden_groups) cannot lose heads one layer at a time")
     encoder = params["bert"]["encoder"]
     return bert_model.unstack_layers(encoder, cfg) if "layers" in encoder else dict(encoder)
 
@@ -140,16 +155,16 @@ def _map_head_axes(layer: dict, fn: Callable) -> dict:
 
 
 def prune_heads(params: dict, cfg: bert_model.BertConfig, keep: list[list[int]]):
-    """(pruned config, pruned params): layer l keeps the heads keep[l] (indices among its own), the others'
-    parameters removed. The config keeps num_heads (what Hugging Face export pads back to) and says the
-    head size and each layer's count. Equal counts stay scanned; unequal ones cannot be (one shape per
-    scan): scan_layers is then turned off."""
-    if len(keep) != cfg.num_layers or any(not k for k in keep):
-        raise ValueError(f"keep names the heads of each of the {cfg.num_layers} layers, at least one each")
+    """(pruned config, pruned params): parameter group g (layer g, but for ALBERT's shared groups) keeps the
+    heads keep[g] (indices among its own), the others' parameters removed. The config keeps num_heads
+    (what Hugging Face export pads back to) and says the head size and each group's count. Equal counts
+    stay scanned; unequal ones cannot be (one shape per scan): scan_layers is then turned off."""
+    if len(keep) != cfg.num_groups or any(not k for k in keep):
+        raise ValueError(f"keep names the heads of each of the {cfg.num_groups} layers (or groups), at least one each")
     encoder = _encoder_layers(params, cfg)
     for i, heads in enumerate(keep):
-        if sorted(set(heads)) != sorted(heads) or not all(0 <= h < cfg.heads_of(i) for h in heads):
-            raise ValueError(f"layer {i} has heads 0..{cfg.heads_of(i) - 1}: cannot keep {heads}")
+        if sorted(set(heads)) != sorted(heads) or not all(0 <= h < cfg.heads_of_group(i) for h in heads):
+            raise ValueError(f"layer (group) {i} has heads 0..{cfg.heads_of_group(i) - 1}: cannot keep {heads}")
         index = jnp.asarray(sorted(heads))
         encoder[f"layers_{i}"] = _map_head_axes(encoder[f"layers_{i}"], lambda x, axis: jnp.take(x, index, axis=axis))
     counts = tuple(len(k) for k in keep)
@@ -168,8 +183,8 @@ def with_all_heads(params: dict, cfg: bert_model.BertConfig):
         raise ValueError(f"model.head_size={cfg.head_dim} x model.num_heads={cfg.num_heads} is not "
                          f"model.hidden_size={cfg.hidden_size}: no full-size BERT holds these heads")
     encoder = _encoder_layers(params, cfg)
-    for i in range(cfg.num_layers):
-        missing = cfg.num_heads - cfg.heads_of(i)
+    for i in range(cfg.num_groups):
+        missing = cfg.num_heads - cfg.heads_of_group(i)
 
         def pad(x, axis, missing=missing):
             return jnp.pad(x, [(0, missing if a == axis else 0) for a in range(x.ndim)])

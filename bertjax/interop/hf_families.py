@@ -28,6 +28,7 @@ from typing import Callable
 
 import numpy as np
 
+from bertjax.compression import pruning
 from bertjax.interop import hf, hf_files
 from bertjax.models import bert as bert_model
 from bertjax.models import heads
@@ -522,6 +523,9 @@ def params_to_hf(params: dict, cfg: bert_model.BertConfig, family: Family, kind:
 
     params = nn.meta.unbox(params)
     params = params.get("params", params)
+    # Pruned heads (model.layer_heads): no family's transformers class has pruned_heads, so they are written
+    # at full shapes, the removed heads all zeros: the same outputs.
+    cfg, params = pruning.with_all_heads(params, cfg)
     encoder = params["bert"]["encoder"]
     if "layers" in encoder:
         encoder = bert_model.unstack_layers(encoder, cfg)

@@ -12,7 +12,7 @@ Shape legend:
   B batch           S sequence length      H hidden size          N attention heads (of a layer)
   D head size H/N   F feed-forward size    P masked-LM predictions per sequence (max_predictions_per_seq)
   V vocabulary      L layers               T segment (token type) vocabulary
-  (a pruned model's N differs per layer, model.layer_heads, and model.head_size gives D)
+  (a pruned model's N differs per layer or ALBERT group, model.layer_heads, and model.head_size gives D)
 """
 
 import dataclasses
@@ -160,8 +160,9 @@ class BertConfig:
     embedding_size: int = 0  # ALBERT's factorised embedding width E, projected to H once; 0: hidden_size
     num_hidden_groups: int = 0  # ALBERT's groups of layers sharing parameters; 0: one per layer (BERT)
     pooler: str = "tanh"  # a key of POOLERS: "tanh" (dense, tanh on [CLS]) | "gelu_norm" (ModernBERT's head)
-    # Pruned attention heads (bertjax.compression.pruning): each layer's head count, () = num_heads in every
-    # layer; and the head size D, 0 = hidden_size / num_heads. A pruned layer's q/k/v kernels are [H, h_l, D].
+    # Pruned attention heads (bertjax.compression.pruning): the head count of each parameter group (each
+    # layer; ALBERT's shared groups, one count for all the layers of a group), () = num_heads everywhere;
+    # and the head size D, 0 = hidden_size / num_heads. A pruned group's q/k/v kernels are [H, h_g, D].
     layer_heads: tuple = ()
     head_size: int = 0
 
@@ -195,13 +196,14 @@ class BertConfig:
         self._check_layer_heads()
 
     def _check_layer_heads(self):
-        """Pruned heads: a count per layer in [1, num_heads]; a scanned stack needs one shape, so one count."""
+        """Pruned heads: a count per parameter group in [1, num_heads]; a scanned stack needs one shape, so
+        one count."""
         counts = self.layer_heads
         if not counts:
             return
-        if len(counts) != self.num_layers or self.num_groups != self.num_layers:
-            raise ValueError(f"model.layer_heads={counts} needs one head count for each of model.num_layers="
-                             f"{self.num_layers} layers (and no shared ALBERT groups)")
+        if len(counts) != self.num_groups:
+            raise ValueError(f"model.layer_heads={counts} needs one head count for each of the model's "
+                             f"{self.num_groups} parameter groups (its layers; ALBERT's model.num_hidden_groups)")
         if not all(1 <= h <= self.num_heads for h in counts):
             raise ValueError(f"model.layer_heads={counts}: each layer keeps 1 to model.num_heads={self.num_heads} "
                              "heads")
@@ -265,7 +267,11 @@ class BertConfig:
 
     def heads_of(self, layer: int) -> int:
         """The attention heads of layer `layer` (fewer than num_heads where pruning removed some)."""
-        return self.layer_heads[layer] if self.layer_heads else self.num_heads
+        return self.heads_of_group(layer // (self.num_layers // self.num_groups))
+
+    def heads_of_group(self, group: int) -> int:
+        """The attention heads of parameter group `group` (a layer, or one of ALBERT's shared groups)."""
+        return self.layer_heads[group] if self.layer_heads else self.num_heads
 
     @property
     def embedding_width(self) -> int:
@@ -373,7 +379,7 @@ class Encoder(nn.Module):
             # ALBERT: layer i runs group i // (L / G)'s parameters; otherwise one group per layer.
             per_group = cfg.num_layers // cfg.num_groups
             blocks = [block(cfg, deterministic, output_hidden_states, cfg.is_local(g * per_group), g == 0,
-                            heads=cfg.heads_of(g * per_group), name=f"layers_{g}") for g in range(cfg.num_groups)]
+                            heads=cfg.heads_of_group(g), name=f"layers_{g}") for g in range(cfg.num_groups)]
             layer_outputs = []
             for i in range(cfg.num_layers):
                 last_rows = rows if i == cfg.num_layers - 1 else None

@@ -1,0 +1,155 @@
+"""Fine-tuning tasks made from the built-in demo corpus (bertjax/data/demo.py), for trying fine-tuning and
+compression end to end without a download:
+
+    python -m bertjax.tasks.demo --task=word_order --out=/tmp/word_order
+    python -m bertjax.finetune --config=configs/finetune/classification.py --config.train.init_from=RUN \\
+        --config.data.train=/tmp/word_order/train.jsonl --config.data.validation=/tmp/word_order/dev.jsonl \\
+        --config.data.labels="('swapped', 'original')"
+
+- word_order: is the sentence as written, or have two neighbouring words been swapped? Both words of a
+  swap are plain lower-case words (no punctuation moves, no capital letter turns up inside the sentence),
+  so the two classes have the same words and the same characters: only word order tells them apart,
+  which a bag of words cannot see and a pretrained encoder can. Labels ("swapped", "original").
+  The dev sentences come from the documents pretraining holds out (sources.is_eval_document at
+  `eval_fraction`, configs/tiny.py's 0.05), less any sentence that the other documents have too: a
+  model pretrained on the demo corpus has not read them.
+  Each dev sentence appears twice, as written and swapped; each training sentence once, either way.
+- keyword: does the sentence speak of what something returns (the word "return" in it)? One word
+  decides the label: a task any model learns, for checking that the machinery works.
+
+Both are JSON lines of the generic classification task ({"text", "label"}; bertjax/tasks/readers.py).
+"""
+
+import json
+import os
+import re
+
+import numpy as np
+from absl import flags
+
+from bertjax import console
+from bertjax.data import demo, sources
+
+TASKS = ("word_order", "keyword")
+LABELS = {"word_order": ("swapped", "original"), "keyword": ("no", "yes")}
+KEYWORD = "return"
+_PLAIN_WORD = re.compile(r"[a-z]+")
+
+
+def swappable_positions(words: list[str]) -> list[int]:
+    """Positions i (i >= 1) where words i and i+1 are distinct plain lower-case words: a swap there moves
+    no punctuation and no capital, and changes the sentence."""
+    return [i for i in range(1, len(words) - 1)
+            if _PLAIN_WORD.fullmatch(words[i]) and _PLAIN_WORD.fullmatch(words[i + 1]) and words[i] != words[i + 1]]
+
+
+def swap_neighbours(sentence: str, rng: np.random.Generator) -> str | None:
+    """The sentence with one random pair of neighbouring plain words swapped; None where it has none."""
+    words = sentence.split()
+    positions = swappable_positions(words)
+    if not positions:
+        return None
+    i = int(rng.choice(positions))
+    words[i], words[i + 1] = words[i + 1], words[i]
+    return " ".join(words)
+
+
+def _sentences(documents, min_words: int, max_words: int) -> list[str]:
+    return [" ".join(s.split()) for doc in documents for s in doc if min_words <= len(s.split()) <= max_words]
+
+
+def word_order_examples(seed: int = 0, eval_fraction: float = 0.05, max_train: int | None = None,
+                        min_words: int = 6, max_words: int = 30) -> dict[str, list[dict]]:
+    """{"train": [...], "dev": [...]} examples {"text", "label"} of the word_order task (see above)."""
+    documents = demo.demo_documents()
+    held_out = [sources.is_eval_document(doc, eval_fraction) for doc in documents]
+    rng = np.random.default_rng(seed)
+    splits = {"train": [], "dev": []}
+    seen = set()  # a sentence is in one split, once (boilerplate recurs across documents)
+    for split, keep in (("train", False), ("dev", True)):
+        candidates = _sentences([d for d, h in zip(documents, held_out) if h == keep], min_words, max_words)
+        candidates = [s for s in dict.fromkeys(candidates) if s not in seen and swappable_positions(s.split())]
+        seen.update(candidates)
+        rng.shuffle(candidates)
+        if split == "train" and max_train is not None:
+            candidates = candidates[:max_train]
+        for n, sentence in enumerate(candidates):
+            swapped = swap_neighbours(sentence, rng)
+            if split == "dev":  # both versions of every dev sentence: the classes exactly balanced
+                splits[split] += [{"text": sentence, "label": "original"}, {"text": swapped, "label": "swapped"}]
+            else:  # alternately: half of the training sentences swapped
+                splits[split].append({"text": swapped, "label": "swapped"} if n % 2 else
+                                     {"text": sentence, "label": "original"})
+        if not splits[split]:
+            raise ValueError(f"the demo corpus gave no {split} sentences for word_order: raise eval_fraction "
+                             f"(now {eval_fraction})")
+    rng.shuffle(splits["train"])
+    rng.shuffle(splits["dev"])
+    return splits
+
+
+def keyword_examples(seed: int = 0, per_class: int = 330) -> list[tuple[str, str]]:
+    """(sentence, "yes" | "no") pairs of the keyword task, balanced, shuffled: sentences of 30 to 160
+    characters, "yes" where "return" is in them."""
+    sentences = [s for doc in demo.demo_documents() for s in doc if 30 <= len(s) <= 160]
+    positive = [s for s in sentences if KEYWORD in s.lower()]
+    negative = [s for s in sentences if KEYWORD not in s.lower()]
+    rng = np.random.default_rng(seed)
+    n = min(len(positive), len(negative), per_class)
+    chosen = [(s, "yes") for s in rng.choice(positive, n, replace=False)] + \
+             [(s, "no") for s in rng.choice(negative, n, replace=False)]
+    rng.shuffle(chosen)
+    return chosen
+
+
+def task_examples(task: str, seed: int = 0, dev_fraction: float = 0.25) -> dict[str, list[dict]]:
+    """{"train", "dev"} examples of a demo task; the keyword task's last dev_fraction is its dev set."""
+    if task == "word_order":
+        return word_order_examples(seed)
+    if task == "keyword":
+        rows = [{"text": s, "label": label} for s, label in keyword_examples(seed)]
+        cut = int(round(len(rows) * (1 - dev_fraction)))
+        return {"train": rows[:cut], "dev": rows[cut:]}
+    raise ValueError(f"unknown demo task {task!r}: choose one of {TASKS}")
+
+
+def write_task(task: str, out: str, seed: int = 0) -> dict[str, str]:
+    """Writes OUT/train.jsonl and OUT/dev.jsonl; returns {split: path}."""
+    os.makedirs(out, exist_ok=True)
+    paths = {}
+    for split, rows in task_examples(task, seed).items():
+        paths[split] = os.path.join(out, f"{split}.jsonl")
+        with open(paths[split], "w", encoding="utf-8") as f:
+            f.writelines(json.dumps(row) + "\n" for row in rows)
+    return paths
+
+
+def define_flags() -> dict:
+    defined = dict(
+        task=flags.DEFINE_enum("task", None, list(TASKS), "Which demo task to write."),
+        out=flags.DEFINE_string("out", None, "Directory for train.jsonl and dev.jsonl."),
+        seed=flags.DEFINE_integer("seed", 0, "Which sentences, and which words are swapped."),
+    )
+    flags.mark_flags_as_required(["task", "out"])
+    return defined
+
+
+def main(argv, args):
+    if len(argv) > 1:
+        console.fail(f"unexpected arguments: {argv[1:]}")
+    try:
+        paths = write_task(args.task, args.out, args.seed)
+    except (OSError, ValueError) as e:
+        console.fail(str(e))
+    for split, path in paths.items():
+        with open(path, encoding="utf-8") as f:
+            print(f"{split}: {sum(1 for _ in f)} examples in {path}")
+    print(f"labels: {LABELS[args.task]} (--config.data.labels=\"{LABELS[args.task]}\")")
+
+
+def entry():
+    console.run_program(main, define_flags)
+
+
+if __name__ == "__main__":
+    entry()

@@ -1,0 +1,78 @@
+"""The demo corpus's fine-tuning tasks (bertjax/tasks/demo.py): word_order's swaps move two neighbouring
+plain words and nothing else, so a bag of words scores exactly chance on its dev pairs; its dev sentences
+come from the documents pretraining holds out; the files read as the generic classification task; the
+program's output and its one-line error."""
+
+import collections
+import json
+import pathlib
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from bertjax.data import demo, sources
+from bertjax.tasks import demo as demo_tasks
+from bertjax.tasks import readers, registry
+
+REPO = pathlib.Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def word_order():
+    return demo_tasks.word_order_examples(seed=0)
+
+
+def test_a_swap_moves_two_neighbouring_plain_words_only():
+    rng = np.random.default_rng(0)
+    sentence = "The value is then returned to the caller, unchanged."
+    for _ in range(20):
+        words, swapped = sentence.split(), demo_tasks.swap_neighbours(sentence, rng).split()
+        changed = [i for i, (a, b) in enumerate(zip(words, swapped)) if a != b]
+        assert len(changed) == 2 and changed[1] == changed[0] + 1
+        assert swapped[changed[0]] == words[changed[1]] and swapped[changed[1]] == words[changed[0]]
+        assert all(w.isalpha() and w.islower() for w in (words[changed[0]], words[changed[1]]))
+    assert demo_tasks.swappable_positions("Yes, Python 3.".split()) == []
+    assert demo_tasks.swap_neighbours("Yes, Python 3.", rng) is None
+
+
+def test_word_order_dev_pairs_are_balanced_and_a_bag_of_words_is_at_chance(word_order):
+    dev = word_order["dev"]
+    labels = collections.Counter(row["label"] for row in dev)
+    assert labels["original"] == labels["swapped"] > 300
+    bags = collections.defaultdict(list)  # the multiset of words -> the labels of the dev rows with it
+    for row in dev:
+        bags[tuple(sorted(row["text"].split()))].append(row["label"])
+    # Every original has its swapped twin with the same words: any classifier of word counts (or of
+    # characters) gives both the same answer, so it is right on exactly half of the dev set.
+    assert all(sorted(group) == ["original", "swapped"] for group in bags.values()), "a dev pair without its twin"
+    train_labels = collections.Counter(row["label"] for row in word_order["train"])
+    assert abs(train_labels["original"] - train_labels["swapped"]) <= 1 and sum(train_labels.values()) > 10_000
+
+
+def test_word_order_dev_comes_from_the_held_out_documents_only(word_order):
+    documents = demo.demo_documents()
+    held_out = {" ".join(s.split()) for d in documents if sources.is_eval_document(d, 0.05) for s in d}
+    trained_on = {" ".join(s.split()) for d in documents if not sources.is_eval_document(d, 0.05) for s in d}
+    originals = {row["text"] for row in word_order["dev"] if row["label"] == "original"}
+    assert originals <= held_out and not originals & trained_on
+    train_originals = {row["text"] for row in word_order["train"] if row["label"] == "original"}
+    assert train_originals <= trained_on
+
+
+def test_the_program_writes_files_the_classification_task_reads(tmp_path):
+    out = subprocess.run([sys.executable, "-m", "bertjax.tasks.demo", "--task=keyword", f"--out={tmp_path}"],
+                         cwd=REPO, capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    assert "labels: ('no', 'yes')" in out.stdout
+    task = registry.get_task("classification", labels=demo_tasks.LABELS["keyword"])
+    train = readers.read_jsonl(str(tmp_path / "train.jsonl"), task)
+    dev = readers.read_jsonl(str(tmp_path / "dev.jsonl"), task)
+    assert len(train) + len(dev) == 660 and len(dev) == 165
+    rows = [json.loads(line) for line in (tmp_path / "train.jsonl").read_text().splitlines()]
+    assert all((demo_tasks.KEYWORD in row["text"].lower()) == (row["label"] == "yes") for row in rows)
+
+    bad = subprocess.run([sys.executable, "-m", "bertjax.tasks.demo", "--task=sentiment", f"--out={tmp_path}"],
+                         cwd=REPO, capture_output=True, text=True)
+    assert bad.returncode == 2 and len(bad.stderr.strip().splitlines()) == 1 and "word_order" in bad.stderr
