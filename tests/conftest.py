@@ -1,13 +1,20 @@
-"""Test setup: eight virtual CPU devices, so that sharding is tested against one device on any machine.
+"""Test setup: eight virtual CPU devices, so that sharding is tested against one device on any machine,
+and XLA's CPU backend told to compile quickly.
 
-XLA reads this flag once, when JAX starts, so it must be set before anything imports jax.
+XLA reads its flags once, when JAX starts, so they must be set before anything imports jax.
 """
 
 import os
 import tempfile
 
+# The tests' models are tiny and take a few steps each, so compiling is most of their time: without
+# LLVM's optimisation passes a step compiles in about half the time and runs a few times slower, which
+# these shapes never notice. The results agree to float rounding, not bit for bit, so the programs the
+# tests start get these flags too (their ENV): a run compared exactly with another is compiled alike. A
+# test that trains for hundreds of steps asks for full optimisation.
+FAST_COMPILE_FLAGS = "--xla_backend_optimization_level=0 --xla_llvm_disable_expensive_passes=true"
 os.environ["XLA_FLAGS"] = (
-    os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8"
+    os.environ.get("XLA_FLAGS", "") + f" {FAST_COMPILE_FLAGS} --xla_force_host_platform_device_count=8"
 ).strip()
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 # TensorFlow must not grab accelerators or print its start-up banner during the tests.

@@ -12,6 +12,7 @@ import sys
 import jax
 import numpy as np
 import pytest
+from conftest import FAST_COMPILE_FLAGS  # what this process compiles with: its programs too
 
 import bertjax
 from bertjax import export, finetune
@@ -19,7 +20,7 @@ from bertjax.models import bert as bert_model
 from test_finetune import pretrained, small_config  # noqa: F401  (a small random BERT workdir and its task files)
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
-ENV = {**os.environ, "PYTHONPATH": str(REPO), "XLA_FLAGS": "", "JAX_PLATFORMS": "cpu", "CUDA_VISIBLE_DEVICES": ""}
+ENV = {**os.environ, "PYTHONPATH": str(REPO), "XLA_FLAGS": FAST_COMPILE_FLAGS, "JAX_PLATFORMS": "cpu", "CUDA_VISIBLE_DEVICES": ""}
 TEXTS = ["The function returns a list of the lines in the file.", "Naïve café — «quoted» text, résumé!",
          "short"]
 MASKED = ["The function [MASK] a list.", "If the key is not found, a [MASK] is raised."]

@@ -17,6 +17,7 @@ import flax.linen as nn
 import jax
 import numpy as np
 import pytest
+from conftest import FAST_COMPILE_FLAGS  # what this process compiles with: its programs too
 
 from bertjax import finetune
 from bertjax.training import checkpoint
@@ -277,7 +278,7 @@ def test_gradient_accumulation_gives_the_updates_of_the_whole_batch():
         np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=1e-6)
 
 
-SUBPROCESS_ENV = {**os.environ, "PYTHONPATH": str(REPO), "XLA_FLAGS": "", "JAX_PLATFORMS": "cpu"}
+SUBPROCESS_ENV = {**os.environ, "PYTHONPATH": str(REPO), "XLA_FLAGS": FAST_COMPILE_FLAGS, "JAX_PLATFORMS": "cpu"}
 
 
 def finetune_command(pretrained, workdir):

@@ -21,6 +21,7 @@ import flax.linen as nn
 import jax
 import numpy as np
 import pytest
+from conftest import FAST_COMPILE_FLAGS  # what this process compiles with: its programs too
 
 import bertjax
 from bertjax.training import checkpoint
@@ -32,7 +33,7 @@ from bertjax.tasks import features
 from bertjax.text import vocab as vocabularies
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
-ENV = {**os.environ, "PYTHONPATH": str(REPO), "XLA_FLAGS": "", "JAX_PLATFORMS": "cpu", "CUDA_VISIBLE_DEVICES": "",
+ENV = {**os.environ, "PYTHONPATH": str(REPO), "XLA_FLAGS": FAST_COMPILE_FLAGS, "JAX_PLATFORMS": "cpu", "CUDA_VISIBLE_DEVICES": "",
        "TF_CPP_MIN_LOG_LEVEL": "2"}
 S = 32  # the fixed length of the served graph
 

@@ -235,7 +235,8 @@ def test_a_short_training_run_on_a_table(corpus, name, tmp_path):
     config = runpy.run_path(str(REPO / "configs" / "tiny.py"))["get_config"]()
     config.model.update(num_layers=1, hidden_size=32, num_heads=2, intermediate_size=64, vocab_size=600,
                         max_position_embeddings=32)
-    config.data = source_config(corpus, name, max_seq_length=32, max_predictions_per_seq=5)
+    config.data = source_config(corpus, name)
+    config.data.update(max_seq_length=32, max_predictions_per_seq=5)
     config.train.update(batch_size=8, num_steps=2)
     config.schedule.warmup_steps = 1
     config.logging.update(log_every=1, eval_every=2, eval_batches=1)

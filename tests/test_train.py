@@ -15,6 +15,7 @@ import flax.linen as nn
 import jax
 import numpy as np
 import pytest
+from conftest import FAST_COMPILE_FLAGS  # what this process compiles with: its programs too
 
 from bertjax.training import sharding
 from bertjax.training import pretraining
@@ -172,11 +173,11 @@ def command(corpus, workdir, *extra):
     ]
 
 
-ENV = {**os.environ, "PYTHONPATH": str(REPO), "XLA_FLAGS": "", "JAX_PLATFORMS": "cpu"}
+ENV = {**os.environ, "PYTHONPATH": str(REPO), "XLA_FLAGS": FAST_COMPILE_FLAGS, "JAX_PLATFORMS": "cpu"}
 
 
-def run(cmd, timeout=300):
-    return subprocess.run(cmd, capture_output=True, text=True, cwd=REPO, timeout=timeout, env=ENV)
+def run(cmd, timeout=300, env=ENV):
+    return subprocess.run(cmd, capture_output=True, text=True, cwd=REPO, timeout=timeout, env=env)
 
 
 def losses(workdir):
@@ -296,7 +297,7 @@ def test_bad_settings_and_nan_get_one_clear_line(corpus, tmp_path):
 
     expect_error(run(command(corpus, tmp_path / "a", "--config.train.bach_size=8")), "bach_size")
     expect_error(run(command(corpus, tmp_path / "b", "--config.mesh.data=3")), "does not match")
-    env_eight = {**ENV, "XLA_FLAGS": "--xla_force_host_platform_device_count=8"}
+    env_eight = {**ENV, "XLA_FLAGS": f"{FAST_COMPILE_FLAGS} --xla_force_host_platform_device_count=8"}
     result = subprocess.run(command(corpus, tmp_path / "c", "--config.train.batch_size=12"), capture_output=True,
                             text=True, cwd=REPO, timeout=300, env=env_eight)
     expect_error(result, "train.batch_size=12", "multiple of 8")
@@ -315,7 +316,8 @@ def test_tiny_config_learns_on_the_demo_corpus(tmp_path):
                   "--config.logging.eval_batches=10", "--config.checkpoint.every_steps=400",
                   # One example a row: the packer's CPU would double this test's time on 2 cores; a packed
                   # step computes what its examples unpacked would (tests/test_packing_model.py).
-                  "--config.data.packing=false"], timeout=900)
+                  "--config.data.packing=false"], timeout=900,
+                 env={**ENV, "XLA_FLAGS": ""})  # 400 steps: fully optimised code pays for its compile here
     assert result.returncode == 0, result.stderr[-3000:]
     evals = [json.loads(l) for l in (workdir / "metrics.jsonl").read_text().splitlines() if '"split"' in l]
     accuracy = evals[-1]["mlm_accuracy"]

@@ -15,6 +15,7 @@ import sys
 
 import numpy as np
 import pytest
+from conftest import FAST_COMPILE_FLAGS  # what this process compiles with: its programs too
 
 from bertjax.text import files
 from bertjax.training import workdir as workdirs
@@ -170,7 +171,7 @@ def _train(corpus, workdir, cwd, env, *extra):
            "--config.train.num_steps=6", "--config.schedule.warmup_steps=2", "--config.logging.log_every=1",
            "--config.logging.eval_every=3", "--config.logging.eval_batches=1", "--config.checkpoint.every_steps=4",
            *extra]
-    full_env = {**os.environ, **env, "PYTHONPATH": str(REPO), "XLA_FLAGS": "", "JAX_PLATFORMS": "cpu"}
+    full_env = {**os.environ, **env, "PYTHONPATH": str(REPO), "XLA_FLAGS": FAST_COMPILE_FLAGS, "JAX_PLATFORMS": "cpu"}
     return subprocess.run(cmd, capture_output=True, text=True, cwd=cwd, timeout=300, env=full_env)
 
 
@@ -244,7 +245,7 @@ def test_a_workdir_it_cannot_write_is_one_line(tmp_path):
         [sys.executable, "-m", "bertjax.train", f"--config={REPO / 'configs' / 'tiny.py'}", "--workdir=foo://b/run",
          "--config.data.source=synthetic"],
         capture_output=True, text=True, cwd=tmp_path, timeout=300,
-        env={**os.environ, "PYTHONPATH": str(REPO), "XLA_FLAGS": "", "JAX_PLATFORMS": "cpu"})
+        env={**os.environ, "PYTHONPATH": str(REPO), "XLA_FLAGS": FAST_COMPILE_FLAGS, "JAX_PLATFORMS": "cpu"})
     assert result.returncode == 2, result.stderr[-2000:]
     assert "Traceback" not in result.stderr
     assert "cannot write to the workdir foo://b/run" in result.stderr.strip().splitlines()[-1]
