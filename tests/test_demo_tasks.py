@@ -1,5 +1,5 @@
-"""The demo corpus's fine-tuning tasks (bertjax/tasks/demo.py): word_order's swaps move two neighbouring
-plain words and nothing else, so a bag of words scores exactly chance on its dev pairs; its dev sentences
+"""The demo corpus's fine-tuning tasks (bertjax/tasks/demo.py): word_order's shuffles move the plain
+words among themselves and nothing else, so a bag of words scores exactly chance on its dev pairs; its dev sentences
 come from the documents pretraining holds out; the files read as the generic classification task; the
 program's output and its one-line error."""
 
@@ -24,31 +24,34 @@ def word_order():
     return demo_tasks.word_order_examples(seed=0)
 
 
-def test_a_swap_moves_two_neighbouring_plain_words_only():
+def test_a_shuffle_moves_the_plain_words_only():
     rng = np.random.default_rng(0)
     sentence = "The value is then returned to the caller, unchanged."
+    words = sentence.split()
+    # "value is then returned to the" move; "The", "caller," and "unchanged." stay.
+    assert demo_tasks.movable_positions(words) == [1, 2, 3, 4, 5, 6]
     for _ in range(20):
-        words, swapped = sentence.split(), demo_tasks.swap_neighbours(sentence, rng).split()
-        changed = [i for i, (a, b) in enumerate(zip(words, swapped)) if a != b]
-        assert len(changed) == 2 and changed[1] == changed[0] + 1
-        assert swapped[changed[0]] == words[changed[1]] and swapped[changed[1]] == words[changed[0]]
-        assert all(w.isalpha() and w.islower() for w in (words[changed[0]], words[changed[1]]))
-    assert demo_tasks.swappable_positions("Yes, Python 3.".split()) == []
-    assert demo_tasks.swap_neighbours("Yes, Python 3.", rng) is None
+        shuffled = demo_tasks.shuffle_words(sentence, rng).split()
+        assert shuffled != words and sorted(shuffled) == sorted(words)
+        fixed = [i for i in range(len(words)) if i not in demo_tasks.movable_positions(words)]
+        assert [shuffled[i] for i in fixed] == [words[i] for i in fixed]
+    assert not demo_tasks.shufflable("Yes, Python 3 is here.".split())  # "is" alone moves
+    assert demo_tasks.shuffle_words("Yes, Python 3 is here.", rng) is None
+    assert demo_tasks.shuffle_words("Yes the the the 3.", rng) is None  # one word three times: no other order
 
 
 def test_word_order_dev_pairs_are_balanced_and_a_bag_of_words_is_at_chance(word_order):
     dev = word_order["dev"]
     labels = collections.Counter(row["label"] for row in dev)
-    assert labels["original"] == labels["swapped"] > 300
+    assert labels["original"] == labels["shuffled"] > 300
     bags = collections.defaultdict(list)  # the multiset of words -> the labels of the dev rows with it
     for row in dev:
         bags[tuple(sorted(row["text"].split()))].append(row["label"])
-    # Every original has its swapped twin with the same words: any classifier of word counts (or of
+    # Every original has its shuffled twin with the same words: any classifier of word counts (or of
     # characters) gives both the same answer, so it is right on exactly half of the dev set.
-    assert all(sorted(group) == ["original", "swapped"] for group in bags.values()), "a dev pair without its twin"
+    assert all(sorted(group) == ["original", "shuffled"] for group in bags.values()), "a dev pair without its twin"
     train_labels = collections.Counter(row["label"] for row in word_order["train"])
-    assert abs(train_labels["original"] - train_labels["swapped"]) <= 1 and sum(train_labels.values()) > 10_000
+    assert abs(train_labels["original"] - train_labels["shuffled"]) <= 1 and sum(train_labels.values()) > 10_000
 
 
 def test_word_order_dev_comes_from_the_held_out_documents_only(word_order):

@@ -125,6 +125,22 @@ def test_the_student_is_made_of_the_teachers_layers(teacher, scan_layers):
     jax.tree_util.tree_map(np.testing.assert_array_equal, params["mlm_head"], teacher["params"]["mlm_head"])
 
 
+@pytest.mark.parametrize("recipe,teacher_config,teacher_layers", [
+    ("tiny", "tiny", 4), ("modernbert_tiny", "modernbert_tiny", 6), ("distilbert", "base", 12)])
+def test_each_recipe_names_layers_its_teacher_has_and_writes_out_the_students_shape(recipe, teacher_config,
+                                                                                    teacher_layers):
+    """configs/distill/<recipe>.py against the teacher its docstring trains: its layers are the teacher's
+    (ModernBERT's: each keeping its kind of attention), and its model section is the student they make."""
+    import importlib
+
+    config = importlib.import_module(f"configs.distill.{recipe}").get_config()
+    model = dict(importlib.import_module(f"configs.{teacher_config}").get_config().model, num_layers=teacher_layers)
+    teacher_cfg = bert.BertConfig.from_dict(model, platform="cpu")
+    student = distillation.student_config_from_teacher(teacher_cfg, config.distill.student_layers, {})
+    shape = ("num_layers", "hidden_size", "num_heads", "intermediate_size")
+    assert {k: getattr(student, k) for k in shape} == {k: config.model[k] for k in shape}
+
+
 def test_a_student_of_another_width_needs_alpha_cos_zero(teacher):
     narrow = bert.BertConfig(**dict(TEACHER, hidden_size=16, num_layers=2))
     with pytest.raises(ValueError, match="distill.alpha_cos=1.0 compares last hidden states.*set distill.alpha_cos=0"):

@@ -618,9 +618,14 @@ def _shards_sequence_fn(parts: list[np.memmap], objective: str, separators: tf.T
 
     def read_two(begin, end):  # [begin, end) within two neighbouring shards -> int32 [end - begin]
         k = shard_of(begin)
-        # The next shard's part; empty when the range ends in shard k (k the last: [total, end) is empty).
-        later = piece(tf.minimum(k + 1, last_shard), tf.maximum(begin, starts[k + 1]), end)
-        return tf.concat([piece(k, begin, end), later], 0)
+
+        def within():  # most rows: one read
+            return piece(k, begin, end)
+
+        def across():  # the rows over a boundary: this shard's end and the next shard's start
+            return tf.concat([piece(k, begin, end), piece(k + 1, starts[k + 1], end)], 0)
+
+        return tf.cond(end <= starts[k + 1], within, across)
 
     def read_any(begin, end):  # [begin, end) across any number of shards -> int32 [end - begin]
         def body(k, out):

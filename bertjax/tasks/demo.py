@@ -4,16 +4,17 @@ compression end to end without a download:
     python -m bertjax.tasks.demo --task=word_order --out=/tmp/word_order
     python -m bertjax.finetune --config=configs/finetune/classification.py --config.train.init_from=RUN \\
         --config.data.train=/tmp/word_order/train.jsonl --config.data.validation=/tmp/word_order/dev.jsonl \\
-        --config.data.labels="('swapped', 'original')"
+        --config.data.labels="('shuffled', 'original')"
 
-- word_order: is the sentence as written, or have two neighbouring words been swapped? Both words of a
-  swap are plain lower-case words (no punctuation moves, no capital letter turns up inside the sentence),
-  so the two classes have the same words and the same characters: only word order tells them apart,
-  which a bag of words cannot see and a pretrained encoder can. Labels ("swapped", "original").
+- word_order: is the sentence as written, or have its words been shuffled? The plain lower-case words
+  (no punctuation attached, not the first word) trade places among themselves; the rest stay where they
+  are, so no full stop moves and no capital letter turns up inside the sentence. The two classes have the
+  same words and the same characters: only their order tells them apart, which a bag of words cannot
+  see and an encoder that learned the language can. Labels ("shuffled", "original").
   The dev sentences come from the documents pretraining holds out (sources.is_eval_document at
   `eval_fraction`, configs/tiny.py's 0.05), less any sentence that the other documents have too: a
-  model pretrained on the demo corpus has not read them.
-  Each dev sentence appears twice, as written and swapped; each training sentence once, either way.
+  model pretrained on the demo corpus has not read them. Each dev sentence appears twice, as written
+  and shuffled; each training sentence once, either way.
 - keyword: does the sentence speak of what something returns (the word "return" in it)? One word
   decides the label: a task any model learns, for checking that the machinery works.
 
@@ -31,26 +32,37 @@ from bertjax import console
 from bertjax.data import demo, sources
 
 TASKS = ("word_order", "keyword")
-LABELS = {"word_order": ("swapped", "original"), "keyword": ("no", "yes")}
+LABELS = {"word_order": ("shuffled", "original"), "keyword": ("no", "yes")}
 KEYWORD = "return"
 _PLAIN_WORD = re.compile(r"[a-z]+")
+# A sentence with fewer movable words than this has too few orders to tell apart from its own.
+MIN_MOVABLE_WORDS = 3
 
 
-def swappable_positions(words: list[str]) -> list[int]:
-    """Positions i (i >= 1) where words i and i+1 are distinct plain lower-case words: a swap there moves
-    no punctuation and no capital, and changes the sentence."""
-    return [i for i in range(1, len(words) - 1)
-            if _PLAIN_WORD.fullmatch(words[i]) and _PLAIN_WORD.fullmatch(words[i + 1]) and words[i] != words[i + 1]]
+def movable_positions(words: list[str]) -> list[int]:
+    """The positions (after the first) of plain lower-case words: shuffling them among themselves moves
+    no punctuation and no capital."""
+    return [i for i in range(1, len(words)) if _PLAIN_WORD.fullmatch(words[i])]
 
 
-def swap_neighbours(sentence: str, rng: np.random.Generator) -> str | None:
-    """The sentence with one random pair of neighbouring plain words swapped; None where it has none."""
+def shufflable(words: list[str]) -> bool:
+    """At least MIN_MOVABLE_WORDS movable words, not all the same word: another order exists."""
+    movable = [words[i] for i in movable_positions(words)]
+    return len(movable) >= MIN_MOVABLE_WORDS and len(set(movable)) > 1
+
+
+def shuffle_words(sentence: str, rng: np.random.Generator) -> str | None:
+    """The sentence with its movable words in a random other order; None where it is not shufflable."""
     words = sentence.split()
-    positions = swappable_positions(words)
-    if not positions:
+    if not shufflable(words):
         return None
-    i = int(rng.choice(positions))
-    words[i], words[i + 1] = words[i + 1], words[i]
+    positions = movable_positions(words)
+    movable = [words[i] for i in positions]
+    order = rng.permutation(len(positions))
+    while [movable[j] for j in order] == movable:  # at least two distinct words: another order exists
+        order = rng.permutation(len(positions))
+    for i, j in zip(positions, order):
+        words[i] = movable[j]
     return " ".join(words)
 
 
@@ -68,17 +80,18 @@ def word_order_examples(seed: int = 0, eval_fraction: float = 0.05, max_train: i
     seen = set()  # a sentence is in one split, once (boilerplate recurs across documents)
     for split, keep in (("train", False), ("dev", True)):
         candidates = _sentences([d for d, h in zip(documents, held_out) if h == keep], min_words, max_words)
-        candidates = [s for s in dict.fromkeys(candidates) if s not in seen and swappable_positions(s.split())]
+        candidates = [s for s in dict.fromkeys(candidates)
+                      if s not in seen and shufflable(s.split())]
         seen.update(candidates)
         rng.shuffle(candidates)
         if split == "train" and max_train is not None:
             candidates = candidates[:max_train]
         for n, sentence in enumerate(candidates):
-            swapped = swap_neighbours(sentence, rng)
+            shuffled = shuffle_words(sentence, rng)
             if split == "dev":  # both versions of every dev sentence: the classes exactly balanced
-                splits[split] += [{"text": sentence, "label": "original"}, {"text": swapped, "label": "swapped"}]
-            else:  # alternately: half of the training sentences swapped
-                splits[split].append({"text": swapped, "label": "swapped"} if n % 2 else
+                splits[split] += [{"text": sentence, "label": "original"}, {"text": shuffled, "label": "shuffled"}]
+            else:  # alternately: half of the training sentences shuffled
+                splits[split].append({"text": shuffled, "label": "shuffled"} if n % 2 else
                                      {"text": sentence, "label": "original"})
         if not splits[split]:
             raise ValueError(f"the demo corpus gave no {split} sentences for word_order: raise eval_fraction "
@@ -128,7 +141,7 @@ def define_flags() -> dict:
     defined = dict(
         task=flags.DEFINE_enum("task", None, list(TASKS), "Which demo task to write."),
         out=flags.DEFINE_string("out", None, "Directory for train.jsonl and dev.jsonl."),
-        seed=flags.DEFINE_integer("seed", 0, "Which sentences, and which words are swapped."),
+        seed=flags.DEFINE_integer("seed", 0, "Which sentences, and how their words are shuffled."),
     )
     flags.mark_flags_as_required(["task", "out"])
     return defined
