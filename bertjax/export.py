@@ -16,8 +16,10 @@ dev checkpoint; --step=N one step of its checkpoints/) or a checkpoint directory
   savedmodel  a TensorFlow SavedModel for TF Serving, signatures on raw strings (bertjax/savedmodel.py)
   params      params.npz (the parameter tree, flattened with "/"), config.json and the vocabulary
 --quantize=int8 (params, savedmodel): every dense layer's kernel stored as int8 with a float32 scale per
-output channel (bertjax/compression/quantize.py); params.npz then holds kernel/qvalue and kernel/scale
-in place of each kernel, and config.json says "quantize". bertjax.load reads it back as int8.
+output channel, every embedding table as int8 with a scale per row (bertjax/compression/quantize.py);
+params.npz then holds kernel/qvalue and kernel/scale in place of each kernel, embedding/qrows and
+embedding/row_scale in place of each table, and config.json says "quantize". bertjax.load reads it back
+as int8.
 Every export also writes a README.md model card (bertjax/model_card.py). The export is written to a
 temporary directory beside --to and renamed into place, so an interrupted export leaves nothing
 half-written; an existing non-empty --to is refused unless --overwrite.
@@ -147,7 +149,7 @@ def write_params(bert, directory: str, meta: dict) -> None:
     np.savez(os.path.join(directory, "params.npz"), **flat)
     config = {"model": meta["model"], "tokenizer": dict(meta.get("tokenizer") or {}), "task": meta.get("task"),
               "step": meta.get("step")}
-    if bert.quantize:  # kernels as kernel/qvalue (int8) and kernel/scale (float32), one per layer (unrolled)
+    if bert.quantize:  # int8 kernels (qvalue, scale) one per layer (unrolled), int8 tables (qrows, row_scale)
         config["model"] = {**meta["model"], "scan_layers": False}
         config["quantize"] = bert.quantize
     if bert.vocab_path:

@@ -51,7 +51,8 @@ class LoadedBert:
     task: dict | None = None
     vocab_path: str | None = None  # the tokenizer's vocabulary file (vocab.txt or the SentencePiece .model)
     # None (float params), or the int8 mode (bertjax/compression/quantize.py): params then hold each dense
-    # kernel as {"qvalue" int8, "scale" float32}, and every network runs through `network`.
+    # kernel as {"qvalue" int8, "scale" float32} and each embedding table as {"qrows" int8, "row_scale"
+    # float32}, and every network runs through `network`.
     quantize: str | None = None
     _forward: Callable = dataclasses.field(init=False, repr=False)
 

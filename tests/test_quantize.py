@@ -1,7 +1,7 @@
 """int8 quantisation for inference (bertjax/compression/quantize.py, qwix): weight-only int8 equals the
 float network run with kernels quantised and dequantised by hand in numpy; both modes keep the logits
-and predictions of a classifier on real text; the int8 params export is >= 3.5x smaller in its dense
-kernels and loads back to the same outputs; the int8 SavedModel serves the same logits; hf is refused
+and predictions of a classifier on real text; the int8 params export is >= 3.5x smaller (its dense
+kernels, and the whole file with the embedding tables int8 too) and loads back to the same outputs; the int8 SavedModel serves the same logits; hf is refused
 in one line."""
 
 import collections
@@ -90,9 +90,14 @@ def classification_features(model, texts):
 def by_hand_int8(params):
     """Every dense kernel quantised per output channel, symmetric int8, in numpy: scale = max |w| over
     the contracted axes / 127.5 (qwix's int8 bound: the top bucket whole), q = clip(round(w / scale),
-    -128, 127). Returns {path: (q, scale)} for each kernel ("a/b/kernel")."""
+    -128, 127); every embedding table the same way per row. Returns {path: (q, scale)} for each kernel
+    ("a/b/kernel") and table ("a/b/embedding")."""
     out = {}
     for path, w in traverse_util.flatten_dict(params, sep="/").items():
+        if path.endswith("/embedding"):  # a table [V, E]: one scale per row
+            w = np.asarray(w, np.float32)
+            scale = np.max(np.abs(w), axis=1, keepdims=True) / np.float32(127.5)
+            out[path] = (np.clip(np.round(w / scale), -128, 127), scale)
         if path.endswith("/kernel"):
             # The attention output's kernel [N, D, H] contracts its first two axes; the others [in, ...] one.
             contracted = (0, 1) if path.endswith("attention/output/kernel") else (0,)
@@ -119,28 +124,30 @@ def test_weight_only_int8_is_the_float_network_with_kernels_rounded_by_hand(clas
     stored = traverse_util.flatten_dict(jax.device_get(model.params), sep="/")
     weights = traverse_util.flatten_dict(classifier["params"], sep="/")
     hand = by_hand_int8(classifier["params"])
-    assert sorted(hand) == sorted(k[: -len("/qvalue")] for k in stored if k.endswith("/qvalue"))
+    assert sorted(hand) == sorted([k[: -len("/qvalue")] for k in stored if k.endswith("/qvalue")]
+                                  + [k[: -len("/qrows")] for k in stored if k.endswith("/qrows")])
     dequantised = dict(weights)
     for path, (q, scale) in hand.items():
-        qvalue, stored_scale = np.asarray(stored[path + "/qvalue"]), np.asarray(stored[path + "/scale"])
+        values, scales = ("qrows", "row_scale") if path.endswith("/embedding") else ("qvalue", "scale")
+        qvalue, stored_scale = np.asarray(stored[f"{path}/{values}"]), np.asarray(stored[f"{path}/{scales}"])
         assert qvalue.dtype == np.int8 and stored_scale.shape == scale.shape
         np.testing.assert_allclose(stored_scale, scale, rtol=1e-6)
         # The same integers, but where a channel's extreme lands on -127.5 and float rounding of w / scale
         # decides between -127 and -128.
         differ = q != qvalue
-        extreme = np.abs(np.asarray(weights[path])) == np.max(np.abs(weights[path]), axis=tuple(
-            range(scale.ndim - np.sum(np.array(scale.shape) > 1))), keepdims=True)
+        reduced = tuple(axis for axis, size in enumerate(scale.shape) if size == 1)  # where the scale is one
+        extreme = np.abs(np.asarray(weights[path])) == np.max(np.abs(weights[path]), axis=reduced, keepdims=True)
         assert np.all(np.abs(q - qvalue) <= 1) and np.all(extreme[differ]), path
         dequantised[path] = qvalue.astype(np.float32) * scale
-    # The float network with the dequantised kernels: equal to float32 rounding (qwix dequantises inside
-    # the compiled function, the reference before it). 1e-4 is far below one int8 step's effect.
+    # The float network with the dequantised kernels and tables: equal to float32 rounding (qwix
+    # dequantises inside the compiled function, the reference before it). 1e-4 is far below one int8
+    # step's effect.
     feats = classifier["features"]
     logits = model.task_logits(feats)
     reference = float_logits(classifier["cfg"], traverse_util.unflatten_dict(dequantised, sep="/"), feats)
     np.testing.assert_allclose(logits, reference, rtol=1e-4, atol=1e-4)
     assert np.abs(logits - classifier["float"].task_logits(feats)).max() > 1e-3  # and int8 is not float
-    # The embeddings stay float32.
-    assert model.params["bert"]["embeddings"]["word_embeddings"]["embedding"].dtype == np.float32
+    assert model.params["bert"]["embeddings"]["word_embeddings"]["embedding"]["qrows"].dtype == np.int8
 
 
 def test_both_int8_modes_keep_the_logits_and_the_predictions(classifier, int8_models):
@@ -173,7 +180,12 @@ def test_the_int8_params_export_is_smaller_and_loads_back_the_same(classifier, i
     float_bytes = sum(flat_float[k].nbytes for k in kernels)
     int8_bytes = sum(flat_int8[k + "/qvalue"].nbytes + flat_int8[k + "/scale"].nbytes for k in kernels)
     assert float_bytes / int8_bytes >= 3.5
-    assert os.path.getsize(f"{int8}/params.npz") < os.path.getsize(f"{plain}/params.npz")
+    tables = sorted(k for k in flat_float if k.endswith("/embedding"))
+    assert len(tables) == 3 and all(flat_int8[k + "/qrows"].dtype == np.int8 for k in tables)
+    # The whole file: kernels and tables int8; biases, norms, scales and the archive's headers float32 or
+    # as they were. At this model's hidden size of 64 a table's row scales are 1/16 of its int8 bytes, and
+    # the file is 3.39x smaller (docs/performance.md has the figures of trained models).
+    assert os.path.getsize(f"{plain}/params.npz") / os.path.getsize(f"{int8}/params.npz") >= 3.3
     assert json.loads(open(f"{int8}/config.json").read())["quantize"] == "int8-dynamic"  # what "int8" means
     # Read back: the same int8 weights as quantising on load, run in the mode it was exported with, or
     # weight-only on request.

@@ -3,8 +3,10 @@
 Every dense layer's kernel (attention query/key/value/output, the feed-forward pair, the pooler, the
 pretraining and task heads) is stored as int8 with one float32 scale per output channel (symmetric:
 scale = max |w| over the contracted axes / 127.5, qwix's int8 bound; q = round(w / scale)). The
-embedding tables stay float32: they are looked up, not multiplied, and the masked-LM decoder that
-multiplies by the word embeddings keeps them float too. Two modes:
+embedding tables (word, position, segment) are stored as int8 too, with one scale per row (per token),
+quantised by the same qwix function; they are looked up, not multiplied, so they are turned back into
+float inside the compiled function, where XLA computes only the rows a batch gathers. (The masked-LM
+decoder, which multiplies by the word embeddings, reads them dequantised.) Two modes:
 
   int8-weights  weight-only: the activations stay float; the int8 kernel is turned back into float
                 (q x scale) inside the compiled function, where XLA fuses it into the matmul.
@@ -19,8 +21,9 @@ probabilities times v) and the masked-LM decoder are left float: their "weights"
 the embeddings.
 
 Stored form: a plain nested dict of arrays, each quantised kernel replaced by {"qvalue": int8 [kernel
-shape], "scale": float32 [kernel shape with 1 on the contracted axes]}; everything else as it was. This
-is what LoadedBert.params holds, what a params export writes and what a SavedModel keeps as variables;
+shape], "scale": float32 [kernel shape with 1 on the contracted axes]}, each embedding table by
+{"qrows": int8 [V, E], "row_scale": float32 [V, 1]}; everything else as it was. This is what
+LoadedBert.params holds, what a params export writes and what a SavedModel keeps as variables;
 `network` turns a flax module into one that applies those params.
 """
 
@@ -44,6 +47,9 @@ MODES = ("int8", WEIGHTS, DYNAMIC)
 # embeddings, in mlm_head itself, not its transform), and the embeddings (the one-hot lookup).
 _FLOAT_MODULES = r"(?!(.*/)?(attention|mlm_head|embeddings)$).*"
 _STORED_KEYS = frozenset({"qvalue", "scale"})
+_TABLE_KEYS = frozenset({"qrows", "row_scale"})
+# Per row (token) of a [V, E] table: the scale keeps axis 0.
+_PER_ROW = qarray.HowToQuantize(qtype=jnp.int8, channelwise_axes=[0], tiled_axes={}, calibration_method="absmax")
 
 
 def resolve(mode: str | None) -> str | None:
@@ -92,7 +98,24 @@ def quantize(module: nn.Module, params: dict, init_args: tuple, mode: str) -> di
     abstract = QuantizedNetwork(module, mode).abstract_params(*init_args)
     params = jax.tree_util.tree_map(jnp.asarray, params)
     quantized = qwix.quantize_params(params, abstract)
-    return to_stored(quantized)
+    return quantize_tables(to_stored(quantized))
+
+
+def is_table(path) -> bool:
+    """An embedding table: .../embeddings/<word_embeddings | position_embeddings | ...>/embedding."""
+    names = [getattr(k, "key", str(k)) for k in path]
+    return len(names) >= 3 and names[-1] == "embedding" and names[-3] == "embeddings"
+
+
+def quantize_tables(params: dict) -> dict:
+    """Each embedding table (is_table) -> {"qrows": int8, "row_scale": float32 [V, 1]}, by qwix."""
+    def per_row(path, leaf):
+        if not is_table(path):
+            return leaf
+        table = qarray.quantize(jnp.asarray(leaf, jnp.float32), _PER_ROW)
+        return {"qrows": table.qvalue, "row_scale": table.scale}
+
+    return jax.tree_util.tree_map_with_path(per_row, params)
 
 
 def to_stored(quantized: dict) -> dict:
@@ -110,6 +133,8 @@ def from_stored(stored: dict) -> dict:
     Works under jit and on any subtree (the encoder's alone)."""
     if not isinstance(stored, dict):
         return stored
+    if set(stored) == _TABLE_KEYS:  # a table, dequantised here (in a compiled function: at the rows gathered)
+        return qarray.dequantize(qarray.QArray(qvalue=stored["qrows"], scale=stored["row_scale"], qtype=jnp.int8))
     if set(stored) == _STORED_KEYS:
         qvalue, scale = stored["qvalue"], stored["scale"]
         # The output channels are the axes the scale keeps; qwix reads nothing else of `how` at apply.
@@ -121,20 +146,22 @@ def from_stored(stored: dict) -> dict:
 
 
 def is_stored(params: dict) -> bool:
-    """Whether params hold int8 kernels in the stored form."""
+    """Whether params hold int8 kernels or tables in the stored form."""
     def walk(tree):
         if not isinstance(tree, dict):
             return False
-        return set(tree) == _STORED_KEYS or any(walk(v) for v in tree.values())
+        return set(tree) in (_STORED_KEYS, _TABLE_KEYS) or any(walk(v) for v in tree.values())
 
     return walk(params)
 
 
 def parameter_count(params: dict) -> int:
-    """The network's parameters: a quantised kernel counts its int8 values, not its scales."""
+    """The network's parameters: a quantised kernel or table counts its int8 values, not its scales."""
     if isinstance(params, dict):
         if set(params) == _STORED_KEYS:
             return int(np.size(params["qvalue"]))
+        if set(params) == _TABLE_KEYS:
+            return int(np.size(params["qrows"]))
         return sum(parameter_count(value) for value in params.values())
     return int(np.size(params))
 
