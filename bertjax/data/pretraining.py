@@ -610,17 +610,20 @@ def _shards_sequence_fn(parts: list[np.memmap], objective: str, separators: tf.T
         k = tf.searchsorted(starts, position[None], side="right")[0] - 1
         return tf.minimum(k, last_shard)  # the end of the last shard: an empty read from it
 
-    def piece(k, begin, end):  # the part of [begin, end) in shard k
-        part = tf.raw_ops.TensorListGetItem(input_handle=variable.value(), index=tf.cast(k, tf.int32),
+    def part_of(k):  # shard k's tokens
+        return tf.raw_ops.TensorListGetItem(input_handle=variable.value(), index=tf.cast(k, tf.int32),
                                             element_shape=tf.constant([-1], tf.int32), element_dtype=dtype)
-        return tf.cast(part[tf.maximum(begin, starts[k]) - starts[k]:tf.minimum(end, starts[k + 1]) - starts[k]],
+
+    def piece(k, begin, end):  # the part of [begin, end) in shard k
+        return tf.cast(part_of(k)[tf.maximum(begin, starts[k]) - starts[k]:tf.minimum(end, starts[k + 1]) - starts[k]],
                        tf.int32)
 
     def read_two(begin, end):  # [begin, end) within two neighbouring shards -> int32 [end - begin]
         k = shard_of(begin)
 
-        def within():  # most rows: one read
-            return piece(k, begin, end)
+        def within():  # most rows: one read, no clipping to the shard
+            local = begin - starts[k]
+            return tf.cast(part_of(k)[local:local + (end - begin)], tf.int32)
 
         def across():  # the rows over a boundary: this shard's end and the next shard's start
             return tf.concat([piece(k, begin, end), piece(k + 1, starts[k + 1], end)], 0)
