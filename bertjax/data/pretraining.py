@@ -432,11 +432,16 @@ def pair_ids(tokens, pair, spec: MaskingSpec):
     """One pair's unmasked tokens: ([CLS] A [SEP] B [SEP] [n] int32, segment ids [n] int32, label)."""
     a = tf.cast(tokens[pair[A_START]:pair[A_END]], tf.int32)
     b = tf.cast(tokens[pair[B_START]:pair[B_END]], tf.int32)
+    return segments_ids(a, b, pair[LABEL], spec)
+
+
+def segments_ids(a, b, label, spec: MaskingSpec):
+    """pair_ids of the two segments' tokens a [n_a], b [n_b] int32, as read."""
     ids = tf.concat([[spec.cls_id], a, [spec.sep_id], b, [spec.sep_id]], 0)  # [n]
     segment_ids = tf.concat([tf.zeros([tf.shape(a)[0] + 2], tf.int32), tf.ones([tf.shape(b)[0] + 1], tf.int32)], 0)
     # NSP, the original's convention: 0 = IsNext, 1 = NotNext (B from a random document).
     # SOP: 0 = in the document's order, 1 = swapped.
-    return ids, segment_ids, tf.cast(pair[LABEL], tf.int32)
+    return ids, segment_ids, tf.cast(label, tf.int32)
 
 
 def full_sentences_ids(tokens, separators, row, spec: MaskingSpec):
@@ -595,8 +600,8 @@ def _map_sequence_fn(tokens: np.memmap, objective: str, separators: tf.Tensor, s
 def _shards_sequence_fn(parts: list[np.memmap], objective: str, separators: tf.Tensor, spec: "MaskingSpec",
                         max_row_tokens: int):
     """_sequence_fn over several shards' token maps (prepared.TokenShards): a TensorList of a tensor per
-    map, held by a variable; a range is read from the shard(s) it lies in, and the row re-based on what
-    was read goes through pair_ids or full_sentences_ids, so the examples are the in-memory path's."""
+    map, held by a variable; a range is read from the shard(s) it lies in, and what was read goes through
+    segments_ids (pair_ids' own ops) or full_sentences_ids, so the examples are the in-memory path's."""
     dtype = tf.as_dtype(parts[0].dtype)
     shards = tf.raw_ops.EmptyTensorList(element_shape=tf.constant([-1], tf.int32), max_num_elements=-1,
                                         element_dtype=dtype)
@@ -618,17 +623,20 @@ def _shards_sequence_fn(parts: list[np.memmap], objective: str, separators: tf.T
         return tf.cast(part_of(k)[tf.maximum(begin, starts[k]) - starts[k]:tf.minimum(end, starts[k + 1]) - starts[k]],
                        tf.int32)
 
+    def within(k, begin, end):  # [begin, end) inside shard k -> int32 [end - begin]: no clipping
+        local = begin - starts[k]
+        return tf.cast(part_of(k)[local:local + (end - begin)], tf.int32)
+
+    def read_one(begin, end):  # [begin, end) inside one shard
+        return within(shard_of(begin), begin, end)
+
     def read_two(begin, end):  # [begin, end) within two neighbouring shards -> int32 [end - begin]
         k = shard_of(begin)
 
-        def within():  # most rows: one read, no clipping to the shard
-            local = begin - starts[k]
-            return tf.cast(part_of(k)[local:local + (end - begin)], tf.int32)
-
-        def across():  # the rows over a boundary: this shard's end and the next shard's start
+        def across():  # a row over a boundary: this shard's end and the next shard's start
             return tf.concat([piece(k, begin, end), piece(k + 1, starts[k + 1], end)], 0)
 
-        return tf.cond(end <= starts[k + 1], within, across)
+        return tf.cond(end <= starts[k + 1], lambda: within(k, begin, end), across)  # most rows: one read
 
     def read_any(begin, end):  # [begin, end) across any number of shards -> int32 [end - begin]
         def body(k, out):
@@ -644,10 +652,7 @@ def _shards_sequence_fn(parts: list[np.memmap], objective: str, separators: tf.T
 
     def pair(row):
         # A segment lies in one document, so in one shard: one read each, no loop.
-        a = piece(shard_of(row[A_START]), row[A_START], row[A_END])
-        b = piece(shard_of(row[B_START]), row[B_START], row[B_END])
-        la, lb = tf.size(a, tf.int64), tf.size(b, tf.int64)
-        return pair_ids(tf.concat([a, b], 0), tf.stack([0, la, la, la + lb, row[LABEL]]), spec)
+        return segments_ids(read_one(row[A_START], row[A_END]), read_one(row[B_START], row[B_END]), row[LABEL], spec)
 
     return _rebased_full_sentences(read, separators, spec) if objective == "none" else pair
 
