@@ -143,6 +143,32 @@ def test_a_finished_run_rerun_resumes_at_its_end(classification_run):
     assert read_lines(classification_run["workdir"]) == before  # nothing trained twice, nothing logged twice
 
 
+def test_task_distillation_from_the_fine_tuned_run_then_load_and_export(classification_run, pretrained, tmp_path):
+    """The program's task distillation (distill.teacher: the run above): the teacher's soft loss is logged,
+    the checkpoints hold the student alone, and the student loads and exports as any fine-tuned model."""
+    import bertjax
+    from bertjax import export
+
+    config = small_config("classification", pretrained, labels=("no", "yes"), **pretrained["files"])
+    config.distill.update(teacher=classification_run["workdir"], alpha=0.5, temperature=2.0)
+    workdir = tmp_path / "student"
+    summary = finetune.finetune(config, str(workdir))
+    train_lines = [r for r in read_lines(workdir) if "split" not in r]
+    assert train_lines and all(np.isfinite(r["soft_loss"]) and r["soft_loss"] >= 0 for r in train_lines)
+    params, meta = checkpoint.restore_params(str(workdir / checkpoint.BEST_DIR))
+    assert set(params) == {"bert", "classifier"} and meta["step"] == summary["best"]["step"]
+    # The student predicts what its prediction file says, loaded from the workdir and from a params export.
+    dev_texts = [json.loads(line)["text"] for line in pathlib.Path(pretrained["files"]["validation"]).read_text().splitlines()]
+    predicted = [line.split("\t")[1] for line in (workdir / "predictions" / "validation.tsv").read_text().splitlines()[1:]]
+    exported = export.export(str(workdir), str(tmp_path / "exported"), "params")
+    for model in (bertjax.load(str(workdir)), bertjax.load(exported)):
+        assert [p["label"] for p in model.predict(dev_texts[:8])] == predicted[:8]
+    # A teacher that was not fine-tuned on the task: one line naming the setting.
+    config.distill.teacher = pretrained["workdir"]
+    with pytest.raises(ValueError, match=r"distill\.teacher=.* is not a model fine-tuned on"):
+        finetune.finetune(config, str(tmp_path / "other"))
+
+
 def test_regression_and_multiple_choice_on_the_users_files(pretrained):
     rng = np.random.default_rng(1)
     sentences = [s for s, _ in keyword_sentences(2)][:96]
