@@ -130,10 +130,13 @@ def test_outputs_of_a_run(classification_run, pretrained):
     # bertjax.load reads the best checkpoint back and predicts what the prediction file says.
     import bertjax
 
-    dev_texts = [json.loads(line)["text"] for line in pathlib.Path(pretrained["files"]["validation"]).read_text().splitlines()]
     model = bertjax.load(workdir)
     assert model.task["labels"] == ["no", "yes"]
-    assert [p["label"] for p in model.predict(dev_texts[:8])] == predicted[:8]
+    assert [p["label"] for p in model.predict(dev_texts(pretrained)[:8])] == predicted[:8]
+
+
+def dev_texts(pretrained) -> list[str]:
+    return [json.loads(line)["text"] for line in pathlib.Path(pretrained["files"]["validation"]).read_text().splitlines()]
 
 
 def test_a_finished_run_rerun_resumes_at_its_end(classification_run):
@@ -158,11 +161,10 @@ def test_task_distillation_from_the_fine_tuned_run_then_load_and_export(classifi
     params, meta = checkpoint.restore_params(str(workdir / checkpoint.BEST_DIR))
     assert set(params) == {"bert", "classifier"} and meta["step"] == summary["best"]["step"]
     # The student predicts what its prediction file says, loaded from the workdir and from a params export.
-    dev_texts = [json.loads(line)["text"] for line in pathlib.Path(pretrained["files"]["validation"]).read_text().splitlines()]
     predicted = [line.split("\t")[1] for line in (workdir / "predictions" / "validation.tsv").read_text().splitlines()[1:]]
     exported = export.export(str(workdir), str(tmp_path / "exported"), "params")
     for model in (bertjax.load(str(workdir)), bertjax.load(exported)):
-        assert [p["label"] for p in model.predict(dev_texts[:8])] == predicted[:8]
+        assert [p["label"] for p in model.predict(dev_texts(pretrained)[:8])] == predicted[:8]
     # A teacher that was not fine-tuned on the task: one line naming the setting.
     config.distill.teacher = pretrained["workdir"]
     with pytest.raises(ValueError, match=r"distill\.teacher=.* is not a model fine-tuned on"):
