@@ -313,7 +313,7 @@ ARCHITECTURE_FIELDS = ("vocab_size", "hidden_size", "num_layers", "num_heads", "
                        # the family options (RoBERTa, ALBERT, ModernBERT); older checkpoints lack them
                        "position_embedding", "position_offset", "activation", "norm_placement", "use_bias", "norm",
                        "rotary_theta", "global_rotary_theta", "local_attention_window", "global_attention_every",
-                       "embedding_size", "num_hidden_groups", "layer_heads", "head_size")
+                       "embedding_size", "num_hidden_groups", "layer_heads", "head_size", "pooler")
 
 
 def check_same_run(step: int, meta: dict, *, config, bert_config: bert.BertConfig) -> None:

@@ -70,6 +70,8 @@ def test_resume_with_a_changed_config_stops_and_keeps_the_checkpoints(tmp_path):
     changed = run_train(tmp_path, "--config.train.num_steps=6", "--config.model.hidden_size=128")
     one_error_line(changed, "checkpoint at step 4 has model.hidden_size=64, the config 128", "new workdir",
                    "train.init_from")
+    other_pooler = run_train(tmp_path, "--config.train.num_steps=6", "--config.model.pooler=gelu_norm")
+    one_error_line(other_pooler, "model.pooler='tanh', the config 'gelu_norm'")
     other_optimizer = run_train(tmp_path, "--config.train.num_steps=6", "--config.optimizer.name=lamb")
     one_error_line(other_optimizer, "optimizer.name='adamw', the config 'lamb'")
     # Nothing was set aside or overwritten, and the run still resumes with its own config.
@@ -180,3 +182,36 @@ def test_load_and_init_from_fall_back_past_an_unreadable_newest_checkpoint(tmp_p
     init = run_train(other, "--config.train.num_steps=1", f"--config.train.init_from={tmp_path}")
     assert init.returncode == 0, init.stderr
     assert "step 4" in init.stdout and "unreadable" in init.stdout
+
+
+def test_a_checkpoint_of_other_shapes_is_a_mismatch_and_stays_where_it_is(tmp_path):
+    """Below the metadata check: a readable checkpoint whose arrays differ from the config's is a config
+    mismatch naming the arrays, never a reason to set checkpoints aside and start over."""
+    import jax
+    import jax.numpy as jnp
+    import optax
+
+    params = {"bert": {"dense": {"kernel": jnp.zeros((4, 8))}}}
+    tx = optax.adam(1e-3)
+    saver = checkpoint.Checkpointer(str(tmp_path), every_steps=1, keep=3, async_save=False)
+    for step in (2, 4):
+        saver.save(step, params, tx.init(params), {"step": step})
+    saver.wait()
+    saver.close()
+
+    other = {"bert": {"dense": {"kernel": jnp.zeros((4, 16))}, "pooler_norm": {"scale": jnp.ones(4)}}}
+    abstract = lambda tree: jax.tree_util.tree_map(  # noqa: E731
+        lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=jax.sharding.SingleDeviceSharding(jax.devices()[0])),
+        tree)
+    reader = checkpoint.Checkpointer(str(tmp_path), every_steps=1, keep=3, async_save=False)
+    with pytest.raises(checkpoint.CheckpointMismatch) as raised:
+        reader.restore_latest(abstract(other), abstract(tx.init(other)))
+    message = str(raised.value)
+    assert "step 4" in message and "bert/pooler_norm/scale is not in the checkpoint" in message
+    assert "bert/dense/kernel is (4, 8) in the checkpoint, (4, 16) in the config" in message
+    assert steps_in(tmp_path) == [2, 4]
+    assert not [p for p in (tmp_path / "checkpoints").iterdir() if "unreadable" in p.name]
+    # The same checkpoint under its own shapes restores: the check compares named tuples and dicts alike.
+    restored = reader.restore_latest(abstract(params), abstract(tx.init(params)))
+    assert restored.step == 4
+    reader.close()

@@ -36,6 +36,11 @@ class SaveFailed(ValueError):
     """A checkpoint could not be written: the run stops with this one line."""
 
 
+class CheckpointMismatch(ValueError):
+    """A readable checkpoint holds another model or optimizer than the config's: the run stops with this
+    one line and every checkpoint stays where it is (only unreadable files are ever set aside)."""
+
+
 def first_line(error: Exception) -> str:
     text = str(error).strip()
     return text.splitlines()[0][:300] if text else type(error).__name__
@@ -104,7 +109,10 @@ class Checkpointer:
         self.bytes_per_checkpoint = bytes_per_checkpoint  # for the message when a save fails
         remove_partial_saves(self.directory)  # of a run that died while saving
         _drop_closed_loop_reports()
-        self.manager = ocp.CheckpointManager(self.directory, options=options, item_names=ITEMS)
+        # Handlers named up front, so that item_metadata() describes the arrays before any restore.
+        self.manager = ocp.CheckpointManager(self.directory, options=options, item_handlers={
+            "params": ocp.StandardCheckpointHandler(), "opt_state": ocp.StandardCheckpointHandler(),
+            "meta": ocp.JsonCheckpointHandler()})
 
     def save(self, step: int, params, opt_state, meta: dict, force: bool = False) -> bool:
         args = ocp.args.Composite(
@@ -133,6 +141,16 @@ class Checkpointer:
             if check_meta is not None:
                 check_meta(step, meta)
             try:
+                saved = self.manager.item_metadata(step)
+                saved_shapes = {item: leaf_shapes(getattr(saved[item], "tree", saved[item]))
+                                for item in ("params", "opt_state")}
+            except Exception as e:  # noqa: BLE001 -- array metadata that cannot be read: unreadable
+                self._unreadable(step, e)
+                continue
+            # Readable but of other shapes: the config's model or optimizer is not the checkpoint's.
+            check_same_arrays(step, saved_shapes, {"params": leaf_shapes(abstract_params),
+                                                   "opt_state": leaf_shapes(abstract_opt_state)})
+            try:
                 restored = self.manager.restore(step, args=ocp.args.Composite(
                     params=ocp.args.StandardRestore(abstract_params),
                     opt_state=ocp.args.StandardRestore(abstract_opt_state),
@@ -144,6 +162,7 @@ class Checkpointer:
         return None
 
     def _unreadable(self, step: int, error: Exception) -> None:
+        """Files that cannot be read: reported, and the checkpoint moved aside for a post-mortem."""
         reason = first_line(error)
         logging.error("checkpoint %s/%d is unreadable (%s): falling back to the previous one",
                       self.directory, step, reason)
@@ -196,6 +215,39 @@ class Checkpointer:
 
     def close(self) -> None:
         self.manager.close()
+
+
+def _key_name(key) -> str:
+    for attr in ("key", "name", "idx"):  # DictKey, GetAttrKey (named tuples), SequenceKey
+        if hasattr(key, attr):
+            return str(getattr(key, attr))
+    return str(key)
+
+
+def leaf_shapes(tree) -> dict[str, tuple]:
+    """{"bert/encoder/layers_0/...": shape} of the arrays of a tree (arrays, ShapeDtypeStructs or Orbax's
+    array metadata): named tuples and dicts give the same names, so a saved tree compares with a live one."""
+    flat, _ = jax.tree_util.tree_flatten_with_path(tree)
+    return {"/".join(_key_name(k) for k in path): tuple(leaf.shape) for path, leaf in flat}
+
+
+def check_same_arrays(step: int, saved: dict[str, dict], expected: dict[str, dict]) -> None:
+    """CheckpointMismatch naming the first differing arrays when a checkpoint's items (params,
+    opt_state) are not the shapes the config's model and optimizer make."""
+    differences = []
+    for item, want in expected.items():
+        have = saved[item]
+        differences += [f"{item} {name} is not in the checkpoint" for name in want if name not in have]
+        differences += [f"the checkpoint's {item} has {name}, the config's model does not" for name in have
+                        if name not in want]
+        differences += [f"{item} {name} is {have[name]} in the checkpoint, {want[name]} in the config"
+                        for name in want if name in have and have[name] != want[name]]
+    if differences:
+        more = f" (and {len(differences) - 3} more)" if len(differences) > 3 else ""
+        raise CheckpointMismatch(
+            f"the checkpoint at step {step} is of another model or optimizer than the config: "
+            f"{'; '.join(differences[:3])}{more}: use a new workdir, or train.init_from=<this workdir> in a new "
+            "one for the parameters only (every checkpoint is left as it was)")
 
 
 def _is_closed_loop_report(exc_type, exc, tb) -> bool:
