@@ -51,7 +51,7 @@ import configs.roberta_tiny
 import configs.small
 import configs.tiny
 
-from bertjax import console
+from bertjax.runs import console
 from bertjax.interop import hf, hf_families
 from bertjax.training import flops
 from bertjax.models import bert

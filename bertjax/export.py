@@ -33,7 +33,7 @@ import sys
 import numpy as np
 from absl import app, flags
 
-from bertjax import console
+from bertjax.runs import console
 
 FORMATS = ("hf", "savedmodel", "params")
 

@@ -15,7 +15,7 @@ import numpy as np
 from absl import app
 from ml_collections import config_flags
 
-from bertjax import console
+from bertjax.runs import console
 from bertjax.interop import hf, hf_families
 from bertjax.models import bert
 

@@ -8,7 +8,7 @@ import time
 
 from absl import flags
 
-from bertjax import console
+from bertjax.runs import console
 from bertjax.text import tokenizers
 from bertjax.text import vocab as vocabularies
 

@@ -10,6 +10,7 @@ import transformers
 
 import bertjax
 from bertjax import inference
+from bertjax.training.checkpoint_meta import CheckpointMeta
 
 # The reference-model helper is shared with the conversion tests (tests/ is on sys.path under pytest).
 from test_hf import make_hf_model
@@ -154,7 +155,7 @@ def test_predict_of_a_fine_tuned_checkpoint_equals_transformers(hf_dir, tmp_path
             "tokenizer": {"kind": "wordpiece", "path": "vocab.txt", "lower_case": True},
             "task": {"name": "classification", "kind": "classification", "labels": labels, "num_choices": None,
                      "max_seq_length": 32}}
-    checkpoint.save_params(str(workdir), checkpoint.BEST_DIR, 7, params, meta)
+    checkpoint.save_params(str(workdir), checkpoint.BEST_DIR, 7, params, CheckpointMeta.from_json(meta))
     model = bertjax.load(workdir)
     assert "fine-tuned for classification" in repr(model)
     pairs = ["Hello, world!", "The lazy dog."]

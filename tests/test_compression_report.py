@@ -3,13 +3,13 @@ of a teacher and its int8 variant on the keyword task's dev set, each figure che
 data through another path; the command line's variants and mistakes."""
 
 import json
-import types
 
 import numpy as np
 import pytest
 
-from bertjax import evaluate
-from bertjax.compression import quantize, report
+from bertjax.compression import quantize
+from bertjax.runs import compression_report as report
+from bertjax.runs import suite_evaluation
 from test_quantize import classifier, keyword_sentences  # noqa: F401  (the keyword task's classifier)
 
 HEADINGS = ["model", "parameters", "size MB", "size ratio", "dev accuracy", "retained", "batch 1 ms", "speed-up 1",
@@ -62,18 +62,18 @@ def test_the_table_of_a_teacher_and_its_int8_variant(classifier, measured):  # n
 
 def test_the_command_line_reads_variants_and_says_what_is_wrong(classifier, dev_file, measured, tmp_path, capsys,
                                                                monkeypatch):  # noqa: F811
-    assert evaluate.parse_variant("q=runs/x+int8") == report.Model("q", "runs/x", "int8")
-    assert evaluate.parse_variant("q=runs/x+int8-dynamic") == report.Model("q", "runs/x", "int8-dynamic")
-    assert evaluate.parse_variant("student=runs/y") == report.Model("student", "runs/y", None)
+    assert suite_evaluation.parse_variant("q=runs/x+int8") == report.Model("q", "runs/x", "int8")
+    assert suite_evaluation.parse_variant("q=runs/x+int8-dynamic") == report.Model("q", "runs/x", "int8-dynamic")
+    assert suite_evaluation.parse_variant("student=runs/y") == report.Model("student", "runs/y", None)
     with pytest.raises(ValueError, match="--variant=runs/y: write NAME=DIR"):
-        evaluate.parse_variant("runs/y")
+        suite_evaluation.parse_variant("runs/y")
     # The program passes the flags on as they are, then prints and writes the library's table (measured
     # above: not measured again here).
     calls = []
     monkeypatch.setattr(report, "compression_report", lambda *a, **k: calls.append((a, k)) or measured)
     args = dict(task=dev_file, teacher=classifier["workdir"], variant=[f"int8={classifier['workdir']}+int8"],
                 max_seq_length=None, repeats=3, tfds_data_dir=None, workdir=str(tmp_path / "out"))
-    evaluate.compress(types.SimpleNamespace(**args))
+    suite_evaluation.compress(**args)
     (teacher, variants), options = calls[0]
     assert teacher == report.Model("teacher", classifier["workdir"]) and variants == [
         report.Model("int8", classifier["workdir"], "int8")]
@@ -87,7 +87,7 @@ def test_the_command_line_reads_variants_and_says_what_is_wrong(classifier, dev_
     for change, message in [({"variant": []}, "at least one --variant"),
                             ({"task": "nowhere.jsonl"}, "--task=nowhere.jsonl: no such file; give the dev set")]:
         with pytest.raises(ValueError, match=message):
-            evaluate.compress(types.SimpleNamespace(**{**args, **change}))
+            suite_evaluation.compress(**{**args, **change})
     monkeypatch.undo()
     with pytest.raises(ValueError, match="model names must differ"):
-        evaluate.compress(types.SimpleNamespace(**{**args, "variant": [f"teacher={classifier['workdir']}+int8"]}))
+        suite_evaluation.compress(**{**args, "variant": [f"teacher={classifier['workdir']}+int8"]})

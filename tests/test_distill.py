@@ -13,7 +13,9 @@ import numpy as np
 import pytest
 import torch
 
-from bertjax import distill, finetune, train
+from bertjax.runs import finetuning, general_distillation
+from bertjax.runs import pretraining as pretraining_runs
+from bertjax.tasks import steps
 from bertjax.compression import distillation
 from bertjax.interop import pretrained as pretrained_models
 from bertjax.models import bert, heads
@@ -62,8 +64,9 @@ def teacher(tmp_path_factory):
     mesh, rules, _ = mesh_and_rules(config)
     setup = pretraining.setup(config, mesh, rules, jax.random.key(1))
     state = setup.init(jax.random.key(1))
-    checkpointer = train.make_checkpointer(config, workdir, setup.abstract_state)
-    train.RunHooks(config, setup, None, checkpointer, None, [], None, 1).save(state, 1, True)
+    checkpointer = pretraining_runs.make_checkpointer(config, workdir, setup.abstract_state)
+    pretraining_runs.Run(config, workdir, setup, checkpointer, pretraining_runs.Stream(None, [], None, None),
+                         None).save(state, 1, True)
     checkpointer.wait()
     checkpointer.close()
     return dict(workdir=workdir, config=setup.bert_config, params=jax.device_get(state.params))
@@ -109,7 +112,7 @@ def test_the_student_is_made_of_the_teachers_layers(teacher, scan_layers):
     student_config = distillation.student_config_from_teacher(teacher["config"], layers,
                                                               dict(scan_layers=scan_layers))
     assert (student_config.num_layers, student_config.hidden_size) == (2, 32)
-    config = distill.with_model(config, student_config)
+    config = general_distillation.with_model(config, student_config)
     mesh, rules, _ = mesh_and_rules(config)
     setup = pretraining.setup(config, mesh, rules, jax.random.key(0))
     params = distillation.student_params(teacher["params"], teacher["config"], setup.bert_config, layers,
@@ -151,7 +154,7 @@ def test_a_student_of_another_width_needs_alpha_cos_zero(teacher):
 
 
 def test_steps_lower_the_loss_and_leave_the_teacher_alone(teacher):
-    config = distill.with_model(distill_config(**{"train.num_steps": 100}), distillation.student_config_from_teacher(
+    config = general_distillation.with_model(distill_config(**{"train.num_steps": 100}), distillation.student_config_from_teacher(
         teacher["config"], LAYERS, dict(hidden_dropout_rate=0.0, attention_dropout_rate=0.0)))
     mesh, rules, data_sharding = mesh_and_rules(config)
     setup = pretraining.setup(config, mesh, rules, jax.random.key(0))
@@ -201,7 +204,7 @@ def test_the_program_writes_a_pretraining_workdir_and_resumes_exactly_after_sigk
 
     settings = {**SMALL, "distill.teacher": teacher["workdir"], "train.num_steps": 12, "logging.eval_every": 12}
     uninterrupted = str(tmp_path / "uninterrupted")
-    assert distill.distill(distill_config(**settings), uninterrupted) == 0
+    general_distillation.distill(distill_config(**settings), uninterrupted)
     losses = train_losses(uninterrupted)
     assert sorted(losses) == list(range(1, 13)) and all(np.isfinite(list(losses.values())))
     # The program, killed once its first checkpoint is complete; then run again on its workdir.
@@ -214,7 +217,7 @@ def test_the_program_writes_a_pretraining_workdir_and_resumes_exactly_after_sigk
     proc.wait(timeout=60)
     saved = max(int(p.name) for p in (killed / "checkpoints").iterdir() if p.name.isdigit())
     assert saved < 12, "the run finished before it was killed"
-    assert distill.distill(distill_config(**settings), str(killed)) == 0
+    general_distillation.distill(distill_config(**settings), str(killed))
     resumed = train_losses(killed)  # a step logged before the kill and again after it: the later
     assert [resumed[s] for s in range(saved + 1, 13)] == [losses[s] for s in range(saved + 1, 13)]
     final, _ = checkpoint.restore_params(uninterrupted)
@@ -251,10 +254,10 @@ def test_task_distillation_is_exact_at_alpha_zero_and_follows_the_teacher_above(
     rng = np.random.default_rng(0)
     host = synthetic.synthetic_batch(0, batch_size=BATCH, max_seq_length=SEQ, max_predictions_per_seq=PREDS,
                                      vocab_size=64)
-    batch = sharding.global_batch({k: host[k] for k in finetune.INPUT_KEYS} | {
+    batch = sharding.global_batch({k: host[k] for k in steps.INPUT_KEYS} | {
         "label": rng.integers(0, 3, BATCH).astype(np.int32), "example_weight": np.ones(BATCH, np.float32)},
         data_sharding)
-    inputs = [batch[k] for k in finetune.INPUT_KEYS]
+    inputs = [batch[k] for k in steps.INPUT_KEYS]
     teacher_probs = jax.nn.softmax(jax.jit(teacher_net.apply)({"params": teacher_params}, *inputs), -1)
 
     @jax.jit
@@ -271,9 +274,9 @@ def test_task_distillation_is_exact_at_alpha_zero_and_follows_the_teacher_above(
                 state, sums = step_fn(state, batch, jax.random.key(0))
         return state.params, float(kl_to_teacher(state.params)), sums
 
-    plain = run(setup.compile_train_step(functools.partial(finetune.task_loss, net=net,
+    plain = run(setup.compile_train_step(functools.partial(steps.task_loss, net=net,
                                                            loss=heads.classification_loss), data_sharding, 1))
-    hook = functools.partial(finetune.task_distillation_step, setup, teacher_net, teacher_params, "classification",
+    hook = functools.partial(finetuning.task_distillation_step, setup, teacher_net, teacher_params, "classification",
                              2.0, data_sharding=data_sharding, grad_accum_steps=1)
     at_zero = run(hook(alpha=0.0))
     jax.tree_util.tree_map(functools.partial(np.testing.assert_allclose, rtol=1e-5, atol=1e-7), at_zero[0], plain[0])

@@ -10,6 +10,7 @@ from bertjax.training import sharding
 from bertjax.training import pretraining
 from bertjax.training import state as train_state
 from bertjax.data import synthetic
+from bertjax.training.checkpoint_meta import CheckpointMeta
 from test_train import small_config  # tests/ is on sys.path under pytest
 
 
@@ -48,7 +49,7 @@ def test_a_checkpoint_resumes_on_another_mesh(tmp_path, before, after):
     first = Run(config, before[0], devices[:before[1]])
     state, _ = first.steps(first.setup.init(first.init_key), 0, 3)
     saver = checkpoint.Checkpointer(str(tmp_path), every_steps=1, keep=1, async_save=False)
-    saver.save(3, state.params, state.opt_state, {"step": 3}, force=True)
+    saver.save(3, state.params, state.opt_state, CheckpointMeta(3, {}), force=True)
     saver.wait()
     saver.close()
     never_moved, losses_after_ref = first.steps(state, 3, 6)  # the run that stays on its mesh

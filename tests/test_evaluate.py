@@ -10,7 +10,7 @@ import pytest
 import tensorflow as tf
 import tensorflow_datasets as tfds
 
-from bertjax import evaluate
+from bertjax.runs import suite_evaluation
 from bertjax.tasks import readers
 from test_finetune import pretrained  # noqa: F401  (the small pretrained workdir fixture)
 from test_finetune_spans import qa_articles, tagged_sentence, _sentences
@@ -24,7 +24,7 @@ def test_the_glue_table_of_the_tasks_with_data(pretrained, tmp_path, monkeypatch
     monkeypatch.setattr(readers, "read_tfds", lambda *a, **k: [dataclasses.replace(e, idx=i)
                                                                  for i, e in enumerate(read_tfds(*a, **k))])
     with tfds.testing.mock_data(num_examples=16):
-        out = evaluate.evaluate(pretrained["workdir"], "glue", str(tmp_path / "glue"), epochs=1.0, batch_size=8,
+        out = suite_evaluation.evaluate(pretrained["workdir"], "glue", str(tmp_path / "glue"), epochs=1.0, batch_size=8,
                                 max_seq_length=24)
     printed = capsys.readouterr().out
     assert "skipped mnli: mnli not prepared" in printed and "skipped rte: rte not prepared" in printed
@@ -68,7 +68,7 @@ def _squad_and_conll(self, split, **kwargs):
 def test_the_squad_and_conll_tables(pretrained, tmp_path, monkeypatch, capsys):  # noqa: F811
     monkeypatch.setattr(evaluate, "available", lambda task, data_dir: None if task in ("squad", "conll2003") else "no")
     with tfds.testing.mock_data(as_dataset_fn=_squad_and_conll):
-        out = evaluate.evaluate(pretrained["workdir"], "all", str(tmp_path / "all"), tasks=["squad", "conll2003"],
+        out = suite_evaluation.evaluate(pretrained["workdir"], "all", str(tmp_path / "all"), tasks=["squad", "conll2003"],
                                 epochs=1.0, batch_size=8, max_seq_length=64)
     squad, conll = out["suites"]["squad"], out["suites"]["conll"]
     assert squad["table"][0] == "| SQuAD 1.1 (EM/F1) | SQuAD 2.0 (EM/F1) |"
@@ -87,9 +87,9 @@ def test_the_squad_and_conll_tables(pretrained, tmp_path, monkeypatch, capsys): 
 
 def test_mistakes_are_one_line(tmp_path, monkeypatch):
     with pytest.raises(ValueError, match="--suite=superglue: choose one of glue"):
-        evaluate.evaluate(str(tmp_path), "superglue", str(tmp_path))
+        suite_evaluation.evaluate(str(tmp_path), "superglue", str(tmp_path))
     with pytest.raises(ValueError, match=re.escape("--tasks: swag not in suite glue")):
-        evaluate.evaluate(str(tmp_path), "glue", str(tmp_path), tasks=["swag"])
+        suite_evaluation.evaluate(str(tmp_path), "glue", str(tmp_path), tasks=["swag"])
     monkeypatch.setattr(evaluate, "available", lambda task, data_dir: "not prepared")
     with pytest.raises(ValueError, match="no task of suite glue has its data prepared"):
-        evaluate.evaluate(str(tmp_path), "glue", str(tmp_path))
+        suite_evaluation.evaluate(str(tmp_path), "glue", str(tmp_path))

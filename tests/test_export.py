@@ -15,7 +15,8 @@ import pytest
 from conftest import FAST_COMPILE_FLAGS  # what this process compiles with: its programs too
 
 import bertjax
-from bertjax import export, finetune
+from bertjax import export
+from bertjax.runs import finetuning
 from bertjax.models import bert as bert_model
 from test_finetune import pretrained, small_config  # noqa: F401  (a small random BERT workdir and its task files)
 
@@ -217,6 +218,7 @@ import json, sys
 import numpy as np
 from flax import traverse_util
 from bertjax.models import bert as bert_model
+from bertjax.training.checkpoint_meta import CheckpointMeta
 directory, out, ids, mask = sys.argv[1], sys.argv[2], np.array(json.loads(sys.argv[3])), np.array(json.loads(sys.argv[4]))
 config = json.load(open(f"{directory}/config.json"))
 params = traverse_util.unflatten_dict(dict(np.load(f"{directory}/params.npz")), sep="/")
@@ -249,7 +251,7 @@ def test_a_fine_tuned_head_exports_to_its_transformers_class(pretrained, tmp_pat
     config = small_config("classification", pretrained, labels=("no", "yes"), **pretrained["files"])
     config.train.epochs = 0.2
     workdir = str(tmp_path / "run")
-    finetune.finetune(config, workdir)
+    finetuning.finetune(config, workdir)
     directory = export.export(workdir, str(tmp_path / "hf"), "hf")
     theirs, warnings = run_hf(directory, tmp_path / "head.npz", "classification")
     assert not warnings, warnings
@@ -321,7 +323,8 @@ def test_a_sentencepiece_model_exports_a_tokenizer_with_the_same_ids(tmp_path):
         meta = {"step": 1, "model": cfg.__dict__,
                 "tokenizer": {"kind": "sentencepiece", "path": "sp.model", "lower_case": lower_case}}
         saver = checkpoint.Checkpointer(str(workdir), every_steps=1, keep=1, async_save=False)
-        saver.save(1, jax.device_get(nn.unbox(params)), {"count": np.zeros((), np.int32)}, meta, force=True)
+        saver.save(1, jax.device_get(nn.unbox(params)), {"count": np.zeros((), np.int32)}, CheckpointMeta.from_json(meta),
+                   force=True)
         saver.wait()
         saver.close()
         directory = export.export(str(workdir), str(tmp_path / f"hf-{lower_case}"), "hf")
@@ -344,7 +347,7 @@ def test_tagging_and_multiple_choice_savedmodels_equal_bertjax(pretrained, tmp_p
     config = tagging_config(pretrained, files)
     config.train.epochs = 1.0
     tagger = str(tmp_path / "tagger")
-    finetune.finetune(config, tagger)
+    finetuning.finetune(config, tagger)
     served = run_savedmodel(export.export(tagger, str(tmp_path / "tagger-served"), "savedmodel", max_seq_length=48),
                             tmp_path / "tagger.npz")
     texts = TEXTS + [LONG]
@@ -363,7 +366,7 @@ def test_tagging_and_multiple_choice_savedmodels_equal_bertjax(pretrained, tmp_p
                           validation=write_jsonl(tmp_path / "cd.jsonl", choice[:8]))
     config.train.epochs = 0.5
     chooser = str(tmp_path / "chooser")
-    finetune.finetune(config, chooser)
+    finetuning.finetune(config, chooser)
     served = run_savedmodel(export.export(chooser, str(tmp_path / "chooser-served"), "savedmodel", max_seq_length=48),
                             tmp_path / "chooser.npz")
     ours = bertjax.load(chooser).predict(texts[:2], choices=[texts[:3], texts[1:4]])
@@ -381,7 +384,7 @@ def test_span_savedmodel_answers_with_the_whole_words_of_bertjax_answer(pretrain
     config = span_config("span", pretrained, files)
     config.train.epochs = 1.0
     reader = str(tmp_path / "reader")
-    finetune.finetune(config, reader)
+    finetuning.finetune(config, reader)
     directory = export.export(reader, str(tmp_path / "served"), "savedmodel", max_seq_length=64)
     bert = bertjax.load(reader)
     room = 64 - 3 - len(bert.tokenizer.encode([QUESTION])[0])

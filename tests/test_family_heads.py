@@ -311,7 +311,8 @@ def test_a_sentencepiece_tokenizer_feeds_the_exported_model(family, sentencepiec
 @pytest.mark.slow
 def test_fine_tuning_from_a_modernbert_directory_exports_to_its_class(vocabulary, tmp_path):
     import bertjax
-    from bertjax import export, finetune
+    from bertjax import export
+    from bertjax.runs import finetuning
     from configs.finetune import common as finetune_configs
 
     torch.manual_seed(0)
@@ -329,7 +330,7 @@ def test_fine_tuning_from_a_modernbert_directory_exports_to_its_class(vocabulary
     config.train.update(batch_size=8, epochs=1.0)
     config.logging.update(log_every=2, eval_batch_size=16)
     workdir = tmp_path / "run"
-    summary = finetune.finetune(config, str(workdir))
+    summary = finetuning.finetune(config, str(workdir))
     assert summary["steps"] == 4 and "accuracy" in summary["best"]["metrics"]["validation"]
     lines = [json.loads(line) for line in (workdir / "metrics.jsonl").read_text().splitlines()]
     assert any(line.get("split") == "validation" and "accuracy" in line for line in lines)

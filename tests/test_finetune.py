@@ -19,13 +19,15 @@ import numpy as np
 import pytest
 from conftest import FAST_COMPILE_FLAGS  # what this process compiles with: its programs too
 
-from bertjax import finetune
+from bertjax.runs import finetuning
+from bertjax.tasks import steps
 from bertjax.training import checkpoint
 from bertjax.interop import hf
 from bertjax.models import bert as bert_model
 from bertjax.data import demo
 from bertjax.tasks import demo as demo_tasks
 from bertjax.text import vocab as vocabularies
+from bertjax.training.checkpoint_meta import CheckpointMeta
 from configs.finetune import common as finetune_configs
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
@@ -57,7 +59,7 @@ def pretrained(tmp_path_factory):
     params = jax.tree_util.tree_map(np.asarray, jax.device_get(nn.unbox(params)))
     meta = {"step": 1, "model": cfg.__dict__, "tokenizer": {"kind": "wordpiece", "path": "vocab.txt", "lower_case": True}}
     saver = checkpoint.Checkpointer(str(workdir), every_steps=1, keep=1, async_save=False)
-    saver.save(1, params, {"count": np.zeros((), np.int32)}, meta, force=True)
+    saver.save(1, params, {"count": np.zeros((), np.int32)}, CheckpointMeta.from_json(meta), force=True)
     saver.wait()
     saver.close()
 
@@ -89,7 +91,7 @@ def classification_run(pretrained):
     config = small_config("classification", pretrained, labels=("no", "yes"), **pretrained["files"])
     config.train.epochs = 4.0
     workdir = str(pretrained["root"] / "run")
-    summary = finetune.finetune(config, workdir)
+    summary = finetuning.finetune(config, workdir)
     return dict(config=config, workdir=workdir, summary=summary)
 
 
@@ -141,7 +143,7 @@ def dev_texts(pretrained) -> list[str]:
 
 def test_a_finished_run_rerun_resumes_at_its_end(classification_run):
     before = read_lines(classification_run["workdir"])
-    summary = finetune.finetune(classification_run["config"], classification_run["workdir"])
+    summary = finetuning.finetune(classification_run["config"], classification_run["workdir"])
     assert summary["best"] == classification_run["summary"]["best"]
     assert read_lines(classification_run["workdir"]) == before  # nothing trained twice, nothing logged twice
 
@@ -155,7 +157,7 @@ def test_task_distillation_from_the_fine_tuned_run_then_load_and_export(classifi
     config = small_config("classification", pretrained, labels=("no", "yes"), **pretrained["files"])
     config.distill.update(teacher=classification_run["workdir"], alpha=0.5, temperature=2.0)
     workdir = tmp_path / "student"
-    summary = finetune.finetune(config, str(workdir))
+    summary = finetuning.finetune(config, str(workdir))
     train_lines = [r for r in read_lines(workdir) if "split" not in r]
     assert train_lines and all(np.isfinite(r["soft_loss"]) and r["soft_loss"] >= 0 for r in train_lines)
     params, meta = checkpoint.restore_params(str(workdir / checkpoint.BEST_DIR))
@@ -168,7 +170,7 @@ def test_task_distillation_from_the_fine_tuned_run_then_load_and_export(classifi
     # A teacher that was not fine-tuned on the task: one line naming the setting.
     config.distill.teacher = pretrained["workdir"]
     with pytest.raises(ValueError, match=r"distill\.teacher=.* is not a model fine-tuned on"):
-        finetune.finetune(config, str(tmp_path / "other"))
+        finetuning.finetune(config, str(tmp_path / "other"))
 
 
 def test_regression_and_multiple_choice_on_the_users_files(pretrained):
@@ -178,7 +180,7 @@ def test_regression_and_multiple_choice_on_the_users_files(pretrained):
     reg = [{"text": s, "label": float(len(s.split()))} for s in sentences]
     config = small_config("regression", pretrained, train=write_jsonl(root / "r-train.jsonl", reg[:64]),
                           validation=write_jsonl(root / "r-dev.jsonl", reg[64:]))
-    summary = finetune.finetune(config, str(root / "regression"))
+    summary = finetuning.finetune(config, str(root / "regression"))
     assert set(summary["best"]["metrics"]["validation"]) == {"pearson", "spearman"}
     choice = [{"context": s, "choices": [s, sentences[(i + 7) % 96], sentences[(i + 11) % 96]], "label": 0}
               for i, s in enumerate(sentences)]
@@ -189,7 +191,7 @@ def test_regression_and_multiple_choice_on_the_users_files(pretrained):
     config = small_config("multiple_choice", pretrained, num_choices=3,
                           train=write_jsonl(root / "c-train.jsonl", choice[:64]),
                           validation=write_jsonl(root / "c-dev.jsonl", choice[64:]))
-    summary = finetune.finetune(config, str(root / "choice"))
+    summary = finetuning.finetune(config, str(root / "choice"))
     assert set(summary["best"]["metrics"]["validation"]) == {"accuracy"}
     tsv = (root / "choice" / "predictions" / "validation.tsv").read_text().splitlines()
     assert len(tsv) == 1 + 32 and {int(line.split("\t")[1]) for line in tsv[1:]} <= {0, 1, 2}
@@ -204,7 +206,7 @@ def test_from_a_hugging_face_directory_and_the_sweep(pretrained):
                           validation=files["validation"])
     config.train.init_from = str(hf_dir)
     config.sweep_learning_rates = [1e-4, 1e-3]
-    out = finetune.sweep(config, str(pretrained["root"] / "sweep"))
+    out = finetuning.sweep(config, str(pretrained["root"] / "sweep"))
     runs = out["runs"]
     assert set(runs) == {"0.0001", "0.001"}
     assert out["best"]["value"] == max(r["best"]["value"] for r in runs.values())
@@ -224,7 +226,7 @@ def test_bad_input_is_one_line(pretrained, tmp_path):
     ]
     for config, fragment in cases:
         with pytest.raises(ValueError, match=re.escape(fragment)):
-            finetune.finetune(config, str(tmp_path / "bad"))
+            finetuning.finetune(config, str(tmp_path / "bad"))
     # A checkpoint whose vocabulary is larger than its model's: another vocabulary size.
     small = tmp_path / "small-vocab"
     shutil.copytree(pretrained["workdir"], small)
@@ -232,7 +234,7 @@ def test_bad_input_is_one_line(pretrained, tmp_path):
     old_spelling = small_config("classification", pretrained, labels=("no", "yes"), **files)
     old_spelling.train.init_from, old_spelling.init_from = None, str(small)  # the older key, still read
     with pytest.raises(ValueError, match="another vocabulary size"):
-        finetune.finetune(old_spelling, str(tmp_path / "bad2"))
+        finetuning.finetune(old_spelling, str(tmp_path / "bad2"))
     # Through the program: one line, exit 2, no traceback.
     result = subprocess.run(
         [sys.executable, "-m", "bertjax.finetune", "--config=configs/finetune/classification.py",
@@ -255,7 +257,7 @@ def test_a_missing_data_file_is_said_before_the_model_loads(tmp_path, missing):
     config.train.init_from = str(tmp_path / "no-model")
     config.data.update(labels=("no", "yes"), **data)
     with pytest.raises(ValueError, match=r"^" + re.escape(f"{tmp_path / 'nowhere.jsonl'}: no such file") + "$"):
-        finetune.finetune(config, str(tmp_path / "run"))
+        finetuning.finetune(config, str(tmp_path / "run"))
 
 
 # --------------------------------------------------------------------------------------------------
@@ -284,7 +286,7 @@ def test_gradient_accumulation_gives_the_updates_of_the_whole_batch():
                 "segment_ids": np.zeros((8, 16), np.int32), "input_mask": np.ones((8, 16), np.int32),
                 "label": rng.integers(0, 3, (8,)).astype(np.int32), "example_weight": np.ones((8,), np.float32)}
                for _ in range(3)]
-    loss = functools.partial(finetune.task_loss, net=net, loss=heads.head("classification").loss)
+    loss = functools.partial(steps.task_loss, net=net, loss=heads.head("classification").loss)
 
     def run(k):
         init_key, dropout_key = train_state.root_keys(0)

@@ -11,7 +11,8 @@ import jax
 import numpy as np
 import pytest
 
-from bertjax import finetune
+from bertjax.runs import task_data
+from bertjax.tasks import steps
 from bertjax.models import bert as bert_model
 from bertjax.models import heads
 from bertjax.tasks import batches
@@ -51,7 +52,7 @@ def tiny_config():
 
 
 def train_keys(features):
-    return finetune.TRAIN_KEYS + tuple(k for k in ("label_weight",) if k in features)
+    return steps.TRAIN_KEYS + tuple(k for k in ("label_weight",) if k in features)
 
 
 @pytest.mark.parametrize("kind,grad_accum_steps", [("classification", 1), ("regression", 1), ("tagging", 1),
@@ -69,7 +70,7 @@ def test_a_packed_batch_has_the_loss_and_gradients_of_its_examples_unpacked(kind
     assert (plan >= 0).sum(axis=1).max() > 1  # examples share rows
     packed = batches.packed_batch(features, plan, keys)
     assert packed["cls_positions"].shape == (6, K) and packed["sequence_ids"].shape == (6, S)
-    loss = functools.partial(finetune.task_loss, net=net, loss=heads.head(kind).loss)
+    loss = functools.partial(steps.task_loss, net=net, loss=heads.head(kind).loss)
     grad_fn = jax.jit(lambda p, b: optim.accumulate_gradients(jax.value_and_grad(loss, has_aux=True), p, b,
                                                               grad_accum_steps, jax.random.key(1)))
     (loss_u, sums_u), grads_u = grad_fn(params, unpacked)
@@ -124,7 +125,7 @@ def test_packing_is_on_where_it_applies_and_refused_where_asked_for_and_it_canno
     def settings(task, feature_based=False, **data):
         config = finetune_configs.finetune_config(task)
         config.data.update(**data)
-        return finetune.packing_settings(config, finetune.task_from_config(config), feature_based)
+        return task_data.packing_settings(config, task_data.task_from_config(config), feature_based)
 
     assert settings("classification", labels=("a", "b")) == (16, None)
     assert settings("tagging", labels=("O", "B-X")) == (16, None)

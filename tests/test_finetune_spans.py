@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 
 import bertjax
-from bertjax import finetune
+from bertjax.runs import finetuning
 from bertjax.training import checkpoint
 from bertjax.tasks import metrics
 from bertjax.data import demo
@@ -91,7 +91,7 @@ def qa_run(pretrained, tmp_path_factory):  # noqa: F811
              "validation": write_json(root / "dev.json", dev)}
     config = span_config("span", pretrained, files)
     workdir = str(root / "run")
-    return dict(summary=finetune.finetune(config, workdir), workdir=workdir, dev=dev, config=config)
+    return dict(summary=finetuning.finetune(config, workdir), workdir=workdir, dev=dev, config=config)
 
 
 def test_span_qa_learns_above_the_first_sentence_baseline(qa_run):
@@ -136,7 +136,7 @@ def test_squad_v2_tunes_and_keeps_a_no_answer_threshold(pretrained, tmp_path):  
              "validation": write_json(tmp_path / "dev.json", dev)}
     config = span_config("span", pretrained, files, squad_version="v2.0")
     config.train.epochs = 2.0
-    summary = finetune.finetune(config, str(tmp_path / "run"))
+    summary = finetuning.finetune(config, str(tmp_path / "run"))
     scores = summary["best"]["metrics"]["validation"]
     assert summary["main_metric"] == "best_f1"
     assert scores["best_f1"] >= scores["f1"] - 1e-9 and "has_ans_f1" in scores and "no_ans_f1" in scores
@@ -214,7 +214,7 @@ def tagging_run(pretrained, tmp_path_factory):  # noqa: F811
     files, dev_sentences = tagging_files(root)
     config = tagging_config(pretrained, files)
     workdir = str(root / "run")
-    return dict(summary=finetune.finetune(config, workdir), workdir=workdir, files=files, root=root,
+    return dict(summary=finetuning.finetune(config, workdir), workdir=workdir, files=files, root=root,
                 dev=[tagged_sentence(s) for s in dev_sentences])
 
 
@@ -249,7 +249,7 @@ def test_the_loaded_tagger_tags_a_sentence(tagging_run):
 def test_the_feature_based_tagger_trains_only_its_bilstm(pretrained, tagging_run, tmp_path):  # noqa: F811
     config = tagging_config(pretrained, tagging_run["files"])
     config.feature_based.update(enabled=True, lstm_size=32, lstm_layers=1, layers=(-1, -2), learning_rate=5e-3)
-    summary = finetune.finetune(config, str(tmp_path / "run"))
+    summary = finetuning.finetune(config, str(tmp_path / "run"))
     params, meta = checkpoint.restore_params(str(tmp_path / "run" / checkpoint.BEST_DIR))
     assert meta["task"]["feature_based"]["layers"] == [-1, -2]
     assert set(params) == {"bert", "lstm_0_forward", "lstm_0_backward", "classifier"}
@@ -262,4 +262,4 @@ def test_the_feature_based_tagger_trains_only_its_bilstm(pretrained, tagging_run
     # Layers the model does not have: one line saying which it has.
     config.feature_based.layers = (-1, -2, -3, -4)
     with pytest.raises(ValueError, match=r"layers=\(-1, -2, -3, -4\): the model has hidden states 0\.\.2"):
-        finetune.finetune(config, str(tmp_path / "other"))
+        finetuning.finetune(config, str(tmp_path / "other"))

@@ -128,9 +128,11 @@ LAYERS = (
     ("compression", ("compression",)),
     ("interop", ("interop",)),
     ("inference", ("inference", "")),
-    # The programs: flags and main. By contract some live beside the library they drive.
+    # What a run is, once (start-up, console, each kind of run's story), over the whole library.
+    ("runs", ("runs",)),
+    # The programs: flags and one call into runs/. By contract some live beside the library they drive.
     ("programs", ("train", "finetune", "distill", "prune", "evaluate", "export", "plan", "benchmark", "summary",
-                  "console", "vocab", "data.preview", "data.prepare", "data.benchmark", "tasks.demo")),
+                  "vocab", "data.preview", "data.prepare", "data.benchmark", "tasks.demo")),
 )
 PROGRAMS = frozenset(LAYERS[-1][1])
 # Loading a config is `import configs.<name>` (configs/ is an installed package), never these.
@@ -187,9 +189,18 @@ def layering_violations(root: pathlib.Path, package: str = "bertjax") -> list[st
             if target in CONFIG_LOADERS:
                 problems.append(f"{where}:{line}: {name} imports {target}: load a config as `import "
                                 f"configs.<name>` (configs/ is a package), not by path or by name")
-            if target not in modules or target == package:  # the package itself runs before any of its modules
+            if target not in modules:
                 continue
             theirs = layer_of(target, package)
+            if target == package and own < layer_of("", package):
+                # `import bertjax` from below reaches bertjax.load (inference) through the package's __init__.
+                problems.append(f"{where}:{line}: {name} (layer {LAYERS[own][0]}) imports {package} itself, whose "
+                                f"bertjax.load is layer {LAYERS[theirs][0]}: import the module it needs")
+                continue
+            if theirs == len(LAYERS) - 1 and target != name:
+                problems.append(f"{where}:{line}: {name} imports the program {target}: a program is flags and one "
+                                f"call, and what two programs share lives in bertjax/runs or below")
+                continue
             if theirs > own:
                 what = ("a program" if theirs == len(LAYERS) - 1 else f"layer {LAYERS[theirs][0]}")
                 problems.append(f"{where}:{line}: {name} (layer {LAYERS[own][0]}) imports {target} ({what}): "
@@ -214,17 +225,23 @@ def test_layer_checker_catches_upward_imports(tmp_path):
     write("text/files.py", "import os\n")
     write("data/inputs.py", "from bertjax.text import files\n")  # downward: fine
     write("training/workdir.py", "from bertjax.text import files\n")
-    write("text/vocab.py", "import os\n\n\ndef entry():\n    from bertjax import console\n")  # a program
+    write("runs/__init__.py")
+    write("text/vocab.py", "import os\n\n\ndef entry():\n    from bertjax import train\n")  # a program
     write("data/stream.py", "import json\n\n\ndef f():\n    from bertjax.training import workdir as w\n")
-    write("data/preview.py", "from bertjax.training import workdir\nimport bertjax.console\n")  # a program: fine
-    write("console.py", "import runpy\n")
+    write("data/preview.py", "from bertjax.training import workdir\nimport bertjax.runs.console\n")  # fine
+    write("runs/console.py", "import runpy\n")
+    write("train.py", "from bertjax.runs import console\n")  # a program: fine
+    write("distill.py", "from bertjax import train\n")  # a program importing a program
+    write("training/loop.py", "import bertjax\n")  # the package's own bertjax.load, from below it
     problems = layering_violations(tmp_path)
-    assert len(problems) == 3, problems
-    assert problems[0].startswith("bertjax/console.py:1: bertjax.console imports runpy")
-    assert problems[1].startswith("bertjax/data/stream.py:5: bertjax.data.stream (layer data) imports "
+    assert len(problems) == 5, problems
+    assert problems[0].startswith("bertjax/data/stream.py:5: bertjax.data.stream (layer data) imports "
                                   "bertjax.training.workdir (layer training)")
-    assert problems[2].startswith("bertjax/text/vocab.py:5: bertjax.text.vocab (layer text) imports "
-                                  "bertjax.console (a program)")
+    assert problems[1].startswith("bertjax/distill.py:1: bertjax.distill imports the program bertjax.train")
+    assert problems[2].startswith("bertjax/runs/console.py:1: bertjax.runs.console imports runpy")
+    assert problems[3].startswith("bertjax/text/vocab.py:5: bertjax.text.vocab imports the program bertjax.train")
+    assert problems[4].startswith("bertjax/training/loop.py:1: bertjax.training.loop (layer training) imports "
+                                  "bertjax itself")
 
 
 def test_importing_every_module_defines_no_flags():

@@ -15,6 +15,7 @@ import pytest
 
 from bertjax.training import checkpoint
 from bertjax.training import workdir
+from bertjax.training.checkpoint_meta import CheckpointMeta
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 SMALL = ["--config=configs/tiny.py", "--config.data.source=synthetic", "--config.schedule.warmup_steps=1",
@@ -195,7 +196,7 @@ def test_a_checkpoint_of_other_shapes_is_a_mismatch_and_stays_where_it_is(tmp_pa
     tx = optax.adam(1e-3)
     saver = checkpoint.Checkpointer(str(tmp_path), every_steps=1, keep=3, async_save=False)
     for step in (2, 4):
-        saver.save(step, params, tx.init(params), {"step": step})
+        saver.save(step, params, tx.init(params), CheckpointMeta(step, {}))
     saver.wait()
     saver.close()
 

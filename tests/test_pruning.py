@@ -22,6 +22,7 @@ from bertjax.compression import pruning
 from bertjax.interop import hf, hf_families
 from bertjax.models import bert as bert_model
 from bertjax.models import heads
+from bertjax.training.checkpoint_meta import CheckpointMeta
 
 ATOL = 1e-5
 SHAPE = dict(num_hidden_layers=3, hidden_size=32, num_attention_heads=4, intermediate_size=48, vocab_size=60,
@@ -300,13 +301,14 @@ def finetuned(tmp_path_factory):
             "tokenizer": {"kind": "wordpiece", "path": "vocab.txt", "lower_case": True},
             "task": {"name": "classification", "kind": "classification", "labels": ["no", "yes"], "num_choices": None,
                      "max_seq_length": 32, "squad_version": None, "feature_based": None, "squad_settings": None}}
-    checkpoint.save_params(str(workdir), checkpoint.BEST_DIR, 1, jax.device_get(params), meta)
+    checkpoint.save_params(str(workdir), checkpoint.BEST_DIR, 1, jax.device_get(params), CheckpointMeta.from_json(meta))
     return dict(root=root, workdir=str(workdir), files=files)
 
 
 @pytest.mark.slow
 def test_prune_program_writes_a_workdir_that_loads_and_exports(finetuned, tmp_path):
-    from bertjax import export, prune
+    from bertjax import export
+    from bertjax.runs import prune_and_recover
     from configs.finetune import common as finetune_configs
 
     import bertjax
@@ -321,7 +323,7 @@ def test_prune_program_writes_a_workdir_that_loads_and_exports(finetuned, tmp_pa
     # keep_pruned_zeros in its optimizer (tested above), and the slowest part by far.
     config.prune.update(heads=3, importance_batches=2, sparsity=0.3, recovery_epochs=0.0)
     workdir = str(tmp_path / "pruned")
-    record = prune.prune(config, workdir)
+    record = prune_and_recover.prune(config, workdir)
     assert sum(len(k) for k in record["kept_heads"]) == 3 and record["params_after"] < record["params_before"]
     assert abs(record["sparsity"] - 0.3) < 1e-3
     written = json.loads((tmp_path / "pruned" / "pruning.json").read_text())

@@ -22,6 +22,7 @@ from bertjax.interop import pretrained as pretrained_files
 from bertjax.models import bert as bert_model
 from bertjax.models import heads
 from bertjax.training import checkpoint
+from bertjax.training.checkpoint_meta import CheckpointMeta
 from test_finetune import keyword_sentences  # real sentences of the demo corpus, half with the keyword
 
 LABELS = ["no", "yes"]
@@ -55,7 +56,7 @@ def keyword_classifier(root, rows, max_seq_length: int = 48) -> str:
     meta = {"step": 1, "model": cfg.__dict__, "tokenizer": {"kind": "wordpiece", "path": "vocab.txt", "lower_case": True},
             "task": {"name": "classification", "kind": "classification", "labels": LABELS, "num_choices": None,
                      "max_seq_length": max_seq_length}}
-    checkpoint.save_params(str(workdir), checkpoint.BEST_DIR, 1, params, meta)
+    checkpoint.save_params(str(workdir), checkpoint.BEST_DIR, 1, params, CheckpointMeta.from_json(meta))
     return str(workdir)
 
 
@@ -231,7 +232,7 @@ def test_a_pretraining_checkpoint_quantises_its_heads_too(classifier, tmp_path):
     params = {**jax.device_get(nn.unbox(params)), "bert": classifier["params"]["bert"]}
     vocab = os.path.join(classifier["workdir"], "vocab.txt")
     meta = {"step": 1, "model": cfg.__dict__, "tokenizer": {"kind": "wordpiece", "path": vocab, "lower_case": True}}
-    checkpoint.save_params(str(tmp_path), checkpoint.BEST_DIR, 1, params, meta)
+    checkpoint.save_params(str(tmp_path), checkpoint.BEST_DIR, 1, params, CheckpointMeta.from_json(meta))
     model = bertjax.load(tmp_path, quantize="int8")
     assert model.params["mlm_head"]["transform"]["kernel"]["qvalue"].dtype == np.int8
     assert model.params["nsp_head"]["kernel"]["qvalue"].dtype == np.int8

@@ -31,6 +31,7 @@ from bertjax.models import bert as bert_model
 from bertjax.data import demo
 from bertjax.tasks import features
 from bertjax.text import vocab as vocabularies
+from bertjax.training.checkpoint_meta import CheckpointMeta
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 ENV = {**os.environ, "PYTHONPATH": str(REPO), "XLA_FLAGS": FAST_COMPILE_FLAGS, "JAX_PLATFORMS": "cpu", "CUDA_VISIBLE_DEVICES": "",
@@ -112,7 +113,7 @@ def workdir(tmp_path_factory):
     meta = {"step": 1, "model": cfg.__dict__,
             "tokenizer": {"kind": "wordpiece", "path": "vocab.txt", "lower_case": True}}
     saver = checkpoint.Checkpointer(str(workdir), every_steps=1, keep=1, async_save=False)
-    saver.save(1, params, {"count": np.zeros((), np.int32)}, meta, force=True)
+    saver.save(1, params, {"count": np.zeros((), np.int32)}, CheckpointMeta.from_json(meta), force=True)
     saver.wait()
     saver.close()
     return workdir

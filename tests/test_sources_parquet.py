@@ -230,7 +230,7 @@ def test_a_corpus_of_bad_rows_and_wrong_settings_are_one_line(corpus, bad_table,
 @pytest.mark.slow  # compiling the training and eval steps is most of it (the second run reuses them)
 @pytest.mark.parametrize("name", ("parquet sentences", "hf sentences"))
 def test_a_short_training_run_on_a_table(corpus, name, tmp_path):
-    from bertjax import train
+    from bertjax.runs import pretraining
 
     config = runpy.run_path(str(REPO / "configs" / "tiny.py"))["get_config"]()
     config.model.update(num_layers=1, hidden_size=32, num_heads=2, intermediate_size=64, vocab_size=600,
@@ -241,7 +241,7 @@ def test_a_short_training_run_on_a_table(corpus, name, tmp_path):
     config.schedule.warmup_steps = 1
     config.logging.update(log_every=1, eval_every=2, eval_batches=1)
     config.checkpoint.every_steps = 2
-    assert train.train(config, str(tmp_path)) == 0
+    pretraining.pretrain(config, str(tmp_path))
     lines = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     assert [line["step"] for line in lines if "split" not in line] == [1, 2]
     assert all(np.isfinite(line["loss"]) for line in lines)

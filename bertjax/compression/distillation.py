@@ -160,22 +160,16 @@ def check_task_distillation(kind: str, temperature: float, alpha: float) -> None
 # The student and the teacher
 # --------------------------------------------------------------------------------------------------
 
-# Architecture fields a student made from the teacher's layers takes over unchanged (num_layers and the
-# per-layer head counts follow student_layers; compute fields such as dtype are the student's own).
-SHARED_FIELDS = ("vocab_size", "hidden_size", "num_heads", "intermediate_size", "max_position_embeddings",
-                 "type_vocab_size", "pre_layer_norm", "param_dtype", "head_size") + bert.FAMILY_OPTIONS + (
-                 "rotary_theta", "global_rotary_theta", "global_attention_every")
-
-
-def student_config_from_teacher(teacher: bert.BertConfig, layers, compute: dict) -> bert.BertConfig:
+def student_config_from_teacher(teacher: bert.BertConfig, layers, own: dict) -> bert.BertConfig:
     """The config of a student made of the teacher's `layers`: the teacher's architecture with
-    len(layers) layers; compute: the student's compute fields (dtype, attention_impl, remat_policy,
-    scan_layers, dropout rates...)."""
+    len(layers) layers (and their head counts); own: the student's own layout, compute and training
+    fields (bert.field_names("layout", "compute", "training"): dtype, scan_layers, dropout rates, ...)."""
     check_layers(teacher, layers)
-    fields = {name: getattr(teacher, name) for name in SHARED_FIELDS}
-    fields.update(compute, num_layers=len(layers),
-                  layer_heads=tuple(teacher.layer_heads[j] for j in layers) if teacher.layer_heads else ())
-    return dataclasses.replace(teacher, **fields)
+    foreign = sorted(set(own) - set(bert.field_names("layout", "compute", "training")))
+    if foreign:
+        raise ValueError(f"the student takes its architecture from the teacher's layers, not {foreign}")
+    return dataclasses.replace(teacher, **own, num_layers=len(layers),
+                               layer_heads=tuple(teacher.layer_heads[j] for j in layers) if teacher.layer_heads else ())
 
 
 def check_layers(teacher: bert.BertConfig, layers) -> None:

@@ -31,7 +31,7 @@ import time
 
 from absl import app, flags
 
-from bertjax import console
+from bertjax.runs import console
 
 # (max_seq_length, max_predictions_per_seq, max_sequences_per_row): BERT's two phases, with the
 # packing defaults of configs/common.py (K 8 at 128, the seq-512 recipe's 16).

@@ -30,7 +30,7 @@ import numpy as np
 from absl import app, flags, logging
 from ml_collections import config_flags
 
-from bertjax import console
+from bertjax.runs import console
 
 # Sentences tokenized per TensorFlow call in a worker, and so per progress report.
 BATCH_SENTENCES = 4096

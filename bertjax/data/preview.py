@@ -21,7 +21,7 @@ import tempfile
 from absl import app, flags
 from ml_collections import config_flags
 
-from bertjax import console
+from bertjax.runs import console
 from bertjax.data import packing
 
 def define_flags() -> dict:

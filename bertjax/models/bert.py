@@ -68,9 +68,6 @@ REMAT_POLICIES = {
 }
 
 ATTENTION_IMPLS = ("xla", "cudnn", "splash")
-# BertConfig fields that choose a family's network (RoBERTa, ALBERT, ModernBERT); BERT has their defaults.
-FAMILY_OPTIONS = ("position_embedding", "position_offset", "activation", "norm_placement", "use_bias", "norm", "pooler",
-                  "local_attention_window", "embedding_size", "num_hidden_groups", "pre_layer_norm")
 POSITION_EMBEDDINGS = ("learned", "rotary", "none")
 ACTIVATIONS = ("gelu", "gelu_tanh", "geglu")
 NORM_PLACEMENTS = ("post", "pre")
@@ -99,8 +96,6 @@ def current_platform() -> str:
     if backend == "gpu" and "rocm" in getattr(jax.devices()[0].client, "platform_version", "").lower():
         return "rocm"
     return backend if backend in PLATFORM_DEFAULTS else "cpu"
-# Fields that choose how the network is computed, not what it is: a checkpoint loads under any of them.
-COMPUTE_FIELDS = ("dtype", "attention_impl", "word_embedding", "remat_policy")
 
 
 def resolve_platform(fields: dict, platform: str | None = None) -> dict:
@@ -124,47 +119,78 @@ def resolve_platform(fields: dict, platform: str | None = None) -> dict:
     return out
 
 
+# What each field of BertConfig is, in one place; every list of fields is derived from these tags.
+#   architecture  what the network is: its parameters' shapes and what it computes with them (a resume, an
+#                 init_from and a Hugging Face conversion must agree on all of it)
+#   layout        how the parameters are stored (a resume must agree; init_from converts)
+#   compute       how the network is computed, not what it is: a checkpoint loads under any value
+#   training      regularisation and initialisation: a run's own choice, whatever it starts from
+ROLES = ("architecture", "layout", "compute", "training")
+
+
+def _field(default, role: str, family: bool = False):
+    """A BertConfig field with its role; family: one of the options that choose a family's network
+    (RoBERTa, ALBERT, ModernBERT), whose defaults are BERT's."""
+    return dataclasses.field(default=default, metadata={"role": role, "family": family})
+
+
 @dataclasses.dataclass(frozen=True)
 class BertConfig:
     """Everything that defines the network. Hashable, so it can be a static jit argument."""
 
-    vocab_size: int = 30522
-    hidden_size: int = 768
-    num_layers: int = 12
-    num_heads: int = 12
-    intermediate_size: int = 3072
-    max_position_embeddings: int = 512
-    type_vocab_size: int = 2
-    hidden_dropout_rate: float = 0.1
-    attention_dropout_rate: float = 0.1
-    layer_norm_eps: float = 1e-12
-    initializer_range: float = 0.02
-    dtype: str = "float32"  # compute dtype of matmuls and activations ("bfloat16" on accelerators)
-    param_dtype: str = "float32"  # storage dtype of the parameters (and so of the optimizer state)
-    attention_impl: str = "xla"  # "xla" | "cudnn" (flash attention, NVIDIA GPUs) | "splash" (Pallas kernel, TPUs)
-    word_embedding: str = "gather"  # "gather" or "one_hot" (a [B, S, V] x [V, H] matmul: what TPUs prefer)
-    remat_policy: str = "none"  # a key of REMAT_POLICIES
-    scan_layers: bool = False  # nn.scan over the blocks: one compiled block, params stacked on "layers"
-    pre_layer_norm: bool = False  # LayerNorm before each sub-layer plus a final one (not original BERT)
+    vocab_size: int = _field(30522, "architecture")
+    hidden_size: int = _field(768, "architecture")
+    num_layers: int = _field(12, "architecture")
+    num_heads: int = _field(12, "architecture")
+    intermediate_size: int = _field(3072, "architecture")
+    max_position_embeddings: int = _field(512, "architecture")
+    type_vocab_size: int = _field(2, "architecture")
+    hidden_dropout_rate: float = _field(0.1, "training")
+    attention_dropout_rate: float = _field(0.1, "training")
+    layer_norm_eps: float = _field(1e-12, "architecture")
+    initializer_range: float = _field(0.02, "training")
+    # compute dtype of matmuls and activations ("bfloat16" on accelerators)
+    dtype: str = _field("float32", "compute")
+    # storage dtype of the parameters (and so of the optimizer state)
+    param_dtype: str = _field("float32", "layout")
+    # "xla" | "cudnn" (flash attention, NVIDIA GPUs) | "splash" (Pallas kernel, TPUs)
+    attention_impl: str = _field("xla", "compute")
+    # "gather" or "one_hot" (a [B, S, V] x [V, H] matmul: what TPUs prefer)
+    word_embedding: str = _field("gather", "compute")
+    remat_policy: str = _field("none", "compute")  # a key of REMAT_POLICIES
+    # nn.scan over the blocks: one compiled block, params stacked on "layers"
+    scan_layers: bool = _field(False, "layout")
+    # LayerNorm before each sub-layer plus a final one (not original BERT)
+    pre_layer_norm: bool = _field(False, "architecture", family=True)
     # Family options (RoBERTa, ALBERT, ModernBERT); the defaults are BERT. docs/design.md lists them.
-    position_embedding: str = "learned"  # "learned" (a table) | "rotary" (RoPE on q, k) | "none"
-    position_offset: int = 0  # first row of the position table (RoBERTa: padding_idx + 1 = 2)
-    activation: str = "gelu"  # "gelu" (erf) | "gelu_tanh" (ALBERT's gelu_new) | "geglu" (input dense -> 2F)
-    norm_placement: str = "post"  # "post" | "pre": embedding norm, none before layer 0's attention, final norm
-    use_bias: bool = True  # biases of the linear layers and the norms (ModernBERT: none)
-    norm: str = "layernorm"  # "layernorm" | "rmsnorm"
-    rotary_theta: float = 10000.0  # RoPE base of the local (or all) layers
-    global_rotary_theta: float = 0.0  # RoPE base of the global layers (ModernBERT: 160,000); 0: rotary_theta
-    local_attention_window: int = 0  # sliding window in total (128: +-64) on the local layers; 0: none
-    global_attention_every: int = 1  # layer i attends globally when i % n == 0 (ModernBERT: 3)
-    embedding_size: int = 0  # ALBERT's factorised embedding width E, projected to H once; 0: hidden_size
-    num_hidden_groups: int = 0  # ALBERT's groups of layers sharing parameters; 0: one per layer (BERT)
-    pooler: str = "tanh"  # a key of POOLERS: "tanh" (dense, tanh on [CLS]) | "gelu_norm" (ModernBERT's head)
+    # "learned" (a table) | "rotary" (RoPE on q, k) | "none"
+    position_embedding: str = _field("learned", "architecture", family=True)
+    # first row of the position table (RoBERTa: padding_idx + 1 = 2)
+    position_offset: int = _field(0, "architecture", family=True)
+    # "gelu" (erf) | "gelu_tanh" (ALBERT's gelu_new) | "geglu" (input dense -> 2F)
+    activation: str = _field("gelu", "architecture", family=True)
+    # "post" | "pre": embedding norm, none before layer 0's attention, final norm
+    norm_placement: str = _field("post", "architecture", family=True)
+    use_bias: bool = _field(True, "architecture", family=True)  # biases of linear layers and norms (ModernBERT: none)
+    norm: str = _field("layernorm", "architecture", family=True)  # "layernorm" | "rmsnorm"
+    rotary_theta: float = _field(10000.0, "architecture")  # RoPE base of the local (or all) layers
+    # RoPE base of the global layers (ModernBERT: 160,000); 0: rotary_theta
+    global_rotary_theta: float = _field(0.0, "architecture")
+    # sliding window in total (128: +-64) on the local layers; 0: none
+    local_attention_window: int = _field(0, "architecture", family=True)
+    # layer i attends globally when i % n == 0 (ModernBERT: 3)
+    global_attention_every: int = _field(1, "architecture")
+    # ALBERT's factorised embedding width E, projected to H once; 0: hidden_size
+    embedding_size: int = _field(0, "architecture", family=True)
+    # ALBERT's groups of layers sharing parameters; 0: one per layer (BERT)
+    num_hidden_groups: int = _field(0, "architecture", family=True)
+    # a key of POOLERS: "tanh" (dense, tanh on [CLS]) | "gelu_norm" (ModernBERT's head)
+    pooler: str = _field("tanh", "architecture", family=True)
     # Pruned attention heads (bertjax.compression.pruning): the head count of each parameter group (each
     # layer; ALBERT's shared groups, one count for all the layers of a group), () = num_heads everywhere;
     # and the head size D, 0 = hidden_size / num_heads. A pruned group's q/k/v kernels are [H, h_g, D].
-    layer_heads: tuple = ()
-    head_size: int = 0
+    layer_heads: tuple = _field((), "architecture")
+    head_size: int = _field(0, "architecture")
 
     def __post_init__(self):
         # A checkpoint's JSON metadata gives a list: the config must stay hashable (a static jit argument).
@@ -285,6 +311,28 @@ class BertConfig:
 
     def is_local(self, layer: int) -> bool:
         return bool(self.local_attention_window) and layer % self.global_attention_every != 0
+
+
+def field_names(*roles: str, family: bool | None = None) -> tuple[str, ...]:
+    """The BertConfig fields of these roles (all with none), in declaration order; family=True: only the
+    family options."""
+    unknown = sorted(set(roles) - set(ROLES))
+    if unknown:
+        raise ValueError(f"unknown field roles {unknown}: the roles are {ROLES}")
+    return tuple(f.name for f in dataclasses.fields(BertConfig)
+                 if (not roles or f.metadata["role"] in roles) and (family is None or f.metadata["family"] == family))
+
+
+def fields_of(cfg: BertConfig, *roles: str) -> dict:
+    """{name: value} of cfg's fields of these roles."""
+    return {name: getattr(cfg, name) for name in field_names(*roles)}
+
+
+ARCHITECTURE_FIELDS = field_names("architecture")
+# What a resumed run must agree on with its checkpoint: the network and how its parameters are stored.
+RESUME_FIELDS = field_names("architecture", "layout")
+# The options that choose a family's network (RoBERTa, ALBERT, ModernBERT); BERT has their defaults.
+FAMILY_OPTIONS = field_names(family=True)
 
 
 def scanned_layout(cfg: BertConfig) -> tuple[int, int]:

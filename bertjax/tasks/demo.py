@@ -28,7 +28,7 @@ import re
 import numpy as np
 from absl import flags
 
-from bertjax import console
+from bertjax.runs import console
 from bertjax.data import demo, sources
 
 TASKS = ("word_order", "keyword")

@@ -22,6 +22,7 @@ from absl import logging
 from etils import epath
 
 from bertjax.text import files
+from bertjax.training.checkpoint_meta import CheckpointMeta
 
 ITEMS = ("params", "opt_state", "meta")
 CHECKPOINT_DIR = "checkpoints"
@@ -93,7 +94,7 @@ class Restored:
     step: int
     params: Any
     opt_state: Any
-    meta: dict
+    meta: CheckpointMeta
 
 
 class Checkpointer:
@@ -114,11 +115,11 @@ class Checkpointer:
             "params": ocp.StandardCheckpointHandler(), "opt_state": ocp.StandardCheckpointHandler(),
             "meta": ocp.JsonCheckpointHandler()})
 
-    def save(self, step: int, params, opt_state, meta: dict, force: bool = False) -> bool:
+    def save(self, step: int, params, opt_state, meta: CheckpointMeta, force: bool = False) -> bool:
         args = ocp.args.Composite(
             params=ocp.args.StandardSave(params),
             opt_state=ocp.args.StandardSave(opt_state),
-            meta=ocp.args.JsonSave(meta),
+            meta=ocp.args.JsonSave(meta.replace(step=step).to_json()),
         )
         try:
             return self.manager.save(step, args=args, force=force)
@@ -126,7 +127,7 @@ class Checkpointer:
             raise self._save_failed(e) from None
 
     def restore_latest(self, abstract_params, abstract_opt_state,
-                       check_meta: Callable[[int, dict], None] | None = None) -> Restored | None:
+                       check_meta: Callable[[int, CheckpointMeta], None] | None = None) -> Restored | None:
         """The newest checkpoint that reads back whole, restored straight into the target shardings
         (the abstract trees are jax.ShapeDtypeStructs carrying them). Its meta is read first and given
         to check_meta(step, meta), which raises ValueError when the checkpoint does not fit the config:
@@ -134,7 +135,8 @@ class Checkpointer:
         is reported and moved aside (kept, for a post-mortem), and the one before it is used."""
         for step in sorted(self.manager.all_steps(), reverse=True):
             try:
-                meta = dict(self.manager.restore(step, args=ocp.args.Composite(meta=ocp.args.JsonRestore())).meta)
+                meta = CheckpointMeta.from_json(
+                    self.manager.restore(step, args=ocp.args.Composite(meta=ocp.args.JsonRestore())).meta)
             except Exception as e:  # noqa: BLE001 -- any failure to read means: use the previous one
                 self._unreadable(step, e)
                 continue
@@ -282,7 +284,7 @@ def _drop_closed_loop_reports() -> None:
     sys.unraisablehook = hook
 
 
-def save_params(workdir: str, subdir: str, step: int, params, meta: dict) -> None:
+def save_params(workdir: str, subdir: str, step: int, params, meta: CheckpointMeta) -> None:
     """WORKDIR/subdir/<step>/{params, meta}, written now, replacing the one there before (the best dev
     checkpoint of a fine-tuning run). restore_params(WORKDIR/subdir) reads it back."""
     directory = files.join(workdir, subdir)
@@ -290,7 +292,8 @@ def save_params(workdir: str, subdir: str, step: int, params, meta: dict) -> Non
     manager = ocp.CheckpointManager(directory, options=options, item_names=("params", "meta"))
     try:
         manager.save(step, args=ocp.args.Composite(params=ocp.args.StandardSave(params),
-                                                   meta=ocp.args.JsonSave(meta)), force=True)
+                                                   meta=ocp.args.JsonSave(meta.replace(step=step).to_json())),
+                     force=True)
         manager.wait_until_finished()
     except Exception as e:  # noqa: BLE001 -- a save that cannot be written stops the run
         raise SaveFailed(f"saving the checkpoint of step {step} to {directory} failed ({first_line(e)}): free "

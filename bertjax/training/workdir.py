@@ -117,17 +117,23 @@ class WorkdirLock:
         if self.remote:
             self._acquire_remote()
             return
-        f = open(self._path, "a+", encoding="utf-8")
-        try:
-            fcntl.flock(f.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError:
-            f.seek(0)
+        while True:
+            f = open(self._path, "a+", encoding="utf-8")
             try:
-                holder = json.loads(f.read() or "{}")
-            except ValueError:
-                holder = {}
+                fcntl.flock(f.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except OSError:
+                f.seek(0)
+                try:
+                    holder = json.loads(f.read() or "{}")
+                except ValueError:
+                    holder = {}
+                f.close()
+                raise WorkdirInUse(_holder_line(holder, self.workdir)) from None
+            # The holder before us removes the file as it releases it: a lock taken on a file no longer
+            # at the path guards nothing, so take the one there now.
+            if os.path.exists(self._path) and os.stat(self._path).st_ino == os.fstat(f.fileno()).st_ino:
+                break
             f.close()
-            raise WorkdirInUse(_holder_line(holder, self.workdir)) from None
         f.seek(0)
         f.truncate()
         f.write(json.dumps(self._me()))
@@ -147,7 +153,9 @@ class WorkdirLock:
         self._path.write_text(json.dumps(self._me()))
 
     def release(self) -> None:
+        """The lock file goes with the lock (removed while still held, so no other run holds it then)."""
         if self._file is not None:
+            self._path.unlink(missing_ok=True)
             fcntl.flock(self._file.fileno(), fcntl.LOCK_UN)
             self._file.close()
             self._file = None

@@ -16,6 +16,10 @@ import time
 
 import numpy as np
 
+from bertjax import inference
+from bertjax.compression import quantize
+from bertjax.tasks import kinds, registry, scoring, squad
+
 
 @dataclasses.dataclass(frozen=True)
 class Model:
@@ -38,8 +42,6 @@ class Row:
 
 def task_of(model) -> tuple:
     """(registry.Task, settings, null_threshold) of a fine-tuned model, from its checkpoint's task record."""
-    from bertjax.tasks import registry, squad
-
     record = model.task
     if record is None:
         raise ValueError(f"{model.source}: not a fine-tuned model (no task head): the report compares fine-tuned "
@@ -56,8 +58,6 @@ def task_of(model) -> tuple:
 def read_dev(task, dev_path: str | None = None, data_dir: str | None = None) -> tuple[str, list]:
     """(split name, labeled examples) of the task's dev set: the file dev_path (the kind's own format:
     JSON lines for classification), else the task's first TFDS dev split."""
-    from bertjax.tasks import kinds
-
     if dev_path is None and not task.eval_splits:
         raise ValueError(f"task {task.name} has no dev split of its own: give the dev file (JSON lines) as --task")
     split = "validation" if dev_path else task.eval_splits[0]
@@ -91,8 +91,6 @@ def latencies_ms(models: list, batches: list[dict], *, repeats: int = 10, warmup
 def dev_score(model, task, split: str, examples: list, features: dict, *, settings=None,
               null_threshold: float = 0.0) -> float:
     """The task's main dev metric of the model on these features."""
-    from bertjax.tasks import kinds, scoring
-
     logits = model.task_logits(features, batch_size=32)
     scored = kinds.get(task.kind).score(task, split, scoring.Split(examples, features, True), logits,
                                         settings=settings, null_threshold=null_threshold)
@@ -104,16 +102,12 @@ def compression_report(teacher: Model, variants: list[Model], *, dev_path: str |
                        repeats: int = 10, warmup: int = 2) -> dict:
     """Loads the teacher and each variant, scores each on the dev set, then times them taking turns;
     returns {"task", "metric", "split", "max_seq_length", "examples", "rows" [Row], "table" [markdown]}."""
-    import bertjax
-    from bertjax.compression import quantize
-    from bertjax.tasks import kinds
-
     if not variants:
         raise ValueError("the report needs at least one variant to compare with the teacher")
     names = [teacher.name] + [v.name for v in variants]
     if len(set(names)) != len(names):
         raise ValueError(f"model names must differ: {names}")
-    models = [bertjax.load(spec.path, quantize=spec.quantize) for spec in [teacher, *variants]]
+    models = [inference.load(spec.path, quantize=spec.quantize) for spec in [teacher, *variants]]
     task, settings, null_threshold = task_of(models[0])
     for spec, model in zip(variants, models[1:]):
         theirs = task_of(model)[0]

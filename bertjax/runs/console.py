@@ -1,12 +1,30 @@
-"""What the entry programs (train, summary, data.preview, ...) share: flag parsing that turns a bad
-flag or an unknown --config.key into one line that says what to change, instead of a traceback."""
+"""The console of a run and of the programs that start one: lines for the person running it (`say`),
+flag parsing that turns a bad flag or an unknown --config.key into one line that says what to change,
+and the one mapping of how a run ends to how its program exits (`finish`).
+
+How a run ends, whatever its kind:
+  - it returns: done, exit 0;
+  - runs.start.Stopped: SIGTERM or Ctrl-C asked it to stop and it saved first: the run has said so,
+    exit 0 after SIGTERM (asked to stop, and did) or 130 after Ctrl-C;
+  - ValueError, FileNotFoundError, FloatingPointError: something the user can change, one line, exit 2;
+  - KeyboardInterrupt outside the steps (which alone turn Ctrl-C into a save): exit 130.
+"""
 
 import logging as pylogging
 import sys
 from types import SimpleNamespace
-from typing import Callable
+from typing import Any, Callable
 
+import jax
 from absl import app, flags, logging
+
+from bertjax.runs.start import Distributed, Stopped
+
+
+def say(message: str) -> None:
+    """A line for the person running the job, from process 0 only (library INFO logs stay off)."""
+    if jax.process_index() == 0:
+        print(message, flush=True)
 
 
 def parse_flags(argv: list[str]) -> list[str]:
@@ -60,6 +78,43 @@ def quiet_library_logs() -> None:
         lambda record: not (record.levelno >= pylogging.ERROR
                             and ("/orbax/" in record.pathname
                                  or (record.name == "asyncio" and "never retrieved" in record.getMessage()))))
+
+
+def define_distributed_flags() -> dict:
+    """The flags that name the other processes of a run (launch/ sets them, or the BERTJAX_* variables)."""
+    return dict(
+        coordinator_address=flags.DEFINE_string("coordinator_address", None,
+                                                "host:port of process 0, for several processes."),
+        num_processes=flags.DEFINE_integer("num_processes", None, "How many processes take part."),
+        process_id=flags.DEFINE_integer("process_id", None, "This process's index."),
+    )
+
+
+def distributed(args) -> Distributed:
+    """The Distributed of a program's flag values (define_distributed_flags)."""
+    return Distributed(args.coordinator_address, args.num_processes, args.process_id)
+
+
+def no_arguments(argv: list[str]) -> None:
+    """Programs take flags only: a stray word on the command line is a usage error."""
+    if len(argv) > 1:
+        raise app.UsageError(f"unexpected arguments: {argv[1:]}")
+
+
+def finish(run: Callable[..., Any], *args, **kwargs) -> Any:
+    """run(*args, **kwargs) as a program's one call: its result when it completes, otherwise the exit
+    its ending calls for (the module docstring lists them)."""
+    quiet_library_logs()
+    try:
+        return run(*args, **kwargs)
+    except (ValueError, FileNotFoundError, FloatingPointError) as e:
+        fail(str(e))
+    except Stopped as e:
+        sys.exit(e.exit_code)
+    except KeyboardInterrupt:
+        print("Ctrl-C outside the training steps: stopped; the last checkpoint stays the one to resume from",
+              file=sys.stderr)
+        sys.exit(130)
 
 
 def run_program(main: Callable[[list[str], SimpleNamespace], None], define_flags: Callable[[], dict],

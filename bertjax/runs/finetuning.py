@@ -1,0 +1,399 @@
+"""A fine-tuning run: a pretrained encoder and one extra output layer trained on a task, the story
+`python -m bertjax.finetune` tells.
+
+    finetune(config, workdir)   # mesh -> the pretrained encoder and its tokenizer -> the task's splits as
+                                # features -> head, optimizer, state -> restore -> the loop, evaluating the
+                                # dev set(s) every epoch -> the best dev checkpoint's predictions, a summary
+    sweep(config, workdir)      # the paper's model selection: one run per learning rate
+
+train.init_from is a bertjax pretraining (or fine-tuning) workdir or checkpoint, a params export, or a Hugging
+Face directory of any family. WORKDIR gets metrics.jsonl (dev lines with split=<dev split> and the task's
+metrics), TensorBoard events, config.json, checkpoints/ (to resume), best/ (the best dev checkpoint, what
+bertjax.load reads), predictions/ (every dev and test split, in each benchmark's own form) and
+summary.json. SIGTERM and Ctrl-C save and raise runs.start.Stopped; re-running resumes. With a
+distill.teacher the step is task distillation's (the teacher's logits inside the jitted step).
+"""
+
+import dataclasses
+import functools
+import json
+import math
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import optax
+from ml_collections import config_dict
+
+from bertjax.compression import distillation, pruning
+from bertjax.interop import pretrained as pretrained_models
+from bertjax.models import bert, heads
+from bertjax.runs import start
+from bertjax.runs.console import say
+from bertjax.runs.task_data import TaskData, check_inputs, feature_based_settings, task_data, task_from_config
+from bertjax.tasks import batches as task_batches
+from bertjax.tasks import kinds, scoring
+from bertjax.tasks.steps import PACKED_INPUT_KEYS, TRAIN_KEYS, Scorer, task_logits, task_loss, summarize_train
+from bertjax.text import files
+from bertjax.training import checkpoint, loop, optim, sharding, writers
+from bertjax.training import workdir as workdirs
+from bertjax.training.checkpoint_meta import CheckpointMeta, TaskRecord, TokenizerRecord
+from bertjax.training.preemption import Preemption
+from bertjax.training.state import Setup, TrainState, root_keys
+
+NO_BEST = {"step": 0, "value": -math.inf, "metrics": {}}
+
+
+def finetune_or_sweep(config, workdir: str, distributed: start.Distributed | None = None) -> dict:
+    """What config.sweep asks for: one run, or one per learning rate (config.sweep_learning_rates)."""
+    return (sweep if config.sweep else finetune)(config, workdir, distributed)
+
+
+def finetune(config, workdir: str, distributed: start.Distributed | None = None) -> dict:
+    """One fine-tuning run; returns its summary (also written to WORKDIR/summary.json)."""
+    check_inputs(config)  # a missing file is one line now, not after the model has loaded
+    with start.session(workdir, distributed):
+        return finetune_in_session(config, workdir)
+
+
+def finetune_in_session(config, workdir: str) -> dict:
+    """finetune's story, in a session already holding the workdir (pruning's recovery runs it in its own)."""
+    # ---------------------------------------------------------------- mesh
+    layout = start.make_layout(config.mesh, config.logical_axis_rules, config.train.batch_size,
+                               config.train.grad_accum_steps)
+
+    # ---------------------------------------------------------------- task and pretrained model
+    task = task_from_config(config)
+    num_labels = heads.resolve_num_labels(task.kind, kinds.get(task.kind).num_labels(task.labels))
+    start_from = starting_model(config, task, num_labels)
+
+    # ---------------------------------------------------------------- data
+    data = task_data(config, task, start_from.tokenizer, layout)
+
+    # ---------------------------------------------------------------- head, optimizer, state: shapes first
+    feature_based = feature_based_settings(config, task, start_from.bert_config.num_layers)
+    init_key, dropout_key = root_keys(config.train.seed, config.train.dropout_rng)
+    setup = task_setup(config, task, start_from, num_labels, feature_based, data.num_steps, layout, init_key)
+
+    # ---------------------------------------------------------------- restore: this workdir > init_from
+    checkpointer = checkpoint.Checkpointer(workdir, every_steps=data.steps_per_epoch,
+                                           keep=config.checkpoint.keep, async_save=config.checkpoint.async_save)
+    state, best = restore(checkpointer, setup, task, init_key)
+
+    # ---------------------------------------------------------------- jitted steps
+    if config.get("distill") and config.distill.teacher:  # task distillation: the teacher inside the step
+        p_train_step = distillation_step(config, task, num_labels, start_from, setup, layout.data_sharding)
+    else:
+        loss = functools.partial(task_loss, net=setup.net, loss=heads.head(task.kind).loss)
+        p_train_step = setup.compile_train_step(loss, layout.data_sharding, config.train.grad_accum_steps)
+    p_logits = setup.compile_eval_step(functools.partial(task_logits, net=setup.net), layout.data_sharding)
+    scorer = Scorer(task, data.settings, p_logits, layout.data_sharding, config.logging.eval_batch_size)
+
+    # ---------------------------------------------------------------- the loop, evaluating every epoch
+    writer = writers.MetricWriter(workdir, enabled=jax.process_index() == 0)
+    writer.write_config(config.to_dict())
+    if int(state.step) > 0:
+        writer.resumed(int(state.step))
+    meta = run_meta(config, workdir, task, start_from, feature_based, data.settings)
+    run = Run(config, workdir, task, data, scorer, checkpointer, writer, meta, best, setup.schedule)
+    with layout.active():
+        state = train_loop(run, state, p_train_step, dropout_key, layout.data_sharding)
+
+        # ------------------------------------------------------------ predictions of the best checkpoint
+        written = predict_splits(run, state, setup.abstract_state.params)
+    return summarize(run, written)
+
+
+@dataclasses.dataclass
+class TaskStart:
+    """What init_from gives a task: the encoder's config and params (or a whole head of this task's
+    shape, from a fine-tuning checkpoint or the task's Hugging Face class), and the tokenizer."""
+
+    bert_config: bert.BertConfig
+    params: dict  # {"bert": ...} at least
+    tokenizer: object
+    files: pretrained_models.TokenizerFiles
+    whole_head: bool  # params carry a classifier of this task (continue fine-tuning)
+
+
+def init_from(config) -> str:
+    """train.init_from; the older top-level init_from is still read, with a line saying so."""
+    if config.get("init_from"):
+        say("config.init_from is the older name of config.train.init_from: read as train.init_from")
+        if config.train.init_from and config.train.init_from != config.init_from:
+            raise ValueError(f"config.init_from={config.init_from} and config.train.init_from="
+                             f"{config.train.init_from} differ: set train.init_from only")
+        return config.init_from
+    if not config.train.init_from:
+        raise ValueError("config.train.init_from is required: a bertjax pretraining workdir or checkpoint, or a "
+                         "Hugging Face BERT directory")
+    return config.train.init_from
+
+
+def load_pretrained(path: str, kind: str, num_labels: int, model_overrides: dict) -> TaskStart:
+    """The encoder (and tokenizer) of a task, through the one init-from."""
+    model = pretrained_models.load(path, what="train.init_from", model_overrides=model_overrides, head=kind,
+                                   num_labels=num_labels)
+    if model.tokenizer is None:
+        raise ValueError(f"train.init_from={path} was pretrained on synthetic data and has no tokenizer: "
+                         "fine-tune a checkpoint trained on text")
+    if model.meta:  # a bertjax checkpoint: a fine-tuning one of this task carries its classifier
+        task = model.task or {}
+        whole_head = task.get("kind") == kind and "classifier" in model.params and (
+            model.params["classifier"]["bias"].shape[-1] == num_labels)
+    else:  # Hugging Face: the task's own class has its classifier
+        whole_head = not any(m.startswith("classifier") for m in model.missing)
+    return TaskStart(model.config, model.params, model.tokenizer.load(), model.tokenizer, whole_head)
+
+
+def starting_model(config, task, num_labels: int) -> TaskStart:
+    """init_from loaded for the task's head, said in one line, its vocabulary checked against the model."""
+    source = init_from(config)
+    start_from = load_pretrained(source, task.kind, num_labels, config.model.to_dict())
+    bert_config = start_from.bert_config
+    say(f"task {task.name} ({task.kind}{', labels ' + ', '.join(task.labels) if task.labels else ''}); "
+        f"from {source}: {bert_config.num_layers} layers, hidden {bert_config.hidden_size}")
+    if start_from.tokenizer.vocab_size > bert_config.vocab_size:
+        raise ValueError(f"the vocabulary of {source} has {start_from.tokenizer.vocab_size} tokens but "
+                         f"its model only {bert_config.vocab_size}: a checkpoint of another vocabulary size")
+    return start_from
+
+
+def task_setup(config, task, start_from: TaskStart, num_labels: int, feature_based: dict | None,
+               num_steps: int, layout: start.Layout, init_key) -> Setup:
+    """The task's network, optimizer and state layout (shapes first, created sharded), its fresh
+    parameters holding the pretrained encoder (and the whole head, continuing this task's fine-tuning)."""
+    net = heads.network(task.kind, start_from.bert_config, num_labels, feature_based=feature_based)
+    schedule_config = config_dict.ConfigDict(dict(
+        warmup_steps=int(round(config.schedule.warmup_fraction * num_steps)), decay=config.schedule.decay,
+        power=config.schedule.power))
+    optimizer_config = config.optimizer
+    if feature_based:
+        optimizer_config = config_dict.ConfigDict(dict(config.optimizer.to_dict(),
+                                                       learning_rate=config.feature_based.learning_rate))
+    tx, schedule = optim.optimizer_from_config(optimizer_config, schedule_config, num_steps)
+    if feature_based:  # the encoder stays as pretrained: only the tagger on its features learns
+        tx = optax.chain(tx, optax.masked(optax.set_to_zero(), heads.encoder_mask))
+    if config.get("prune") and config.prune.sparsity:  # a magnitude-pruned model (bertjax.prune): zeros stay zero
+        tx = optax.chain(tx, pruning.keep_pruned_zeros())
+    task_inputs = heads.dummy_inputs(task.kind, 1, config.data.max_seq_length, task.num_choices or 1)
+    return Setup.create(net, task_inputs, tx, schedule, layout.mesh, layout.rules, init_key,
+                        prepare_params=functools.partial(with_pretrained, start_from=start_from))
+
+
+def with_pretrained(params: dict, *, start_from: TaskStart) -> dict:
+    """Fresh (boxed) task params with the pretrained encoder in; the classifier too when init_from was
+    a fine-tuning checkpoint of this task."""
+    params = heads.with_pretrained_encoder(params, start_from.params)
+    if start_from.whole_head and set(start_from.params) == set(params):  # this task's head: classifier too
+        is_box = lambda x: isinstance(x, nn.meta.AxisMetadata)  # noqa: E731
+        params = {name: tree if name == "bert" else jax.tree_util.tree_map(
+            lambda box, value: box.replace_boxed(value) if is_box(box) else value, tree,
+            start_from.params[name], is_leaf=is_box) for name, tree in params.items()}
+    return params
+
+
+def restore(checkpointer, setup: Setup, task, init_key) -> tuple[TrainState, dict]:
+    """The state to start from (this workdir's latest checkpoint, else fresh with the pretrained encoder)
+    and the best dev result so far."""
+    abstract_state = setup.abstract_state
+    restored = checkpointer.restore_latest(abstract_state.params, abstract_state.opt_state,
+                                           check_meta=functools.partial(check_same_task, task=task))
+    if restored is None:
+        return setup.init(init_key), dict(NO_BEST)
+    say(f"resumed from step {restored.step}")
+    state = TrainState(jnp.int32(restored.step), restored.params, restored.opt_state)
+    return state, dict(restored.meta.best or NO_BEST)
+
+
+def check_same_task(step: int, meta: CheckpointMeta, *, task) -> None:
+    saved = meta.task
+    if saved and (saved.name, saved.kind, list(saved.labels)) != (task.name, task.kind, list(task.labels)):
+        raise checkpoint.CheckpointMismatch(
+            f"the workdir's checkpoint at step {step} fine-tunes task {saved.name} ({saved.kind}, labels "
+            f"{list(saved.labels)}), not {task.name}: use a new workdir")
+
+
+def run_meta(config, workdir: str, task, start_from: TaskStart, feature_based, settings) -> CheckpointMeta:
+    """What every checkpoint of the run carries: the model, optimizer, tokenizer and task (bertjax.load
+    reads the task's kind, labels and settings back)."""
+    kind = start_from.files.kind
+    name = (workdirs.keep_vocabulary(workdir, start_from.files.vocab_path, kind) if jax.process_index() == 0
+            else files.VOCAB_FILES[kind])
+    return CheckpointMeta(
+        step=0, model=dataclasses.asdict(start_from.bert_config), optimizer=config.optimizer.to_dict(),
+        tokenizer=TokenizerRecord(kind, name, bool(start_from.files.lower_case)),
+        task=TaskRecord(task.name, task.kind, tuple(task.labels), task.num_choices, config.data.max_seq_length,
+                        task.squad_version, feature_based, dataclasses.asdict(settings) if settings else None))
+
+
+@dataclasses.dataclass
+class Run:
+    """What the loop's hooks and the final predictions share."""
+
+    config: object
+    workdir: str
+    task: object
+    data: TaskData
+    scorer: Scorer
+    checkpointer: checkpoint.Checkpointer
+    writer: writers.MetricWriter
+    meta: CheckpointMeta
+    best: dict  # the best dev result so far: step, value, metrics (and null_threshold), updated in place
+    schedule: object
+
+
+def hooks(run: Run, preemption: Preemption) -> loop.Hooks:
+    """log (training lines), evaluate (dev lines; the best checkpoint kept), save, and the after-step checks."""
+    config, writer, best = run.config, run.writer, run.best
+
+    def log(step, window, speed):
+        writer.write(step, dict(summarize_train(window), learning_rate=float(run.schedule(step - 1)), **speed))
+
+    def evaluate(state, step):
+        scores = {split: run.scorer(state.params, split, s).metrics for split, s in run.data.dev.items()}
+        for split, values in scores.items():
+            writer.write(step, values, split=split)
+        # The main metric of the first dev split chooses the best checkpoint (MNLI: matched).
+        first = scores[next(iter(run.data.dev))]
+        value = first[run.task.main_metric]
+        if value > best["value"]:
+            best.update(step=step, value=float(value), metrics=scores)
+            # SQuAD v2.0: the no-answer threshold this dev set chose is kept with the model.
+            best["null_threshold"] = float(first.get("best_f1_threshold", 0.0))
+            task = dataclasses.replace(run.meta.task, null_threshold=best["null_threshold"])
+            checkpoint.save_params(run.workdir, checkpoint.BEST_DIR, step, state.params,
+                                   run.meta.replace(task=task, best=dict(best)))
+
+    def save(state, step, force):
+        run.checkpointer.save(step, state.params, state.opt_state, run.meta.replace(best=dict(best)), force=force)
+
+    after_step = [lambda step, state: run.checkpointer.check_for_errors()]
+    if config.logging.profile_first_step:
+        after_step.append(loop.Profiler(files.join(run.workdir, "profile"), config.logging.profile_first_step,
+                                        config.logging.profile_steps))
+    return loop.Hooks(log=log, evaluate=evaluate, save=save, preemption=preemption, after_step=after_step)
+
+
+def train_loop(run: Run, state: TrainState, p_train_step, dropout_key, data_sharding) -> TrainState:
+    """The loop of bertjax.training.loop over the training batches; Stopped where SIGTERM or Ctrl-C saved."""
+    config, data = run.config, run.data
+    preemption = Preemption()
+    steps = loop.LoopSteps(start=int(state.step), total=data.num_steps, log_every=config.logging.log_every,
+                           eval_every=config.logging.eval_every or data.steps_per_epoch,
+                           save_every=data.steps_per_epoch)
+    train_features = data.train.features
+    train_keys = TRAIN_KEYS + tuple(k for k in ("label_weight",) if k in train_features)
+    if data.packing is None:
+        batches = task_batches.train_batches(train_features, config.train.batch_size, config.train.seed,
+                                             int(state.step), process_index=jax.process_index(),
+                                             process_count=jax.process_count())
+    else:
+        batches = task_batches.packed_train_batches(
+            train_features, config.train.batch_size, config.train.seed, int(state.step), keys=train_keys,
+            num_rows=data.packing.num_rows, max_sequences=data.packing.max_sequences,
+            grad_accum_steps=config.train.grad_accum_steps, process_index=jax.process_index(),
+            process_count=jax.process_count())
+        train_keys += PACKED_INPUT_KEYS
+    device_batches = sharding.prefetch_to_devices(({k: b[k] for k in train_keys} for b in batches), data_sharding,
+                                                  size=config.train.prefetch_batches)
+    with device_batches:
+        state, stopped_at = loop.run_loop(state, p_train_step, device_batches, dropout_key, steps,
+                                          hooks(run, preemption))
+    run.checkpointer.wait()
+    run.checkpointer.close()
+    if stopped_at is not None:
+        run.writer.close()
+        say(f"{preemption.name}: saved the checkpoint of step {stopped_at}; re-run the same command to resume")
+        raise start.Stopped(stopped_at, preemption.exit_code)
+    return state
+
+
+def predict_splits(run: Run, state: TrainState, abstract_params) -> list[str]:
+    """Every dev and test split predicted by the best checkpoint; the prediction files written."""
+    if run.best["step"] != run.data.num_steps:
+        best_params, _ = checkpoint.restore_params(files.join(run.workdir, checkpoint.BEST_DIR), abstract_params)
+    else:
+        best_params = state.params
+    written = []
+    for split, s in {**run.data.dev, **run.data.test}.items():
+        result = run.scorer(best_params, split, s, null_threshold=run.best.get("null_threshold", 0.0))
+        if jax.process_index() == 0:
+            written += scoring.write_predictions(files.join(run.workdir, "predictions"), result)
+    return written
+
+
+def summarize(run: Run, written: list[str]) -> dict:
+    """summary.json and the run's last line: the best dev result and where the predictions are."""
+    task, best, num_steps = run.task, run.best, run.data.num_steps
+    summary = {"task": task.name, "main_metric": task.main_metric, "steps": num_steps,
+               "learning_rate": run.config.optimizer.learning_rate, "best": best, "predictions": written}
+    run.writer.close()
+    if jax.process_index() == 0:
+        files.write_bytes(files.join(run.workdir, "summary.json"), json.dumps(summary, indent=1).encode())
+    shown = "; ".join(f"{split} " + ", ".join(f"{k} {v:.4f}" for k, v in m.items() if not k.startswith("f1_"))
+                      for split, m in best["metrics"].items())
+    say(f"{task.name}: best dev {task.main_metric} {best['value']:.4f} at step {best['step']} of {num_steps} "
+        f"({shown}); predictions in {files.join(run.workdir, 'predictions')}")
+    return summary
+
+
+def sweep(config, workdir: str, distributed: start.Distributed | None = None) -> dict:
+    """The paper's model selection: one run per learning rate, the best on the dev set's main metric."""
+    results = {}
+    for rate in config.sweep_learning_rates:
+        run_config = config_dict.ConfigDict(config.to_dict())
+        run_config.optimizer.learning_rate = float(rate)
+        run_config.sweep = False
+        say(f"--- learning rate {rate:g}")
+        results[float(rate)] = finetune(run_config, files.join(workdir, f"lr-{rate:g}"), distributed)
+    best_rate = max(results, key=lambda r: results[r]["best"]["value"])
+    best = results[best_rate]
+    main_metric = best["main_metric"]
+    for rate, summary in results.items():
+        say(f"learning rate {rate:g}: best dev {main_metric} {summary['best']['value']:.4f} "
+            f"(step {summary['best']['step']}){'  <- best' if rate == best_rate else ''}")
+    out = {"task": config.task, "main_metric": main_metric, "best_learning_rate": best_rate,
+           "best": best["best"], "runs": {f"{r:g}": s for r, s in results.items()}}
+    if jax.process_index() == 0:
+        files.write_bytes(files.join(workdir, "sweep.json"), json.dumps(out, indent=1).encode())
+    return out
+
+
+def distillation_step(config, task, num_labels: int, start_from: TaskStart, setup: Setup, data_sharding):
+    """The train step of task distillation: distill.teacher (fine-tuned on this task, of the same
+    tokenizer) gives its logits on each batch inside the jitted step (an argument, never trained or saved)."""
+    settings = config.distill
+    distillation.check_task_distillation(task.kind, settings.temperature, settings.alpha)
+    teacher = pretrained_models.load(settings.teacher, what="distill.teacher", model_overrides=config.model.to_dict(),
+                                     head=task.kind, num_labels=num_labels)
+    teacher_task = teacher.task or {}
+    if (teacher.meta and (teacher_task.get("kind"), list(teacher_task.get("labels") or [])) != (
+            task.kind, list(task.labels))) or any(m.startswith("classifier") for m in teacher.missing):
+        raise ValueError(f"distill.teacher={settings.teacher} is not a model fine-tuned on {task.name} ({task.kind}, "
+                         f"labels {list(task.labels)}): give the workdir of that fine-tuning")
+    if teacher_task.get("feature_based") or teacher.tokenizer is None:
+        raise ValueError(f"distill.teacher={settings.teacher}: a fine-tuned encoder with its tokenizer is needed "
+                         "(not a feature-based tagger)")
+    distillation.check_same_vocabulary(start_from.files.vocab_path, teacher.tokenizer.vocab_path, "distill.teacher")
+    say(f"distilling from {settings.teacher} ({teacher.config.num_layers} layers, hidden {teacher.config.hidden_size}): "
+        f"alpha {settings.alpha:g}, temperature {settings.temperature:g}")
+    teacher_net = heads.network(task.kind, teacher.config, num_labels)
+    example = heads.dummy_inputs(task.kind, 1, config.data.max_seq_length, task.num_choices or 1)
+    teacher_params = distillation.place_params(teacher_net, example, teacher.params, setup.mesh, setup.rules)
+    return task_distillation_step(setup, teacher_net, teacher_params, task.kind, float(settings.temperature),
+                                  float(settings.alpha), data_sharding, config.train.grad_accum_steps)
+
+
+def task_distillation_step(setup: Setup, teacher_net, teacher_params, kind: str, temperature: float, alpha: float,
+                           data_sharding, grad_accum_steps: int):
+    """task_loss with the teacher's logits mixed into the loss (distillation.task_distillation_loss), jitted
+    with the teacher's params as an argument of the step."""
+    soft = functools.partial(distillation.task_distillation_loss, gold_loss=heads.head(kind).loss, kind=kind,
+                             temperature=temperature, alpha=alpha)
+
+    def loss_fn(params, batch, dropout_rng, teacher_params):
+        teacher_logits = functools.partial(distillation.teacher_task_logits, teacher_params, net=teacher_net)
+        return task_loss(params, batch, dropout_rng, net=setup.net, loss=soft, teacher=teacher_logits)
+
+    return distillation.compile_step_with_teacher(setup, loss_fn, teacher_params, data_sharding, grad_accum_steps)

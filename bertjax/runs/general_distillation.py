@@ -1,0 +1,152 @@
+"""A general distillation run: a smaller encoder taught by a pretrained one on the pretraining stream
+(DistilBERT's recipe, configs/distill/), the story `python -m bertjax.distill` tells.
+
+    distill(config, workdir)   # mesh -> the teacher -> the student (its layers, init_from or fresh) ->
+                               # restore -> the teacher's vocabulary -> the step with the teacher inside -> loop
+
+Everything but the teacher is pretraining's (runs/pretraining.py): the stream, the loop and its hooks,
+checkpoints, SIGTERM/Ctrl-C and resume. The teacher runs inside the jitted step as an argument in the
+student's shardings; it is not trained and not saved. The workdir reads as any pretraining workdir.
+Task distillation is part of fine-tuning (runs/finetuning.py).
+"""
+
+import functools
+
+import jax
+import ml_collections
+
+from bertjax.compression import distillation
+from bertjax.interop import pretrained
+from bertjax.models import bert
+from bertjax.runs import pretraining, start
+from bertjax.runs.console import say
+from bertjax.training import pretraining as objective
+from bertjax.training.state import root_keys
+
+
+def distill(config, workdir: str, distributed: start.Distributed | None = None) -> None:
+    """The whole run; raises start.Stopped when SIGTERM or Ctrl-C saved and stopped it."""
+    weights = distillation.LossWeights(**{k: float(config.distill[k]) for k in (
+        "temperature", "alpha_ce", "alpha_mlm", "alpha_cos", "alpha_nsp")})
+    distillation.check_objective(weights, config.data.objective)
+    layers = tuple(int(j) for j in config.distill.student_layers or ())
+    if layers and config.train.init_from:
+        raise ValueError("distill.student_layers and train.init_from both give the student's starting weights: "
+                         "set distill.student_layers=() to start from train.init_from")
+    extract_only = config.train.num_steps == 0  # the student as made from the teacher's layers, saved as is
+    if extract_only and not layers:
+        raise ValueError("train.num_steps=0 saves the student made from the teacher's layers: set "
+                         "distill.student_layers, or train.num_steps > 0")
+
+    with start.session(workdir, distributed):
+        # ---------------------------------------------------------------- mesh
+        layout = start.make_layout(config.mesh, config.logical_axis_rules, config.train.batch_size,
+                                   config.train.grad_accum_steps)
+        say(layout.describe())
+
+        # ---------------------------------------------------------------- the teacher
+        teacher = load_teacher(config)
+        if layers:  # the student is the teacher's architecture with fewer layers
+            own = bert.resolve_platform({k: config.model[k] for k in bert.field_names("layout", "compute", "training")})
+            config = with_model(config, distillation.student_config_from_teacher(teacher.config, layers, own))
+
+        # ---------------------------------------------------------------- the student: shapes first
+        init_key, dropout_key = root_keys(config.train.seed, config.train.dropout_rng)
+        setup = objective.setup(one_step(config) if extract_only else config, layout.mesh, layout.rules, init_key)
+        student = setup.bert_config
+        bert.check_input_shapes(student, config.data.max_seq_length, config.data.max_predictions_per_seq)
+        distillation.check_student(teacher.config, student, weights)
+        teacher_net = bert.BertForPreTraining(teacher.config)
+        example = bert.dummy_batch(1, config.data.max_seq_length, config.data.max_predictions_per_seq)
+        teacher_params = distillation.place_params(teacher_net, example, teacher.params, layout.mesh, layout.rules)
+        say(f"teacher: {config.distill.teacher}, {teacher.config.num_layers} layers, hidden "
+            f"{teacher.config.hidden_size}, {bert.count_params(teacher_params):,} parameters")
+        say("student " + pretraining.describe_model(student, setup.abstract_state.params).removeprefix("model: "))
+
+        # ---------------------------------------------------------------- restore: workdir > init_from > layers > scratch
+        checkpointer = pretraining.make_checkpointer(config, workdir, setup.abstract_state)
+        with layout.active():
+            state = pretraining.restore(config, setup, checkpointer, init_key)
+            if layers and int(state.step) == 0:  # neither resumed nor from train.init_from
+                state = state.replace(params=distillation.student_params(teacher.params, teacher.config, student,
+                                                                         layers, setup.abstract_state.params))
+                say(f"student layers: the teacher's {list(layers)}, with its embeddings and heads")
+        if not extract_only and pretraining.finished(state, config.train.num_steps, checkpointer):
+            return
+
+        # ---------------------------------------------------------------- data: the teacher's vocabulary
+        check_student_vocabulary(config)
+        config = pretraining.with_model_vocabulary(config, config.distill.teacher, "distill.teacher")
+        stream = pretraining.open_stream(config, workdir, student, int(state.step), layout.data_sharding)
+
+        # ---------------------------------------------------------------- jitted steps, the teacher an argument
+        loss_fn = functools.partial(distillation.pretraining_distillation_loss, net=setup.net,
+                                    teacher_net=teacher_net, weights=weights, objective=config.data.objective)
+        p_train_step = distillation.compile_step_with_teacher(
+            setup, loss_fn, teacher_params, layout.data_sharding, config.train.grad_accum_steps,
+            weights.mean_metrics(config.data.objective))
+        _, p_eval_step = setup.compile_steps(layout.data_sharding, config.train.grad_accum_steps)  # the student's MLM
+
+        # ---------------------------------------------------------------- loop
+        run = pretraining.Run(config, workdir, setup, checkpointer, stream, p_eval_step,
+                              summarize_window=distillation.summarize,
+                              distill={"teacher": str(config.distill.teacher), "student_layers": list(layers)})
+        if extract_only:
+            save_extracted(run, state)
+        else:
+            pretraining.run_steps(run, state, p_train_step, dropout_key)
+
+
+def load_teacher(config) -> pretrained.Pretrained:
+    """distill.teacher through the one init-from, computing as the student does; its masked-LM head must
+    be trained (a Hugging Face BertModel without one would teach noise)."""
+    path = config.distill.teacher
+    if not path:
+        raise ValueError("config.distill.teacher is required: a bertjax pretraining workdir or a Hugging Face "
+                         "BERT directory with its masked-LM head")
+    compute = {k: config.model[k] for k in bert.field_names("compute")}
+    teacher = pretrained.load(path, what="distill.teacher", model_overrides=compute, tokenizer=False)
+    if teacher.task:
+        raise ValueError(f"distill.teacher={path} is a fine-tuned {teacher.task.get('kind')} model: general "
+                         "distillation needs a pretrained one (task distillation is python -m bertjax.finetune's "
+                         "distill section)")
+    untrained = [m for m in teacher.missing if "mlm" in m or "predictions" in m]
+    if untrained:
+        raise ValueError(f"distill.teacher={path} has no trained masked-LM head ({untrained[0]}, ...): give a "
+                         "checkpoint with its pretraining heads (BertForPreTraining / BertForMaskedLM)")
+    return teacher
+
+
+def check_student_vocabulary(config) -> None:
+    """A student pretrained on its own (train.init_from) must read the teacher's token ids."""
+    if not config.train.init_from:
+        return
+    own = pretrained.tokenizer_files(config.train.init_from, what="train.init_from")
+    theirs = pretrained.tokenizer_files(config.distill.teacher, what="distill.teacher")
+    if own is not None and theirs is not None:
+        distillation.check_same_vocabulary(own.vocab_path, theirs.vocab_path, "train.init_from")
+
+
+def with_model(config, student: bert.BertConfig):
+    """config with the model section the student's: what config.json records and a resume checks."""
+    config = ml_collections.ConfigDict(config.to_dict())
+    config.model = ml_collections.ConfigDict({k: list(v) if isinstance(v, tuple) else v
+                                              for k, v in student.__dict__.items()})
+    return config
+
+
+def one_step(config):
+    """config with a schedule of one step: an optimizer (whose state the checkpoint holds) needs one."""
+    config = ml_collections.ConfigDict(config.to_dict())
+    config.train.num_steps = 1
+    config.schedule.update(warmup_steps=0, decay_steps=0)
+    return config
+
+
+def save_extracted(run: pretraining.Run, state) -> None:
+    """train.num_steps=0: the student as made from the teacher's layers, saved as step 0 (DistilBERT's
+    initialisation alone, e.g. the baseline a distilled student is compared with)."""
+    run.save(state, 0, True)
+    run.checkpointer.wait()
+    run.checkpointer.close()
+    say(f"train.num_steps=0: saved the student as made from the teacher's layers in {run.workdir}")

@@ -1,0 +1,341 @@
+"""A pretraining run, from one CPU to a pod: the story `python -m bertjax.train` tells, importable.
+
+    pretrain(config, workdir)   # distributed init -> mesh -> model and optimizer (shapes first, created
+                                # sharded) -> restore -> data -> jitted steps -> the loop
+
+Re-running on the same workdir resumes from its latest checkpoint; SIGTERM (preemption) and Ctrl-C save
+and raise runs.start.Stopped. General distillation (runs/general_distillation.py) is this run with a
+teacher inside the step, so it shares the parts below (restore, stream, checkpoints, the loop's hooks).
+
+The model, the step and the synthetic data path import no TensorFlow: only the real input pipeline does.
+"""
+
+import dataclasses
+import functools
+from typing import Callable
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import ml_collections
+from absl import logging
+
+from bertjax.data import synthetic
+from bertjax.interop import pretrained
+from bertjax.models import bert
+from bertjax.runs import start
+from bertjax.runs.console import say
+from bertjax.text import files
+from bertjax.training import checkpoint, flops, loop, sharding, writers
+from bertjax.training import pretraining as objective
+from bertjax.training import workdir as workdirs
+from bertjax.training.checkpoint_meta import CheckpointMeta, TokenizerRecord
+from bertjax.training.preemption import Preemption
+from bertjax.training.state import TrainState, root_keys
+
+
+def pretrain(config, workdir: str, distributed: start.Distributed | None = None) -> None:
+    """The whole run. Returns when train.num_steps are done; raises start.Stopped when SIGTERM or Ctrl-C
+    saved and stopped it."""
+    with start.session(workdir, distributed):
+        # ---------------------------------------------------------------- mesh
+        layout = start.make_layout(config.mesh, config.logical_axis_rules, config.train.batch_size,
+                                   config.train.grad_accum_steps)
+        say(layout.describe())
+
+        # ---------------------------------------------------------------- model and optimizer: shapes first
+        init_key, dropout_key = root_keys(config.train.seed, config.train.dropout_rng)
+        setup = objective.setup(config, layout.mesh, layout.rules, init_key)
+        bert.check_input_shapes(setup.bert_config, config.data.max_seq_length, config.data.max_predictions_per_seq)
+        say(describe_model(setup.bert_config, setup.abstract_state.params))
+
+        # ---------------------------------------------------------------- restore: workdir > init_from > scratch
+        checkpointer = make_checkpointer(config, workdir, setup.abstract_state)
+        with layout.active():
+            state = restore(config, setup, checkpointer, init_key)
+        if finished(state, config.train.num_steps, checkpointer):
+            return
+
+        # ---------------------------------------------------------------- data
+        config = with_model_vocabulary(config, config.train.init_from, "train.init_from")
+        stream = open_stream(config, workdir, setup.bert_config, int(state.step), layout.data_sharding)
+
+        # ---------------------------------------------------------------- jitted steps
+        p_train_step, p_eval_step = setup.compile_steps(layout.data_sharding, config.train.grad_accum_steps)
+
+        # ---------------------------------------------------------------- loop
+        run = Run(config, workdir, setup, checkpointer, stream, p_eval_step)
+        run_steps(run, state, p_train_step, dropout_key)
+
+
+# ----------------------------------------------------------------------------------------------------
+# The parts of the story, shared with general distillation
+# ----------------------------------------------------------------------------------------------------
+
+
+def describe_model(bert_config: bert.BertConfig, abstract_params) -> str:
+    """The one line that says which model (and which compute choices) this run trains."""
+    return (f"model: {bert_config.num_layers} layers, hidden {bert_config.hidden_size}, "
+            f"{bert.count_params(abstract_params):,} parameters; {bert_config.dtype} compute, "
+            f"{bert_config.attention_impl} attention (dropout {bert_config.attention_dropout_rate}), "
+            f"{bert_config.word_embedding} word embedding, remat {bert_config.remat_policy}"
+            + (", scanned layers" if bert_config.scan_layers else ""))
+
+
+def make_checkpointer(config, workdir: str, abstract_state) -> checkpoint.Checkpointer:
+    """The workdir's checkpoints; their size is known from the shapes, before any array exists."""
+    return checkpoint.Checkpointer(
+        workdir, every_steps=config.checkpoint.every_steps, keep=config.checkpoint.keep,
+        async_save=config.checkpoint.async_save,
+        bytes_per_checkpoint=sum(x.size * x.dtype.itemsize for x in jax.tree_util.tree_leaves(abstract_state)))
+
+
+def restore(config, setup, checkpointer: checkpoint.Checkpointer, init_key) -> TrainState:
+    """The one restore order: this workdir's latest checkpoint > train.init_from's parameters > scratch.
+    Runs under the mesh and its logical rules, so that what it creates is sharded."""
+    bert_config, abstract_state = setup.bert_config, setup.abstract_state
+    restored = checkpointer.restore_latest(abstract_state.params, abstract_state.opt_state,
+                                           check_meta=functools.partial(check_same_run, config=config,
+                                                                        bert_config=bert_config))
+    if restored is not None:
+        check_same_stream(restored.meta, config, jax.process_count())
+        say(f"resumed from step {restored.step} ({checkpointer.directory})")
+        return TrainState(jnp.int32(restored.step), restored.params, restored.opt_state)
+    state = setup.init(init_key)
+    if config.train.init_from:
+        state = state.replace(params=initial_params(config.train.init_from, bert_config, abstract_state.params))
+        say(f"parameters from {config.train.init_from}")
+    return state
+
+
+def finished(state: TrainState, num_steps: int, checkpointer: checkpoint.Checkpointer) -> bool:
+    """A workdir whose run is already done: said in one line, nothing to do."""
+    if int(state.step) < num_steps:
+        return False
+    say(f"nothing to do: the checkpoint of step {int(state.step)} is already at train.num_steps={num_steps} "
+        f"({checkpointer.directory}); raise train.num_steps to train on")
+    checkpointer.close()
+    return True
+
+
+def check_same_run(step: int, meta: CheckpointMeta, *, config, bert_config: bert.BertConfig) -> None:
+    """Stop, naming what differs, when the workdir's checkpoint is not of this config's model and
+    optimizer; the checkpoints stay as they are."""
+    saved = meta.model
+
+    def as_saved(value):  # tuples come back from the checkpoint's JSON as lists
+        return list(value) if isinstance(value, tuple) else value
+
+    differences = [f"model.{k}={saved[k]!r}, the config {getattr(bert_config, k)!r}"
+                   for k in bert.RESUME_FIELDS if k in saved and saved[k] != as_saved(getattr(bert_config, k))]
+    saved_optimizer = (meta.optimizer or {}).get("name")
+    if meta.optimizer is not None and saved_optimizer != config.optimizer.name:
+        differences.append(f"optimizer.name={saved_optimizer!r}, the config {config.optimizer.name!r}")
+    if differences:
+        raise checkpoint.CheckpointMismatch(
+            f"the checkpoint at step {step} has {'; '.join(differences)}: use a new workdir, or "
+            f"train.init_from=<this workdir> in a new one for the parameters only")
+
+
+def stream_position(config, process_count: int) -> dict:
+    """What decides the data stream besides the step: a resumed run must agree on all of it."""
+    data = config.data
+    return {"seed": data.seed, "batch_size": config.train.batch_size, "process_count": process_count,
+            "max_seq_length": data.max_seq_length, "source": data.source,
+            # As the config says them (data.inputs resolves them; its module imports TensorFlow).
+            **{key: data.get(key) for key in ("objective", "mask_rate", "masked_lm_prob", "eval_mask_rate", "packing")},
+            # Each source of a mixture and its weight (lists, as the checkpoint's JSON gives them back).
+            "mixture": [dict(entry) for entry in data.get("mixture", None) or ()]}
+
+
+def check_same_stream(meta: CheckpointMeta, config, process_count: int) -> None:
+    saved, now = meta.data or {}, stream_position(config, process_count)
+    changed = {k: (saved.get(k), v) for k, v in now.items() if k in saved and saved[k] != v}
+    if changed:
+        logging.warning("resuming with a different data stream than the checkpoint's (%s): "
+                        "the examples after the checkpoint differ from an uninterrupted run", changed)
+
+
+def initial_params(path: str, bert_config: bert.BertConfig, abstract_params):
+    """Parameters only, through the one init-from, restored straight into the state's shardings; their
+    architecture must be this config's (how they are stored and computed may differ)."""
+    model = pretrained.load(path, what="train.init_from", model_overrides=bert.fields_of(bert_config, "layout", "compute"),
+                            abstract_params=abstract_params, tokenizer=False)
+    differ = [f"{field}={getattr(model.config, field)!r} but the config has model.{field}="
+              f"{getattr(bert_config, field)!r}" for field in bert.ARCHITECTURE_FIELDS
+              if getattr(model.config, field) != getattr(bert_config, field)]
+    if differ:
+        raise ValueError(f"train.init_from={path} has {'; '.join(differ)}")
+    if model.missing:
+        logging.info("initialised fresh (not in %s): %s", path, model.missing)
+    return model.params
+
+
+def with_model_vocabulary(config, path: str | None, what: str):
+    """config with the vocabulary of the model at `path` (setting `what`) as data.vocab_path, where that is
+    unset and the data is text; as it is otherwise. Continued pretraining (and a distilled student) must
+    read text with the starting model's own tokenizer: a vocabulary learned anew would give its
+    embeddings other tokens' ids."""
+    data = config.data
+    if not path or data.vocab_path or data.source in ("synthetic", "prepared"):
+        return config
+    tokenizer = pretrained.tokenizer_files(path, what=what)
+    if tokenizer is None:
+        return config
+    say(f"tokenizer: the vocabulary of {path} ({tokenizer.kind})")
+    config = ml_collections.ConfigDict(config.to_dict())
+    config.data.update(vocab_path=tokenizer.vocab_path, tokenizer=tokenizer.kind, lower_case=tokenizer.lower_case)
+    return config
+
+
+@dataclasses.dataclass
+class Stream:
+    """A run's data from its start step on: host batches, the fixed eval batches on the devices, and what
+    checkpoints record of the tokenizer."""
+
+    train_batches: object  # iterator of host numpy batches
+    eval_global: list
+    tokenizer: TokenizerRecord | None
+    data_sharding: object
+
+
+def host_batches(config, workdir: str, start_step: int, process_index: int, process_count: int):
+    """This process's stream of numpy batches from start_step on, its fixed eval batches, and the
+    tokenizer (None for synthetic data) with the path of its vocabulary."""
+    local_batch = config.train.batch_size // process_count
+    data = config.data
+    if data.source == "synthetic":
+        kwargs = dict(batch_size=local_batch, max_seq_length=data.max_seq_length,
+                      max_predictions_per_seq=data.max_predictions_per_seq, vocab_size=config.model.vocab_size,
+                      seed=data.seed, shard=process_index, packed=data.packing,
+                      max_sequences_per_row=data.max_sequences_per_row, mask_rate=data.mask_rate)
+        evals = [synthetic.synthetic_batch(i, split=1, **kwargs) for i in range(config.logging.eval_batches)]
+        return synthetic.synthetic_batches(start_step, **kwargs), evals, None, None
+    from bertjax.text import tf_cpu  # TensorFlow, kept off the accelerators, only where text is read
+
+    tf_cpu.import_tensorflow()
+    from bertjax.data import inputs  # imports TensorFlow: after tf_cpu has hidden the accelerators from it
+
+    streams = inputs.build_inputs(data, workdir=workdir, process_index=process_index, process_count=process_count)
+    evals = streams.eval_batches(local_batch, config.logging.eval_batches)
+    return streams.train_batches(local_batch, start_step), evals, streams.tokenizer, streams.vocab_path
+
+
+def open_stream(config, workdir: str, bert_config: bert.BertConfig, start_step: int, data_sharding) -> Stream:
+    process_index, process_count = jax.process_index(), jax.process_count()
+    train_batches, eval_batches, tokenizer, vocab_path = host_batches(config, workdir, start_step, process_index,
+                                                                      process_count)
+    record = tokenizer_record(tokenizer, vocab_path, bert_config, workdir, process_index == 0)
+    eval_global = [sharding.global_batch(b, data_sharding) for b in eval_batches]
+    baseline = objective.constant_guess_accuracy(eval_batches)
+    if baseline is not None:
+        say(f"held-out masked LM: the most frequent masked token, guessed everywhere, scores mlm_acc {baseline:.3f}")
+    return Stream(train_batches, eval_global, record, data_sharding)
+
+
+def tokenizer_record(tokenizer, vocab_path: str | None, bert_config: bert.BertConfig, workdir: str,
+                     is_primary: bool) -> TokenizerRecord | None:
+    """What a checkpoint records of its tokenizer (None for synthetic data), after checking that the
+    model's embedding table has a row for each of its tokens."""
+    if tokenizer is None:
+        return None
+    if tokenizer.vocab_size > bert_config.vocab_size:
+        raise ValueError(f"the tokenizer has {tokenizer.vocab_size} tokens but model.vocab_size="
+                         f"{bert_config.vocab_size}: set model.vocab_size to at least {tokenizer.vocab_size}")
+    kind = tokenizer.kind  # prepared shards name their own tokenizer, whatever data.tokenizer says
+    # Kept in the workdir and recorded relative to it, so that a copied workdir still loads.
+    name = workdirs.keep_vocabulary(workdir, vocab_path, kind) if is_primary else files.VOCAB_FILES[kind]
+    return TokenizerRecord(kind, name, bool(tokenizer.lower_case))
+
+
+# ----------------------------------------------------------------------------------------------------
+# The loop and its hooks
+# ----------------------------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass
+class Run:
+    """What the loop's hooks of a pretraining (or general distillation) run share."""
+
+    config: ml_collections.ConfigDict
+    workdir: str
+    setup: objective.PretrainingSetup
+    checkpointer: checkpoint.Checkpointer
+    stream: Stream
+    p_eval_step: Callable | None
+    summarize_window: Callable = objective.summarize  # metric sums -> the logged line
+    distill: dict | None = None  # what a distillation's checkpoints record of its teacher
+
+    def meta(self, step: int) -> CheckpointMeta:
+        return CheckpointMeta(step, dataclasses.asdict(self.setup.bert_config), self.config.optimizer.to_dict(),
+                              stream_position(self.config, jax.process_count()), self.stream.tokenizer,
+                              distill=self.distill)
+
+    def save(self, state, step: int, force: bool) -> None:
+        self.checkpointer.save(step, state.params, state.opt_state, self.meta(step), force=force)
+
+
+def hooks(run: Run, writer: writers.MetricWriter, preemption: Preemption) -> loop.Hooks:
+    """log (training lines with throughput and MFU), evaluate (held-out lines), save, and the after-step
+    checks: a failed background save stops the run now; the optional profiler."""
+    config, setup = run.config, run.setup
+    peak = flops.peak_flops_per_device(jax.devices()[0].device_kind)
+    add_sums = jax.jit(functools.partial(jax.tree_util.tree_map, jnp.add))
+    flops_per_token = []  # known from the first logged window's share of MLM tokens
+
+    def log(step, window, speed):
+        out = run.summarize_window(window)
+        real_tokens = float(window["real_tokens"])
+        out.update(learning_rate=float(setup.schedule(step - 1)), **speed,
+                   padding_efficiency=real_tokens / (window["steps"] * config.train.batch_size
+                                                     * config.data.max_seq_length))
+        if not flops_per_token:
+            fraction = float(window["mlm_count"]) / max(real_tokens, 1.0)
+            flops_per_token.append(flops.config_flops_per_token(setup.bert_config, config.data.max_seq_length,
+                                                                fraction))
+        if peak and "tokens_per_second" in speed:
+            out["mfu"] = flops.mfu(speed["tokens_per_second"], flops_per_token[0], jax.device_count(), peak)
+        writer.write(step, out)
+
+    def evaluate(state, step):
+        totals = None
+        for b in run.stream.eval_global:
+            s = run.p_eval_step(state.params, b)
+            totals = s if totals is None else add_sums(totals, s)
+        if totals is not None:
+            writer.write(step, objective.summarize(jax.device_get(totals)), split="eval")
+
+    after_step = [lambda step, state: run.checkpointer.check_for_errors()]
+    if config.logging.profile_first_step:
+        after_step.append(loop.Profiler(files.join(run.workdir, "profile"), config.logging.profile_first_step,
+                                        config.logging.profile_steps))
+    return loop.Hooks(log=log, evaluate=evaluate, save=run.save, preemption=preemption, after_step=after_step)
+
+
+def run_steps(run: Run, state: TrainState, p_train_step, dropout_key) -> None:
+    """The loop over the stream with its hooks, until train.num_steps (said where the model is) or a stop
+    (start.Stopped, after saving)."""
+    config = run.config
+    start_step = int(state.step)
+    writer = writers.MetricWriter(run.workdir, enabled=jax.process_index() == 0)
+    writer.write_config(config.to_dict())
+    if start_step > 0:
+        writer.resumed(start_step)  # the steps an interrupted run logged after its checkpoint go
+    preemption = Preemption()
+    steps = loop.LoopSteps(start=start_step, total=config.train.num_steps, log_every=config.logging.log_every,
+                           eval_every=config.logging.eval_every, save_every=config.checkpoint.every_steps)
+    # Batches are made and put on the devices by a thread, ahead of the step that takes them.
+    keys = objective.batch_keys(config.data.packing)
+    device_batches = sharding.prefetch_to_devices(({k: b[k] for k in keys} for b in run.stream.train_batches),
+                                                  run.stream.data_sharding, size=config.train.prefetch_batches)
+    with jax.set_mesh(run.setup.mesh), nn.logical_axis_rules(run.setup.rules), device_batches:
+        state, stopped_at = loop.run_loop(state, p_train_step, device_batches, dropout_key, steps,
+                                          hooks(run, writer, preemption))
+    run.checkpointer.wait()
+    run.checkpointer.close()
+    writer.close()
+    if stopped_at is not None:
+        say(f"{preemption.name}: saved the checkpoint of step {stopped_at}; re-run the same command to resume")
+        raise start.Stopped(stopped_at, preemption.exit_code)
+    say(f"done: step {config.train.num_steps}, checkpoints in {run.checkpointer.directory}; load the model with "
+        f"bertjax.load({str(run.workdir)!r}), or fine-tune it with --config.train.init_from={run.workdir}")

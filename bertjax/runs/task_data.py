@@ -1,0 +1,167 @@
+"""A fine-tuning run's task and data, read from its config: the task, its splits as features (the
+user's JSON-lines files or TFDS), the run's length in steps, and how training steps are packed."""
+
+import dataclasses
+import math
+import os
+
+import jax
+import numpy as np
+
+from bertjax.models import heads
+from bertjax.runs.console import say
+from bertjax.runs.start import Layout
+from bertjax.tasks import batches as task_batches
+from bertjax.tasks import kinds, registry, scoring
+
+
+def task_from_config(config):
+    labels = list(config.data.labels) if config.data.labels else None
+    return registry.get_task(config.task, labels=labels, num_choices=config.data.num_choices,
+                             squad_version=config.data.get("squad_version"))
+
+
+def feature_based_settings(config, task, num_layers: int) -> dict | None:
+    """config.feature_based as heads.network takes it, checked against the model's layers; None when off."""
+    settings = config.get("feature_based")
+    if not settings or not settings.enabled:
+        return None
+    if not kinds.get(task.kind).feature_based:
+        having = [name for name, kind in kinds.KINDS.items() if kind.feature_based]
+        raise ValueError(f"config.feature_based is for {' and '.join(having)} tasks; task {task.name} is {task.kind}")
+    out = {"layers": tuple(int(layer) for layer in settings.layers), "lstm_size": int(settings.lstm_size),
+           "lstm_layers": int(settings.lstm_layers)}
+    states = num_layers + 1  # the embeddings, then each layer
+    if any(not -states <= layer < states for layer in out["layers"]):
+        raise ValueError(f"config.feature_based.layers={out['layers']}: the model has hidden states "
+                         f"0..{states - 1} (0 the embeddings), or -1..-{states} from the last")
+    return out
+
+
+def check_inputs(config) -> None:
+    """The files config.data names exist: said in one line (the readers' own) before any model is loaded."""
+    for name in ("train", "validation", "test"):
+        path = config.data.get(name)
+        if path and not os.path.exists(path):
+            raise ValueError(f"{path}: no such file")
+
+
+def split_features(task, tokenizer, config) -> tuple:
+    """(train Split, {dev split: Split}, {test split: Split}) of the task (bertjax.tasks.scoring.Split:
+    examples and features, by the task's kind), from the user's files where config.data names them, else
+    from TFDS."""
+    data, kind = config.data, kinds.get(task.kind)
+    settings = kind.settings_from_config(config)
+
+    def read(split_name, file, labeled=True):
+        examples = kind.read(task, split_name, path=file, data_dir=data.tfds_data_dir, labeled=labeled)
+        features = kind.featurize(task, examples, tokenizer, data.max_seq_length, settings)
+        return scoring.Split(examples, features, labeled)
+
+    if not data.train and task.train_split is None:
+        raise ValueError(f"task {task.name} has no training split of its own: set config.data.train to a JSON-lines "
+                         "file")
+    train = read("train" if data.train else task.train_split, data.train)
+    if data.validation:
+        dev = {"validation": read("validation", data.validation)}
+    elif task.tfds_name is not None:
+        dev = {split: read(split, None) for split in task.eval_splits}
+    else:
+        raise ValueError(f"task {task.name} needs a dev set to evaluate on: set config.data.validation to a "
+                         "JSON-lines file")
+    if data.test:
+        test = {"test": read("test", data.test, labeled=False)}
+    elif task.tfds_name is not None and not data.train:
+        test = {split: read(split, None, labeled=False) for split in task.test_splits}
+    else:
+        test = {}
+    return train, dev, test
+
+
+@dataclasses.dataclass
+class TaskData:
+    """The task's splits as features, the kind's settings, and the run's length in steps."""
+
+    train: object  # scoring.Split
+    dev: dict  # split name -> scoring.Split
+    test: dict
+    settings: object  # the kind's own (span: squad.Settings), or None
+    num_steps: int
+    steps_per_epoch: int
+    packing: "Packing | None" = None  # packed training batches, or None
+
+
+@dataclasses.dataclass(frozen=True)
+class Packing:
+    """How training steps are packed (bertjax/tasks/batches.py): num_rows rows of up to max_sequences."""
+
+    num_rows: int  # R: the rows of a (global) packed step
+    max_sequences: int  # K
+
+
+def packing_settings(config, task, feature_based: bool) -> tuple[int, int | None] | None:
+    """(max_sequences_per_row, packed_rows or None) when config.data.packing is on, checked; else None."""
+    data = config.data
+    packing = data.get("packing", None)
+    if packing is None:  # unset: wherever it applies
+        packing = heads.head(task.kind).packable and not feature_based
+    if not isinstance(packing, bool):
+        raise ValueError(f"data.packing={packing!r}: True or False (or unset: where it applies)")
+    if not packing:
+        return None
+    if not heads.head(task.kind).packable:
+        packable = [kind for kind, h in heads.HEADS.items() if h.packable]
+        raise ValueError(f"data.packing packs {', '.join(packable)} tasks; task {task.name} is {task.kind} "
+                         "(see docs/data.md, Packing in fine-tuning): set data.packing=False")
+    if feature_based:
+        raise ValueError("data.packing and feature_based.enabled exclude each other: the BiLSTM would read "
+                         "across the sequences of a row")
+    k = data.max_sequences_per_row
+    if not isinstance(k, int) or k < 1:
+        raise ValueError(f"data.max_sequences_per_row={k!r}: a positive integer")
+    rows = data.get("packed_rows")
+    if rows is not None and (not isinstance(rows, int) or rows < 1):
+        raise ValueError(f"data.packed_rows={rows!r}: a positive integer, or unset to derive it")
+    return k, rows
+
+
+def task_data(config, task, tokenizer, layout: Layout | None = None) -> TaskData:
+    """Every split read and featurized; the steps of config.train.epochs over the training rows; with
+    data.packing the rows of a packed step (derived: the most any step of the run needs, rounded up to
+    what the data-parallel devices and processes divide)."""
+    packing = packing_settings(config, task, bool(config.get("feature_based") and config.feature_based.enabled))
+    train_split, dev_splits, test_splits = split_features(task, tokenizer, config)
+    batch_size = config.train.batch_size
+    num_train = task_batches.num_examples(train_split.features)
+    num_steps = task_batches.num_train_steps(num_train, batch_size, config.train.epochs)
+    dev_sizes = ", ".join(f"{len(s.examples)} {split}" for split, s in dev_splits.items())
+    rows = "" if num_train == len(train_split.examples) else f" in {num_train} rows"
+    say(f"{len(train_split.examples)} training examples{rows}, {dev_sizes}; {num_steps} steps of {batch_size} "
+        f"({config.train.epochs:g} epochs)")
+    packed = None
+    if packing:
+        packed = packed_rows(config, train_split.features, num_steps, *packing, layout=layout)
+    return TaskData(train_split, dev_splits, test_splits, kinds.get(task.kind).settings_from_config(config),
+                    num_steps, math.ceil(num_train / batch_size), packed)
+
+
+def packed_rows(config, features: dict, num_steps: int, max_sequences: int, rows: int | None, *,
+                layout: Layout | None = None) -> Packing:
+    """The Packing of the run: data.packed_rows as set, or derived and said in one line."""
+    batch_size, k = config.train.batch_size, config.train.grad_accum_steps
+    lengths = task_batches.example_lengths(features)
+    if rows is None:
+        per_microbatch = task_batches.packed_rows_needed(
+            lengths, batch_size, config.train.seed, num_steps, max_seq_length=config.data.max_seq_length,
+            max_sequences=max_sequences, grad_accum_steps=k)
+        unit = layout.data_parallel_size if layout is not None else 1
+        unit = math.lcm(unit, jax.process_count())
+        rows = k * (-(-per_microbatch // unit) * unit)
+        real = float(np.sum(lengths)) / len(lengths) * batch_size
+        say(f"packing: {batch_size} examples a step in {rows} rows of {config.data.max_seq_length} (about "
+            f"{100 * real / (rows * config.data.max_seq_length):.0f}% real tokens; unpacked "
+            f"{100 * real / (batch_size * config.data.max_seq_length):.0f}%)")
+    if layout is not None:
+        layout.check_batch(rows, k)
+    return Packing(rows, max_sequences)
+
