@@ -1,7 +1,7 @@
 """bertjax: pretrain BERT-family encoders with JAX and Flax, from one CPU to a pod.
 
 `import bertjax` is cheap: it imports neither JAX nor TensorFlow. `bertjax.load(path)` loads a model
-for notebooks (see bertjax/api.py).
+for notebooks (see bertjax/inference.py).
 """
 
 __version__ = "0.1.0"

@@ -12,7 +12,7 @@ WORKDIR/<task>; the dev scores go into one table in the layout of the BERT paper
 al. 2018: GLUE table 1, SQuAD tables 2 and 3, CoNLL-2003 table 7), printed and written to
 WORKDIR/<suite>.md and <suite>.json.
 
-`compress`: the compression report (bertjax/compression/report.py) of a fine-tuned --teacher and its
+`compress`: the compression report (bertjax/runs/compression_report.py) of a fine-tuned --teacher and its
 --variant=NAME=DIR (a fine-tuning workdir, a params export or a Hugging Face directory; DIR+int8
 quantises it on load) on the task's dev set: --task is the dev file (the task's JSON lines) or a
 benchmark task's name (its configs/finetune/<task>.py recipe's TFDS dev split). One table: parameters,

@@ -15,7 +15,7 @@
 #
 # How the workers find each other: nothing to configure. `python -m bertjax.train` calls
 # jax.distributed.initialize() on a TPU VM, and JAX reads the worker list and this worker's index
-# from the VM's metadata (bertjax/sharding.py). Every worker runs the identical command; worker 0
+# from the VM's metadata (bertjax/training/sharding.py). Every worker runs the identical command; worker 0
 # writes metrics and the others read their share of the data.
 #
 # Not run in CI (it needs a Google Cloud project); written against the gcloud compute tpus tpu-vm

@@ -1,4 +1,4 @@
-"""The compression report (bertjax/compression/report.py, python -m bertjax.evaluate compress): one table
+"""The compression report (bertjax/runs/compression_report.py, python -m bertjax.evaluate compress): one table
 of a teacher and its int8 variant on the keyword task's dev set, each figure checked against the same
 data through another path; the command line's variants and mistakes."""
 

@@ -6,7 +6,7 @@ start, the end, side by side), predict and predict_pair (pairs cut as features.e
 The SavedModel must stand alone: it is moved away from where it was written and the vocabulary file
 is hidden while it runs, and its weights are variables, not constants in the graph.
 
-Shape legend (as in bertjax/model.py): B batch, S max_seq_length, H hidden size, P masks, k top_k.
+Shape legend (as in bertjax/models/bert.py): B batch, S max_seq_length, H hidden size, P masks, k top_k.
 """
 
 import json

@@ -18,7 +18,7 @@ MULTIPLE_CHOICE = "multiple_choice"
 SPAN = "span"
 TAGGING = "tagging"
 KINDS = (CLASSIFICATION, REGRESSION, MULTIPLE_CHOICE, SPAN, TAGGING)
-# Kinds whose examples are one per row of a JSON-lines file (bertjax/data/tasks/readers.py).
+# Kinds whose examples are one per row of a JSON-lines file (bertjax/tasks/readers.py).
 JSONL_KINDS = (CLASSIFICATION, REGRESSION, MULTIPLE_CHOICE)
 
 # CoNLL-2003's tags in TFDS's ClassLabel order, as BIO (IOB2): the files' IOB1 tags are read as BIO.

@@ -32,7 +32,7 @@ def finetune_config(task: str) -> ml_collections.ConfigDict:
     config.data = ml_collections.ConfigDict(dict(
         max_seq_length=128,
         tfds_data_dir=config_dict.placeholder(str),  # where TFDS keeps glue/* (default ~/tensorflow_datasets)
-        # The user's own JSON-lines files (bertjax/data/tasks/readers.py); unset: the task's TFDS splits.
+        # The user's own JSON-lines files (bertjax/tasks/readers.py); unset: the task's TFDS splits.
         train=config_dict.placeholder(str),
         validation=config_dict.placeholder(str),
         test=config_dict.placeholder(str),  # predicted for the submission / predictions file
