@@ -52,7 +52,7 @@ import configs.small
 import configs.tiny
 
 from bertjax.runs import console
-from bertjax.interop import hf, hf_families
+from bertjax.interop import hf
 from bertjax.training import flops
 from bertjax.models import bert
 from bertjax.training import sharding
@@ -242,10 +242,7 @@ HF_SENTENCE_LABELS = {"BertForPreTraining": "next_sentence_label", "AlbertForPre
 def hf_peer_config(cfg: bert.BertConfig) -> dict:
     """The config.json dict of the Hugging Face class that computes `cfg`'s network (its architectures[0])."""
     try:
-        model_type = hf_families.model_type_of(cfg)
-        if model_type == "bert":
-            return hf.config_to_hf(cfg)
-        return hf_families.FAMILIES[model_type].config_to_hf(cfg)
+        return hf.config_to_hf(cfg)  # its family's (hf.family_of_config)
     except ValueError as e:
         raise ValueError(f"{e}; no Hugging Face class to time beside it: run with --no_torch") from e
 

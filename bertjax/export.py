@@ -8,11 +8,11 @@
 --from is a pretraining or fine-tuning workdir (its newest checkpoint; a fine-tuning workdir its best
 dev checkpoint; --step=N one step of its checkpoints/) or a checkpoint directory. Formats:
   hf          model.safetensors, config.json and the tokenizer's files: transformers' AutoTokenizer and
-              BertForPreTraining (or the fine-tuned task's class) load it with nothing missing or
-              unused; --hf_class=masked_lm writes BertForMaskedLM's weights alone, which
-              AutoModelForMaskedLM and pipeline("fill-mask") load with nothing unused (bertjax/hf.py).
-              RoBERTa, ALBERT and ModernBERT models go to their family's classes (RobertaForMaskedLM,
-              ModernBertForSequenceClassification, ...: bertjax/interop/hf_families.py)
+              the family's pretraining class (BertForPreTraining, RobertaForMaskedLM, ...; or the
+              fine-tuned task's class, ModernBertForSequenceClassification, ...) load it with nothing
+              missing or unused; --hf_class=masked_lm writes the masked-LM class's weights alone
+              (BertForMaskedLM: no pooler, no NSP head), which AutoModelForMaskedLM and
+              pipeline("fill-mask") load with nothing unused (bertjax/interop/hf.py)
   savedmodel  a TensorFlow SavedModel for TF Serving, signatures on raw strings (bertjax/savedmodel.py)
   params      params.npz (the parameter tree, flattened with "/"), config.json and the vocabulary
 --quantize=int8 (params, savedmodel): every dense layer's kernel stored as int8 with a float32 scale per
@@ -51,7 +51,8 @@ def define_flags() -> dict:
                                             "or cut to inside the graph (default: a fine-tuned model's own, else 128)."),
         hf_class=flags.DEFINE_enum("hf_class", "pretraining", ["pretraining", "masked_lm"],
                                    "hf, a pretraining checkpoint: BertForPreTraining's weights (the pooler and NSP "
-                                   "head kept), or BertForMaskedLM's alone (fill-mask loads it with nothing unused)."),
+                                   "head kept), or BertForMaskedLM's alone (fill-mask loads it with nothing unused); "
+                                   "the other families' classes alike."),
         quantize=flags.DEFINE_string("quantize", None, "params, savedmodel: int8 (or int8-weights, int8-dynamic) "
                                      "stores every dense layer's kernel as int8 with per-channel scales."),
     )
@@ -99,14 +100,11 @@ def _plain(params) -> dict:
 
 
 def write_hf(bert, directory: str, hf_class: str = "pretraining") -> None:
-    from bertjax.interop import hf, hf_families
+    from bertjax.interop import hf
 
     vocab, lower_case = _vocabulary_file(bert), bool(bert.tokenizer.lower_case)
     params = _plain(bert.params)
-    model_type = hf_families.model_type_of(bert.config)
-    if bert.task is None and model_type != "bert":  # RoBERTa, ALBERT, ModernBERT: their own classes
-        hf_families.save_hf_checkpoint(directory, bert.config, params, model_type, vocab, lower_case)
-    elif bert.task is None:
+    if bert.task is None:  # the family's pretraining class (hf.family_of_config), or its masked-LM class
         hf.save_hf_checkpoint(directory, bert.config, params, vocab_path=vocab, lower_case=lower_case,
                               masked_lm_only=hf_class == "masked_lm")
     else:
@@ -114,12 +112,9 @@ def write_hf(bert, directory: str, hf_class: str = "pretraining") -> None:
             raise ValueError("the feature-based tagger (a BiLSTM on frozen features) has no Hugging Face class: "
                              "export it with --format=params")
         labels = list(bert.task.get("labels") or []) or None
-        if model_type == "bert":
-            hf.save_hf_head(directory, bert.config, params, bert.task["kind"], label_names=labels, vocab_path=vocab,
-                            lower_case=lower_case)
-        else:  # the family's task class: RobertaForSequenceClassification, ModernBertForTokenClassification, ...
-            hf_families.save_hf_head(directory, bert.config, params, model_type, bert.task["kind"],
-                                     label_names=labels, vocab_path=vocab, lower_case=lower_case)
+        # The family's task class: BertForSequenceClassification, ModernBertForTokenClassification, ...
+        hf.save_hf_head(directory, bert.config, params, bert.task["kind"], label_names=labels, vocab_path=vocab,
+                        lower_case=lower_case)
     _write_tokenizer_files(bert, directory)
 
 

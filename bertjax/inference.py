@@ -4,8 +4,9 @@
     out = bert.encode(["The cat sat.", "A longer second sentence."])
     out["sequence_output"]  # [B, S, H] numpy, one row per text, right-padded
 
-`load` reads the model through the one init-from (bertjax/interop/pretrained.py), as training,
-fine-tuning and export do, or a params export (python -m bertjax.export --format=params).
+`load` reads every kind of saved model (a bertjax workdir or checkpoint, a params export, a Hugging Face
+directory of any family) through the one init-from (bertjax/interop/pretrained.py), as training,
+fine-tuning and export do.
 `load(path, quantize="int8")` runs every dense layer with int8 weights (bertjax/compression/quantize.py).
 
 Shape legend (as in bertjax/models/bert.py): B batch, S sequence length, H hidden size, L layers.
@@ -261,7 +262,7 @@ MASK = "[MASK]"
 def load(path: str | os.PathLike, dtype: str = "float32", quantize: str | None = None) -> LoadedBert:
     """Loads a BERT for inference: a bertjax training or fine-tuning workdir (a fine-tuning workdir's
     best dev checkpoint), its checkpoints/ or one step's directory, a params export, or a Hugging Face
-    BERT directory. `dtype` is the compute dtype ("bfloat16" on accelerators); the params stay in float32.
+    directory of any family (BERT, RoBERTa, ALBERT, ModernBERT). `dtype` is the compute dtype ("bfloat16" on accelerators); the params stay in float32.
     quantize: "int8" (or "int8-weights", "int8-dynamic": bertjax/compression/quantize.py) quantises every
     dense layer's kernel to int8 on load; an int8 params export is int8 already (quantize then picks
     the mode its weights run in; by default the one it was exported with)."""
@@ -272,18 +273,15 @@ def load(path: str | os.PathLike, dtype: str = "float32", quantize: str | None =
     if not epath.Path(path).exists():
         raise ValueError(f"bertjax.load: {path} does not exist")
     overrides = dict(dtype=dtype, attention_impl="auto", word_embedding="auto", remat_policy="none")
-    if is_params_export(path):
-        model, stored_mode = _from_params_export(path, overrides)
-        mode = mode or stored_mode
-    elif pretrained.kind_of(path) is None:
+    if pretrained.kind_of(path) is None:
         raise ValueError(f"bertjax.load: {path} is not a model directory it can read: expected a bertjax training "
                          f"or fine-tuning workdir, its checkpoints/ (or best/) directory or one step's directory; "
-                         f"a params export (params.npz, config.json); or a Hugging Face BERT directory "
-                         f"(config.json, model.safetensors / model.safetensors.index.json / pytorch_model.bin, "
-                         f"vocab.txt)")
-    else:
-        # How it was computed in training (cuDNN attention on a GPU, say) is chosen anew for this machine.
-        model = pretrained.load(path, what="bertjax.load", model_overrides=overrides)
+                         f"a params export (params.npz, config.json); or a Hugging Face BERT directory of any "
+                         f"family (config.json, model.safetensors / model.safetensors.index.json / "
+                         f"pytorch_model.bin, and its tokenizer's files)")
+    # How it was computed in training (cuDNN attention on a GPU, say) is chosen anew for this machine.
+    model = pretrained.load(path, what="bertjax.load", model_overrides=overrides, quantized=True)
+    mode = mode or model.meta.get("quantize")  # an int8 params export runs in the mode it was exported with
     if model.tokenizer is None:
         raise ValueError(f"{path} was trained on synthetic data and has no tokenizer: load it with "
                          f"bertjax.training.checkpoint.restore_params instead")
@@ -293,30 +291,3 @@ def load(path: str | os.PathLike, dtype: str = "float32", quantize: str | None =
     return LoadedBert(config, params, _make_tokenizer(model.tokenizer), source=model.source,
                       missing=model.missing, task=model.task, vocab_path=model.tokenizer.vocab_path, quantize=mode)
 
-
-PARAMS_FILE = "params.npz"  # a params export's weights (python -m bertjax.export --format=params)
-
-
-def is_params_export(path: str) -> bool:
-    return (epath.Path(path) / PARAMS_FILE).exists() and (epath.Path(path) / "config.json").exists()
-
-
-def _from_params_export(path: str, overrides: dict) -> tuple[pretrained.Pretrained, str | None]:
-    """A params export's model (its config.json: model, tokenizer, task, step, quantize) and its int8 mode."""
-    import json
-
-    from flax import traverse_util
-
-    meta = json.loads((epath.Path(path) / "config.json").read_text())
-    if "model" not in meta:
-        raise ValueError(f"bertjax.load: {path}/config.json has no model section: not a bertjax params export")
-    config = bert_model.BertConfig.from_dict({**meta["model"], **bert_model.resolve_platform(overrides)})
-    with (epath.Path(path) / PARAMS_FILE).open("rb") as f:
-        flat = dict(np.load(f))
-    params = traverse_util.unflatten_dict(flat, sep="/")
-    info = meta.get("tokenizer") or {}
-    tokenizer = None
-    if info.get("path"):
-        tokenizer = pretrained.TokenizerFiles(info["kind"], files.local_copy(str(epath.Path(path) / info["path"])),
-                                              bool(info["lower_case"]))
-    return pretrained.Pretrained(config, params, tokenizer, path, meta, []), meta.get("quantize")

@@ -16,7 +16,7 @@ from absl import app
 from ml_collections import config_flags
 
 from bertjax.runs import console
-from bertjax.interop import hf, hf_families
+from bertjax.interop import hf
 from bertjax.models import bert
 
 
@@ -38,13 +38,10 @@ def hf_class_count(cfg: bert.BertConfig) -> tuple[str, int, list[str]] | None:
     or None for a network no HF class has. A param counts when a row of the family's conversion table
     names it, so a tied tensor (the decoder) counts once, as the class's parameters() does."""
     try:
-        model_type = hf_families.model_type_of(cfg)
+        family = hf.family_of_config(cfg)
     except ValueError:
         return None
-    if model_type == "bert":
-        architecture, table = "BertForPreTraining", hf.TABLE
-    else:
-        architecture, table = hf_families.FAMILIES[model_type].architecture, hf_families.FAMILIES[model_type].table
+    architecture, table = family.architecture, family.table
     # Rows with {i} stand for every layer (or ALBERT's group) of an unrolled stack.
     named = re.compile("|".join(r"\d+".join(map(re.escape, path.split("{i}"))) for _, path, _ in table))
     unrolled = nn.unbox(abstract_params(dataclasses.replace(cfg, scan_layers=False)))

@@ -16,12 +16,11 @@ import pytest
 import torch
 import transformers
 
-from bertjax.interop import hf, hf_families, pretrained
+from bertjax.interop import hf, pretrained
 from bertjax.models import bert as bert_model
 from bertjax.models import layers
 
 ATOL = 1e-5
-MAX_DIFFERENCES = {}  # family -> max |logit difference|, printed by the last test (-s)
 
 
 def randomize(hf_model, seed: int = 0):
@@ -70,6 +69,8 @@ def hf_reference(hf_model, batch: dict, **kwargs) -> dict:
 
 
 def check_parity(family: str, cfg, params, batch, ref) -> float:
+    """Every hidden state but the last, and the MLM logits, within ATOL of transformers' (the largest
+    logit difference printed under -s)."""
     ours = jax.device_get(_forward(cfg)(params, batch))
     real = batch["input_mask"].astype(bool)
     assert len(ours["hidden_states"]) == len(ref["hidden_states"])
@@ -77,23 +78,22 @@ def check_parity(family: str, cfg, params, batch, ref) -> float:
         np.testing.assert_allclose(a[real], b[real], rtol=0, atol=ATOL)
     difference = float(np.abs(ours["mlm_logits"] - ref["mlm_logits"]).max())
     np.testing.assert_allclose(ours["mlm_logits"], ref["mlm_logits"], rtol=0, atol=ATOL)
-    MAX_DIFFERENCES[family] = difference
+    print(f"{family}: max |logit difference| vs transformers {difference:.2e}")
     return difference
 
 
 def check_round_trip(hf_model, cfg, params, model_type: str, tmp_path):
     """bertjax -> HF gives the reference's own tensors (tied copies aside), bit for bit, and a directory
     the transformers class loads with nothing missing."""
-    family = hf_families.FAMILIES[model_type]
-    state = hf_families.params_to_hf(params, cfg, family)
+    family = hf.family_of_config(cfg)  # how bertjax.export finds the family
+    assert family is hf.FAMILIES[model_type]
+    state = hf.params_to_hf(params, cfg)
     reference = {k: v.numpy() for k, v in hf_model.state_dict().items() if k not in family.tied}
     reference = {k: v for k, v in reference.items() if not k.endswith("_ids")}
     assert sorted(state) == sorted(reference)
     for name, x in state.items():
         np.testing.assert_array_equal(x, reference[name], err_msg=name)
-    model_type_found = hf_families.model_type_of(cfg)  # how bertjax.export finds the family
-    assert model_type_found == model_type
-    hf_families.save_hf_checkpoint(tmp_path / "out", cfg, params, model_type_found)
+    hf.save_hf_checkpoint(tmp_path / "out", cfg, params)
     loaded, info = type(hf_model).from_pretrained(tmp_path / "out", output_loading_info=True)
     assert not info["missing_keys"] and not info["unexpected_keys"], info
     for name, x in loaded.state_dict().items():
@@ -131,7 +131,7 @@ def test_roberta_parity_with_transformers(roberta):
 
 def test_roberta_round_trip(roberta, tmp_path):
     hf_model, directory = roberta
-    cfg, params, _ = hf_families.load_hf_checkpoint(directory)
+    cfg, params, _ = hf.load_hf_checkpoint(directory)
     check_round_trip(hf_model, cfg, params, "roberta", tmp_path)
 
 
@@ -171,8 +171,13 @@ def test_albert_parity_with_transformers(albert):
 
 def test_albert_round_trip(albert, tmp_path):
     hf_model, directory = albert
-    cfg, params, _ = hf_families.load_hf_checkpoint(directory)
+    cfg, params, _ = hf.load_hf_checkpoint(directory)
     check_round_trip(hf_model, cfg, params, "albert", tmp_path)
+    # Its masked-LM class alone (bertjax.export --hf_class=masked_lm): no pooler, no sentence-order head.
+    hf.save_hf_checkpoint(tmp_path / "mlm", cfg, params, masked_lm_only=True)
+    loaded, info = transformers.AlbertForMaskedLM.from_pretrained(tmp_path / "mlm", output_loading_info=True)
+    assert not info["missing_keys"] and not info["unexpected_keys"], info
+    assert loaded.config.architectures == ["AlbertForMaskedLM"]
 
 
 # --------------------------------------------------------------------------------------------------
@@ -207,12 +212,8 @@ def test_modernbert_parity_with_transformers(modernbert):
 
 def test_modernbert_round_trip(modernbert, tmp_path):
     hf_model, directory = modernbert
-    cfg, params, _ = hf_families.load_hf_checkpoint(directory)
+    cfg, params, _ = hf.load_hf_checkpoint(directory)
     check_round_trip(hf_model, cfg, params, "modernbert", tmp_path)
-
-
-def test_max_logit_differences_reported():
-    print("max |logit difference| vs transformers:", MAX_DIFFERENCES)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -324,17 +325,16 @@ def test_scanned_families_convert_to_and_from_hugging_face(family, request):
     """Loading a family's HF directory with scan_layers=True stacks what the unrolled load gives, exports
     the same tensors, and computes transformers' outputs."""
     hf_model, directory = request.getfixturevalue(family)
-    cfg, params, _ = hf_families.load_hf_checkpoint(directory)
-    scanned_cfg, scanned, _ = hf_families.load_hf_checkpoint(directory, {"scan_layers": True})
+    cfg, params, _ = hf.load_hf_checkpoint(directory)
+    scanned_cfg, scanned, _ = hf.load_hf_checkpoint(directory, {"scan_layers": True})
     assert scanned_cfg == dataclasses.replace(cfg, scan_layers=True)
     expected = {"albert": ["layers"], "modernbert": ["final_layer_norm", "layers", "layers_0"]}[family]
     assert sorted(scanned["bert"]["encoder"]) == expected
     unstacked = bert_model.unstack_layers(scanned["bert"]["encoder"], scanned_cfg)
     jax.tree_util.tree_map(np.testing.assert_array_equal, unstacked, params["bert"]["encoder"])
 
-    model_type = hf_families.model_type_of(scanned_cfg)
-    exported = hf_families.params_to_hf(scanned, scanned_cfg, hf_families.FAMILIES[model_type])
-    reference = hf_families.params_to_hf(params, cfg, hf_families.FAMILIES[model_type])
+    exported = hf.params_to_hf(scanned, scanned_cfg)
+    reference = hf.params_to_hf(params, cfg)
     assert sorted(exported) == sorted(reference)
     for name, x in exported.items():
         np.testing.assert_array_equal(x, reference[name], err_msg=name)
@@ -384,7 +384,7 @@ def test_modernbert_window_and_rotary_bases_matter(modernbert):
     """The parity test would notice a window or a rotary base left out: each moves the logits by well over
     its tolerance."""
     hf_model, directory = modernbert
-    cfg, params, _ = hf_families.load_hf_checkpoint(directory)
+    cfg, params, _ = hf.load_hf_checkpoint(directory)
     batch = make_batch(MODERNBERT["vocab_size"], pad=0, seq=12, seed=2)
     reference = np.asarray(_forward(cfg)(params, batch)["mlm_logits"])
     for change in (dict(local_attention_window=0), dict(global_rotary_theta=0.0), dict(rotary_theta=160000.0)):
@@ -392,11 +392,20 @@ def test_modernbert_window_and_rotary_bases_matter(modernbert):
         assert np.abs(other - reference).max() > 10 * ATOL, change
 
 
-def test_options_no_hugging_face_class_has_are_refused_on_export():
-    assert hf_families.model_type_of(_small()) == "bert"
+def test_the_family_of_a_config_is_the_one_whose_options_it_has(tmp_path):
+    """What bertjax.export and every save find: the one family whose own options the config sets (BERT:
+    none); a network no Hugging Face class computes is refused in one line naming the options."""
+    assert hf.family_of_config(_small()) is hf.FAMILIES["bert"]
+    assert hf.family_of_config(_small(position_offset=2)) is hf.FAMILIES["roberta"]
+    assert hf.config_to_hf(_small(position_offset=2))["architectures"] == ["RobertaForMaskedLM"]
     with pytest.raises(ValueError, match=r"model options \['norm'\] make a network no Hugging Face class has"):
-        hf_families.model_type_of(_small(norm="rmsnorm"))
+        hf.family_of_config(_small(norm="rmsnorm"))
+    with pytest.raises(ValueError, match=r"model options \['activation', 'position_offset'\] make a network no"):
+        hf.family_of_config(_small(position_offset=2, activation="gelu_tanh"))  # RoBERTa's and ALBERT's at once
     with pytest.raises(ValueError, match="a ModernBERT checkpoint needs"):
-        hf_families.model_type_of(_small(**SCANNABLE))
-    with pytest.raises(ValueError, match=r"model options \['position_offset'\] are not BERT's"):
-        hf.config_to_hf(_small(position_offset=2))
+        hf.family_of_config(_small(**SCANNABLE))
+    with pytest.raises(ValueError, match=r"model options \['norm'\] are not RoBERTa's"):
+        hf.save_hf_checkpoint(tmp_path, _small(position_offset=2, norm="rmsnorm"), {})
+    assert not any(tmp_path.iterdir())
+    with pytest.raises(ValueError, match="model.head_size=4 x model.num_heads=4 is not model.hidden_size=32"):
+        hf.family_of_config(_small(head_size=4))

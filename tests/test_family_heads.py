@@ -16,7 +16,7 @@ import pytest
 import torch
 import transformers
 
-from bertjax.interop import hf, hf_families, pretrained
+from bertjax.interop import hf, pretrained
 from bertjax.models import bert as bert_model
 from bertjax.models import heads
 
@@ -52,7 +52,7 @@ def hf_config(family: str, kind: str | None = None):
 
 
 def bertjax_config(family: str) -> bert_model.BertConfig:
-    return hf_families.config_from_hf(hf_config(family).to_dict())
+    return hf.config_from_hf(hf_config(family).to_dict())
 
 
 def randomize(hf_model, seed: int = 0):
@@ -121,7 +121,7 @@ def assert_logits_equal(ours, theirs, kind: str, batch):
 
 
 def task_class(family: str, kind: str):
-    return getattr(transformers, hf_families.FAMILIES[family].task_classes[kind].architecture)
+    return getattr(transformers, hf.FAMILIES[family].task_classes[kind].architecture)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -134,9 +134,9 @@ def task_class(family: str, kind: str):
 def test_a_bertjax_head_exports_to_its_family_class_with_equal_logits(family, kind, tmp_path):
     cfg = bertjax_config(family)
     params = random_head(cfg, kind)
-    hf_families.save_hf_head(tmp_path, cfg, params, family, kind)
+    hf.save_hf_head(tmp_path, cfg, params, kind)  # the family found from the config's options
     written = json.loads((tmp_path / "config.json").read_text())
-    assert written["architectures"] == [hf_families.FAMILIES[family].task_classes[kind].architecture]
+    assert written["architectures"] == [hf.FAMILIES[family].task_classes[kind].architecture]
     assert written.get("problem_type") == hf.HF_HEADS[kind].problem_type
     hf_model, info = task_class(family, kind).from_pretrained(tmp_path, output_loading_info=True,
                                                               attn_implementation="eager")
@@ -154,7 +154,7 @@ def test_a_transformers_task_model_imports_and_exports_bit_for_bit(family, kind,
     hf_model = randomize(task_class(family, kind)(hf_config(family, kind)), seed=1)
     hf_model.save_pretrained(tmp_path)
     loaded = pretrained.load(str(tmp_path), head=kind, num_labels=NUM_LABELS[kind], tokenizer=False)
-    family_record = hf_families.FAMILIES[family]
+    family_record = hf.FAMILIES[family]
     # A class without the pooler (RoBERTa's and ALBERT's span and tagging): bertjax's is fresh, and unused.
     pooler = [] if family_record.task_classes[kind].pooler else ["bert/pooler/bias", "bert/pooler/kernel"]
     assert loaded.missing == pooler
@@ -163,7 +163,7 @@ def test_a_transformers_task_model_imports_and_exports_bit_for_bit(family, kind,
     batch = make_inputs(kind, cfg.vocab_size, segments, seed=1)
     assert_logits_equal(bertjax_logits(cfg, kind, params, batch), hf_logits(hf_model, kind, batch, segments), kind,
                         batch)
-    state = hf_families.head_params_to_hf(params, cfg, family_record, kind)
+    state = hf.head_params_to_hf(params, cfg, kind)
     reference = {k: v.numpy() for k, v in hf_model.state_dict().items() if not k.endswith("_ids")}
     assert sorted(state) == sorted(reference)
     for name, x in state.items():
@@ -171,7 +171,7 @@ def test_a_transformers_task_model_imports_and_exports_bit_for_bit(family, kind,
 
 
 def test_every_task_kind_has_a_class_in_every_family():
-    for family in hf_families.FAMILIES.values():
+    for family in hf.FAMILIES.values():
         assert set(family.task_classes) == set(hf.HF_HEADS) == set(heads.HEADS), family.model_type
         for task in family.task_classes.values():
             assert hasattr(transformers, task.architecture), task.architecture
@@ -209,14 +209,14 @@ def test_what_a_family_head_cannot_be_is_one_line(tmp_path):
     tanh = bert_model.BertConfig(**{**cfg.__dict__, "pooler": "tanh"})
     tanh_params = random_head(tanh, "classification")
     with pytest.raises(ValueError, match=r"a modernbert 'classification' head needs model.pooler='gelu_norm'"):
-        hf_families.save_hf_head(tmp_path / "tanh", tanh, tanh_params, "modernbert", "classification")
-    hf_families.save_hf_head(tmp_path / "mean", cfg, params, "modernbert", "classification")
+        hf.save_hf_head(tmp_path / "tanh", tanh, tanh_params, "classification")
+    hf.save_hf_head(tmp_path / "mean", cfg, params, "classification")
     written = json.loads((tmp_path / "mean" / "config.json").read_text())
     (tmp_path / "mean" / "config.json").write_text(json.dumps({**written, "classifier_pooling": "mean"}))
     with pytest.raises(ValueError, match=r"classifier_pooling='mean': bertjax's heads pool \[CLS\] only"):
         pretrained.load(str(tmp_path / "mean"), head="classification", num_labels=3, tokenizer=False)
     with pytest.raises(ValueError, match=r"model options \['pooler'\] make a network no Hugging Face class has"):
-        hf_families.model_type_of(bert_model.BertConfig(pooler="gelu_norm"))
+        hf.family_of_config(bert_model.BertConfig(pooler="gelu_norm"))
 
 
 # --------------------------------------------------------------------------------------------------
@@ -246,8 +246,7 @@ def test_the_exported_tokenizer_feeds_the_exported_model(family, vocabulary, tmp
 
     cfg = bertjax_config(family)
     params = random_head(cfg, "classification")
-    hf_families.save_hf_head(tmp_path, cfg, params, family, "classification", label_names=["x", "y", "z"],
-                             vocab_path=vocabulary)
+    hf.save_hf_head(tmp_path, cfg, params, "classification", label_names=["x", "y", "z"], vocab_path=vocabulary)
     theirs = transformers.AutoTokenizer.from_pretrained(tmp_path)
     ours = tokenizers.WordPieceTokenizer(vocabulary, lower_case=True)
     cls, sep = ours.cls_id, ours.sep_id
@@ -260,7 +259,7 @@ def test_the_exported_tokenizer_feeds_the_exported_model(family, vocabulary, tmp
     batch = theirs(TEXTS, PAIRS, padding=True, return_tensors="pt")
     assert ("token_type_ids" in batch) == (cfg.type_vocab_size >= 2)
     model = transformers.AutoModelForSequenceClassification.from_pretrained(tmp_path).eval()
-    assert type(model).__name__ == hf_families.FAMILIES[family].task_classes["classification"].architecture
+    assert type(model).__name__ == hf.FAMILIES[family].task_classes["classification"].architecture
     with torch.no_grad():
         logits = model(**batch).logits.numpy()
     input_ids = batch["input_ids"].numpy().astype(np.int32)
@@ -291,7 +290,7 @@ def test_a_sentencepiece_tokenizer_feeds_the_exported_model(family, sentencepiec
 
     path, ours = sentencepiece
     cfg = bertjax_config(family)
-    hf_families.save_hf_head(tmp_path, cfg, random_head(cfg, "classification"), family, "classification")
+    hf.save_hf_head(tmp_path, cfg, random_head(cfg, "classification"), "classification")
     hf_tokenizer.write_sentencepiece_tokenizer(ours, path, str(tmp_path), cfg.max_position_embeddings,
                                                hf_files.model_input_names(cfg))
     theirs = transformers.AutoTokenizer.from_pretrained(tmp_path)

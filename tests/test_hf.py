@@ -1,6 +1,6 @@
-"""bertjax.interop.hf against transformers itself: numerical parity with BertForPreTraining (PyTorch), the
-readers (safetensors, sharded, pytorch_model.bin without torch), bit-exact round trips, and the
-failures a wrong checkpoint must produce.
+"""bertjax.interop.hf on the BERT family against transformers itself: numerical parity with
+BertForPreTraining (PyTorch), the readers (safetensors, sharded, pytorch_model.bin without torch),
+bit-exact round trips, and the failures a wrong checkpoint must produce.
 
 The reference models are randomly initialised, then every parameter (biases and LayerNorm included,
 which HF initialises to constants) is overwritten with noise, so that a wrong transpose, reshape or
@@ -398,11 +398,14 @@ def test_config_conversion():
     assert (exported.num_hidden_layers, exported.hidden_act, exported.layer_norm_eps) == (3, "gelu", 1e-7)
 
     for key, value in [("hidden_act", "gelu_new"), ("position_embedding_type", "relative_key"),
-                       ("model_type", "roberta")]:
+                       ("model_type", "gpt2")]:  # a model type of no family bertjax reads
         with pytest.raises(ValueError, match=re.escape(repr(value))):
             hf.config_from_hf({**hf_config, key: value})
     with pytest.raises(ValueError, match="num_layerz"):
         hf.config_from_hf(hf_config, num_layerz=2)
+    # The weights fix the network: an override may set how it computes (scan_layers, dtype), not what it is.
+    with pytest.raises(ValueError, match=r"the overrides \['num_layers', 'pre_layer_norm'\] contradict"):
+        hf.config_from_hf(hf_config, num_layers=4, pre_layer_norm=True)
 
 
 # --------------------------------------------------------------------------------------------------

@@ -19,7 +19,7 @@ import torch
 import transformers
 
 from bertjax.compression import pruning
-from bertjax.interop import hf, hf_families
+from bertjax.interop import hf
 from bertjax.models import bert as bert_model
 from bertjax.models import heads
 from bertjax.training.checkpoint_meta import CheckpointMeta
@@ -214,7 +214,7 @@ def test_a_pruned_family_model_equals_its_masked_self_and_exports_to_its_class(f
     batch = families.make_inputs("classification", cfg.vocab_size, segments)
     ours = logits_of(pruned_cfg, pruned, batch)
     np.testing.assert_allclose(ours, logits_of(cfg, params, batch, jnp.asarray(head_mask)), atol=ATOL)
-    hf_families.save_hf_head(tmp_path, pruned_cfg, pruned, family, "classification")
+    hf.save_hf_head(tmp_path, pruned_cfg, pruned, "classification")
     exported = families.task_class(family, "classification").from_pretrained(tmp_path, attn_implementation="eager")
     assert exported.config.num_attention_heads == cfg.num_heads  # full shapes, the removed heads zero
     np.testing.assert_allclose(ours, families.hf_logits(exported.eval(), "classification", batch, segments),

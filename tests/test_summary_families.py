@@ -13,7 +13,7 @@ import torch
 import transformers
 
 from bertjax import summary
-from bertjax.interop import hf, hf_families
+from bertjax.interop import hf
 from bertjax.models import bert
 from configs import albert_base, base, large, modernbert_base, modernbert_large, roberta_base
 
@@ -35,8 +35,8 @@ CASES = [
 def hf_parameter_count(cfg: bert.BertConfig) -> tuple[str, int]:
     """The transformers class of the config, built on the meta device, and its parameters() count (a tied
     tensor is one Parameter, counted once)."""
-    model_type = hf_families.model_type_of(cfg)
-    hf_config = hf.config_to_hf(cfg) if model_type == "bert" else hf_families.FAMILIES[model_type].config_to_hf(cfg)
+    hf_config = hf.config_to_hf(cfg)  # its family's
+    model_type = hf_config["model_type"]
     hf_config = {k: v for k, v in hf_config.items() if k not in ("model_type", "dtype", "torch_dtype")}
     config = transformers.AutoConfig.for_model(model_type, **hf_config)
     architecture = hf_config["architectures"][0]

@@ -3,9 +3,9 @@
 Readers: model.safetensors (via safetensors.numpy), sharded safetensors (model.safetensors.index.json),
 and pytorch_model.bin (zip format, single or sharded) through a restricted unpickler that allows only
 the handful of torch classes a state dict needs, so that no torch import is needed and no code in the
-file can run. The writer: config.json, model.safetensors and the optional vocabulary (with a tokenizer.json for the
-families, bertjax/interop/hf_tokenizer.py). What the tensors
-mean (names, layouts) is bertjax/interop/hf.py's business.
+file can run. The writer: config.json, model.safetensors and the optional vocabulary (with a
+tokenizer.json where the family asks for one, bertjax/interop/hf_tokenizer.py). What the tensors mean
+(names, layouts) is the families' business (bertjax/interop/hf.py).
 """
 
 import collections
@@ -192,8 +192,9 @@ def read_hf_weights(directory: str | os.PathLike) -> dict[str, np.ndarray]:
 
 
 def write_directory(path, cfg: bert_model.BertConfig, state: dict[str, np.ndarray], hf_config: dict,
-                    vocab_path, lower_case: bool):
-    """config.json, model.safetensors and the optional vocabulary of a transformers model directory."""
+                    vocab_path, lower_case: bool, tokenizer_json: bool):
+    """config.json, model.safetensors and the optional WordPiece vocabulary of a transformers model
+    directory; tokenizer_json: the vocabulary as a tokenizer.json too (the family's Family.tokenizer_json)."""
     import safetensors.numpy
 
     path = Path(path)
@@ -213,7 +214,7 @@ def write_directory(path, cfg: bert_model.BertConfig, state: dict[str, np.ndarra
             "model_max_length": cfg.max_position_embeddings,
             "model_input_names": model_input_names(cfg),
         }
-        if hf_config.get("model_type", "bert") != "bert":
+        if tokenizer_json:
             # AutoTokenizer takes tokenizer_class over RoBERTa's and ALBERT's own, but for ModernBERT's
             # model_type it reads tokenizer.json only, with the special tokens named here.
             from bertjax.interop import hf_tokenizer

@@ -1,25 +1,32 @@
-"""The one init-from: a bertjax workdir or checkpoint, or a Hugging Face directory, to a model config,
-its parameters and its tokenizer's files.
+"""The one init-from: a bertjax workdir or checkpoint, a params export, or a Hugging Face directory of
+any family, to a model config, its parameters and its tokenizer's files.
 
-Pretraining (`train.init_from`), fine-tuning (`init_from`), `bertjax.load` and `python -m bertjax.export`
-all read starting weights through `load`, so that every program accepts the same paths and says the
-same thing when one is wrong.
+Pretraining (`train.init_from`), fine-tuning (`init_from`), distillation, `bertjax.load` and
+`python -m bertjax.export` all read starting weights through `load`, so that every program accepts the
+same paths and says the same thing when one is wrong; `tokenizer_files` reads the same tokenizer
+without the weights.
 """
 
 import dataclasses
 import json
 from typing import Any
 
+import numpy as np
 from etils import epath
 
-from bertjax.interop import hf, hf_families, hf_files
+from bertjax.interop import hf, hf_files
 from bertjax.models import bert as bert_model
-from bertjax.training import checkpoint
 from bertjax.text import files
+from bertjax.training import checkpoint
 from bertjax.training import workdir as workdirs
 
 BERTJAX = "bertjax"
+PARAMS_EXPORT = "params_export"
 HUGGING_FACE = "hugging_face"
+
+PARAMS_FILE = "params.npz"  # a params export's weights (python -m bertjax.export --format=params), beside config.json
+_KINDS_READ = ("a bertjax workdir/checkpoint, a params export (params.npz, config.json) or a Hugging Face "
+               "directory (config.json and model.safetensors or pytorch_model.bin)")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -40,9 +47,11 @@ class TokenizerFiles:
 class Pretrained:
     config: bert_model.BertConfig
     params: Any  # BertForPreTraining params, or a task head's ({"bert", "classifier"})
-    tokenizer: TokenizerFiles | None  # None: a run on synthetic data
+    tokenizer: TokenizerFiles | None  # None: a run on synthetic data (or not asked for)
     source: str
-    meta: dict  # a bertjax checkpoint's meta (step, model, task, ...); {} for Hugging Face
+    # A bertjax checkpoint's meta (step, model, task, ...), a params export's config.json (the same, and
+    # quantize where its params are int8); {} for Hugging Face.
+    meta: dict
     missing: list[str]  # params the source lacked, freshly initialised (Hugging Face only)
 
     @property
@@ -51,12 +60,15 @@ class Pretrained:
 
 
 def kind_of(path: str) -> str | None:
-    """BERTJAX, HUGGING_FACE, or None when `path` is neither."""
+    """BERTJAX, PARAMS_EXPORT, HUGGING_FACE, or None when `path` is none of them."""
     if model_checkpoint(path) is not None:
         return BERTJAX
-    # A bertjax workdir has a config.json too (the run's config): the weights tell a HF directory apart.
-    if (epath.Path(path) / "config.json").exists() and hf_files.find_weights(path) is not None:
-        return HUGGING_FACE
+    # A bertjax workdir has a config.json too (the run's config): the weights tell the others apart.
+    if (epath.Path(path) / "config.json").exists():
+        if (epath.Path(path) / PARAMS_FILE).exists():
+            return PARAMS_EXPORT
+        if hf_files.find_weights(path) is not None:
+            return HUGGING_FACE
     return None
 
 
@@ -69,43 +81,66 @@ def model_checkpoint(path: str) -> str | None:
 
 
 def load(path: str, *, what: str = "init_from", model_overrides: dict | None = None, head: str | None = None,
-         num_labels: int | None = None, abstract_params=None, tokenizer: bool = True) -> Pretrained:
+         num_labels: int | None = None, abstract_params=None, tokenizer: bool = True,
+         quantized: bool = False) -> Pretrained:
     """The model at `path`. `what` names the setting in error messages. model_overrides set the compute
     fields the weights do not fix (dtype, attention_impl, scan_layers, ...). head: a task kind whose
-    head params to read from a Hugging Face directory (a bertjax checkpoint holds what it was trained
-    with). abstract_params (ShapeDtypeStructs with shardings): restore straight into that layout."""
+    head params to read from a Hugging Face directory (a bertjax checkpoint or params export holds what
+    it was trained with). abstract_params (ShapeDtypeStructs with shardings): restore straight into that
+    layout. tokenizer: find its files too (before any weight is read). quantized: accept an int8 params
+    export (its params then hold int8 kernels, bertjax/compression/quantize.py), which is refused
+    otherwise: it computes nothing as a float network and trains nothing."""
     path = str(path)
     if not path:
-        raise ValueError(f"{what} is empty: give a bertjax workdir or checkpoint, or a Hugging Face BERT directory")
+        raise ValueError(f"{what} is empty: give {_KINDS_READ}")
     if not epath.Path(path).exists():
         raise FileNotFoundError(f"{what}={path} does not exist")
     kind = kind_of(path)
     overrides = bert_model.resolve_platform(dict(model_overrides or {}))  # "auto" compute fields for this machine
     if kind == BERTJAX:
         return _from_bertjax(model_checkpoint(path), what, overrides, abstract_params)
+    if kind == PARAMS_EXPORT:
+        return _from_params_export(path, what, overrides, abstract_params, quantized)
     if kind == HUGGING_FACE:
-        return _from_hugging_face(path, overrides, head, num_labels, abstract_params, tokenizer)
-    raise FileNotFoundError(f"{what}={path} is neither a bertjax workdir/checkpoint nor a Hugging Face BERT "
-                            f"directory (config.json and model.safetensors or pytorch_model.bin)")
+        return _from_hugging_face(path, what, overrides, head, num_labels, abstract_params, tokenizer)
+    raise FileNotFoundError(f"{what}={path} is none of {_KINDS_READ}")
 
 
 def tokenizer_files(path: str, what: str = "init_from") -> TokenizerFiles | None:
-    """Only the tokenizer of the model at `path` (no weights read); None for a run on synthetic data."""
+    """Only the tokenizer of the model at `path` (no weights read), the one `load` gives; None for a run
+    on synthetic data."""
     kind = kind_of(path)
     if kind == BERTJAX:
         chosen = model_checkpoint(path)
-        return _bertjax_tokenizer(chosen, checkpoint.read_meta(chosen), what)
+        return _recorded_tokenizer(checkpoint.read_meta(chosen), checkpoint.workdir_of(chosen), chosen, what)
+    if kind == PARAMS_EXPORT:
+        return _recorded_tokenizer(_export_meta(path, what), path, path, what)
     if kind == HUGGING_FACE:
-        return TokenizerFiles("wordpiece", *hf_vocabulary(path))
-    raise FileNotFoundError(f"{what}={path} is neither a bertjax workdir/checkpoint nor a Hugging Face BERT directory")
+        return _hf_tokenizer(path, what)
+    raise FileNotFoundError(f"{what}={path} is none of {_KINDS_READ}")
 
 
-def _bertjax_tokenizer(path: str, meta: dict, what: str) -> TokenizerFiles | None:
-    info = meta.get("tokenizer")
-    if not info:
+def _placed(params, abstract_params):
+    """Host params onto the devices as abstract_params shard them (None: left where they are)."""
+    if abstract_params is None:
+        return params
+    import jax
+
+    return jax.device_put(params, jax.tree_util.tree_map(lambda a: a.sharding, abstract_params))
+
+
+# --------------------------------------------------------------------------------------------------
+# bertjax checkpoints and params exports
+# --------------------------------------------------------------------------------------------------
+
+
+def _recorded_tokenizer(meta: dict, directory: str, path: str, what: str) -> TokenizerFiles | None:
+    """The tokenizer a checkpoint's meta (or an export's config.json) records, its file relative to
+    `directory` (older checkpoints: an absolute path)."""
+    info = meta.get("tokenizer") or {}
+    if not info.get("path"):
         return None
-    # Recorded relative to the run's workdir (older checkpoints: an absolute path).
-    vocab = workdirs.resolve_vocabulary(info["path"], checkpoint.workdir_of(path))
+    vocab = workdirs.resolve_vocabulary(info["path"], directory)
     if not epath.Path(vocab).exists():
         raise ValueError(f"{what}={path}: its vocabulary {vocab} is gone; put it back there")
     return TokenizerFiles(info["kind"], files.local_copy(vocab), bool(info["lower_case"]))
@@ -114,54 +149,78 @@ def _bertjax_tokenizer(path: str, meta: dict, what: str) -> TokenizerFiles | Non
 def _from_bertjax(path: str, what: str, model_overrides: dict, abstract_params) -> Pretrained:
     params, meta = checkpoint.restore_params(path, abstract_params)
     config = bert_model.BertConfig.from_dict({**meta["model"], **model_overrides})
-    return Pretrained(config, params, _bertjax_tokenizer(path, meta, what), path, meta, [])
+    return Pretrained(config, params, _recorded_tokenizer(meta, checkpoint.workdir_of(path), path, what), path, meta,
+                      [])
 
 
-def _from_hugging_face(path: str, model_overrides: dict, head: str | None, num_labels: int | None,
+def _export_meta(path: str, what: str) -> dict:
+    """A params export's config.json: model, tokenizer, task, step and (int8 exports) quantize."""
+    meta = json.loads((epath.Path(path) / "config.json").read_text())
+    if "model" not in meta:
+        raise ValueError(f"{what}={path}: its config.json has no model section, so it is not a bertjax params "
+                         "export (python -m bertjax.export --format=params)")
+    return meta
+
+
+def _from_params_export(path: str, what: str, model_overrides: dict, abstract_params, quantized: bool) -> Pretrained:
+    from flax import traverse_util
+
+    meta = _export_meta(path, what)
+    if meta.get("quantize") and not quantized:
+        raise ValueError(f"{what}={path} is an int8 params export ({meta['quantize']}): start from the float "
+                         "model it was exported from (bertjax.load reads it for inference)")
+    config = bert_model.BertConfig.from_dict({**meta["model"], **model_overrides})
+    with (epath.Path(path) / PARAMS_FILE).open("rb") as f:
+        params = traverse_util.unflatten_dict(dict(np.load(f)), sep="/")
+    if not meta.get("quantize"):
+        params = _in_layout(params, config)
+    tokenizer = _recorded_tokenizer(meta, path, path, what)
+    return Pretrained(config, _placed(params, abstract_params), tokenizer, path, meta, [])
+
+
+def _in_layout(params: dict, config: bert_model.BertConfig) -> dict:
+    """The export's layers stacked or unstacked as config.scan_layers asks (a run may scan what the
+    exported one did not)."""
+    encoder = params["bert"]["encoder"]
+    if config.scan_layers == ("layers" in encoder):
+        return params
+    import jax
+
+    change = bert_model.stack_layers if config.scan_layers else bert_model.unstack_layers
+    encoder = jax.tree_util.tree_map(np.asarray, change(encoder, config))
+    return {**params, "bert": {**params["bert"], "encoder": encoder}}
+
+
+# --------------------------------------------------------------------------------------------------
+# Hugging Face directories
+# --------------------------------------------------------------------------------------------------
+
+
+def _from_hugging_face(path: str, what: str, model_overrides: dict, head: str | None, num_labels: int | None,
                        abstract_params, tokenizer: bool) -> Pretrained:
-    model_type = json.loads((epath.Path(path) / "config.json").read_text()).get("model_type", "bert")
-    if model_type in hf_families.FAMILIES:  # RoBERTa, ALBERT, ModernBERT: options of the one encoder
-        return _from_family(path, model_overrides, head, num_labels, abstract_params, tokenizer)
-    # Before the weights: a missing vocabulary is found at once.
-    vocabulary = TokenizerFiles("wordpiece", *hf_vocabulary(path)) if tokenizer else None
+    """A directory of any family (interop/hf.py), as pretraining params or a task head's."""
+    vocabulary = _hf_tokenizer(path, what) if tokenizer else None  # before the weights: found at once
     if head is None:
         config, params, missing = hf.load_hf_checkpoint(path, model_config_overrides=model_overrides)
     else:
         config, params, missing = hf.load_hf_head(path, head, num_labels, model_config_overrides=model_overrides)
-    if abstract_params is not None:
-        import jax
-
-        params = jax.device_put(params, jax.tree_util.tree_map(lambda a: a.sharding, abstract_params))
-    return Pretrained(config, params, vocabulary, path, {}, missing)
+    return Pretrained(config, _placed(params, abstract_params), vocabulary, path, {}, missing)
 
 
-def _from_family(path: str, model_overrides: dict, head: str | None, num_labels: int | None, abstract_params,
-                 tokenizer: bool) -> Pretrained:
-    """A RoBERTa, ALBERT or ModernBERT directory (interop/hf_families.py), as pretraining params or a task
-    head's. Their BPE / SentencePiece tokenizer files are not read by bertjax: a WordPiece vocab.txt
-    beside them is, else none."""
-    vocabulary = None
-    if tokenizer and (epath.Path(path) / "vocab.txt").exists():
-        vocabulary = TokenizerFiles("wordpiece", *hf_vocabulary(path))
-    if head is None:
-        config, params, missing = hf_families.load_hf_checkpoint(path, model_config_overrides=model_overrides)
-    else:
-        config, params, missing = hf_families.load_hf_head(path, head, num_labels,
-                                                           model_config_overrides=model_overrides)
-    if abstract_params is not None:
-        import jax
-
-        params = jax.device_put(params, jax.tree_util.tree_map(lambda a: a.sharding, abstract_params))
-    return Pretrained(config, params, vocabulary, path, {}, missing)
+_TOKENIZER_KINDS = {"wordpiece": "WordPiece", "sentencepiece": "SentencePiece"}
 
 
-def hf_vocabulary(path: str) -> tuple[str, bool]:
-    """A Hugging Face BERT directory's vocab.txt and whether it lower-cases: uncased unless its
-    tokenizer config says otherwise, as for the original releases."""
+def _hf_tokenizer(path: str, what: str) -> TokenizerFiles:
+    """The first of the family's tokenizer files (hf_family.Family.tokenizer_files) the directory has, and
+    whether it lower-cases: unless its tokenizer config says otherwise, as for the original releases."""
     directory = epath.Path(path)
-    if not (directory / "vocab.txt").exists():
-        raise ValueError(f"{path} has BERT weights but no vocab.txt: copy the model's WordPiece vocabulary there")
+    family = hf.family_of(json.loads((directory / "config.json").read_text()))
     lower_case = True
     if (directory / "tokenizer_config.json").exists():
         lower_case = bool(json.loads((directory / "tokenizer_config.json").read_text()).get("do_lower_case", True))
-    return str(directory / "vocab.txt"), lower_case
+    for name, kind in family.tokenizer_files:
+        if (directory / name).exists():
+            return TokenizerFiles(kind, str(directory / name), lower_case)
+    looked_for = " or ".join(f"{name} ({_TOKENIZER_KINDS[kind]})" for name, kind in family.tokenizer_files)
+    raise ValueError(f"{what}={path} has {family.name} weights but no {looked_for}, the tokenizer bertjax reads "
+                     "there: copy the vocabulary the model was trained with into it")
