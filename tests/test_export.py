@@ -237,6 +237,42 @@ np.savez(out, mlm=np.asarray(o["mlm_logits"]), nsp=np.asarray(o["nsp_logits"]))
     np.testing.assert_allclose(theirs["nsp"], ours["nsp_logits"], atol=1e-5)
 
 
+def test_a_params_export_is_read_by_the_one_init_from(exported, pretrained, tmp_path):  # noqa: F811
+    """pretrained.load reads a params export as bertjax.load does (the same config, params and tokenizer,
+    tokenizer_files agreeing), in the layout a run asks for; fine-tuning starts from it; an int8 export
+    is for inference only."""
+    from bertjax.interop import pretrained as pretrained_models
+
+    path = exported["params"]
+    assert pretrained_models.kind_of(path) == pretrained_models.PARAMS_EXPORT
+    model = pretrained_models.load(path, model_overrides=dict(dtype="float32", attention_impl="auto",
+                                                              word_embedding="auto", remat_policy="none"))
+    loaded = bertjax.load(path)
+    assert model.config == loaded.config and model.meta["step"] == 1 and model.missing == []
+    jax.tree_util.tree_map(np.testing.assert_array_equal, model.params, jax.device_get(loaded.params))
+    assert pretrained_models.tokenizer_files(path) == model.tokenizer
+    assert model.tokenizer.vocab_path == loaded.vocab_path == os.path.join(path, "vocab.txt")
+    scanned = pretrained_models.load(path, model_overrides={"scan_layers": True}, tokenizer=False)
+    np.testing.assert_array_equal(scanned.params["bert"]["encoder"]["layers"]["mlp"]["output"]["kernel"][1],
+                                  model.params["bert"]["encoder"]["layers_1"]["mlp"]["output"]["kernel"])
+
+    rows = pathlib.Path(pretrained["files"]["train"]).read_text().splitlines()
+    (tmp_path / "train.jsonl").write_text("\n".join(rows[:32]) + "\n")
+    (tmp_path / "dev.jsonl").write_text("\n".join(rows[32:48]) + "\n")
+    config = small_config("classification", pretrained, labels=("no", "yes"), train=str(tmp_path / "train.jsonl"),
+                          validation=str(tmp_path / "dev.jsonl"))
+    config.train.init_from = path
+    summary = finetune.finetune(config, str(tmp_path / "run"))
+    assert summary["steps"] == 2 and "accuracy" in summary["best"]["metrics"]["validation"]
+    tuned = bertjax.load(str(tmp_path / "run"))
+    assert tuned.task["kind"] == "classification" and tuned.vocab_path.endswith("vocab.txt")
+
+    int8 = export.export(pretrained["workdir"], str(tmp_path / "int8"), "params", quantize="int8")
+    with pytest.raises(ValueError, match=r"train.init_from=.* is an int8 params export \(int8-dynamic\): start from"):
+        pretrained_models.load(int8, what="train.init_from")
+    assert pretrained_models.load(int8, quantized=True).meta["quantize"] == "int8-dynamic"
+
+
 def test_the_model_card_says_what_the_model_is(exported, pretrained):  # noqa: F811
     card = (pathlib.Path(exported["hf"]) / "README.md").read_text()
     cfg = pretrained["cfg"]

@@ -302,6 +302,48 @@ def test_a_sentencepiece_tokenizer_feeds_the_exported_model(family, sentencepiec
         assert transformers.AutoModelForSequenceClassification.from_pretrained(tmp_path).eval()(**batch).logits.shape == (2, 3)
 
 
+def _tokenizer_errors(directory) -> list[str]:
+    """What tokenizer_files and load say of a directory without a tokenizer bertjax reads."""
+    messages = []
+    for read in (pretrained.tokenizer_files, pretrained.load):
+        with pytest.raises(ValueError) as error:
+            read(str(directory))
+        messages.append(str(error.value))
+    return messages
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_a_directory_tokenizer_is_its_family_s_file_for_both_readers(family, vocabulary, sentencepiece, tmp_path):
+    """pretrained.tokenizer_files and pretrained.load find the same tokenizer in a family's directory, by
+    the files the family reads: a WordPiece vocab.txt (RoBERTa's and ModernBERT's own BPE files are not
+    read), for ALBERT also a SentencePiece spiece.model; where there is none, the same line from both."""
+    import bertjax
+
+    torch.manual_seed(0)
+    PRETRAINING_CLASSES[family](hf_config(family)).save_pretrained(tmp_path)
+    (tmp_path / "vocab.json").write_text("{}")  # a BPE tokenizer's file: not one bertjax reads
+    messages = _tokenizer_errors(tmp_path)
+    looked_for = "vocab.txt (WordPiece) or spiece.model (SentencePiece)" if family == "albert" else "vocab.txt (WordPiece)"
+    name = hf.FAMILIES[family].name
+    assert messages[0] == messages[1] == (f"init_from={tmp_path} has {name} weights but no {looked_for}, the "
+                                          "tokenizer bertjax reads there: copy the vocabulary the model was "
+                                          "trained with into it")
+    if family == "albert":  # its SentencePiece model, with bertjax's special pieces
+        path, ours = sentencepiece
+        (tmp_path / "spiece.model").write_bytes(pathlib.Path(path).read_bytes())
+        expected = pretrained.TokenizerFiles("sentencepiece", str(tmp_path / "spiece.model"), True)
+    else:
+        (tmp_path / "vocab.txt").write_text(pathlib.Path(vocabulary).read_text(encoding="utf-8"))
+        (tmp_path / "tokenizer_config.json").write_text(json.dumps({"do_lower_case": False}))
+        ours = None
+        expected = pretrained.TokenizerFiles("wordpiece", str(tmp_path / "vocab.txt"), False)
+    assert pretrained.tokenizer_files(str(tmp_path)) == pretrained.load(str(tmp_path)).tokenizer == expected
+    if ours is not None:  # and bertjax.load tokenizes with it
+        model = bertjax.load(tmp_path)
+        ids = model.tokenize(["A list of lines."])["input_ids"][0].tolist()
+        assert ids == [ours.cls_id, *ours.encode(["A list of lines."])[0], ours.sep_id]
+
+
 # --------------------------------------------------------------------------------------------------
 # Fine-tuning from a family's Hugging Face directory, and its export back to the family's class
 # --------------------------------------------------------------------------------------------------

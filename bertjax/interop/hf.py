@@ -97,8 +97,8 @@ def _config_to_hf(family: Family, cfg: bert_model.BertConfig, kind: str | None, 
     # The dtype the weights are written in (the params' own): transformers 5 reads "dtype", 4.x "torch_dtype".
     hf_config = {**family.config_to_hf(cfg), "dtype": cfg.param_dtype, "torch_dtype": cfg.param_dtype}
     if kind is not None:
-        hf_config.update(family.task_config(cfg), _labels(kind, num_labels, label_names),
-                         architectures=[family.task_class(kind, cfg).architecture])
+        hf_config.update({**family.task_config(cfg), **_labels(kind, num_labels, label_names),
+                          "architectures": [family.task_class(kind, cfg).architecture]})
     return hf_config
 
 
