@@ -8,7 +8,7 @@ What differs from BERT: factorised embeddings (E=128 tables projected to H once)
 consecutive segments of one document, swapped half the time), a 30,000-piece SentencePiece vocabulary,
 no dropout (v2), LAMB lr 0.00176 with 3,125 warmup steps then linear decay, batch 4,096 sequences of
 512 for 125,000 steps. The weights convert to and from HF AlbertForPreTraining
-(bertjax.interop.hf_families). With scan_layers=True the groups are scanned,
+(bertjax.interop.hf_albert). With scan_layers=True the groups are scanned,
 each applied L/G times inside its scan step.
 """
 

@@ -6,7 +6,7 @@ The network: pre-norm LayerNorm without biases (eps 1e-5) with an embedding norm
 attention and a final norm; no biases in the linear layers; rotary positions ("rotate half") with base
 10,000 on the local layers and 160,000 on the global ones; attention global on layers i % 3 == 0, else
 a sliding window of 128 in total (+-64); GeGLU feed-forward; a 50,368-token vocabulary; no dropout.
-Converts to and from HF ModernBertForMaskedLM (bertjax.interop.hf_families). With scan_layers=True layer 0
+Converts to and from HF ModernBertForMaskedLM (bertjax.interop.hf_modernbert). With scan_layers=True layer 0
 (no attention norm) stays unrolled and layers 1..L-1 are scanned, each told whether it is local.
 
 The recipe: masked LM only (data.objective=none) at 30% masking (held-out batches 15%), decoupled AdamW

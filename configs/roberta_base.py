@@ -6,7 +6,7 @@ What differs from BERT: no next-sentence prediction (data.objective=none: FULL-S
 contiguous sentences up to 512 tokens, crossing documents), masks re-drawn every epoch (bertjax's
 masking always is), one segment (type_vocab_size 1), positions from padding_idx + 1 = 1 (513 rows, as
 HF RobertaForMaskedLM numbers them with bertjax's [PAD] at 0: the weights convert both ways,
-bertjax.interop.hf_families), LayerNorm eps 1e-5,
+bertjax.interop.hf_roberta), LayerNorm eps 1e-5,
 Adam b2 0.98 with bias correction, eps 1e-6, weight decay 0.01, no clipping, lr 6e-4 with 24,000 warmup
 steps then linear decay to 0 at 500,000 steps, batch 8,192 sequences of 512 tokens (Table 9).
 The paper's tokenizer is a 50,265-token byte-level BPE; bertjax learns a WordPiece vocabulary of that
