@@ -239,8 +239,8 @@ np.savez(out, mlm=np.asarray(o["mlm_logits"]), nsp=np.asarray(o["nsp_logits"]))
 
 def test_a_params_export_is_read_by_the_one_init_from(exported, pretrained, tmp_path):  # noqa: F811
     """pretrained.load reads a params export as bertjax.load does (the same config, params and tokenizer,
-    tokenizer_files agreeing), in the layout a run asks for; fine-tuning starts from it; an int8 export
-    is for inference only."""
+    tokenizer_files agreeing); pretraining and fine-tuning start from it, in the layout their run asks
+    for; an int8 export is for inference only."""
     from bertjax.interop import pretrained as pretrained_models
 
     path = exported["params"]
@@ -252,8 +252,20 @@ def test_a_params_export_is_read_by_the_one_init_from(exported, pretrained, tmp_
     jax.tree_util.tree_map(np.testing.assert_array_equal, model.params, jax.device_get(loaded.params))
     assert pretrained_models.tokenizer_files(path) == model.tokenizer
     assert model.tokenizer.vocab_path == loaded.vocab_path == os.path.join(path, "vocab.txt")
-    scanned = pretrained_models.load(path, model_overrides={"scan_layers": True}, tokenizer=False)
-    np.testing.assert_array_equal(scanned.params["bert"]["encoder"]["layers"]["mlp"]["output"]["kernel"][1],
+    # Pretraining's train.init_from, into a run that scans its layers: stacked, placed as the state is.
+    import dataclasses
+
+    import flax.linen as nn
+    from bertjax.runs import pretraining
+
+    scanned = dataclasses.replace(pretrained["cfg"], scan_layers=True)
+    shapes = jax.eval_shape(bert_model.BertForPreTraining(scanned).init, jax.random.key(0),
+                            **bert_model.dummy_batch(1, 16, 2))["params"]
+    device = jax.sharding.SingleDeviceSharding(jax.devices()[0])
+    abstract = jax.tree_util.tree_map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=device),
+                                      nn.unbox(shapes))
+    params = pretraining.initial_params(path, scanned, abstract)
+    np.testing.assert_array_equal(params["bert"]["encoder"]["layers"]["mlp"]["output"]["kernel"][1],
                                   model.params["bert"]["encoder"]["layers_1"]["mlp"]["output"]["kernel"])
 
     rows = pathlib.Path(pretrained["files"]["train"]).read_text().splitlines()
@@ -262,7 +274,7 @@ def test_a_params_export_is_read_by_the_one_init_from(exported, pretrained, tmp_
     config = small_config("classification", pretrained, labels=("no", "yes"), train=str(tmp_path / "train.jsonl"),
                           validation=str(tmp_path / "dev.jsonl"))
     config.train.init_from = path
-    summary = finetune.finetune(config, str(tmp_path / "run"))
+    summary = finetuning.finetune(config, str(tmp_path / "run"))
     assert summary["steps"] == 2 and "accuracy" in summary["best"]["metrics"]["validation"]
     tuned = bertjax.load(str(tmp_path / "run"))
     assert tuned.task["kind"] == "classification" and tuned.vocab_path.endswith("vocab.txt")
@@ -343,6 +355,7 @@ def test_a_sentencepiece_model_exports_a_tokenizer_with_the_same_ids(tmp_path):
     import transformers
 
     from bertjax.training import checkpoint
+    from bertjax.training.checkpoint_meta import CheckpointMeta
     from bertjax.data import demo
     from bertjax.text import vocab as vocabularies
 

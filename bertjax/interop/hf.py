@@ -29,10 +29,6 @@ log = logging.getLogger(__name__)
 FAMILIES = {family.model_type: family for family in (hf_bert.BERT, hf_roberta.ROBERTA, hf_albert.ALBERT,
                                                      hf_modernbert.MODERNBERT)}
 
-# Fields a run sets for itself (fine-tuning its own dropout), not what the weights are: overrides win.
-_TRAINING_FIELDS = ("hidden_dropout_rate", "attention_dropout_rate")
-
-
 def family_of(hf_config: dict) -> Family:
     """The family of a config.json (its model_type; BERT where it has none, as the first releases)."""
     model_type = hf_config.get("model_type", "bert")
@@ -76,9 +72,9 @@ def config_from_hf(hf_config: dict, **overrides) -> bert_model.BertConfig:
         raise ValueError(f"unknown BertConfig field(s) {unknown} in the overrides: choose from {sorted(known)}")
     fields = family_of(hf_config).config_from_hf(hf_config)
     network = bert_model.BertConfig(**fields)
-    fixed = set(fields) | set(bert_model.FAMILY_OPTIONS)
-    clash = sorted(k for k, v in overrides.items() if k in fixed and k not in _TRAINING_FIELDS
-                   and v != getattr(network, k))
+    # What the network is comes from the checkpoint; how it is stored, computed and trained (dropout) may
+    # be the run's own.
+    clash = sorted(k for k, v in overrides.items() if k in bert_model.ARCHITECTURE_FIELDS and v != getattr(network, k))
     if clash:
         raise ValueError(f"the overrides {clash} contradict the checkpoint's config.json")
     return bert_model.BertConfig(**{**fields, **overrides})

@@ -179,13 +179,14 @@ def _from_params_export(path: str, what: str, model_overrides: dict, abstract_pa
 
 
 def _in_layout(params: dict, config: bert_model.BertConfig) -> dict:
-    """The export's layers stacked or unstacked as config.scan_layers asks (a run may scan what the
-    exported one did not)."""
+    """The export's params stored as the config asks (a run may store them otherwise than the exported
+    one did): in its param_dtype, the layers stacked or not as config.scan_layers says."""
+    import jax
+
+    params = jax.tree_util.tree_map(lambda x: np.asarray(x, config.param_dtype), params)
     encoder = params["bert"]["encoder"]
     if config.scan_layers == ("layers" in encoder):
         return params
-    import jax
-
     change = bert_model.stack_layers if config.scan_layers else bert_model.unstack_layers
     encoder = jax.tree_util.tree_map(np.asarray, change(encoder, config))
     return {**params, "bert": {**params["bert"], "encoder": encoder}}
