@@ -262,10 +262,11 @@ MASK = "[MASK]"
 def load(path: str | os.PathLike, dtype: str = "float32", quantize: str | None = None) -> LoadedBert:
     """Loads a BERT for inference: a bertjax training or fine-tuning workdir (a fine-tuning workdir's
     best dev checkpoint), its checkpoints/ or one step's directory, a params export, or a Hugging Face
-    directory of any family (BERT, RoBERTa, ALBERT, ModernBERT). `dtype` is the compute dtype ("bfloat16" on accelerators); the params stay in float32.
-    quantize: "int8" (or "int8-weights", "int8-dynamic": bertjax/compression/quantize.py) quantises every
-    dense layer's kernel to int8 on load; an int8 params export is int8 already (quantize then picks
-    the mode its weights run in; by default the one it was exported with)."""
+    directory of any family (BERT, RoBERTa, ALBERT, ModernBERT). `dtype` is the compute dtype ("bfloat16"
+    on accelerators); the params stay in float32. quantize: "int8" (or "int8-weights", "int8-dynamic":
+    bertjax/compression/quantize.py) quantises every dense layer's kernel to int8 on load; an int8 params
+    export is int8 already (quantize then picks the mode its weights run in; by default the one it was
+    exported with)."""
     from bertjax.compression import quantize as quantization
 
     mode = quantization.resolve(quantize)

@@ -29,6 +29,7 @@ log = logging.getLogger(__name__)
 FAMILIES = {family.model_type: family for family in (hf_bert.BERT, hf_roberta.ROBERTA, hf_albert.ALBERT,
                                                      hf_modernbert.MODERNBERT)}
 
+
 def family_of(hf_config: dict) -> Family:
     """The family of a config.json (its model_type; BERT where it has none, as the first releases)."""
     model_type = hf_config.get("model_type", "bert")
