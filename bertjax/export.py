@@ -13,15 +13,16 @@ dev checkpoint; --step=N one step of its checkpoints/) or a checkpoint directory
               missing or unused; --hf_class=masked_lm writes the masked-LM class's weights alone
               (BertForMaskedLM: no pooler, no NSP head), which AutoModelForMaskedLM and
               pipeline("fill-mask") load with nothing unused (bertjax/interop/hf.py)
-  savedmodel  a TensorFlow SavedModel for TF Serving, signatures on raw strings (bertjax/savedmodel.py)
+  savedmodel  a TensorFlow SavedModel for TF Serving, signatures on raw strings
+              (bertjax/interop/savedmodel.py)
   params      params.npz (the parameter tree, flattened with "/"), config.json and the vocabulary
 --quantize=int8 (params, savedmodel): every dense layer's kernel stored as int8 with a float32 scale per
 output channel, every embedding table as int8 with a scale per row (bertjax/compression/quantize.py);
 params.npz then holds kernel/qvalue and kernel/scale in place of each kernel, embedding/qrows and
 embedding/row_scale in place of each table, and config.json says "quantize". bertjax.load reads it back
 as int8.
-Every export also writes a README.md model card (bertjax/model_card.py). The export is written to a
-temporary directory beside --to and renamed into place, so an interrupted export leaves nothing
+Every export also writes a README.md model card (bertjax/interop/model_card.py). The export is written
+to a temporary directory beside --to and renamed into place, so an interrupted export leaves nothing
 half-written; an existing non-empty --to is refused unless --overwrite.
 """
 
