@@ -10,7 +10,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from bertjax import benchmark
+from bertjax.runs import step_benchmark, step_profile
 from bertjax.models import bert, layers
 from bertjax.training import sharding
 
@@ -162,7 +162,7 @@ def test_platform_defaults():
 
 @pytest.mark.parametrize("size", ["base", "large"])
 def test_size_configs_choose_per_platform(size):
-    config = benchmark.load_config(size)
+    config = step_benchmark.load_config(size)
     cpu = bert.BertConfig.from_dict(config.model, platform="cpu")
     gpu = bert.BertConfig.from_dict(config.model, platform="gpu")
     tpu = bert.BertConfig.from_dict(config.model, platform="tpu")
@@ -226,7 +226,7 @@ def test_kernel_breakdown_of_a_gpu_trace():
         {"ph": "X", "pid": 1, "tid": 9, "name": "fusion.3", "dur": 99999},  # a coarser line: not counted
         {"ph": "X", "pid": 2, "tid": 1, "name": "gemm_on_host", "dur": 99999},  # the host: not counted
     ]}
-    seconds = benchmark.device_kernel_seconds(trace)
+    seconds = step_profile.device_kernel_seconds(trace)
     expected = {"matmul": 4e-3, "attention": 0.5e-3, "element-wise": 2e-3, "reduction": 0.7e-3,
                 "scatter/gather": 0.4e-3, "copy": 0.1e-3, "collective": 0.05e-3}
     assert seconds.keys() == expected.keys()

@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from bertjax import benchmark
+from bertjax.runs import hf_peer, step_benchmark
 from bertjax.models import bert
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
@@ -21,13 +21,13 @@ FAMILY_CLASSES = {"roberta_tiny": "RobertaForMaskedLM", "albert_tiny": "AlbertFo
 
 def test_every_pretraining_config_is_a_size():
     configs = {p.stem for p in (ROOT / "configs").glob("*.py")} - {"__init__", "common"}
-    assert set(benchmark.SIZES) == configs
+    assert set(step_benchmark.SIZES) == configs
 
 
 @pytest.mark.parametrize("size", sorted(FAMILY_CLASSES))
 def test_hf_peer_is_the_family_class(size):
-    config = benchmark.benchmark_config(benchmark.load_config(size), None, {}, 512, 80)
-    hf_config = benchmark.hf_peer_config(bert.BertConfig.from_dict(config.model, platform="cpu"))
+    config = step_benchmark.benchmark_config(step_benchmark.load_config(size), None, {}, 512, 80)
+    hf_config = hf_peer.hf_peer_config(bert.BertConfig.from_dict(config.model, platform="cpu"))
     assert hf_config["architectures"] == [FAMILY_CLASSES[size]]
     # The position range is widened to the benchmark's sequence (roberta_tiny has 130 rows).
     assert config.model.max_position_embeddings >= 512 + config.model.position_offset

@@ -18,7 +18,7 @@ from test_finetune_spans import qa_articles, tagged_sentence, _sentences
 
 def test_the_glue_table_of_the_tasks_with_data(pretrained, tmp_path, monkeypatch, capsys):  # noqa: F811
     ready = {"stsb"}
-    monkeypatch.setattr(evaluate, "available", lambda task, data_dir: None if task in ready else f"{task} not prepared")
+    monkeypatch.setattr(suite_evaluation, "available", lambda task, data_dir: None if task in ready else f"{task} not prepared")
     # Mocked TFDS draws its idx feature at random; GLUE's are unique, as the prediction files need.
     read_tfds = readers.read_tfds
     monkeypatch.setattr(readers, "read_tfds", lambda *a, **k: [dataclasses.replace(e, idx=i)
@@ -66,7 +66,7 @@ def _squad_and_conll(self, split, **kwargs):
 
 
 def test_the_squad_and_conll_tables(pretrained, tmp_path, monkeypatch, capsys):  # noqa: F811
-    monkeypatch.setattr(evaluate, "available", lambda task, data_dir: None if task in ("squad", "conll2003") else "no")
+    monkeypatch.setattr(suite_evaluation, "available", lambda task, data_dir: None if task in ("squad", "conll2003") else "no")
     with tfds.testing.mock_data(as_dataset_fn=_squad_and_conll):
         out = suite_evaluation.evaluate(pretrained["workdir"], "all", str(tmp_path / "all"), tasks=["squad", "conll2003"],
                                 epochs=1.0, batch_size=8, max_seq_length=64)
@@ -90,6 +90,6 @@ def test_mistakes_are_one_line(tmp_path, monkeypatch):
         suite_evaluation.evaluate(str(tmp_path), "superglue", str(tmp_path))
     with pytest.raises(ValueError, match=re.escape("--tasks: swag not in suite glue")):
         suite_evaluation.evaluate(str(tmp_path), "glue", str(tmp_path), tasks=["swag"])
-    monkeypatch.setattr(evaluate, "available", lambda task, data_dir: "not prepared")
+    monkeypatch.setattr(suite_evaluation, "available", lambda task, data_dir: "not prepared")
     with pytest.raises(ValueError, match="no task of suite glue has its data prepared"):
         suite_evaluation.evaluate(str(tmp_path), "glue", str(tmp_path))

@@ -15,7 +15,7 @@ import pytest
 from conftest import FAST_COMPILE_FLAGS  # what this process compiles with: its programs too
 
 import bertjax
-from bertjax import export
+from bertjax.runs import exporting
 from bertjax.runs import finetuning
 from bertjax.models import bert as bert_model
 from test_finetune import pretrained, small_config  # noqa: F401  (a small random BERT workdir and its task files)
@@ -130,8 +130,8 @@ def exported(pretrained, tmp_path_factory):  # noqa: F811
     (pathlib.Path(pretrained["workdir"]) / "metrics.jsonl").write_text(
         json.dumps({"step": 1, "loss": 7.5, "mlm_loss": 6.8, "nsp_loss": 0.7, "mlm_accuracy": 0.05}) + "\n"
         + json.dumps({"step": 1, "split": "eval", "loss": 7.6, "mlm_accuracy": 0.04}) + "\n")
-    return dict(root=root, hf=export.export(pretrained["workdir"], str(root / "hf"), "hf"),
-                params=export.export(pretrained["workdir"], str(root / "params"), "params"))
+    return dict(root=root, hf=exporting.export(pretrained["workdir"], str(root / "hf"), "hf"),
+                params=exporting.export(pretrained["workdir"], str(root / "params"), "params"))
 
 
 @pytest.mark.slow
@@ -154,7 +154,7 @@ def test_hf_export_loads_in_transformers_with_the_same_outputs(exported, pretrai
 
 @pytest.mark.slow
 def test_savedmodel_serves_raw_strings_with_bertjax_outputs(pretrained, tmp_path):  # noqa: F811
-    directory = export.export(pretrained["workdir"], str(tmp_path / "served"), "savedmodel", max_seq_length=32)
+    directory = exporting.export(pretrained["workdir"], str(tmp_path / "served"), "savedmodel", max_seq_length=32)
     theirs = run_savedmodel(directory, tmp_path / "served.npz")
     assert theirs["signatures"].tolist() == ["encode", "fill_mask"]
     bert = bertjax.load(pretrained["workdir"])
@@ -177,7 +177,7 @@ def test_savedmodel_serves_raw_strings_with_bertjax_outputs(pretrained, tmp_path
 
 @pytest.mark.slow
 def test_a_masked_lm_export_fills_masks_with_nothing_reported(pretrained, tmp_path):  # noqa: F811
-    directory = export.export(pretrained["workdir"], str(tmp_path / "mlm"), "hf", hf_class="masked_lm")
+    directory = exporting.export(pretrained["workdir"], str(tmp_path / "mlm"), "hf", hf_class="masked_lm")
     theirs, warnings = run_hf(directory, tmp_path / "mlm.npz", "masked_lm")
     assert not warnings, warnings  # AutoModelForMaskedLM and pipeline("fill-mask"): nothing unused or missing
     bert = bertjax.load(pretrained["workdir"])
@@ -279,7 +279,7 @@ def test_a_params_export_is_read_by_the_one_init_from(exported, pretrained, tmp_
     tuned = bertjax.load(str(tmp_path / "run"))
     assert tuned.task["kind"] == "classification" and tuned.vocab_path.endswith("vocab.txt")
 
-    int8 = export.export(pretrained["workdir"], str(tmp_path / "int8"), "params", quantize="int8")
+    int8 = exporting.export(pretrained["workdir"], str(tmp_path / "int8"), "params", quantize="int8")
     with pytest.raises(ValueError, match=r"train.init_from=.* is an int8 params export \(int8-dynamic\): start from"):
         pretrained_models.load(int8, what="train.init_from")
     assert pretrained_models.load(int8, quantized=True).meta["quantize"] == "int8-dynamic"
@@ -300,7 +300,7 @@ def test_a_fine_tuned_head_exports_to_its_transformers_class(pretrained, tmp_pat
     config.train.epochs = 0.2
     workdir = str(tmp_path / "run")
     finetuning.finetune(config, workdir)
-    directory = export.export(workdir, str(tmp_path / "hf"), "hf")
+    directory = exporting.export(workdir, str(tmp_path / "hf"), "hf")
     theirs, warnings = run_hf(directory, tmp_path / "head.npz", "classification")
     assert not warnings, warnings
     assert theirs["id2label"].tolist() == ["no", "yes"]
@@ -312,7 +312,7 @@ def test_a_fine_tuned_head_exports_to_its_transformers_class(pretrained, tmp_pat
     card = (pathlib.Path(directory) / "README.md").read_text()
     assert "fine-tuned for classification" in card and "dev (validation): accuracy" in card
     # The SavedModel's predict and predict_pair: the same labels and logits as bertjax.load(...).predict.
-    served = run_savedmodel(export.export(workdir, str(tmp_path / "served"), "savedmodel", max_seq_length=48),
+    served = run_savedmodel(exporting.export(workdir, str(tmp_path / "served"), "savedmodel", max_seq_length=48),
                             tmp_path / "served.npz")
     texts = TEXTS + [LONG]
     single, pairs = bert.predict(texts), bert.predict(texts, text_pairs=texts[::-1])
@@ -325,21 +325,21 @@ def test_a_fine_tuned_head_exports_to_its_transformers_class(pretrained, tmp_pat
 
 def test_mistakes_are_one_line_and_leave_nothing_behind(exported, pretrained, tmp_path):  # noqa: F811
     with pytest.raises(ValueError, match="--format=hugging: choose one of hf, savedmodel, params"):
-        export.export(pretrained["workdir"], str(tmp_path / "x"), "hugging")
+        exporting.export(pretrained["workdir"], str(tmp_path / "x"), "hugging")
     with pytest.raises(ValueError, match=r"--step=7: .* has checkpoints at steps 1"):
-        export.export(pretrained["workdir"], str(tmp_path / "x"), "hf", step=7)
+        exporting.export(pretrained["workdir"], str(tmp_path / "x"), "hf", step=7)
     empty = tmp_path / "empty"
     empty.mkdir()
     with pytest.raises(ValueError, match="has no checkpoint"):
-        export.export(str(empty), str(tmp_path / "x"), "hf")
+        exporting.export(str(empty), str(tmp_path / "x"), "hf")
     with pytest.raises(ValueError, match="does not exist"):
-        export.export(str(tmp_path / "missing"), str(tmp_path / "x"), "hf")
+        exporting.export(str(tmp_path / "missing"), str(tmp_path / "x"), "hf")
     with pytest.raises(ValueError, match="exists and is not empty: .* --overwrite"):
-        export.export(pretrained["workdir"], exported["params"], "hf")
+        exporting.export(pretrained["workdir"], exported["params"], "hf")
     assert not (tmp_path / "x").exists() and not [p for p in os.listdir(tmp_path) if "export-tmp" in p]
     # --overwrite replaces it whole.
-    target = export.export(pretrained["workdir"], str(tmp_path / "twice"), "params")
-    export.export(pretrained["workdir"], target, "hf", overwrite=True)
+    target = exporting.export(pretrained["workdir"], str(tmp_path / "twice"), "params")
+    exporting.export(pretrained["workdir"], target, "hf", overwrite=True)
     assert "model.safetensors" in os.listdir(target) and "params.npz" not in os.listdir(target)
     # The program: the same line, a non-zero exit, no traceback.
     done = subprocess.run([sys.executable, "-m", "bertjax.export", f"--from={pretrained['workdir']}",
@@ -376,7 +376,7 @@ def test_a_sentencepiece_model_exports_a_tokenizer_with_the_same_ids(tmp_path):
                    force=True)
         saver.wait()
         saver.close()
-        directory = export.export(str(workdir), str(tmp_path / f"hf-{lower_case}"), "hf")
+        directory = exporting.export(str(workdir), str(tmp_path / f"hf-{lower_case}"), "hf")
         assert "tokenizer.json" in os.listdir(directory)
         theirs = transformers.AutoTokenizer.from_pretrained(directory)
         bert = bertjax.load(str(workdir))
@@ -397,7 +397,7 @@ def test_tagging_and_multiple_choice_savedmodels_equal_bertjax(pretrained, tmp_p
     config.train.epochs = 1.0
     tagger = str(tmp_path / "tagger")
     finetuning.finetune(config, tagger)
-    served = run_savedmodel(export.export(tagger, str(tmp_path / "tagger-served"), "savedmodel", max_seq_length=48),
+    served = run_savedmodel(exporting.export(tagger, str(tmp_path / "tagger-served"), "savedmodel", max_seq_length=48),
                             tmp_path / "tagger.npz")
     texts = TEXTS + [LONG]
     ours = bertjax.load(tagger).predict([t.split() for t in texts])
@@ -416,7 +416,7 @@ def test_tagging_and_multiple_choice_savedmodels_equal_bertjax(pretrained, tmp_p
     config.train.epochs = 0.5
     chooser = str(tmp_path / "chooser")
     finetuning.finetune(config, chooser)
-    served = run_savedmodel(export.export(chooser, str(tmp_path / "chooser-served"), "savedmodel", max_seq_length=48),
+    served = run_savedmodel(exporting.export(chooser, str(tmp_path / "chooser-served"), "savedmodel", max_seq_length=48),
                             tmp_path / "chooser.npz")
     ours = bertjax.load(chooser).predict(texts[:2], choices=[texts[:3], texts[1:4]])
     np.testing.assert_allclose(served["predict_choices/probabilities"], [o["scores"] for o in ours], atol=1e-5)
@@ -434,7 +434,7 @@ def test_span_savedmodel_answers_with_the_whole_words_of_bertjax_answer(pretrain
     config.train.epochs = 1.0
     reader = str(tmp_path / "reader")
     finetuning.finetune(config, reader)
-    directory = export.export(reader, str(tmp_path / "served"), "savedmodel", max_seq_length=64)
+    directory = exporting.export(reader, str(tmp_path / "served"), "savedmodel", max_seq_length=64)
     bert = bertjax.load(reader)
     room = 64 - 3 - len(bert.tokenizer.encode([QUESTION])[0])
     contexts = [p["context"] for p in dev["data"][0]["paragraphs"]

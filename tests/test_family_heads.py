@@ -352,7 +352,7 @@ def test_a_directory_tokenizer_is_its_family_s_file_for_both_readers(family, voc
 @pytest.mark.slow
 def test_fine_tuning_from_a_modernbert_directory_exports_to_its_class(vocabulary, tmp_path):
     import bertjax
-    from bertjax import export
+    from bertjax.runs import exporting
     from bertjax.runs import finetuning
     from configs.finetune import common as finetune_configs
 
@@ -376,7 +376,7 @@ def test_fine_tuning_from_a_modernbert_directory_exports_to_its_class(vocabulary
     lines = [json.loads(line) for line in (workdir / "metrics.jsonl").read_text().splitlines()]
     assert any(line.get("split") == "validation" and "accuracy" in line for line in lines)
 
-    directory = export.export(str(workdir), str(tmp_path / "hf"), "hf")
+    directory = exporting.export(str(workdir), str(tmp_path / "hf"), "hf")
     tokenizer = transformers.AutoTokenizer.from_pretrained(directory)
     model, info = transformers.ModernBertForSequenceClassification.from_pretrained(directory, output_loading_info=True)
     assert not info["missing_keys"] and not info["unexpected_keys"], info

@@ -152,7 +152,7 @@ def test_task_distillation_from_the_fine_tuned_run_then_load_and_export(classifi
     """The program's task distillation (distill.teacher: the run above): the teacher's soft loss is logged,
     the checkpoints hold the student alone, and the student loads and exports as any fine-tuned model."""
     import bertjax
-    from bertjax import export
+    from bertjax.runs import exporting
 
     config = small_config("classification", pretrained, labels=("no", "yes"), **pretrained["files"])
     config.distill.update(teacher=classification_run["workdir"], alpha=0.5, temperature=2.0)
@@ -164,7 +164,7 @@ def test_task_distillation_from_the_fine_tuned_run_then_load_and_export(classifi
     assert set(params) == {"bert", "classifier"} and meta["step"] == summary["best"]["step"]
     # The student predicts what its prediction file says, loaded from the workdir and from a params export.
     predicted = [line.split("\t")[1] for line in (workdir / "predictions" / "validation.tsv").read_text().splitlines()[1:]]
-    exported = export.export(str(workdir), str(tmp_path / "exported"), "params")
+    exported = exporting.export(str(workdir), str(tmp_path / "exported"), "params")
     for model in (bertjax.load(str(workdir)), bertjax.load(exported)):
         assert [p["label"] for p in model.predict(dev_texts(pretrained)[:8])] == predicted[:8]
     # A teacher that was not fine-tuned on the task: one line naming the setting.

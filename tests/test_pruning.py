@@ -307,7 +307,7 @@ def finetuned(tmp_path_factory):
 
 @pytest.mark.slow
 def test_prune_program_writes_a_workdir_that_loads_and_exports(finetuned, tmp_path):
-    from bertjax import export
+    from bertjax.runs import exporting
     from bertjax.runs import prune_and_recover
     from configs.finetune import common as finetune_configs
 
@@ -333,7 +333,7 @@ def test_prune_program_writes_a_workdir_that_loads_and_exports(finetuned, tmp_pa
     assert sum(model.config.layer_heads) == 3 and not model.config.scan_layers
     assert pruning.prunable_sparsity(model.params) == pytest.approx(record["sparsity"], abs=1e-9)
 
-    out = export.export(workdir, str(tmp_path / "hf"), "hf")
+    out = exporting.export(workdir, str(tmp_path / "hf"), "hf")
     exported = transformers.BertForSequenceClassification.from_pretrained(out).eval()
     texts = ["What does the function return?", "The module is imported once."]
     ours = np.array([[p["scores"][label] for label in ("no", "yes")] for p in model.predict(texts)])

@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 
 import bertjax
-from bertjax import export
+from bertjax.runs import exporting
 from bertjax.interop import pretrained as pretrained_files
 from bertjax.models import bert as bert_model
 from bertjax.models import heads
@@ -173,8 +173,8 @@ def test_both_int8_modes_keep_the_logits_and_the_predictions(classifier, int8_mo
 
 
 def test_the_int8_params_export_is_smaller_and_loads_back_the_same(classifier, int8_models, tmp_path):
-    plain = export.export(classifier["workdir"], str(tmp_path / "float"), "params")
-    int8 = export.export(classifier["workdir"], str(tmp_path / "int8"), "params", quantize="int8")
+    plain = exporting.export(classifier["workdir"], str(tmp_path / "float"), "params")
+    int8 = exporting.export(classifier["workdir"], str(tmp_path / "int8"), "params", quantize="int8")
     flat_float, flat_int8 = dict(np.load(f"{plain}/params.npz")), dict(np.load(f"{int8}/params.npz"))
     kernels = sorted(k for k in flat_float if k.endswith("/kernel"))
     assert kernels and all(flat_int8[k + "/qvalue"].dtype == np.int8 for k in kernels)
@@ -208,7 +208,7 @@ def test_the_int8_savedmodel_serves_the_quantised_logits(classifier, int8_models
     # Weight-only: the served function is continuous in its inputs, so TF's compilation of it equals
     # JAX's to float rounding. (int8-dynamic serves too, but rounds its activations, where the two
     # compilations' last-bit differences land on different sides of a rounding point now and then.)
-    out = export.export(classifier["workdir"], str(tmp_path / "serving"), "savedmodel", quantize="int8-weights")
+    out = exporting.export(classifier["workdir"], str(tmp_path / "serving"), "savedmodel", quantize="int8-weights")
     served = tf.saved_model.load(out)
     assert any(v.dtype == tf.int8 for v in tf.nest.flatten(served.params))  # the kernels are stored as int8
     texts = ["It returns the value of the key.", "The module reads the file."]
@@ -219,7 +219,7 @@ def test_the_int8_savedmodel_serves_the_quantised_logits(classifier, int8_models
 
 def test_mistakes_are_one_line(classifier, tmp_path):
     with pytest.raises(ValueError, match="transformers reads no int8 BERT format"):
-        export.export(classifier["workdir"], str(tmp_path / "hf"), "hf", quantize="int8")
+        exporting.export(classifier["workdir"], str(tmp_path / "hf"), "hf", quantize="int8")
     assert not (tmp_path / "hf").exists()
     with pytest.raises(ValueError, match="quantize='int4': choose one of int8, int8-weights, int8-dynamic"):
         bertjax.load(classifier["workdir"], quantize="int4")

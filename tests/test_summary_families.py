@@ -4,7 +4,6 @@ bertjax's count comes from jax.eval_shape, HF's from the transformers class buil
 (no memory, no initialisation arithmetic), so the large configs cost no more than the base ones.
 """
 
-import types
 
 import flax
 import flax.linen as nn
@@ -12,7 +11,7 @@ import pytest
 import torch
 import transformers
 
-from bertjax import summary
+from bertjax.runs import model_summary
 from bertjax.interop import hf
 from bertjax.models import bert
 from configs import albert_base, base, large, modernbert_base, modernbert_large, roberta_base
@@ -50,10 +49,10 @@ def test_summary_counts_what_the_hf_class_counts(module, architecture, lacks):
     cfg = bert.BertConfig.from_dict(module.get_config().model, platform="cpu")
     hf_architecture, hf_count = hf_parameter_count(cfg)
     assert hf_architecture == architecture
-    got_architecture, count, lacking = summary.hf_class_count(cfg)
+    got_architecture, count, lacking = model_summary.hf_class_count(cfg)
     assert got_architecture == architecture
     assert count == hf_count
-    params = flax.traverse_util.flatten_dict(nn.unbox(summary.abstract_params(cfg)), sep="/")
+    params = flax.traverse_util.flatten_dict(nn.unbox(model_summary.abstract_params(cfg)), sep="/")
     expected = {path: x.size for path, x in params.items() if lacks and path.startswith(lacks)}
     assert sorted(lacking) == sorted(expected)
     assert bert.count_params(params) == hf_count + sum(expected.values())
@@ -62,9 +61,9 @@ def test_summary_counts_what_the_hf_class_counts(module, architecture, lacks):
 
 
 def test_summary_prints_both_counts_where_they_differ(capsys):
-    summary.main(["summary"], types.SimpleNamespace(config=roberta_base.get_config()))
+    model_summary.print_summary(roberta_base.get_config())
     out = capsys.readouterr().out
     assert "parameters: 125,288,795 in all (125.3M)" in out
     assert "as Hugging Face RobertaForMaskedLM counts them: 124,696,665 (124.7M), without bertjax's" in out
-    summary.main(["summary"], types.SimpleNamespace(config=albert_base.get_config()))
+    model_summary.print_summary(albert_base.get_config())
     assert "as Hugging Face AlbertForPreTraining counts them: the same" in capsys.readouterr().out

@@ -6,7 +6,8 @@ How a run ends, whatever its kind:
   - it returns: done, exit 0;
   - runs.start.Stopped: SIGTERM or Ctrl-C asked it to stop and it saved first: the run has said so,
     exit 0 after SIGTERM (asked to stop, and did) or 130 after Ctrl-C;
-  - ValueError, FileNotFoundError, FloatingPointError: something the user can change, one line, exit 2;
+  - ValueError, OSError (a missing file, a full disk), FloatingPointError: something the user can change,
+    one line, exit 2;
   - KeyboardInterrupt outside the steps (which alone turn Ctrl-C into a save): exit 130.
 """
 
@@ -107,12 +108,12 @@ def finish(run: Callable[..., Any], *args, **kwargs) -> Any:
     quiet_library_logs()
     try:
         return run(*args, **kwargs)
-    except (ValueError, FileNotFoundError, FloatingPointError) as e:
+    except (ValueError, OSError, FloatingPointError) as e:
         fail(str(e))
     except Stopped as e:
         sys.exit(e.exit_code)
     except KeyboardInterrupt:
-        print("Ctrl-C outside the training steps: stopped; the last checkpoint stays the one to resume from",
+        print("Ctrl-C: stopped; every checkpoint is as it was (a training run resumes from its last one)",
               file=sys.stderr)
         sys.exit(130)
 

@@ -12,7 +12,6 @@ Task distillation is part of fine-tuning (runs/finetuning.py).
 
 import functools
 
-import jax
 import ml_collections
 
 from bertjax.compression import distillation

@@ -1,0 +1,326 @@
+"""The step benchmark: tokens/s of the full training step, beside Hugging Face on the same shapes; what
+`python -m bertjax.benchmark` runs (its docstring says what is timed and printed)."""
+
+import os
+import sys
+import time
+
+import jax
+import numpy as np
+
+import configs.albert_base
+import configs.albert_tiny
+import configs.base
+import configs.large
+import configs.medium
+import configs.mini
+import configs.modernbert_base
+import configs.modernbert_large
+import configs.modernbert_tiny
+import configs.roberta_base
+import configs.roberta_tiny
+import configs.small
+import configs.tiny
+
+from bertjax.data import synthetic
+from bertjax.models import bert
+from bertjax.runs import start
+from bertjax.runs.hf_peer import HFStep, hf_peer_config, torch_cuda_available
+from bertjax.runs.step_profile import print_profile, profile_steps
+from bertjax.training import flops, pretraining, sharding
+from bertjax.training import state as train_state
+
+VOCAB_SIZE = 30522
+ACCELERATOR_SHAPES = ((128, 256), (512, 32))  # (seq_len, batch_size)
+
+
+def max_predictions(seq_len: int) -> int:
+    """BERT's max_predictions_per_seq: 20 at seq 128, 80 at seq 512 (0.15 x S rounded up to the recipe's)."""
+    return {128: 20, 512: 80}.get(seq_len, max(1, round(0.15625 * seq_len)))
+
+
+# ---------------------------------------------------------------------------------------------------
+# Configuration
+# ---------------------------------------------------------------------------------------------------
+
+
+# The pretraining configs (the configs package), by the names --sizes takes: BERT's sizes, then the families.
+SIZES = {"tiny": configs.tiny, "mini": configs.mini, "small": configs.small, "medium": configs.medium,
+         "base": configs.base, "large": configs.large,
+         "roberta_tiny": configs.roberta_tiny, "roberta_base": configs.roberta_base,
+         "albert_tiny": configs.albert_tiny, "albert_base": configs.albert_base,
+         "modernbert_tiny": configs.modernbert_tiny, "modernbert_base": configs.modernbert_base,
+         "modernbert_large": configs.modernbert_large}
+
+
+def load_config(size: str):
+    """configs/<size>.py's get_config(), as --config=configs/<size>.py would give it."""
+    if size not in SIZES:
+        raise ValueError(f"no config for size {size!r}: choose from {', '.join(SIZES)}")
+    return SIZES[size].get_config()
+
+
+def benchmark_config(config, dtype: str | None, overrides: dict, seq_len: int, num_predictions: int,
+                     dropout_rng: str = "threefry"):
+    """The size's config with the benchmark's vocabulary, dtype, overrides and shapes; its model section
+    is checked (an unknown override key is an error) by BertConfig.from_dict, here and in Setup. A
+    position range shorter than the sequence (roberta_tiny's, modernbert_tiny's) is widened to it."""
+    config.model.update(vocab_size=VOCAB_SIZE, **({"dtype": dtype} if dtype else {}))
+    config.model.update_from_flattened_dict(overrides)
+    needed = seq_len + config.model.position_offset
+    config.model.max_position_embeddings = max(config.model.max_position_embeddings, needed)
+    # Full-length rows of one sequence, as the peer computes them (--packing times packed rows on its own).
+    config.data.update(max_seq_length=seq_len, max_predictions_per_seq=num_predictions, packing=False)
+    config.train.dropout_rng = dropout_rng
+    bert.BertConfig.from_dict(config.model)
+    return config
+
+
+# ---------------------------------------------------------------------------------------------------
+# bertjax
+# ---------------------------------------------------------------------------------------------------
+
+
+def make_batches(n: int, batch_size: int, seq_len: int, num_predictions: int) -> list:
+    return [synthetic.synthetic_batch(i, batch_size=batch_size, max_seq_length=seq_len,
+                                      max_predictions_per_seq=num_predictions, vocab_size=VOCAB_SIZE)
+            for i in range(n)]
+
+
+class BertjaxStep:
+    """The trainer's state and step on one device, built by pretraining.setup as the training program builds
+    them (shardings, donated state), compiled ahead of time so that its memory can be read."""
+
+    name = "bertjax"
+
+    def __init__(self, config, batches: list):
+        layout = start.make_layout(dict.fromkeys(sharding.MESH_AXES, 1), config.logical_axis_rules,
+                                   devices=jax.devices()[:1])
+        self.mesh = layout.mesh
+        init_key, self.dropout_key = train_state.root_keys(config.train.seed, config.train.dropout_rng)
+        setup = pretraining.setup(config, layout.mesh, layout.rules, init_key)
+        self.bert_config = setup.bert_config
+        self.state = setup.init(init_key)
+        self.params = bert.count_params(self.state.params)
+        step_fn, _ = setup.compile_steps(layout.data_sharding, grad_accum_steps=1)
+        keys = pretraining.batch_keys(config.data.packing)
+        self.batches = [sharding.global_batch({k: b[k] for k in keys}, layout.data_sharding) for b in batches]
+        began = time.perf_counter()
+        with jax.set_mesh(self.mesh):
+            self.compiled = step_fn.lower(self.state, self.batches[0], self.dropout_key).compile()
+        self.compile_seconds = time.perf_counter() - began
+        self.memory_bytes = compiled_memory(self.compiled)
+        self.count, self.sums = 0, None
+
+    def step(self) -> float:
+        """One step, waited for: its seconds."""
+        batch = self.batches[self.count % len(self.batches)]
+        began = time.perf_counter()
+        self.state, self.sums = self.compiled(self.state, batch, self.dropout_key)
+        jax.block_until_ready((self.state, self.sums))
+        self.count += 1
+        return time.perf_counter() - began
+
+    def loss(self) -> float:
+        return float(self.sums["loss_sum"])
+
+    def peak_bytes(self) -> int | None:
+        stats = jax.devices()[0].memory_stats() or {}
+        return stats.get("peak_bytes_in_use")
+
+
+def compiled_memory(compiled) -> int | None:
+    """Bytes the compiled step holds at its peak: arguments + outputs + temporaries, less what the
+    donated state shares between arguments and outputs."""
+    try:
+        m = compiled.memory_analysis()
+    except (NotImplementedError, AttributeError):
+        return None
+    if m is None:
+        return None
+    return int(m.argument_size_in_bytes + m.output_size_in_bytes + m.temp_size_in_bytes - m.alias_size_in_bytes)
+
+
+def measure(runners: list, warmup: int, steps: int) -> list[dict]:
+    """Warm every runner up (its first step compiles), then time `steps` steps of each, interleaved
+    (one step of each in turn), so that a change in the machine's load falls on all of them alike.
+    Per runner: seconds of the timed steps, the fastest step and the first step's seconds."""
+    firsts = []
+    for runner in runners:
+        firsts.append(runner.step())
+        for _ in range(warmup - 1):
+            runner.step()
+    times = [[] for _ in runners]
+    for _ in range(steps):
+        for runner, t in zip(runners, times):
+            t.append(runner.step())
+    out = []
+    for runner, t, first in zip(runners, times, firsts):
+        loss = runner.loss()
+        if not np.isfinite(loss):
+            raise FloatingPointError(f"{runner.name} loss is {loss} after {warmup + steps} steps")
+        out.append(dict(seconds=sum(t), best=min(t), median=float(np.median(t)), first_step=first, loss=loss))
+    return out
+
+
+def _si(x: float) -> str:
+    for unit, scale in (("M", 1e6), ("k", 1e3)):
+        if abs(x) >= scale:
+            return f"{x / scale:.3g}{unit}"
+    return f"{x:.3g}"
+
+
+def _gib(n: int | None) -> str:
+    return "-" if n is None else f"{n / 2**30:.1f} GiB"
+
+
+def load_average() -> str:
+    try:
+        return " ".join(f"{x:.2f}" for x in os.getloadavg())
+    except OSError:
+        return "n/a"
+
+
+def print_table(header, rows) -> None:
+    cells = [header] + [[str(c) for c in r] for r in rows]
+    widths = [max(len(r[i]) for r in cells) for i in range(len(header))]
+    for j, r in enumerate(cells):
+        print("  ".join(c.rjust(w) if i else c.ljust(w) for i, (c, w) in enumerate(zip(r, widths))), flush=True)
+        if j == 0:
+            print("  ".join("-" * w for w in widths), flush=True)
+
+
+def run_shape(size: str, seq_len: int, batch_size: int, *, steps: int, warmup: int, dtype, overrides: dict,
+              dropout_rng: str, hf_variants: list, profile: str | None, peak: float | None,
+              memory_only: bool = False) -> list[dict]:
+    """bertjax and the HF variants ((device, compile) pairs) on one shape; one result row per runner."""
+    num_predictions = max_predictions(seq_len)
+    config = benchmark_config(load_config(size), dtype, overrides, seq_len, num_predictions,
+                              dropout_rng)
+    batches = make_batches(min(warmup + steps, 8), batch_size, seq_len, num_predictions)
+    runners = [BertjaxStep(config, batches)]
+    cfg = runners[0].bert_config
+    flops_per_token = flops.config_flops_per_token(cfg, seq_len, num_predictions / seq_len)
+    print(f"  {size} {batch_size} x {seq_len}: bertjax {cfg.dtype}, {cfg.attention_impl} attention, "
+          f"{cfg.word_embedding} embedding, remat {cfg.remat_policy}, scan {cfg.scan_layers}; compiled in "
+          f"{runners[0].compile_seconds:.1f} s, step memory {_gib(runners[0].memory_bytes)}", flush=True)
+    if memory_only:
+        return []
+    # HF is built from the config as the recipe writes it (platform "cpu": its own dropout rates; on a
+    # GPU bertjax's cuDNN attention has no attention-probability dropout, HF's sdpa keeps it).
+    hf_config = hf_peer_config(bert.BertConfig.from_dict(config.model, platform="cpu"))
+    for device, compile in hf_variants:
+        runners.append(HFStep(hf_config, batches, device=device, compile=compile))
+    timings = measure(runners, warmup, steps)
+    tokens = batch_size * seq_len
+    rows = []
+    for runner, t in zip(runners, timings):
+        tps = steps * tokens / t["seconds"]
+        memory = runner.memory_bytes if runner.name == "bertjax" else None
+        rows.append(dict(size=size, seq_len=seq_len, batch_size=batch_size, runner=runner.name,
+                         params=runner.params, tps=tps, best_tps=tokens / t["best"],
+                         ms=1e3 * t["seconds"] / steps, tflops=flops_per_token * tps / 1e12, first=t["first_step"],
+                         mfu=None if peak is None else flops.mfu(tps, flops_per_token, 1, peak), loss=t["loss"],
+                         memory=memory, peak_memory=runner.peak_bytes(), versions=getattr(runner, "versions", None)))
+        label = runner.name + (f" ({runner.architecture})" if hasattr(runner, "architecture") else "")
+        print(f"    {label}: {_si(tps)} tok/s ({rows[-1]['ms']:.1f} ms/step, fastest "
+              f"{1e3 * t['best']:.1f}, first {t['first_step']:.1f} s, loss {t['loss']:.2f})", flush=True)
+    if profile:
+        print_profile(f"{size} {batch_size} x {seq_len} bertjax",
+                      profile_steps(runners[0], os.path.join(profile, f"{size}_{batch_size}x{seq_len}")))
+    for row in rows[1:]:
+        row["ratio"] = rows[0]["tps"] / row["tps"]
+    return rows
+
+
+def run_packing(size: str, seq_len: int, batch_size: int, *, steps: int, warmup: int, dtype, overrides: dict,
+                dropout_rng: str) -> list[dict]:
+    """bertjax on rows of one example each, padded at the right, and on packed rows, the examples of
+    both drawn with the demo corpus's lengths (synthetic.synthetic_lengths): real tokens/s of each."""
+    num_predictions = max_predictions(seq_len)
+    sequences = 16 if seq_len > 256 else 8  # data.max_sequences_per_row of the seq-128 and seq-512 recipes
+    runners, real = [], []
+    for packed in (False, True):
+        config = benchmark_config(load_config(size), dtype, overrides, seq_len, num_predictions, dropout_rng)
+        config.data.update(packing=packed, max_sequences_per_row=sequences)
+        batches = [synthetic.synthetic_batch(i, batch_size=batch_size, max_seq_length=seq_len,
+                                             max_predictions_per_seq=num_predictions, vocab_size=VOCAB_SIZE,
+                                             packed=packed, padded=not packed, max_sequences_per_row=sequences)
+                   for i in range(min(warmup + steps, 8))]
+        runner = BertjaxStep(config, batches)
+        runner.name = "packed" if packed else "padded"
+        runners.append(runner)
+        real.append(float(np.mean([b["input_mask"].sum() for b in batches])))  # real tokens of a batch
+    timings = measure(runners, warmup, steps)
+    rows = []
+    for runner, t, tokens in zip(runners, timings, real):
+        rows.append(dict(size=size, seq_len=seq_len, batch_size=batch_size, rows=runner.name,
+                         share=tokens / (batch_size * seq_len), real_tps=steps * tokens / t["seconds"],
+                         ms=1e3 * t["seconds"] / steps))
+    rows[1]["ratio"] = rows[1]["real_tps"] / rows[0]["real_tps"]
+    return rows
+
+
+def print_packing(rows: list[dict]) -> None:
+    table = [[f"{r['size']} {r['batch_size']} x {r['seq_len']}", r["rows"], f"{100 * r['share']:.1f}%",
+              f"{r['real_tps']:,.0f}", f"{r['ms']:.1f}", f"{r['ratio']:.2f}x" if "ratio" in r else "-"]
+             for r in rows]
+    print_table(["shape", "rows", "real tokens", "real tok/s", "ms/step", "packed / padded"], table)
+
+
+def print_results(rows: list[dict], peak: float | None) -> None:
+    header = ["shape", "runner", "params", "tok/s", "ms/step", "model TFLOP/s", "MFU", "memory", "bertjax / this"]
+    table = []
+    for r in rows:
+        memory = r["memory"] if r["memory"] is not None else r["peak_memory"]
+        table.append([f"{r['size']} {r['batch_size']} x {r['seq_len']}", r["runner"], f"{r['params'] / 1e6:.1f}M",
+                      f"{r['tps']:,.0f}", f"{r['ms']:,.1f}", f"{r['tflops']:.3f}",
+                      "-" if r["mfu"] is None else f"{100 * r['mfu']:.1f}%", _gib(memory),
+                      f"{r['ratio']:.2f}x" if "ratio" in r else "-"])
+    print()
+    print_table(header, table)
+    print("model TFLOP/s: tokens/s x flops.config_flops_per_token (the MLM head at the predicted positions); "
+          "memory: bertjax's compiled step (arguments + outputs + temporaries - donated), HF's peak allocation"
+          + ("" if peak else "; MFU needs a known accelerator peak"))
+
+
+def benchmark(*, sizes: list[str] | None, seq_len: int, batch_size: int, shape_given: bool, steps: int, warmup: int,
+              dtype: str | None, overrides: dict, dropout_rng: str, accelerator: bool | None, no_torch: bool,
+              no_torch_compile: bool, profile: str | None, packing: bool, memory_only: bool) -> None:
+    """The benchmark the flags ask for (python -m bertjax.benchmark --help), printed."""
+    if steps < 1 or warmup < 1:
+        raise ValueError("--steps and --warmup must be at least 1 (the first warmup step compiles)")
+    if accelerator is None:
+        accelerator = jax.default_backend() != "cpu"
+    device = jax.devices()[0]
+    peak = flops.peak_flops_per_device(device.device_kind)
+    requested = sizes
+    if accelerator:
+        sizes = sizes or ["base", "large"]
+        shapes = ((seq_len, batch_size),) if shape_given else ACCELERATOR_SHAPES
+        cuda = not no_torch and torch_cuda_available()
+        hf_variants = [("cuda", False)] + ([] if no_torch_compile else [("cuda", True)]) if cuda else []
+    else:
+        sizes, shapes = sizes or ["mini", "small", "base"], ((seq_len, batch_size),)
+        hf_variants = [] if no_torch else [("cpu", False)]
+    print(f"backend {jax.default_backend()}: {device.device_kind}, {os.cpu_count()} CPUs, load "
+          f"{load_average()}; peak bf16 {'unknown' if peak is None else f'{peak / 1e12:.0f} TFLOP/s'}; "
+          f"{warmup} warmup + {steps} timed steps, interleaved; HF: "
+          f"{', '.join(('compiled' if c else 'eager') + ' on ' + d for d, c in hf_variants) or 'not run'}"
+          + (f"; overrides {overrides}" if overrides else ""), flush=True)
+    common = dict(steps=steps, warmup=warmup, dtype=dtype, overrides=overrides, dropout_rng=dropout_rng)
+    if packing:
+        print_packing([row for size in requested or ["tiny", "mini"] for seq, batch in shapes
+                       for row in run_packing(size, seq, batch, **common)])
+        return
+    rows = [row for size in sizes for seq, batch in shapes
+            for row in run_shape(size, seq, batch, hf_variants=hf_variants, profile=profile, peak=peak,
+                                 memory_only=memory_only, **common)]
+    if rows:
+        print_results(rows, peak)
+    versions = {row["versions"] for row in rows if row.get("versions")}
+    if versions:
+        print(f"HF: {', '.join(sorted(versions))}, sdpa attention")
+    print(f"jax {jax.__version__}, XLA_FLAGS={os.environ.get('XLA_FLAGS', '')!r}; load average "
+          f"{load_average()}", flush=True)
+    assert "tensorflow" not in sys.modules, "TensorFlow was imported on the benchmark path"
