@@ -31,21 +31,21 @@ def _finish(proc, timeout=600):
 
 
 def test_parse_topology_names():
-    from bertjax import plan
+    from bertjax.runs import tpu_plan
 
-    assert plan.parse_topology("v4-32").libtpu_name == "v4:2x2x4"  # 32 TensorCores = 16 chips
-    assert plan.parse_topology("v5p-128").libtpu_name == "v5p:4x4x4"
-    assert plan.parse_topology("v5p-1024").libtpu_name == "v5p:8x8x8"
-    assert plan.parse_topology("v5e-256").libtpu_name == "v5e:16x16"
-    assert plan.parse_topology("v5litepod-8").libtpu_name == "v5e:2x4"
-    assert plan.parse_topology("v6e-64").libtpu_name == "v6e:8x8"
+    assert tpu_plan.parse_topology("v4-32").libtpu_name == "v4:2x2x4"  # 32 TensorCores = 16 chips
+    assert tpu_plan.parse_topology("v5p-128").libtpu_name == "v5p:4x4x4"
+    assert tpu_plan.parse_topology("v5p-1024").libtpu_name == "v5p:8x8x8"
+    assert tpu_plan.parse_topology("v5e-256").libtpu_name == "v5e:16x16"
+    assert tpu_plan.parse_topology("v5litepod-8").libtpu_name == "v5e:2x4"
+    assert tpu_plan.parse_topology("v6e-64").libtpu_name == "v6e:8x8"
     for bad in ("v9-8", "v4-6", "v5p-2", "v5e-512", "tpu", ""):
         with pytest.raises(ValueError):
-            plan.parse_topology(bad)
+            tpu_plan.parse_topology(bad)
 
 
 def test_count_collectives():
-    from bertjax import plan
+    from bertjax.runs import tpu_plan
 
     hlo = """
   %all-reduce.1 = f32[4]{0} all-reduce(f32[4]{0} %p), replica_groups={{0,1}}, to_apply=%add
@@ -53,7 +53,7 @@ def test_count_collectives():
   %agd = f32[8]{0} all-gather-done((f32[4], f32[8]) %ag)
   %cp = f32[4]{0} collective-permute(f32[4]{0} %r), source_target_pairs={{0,1}}
 """
-    assert plan.count_collectives(hlo) == {"all-reduce": 1, "all-gather": 1, "reduce-scatter": 0,
+    assert tpu_plan.count_collectives(hlo) == {"all-reduce": 1, "all-gather": 1, "reduce-scatter": 0,
                                            "all-to-all": 0, "collective-permute": 1}
 
 
@@ -104,7 +104,7 @@ def test_find_max_batch_search(monkeypatch):
     """Doubling then bisection, on a stand-in for the compiler: 1 GiB + 0.3 GiB per sequence, 16 GiB."""
     import jax
 
-    from bertjax import plan
+    from bertjax.runs import tpu_plan
     from configs import tiny
 
     config = tiny.get_config()
@@ -117,16 +117,16 @@ def test_find_max_batch_search(monkeypatch):
         return {"fits": (1 + 0.3 * per_device) * 2**30 <= 16 * 2**30, "total_bytes": 0, "hbm_bytes": 16 * 2**30,
                 "compile_seconds": 0.0, "batch_per_data_device": per_device}
 
-    monkeypatch.setattr(plan, "compile_step", fake_compile)
-    topology = plan.parse_topology("v5e-8")
-    best, tried = plan.find_max_batch(config, topology, jax.devices()[:8], bisect_steps=10, start=4)
+    monkeypatch.setattr(tpu_plan, "compile_step", fake_compile)
+    topology = tpu_plan.parse_topology("v5e-8")
+    best, tried = tpu_plan.find_max_batch(config, topology, jax.devices()[:8], bisect_steps=10, start=4)
     assert best == 50 and compiled[:5] == [4, 8, 16, 32, 64] and len(tried) == len(compiled)
-    best, _ = plan.find_max_batch(config, topology, jax.devices()[:8], bisect_steps=0, start=256)
+    best, _ = tpu_plan.find_max_batch(config, topology, jax.devices()[:8], bisect_steps=0, start=256)
     assert best == 32  # halving from 256 to the first fit, no bisection
 
 
 def test_format_plan_of_a_step_the_compiler_refused():
-    from bertjax import plan
+    from bertjax.runs import tpu_plan
 
     p = dict(topology="v5e-4", libtpu_topology="v5e:2x2", chips=4, device_kind="TPU v5 lite", hbm_bytes=16 * 2**30,
              mesh={"data": 4, "fsdp": 1, "tensor": 1}, batch_size=4096, seq_len=128, batch_per_data_device=1024,
@@ -134,7 +134,7 @@ def test_format_plan_of_a_step_the_compiler_refused():
              batch_bytes=2**20, temp_bytes=40 * 2**30, total_bytes=40 * 2**30 + 4 * 2**20, fits=False,
              compiler_error="RESOURCE_EXHAUSTED: Ran out of memory on HBM", model_flops=1e12, compiled_flops=0.0,
              collectives={}, mfu_bound=None, compile_seconds=1.0)
-    text = plan.format_plan(p)
+    text = tpu_plan.format_plan(p)
     assert "NO: does not fit" in text and "RESOURCE_EXHAUSTED" in text and "not compiled" in text
     assert "  temporaries        40.00 GiB" in text and "MFU bound" not in text
 

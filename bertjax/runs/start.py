@@ -60,7 +60,7 @@ def session(workdir: str, distributed: Distributed | None = None) -> Iterator[No
     if not workdir:
         raise ValueError("--workdir is required (checkpoints and metrics go there)")
     (distributed or Distributed()).join()
-    created = not files.path(workdir).exists()
+    created = not files.is_remote(workdir) and not os.path.exists(workdir)
     files.make(workdir)
     primary = jax.process_index() == 0
     try:
