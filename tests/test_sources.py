@@ -1,5 +1,5 @@
-"""bertjax.data.sources and bertjax.text.files: text files in every format, TFDS (mocked, offline),
-the configured source and the held-out split.
+"""The corpus backends (bertjax/data/backends) and bertjax.text.files: text files in every format, TFDS
+(mocked, offline), the configured source and the held-out split (bertjax/data/splits.py).
 
 Every test writes its own small files into tmp_path; nothing is downloaded.
 """
@@ -13,8 +13,18 @@ import time
 
 import pytest
 
-from bertjax.data.sources import is_eval_document, read_documents, read_text_documents, read_tfds_documents, require_documents
+from bertjax.data import backends
+from bertjax.data.backends.backend import require_documents
+from bertjax.data.backends.text_files import read_text_documents
+from bertjax.data.backends.tfds_datasets import read_tfds_documents
+from bertjax.data.settings import DataSettings
+from bertjax.data.splits import is_eval_document
 from bertjax.text.files import expand_pattern
+
+
+def read_documents(source, **keys):
+    """The documents of a source configured by these data keys."""
+    return backends.read_documents(DataSettings(source=source, **keys))
 
 # --------------------------------------------------------------------------------------------------
 # Text files
