@@ -14,6 +14,8 @@ import dataclasses
 import numbers
 from collections.abc import Callable, Mapping
 
+import numpy as np
+
 from bertjax.data import backends, objectives
 from bertjax.data.backends import text_files
 from bertjax.text import files
@@ -57,7 +59,7 @@ def _whole(minimum: int, why: str = "") -> Callable:
 
 
 def _flag(name: str, value):
-    if not isinstance(value, bool) and type(value).__name__ != "bool_":  # numpy's bool too
+    if not isinstance(value, (bool, np.bool_)):
         raise ValueError(f"{name}={value!r}: set True or False")
     return bool(value)
 

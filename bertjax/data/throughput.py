@@ -214,8 +214,15 @@ def main(argv, args):
     if args.memory:
         memory_benchmark(corpus, vocab_path, tokenizer.vocab_size, args)
         return
-    write_repeated(tmp, corpus, len(corpus.tokens), vocab_path, tokenizer.vocab_size)  # the corpus once, as prepare writes it
+    write_repeated(tmp, corpus, len(corpus.tokens), vocab_path, tokenizer.vocab_size)  # once, as prepare writes it
 
+    throughput_table(documents, tokenizer, tmp, args)
+    efficiency_table(tokenizer, tmp, args)
+    resume_timings(tokenizer, tmp, args.batch)
+
+
+def throughput_table(documents, tokenizer, directory: str, args) -> None:
+    """Examples/s of the prepared, raw-text and packed streams at each shape, on one thread and on all."""
     print(f"{'seq':>4} {'source':>9} {'threads':>8} {'examples/s':>11} {'per core':>9} {'rows/s':>8} "
           f"{'per cpu-s':>10}  plan build")
     for seq, predictions, per_row in SHAPES:
@@ -225,9 +232,9 @@ def main(argv, args):
             if source == "raw text":
                 source_corpus = tokenize_documents(documents, tokenizer)
             else:
-                source_corpus = prepared.load_corpus(tmp, "train", 0, 1)
+                source_corpus = prepared.load_corpus(directory, "train", 0, 1)
             stream = PretrainingStream(source_corpus, spec, seed=0, max_seq_length=seq,
-                                          packing=source == "packed", max_sequences_per_row=per_row)
+                                       packing=source == "packed", max_sequences_per_row=per_row)
             setup_s = time.perf_counter() - start
             for threads in (1, os.cpu_count()):
                 rate, rows, per_cpu = measure(stream, args.num_examples, args.batch, threads)
@@ -236,37 +243,42 @@ def main(argv, args):
                       f"{setup_s:.2f}s to examples ({stream.examples_per_epoch:,} examples, "
                       f"{stream.rows_per_epoch:,} rows/epoch)")
 
-    # Packing efficiency: the share of positions that are real tokens, unpacked and packed, by objective.
+
+def efficiency_table(tokenizer, directory: str, args) -> None:
+    """Packing efficiency: the share of positions that are real tokens, unpacked and packed, by objective."""
     print(f"\nreal tokens / positions over the first {args.efficiency_batches} batches of {args.batch} "
           f"(or one epoch, if shorter):")
     print(f"{'seq':>4} {'objective':>9} {'unpacked':>9} {'packed':>7} {'rows':>7} {'examples':>9}")
-    corpus = prepared.load_corpus(tmp, "train", 0, 1)
+    corpus = prepared.load_corpus(directory, "train", 0, 1)
     for seq, predictions, per_row in SHAPES:
         spec = MaskingSpec.from_tokenizer(tokenizer, max_predictions_per_seq=predictions)
         for objective in ("nsp", "sop", "none"):
             shares = []
             for packing in (False, True):
                 stream = PretrainingStream(corpus, spec, seed=0, max_seq_length=seq, objective=objective,
-                                              packing=packing, max_sequences_per_row=per_row)
+                                           packing=packing, max_sequences_per_row=per_row)
                 shares.append(real_token_share(stream, args.batch, args.efficiency_batches))
             print(f"{seq:>4} {objective:>9} {shares[0]:>9.1%} {shares[1]:>7.1%} {stream.rows_per_epoch:>7,} "
                   f"{stream.examples_per_epoch:>9,}")
 
-    # Resuming: the first batch at step 1,000,000 against the first batch at step 0, each on a fresh
-    # stream (one epoch plan built either way).
+
+def resume_timings(tokenizer, directory: str, batch_size: int) -> None:
+    """The first batch at step 1,000,000 against the first batch at step 0, each on a fresh stream (one
+    epoch plan built either way)."""
     spec = MaskingSpec.from_tokenizer(tokenizer, max_predictions_per_seq=20)
     for packing in (False, True):
         for step in (0, 1_000_000):
             start = time.perf_counter()
-            stream = PretrainingStream(prepared.load_corpus(tmp, "train", 0, 1), spec, seed=0,
-                                          max_seq_length=128, packing=packing)
-            next(stream.dataset(args.batch, start_step=step).as_numpy_iterator())
-            epoch, _ = stream.locate(step * args.batch)
+            stream = PretrainingStream(prepared.load_corpus(directory, "train", 0, 1), spec, seed=0,
+                                       max_seq_length=128, packing=packing)
+            next(stream.dataset(batch_size, start_step=step).as_numpy_iterator())
+            epoch, _ = stream.locate(step * batch_size)
             print(f"first batch at step {step:>9,} (epoch {epoch:,}, packing={packing}): "
                   f"{time.perf_counter() - start:.2f}s")
 
 
 def entry():
+    """python -m bertjax.data.throughput."""
     console.run_program(main, define_flags)
 
 

@@ -15,7 +15,7 @@ Signatures (B texts; S max_seq_length; H hidden size; P masks per text, at most 
   predict(texts)                 classification / regression checkpoints: logits float32 [B, K],
   predict_pair(texts, text_pairs)  and for classification probabilities [B, K], label_index int32 [B],
                                  label string [B]; for regression score float32 [B]. Pairs are cut as
-                                 bertjax/data/tasks/features.py cuts them (the longer segment first).
+                                 bertjax/tasks/features.py cuts them (the longer segment first).
   predict_choices(contexts, choices)  multiple choice, choices string [B, C]: logits and probabilities
                                  [B, C], label_index int32 [B] (the chosen choice)
   tag(texts)                     tagging: words string [B, W] (the text split at whitespace, "" past its

@@ -3,7 +3,7 @@
 and prepare's shards, its one-line errors.
 
 A new source is one module in this package exporting BACKEND, and one row below. Training, prepare,
-mixtures and the settings' checks read the table; nothing else branches on a source's name.
+mixtures and the settings' check of data.source all read the table.
 """
 
 import dataclasses
