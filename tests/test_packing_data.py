@@ -325,6 +325,24 @@ def test_synthetic_packed_batches_follow_the_contract():
     assert result.returncode == 0, result.stderr[-2000:]
 
 
+def test_synthetic_batches_from_the_data_settings():
+    """synthetic.from_settings: the batches synthetic_batch makes of the settings' shape, offered as the
+    input pipeline offers a corpus's (train_batches from a step, fixed eval_batches, no tokenizer)."""
+    from bertjax.data.settings import DataSettings
+
+    settings = DataSettings(source="synthetic", max_seq_length=128, max_predictions_per_seq=40, mask_rate=0.3,
+                            max_sequences_per_row=6, seed=5)
+    inputs = synthetic.from_settings(settings, vocab_size=VOCAB, shard=1)
+    kwargs = dict(batch_size=8, max_seq_length=128, max_predictions_per_seq=40, vocab_size=VOCAB, seed=5, shard=1,
+                  packed=True, max_sequences_per_row=6, mask_rate=0.3)
+    expected = {"train": synthetic.synthetic_batch(7, **kwargs), "eval": synthetic.synthetic_batch(1, split=1, **kwargs)}
+    got = {"train": next(inputs.train_batches(8, start_step=7)), "eval": inputs.eval_batches(8, 2)[1]}
+    for split in expected:
+        for key in expected[split]:
+            np.testing.assert_array_equal(got[split][key], expected[split][key], err_msg=f"{split} {key}")
+    assert inputs.tokenizer is None and inputs.vocab_path is None
+
+
 def test_preview_shows_each_sequence_of_a_row(corpus):
     from bertjax.data import preview
 

@@ -238,6 +238,18 @@ def test_read_documents_bad_settings_name_the_key(source, kwargs, message):
         read_documents(source, **kwargs)  # raised at the call, before any iteration
 
 
+def test_every_backend_module_is_one_row_of_the_table():
+    """A source is one module of bertjax/data/backends exporting BACKEND, and one row of BACKENDS."""
+    import importlib
+    import pkgutil
+
+    shared = {"backend", "tables"}  # the record, and what the table sources share
+    names = [m.name for m in pkgutil.iter_modules(backends.__path__) if m.name not in shared]
+    rows = {importlib.import_module(f"bertjax.data.backends.{name}").BACKEND.name for name in names}
+    assert rows == set(backends.BACKENDS) and len(names) == len(backends.BACKENDS)
+    assert backends.DOCUMENT_SOURCES == ("demo", "text", "tfds", "parquet", "hf_datasets")
+
+
 # --------------------------------------------------------------------------------------------------
 # TFDS, mocked: no download, no network
 # --------------------------------------------------------------------------------------------------
