@@ -28,7 +28,8 @@ import re
 import numpy as np
 from absl import flags
 
-from bertjax.data import demo, splits
+from bertjax.data import demo
+from bertjax.data.splits import is_eval_document
 from bertjax.runs import console
 
 TASKS = ("word_order", "keyword")
@@ -74,7 +75,7 @@ def word_order_examples(seed: int = 0, eval_fraction: float = 0.05, max_train: i
                         min_words: int = 6, max_words: int = 30) -> dict[str, list[dict]]:
     """{"train": [...], "dev": [...]} examples {"text", "label"} of the word_order task (see above)."""
     documents = demo.demo_documents()
-    held_out = [splits.is_eval_document(doc, eval_fraction) for doc in documents]
+    held_out = [is_eval_document(doc, eval_fraction) for doc in documents]
     rng = np.random.default_rng(seed)
     splits = {"train": [], "dev": []}
     seen = set()  # a sentence is in one split, once (boilerplate recurs across documents)
