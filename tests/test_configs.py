@@ -97,3 +97,18 @@ def test_objective_and_mask_rates_from_the_command_line(tmp_path):
     assert result.returncode == 0, result.stderr[-3000:]
     out = json.loads(result.stdout.splitlines()[-1])
     assert out["objective"] == "sop" and out["eval_mask_rate"] == 0.15
+
+
+def test_data_settings_defaults_are_configs_common():
+    """bertjax.data.settings.DataSettings is the data section typed: the same keys, the same defaults."""
+    import dataclasses
+
+    from bertjax.data.settings import DataSettings
+    from configs import common
+
+    data = common.base_config().data
+    fields = {field.name: field.default for field in dataclasses.fields(DataSettings)}
+    assert set(fields) == set(data.keys())
+    for key, default in fields.items():
+        assert default == data[key] and type(default) is type(data[key]), key
+    assert DataSettings.from_config(data) == DataSettings()

@@ -12,7 +12,7 @@ import sys
 import numpy as np
 import pytest
 
-from bertjax.data import demo, sources
+from bertjax.data import demo, splits
 from bertjax.tasks import demo as demo_tasks
 from bertjax.tasks import readers, registry
 
@@ -56,8 +56,8 @@ def test_word_order_dev_pairs_are_balanced_and_a_bag_of_words_is_at_chance(word_
 
 def test_word_order_dev_comes_from_the_held_out_documents_only(word_order):
     documents = demo.demo_documents()
-    held_out = {" ".join(s.split()) for d in documents if sources.is_eval_document(d, 0.05) for s in d}
-    trained_on = {" ".join(s.split()) for d in documents if not sources.is_eval_document(d, 0.05) for s in d}
+    held_out = {" ".join(s.split()) for d in documents if splits.is_eval_document(d, 0.05) for s in d}
+    trained_on = {" ".join(s.split()) for d in documents if not splits.is_eval_document(d, 0.05) for s in d}
     originals = {row["text"] for row in word_order["dev"] if row["label"] == "original"}
     assert originals <= held_out and not originals & trained_on
     train_originals = {row["text"] for row in word_order["train"] if row["label"] == "original"}

@@ -10,8 +10,9 @@ import sys
 import numpy as np
 import pytest
 
+from bertjax.data import inputs, splits
+from bertjax.data.settings import DataSettings
 from bertjax.text import vocab as vocabularies
-from bertjax.data import inputs
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 WORDS = ("the river city north old museum built century king village church music long bridge water "
@@ -203,11 +204,9 @@ def test_one_sentence_documents_pair_with_random_next(corpus_dir, tmp_path):
 
 def test_a_training_split_of_one_document_is_refused(corpus_dir, tmp_path):
     """NotNext pairs take their second segment from another document: one document cannot give them."""
-    from bertjax.data import sources
-
     candidates = [f"Document {i} talks about the {w}.\nIts second sentence is here." for i, w in enumerate(WORDS * 3)]
-    train = [d for d in candidates if not sources.is_eval_document(d.split("\n"), 0.5)]
-    held_out = [d for d in candidates if sources.is_eval_document(d.split("\n"), 0.5)]
+    train = [d for d in candidates if not splits.is_eval_document(d.split("\n"), 0.5)]
+    held_out = [d for d in candidates if splits.is_eval_document(d.split("\n"), 0.5)]
     assert train and held_out
     one = tmp_path / "one.txt"
     one.write_text("\n\n".join([train[0]] + held_out[:3]) + "\n")
@@ -215,23 +214,31 @@ def test_a_training_split_of_one_document_is_refused(corpus_dir, tmp_path):
         inputs.build_inputs(data_config(corpus_dir, input_pattern=str(one), eval_fraction=0.5), workdir=None)
 
 
+def settings(corpus_dir, **overrides):
+    return DataSettings.from_config(data_config(corpus_dir, **overrides))
+
+
 def test_a_cached_vocabulary_must_match_the_config(corpus_dir, tmp_path):
     documents = [[f"The {w} was built early in the century.", f"Many people visited the {w}."] for w in WORDS]
-    data = data_config(corpus_dir, vocab_path=None, vocab_size=120)
+    data = settings(corpus_dir, vocab_path=None, vocab_size=120)
     tokenizer, path = inputs.load_or_learn_tokenizer(data, str(tmp_path), documents)
     again, same = inputs.load_or_learn_tokenizer(data, str(tmp_path), documents)  # read back, not relearned
     assert same == path and again.vocab_size == tokenizer.vocab_size
     with pytest.raises(ValueError, match=r"learned with data.vocab_size=120, which the config changes"):
-        inputs.load_or_learn_tokenizer(data_config(corpus_dir, vocab_path=None, vocab_size=240), str(tmp_path),
+        inputs.load_or_learn_tokenizer(settings(corpus_dir, vocab_path=None, vocab_size=240), str(tmp_path),
                                        documents)
 
 
 def test_mask_rates_from_the_config(corpus_dir):
     """ModernBERT trains at 30% and reports at 15%: the held-out batches take data.eval_mask_rate."""
-    assert inputs.mask_rates(data_config(corpus_dir)) == (0.15, 0.15)
-    assert inputs.mask_rates(data_config(corpus_dir, mask_rate=0.3)) == (0.3, 0.3)
+    def rates(**overrides):
+        data = settings(corpus_dir, **overrides)
+        return data.mask_rate, data.held_out_mask_rate
+
+    assert rates() == (0.15, 0.15)
+    assert rates(mask_rate=0.3) == (0.3, 0.3)
     # The older name, where a config still sets it, wins over data.mask_rate.
-    assert inputs.mask_rates(data_config(corpus_dir, mask_rate=0.3, masked_lm_prob=0.2)) == (0.2, 0.2)
+    assert rates(mask_rate=0.3, masked_lm_prob=0.2) == (0.2, 0.2)
     data = inputs.build_inputs(data_config(corpus_dir, objective="none", mask_rate=0.3, eval_mask_rate=0.15,
                                            max_predictions_per_seq=20), workdir=None)
     for batch, rate in ((next(data.train.dataset(32).as_numpy_iterator()), 0.3), (data.eval_batches(32, 1)[0], 0.15)):
@@ -250,7 +257,7 @@ def test_objectives_from_the_config(corpus_dir, objective):
     else:
         labels = batch["next_sentence_labels"][batch["sentence_weights"] > 0]  # each packed sequence's
         assert (batch["segment_ids"].max(1) == 1).all() and 0.3 < labels.mean() < 0.7
-    with pytest.raises(ValueError, match="data.objective='bogus': choose nsp or sop or none"):
+    with pytest.raises(ValueError, match="data.objective='bogus' is not one of 'nsp', 'sop', 'none'"):
         inputs.build_inputs(data_config(corpus_dir, objective="bogus"), workdir=None)
 
 

@@ -85,7 +85,7 @@ def import_cycles(graph: dict[str, set[str]]) -> list[list[str]]:
 
 def test_no_import_cycles():
     modules = package_modules()
-    assert "bertjax.text.tokenizers" in modules and "bertjax.data.sources" in modules
+    assert "bertjax.text.tokenizers" in modules and "bertjax.data.backends.text_files" in modules
     graph = {name: imported_modules(name, path, modules) for name, path in modules.items()}
     assert "bertjax.text.tokenizers" in graph["bertjax.text.vocab"]  # the graph sees imports
     assert import_cycles(graph) == []
@@ -104,7 +104,8 @@ def test_text_does_not_reach_into_data():
             assert not [m for m in reached if m.startswith("bertjax.data")], name
 
 
-@pytest.mark.parametrize("imports", ["bertjax", "bertjax.models.bert, bertjax.training.writers, bertjax.training.flops"])
+@pytest.mark.parametrize("imports", ["bertjax", "bertjax.models.bert, bertjax.training.writers, bertjax.training.flops",
+                                     "bertjax.data.settings, bertjax.data.synthetic, bertjax.data.backends"])
 def test_no_tensorflow_on_import(imports):
     code = f"import sys, {imports}\nassert 'tensorflow' not in sys.modules, 'tensorflow was imported'\n"
     env = dict(os.environ, PYTHONPATH=str(REPO))
@@ -132,7 +133,7 @@ LAYERS = (
     ("runs", ("runs",)),
     # The programs: flags and one call into runs/. By contract some live beside the library they drive.
     ("programs", ("train", "finetune", "distill", "prune", "evaluate", "export", "plan", "benchmark", "summary",
-                  "vocab", "data.preview", "data.prepare", "data.benchmark", "tasks.demo")),
+                  "vocab", "data.preview", "data.prepare", "data.throughput", "tasks.demo")),
 )
 PROGRAMS = frozenset(LAYERS[-1][1])
 # Loading a config is `import configs.<name>` (configs/ is an installed package), never these.

@@ -9,7 +9,10 @@ import numpy as np
 import pytest
 
 from bertjax.data import prepare, prepared
-from bertjax.data import pretraining as pt
+from bertjax.data.corpus import TokenizedCorpus, corpus_from_token_lists
+from bertjax.data.masking import MaskingSpec
+from bertjax.data.settings import DataSettings
+from bertjax.data.stream import PretrainingStream
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 VOCAB = 300
@@ -26,8 +29,8 @@ def random_documents(num_docs, seed, vocab=VOCAB):
 
 
 def masking_spec(vocab=VOCAB, predictions=10):
-    return pt.MaskingSpec(replacement_ids=np.arange(5, vocab, dtype=np.int32), word_start=np.ones(vocab, bool),
-                          max_predictions_per_seq=predictions, **SPECIALS)
+    return MaskingSpec(replacement_ids=np.arange(5, vocab, dtype=np.int32), word_start=np.ones(vocab, bool),
+                       max_predictions_per_seq=predictions, **SPECIALS)
 
 
 def write_prepared(directory, shards_of_documents, vocab=VOCAB, split="train"):
@@ -35,7 +38,7 @@ def write_prepared(directory, shards_of_documents, vocab=VOCAB, split="train"):
     dtype = prepared.token_dtype(vocab)
     n = len(shards_of_documents)
     for k, documents in enumerate(shards_of_documents):
-        corpus = pt.corpus_from_token_lists(documents, vocab) if documents else None
+        corpus = corpus_from_token_lists(documents, vocab) if documents else None
         prepared.write_shard(str(directory), split, k, n, corpus, dtype)
         other = "eval" if split == "train" else "train"
         prepared.write_shard(str(directory), other, k, n, None, dtype)
@@ -51,7 +54,7 @@ def two_shards(tmp_path_factory):
     directory = tmp_path_factory.mktemp("mapped")
     write_prepared(directory, [documents[:25], [], documents[25:]])
     mapped = prepared.load_corpus(str(directory), "train", 0, 1)
-    return mapped, pt.corpus_from_token_lists(documents, VOCAB)
+    return mapped, corpus_from_token_lists(documents, VOCAB)
 
 
 def test_shards_map_to_the_corpus_without_loading_it(two_shards):
@@ -80,8 +83,8 @@ def test_mapped_batches_are_the_in_memory_batches(two_shards, objective, packing
     tf.constant path, at a later step too (FULL-SENTENCES rows cross documents and shards)."""
     mapped, in_memory = two_shards
     spec = masking_spec()
-    streams = [pt.PretrainingStream(corpus, spec, seed=3, max_seq_length=32, objective=objective, packing=packing,
-                                    max_sequences_per_row=4) for corpus in (mapped, in_memory)]
+    streams = [PretrainingStream(corpus, spec, seed=3, max_seq_length=32, objective=objective, packing=packing,
+                                 max_sequences_per_row=4) for corpus in (mapped, in_memory)]
     step = 2 if packing else 7  # 7 * 16 examples: past the first epoch for every objective
     batch = 16
     if objective == "none":  # the whole second epoch: its rows cross every document and the shards
@@ -117,8 +120,8 @@ def test_rows_longer_than_shards_read_across_all_of_them(tmp_path):
     mapped = prepared.load_corpus(str(tmp_path), "train", 0, 1)
     assert len(mapped.tokens.parts) == 24
     spec = masking_spec(predictions=20)
-    a, b = (next(pt.PretrainingStream(corpus, spec, seed=2, max_seq_length=128, objective="none")
-                 .dataset(4).as_numpy_iterator()) for corpus in (mapped, pt.corpus_from_token_lists(documents, VOCAB)))
+    a, b = (next(PretrainingStream(corpus, spec, seed=2, max_seq_length=128, objective="none")
+              .dataset(4).as_numpy_iterator()) for corpus in (mapped, corpus_from_token_lists(documents, VOCAB)))
     for key in a:
         np.testing.assert_array_equal(a[key], b[key], err_msg=key)
 
@@ -128,13 +131,13 @@ def test_one_uint32_map_gives_the_in_memory_batches(tmp_path):
     documents = random_documents(12, seed=1, vocab=70_000)
     write_prepared(tmp_path, [documents], vocab=70_000)
     corpus = prepared.load_corpus(str(tmp_path), "train", 0, 1)
-    in_memory = pt.corpus_from_token_lists(documents, 70_000)
+    in_memory = corpus_from_token_lists(documents, 70_000)
     assert isinstance(corpus.tokens, np.memmap) and corpus.tokens.dtype == np.uint32
     assert int(np.max(corpus.tokens)) >= 65_536 and prepared.token_dtype(65_536) == np.uint16
     np.testing.assert_array_equal(corpus.tokens, in_memory.tokens)
     spec = masking_spec(vocab=70_000)
     for objective in ("nsp", "none"):
-        a, b = (next(pt.PretrainingStream(c, spec, seed=1, max_seq_length=32, objective=objective)
+        a, b = (next(PretrainingStream(c, spec, seed=1, max_seq_length=32, objective=objective)
                      .dataset(8, start_step=1).as_numpy_iterator()) for c in (corpus, in_memory))
         for key in a:
             np.testing.assert_array_equal(a[key], b[key], err_msg=key)
@@ -179,7 +182,7 @@ def data_config(root, **overrides):
     data.eval_fraction = 0.2
     for key, value in overrides.items():
         setattr(data, key, value)
-    return data
+    return DataSettings.from_config(data)
 
 
 def file_bytes(directory):
@@ -276,9 +279,9 @@ def test_a_mapped_corpus_is_not_copied_into_memory(two_shards, tmp_path):
     """200 MB of tokens: building the stream and drawing a batch leaves them in the file's pages (a
     tensor captured by the tf.data function would be serialized with its graph: a copy of them all)."""
     num_tokens, doc_tokens = 100_000_000, 1_000_000  # documents of one long sentence
-    corpus = pt.TokenizedCorpus(np.random.default_rng(0).integers(5, VOCAB, num_tokens, dtype=np.uint16),
-                                np.arange(0, num_tokens + 1, doc_tokens, dtype=np.int64),
-                                np.arange(0, num_tokens // doc_tokens + 1, dtype=np.int64))
+    corpus = TokenizedCorpus(np.random.default_rng(0).integers(5, VOCAB, num_tokens, dtype=np.uint16),
+                             np.arange(0, num_tokens + 1, doc_tokens, dtype=np.int64),
+                             np.arange(0, num_tokens // doc_tokens + 1, dtype=np.int64))
     for split in prepared.SPLITS:
         prepared.write_shard(str(tmp_path), split, 0, 1, corpus, np.dtype(np.uint16))
     prepared.write_metadata(str(tmp_path), dict(format_version=prepared.FORMAT_VERSION, num_shards=1,
@@ -286,11 +289,11 @@ def test_a_mapped_corpus_is_not_copied_into_memory(two_shards, tmp_path):
     del corpus
     spec = masking_spec(predictions=80)
     # A first pipeline of the kind: TensorFlow's own allocations. (Pairs read the map the same way.)
-    next(pt.PretrainingStream(two_shards[1], spec, seed=0, max_seq_length=512, objective="none")
+    next(PretrainingStream(two_shards[1], spec, seed=0, max_seq_length=512, objective="none")
          .dataset(4).as_numpy_iterator())
     # The plan first (200k rows at seq 512), then the pipeline and a batch.
-    stream = pt.PretrainingStream(prepared.load_corpus(str(tmp_path), "train", 0, 1), spec, seed=0,
-                                  max_seq_length=512, objective="none")
+    stream = PretrainingStream(prepared.load_corpus(str(tmp_path), "train", 0, 1), spec, seed=0,
+                               max_seq_length=512, objective="none")
     before = resident_anonymous_mb()
     batch = next(stream.dataset(4).as_numpy_iterator())
     assert batch["input_mask"].sum() == 4 * 512

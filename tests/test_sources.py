@@ -1,5 +1,5 @@
-"""bertjax.data.sources and bertjax.text.files: text files in every format, TFDS (mocked, offline),
-the configured source and the held-out split.
+"""The corpus backends (bertjax/data/backends) and bertjax.text.files: text files in every format, TFDS
+(mocked, offline), the configured source and the held-out split (bertjax/data/splits.py).
 
 Every test writes its own small files into tmp_path; nothing is downloaded.
 """
@@ -13,8 +13,18 @@ import time
 
 import pytest
 
-from bertjax.data.sources import is_eval_document, read_documents, read_text_documents, read_tfds_documents, require_documents
+from bertjax.data import backends
+from bertjax.data.backends.backend import require_documents
+from bertjax.data.backends.text_files import read_text_documents
+from bertjax.data.backends.tfds_datasets import read_tfds_documents
+from bertjax.data.settings import DataSettings
+from bertjax.data.splits import is_eval_document
 from bertjax.text.files import expand_pattern
+
+
+def read_documents(source, **keys):
+    """The documents of a source configured by these data keys."""
+    return backends.read_documents(DataSettings(source=source, **keys))
 
 # --------------------------------------------------------------------------------------------------
 # Text files
@@ -226,6 +236,18 @@ def test_require_documents_is_lazy():
 def test_read_documents_bad_settings_name_the_key(source, kwargs, message):
     with pytest.raises(ValueError, match=message):
         read_documents(source, **kwargs)  # raised at the call, before any iteration
+
+
+def test_every_backend_module_is_one_row_of_the_table():
+    """A source is one module of bertjax/data/backends exporting BACKEND, and one row of BACKENDS."""
+    import importlib
+    import pkgutil
+
+    shared = {"backend", "tables"}  # the record, and what the table sources share
+    names = [m.name for m in pkgutil.iter_modules(backends.__path__) if m.name not in shared]
+    rows = {importlib.import_module(f"bertjax.data.backends.{name}").BACKEND.name for name in names}
+    assert rows == set(backends.BACKENDS) and len(names) == len(backends.BACKENDS)
+    assert backends.DOCUMENT_SOURCES == ("demo", "text", "tfds", "parquet", "hf_datasets")
 
 
 # --------------------------------------------------------------------------------------------------

@@ -10,9 +10,10 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from bertjax.data import demo
-from bertjax.data import inputs
-from bertjax.data import sources
+from bertjax.data import backends, demo, inputs
+from bertjax.data.backends import tables
+from bertjax.data.backends.backend import BadRows
+from bertjax.data.settings import DataSettings
 from bertjax.text import vocab as vocabularies
 
 import test_workdir  # a sibling test module (pytest puts tests/ on the path)
@@ -64,6 +65,15 @@ def data_config(corpus, **overrides):
     return config.data
 
 
+def read_documents(source, bad_rows=None, **keys):
+    """The documents of a source configured by these data keys."""
+    return backends.read_documents(DataSettings(source=source, **keys), bad_rows)
+
+
+def shard_documents(data, shard, num_shards):
+    return backends.shard_documents(DataSettings.from_config(data), shard, num_shards)
+
+
 SOURCES = {  # the data keys of each way of reading the corpus
     "text sentences": dict(source="text", text_format="sentences", input_pattern="sentences/*.txt"),
     "text jsonl": dict(source="text", text_format="jsonl", input_pattern="jsonl/*.jsonl"),
@@ -85,7 +95,7 @@ def source_config(corpus, name, **overrides):
 
 
 def read(corpus, name, bad_rows=None):
-    return list(inputs.read_source_documents(source_config(corpus, name), bad_rows))
+    return list(backends.read_documents(DataSettings.from_config(source_config(corpus, name)), bad_rows))
 
 
 def test_tables_give_the_documents_of_the_text_files(corpus, documents):
@@ -107,9 +117,9 @@ def test_a_dataset_name_the_datasets_cache_holds(corpus, documents, tmp_path, mo
     monkeypatch.setattr(datasets.config, "HF_DATASETS_CACHE", str(tmp_path / "cache"))
     monkeypatch.setattr(datasets.config, "HF_HUB_OFFLINE", True)
     name = str(corpus / "parquet")
-    got = list(sources.read_documents("hf_datasets", hf_dataset_name=name, sentences_column="sentences"))
+    got = list(read_documents("hf_datasets", hf_dataset_name=name, sentences_column="sentences"))
     assert got == documents
-    assert sources.shard_documents(data_config(corpus, source="hf_datasets", hf_dataset_name=name), 1, 3) == \
+    assert shard_documents(data_config(corpus, source="hf_datasets", hf_dataset_name=name), 1, 3) == \
         read(corpus, "parquet text")[1::3]
 
 
@@ -122,14 +132,14 @@ def test_tables_on_an_object_store(corpus, gcs):
         epath.Path(f"gs://{BUCKET}/tables/{path.name}").write_bytes(path.read_bytes())
     epath.Path(f"gs://{BUCKET}/tables/notes.txt").write_text("not matched by the glob")
     remote = f"gs://{BUCKET}/tables/part-*.parquet"
-    assert sources.table_files(remote) == [f"gs://{BUCKET}/tables/part-{i}.parquet" for i in range(3)]
-    got = list(sources.read_documents("parquet", input_pattern=remote, sentences_column="sentences"))
+    assert tables.table_files(remote) == [f"gs://{BUCKET}/tables/part-{i}.parquet" for i in range(3)]
+    got = list(read_documents("parquet", input_pattern=remote, sentences_column="sentences"))
     assert got == read(corpus, "parquet sentences")
     with pytest.raises(FileNotFoundError, match="no files match"):
-        sources.table_files(f"gs://{BUCKET}/elsewhere/*.parquet")
+        tables.table_files(f"gs://{BUCKET}/elsewhere/*.parquet")
     for path in (corpus / "hf").iterdir():
         epath.Path(f"gs://{BUCKET}/hf/{path.name}").write_bytes(path.read_bytes())
-    got = list(sources.read_documents("hf_datasets", hf_dataset_path=f"gs://{BUCKET}/hf", sentences_column="sentences"))
+    got = list(read_documents("hf_datasets", hf_dataset_path=f"gs://{BUCKET}/hf", sentences_column="sentences"))
     assert got == read(corpus, "hf sentences")
 
 
@@ -158,18 +168,18 @@ def test_prepare_shards_files_then_row_groups_then_documents(corpus, documents):
     parquet, text = source_config(corpus, "parquet sentences"), source_config(corpus, "text sentences")
     # At least as many files as shards: file j goes to shard j % n, as text files do.
     for k in range(3):
-        assert sources.shard_documents(parquet, k, 3) == parts[k] == sources.shard_documents(text, k, 3)
-    assert sources.shard_documents(parquet, 1, 2) == parts[1]
+        assert shard_documents(parquet, k, 3) == parts[k] == shard_documents(text, k, 3)
+    assert shard_documents(parquet, 1, 2) == parts[1]
     # Fewer files than shards: row groups, numbered over the files (8 in the first, 1 in each other).
     groups = [parts[0][i:i + ROW_GROUP_ROWS] for i in range(0, FILE_SIZES[0], ROW_GROUP_ROWS)] + parts[1:]
     assert len(groups) == 10
     for k in range(4):
         expected = [d for g in groups[k::4] for d in g]
-        assert sources.shard_documents(parquet, k, 4) == expected
+        assert shard_documents(parquet, k, 4) == expected
     # Fewer row groups than shards (the save_to_disk directory's 2 files): documents i % n.
     hf = source_config(corpus, "hf sentences")
-    assert sources.shard_documents(hf, 1, 2) == documents[NUM_DOCUMENTS // 2:]
-    assert sources.shard_documents(hf, 2, 5) == documents[2::5]
+    assert shard_documents(hf, 1, 2) == documents[NUM_DOCUMENTS // 2:]
+    assert shard_documents(hf, 2, 5) == documents[2::5]
 
 
 @pytest.fixture(scope="module")
@@ -185,16 +195,16 @@ def bad_table(tmp_path_factory):
 
 
 def test_bad_rows_are_skipped_and_reported_with_file_and_row(bad_table):
-    bad_rows = sources.BadRows()
-    got = list(sources.read_documents("parquet", input_pattern=str(bad_table), bad_rows=bad_rows))
+    bad_rows = BadRows()
+    got = list(read_documents("parquet", input_pattern=str(bad_table), bad_rows=bad_rows))
     assert got == [["A first good document.", "It has two sentences."], ["The last good one."]]
     assert bad_rows.count == 2
     summary = bad_rows.summary()
     assert "\n" not in summary and summary.startswith("skipped 2 bad rows")
     assert f"{bad_table}:1: null text" in summary and f"{bad_table}:2: invalid UTF-8 in the text at byte 3" in summary
 
-    bad_rows = sources.BadRows()
-    got = list(sources.read_documents("parquet", input_pattern=str(bad_table), sentences_column="sentences",
+    bad_rows = BadRows()
+    got = list(read_documents("parquet", input_pattern=str(bad_table), sentences_column="sentences",
                                       bad_rows=bad_rows))
     assert got == [["One."]]
     assert bad_rows.count == 3
@@ -208,7 +218,7 @@ def test_a_corpus_of_bad_rows_and_wrong_settings_are_one_line(corpus, bad_table,
 
     def error(**keys):
         with pytest.raises((ValueError, FileNotFoundError)) as e:
-            list(sources.read_documents(**keys))
+            list(read_documents(**keys))
         assert "\n" not in str(e.value)
         return str(e.value)
 

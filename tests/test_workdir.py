@@ -118,12 +118,12 @@ def test_metrics_jsonl_and_events_on_an_object_store(gcs, tmp_path):
 
 
 def test_a_vocabulary_learned_into_a_remote_workdir(gcs):
-    import ml_collections
     from etils import epath
 
     from bertjax.data import inputs
+    from bertjax.data.settings import DataSettings
 
-    data = ml_collections.ConfigDict(dict(vocab_path=None, tokenizer="wordpiece", vocab_size=60, lower_case=True))
+    data = DataSettings(vocab_path=None, tokenizer="wordpiece", vocab_size=60, lower_case=True)
     documents = [[" ".join(WORDS[i:i + 6]) + "." for i in range(0, len(WORDS), 3)]] * 3
     workdir = f"gs://{BUCKET}/learned"
     tokenizer, path = inputs.load_or_learn_tokenizer(data, workdir, documents)

@@ -16,9 +16,11 @@ Shape legend: M block size, S number of sources.
 """
 
 import numpy as np
-import tensorflow as tf
 
-from bertjax.data import pretraining as pt
+from bertjax.data.stream import PretrainingStream, batched
+from bertjax.text import tf_cpu
+
+tf = tf_cpu.import_tensorflow()
 
 
 def block_counts(weights, block_size: int) -> np.ndarray:
@@ -54,7 +56,7 @@ class MixtureStream:
     rows_per_epoch, packing, objective, max_seq_length.
     """
 
-    def __init__(self, streams: list[pt.PretrainingStream], weights, *, seed: int, block_size: int):
+    def __init__(self, streams: list[PretrainingStream], weights, *, seed: int, block_size: int):
         self.streams = list(streams)
         self.counts = block_counts(weights, block_size)
         if len(self.counts) != len(self.streams):
@@ -109,7 +111,7 @@ class MixtureStream:
 
     def dataset(self, batch_size: int, start_step: int = 0, threads: int | None = None) -> tf.data.Dataset:
         """Batches of `batch_size` mixed elements from step `start_step` on (as PretrainingStream.dataset)."""
-        return pt.batched(self.elements(start_step * batch_size), batch_size, threads)
+        return batched(self.elements(start_step * batch_size), batch_size, threads)
 
     def real_token_share(self, num_rows: int, start_row: int = 0) -> float:
         """The share of real tokens in the mixed rows [start_row, start_row + num_rows), from each source's

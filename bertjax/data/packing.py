@@ -1,8 +1,8 @@
 """Packing several examples into one row: the packer (numpy, on example lengths) and its inverse.
 
 No TensorFlow here, so the synthetic batches and the model's tests can use it. The stream
-(bertjax/data/pretraining.py) packs each epoch's plan with pack_rows and builds the rows; the batch
-contract is written in its docstring and in docs/data.md ("Packing").
+(bertjax/data/stream.py) packs each epoch's plan with pack_rows, and bertjax/data/instances.py builds
+the rows; the batch contract is written in its docstring and in docs/data.md ("Packing").
 
 Shape legend: N examples, R rows, K max_sequences_per_row, S max_seq_length, P max_predictions_per_seq.
 """

@@ -7,7 +7,8 @@
 Then train with --config.data.source=prepared --config.data.prepared_dir=/data/wiki-prepared.
 
 Output shard k holds the documents of input files j with j % num_shards == k (or, with fewer files
-than shards, of documents i with i % num_shards == k; for TFDS, the k-th of num_shards even splits),
+than shards, of documents i with i % num_shards == k; each backend of bertjax/data/backends says how it
+splits: Parquet by row groups where it can, TFDS by the k-th of num_shards even splits),
 divided into train and eval by the same stable hash as the in-memory path. The shards are written by a
 pool of worker processes (--num_workers=0: in this process); on many hosts each host writes the shards k
 with k % process_count == process_index, which are the shards it reads when training.
@@ -30,7 +31,12 @@ import numpy as np
 from absl import app, flags, logging
 from ml_collections import config_flags
 
+from bertjax.data import backends, prepared, splits
+from bertjax.data.backends.backend import BadRows
+from bertjax.data.corpus import corpus_from_lengths
+from bertjax.data.settings import DataSettings
 from bertjax.runs import console
+from bertjax.text import files, sentences, tokenizers
 
 # Sentences tokenized per TensorFlow call in a worker, and so per progress report.
 BATCH_SENTENCES = 4096
@@ -58,22 +64,20 @@ def _set_progress_queue(q) -> None:
 
 
 def _tokenize(documents: list[list[str]], tokenizer, shard: int):
-    """pt.tokenize_documents, reporting (shard, documents, tokens, bytes of text) after each batch.
+    """corpus.tokenize_documents, reporting (shard, documents, tokens, bytes of text) after each batch.
     -> (flat token ids, sentence lengths, sentence -> document), or None without a non-empty sentence."""
-    import tensorflow as tf
-
     values, lengths, doc_of_sentence = [np.zeros(0, np.int64)], [np.zeros(0, np.int64)], [np.zeros(0, np.int64)]
     first = 0
     while first < len(documents):
-        last, sentences = first, []
-        while last < len(documents) and (not sentences or len(sentences) + len(documents[last]) <= BATCH_SENTENCES):
-            sentences.extend(documents[last])
+        last, batch = first, []
+        while last < len(documents) and (not batch or len(batch) + len(documents[last]) <= BATCH_SENTENCES):
+            batch.extend(documents[last])
             last += 1
-        ragged = tokenizer.tokenize(tf.constant(sentences))
+        ragged = tokenizer.tokenize(batch)  # [n] strings -> ragged ids
         values.append(ragged.flat_values.numpy())
         lengths.append(np.diff(ragged.row_splits.numpy()))
         doc_of_sentence.append(np.repeat(np.arange(first, last), [len(d) for d in documents[first:last]]))
-        num_bytes = sum(len(s.encode("utf-8")) + 1 for s in sentences)  # + 1: the line break
+        num_bytes = sum(len(s.encode("utf-8")) + 1 for s in batch)  # + 1: the line break
         if _progress is not None:
             _progress.put((shard, last - first, len(values[-1]), num_bytes))
         first = last
@@ -83,42 +87,32 @@ def _tokenize(documents: list[list[str]], tokenizer, shard: int):
     return np.concatenate(values), lengths, np.concatenate(doc_of_sentence)
 
 
-def prepare_shard(data_dict: dict, shard: int, num_shards: int, output_dir: str, dtype: str) -> dict:
+def prepare_shard(settings: DataSettings, shard: int, num_shards: int, output_dir: str, dtype: str) -> dict:
     """Read, split, tokenize and write one output shard (both splits). Runs in a worker process.
-    -> {split: (documents, sentences, tokens)}, "bytes": raw text read, "bad_rows": sources.BadRows,
+    -> {split: (documents, sentences, tokens)}, "bytes": raw text read, "bad_rows": BadRows,
     "seconds": time taken."""
-    import ml_collections
-
-    from bertjax.data import prepared
-    from bertjax.data import pretraining as pt
-    from bertjax.data import sources
-    from bertjax.text import tokenizers
-
     start = time.perf_counter()
-    data = ml_collections.ConfigDict(data_dict)
-    tokenizer = tokenizers.load_tokenizer(data.tokenizer, data.vocab_path, lower_case=data.lower_case)
-    bad_rows = sources.BadRows()  # table rows that are not text: skipped, counted, the first few named
-    documents = sources.shard_documents(data, shard, num_shards, bad_rows=bad_rows)
-    held_out = [sources.is_eval_document(d, data.eval_fraction) for d in documents]  # one hash per document
+    tokenizer = tokenizers.load_tokenizer(settings.tokenizer, settings.vocab_path, lower_case=settings.lower_case)
+    bad_rows = BadRows()  # table rows that are not text: skipped, counted, the first few named
+    documents = backends.shard_documents(settings, shard, num_shards, bad_rows=bad_rows)
+    held_out = [splits.is_eval_document(d, settings.eval_fraction) for d in documents]  # one hash per document
     result = {"bytes": sum(len(s.encode("utf-8")) + 1 for d in documents for s in d), "bad_rows": bad_rows}
     for split in prepared.SPLITS:
         docs = [d for d, e in zip(documents, held_out) if e == (split == "eval")]
         tokenized = _tokenize(docs, tokenizer, shard)
-        corpus = pt.corpus_from_lengths(*tokenized, tokenizer.vocab_size) if tokenized else None
+        corpus = corpus_from_lengths(*tokenized, tokenizer.vocab_size) if tokenized else None
         prepared.write_shard(output_dir, split, shard, num_shards, corpus, np.dtype(dtype))
         result[split] = prepared.shard_counts(output_dir, split, shard, num_shards)
     result["seconds"] = time.perf_counter() - start
     return result
 
 
-def input_bytes(data) -> int | None:
+def input_bytes(settings: DataSettings) -> int | None:
     """The size of the raw text to read, where the file sizes tell it (plain text files); else None."""
-    if data.source != "text":
+    if settings.source != "text":
         return None
-    from bertjax.text import files
-
     total = 0
-    for path in files.expand_pattern(data.input_pattern):
+    for path in files.expand_pattern(settings.input_pattern):
         with open(path, "rb") as f:
             if f.read(2) == b"\x1f\x8b":  # gzip: its size on disk says little about its text
                 return None
@@ -154,26 +148,19 @@ class Progress:
                      f"{self.documents:,}", f"{self.tokens:,}", self.bytes / 1e6, rate, eta)
 
 
-def corpus_metadata(data, vocab_name: str, num_shards: int, dtype: np.dtype) -> dict:
+def corpus_metadata(settings: DataSettings, vocab_name: str, num_shards: int, dtype: np.dtype) -> dict:
     """What the shards are a function of: a rerun into the same directory must have the same."""
-    from bertjax.data import prepared
-
-    keys = {"text": ("input_pattern", "text_format", "text_field"),
-            "tfds": ("tfds_name", "tfds_split", "tfds_text_feature"),
-            "parquet": ("input_pattern", "text_column", "sentences_column"),
-            "hf_datasets": ("hf_dataset_path", "hf_dataset_name", "hf_dataset_split", "text_column",
-                            "sentences_column")}.get(data.source, ())
-    source = {"source": data.source, "sentence_splitter": data.sentence_splitter}
-    source.update({key: data.get(key) for key in keys if data.get(key) is not None})
-    return dict(format_version=prepared.FORMAT_VERSION, tokenizer=data.tokenizer, vocab=vocab_name,
-                lower_case=bool(data.lower_case), num_shards=num_shards, eval_fraction=float(data.eval_fraction),
+    backend = backends.get(settings.source)
+    source = {"source": settings.source, "sentence_splitter": settings.sentence_splitter}
+    source.update({key: getattr(settings, key) for key in backend.keys
+                   if key not in backend.cache_keys and getattr(settings, key) is not None})
+    return dict(format_version=prepared.FORMAT_VERSION, tokenizer=settings.tokenizer, vocab=vocab_name,
+                lower_case=settings.lower_case, num_shards=num_shards, eval_fraction=settings.eval_fraction,
                 dtype=dtype.name, data=source)
 
 
 def check_resumable(output_dir: str, meta: dict, vocab_path: str) -> None:
     """An output directory with shards of other settings is refused, not mixed into."""
-    from bertjax.data import prepared
-
     path = os.path.join(output_dir, prepared.METADATA)
     if not os.path.exists(path):
         return
@@ -193,39 +180,17 @@ def check_resumable(output_dir: str, meta: dict, vocab_path: str) -> None:
                          f"fresh --output_dir, or the same settings to finish it")
 
 
-def run(data, output_dir: str, *, num_shards: int, num_workers: int, process_index: int = 0,
+def run(settings: DataSettings, output_dir: str, *, num_shards: int, num_workers: int, process_index: int = 0,
         process_count: int = 1, progress_seconds: float = 5.0) -> dict:
-    """Prepare this host's shards of `data` into output_dir, skipping the complete ones.
+    """Prepare this host's shards of the settings' source into output_dir, skipping the complete ones.
 
     Returns the totals {split: [documents, sentences, tokens]}, "bytes", "worker_seconds", "seconds",
-    "shards", "skipped", "bad_rows" (a sources.BadRows over the shards written now, in shard order).
+    "shards", "skipped", "bad_rows" (a BadRows over the shards written now, in shard order).
     Raises ValueError (or FileNotFoundError) for input a user must change.
     """
-    from bertjax.data import prepared, sources
-    from bertjax.text import sentences, tokenizers
-
-    if not output_dir:
-        raise ValueError("--output_dir is required")
-    if not data.vocab_path:
-        raise ValueError("prepare needs --config.data.vocab_path: learn one first with "
-                         "python -m bertjax.vocab train --input=... --vocab_size=... --out=...")
-    if not os.path.exists(data.vocab_path):
-        raise FileNotFoundError(f"data.vocab_path={data.vocab_path} does not exist")
-    sentences.get_splitter(data.sentence_splitter)  # here, not in a worker: a missing package is one line
-    if num_shards < 1 or num_shards % process_count:
-        raise ValueError(f"--num_shards={num_shards} must be a positive multiple of --process_count={process_count}")
-    tokenizer = tokenizers.load_tokenizer(data.tokenizer, data.vocab_path, lower_case=data.lower_case)
-    dtype = prepared.token_dtype(tokenizer.vocab_size)
-    vocab_name = os.path.basename(data.vocab_path)
-    meta = corpus_metadata(data, vocab_name, num_shards, dtype)
-    check_resumable(output_dir, meta, data.vocab_path)
-    os.makedirs(output_dir, exist_ok=True)
-    if process_index == 0:
-        shutil.copy(data.vocab_path, os.path.join(output_dir, vocab_name))
-        if not os.path.exists(os.path.join(output_dir, prepared.METADATA)):
-            prepared.write_metadata(output_dir, meta)
-
-    shards = list(range(process_index, num_shards, process_count))
+    meta = _start(settings, output_dir, num_shards=num_shards, process_index=process_index,
+                  process_count=process_count)
+    shards = list(splits.share(range(num_shards), process_index, process_count))
     todo = [k for k in shards if not prepared.shard_complete(output_dir, k, num_shards)]
     if len(todo) < len(shards):
         logging.info("prepare: %d of %d shards are complete already; preparing the other %d",
@@ -234,16 +199,60 @@ def run(data, output_dir: str, *, num_shards: int, num_workers: int, process_ind
     for k in set(shards) - set(todo):
         for split in prepared.SPLITS:
             totals[split] += prepared.shard_counts(output_dir, split, k, num_shards)
-    progress = Progress(input_bytes(data), progress_seconds)
-    done = {"bytes": 0, "worker_seconds": 0.0}
-    bad_rows = {}  # shard -> its sources.BadRows
-
-    def finished(shard, result):
+    start = time.perf_counter()
+    progress = Progress(input_bytes(settings), progress_seconds)
+    results = _write_shards(settings, output_dir, todo, num_shards, meta["dtype"], num_workers, progress)
+    for result in results.values():
         for split in prepared.SPLITS:
             totals[split] += result[split]
-        done["bytes"] += result["bytes"]
-        done["worker_seconds"] += result["seconds"]
-        bad_rows[shard] = result["bad_rows"]
+    if not any(totals[split][0] for split in prepared.SPLITS):
+        raise ValueError(f"the corpus ({settings.source} {settings.input_pattern or settings.tfds_name or ''}) "
+                         f"holds no document with a token for host {process_index}'s shards: check the input")
+    if all(prepared.shard_complete(output_dir, k, num_shards) for k in range(num_shards)):
+        _write_counts(output_dir, num_shards, meta)
+    merged = BadRows()
+    for k in sorted(results):
+        merged.count += results[k]["bad_rows"].count
+        merged.first += results[k]["bad_rows"].first[:merged.keep - len(merged.first)]
+    return dict({split: totals[split].tolist() for split in prepared.SPLITS}, shards=len(shards),
+                skipped=len(shards) - len(todo), seconds=time.perf_counter() - start, bad_rows=merged,
+                bytes=sum(r["bytes"] for r in results.values()),
+                worker_seconds=sum(r["seconds"] for r in results.values()))
+
+
+def _start(settings: DataSettings, output_dir: str, *, num_shards: int, process_index: int,
+           process_count: int) -> dict:
+    """The checks that need no worker, then the directory with its vocabulary and metadata.json (whose
+    dict is returned); a directory of other settings is refused."""
+    if not output_dir:
+        raise ValueError("--output_dir is required")
+    if not settings.vocab_path:
+        raise ValueError("prepare needs --config.data.vocab_path: learn one first with "
+                         "python -m bertjax.vocab train --input=... --vocab_size=... --out=...")
+    if not os.path.exists(settings.vocab_path):
+        raise FileNotFoundError(f"data.vocab_path={settings.vocab_path} does not exist")
+    sentences.get_splitter(settings.sentence_splitter)  # here, not in a worker: a missing package is one line
+    if num_shards < 1 or num_shards % process_count:
+        raise ValueError(f"--num_shards={num_shards} must be a positive multiple of --process_count={process_count}")
+    if not 0 <= process_index < process_count:
+        raise ValueError(f"--process_index={process_index} must lie in [0, --process_count={process_count})")
+    tokenizer = tokenizers.load_tokenizer(settings.tokenizer, settings.vocab_path, lower_case=settings.lower_case)
+    vocab_name = os.path.basename(settings.vocab_path)
+    meta = corpus_metadata(settings, vocab_name, num_shards, prepared.token_dtype(tokenizer.vocab_size))
+    check_resumable(output_dir, meta, settings.vocab_path)
+    os.makedirs(output_dir, exist_ok=True)
+    if process_index == 0:
+        shutil.copy(settings.vocab_path, os.path.join(output_dir, vocab_name))
+        if not os.path.exists(os.path.join(output_dir, prepared.METADATA)):
+            prepared.write_metadata(output_dir, meta)
+    return meta
+
+
+def _write_shards(settings: DataSettings, output_dir: str, todo: list[int], num_shards: int, dtype: str,
+                  num_workers: int, progress: Progress) -> dict[int, dict]:
+    """prepare_shard of each shard of `todo`, in a pool of worker processes (or this one: num_workers=0),
+    with their progress logged. -> {shard: its result}."""
+    results = {}
 
     def drain(reports):
         while True:
@@ -253,13 +262,12 @@ def run(data, output_dir: str, *, num_shards: int, num_workers: int, process_ind
                 return
             progress.add(documents, tokens, num_bytes)
 
-    start = time.perf_counter()
     if num_workers == 0:
         reports = queue.SimpleQueue()
         _set_progress_queue(reports)
         try:
             for k in todo:
-                finished(k, prepare_shard(data.to_dict(), k, num_shards, output_dir, dtype.name))
+                results[k] = prepare_shard(settings, k, num_shards, output_dir, dtype)
                 drain(reports)
                 progress.maybe_log()
         finally:
@@ -270,51 +278,46 @@ def run(data, output_dir: str, *, num_shards: int, num_workers: int, process_ind
         reports = context.Queue()
         with concurrent.futures.ProcessPoolExecutor(max_workers=min(num_workers, len(todo)), mp_context=context,
                                                     initializer=_set_progress_queue, initargs=(reports,)) as pool:
-            shard_of = {pool.submit(prepare_shard, data.to_dict(), k, num_shards, output_dir, dtype.name): k
-                        for k in todo}
+            shard_of = {pool.submit(prepare_shard, settings, k, num_shards, output_dir, dtype): k for k in todo}
             pending = set(shard_of)
             try:
                 while pending:
-                    complete, pending = concurrent.futures.wait(pending, timeout=min(max(progress_seconds, 0.1), 1))
+                    complete, pending = concurrent.futures.wait(pending, timeout=min(max(progress.every, 0.1), 1))
                     drain(reports)
                     for future in complete:
-                        finished(shard_of[future], future.result())
+                        results[shard_of[future]] = future.result()
                     progress.maybe_log()
             except BaseException:
                 pool.shutdown(wait=True, cancel_futures=True)
                 raise
-    if not any(totals[split][0] for split in prepared.SPLITS):
-        raise ValueError(f"the corpus ({data.source} {data.get('input_pattern') or data.get('tfds_name') or ''}) "
-                         f"holds no document with a token for host {process_index}'s shards: check the input")
-    if all(prepared.shard_complete(output_dir, k, num_shards) for k in range(num_shards)):
-        # The counts, once every host's shards are in: the same bytes however the run was cut up.
-        counts = {split: dict(documents=0, sentences=0, tokens=0) for split in prepared.SPLITS}
-        for k in range(num_shards):
-            for split in prepared.SPLITS:
-                for key, n in zip(("documents", "sentences", "tokens"),
-                                  prepared.shard_counts(output_dir, split, k, num_shards)):
-                    counts[split][key] += n
-        prepared.write_metadata(output_dir, {**meta, "counts": counts})
-    merged = sources.BadRows()
-    for k in sorted(bad_rows):
-        merged.count += bad_rows[k].count
-        merged.first += bad_rows[k].first[:merged.keep - len(merged.first)]
-    return dict({split: totals[split].tolist() for split in prepared.SPLITS}, shards=len(shards),
-                skipped=len(shards) - len(todo), seconds=time.perf_counter() - start, bad_rows=merged, **done)
+    return results
+
+
+def _write_counts(output_dir: str, num_shards: int, meta: dict) -> None:
+    """The counts into metadata.json, once every host's shards are in: the same bytes however the run was
+    cut up."""
+    counts = {split: dict(documents=0, sentences=0, tokens=0) for split in prepared.SPLITS}
+    for k in range(num_shards):
+        for split in prepared.SPLITS:
+            for key, n in zip(("documents", "sentences", "tokens"),
+                              prepared.shard_counts(output_dir, split, k, num_shards)):
+                counts[split][key] += n
+    prepared.write_metadata(output_dir, {**meta, "counts": counts})
 
 
 def main(argv, args):
     if len(argv) > 1:
         raise app.UsageError(f"unexpected arguments: {argv[1:]}")
     try:
-        summary = run(args.config.data, args.output_dir, num_shards=args.num_shards, num_workers=args.num_workers,
-                      process_index=args.process_index, process_count=args.process_count,
-                      progress_seconds=args.progress_seconds)
+        summary = run(DataSettings.from_config(args.config.data), args.output_dir, num_shards=args.num_shards,
+                      num_workers=args.num_workers, process_index=args.process_index,
+                      process_count=args.process_count, progress_seconds=args.progress_seconds)
     except (ValueError, FileNotFoundError, UnicodeDecodeError, gzip.BadGzipFile) as e:
         console.fail(str(e).splitlines()[0] if str(e) else type(e).__name__)
     for split in ("train", "eval"):
-        documents, sentences, tokens = summary[split]
-        print(f"{split}: {documents} documents, {sentences} sentences, {tokens} tokens in {summary['shards']} shards")
+        documents, sentence_count, tokens = summary[split]
+        print(f"{split}: {documents} documents, {sentence_count} sentences, {tokens} tokens in {summary['shards']} "
+              f"shards")
     if summary["bad_rows"].count:
         print(summary["bad_rows"].summary())
     if summary["skipped"]:

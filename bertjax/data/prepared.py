@@ -22,7 +22,8 @@ import os
 
 import numpy as np
 
-from bertjax.data import pretraining as pt
+from bertjax.data import splits
+from bertjax.data.corpus import TokenizedCorpus
 
 METADATA = "metadata.json"
 SPLITS = ("train", "eval")
@@ -56,7 +57,7 @@ def _save(path: str, array: np.ndarray) -> None:
     os.replace(tmp, path)
 
 
-def write_shard(directory: str, split: str, shard: int, num_shards: int, corpus: pt.TokenizedCorpus | None,
+def write_shard(directory: str, split: str, shard: int, num_shards: int, corpus: TokenizedCorpus | None,
                 dtype: np.dtype) -> None:
     """One split of one shard as its three arrays (None: a split with no documents)."""
     if corpus is None:
@@ -143,7 +144,7 @@ class TokenShards:
         return whole if dtype is None else whole.astype(dtype)
 
 
-def load_corpus(directory: str, split: str, process_index: int, process_count: int) -> pt.TokenizedCorpus:
+def load_corpus(directory: str, split: str, process_index: int, process_count: int) -> TokenizedCorpus:
     """This host's shards of one split, memory-mapped -> TokenizedCorpus (documents in shard order).
 
     One shard: its three maps as they are. Several: the token maps behind a TokenShards, the offsets
@@ -156,7 +157,7 @@ def load_corpus(directory: str, split: str, process_index: int, process_count: i
             f"{directory} has {num_shards} shards for {process_count} processes: prepare it again with "
             f"--num_shards a multiple of {process_count}"
         )
-    shards = range(process_index, num_shards, process_count)
+    shards = list(splits.share(range(num_shards), process_index, process_count))
     missing = [k for k in shards if not shard_complete(directory, k, num_shards)]
     if missing:
         raise FileNotFoundError(f"prepared shard {array_path(directory, split, missing[0], num_shards, 'tokens')} is "
@@ -173,11 +174,11 @@ def load_corpus(directory: str, split: str, process_index: int, process_count: i
     if not maps:
         raise ValueError(f"the {split} shards of host {process_index} in {directory} hold no documents")
     if len(maps) == 1:
-        return pt.TokenizedCorpus(maps[0]["tokens"], maps[0]["sentence_starts"], maps[0]["doc_starts"])
+        return TokenizedCorpus(maps[0]["tokens"], maps[0]["sentence_starts"], maps[0]["doc_starts"])
     token_offsets = np.cumsum([0] + [len(m["tokens"]) for m in maps])
     sentence_offsets = np.cumsum([0] + [len(m["sentence_starts"]) - 1 for m in maps])
     sentence_starts = np.concatenate([m["sentence_starts"][:-1] + t for m, t in zip(maps, token_offsets)]
                                      + [token_offsets[-1:]]).astype(np.int64)
     doc_starts = np.concatenate([m["doc_starts"][:-1] + s for m, s in zip(maps, sentence_offsets)]
                                 + [sentence_offsets[-1:]]).astype(np.int64)
-    return pt.TokenizedCorpus(TokenShards([m["tokens"] for m in maps]), sentence_starts, doc_starts)
+    return TokenizedCorpus(TokenShards([m["tokens"] for m in maps]), sentence_starts, doc_starts)

@@ -21,8 +21,9 @@ import tempfile
 from absl import app, flags
 from ml_collections import config_flags
 
+from bertjax.data import inputs, objectives, packing
 from bertjax.runs import console
-from bertjax.data import packing
+
 
 def define_flags() -> dict:
     """The flags, defined when the program is entered: importing it defines none."""
@@ -48,11 +49,6 @@ def example_record(tokenizer, ex: dict) -> dict:
     return record
 
 
-# What next_sentence_labels 0 and 1 mean, by data.objective.
-_LABELS = {"nsp": ("IsNext", "NotNext (B from a random document)"),
-           "sop": ("in order", "swapped (B comes first in the document)")}
-
-
 def format_text(tokenizer, ex: dict, number: int, objective: str = "nsp") -> str:
     record = example_record(tokenizer, ex)
     tokens = list(record["tokens"])
@@ -69,9 +65,10 @@ def format_text(tokenizer, ex: dict, number: int, objective: str = "nsp") -> str
     segments = record["segment_ids"][:n]
     a = [t for t, s in zip(tokens, segments) if s == 0]
     b = [t for t, s in zip(tokens, segments) if s == 1]
-    if objective == "none":  # FULL-SENTENCES: one segment, documents separated by [SEP]
+    labels = objectives.get(objective).labels
+    if labels is None:  # FULL-SENTENCES: one segment, documents separated by [SEP]
         return f"--- example {number}: {n} tokens, {len(originals)} to predict\n" + " ".join(tokens)
-    label = _LABELS[objective][int(record["next_sentence_labels"])]
+    label = labels[int(record["next_sentence_labels"])]
     return "\n".join([
         f"--- example {number}: {n} tokens, {len(originals)} to predict, {label}",
         "A: " + " ".join(a),
@@ -87,11 +84,12 @@ def format_packed_text(tokenizer, row: dict, number: int, objective: str = "nsp"
     lines = [f"--- row {number}: {count} sequence{'s' * (count != 1)}, {n} of {s} positions real "
              f"({n / s:.1%}), {len(record['masked_lm_tokens'])} to predict"]
     sequences = packing.unpack_row(row, pad_id=tokenizer.pad_id)
+    labels = objectives.get(objective).labels
     for k, example in enumerate(sequences):
         start = int(row["sentence_positions"][k])
         length = int(example["input_mask"].sum())
         text = format_text(tokenizer, example, number, objective).split("\n")[1:]  # without its header
-        label = "" if objective == "none" else ", " + _LABELS[objective][int(example["next_sentence_labels"])]
+        label = "" if labels is None else ", " + labels[int(example["next_sentence_labels"])]
         lines.append(f"  [{k + 1}] positions {start}-{start + length - 1}{label}")
         lines += ["      " + line for line in text]
     return "\n".join(lines)
@@ -106,8 +104,6 @@ def efficiency_line(real: int, positions: int, stream, rows: int) -> str:
 def main(argv, args):
     if len(argv) > 1:
         raise app.UsageError(f"unexpected arguments: {argv[1:]}")
-    from bertjax.data import inputs
-
     config = args.config
     workdir = args.workdir or tempfile.mkdtemp(prefix="bertjax-preview-")
     try:

@@ -2,13 +2,15 @@
 
 Unpacked: full-length sequences (no padding), two segments, max_predictions_per_seq real predictions at
 distinct positions: the most expensive batch the configuration allows. Packed (packed=True): rows of
-the packed contract (bertjax/data/pretraining.py), filled by the stream's own packer from example
+the packed contract (bertjax/data/instances.py), filled by the stream's own packer from example
 lengths drawn like the demo corpus's, so that a packed step is timed on a realistic mix. The
-batch at step N is a pure function of (seed, N, host), like the real stream's.
+batch at step N is a pure function of (seed, N, host), like the real stream's. `from_settings` offers
+them as bertjax.data.inputs offers a corpus's batches, from the data section's record.
 
 Shape legend: B batch, S max_seq_length, P max_predictions_per_seq, K max_sequences_per_row.
 """
 
+import dataclasses
 from typing import Iterator
 
 import numpy as np
@@ -138,3 +140,31 @@ def synthetic_batches(start_step: int = 0, **kwargs) -> Iterator[dict]:
     while True:
         yield synthetic_batch(step, **kwargs)
         step += 1
+
+
+@dataclasses.dataclass(frozen=True)
+class SyntheticInputs:
+    """Synthetic batches with what programs read of bertjax.data.inputs.PretrainingInputs: train_batches,
+    eval_batches, and no tokenizer or vocabulary. recipe: synthetic_batch's keywords but the batch size."""
+
+    recipe: dict
+    tokenizer = None
+    vocab_path = None
+
+    def train_batches(self, batch_size: int, start_step: int = 0) -> Iterator[dict]:
+        """This host's batches from step start_step on, without end."""
+        return synthetic_batches(start_step, batch_size=batch_size, **self.recipe)
+
+    def eval_batches(self, batch_size: int, num_batches: int) -> list[dict]:
+        """The fixed held-out batches: an independent random stream (split 1)."""
+        return [synthetic_batch(i, split=1, batch_size=batch_size, **self.recipe) for i in range(num_batches)]
+
+
+def from_settings(settings, *, vocab_size: int, shard: int = 0) -> SyntheticInputs:
+    """Synthetic batches of the shape a DataSettings (bertjax/data/settings.py) configures: its lengths,
+    seed, packing and mask rate. vocab_size: the model's (there is no vocabulary); shard: this host."""
+    return SyntheticInputs(dict(
+        max_seq_length=settings.max_seq_length, max_predictions_per_seq=settings.max_predictions_per_seq,
+        vocab_size=vocab_size, seed=settings.seed, shard=shard, packed=settings.packing,
+        max_sequences_per_row=settings.max_sequences_per_row, mask_rate=settings.mask_rate,
+    ))

@@ -11,7 +11,7 @@ compression end to end without a download:
   are, so no full stop moves and no capital letter turns up inside the sentence. The two classes have the
   same words and the same characters: only their order tells them apart, which a bag of words cannot
   see and an encoder that learned the language can. Labels ("shuffled", "original").
-  The dev sentences come from the documents pretraining holds out (sources.is_eval_document at
+  The dev sentences come from the documents pretraining holds out (splits.is_eval_document at
   `eval_fraction`, configs/tiny.py's 0.05), less any sentence that the other documents have too: a
   model pretrained on the demo corpus has not read them. Each dev sentence appears twice, as written
   and shuffled; each training sentence once, either way.
@@ -28,8 +28,9 @@ import re
 import numpy as np
 from absl import flags
 
+from bertjax.data import demo
+from bertjax.data.splits import is_eval_document
 from bertjax.runs import console
-from bertjax.data import demo, sources
 
 TASKS = ("word_order", "keyword")
 LABELS = {"word_order": ("shuffled", "original"), "keyword": ("no", "yes")}
@@ -74,7 +75,7 @@ def word_order_examples(seed: int = 0, eval_fraction: float = 0.05, max_train: i
                         min_words: int = 6, max_words: int = 30) -> dict[str, list[dict]]:
     """{"train": [...], "dev": [...]} examples {"text", "label"} of the word_order task (see above)."""
     documents = demo.demo_documents()
-    held_out = [sources.is_eval_document(doc, eval_fraction) for doc in documents]
+    held_out = [is_eval_document(doc, eval_fraction) for doc in documents]
     rng = np.random.default_rng(seed)
     splits = {"train": [], "dev": []}
     seen = set()  # a sentence is in one split, once (boilerplate recurs across documents)

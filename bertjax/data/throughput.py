@@ -1,8 +1,8 @@
-"""python -m bertjax.data.benchmark: examples per second of the input pipeline, per CPU core, and how
+"""python -m bertjax.data.throughput: examples per second of the input pipeline, per CPU core, and how
 much of each row is real tokens, unpacked and packed.
 
-    python -m bertjax.data.benchmark                       # the demo corpus, a vocabulary learned once
-    python -m bertjax.data.benchmark --input_pattern='/data/wiki/*.txt' --vocab_path=vocab.txt
+    python -m bertjax.data.throughput                       # the demo corpus, a vocabulary learned once
+    python -m bertjax.data.throughput --input_pattern='/data/wiki/*.txt' --vocab_path=vocab.txt
 
 For seq 128 and 512 it measures, on one tf.data thread (one core) and on all of them:
   prepared: from a prepared shard, mapped (plan, pair, mask, batch) -- the training path for large corpora;
@@ -12,7 +12,7 @@ For seq 128 and 512 it measures, on one tf.data thread (one core) and on all of 
 positions that are real tokens) of each stream's first batches. Figures are printed as tables;
 docs/data.md records them.
 
-    python -m bertjax.data.benchmark --memory              # the memory-mapped prepared corpus
+    python -m bertjax.data.throughput --memory              # the memory-mapped prepared corpus
 
 --memory writes a prepared corpus of --memory_tokens (200M) tokens by repeating the demo corpus's
 tokenized documents, and one of 1M (also as four shards), and measures, each in a fresh process: the
@@ -23,15 +23,24 @@ RSS(200M) - RSS(1M) and mapped against in-memory examples/s (--objective: nsp, s
 
 import json
 import os
+import resource
 import shutil
 import subprocess
 import sys
 import tempfile
 import time
 
+import numpy as np
 from absl import app, flags
 
+from bertjax.data import demo, prepared
+from bertjax.data.backends import text_files
+from bertjax.data.corpus import TokenizedCorpus, tokenize_documents
+from bertjax.data.masking import MaskingSpec
+from bertjax.data.stream import PretrainingStream
 from bertjax.runs import console
+from bertjax.text import files, tokenizers
+from bertjax.text import vocab as vocabularies
 
 # (max_seq_length, max_predictions_per_seq, max_sequences_per_row): BERT's two phases, with the
 # packing defaults of configs/common.py (K 8 at 128, the seq-512 recipe's 16).
@@ -64,10 +73,6 @@ def write_repeated(directory: str, corpus, num_tokens: int, vocab_path: str, voc
     """A prepared corpus of the corpus's documents repeated until it holds at least num_tokens tokens,
     whole repeats dealt to num_shards shards, written array by array through np.lib.format.open_memmap
     (never whole in RAM); the held-out split is the corpus once, in shard 0. Returns its training tokens."""
-    import numpy as np
-
-    from bertjax.data import prepared
-
     os.makedirs(directory, exist_ok=True)
     repeats = max(num_shards, -(-num_tokens // len(corpus.tokens)))
     dtype = prepared.token_dtype(vocab_size)
@@ -99,15 +104,6 @@ def memory_run(directory: str, in_memory: bool, objective: str, batch_size: int,
     """In this (fresh) process: the stream of the prepared corpus's training split, mapped or loaded
     into RAM; num_batches drawn. -> peak RSS (from the corpus on: with the plan built, and after the
     batches), examples/s (wall and per CPU second), setup seconds."""
-    import resource
-
-    import numpy as np
-
-    from bertjax.data import prepared
-    from bertjax.data import pretraining as pt
-    from bertjax.text import tf_cpu, tokenizers
-
-    tf_cpu.import_tensorflow()
     start = time.perf_counter()
     meta = prepared.read_metadata(directory)
     tokenizer = tokenizers.load_tokenizer(meta["tokenizer"], prepared.vocab_file(directory, meta))
@@ -117,10 +113,9 @@ def memory_run(directory: str, in_memory: bool, objective: str, batch_size: int,
         f.write("5")
     corpus = prepared.load_corpus(directory, "train", 0, 1)
     if in_memory:  # today's in-memory path: the arrays read whole into RAM
-        corpus = pt.TokenizedCorpus(np.array(corpus.tokens), np.array(corpus.sentence_starts),
-                                    np.array(corpus.doc_starts))
-    spec = pt.MaskingSpec.from_tokenizer(tokenizer, max_predictions_per_seq=20)
-    stream = pt.PretrainingStream(corpus, spec, seed=0, max_seq_length=128, objective=objective)
+        corpus = TokenizedCorpus(np.array(corpus.tokens), np.array(corpus.sentence_starts), np.array(corpus.doc_starts))
+    spec = MaskingSpec.from_tokenizer(tokenizer, max_predictions_per_seq=20)
+    stream = PretrainingStream(corpus, spec, seed=0, max_seq_length=128, objective=objective)
     built_rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # the plan built, no batch yet
     batches = stream.dataset(batch_size).as_numpy_iterator()
     next(batches)
@@ -148,8 +143,8 @@ def memory_benchmark(corpus, vocab_path: str, vocab_size: int, args) -> None:
         results = {}
         for name, directory, in_memory in (("mapped, large", "large", False), ("mapped, 1M", "small", False),
                                            ("4 maps, 1M", "sharded", False), ("in memory, 1M", "small", True)):
-            code = ("import json, sys; from bertjax.data import benchmark; "
-                    "print(json.dumps(benchmark.memory_run(*json.loads(sys.argv[1]))))")
+            code = ("import json, sys; from bertjax.data import throughput; "
+                    "print(json.dumps(throughput.memory_run(*json.loads(sys.argv[1]))))")
             argv = json.dumps([os.path.join(tmp, directory), in_memory, args.objective, args.batch,
                                args.memory_batches])
             done = subprocess.run([sys.executable, "-c", code, argv], capture_output=True, text=True)
@@ -198,14 +193,8 @@ def real_token_share(stream, batch_size: int, num_batches: int) -> float:
 def main(argv, args):
     if len(argv) > 1:
         raise app.UsageError(f"unexpected arguments: {argv[1:]}")
-    from bertjax.data import demo, prepared, sources
-    from bertjax.data import pretraining as pt
-    from bertjax.text import files, tf_cpu, tokenizers
-    from bertjax.text import vocab as vocabularies
-
-    tf_cpu.import_tensorflow()
     if args.input:
-        documents = list(sources.read_text_documents(files.expand_pattern(args.input), "sentences"))
+        documents = list(text_files.read_text_documents(files.expand_pattern(args.input), "sentences"))
     else:
         documents = demo.demo_documents()
     tmp = tempfile.mkdtemp(prefix="bertjax-data-benchmark-")
@@ -218,27 +207,34 @@ def main(argv, args):
     print(f"corpus: {len(documents)} documents, {num_sentences} sentences; cores: {os.cpu_count()}")
 
     start = time.perf_counter()
-    corpus = pt.tokenize_documents(documents, tokenizer)
+    corpus = tokenize_documents(documents, tokenizer)
     tokenize_s = time.perf_counter() - start
     print(f"tokenization: {num_sentences / tokenize_s:,.0f} sentences/s ({len(corpus.tokens):,} tokens in "
           f"{tokenize_s:.1f}s, all cores)")
     if args.memory:
         memory_benchmark(corpus, vocab_path, tokenizer.vocab_size, args)
         return
-    write_repeated(tmp, corpus, len(corpus.tokens), vocab_path, tokenizer.vocab_size)  # the corpus once, as prepare writes it
+    write_repeated(tmp, corpus, len(corpus.tokens), vocab_path, tokenizer.vocab_size)  # once, as prepare writes it
 
+    throughput_table(documents, tokenizer, tmp, args)
+    efficiency_table(tokenizer, tmp, args)
+    resume_timings(tokenizer, tmp, args.batch)
+
+
+def throughput_table(documents, tokenizer, directory: str, args) -> None:
+    """Examples/s of the prepared, raw-text and packed streams at each shape, on one thread and on all."""
     print(f"{'seq':>4} {'source':>9} {'threads':>8} {'examples/s':>11} {'per core':>9} {'rows/s':>8} "
           f"{'per cpu-s':>10}  plan build")
     for seq, predictions, per_row in SHAPES:
-        spec = pt.MaskingSpec.from_tokenizer(tokenizer, max_predictions_per_seq=predictions)
+        spec = MaskingSpec.from_tokenizer(tokenizer, max_predictions_per_seq=predictions)
         for source in ("prepared", "raw text", "packed"):
             start = time.perf_counter()
             if source == "raw text":
-                source_corpus = pt.tokenize_documents(documents, tokenizer)
+                source_corpus = tokenize_documents(documents, tokenizer)
             else:
-                source_corpus = prepared.load_corpus(tmp, "train", 0, 1)
-            stream = pt.PretrainingStream(source_corpus, spec, seed=0, max_seq_length=seq,
-                                          packing=source == "packed", max_sequences_per_row=per_row)
+                source_corpus = prepared.load_corpus(directory, "train", 0, 1)
+            stream = PretrainingStream(source_corpus, spec, seed=0, max_seq_length=seq,
+                                       packing=source == "packed", max_sequences_per_row=per_row)
             setup_s = time.perf_counter() - start
             for threads in (1, os.cpu_count()):
                 rate, rows, per_cpu = measure(stream, args.num_examples, args.batch, threads)
@@ -247,37 +243,42 @@ def main(argv, args):
                       f"{setup_s:.2f}s to examples ({stream.examples_per_epoch:,} examples, "
                       f"{stream.rows_per_epoch:,} rows/epoch)")
 
-    # Packing efficiency: the share of positions that are real tokens, unpacked and packed, by objective.
+
+def efficiency_table(tokenizer, directory: str, args) -> None:
+    """Packing efficiency: the share of positions that are real tokens, unpacked and packed, by objective."""
     print(f"\nreal tokens / positions over the first {args.efficiency_batches} batches of {args.batch} "
           f"(or one epoch, if shorter):")
     print(f"{'seq':>4} {'objective':>9} {'unpacked':>9} {'packed':>7} {'rows':>7} {'examples':>9}")
-    corpus = prepared.load_corpus(tmp, "train", 0, 1)
+    corpus = prepared.load_corpus(directory, "train", 0, 1)
     for seq, predictions, per_row in SHAPES:
-        spec = pt.MaskingSpec.from_tokenizer(tokenizer, max_predictions_per_seq=predictions)
+        spec = MaskingSpec.from_tokenizer(tokenizer, max_predictions_per_seq=predictions)
         for objective in ("nsp", "sop", "none"):
             shares = []
             for packing in (False, True):
-                stream = pt.PretrainingStream(corpus, spec, seed=0, max_seq_length=seq, objective=objective,
-                                              packing=packing, max_sequences_per_row=per_row)
+                stream = PretrainingStream(corpus, spec, seed=0, max_seq_length=seq, objective=objective,
+                                           packing=packing, max_sequences_per_row=per_row)
                 shares.append(real_token_share(stream, args.batch, args.efficiency_batches))
             print(f"{seq:>4} {objective:>9} {shares[0]:>9.1%} {shares[1]:>7.1%} {stream.rows_per_epoch:>7,} "
                   f"{stream.examples_per_epoch:>9,}")
 
-    # Resuming: the first batch at step 1,000,000 against the first batch at step 0, each on a fresh
-    # stream (one epoch plan built either way).
-    spec = pt.MaskingSpec.from_tokenizer(tokenizer, max_predictions_per_seq=20)
+
+def resume_timings(tokenizer, directory: str, batch_size: int) -> None:
+    """The first batch at step 1,000,000 against the first batch at step 0, each on a fresh stream (one
+    epoch plan built either way)."""
+    spec = MaskingSpec.from_tokenizer(tokenizer, max_predictions_per_seq=20)
     for packing in (False, True):
         for step in (0, 1_000_000):
             start = time.perf_counter()
-            stream = pt.PretrainingStream(prepared.load_corpus(tmp, "train", 0, 1), spec, seed=0,
-                                          max_seq_length=128, packing=packing)
-            next(stream.dataset(args.batch, start_step=step).as_numpy_iterator())
-            epoch, _ = stream.locate(step * args.batch)
+            stream = PretrainingStream(prepared.load_corpus(directory, "train", 0, 1), spec, seed=0,
+                                       max_seq_length=128, packing=packing)
+            next(stream.dataset(batch_size, start_step=step).as_numpy_iterator())
+            epoch, _ = stream.locate(step * batch_size)
             print(f"first batch at step {step:>9,} (epoch {epoch:,}, packing={packing}): "
                   f"{time.perf_counter() - start:.2f}s")
 
 
 def entry():
+    """python -m bertjax.data.throughput."""
     console.run_program(main, define_flags)
 
 

@@ -1,0 +1,171 @@
+"""Dynamic masked-LM corruption, in TensorFlow ops (eager or inside tf.data): BERT's 80/10/10 at a
+recipe's rate, drawn from a stateless RNG keyed by (seed, epoch, index in epoch), so the same example
+gets the same mask in every run and a new one every epoch.
+
+A masking strategy says which positions are chosen together (GROUPINGS: single tokens, whole words);
+the budget, the greedy fill and the replacements are shared. A new strategy (spans, n-grams) is its
+grouping function in a module of its own and one row of GROUPINGS.
+
+Shape legend: n length of an unpadded example, P max_predictions_per_seq, G groups.
+"""
+
+import dataclasses
+
+import numpy as np
+
+from bertjax.text import tf_cpu
+
+tf = tf_cpu.import_tensorflow()
+
+# Stream keys for tf.random.experimental.stateless_fold_in: one independent stream per purpose.
+_GROUP_ORDER, _MASK_CHOICE, _RANDOM_TOKEN = 1, 2, 3
+
+
+@dataclasses.dataclass(frozen=True)
+class MaskingSpec:
+    """What masking needs to know about the vocabulary and the recipe (checked by bertjax/data/settings.py
+    when it comes from a config)."""
+
+    cls_id: int
+    sep_id: int
+    pad_id: int
+    mask_id: int
+    replacement_ids: np.ndarray  # ids a "random token" is drawn from: the vocabulary without specials
+    word_start: np.ndarray  # bool [vocab_size]: the token begins a word (whole-word masking)
+    max_predictions_per_seq: int
+    mask_rate: float = 0.15  # share of an example's tokens to predict (BERT 0.15, ModernBERT 0.30)
+    whole_word_masking: bool = False
+    # Of the predicted positions: this share becomes [MASK], this one a random token, the rest stay.
+    mask_token_fraction: float = 0.8
+    random_token_fraction: float = 0.1
+
+    @property
+    def grouping(self) -> str:
+        """The row of GROUPINGS this spec masks by."""
+        return "whole_word" if self.whole_word_masking else "token"
+
+    @classmethod
+    def from_tokenizer(cls, tokenizer, **recipe) -> "MaskingSpec":
+        return cls(
+            cls_id=tokenizer.cls_id, sep_id=tokenizer.sep_id, pad_id=tokenizer.pad_id, mask_id=tokenizer.mask_id,
+            replacement_ids=np.asarray(tokenizer.replacement_ids, np.int32),
+            word_start=np.asarray(tokenizer.word_start, bool), **recipe,
+        )
+
+
+def example_key(seed: int, epoch, index):
+    """The stateless RNG key of one example: a pure function of (seed, epoch, index in epoch)."""
+    key = tf.constant([seed, 0x5EED], tf.int64)
+    key = tf.random.experimental.stateless_fold_in(key, tf.cast(epoch, tf.int64))
+    return tf.random.experimental.stateless_fold_in(key, tf.cast(index, tf.int64))
+
+
+def token_groups(ids, candidate, key, spec: MaskingSpec):
+    """Every candidate position is a group of its own."""
+    return candidate
+
+
+def whole_word_groups(ids, candidate, key, spec: MaskingSpec):
+    """All pieces of a word together ("##" continuations for WordPiece, "▁" word starts for
+    SentencePiece). A group starts at a candidate that begins a word or follows a non-candidate ([CLS],
+    [SEP]): a "##" piece right after [SEP] (B cut mid-word) starts its own group instead of joining the
+    last word of A."""
+    begins_word = tf.gather(tf.constant(spec.word_start), ids)
+    after_candidate = tf.concat([[False], candidate[:-1]], 0)
+    return candidate & (begins_word | ~after_candidate)
+
+
+# name -> (ids [n] int32, candidate [n] bool, key, spec) -> [n] bool: the candidates that start a group;
+# a group runs to the next start (non-candidates belong to none). key: the example's RNG key, for
+# strategies that draw their groups.
+GROUPINGS = {"token": token_groups, "whole_word": whole_word_groups}
+
+
+def _greedy_fill(sizes, budget):
+    """Which groups the original takes, visiting them in order: a group is taken when it still fits in
+    the budget, else skipped for good. sizes: [G] int32 in visiting order -> [G] bool.
+
+    Done in passes over the whole vector instead of one group at a time: each pass takes the longest
+    prefix that fits, then drops every group larger than what is left (the first one that did not fit
+    among them); what remains is visited by the next pass exactly as the sequential loop would.
+    """
+    def body(taken, alive, total):
+        s = tf.where(alive, sizes, 0)
+        fits = alive & (total + tf.cumsum(s) <= budget)
+        total += tf.reduce_sum(tf.where(fits, s, 0))
+        taken |= fits
+        alive &= ~fits & (sizes <= budget - total)
+        return taken, alive, total
+
+    taken = tf.zeros_like(sizes, tf.bool)
+    alive = sizes > 0
+    taken, _, _ = tf.while_loop(
+        lambda taken, alive, total: (total < budget) & tf.reduce_any(alive),
+        body, (taken, alive, tf.constant(0, sizes.dtype)),
+    )
+    return taken
+
+
+def mask_tokens(ids, key, spec: MaskingSpec):
+    """BERT's masked-LM corruption of one unpadded example.
+
+    ids: [n] int32 ([CLS] A [SEP] B [SEP]); key: stateless RNG key.
+    Returns (masked ids [n], masked_lm_positions [P], masked_lm_ids [P], masked_lm_weights [P]).
+
+    num_to_predict = min(P, max(1, round(n * mask_rate))) positions, never [CLS]/[SEP], are
+    chosen at random (whole groups together, skipping a group that would overshoot, as the original
+    does with whole words). Of those, 80% become [MASK], 10% a random token, 10% stay
+    (spec.mask_token_fraction and spec.random_token_fraction):
+    the model cannot rely on [MASK] marking every position it is asked about, so it must keep a
+    useful representation of every token -- and [MASK] never appears at fine-tuning time.
+    """
+    ids = tf.cast(ids, tf.int32)
+    n = tf.shape(ids)[0]
+    max_predictions = spec.max_predictions_per_seq
+    candidate = (ids != spec.cls_id) & (ids != spec.sep_id) & (ids != spec.pad_id)
+    # tf.round rounds half to even, like Python's round() in the original.
+    num_to_predict = tf.cast(tf.round(tf.cast(n, tf.float32) * spec.mask_rate), tf.int32)
+    num_to_predict = tf.minimum(max_predictions, tf.maximum(1, num_to_predict))
+    chosen = _chosen_positions(ids, candidate, num_to_predict, key, spec)
+    masked = tf.where(chosen, _replacements(ids, key, spec), ids)
+
+    positions = tf.cast(tf.where(chosen)[:, 0], tf.int32)  # ascending, as the original sorts them
+    labels = tf.gather(ids, positions)
+    count = tf.shape(positions)[0]
+    pad = [[0, max_predictions - count]]
+    return (
+        masked,
+        tf.pad(positions, pad),
+        tf.pad(labels, pad),
+        tf.pad(tf.ones([count], tf.float32), pad),
+    )
+
+
+def _chosen_positions(ids, candidate, num_to_predict, key, spec: MaskingSpec):
+    """[n] bool: the positions to predict, whole groups at a time, visited in a random order."""
+    starts = GROUPINGS[spec.grouping](ids, candidate, key, spec)
+    group = tf.cumsum(tf.cast(starts, tf.int32)) - 1  # [n], group index at candidates
+    num_groups = tf.reduce_sum(tf.cast(starts, tf.int32))
+    sizes = tf.math.unsorted_segment_sum(
+        tf.cast(candidate, tf.int32), tf.where(candidate, group, num_groups), num_groups + 1
+    )[:num_groups]
+    # A random visiting order of the groups (the original shuffles its candidate list).
+    scores = tf.random.stateless_uniform([num_groups], tf.random.experimental.stateless_fold_in(key, _GROUP_ORDER))
+    order = tf.argsort(scores)
+    taken_in_order = _greedy_fill(tf.gather(sizes, order), num_to_predict)
+    taken = tf.scatter_nd(order[:, None], taken_in_order, [num_groups])
+    return candidate & tf.gather(tf.concat([taken, [False]], 0), tf.where(candidate, group, num_groups))
+
+
+def _replacements(ids, key, spec: MaskingSpec):
+    """[n] int32: what each position becomes if chosen: [MASK], itself, or a random token."""
+    n = tf.shape(ids)[0]
+    u = tf.random.stateless_uniform([n], tf.random.experimental.stateless_fold_in(key, _MASK_CHOICE))
+    random_index = tf.random.stateless_uniform(
+        [n], tf.random.experimental.stateless_fold_in(key, _RANDOM_TOKEN),
+        minval=0, maxval=len(spec.replacement_ids), dtype=tf.int32,
+    )
+    random_tokens = tf.gather(tf.constant(spec.replacement_ids, tf.int32), random_index)
+    # u < mask share: [MASK]; then unchanged up to 1 - random share; the top random share: a random token.
+    keep_below = 1.0 - spec.random_token_fraction
+    return tf.where(u < spec.mask_token_fraction, spec.mask_id, tf.where(u < keep_below, ids, random_tokens))
