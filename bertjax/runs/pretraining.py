@@ -21,6 +21,7 @@ import ml_collections
 from absl import logging
 
 from bertjax.data import synthetic
+from bertjax.data.settings import DataSettings
 from bertjax.interop import pretrained
 from bertjax.models import bert
 from bertjax.runs import start
@@ -139,13 +140,12 @@ def check_same_run(step: int, meta: CheckpointMeta, *, config, bert_config: bert
 
 def stream_position(config, process_count: int) -> dict:
     """What decides the data stream besides the step: a resumed run must agree on all of it."""
-    data = config.data
+    data = DataSettings.from_config(config.data)
     return {"seed": data.seed, "batch_size": config.train.batch_size, "process_count": process_count,
-            "max_seq_length": data.max_seq_length, "source": data.source,
-            # As the config says them (data.inputs resolves them; its module imports TensorFlow).
-            **{key: data.get(key) for key in ("objective", "mask_rate", "masked_lm_prob", "eval_mask_rate", "packing")},
-            # Each source of a mixture and its weight (lists, as the checkpoint's JSON gives them back).
-            "mixture": [dict(entry) for entry in data.get("mixture", None) or ()]}
+            "max_seq_length": data.max_seq_length, "source": data.source, "objective": data.objective,
+            "mask_rate": data.mask_rate, "eval_mask_rate": data.eval_mask_rate, "packing": data.packing,
+            # Each source of a mixture and its weight, as the config writes them (the checkpoint's JSON).
+            "mixture": [dict(entry) for entry in config.data.mixture or ()]}
 
 
 def check_same_stream(meta: CheckpointMeta, config, process_count: int) -> None:
@@ -203,20 +203,14 @@ def host_batches(config, workdir: str, start_step: int, process_index: int, proc
     """This process's stream of numpy batches from start_step on, its fixed eval batches, and the
     tokenizer (None for synthetic data) with the path of its vocabulary."""
     local_batch = config.train.batch_size // process_count
-    data = config.data
+    data = DataSettings.from_config(config.data)
     if data.source == "synthetic":
-        kwargs = dict(batch_size=local_batch, max_seq_length=data.max_seq_length,
-                      max_predictions_per_seq=data.max_predictions_per_seq, vocab_size=config.model.vocab_size,
-                      seed=data.seed, shard=process_index, packed=data.packing,
-                      max_sequences_per_row=data.max_sequences_per_row, mask_rate=data.mask_rate)
-        evals = [synthetic.synthetic_batch(i, split=1, **kwargs) for i in range(config.logging.eval_batches)]
-        return synthetic.synthetic_batches(start_step, **kwargs), evals, None, None
-    from bertjax.text import tf_cpu  # TensorFlow, kept off the accelerators, only where text is read
+        streams = synthetic.from_settings(data, vocab_size=config.model.vocab_size, shard=process_index)
+    else:
+        from bertjax.data import inputs  # imports TensorFlow (through text/tf_cpu): only where text is read
 
-    tf_cpu.import_tensorflow()
-    from bertjax.data import inputs  # imports TensorFlow: after tf_cpu has hidden the accelerators from it
-
-    streams = inputs.build_inputs(data, workdir=workdir, process_index=process_index, process_count=process_count)
+        streams = inputs.build_inputs(data, workdir=workdir, process_index=process_index,
+                                      process_count=process_count)
     evals = streams.eval_batches(local_batch, config.logging.eval_batches)
     return streams.train_batches(local_batch, start_step), evals, streams.tokenizer, streams.vocab_path
 
@@ -325,7 +319,7 @@ def run_steps(run: Run, state: TrainState, p_train_step, dropout_key) -> None:
     steps = loop.LoopSteps(start=start_step, total=config.train.num_steps, log_every=config.logging.log_every,
                            eval_every=config.logging.eval_every, save_every=config.checkpoint.every_steps)
     # Batches are made and put on the devices by a thread, ahead of the step that takes them.
-    keys = objective.batch_keys(config.data.packing)
+    keys = objective.batch_keys(DataSettings.from_config(config.data).packing)
     device_batches = sharding.prefetch_to_devices(({k: b[k] for k in keys} for b in run.stream.train_batches),
                                                   run.stream.data_sharding, size=config.train.prefetch_batches)
     with jax.set_mesh(run.setup.mesh), nn.logical_axis_rules(run.setup.rules), device_batches:

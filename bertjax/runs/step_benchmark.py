@@ -23,6 +23,7 @@ import configs.small
 import configs.tiny
 
 from bertjax.data import synthetic
+from bertjax.data.settings import DataSettings
 from bertjax.models import bert
 from bertjax.runs import start
 from bertjax.runs.hf_peer import HFStep, hf_peer_config, torch_cuda_available
@@ -103,7 +104,7 @@ class BertjaxStep:
         self.state = setup.init(init_key)
         self.params = bert.count_params(self.state.params)
         step_fn, _ = setup.compile_steps(layout.data_sharding, grad_accum_steps=1)
-        keys = pretraining.batch_keys(config.data.packing)
+        keys = pretraining.batch_keys(DataSettings.from_config(config.data).packing)
         self.batches = [sharding.global_batch({k: b[k] for k in keys}, layout.data_sharding) for b in batches]
         began = time.perf_counter()
         with jax.set_mesh(self.mesh):

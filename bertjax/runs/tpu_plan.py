@@ -15,6 +15,7 @@ import jax
 import numpy as np
 from absl import logging
 
+from bertjax.data.settings import DataSettings
 from bertjax.runs import start
 from bertjax.training import flops, sharding
 from bertjax.training import pretraining
@@ -113,8 +114,8 @@ def abstract_batch(config, batch_size: int, data_sharding) -> dict:
     """The train step's batch as shapes with the data sharding: [B, S] ids, [B, P] predictions, [B] labels;
     packed rows (data.packing): [B, S] sequence ids and positions, [B, K] labels, [CLS] positions, weights."""
     s, p = config.data.max_seq_length, config.data.max_predictions_per_seq
-    packing = config.data.packing
-    k = config.data.max_sequences_per_row
+    data = DataSettings.from_config(config.data)
+    packing, k = data.packing, data.max_sequences_per_row
     shapes = {"input_ids": (s,), "segment_ids": (s,), "input_mask": (s,), "masked_lm_positions": (p,),
               "masked_lm_ids": (p,), "masked_lm_weights": (p,), "next_sentence_labels": (k,) if packing else (),
               "sequence_ids": (s,), "position_ids": (s,), "sentence_positions": (k,), "sentence_weights": (k,)}

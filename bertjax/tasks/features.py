@@ -16,10 +16,12 @@ Features (N examples, C choices, S max_seq_length):
 """
 
 import numpy as np
-import tensorflow as tf
 
 from bertjax.tasks import registry
 from bertjax.tasks.examples import ChoiceExample, Example
+from bertjax.text import tf_cpu
+
+tf = tf_cpu.import_tensorflow()
 
 # Texts per tokenizer call: bounds the memory of one ragged batch on the largest sets (QQP, MNLI).
 _TOKENIZE_CHUNK = 8192

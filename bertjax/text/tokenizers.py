@@ -18,8 +18,11 @@ those of the `sentencepiece` library itself. Vocabularies are learned by bertjax
 import re
 
 import numpy as np
-import tensorflow as tf
-import tensorflow_text as tf_text
+
+from bertjax.text import tf_cpu
+
+tf = tf_cpu.import_tensorflow()
+tf_text = tf_cpu.import_tensorflow_text()
 
 SPECIAL_TOKENS = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")
 

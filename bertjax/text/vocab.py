@@ -27,10 +27,10 @@ import logging
 import os
 from typing import Iterable, Iterator, Mapping, Sequence
 
-import tensorflow as tf
-
-from bertjax.text import files
+from bertjax.text import files, tf_cpu
 from bertjax.text.tokenizers import ALWAYS_SPLIT_CHAR, MAX_CHARS_PER_WORD, SPECIAL_TOKENS, basic_tokenize
+
+tf = tf_cpu.import_tensorflow()
 
 log = logging.getLogger(__name__)
 

@@ -114,4 +114,4 @@ def setup(config, mesh, rules, init_key, platform: str | None = None) -> Pretrai
     example = bert.dummy_batch(1, config.data.max_seq_length, config.data.max_predictions_per_seq)
     return PretrainingSetup.create(bert.BertForPreTraining(bert_config), example, tx, schedule, mesh, rules,
                                    init_key, bert_config=bert_config,
-                                   objective=config.data.get("objective", "nsp"))
+                                   objective=config.data.objective)
