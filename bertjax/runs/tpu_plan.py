@@ -16,7 +16,7 @@ import numpy as np
 from absl import logging
 
 from bertjax.data.settings import DataSettings
-from bertjax.runs import start
+from bertjax.runs.start import make_layout
 from bertjax.training import flops, sharding
 from bertjax.training import pretraining
 from bertjax.training import state as train_state
@@ -147,7 +147,7 @@ def compile_step(config, topology: Topology, devices, batch_size: int) -> dict:
     """Compile the train step for the slice at this global batch and measure it. Raises ValueError for
     a mesh or batch the slice cannot take."""
     grad_accum = config.train.grad_accum_steps
-    layout = start.make_layout(config.mesh, config.logical_axis_rules, batch_size, grad_accum, devices)
+    layout = make_layout(config.mesh, config.logical_axis_rules, batch_size, grad_accum, devices)
     mesh, rules, data_sharding = layout.mesh, layout.rules, layout.data_sharding
     init_key, dropout_key = train_state.root_keys(config.train.seed, config.train.dropout_rng)
     setup = pretraining.setup(config, mesh, rules, init_key, platform="tpu")
@@ -233,7 +233,7 @@ def find_max_batch(config, topology: Topology, devices, bisect_steps: int = 3, s
     """The largest batch per data-parallel device that fits: from `start`, doubling until a compile
     does not fit (or halving until one does), then `bisect_steps` bisections between the last fit and
     the first miss. Returns it (0 when not even 1 fits) and every compiled plan, in order."""
-    dp = start.make_layout(config.mesh, config.logical_axis_rules, devices=devices).data_parallel_size
+    dp = make_layout(config.mesh, config.logical_axis_rules, devices=devices).data_parallel_size
     unit = config.train.grad_accum_steps  # the batch per device must split into the microbatches
     tried = []
 
@@ -313,7 +313,7 @@ def plan(config, topology_name: str, *, search: bool = False, start_batch: int |
     sharding.mesh_shape(config.mesh, len(devices))
     if not search:
         return None, [compile_step(config, topology, devices, config.train.batch_size)]
-    dp = start.make_layout(config.mesh, config.logical_axis_rules, devices=devices).data_parallel_size
+    dp = make_layout(config.mesh, config.logical_axis_rules, devices=devices).data_parallel_size
     first = start_batch or max(1, config.train.batch_size // (dp * config.train.grad_accum_steps))
     return find_max_batch(config, topology, devices, bisect_steps, first)
 
