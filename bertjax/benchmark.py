@@ -8,7 +8,7 @@
     python -m bertjax.benchmark --accelerator --profile=/tmp/prof # and a trace, kernel time by category
 
 What is timed is the whole optimizer step as the trainer runs it (training.step.train_step: forward, backward,
-the config's clipping and optimizer, BERT's AdamW for BERT; state donated), built by pretraining.setup from
+the config's clipping and optimizer, BERT's AdamW for BERT; state donated), built by pretraining_step.setup from
 configs/<size>.py on a one-device mesh, on synthetic full-length batches. Every pretraining config under
 configs/ is a size (BERT's and the RoBERTa, ALBERT and ModernBERT ones), all at the benchmark's
 vocabulary (BERT's 30,522) and shapes (BERT's 15% of predictions, for ModernBERT's 30% too). The

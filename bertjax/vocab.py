@@ -1,4 +1,4 @@
-"""python -m bertjax.vocab train: learn a vocabulary from text files (bertjax.text.vocab does the learning).
+"""python -m bertjax.vocab train: learn a vocabulary from text files (bertjax.text.vocab_learning does the learning).
 
     python -m bertjax.vocab train --input='corpus/*.txt.gz' --vocab_size=30522 \\
         --kind=wordpiece --out=vocab.txt [--lower_case=true] [--max_sentences=N]
@@ -10,7 +10,7 @@ from absl import flags
 
 from bertjax.runs import console
 from bertjax.text import tokenizers
-from bertjax.text import vocab as vocabularies
+from bertjax.text import vocab_learning as vocabularies
 
 
 def define_flags() -> dict:

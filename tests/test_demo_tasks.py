@@ -1,4 +1,4 @@
-"""The demo corpus's fine-tuning tasks (bertjax/tasks/demo.py): word_order's shuffles move the plain
+"""The demo corpus's fine-tuning tasks (bertjax/tasks/demo_tasks.py): word_order's shuffles move the plain
 words among themselves and nothing else, so a bag of words scores exactly chance on its dev pairs; its dev sentences
 come from the documents pretraining holds out; the files read as the generic classification task; the
 program's output and its one-line error."""
@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from bertjax.data import demo, splits
-from bertjax.tasks import demo as demo_tasks
+from bertjax.tasks import demo_tasks
 from bertjax.tasks import readers, registry
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
@@ -65,7 +65,7 @@ def test_word_order_dev_comes_from_the_held_out_documents_only(word_order):
 
 
 def test_the_program_writes_files_the_classification_task_reads(tmp_path):
-    out = subprocess.run([sys.executable, "-m", "bertjax.tasks.demo", "--task=keyword", f"--out={tmp_path}"],
+    out = subprocess.run([sys.executable, "-m", "bertjax.tasks.demo_tasks", "--task=keyword", f"--out={tmp_path}"],
                          cwd=REPO, capture_output=True, text=True)
     assert out.returncode == 0, out.stderr
     assert "labels: ('no', 'yes')" in out.stdout
@@ -76,6 +76,6 @@ def test_the_program_writes_files_the_classification_task_reads(tmp_path):
     rows = [json.loads(line) for line in (tmp_path / "train.jsonl").read_text().splitlines()]
     assert all((demo_tasks.KEYWORD in row["text"].lower()) == (row["label"] == "yes") for row in rows)
 
-    bad = subprocess.run([sys.executable, "-m", "bertjax.tasks.demo", "--task=sentiment", f"--out={tmp_path}"],
+    bad = subprocess.run([sys.executable, "-m", "bertjax.tasks.demo_tasks", "--task=sentiment", f"--out={tmp_path}"],
                          cwd=REPO, capture_output=True, text=True)
     assert bad.returncode == 2 and len(bad.stderr.strip().splitlines()) == 1 and "word_order" in bad.stderr

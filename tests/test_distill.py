@@ -19,7 +19,7 @@ from bertjax.tasks import steps
 from bertjax.compression import distillation
 from bertjax.interop import pretrained as pretrained_models
 from bertjax.models import bert, heads
-from bertjax.training import checkpoint, optim, pretraining, sharding
+from bertjax.training import checkpoint, optim, pretraining_step, sharding
 from bertjax.training.state import Setup
 from bertjax.data import synthetic
 from configs.distill import tiny as tiny_distill
@@ -62,7 +62,7 @@ def teacher(tmp_path_factory):
     config = distill_config()
     config.model.num_layers = TEACHER["num_layers"]
     mesh, rules, _ = mesh_and_rules(config)
-    setup = pretraining.setup(config, mesh, rules, jax.random.key(1))
+    setup = pretraining_step.setup(config, mesh, rules, jax.random.key(1))
     state = setup.init(jax.random.key(1))
     checkpointer = pretraining_runs.make_checkpointer(config, workdir, setup.abstract_state)
     pretraining_runs.Run(config, workdir, setup, checkpointer, pretraining_runs.Stream(None, [], None, None),
@@ -114,7 +114,7 @@ def test_the_student_is_made_of_the_teachers_layers(teacher, scan_layers):
     assert (student_config.num_layers, student_config.hidden_size) == (2, 32)
     config = general_distillation.with_model(config, student_config)
     mesh, rules, _ = mesh_and_rules(config)
-    setup = pretraining.setup(config, mesh, rules, jax.random.key(0))
+    setup = pretraining_step.setup(config, mesh, rules, jax.random.key(0))
     params = distillation.student_params(teacher["params"], teacher["config"], setup.bert_config, layers,
                                          setup.abstract_state.params)
     encoder = params["bert"]["encoder"]
@@ -157,7 +157,7 @@ def test_steps_lower_the_loss_and_leave_the_teacher_alone(teacher):
     config = general_distillation.with_model(distill_config(**{"train.num_steps": 100}), distillation.student_config_from_teacher(
         teacher["config"], LAYERS, dict(hidden_dropout_rate=0.0, attention_dropout_rate=0.0)))
     mesh, rules, data_sharding = mesh_and_rules(config)
-    setup = pretraining.setup(config, mesh, rules, jax.random.key(0))
+    setup = pretraining_step.setup(config, mesh, rules, jax.random.key(0))
     teacher_net = bert.BertForPreTraining(teacher["config"])
     teacher_params = distillation.place_params(teacher_net, bert.dummy_batch(1, SEQ, PREDS), teacher["params"],
                                                mesh, rules)
@@ -169,7 +169,7 @@ def test_steps_lower_the_loss_and_leave_the_teacher_alone(teacher):
     state = setup.init(jax.random.key(0))
     batch = sharding.global_batch(synthetic.synthetic_batch(0, batch_size=BATCH, max_seq_length=SEQ,
                                                             max_predictions_per_seq=PREDS, vocab_size=64), data_sharding)
-    keys = pretraining.batch_keys(False)
+    keys = pretraining_step.batch_keys(False)
     losses = []
     with jax.set_mesh(mesh):
         for _ in range(5):

@@ -7,7 +7,7 @@ import pytest
 
 from bertjax.training import checkpoint
 from bertjax.training import sharding
-from bertjax.training import pretraining
+from bertjax.training import pretraining_step
 from bertjax.training import state as train_state
 from bertjax.data import synthetic
 from bertjax.training.checkpoint_meta import CheckpointMeta
@@ -22,7 +22,7 @@ class Run:
         self.mesh = sharding.make_mesh(dict(zip(sharding.MESH_AXES, mesh_shape)), devices)
         rules = sharding.logical_rules(config.logical_axis_rules)
         self.init_key, self.dropout_key = train_state.root_keys(config.train.seed)
-        self.setup = pretraining.setup(config, self.mesh, rules, self.init_key)
+        self.setup = pretraining_step.setup(config, self.mesh, rules, self.init_key)
         self.data_sharding = sharding.batch_sharding(self.mesh, rules)
         self.step_fn, _ = self.setup.compile_steps(self.data_sharding, 1)
 

@@ -357,7 +357,7 @@ def test_a_sentencepiece_model_exports_a_tokenizer_with_the_same_ids(tmp_path):
     from bertjax.training import checkpoint
     from bertjax.training.checkpoint_meta import CheckpointMeta
     from bertjax.data import demo
-    from bertjax.text import vocab as vocabularies
+    from bertjax.text import vocab_learning as vocabularies
 
     sentences = [s for doc in demo.demo_documents(200) for s in doc]
     texts = ["The function returns a list.", "  Naïve  café — «quoted» ﬁle, RÉSUMÉ!  ", "日本語 text 123,456.78",

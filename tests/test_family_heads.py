@@ -276,7 +276,7 @@ def test_the_exported_tokenizer_feeds_the_exported_model(family, vocabulary, tmp
 def sentencepiece(tmp_path_factory):
     from bertjax.data import demo
     from bertjax.text import tokenizers
-    from bertjax.text import vocab as vocabularies
+    from bertjax.text import vocab_learning as vocabularies
 
     path = str(tmp_path_factory.mktemp("sp") / "sp.model")
     vocabularies.learn_sentencepiece_model(iter([s for doc in demo.demo_documents(100) for s in doc]), 90, path, True)

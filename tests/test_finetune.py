@@ -25,8 +25,8 @@ from bertjax.training import checkpoint
 from bertjax.interop import hf
 from bertjax.models import bert as bert_model
 from bertjax.data import demo
-from bertjax.tasks import demo as demo_tasks
-from bertjax.text import vocab as vocabularies
+from bertjax.tasks import demo_tasks
+from bertjax.text import vocab_learning as vocabularies
 from bertjax.training.checkpoint_meta import CheckpointMeta
 from configs.finetune import common as finetune_configs
 

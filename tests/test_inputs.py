@@ -12,7 +12,7 @@ import pytest
 
 from bertjax.data import inputs, splits
 from bertjax.data.settings import DataSettings
-from bertjax.text import vocab as vocabularies
+from bertjax.text import vocab_learning as vocabularies
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 WORDS = ("the river city north old museum built century king village church music long bridge water "

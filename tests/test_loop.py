@@ -10,7 +10,7 @@ import pytest
 
 from bertjax.training import sharding
 from bertjax.training import loop
-from bertjax.training import pretraining
+from bertjax.training import pretraining_step
 from bertjax.training import state as train_state
 from bertjax.data import synthetic
 from test_train import small_config  # tests/ is on sys.path under pytest
@@ -22,7 +22,7 @@ def setup():
     mesh = sharding.make_mesh({"data": -1, "fsdp": 1, "tensor": 1}, jax.devices()[:2])
     rules = sharding.logical_rules(config.logical_axis_rules)
     init_key, dropout_key = train_state.root_keys(0)
-    s = pretraining.setup(config, mesh, rules, init_key)
+    s = pretraining_step.setup(config, mesh, rules, init_key)
     data_sharding = sharding.batch_sharding(mesh, rules)
     step_fn, _ = s.compile_steps(data_sharding, 1)
     return dict(setup=s, step_fn=step_fn, init_key=init_key, dropout_key=dropout_key, data_sharding=data_sharding,
@@ -34,7 +34,7 @@ def batches(ctx, start):
     while True:
         host = synthetic.synthetic_batch(step, batch_size=16, max_seq_length=32, max_predictions_per_seq=5,
                                          vocab_size=96)
-        yield sharding.global_batch({k: host[k] for k in pretraining.BATCH_KEYS}, ctx["data_sharding"])
+        yield sharding.global_batch({k: host[k] for k in pretraining_step.BATCH_KEYS}, ctx["data_sharding"])
         step += 1
 
 

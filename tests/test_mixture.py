@@ -12,7 +12,7 @@ import pytest
 from bertjax.data import demo
 from bertjax.data import inputs
 from bertjax.data import mixture
-from bertjax.text import vocab as vocabularies
+from bertjax.text import vocab_learning as vocabularies
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 WEIGHTS = (0.7, 0.3)

@@ -27,7 +27,7 @@ import numpy as np
 import pytest
 
 from bertjax.training import checkpoint
-from bertjax.text import vocab as vocabularies
+from bertjax.text import vocab_learning as vocabularies
 from test_inputs import write_corpus  # tests/ is on sys.path under pytest, as test_api uses test_hf
 
 REPO = pathlib.Path(__file__).resolve().parents[1]

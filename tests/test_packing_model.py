@@ -175,11 +175,11 @@ def test_learned_positions_restart_in_each_sequence():
 
 
 def test_the_packed_train_step_on_a_mesh_gives_the_losses_of_one_device():
-    """The training step (pretraining.loss_fn through Setup) on packed synthetic batches: data and fsdp
+    """The training step (pretraining_step.loss_fn through Setup) on packed synthetic batches: data and fsdp
     parallel over 4 devices give the one-device losses. (Gradient accumulation averages its
     microbatches' means, packed or not: rows of unequal prediction counts weigh alike.)"""
     from test_train import small_config
-    from bertjax.training import pretraining, sharding
+    from bertjax.training import pretraining_step, sharding
 
     config = small_config()
     config.data.update(packing=True, max_sequences_per_row=SEQUENCES)
@@ -188,7 +188,7 @@ def test_the_packed_train_step_on_a_mesh_gives_the_losses_of_one_device():
         mesh = sharding.make_mesh(dict(zip(sharding.MESH_AXES, mesh_shape)), jax.devices()[:int(np.prod(mesh_shape))])
         rules = sharding.logical_rules(config.logical_axis_rules)
         init_key, dropout_key = jax.random.split(jax.random.key(0))
-        setup = pretraining.setup(config, mesh, rules, init_key)
+        setup = pretraining_step.setup(config, mesh, rules, init_key)
         data_sharding = sharding.batch_sharding(mesh, rules)
         step_fn, _ = setup.compile_steps(data_sharding, 1)
         state, out = setup.init(init_key), []
@@ -197,7 +197,7 @@ def test_the_packed_train_step_on_a_mesh_gives_the_losses_of_one_device():
                 host = synthetic.synthetic_batch(step, batch_size=config.train.batch_size, max_seq_length=32,
                                                  max_predictions_per_seq=5, vocab_size=config.model.vocab_size,
                                                  packed=True, max_sequences_per_row=SEQUENCES)
-                assert set(host) == set(pretraining.batch_keys(True))
+                assert set(host) == set(pretraining_step.batch_keys(True))
                 state, sums = step_fn(state, sharding.global_batch(host, data_sharding), dropout_key)
                 out.append((float(sums["loss_sum"]), float(sums["nsp_count"])))
         return np.array(out)

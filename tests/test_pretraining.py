@@ -504,7 +504,7 @@ def test_resume_equals_uninterrupted_for_every_objective(small_corpus, objective
 
 
 # --------------------------------------------------------------------------------------------------
-# The loss by objective (bertjax.models.bert.pretraining_loss, bertjax.training.pretraining)
+# The loss by objective (bertjax.models.bert.pretraining_loss, bertjax.training.pretraining_step)
 # --------------------------------------------------------------------------------------------------
 
 
@@ -520,7 +520,7 @@ def test_loss_by_objective():
     import jax.numpy as jnp
 
     from bertjax.models import bert
-    from bertjax.training import pretraining as training
+    from bertjax.training import pretraining_step as training
 
     mlm_logits, nsp_logits, ids, weights, labels = loss_inputs()
     nsp, nsp_sums = bert.pretraining_loss(mlm_logits, nsp_logits, ids, weights, labels)
@@ -552,7 +552,7 @@ def test_objective_none_gives_the_sentence_head_no_gradient():
     import jax
 
     from bertjax.models import bert
-    from bertjax.training import pretraining as training
+    from bertjax.training import pretraining_step as training
 
     cfg = bert.BertConfig(vocab_size=30, hidden_size=16, num_layers=1, num_heads=2, intermediate_size=32,
                           max_position_embeddings=16, dtype="float32", attention_impl="xla")

@@ -281,7 +281,7 @@ def finetuned(tmp_path_factory):
     from test_finetune import keyword_sentences, write_jsonl
 
     from bertjax.data import demo
-    from bertjax.text import vocab as vocabularies
+    from bertjax.text import vocab_learning as vocabularies
     from bertjax.training import checkpoint
 
     root = tmp_path_factory.mktemp("prune")

@@ -30,7 +30,7 @@ from bertjax.interop import savedmodel
 from bertjax.models import bert as bert_model
 from bertjax.data import demo
 from bertjax.tasks import features
-from bertjax.text import vocab as vocabularies
+from bertjax.text import vocab_learning as vocabularies
 from bertjax.training.checkpoint_meta import CheckpointMeta
 
 REPO = pathlib.Path(__file__).resolve().parents[1]

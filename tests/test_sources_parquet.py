@@ -14,7 +14,7 @@ from bertjax.data import backends, demo, inputs
 from bertjax.data.backends import tables
 from bertjax.data.backends.backend import BadRows
 from bertjax.data.settings import DataSettings
-from bertjax.text import vocab as vocabularies
+from bertjax.text import vocab_learning as vocabularies
 
 import test_workdir  # a sibling test module (pytest puts tests/ on the path)
 

@@ -12,7 +12,7 @@ import pytest
 from bertjax.data import demo
 from bertjax.tasks import squad
 from bertjax.text import tokenizers
-from bertjax.text import vocab as vocabularies
+from bertjax.text import vocab_learning as vocabularies
 
 CONTEXT = ("Le  Café\tNaïve, au cœur de São Paulo — it returns “None” (not False).\n"
            "ÀBC résumé: the function   returns 42; naïve users écrivent «bonjour» à l’heure.")

@@ -1,4 +1,4 @@
-"""Learning vocabularies (bertjax/text/vocab.py, `python -m bertjax.vocab train`) and the SentencePiece
+"""Learning vocabularies (bertjax/text/vocab_learning.py, `python -m bertjax.vocab train`) and the SentencePiece
 tokenizer, on a small English corpus the tests write themselves."""
 
 import gzip
@@ -14,7 +14,7 @@ import pytest
 import sentencepiece
 import tensorflow as tf
 
-from bertjax.text import vocab
+from bertjax.text import vocab_learning as vocab
 from bertjax.text.tokenizers import SPECIAL_TOKENS, SentencePieceTokenizer, WordPieceTokenizer, load_tokenizer, load_vocab
 
 REPO = Path(__file__).resolve().parents[1]

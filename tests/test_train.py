@@ -18,9 +18,9 @@ import pytest
 from conftest import FAST_COMPILE_FLAGS  # what this process compiles with: its programs too
 
 from bertjax.training import sharding
-from bertjax.training import pretraining
+from bertjax.training import pretraining_step
 from bertjax.data import synthetic
-from bertjax.text import vocab
+from bertjax.text import vocab_learning as vocab
 
 # Every test here compiles and runs training steps, most of them in fresh processes.
 pytestmark = pytest.mark.slow
@@ -43,7 +43,7 @@ def run_steps(config, mesh_shape, num_steps=4, devices=None):
     mesh = sharding.make_mesh(dict(zip(sharding.MESH_AXES, mesh_shape)), devices)
     rules = sharding.logical_rules(config.logical_axis_rules)
     init_key, dropout_key = jax.random.split(jax.random.key(config.train.seed))
-    setup = pretraining.setup(config, mesh, rules, init_key)
+    setup = pretraining_step.setup(config, mesh, rules, init_key)
     data_sharding = sharding.batch_sharding(mesh, rules)
     step_fn, _ = setup.compile_steps(data_sharding, config.train.grad_accum_steps)
     state = setup.init(init_key)
@@ -71,7 +71,7 @@ def test_the_step_keeps_its_activation_shardings_wherever_it_is_lowered():
     mesh = sharding.make_mesh({"data": 1, "fsdp": 8, "tensor": 1})
     rules = sharding.logical_rules(config.logical_axis_rules)
     init_key, dropout_key = jax.random.split(jax.random.key(0))
-    setup = pretraining.setup(config, mesh, rules, init_key)
+    setup = pretraining_step.setup(config, mesh, rules, init_key)
     data_sharding = sharding.batch_sharding(mesh, rules)
     host = synthetic.synthetic_batch(0, batch_size=16, max_seq_length=32, max_predictions_per_seq=5, vocab_size=96)
     batch = {k: jax.ShapeDtypeStruct(v.shape, v.dtype, sharding=data_sharding) for k, v in host.items()}
@@ -377,7 +377,7 @@ def test_constant_guess_accuracy_is_the_most_frequent_masked_label_share():
     """The baseline the training log prints: Counter over the real (weight 1) labels of all batches."""
     import collections
 
-    from bertjax.training import pretraining as pretraining_lib
+    from bertjax.training import pretraining_step as pretraining_lib
 
     rng = np.random.default_rng(0)
     batches = [{"masked_lm_ids": rng.integers(0, 6, (4, 5)), "masked_lm_weights": (rng.random((4, 5)) < 0.7).astype(np.float32)}

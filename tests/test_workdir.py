@@ -148,7 +148,7 @@ WORDS = ("the river city north old museum built century king village church musi
 
 
 def _corpus(root: pathlib.Path) -> pathlib.Path:
-    from bertjax.text import vocab
+    from bertjax.text import vocab_learning as vocab
 
     rng = np.random.default_rng(0)
     lines = []

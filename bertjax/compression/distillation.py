@@ -18,7 +18,7 @@ import jax.numpy as jnp
 from etils import epath
 
 from bertjax.models import bert
-from bertjax.training import pretraining, sharding
+from bertjax.training import pretraining_step, sharding
 from bertjax.training import step as steps
 from bertjax.training.state import under_rules
 
@@ -99,8 +99,8 @@ def pretraining_distillation_loss(params, batch, dropout_rng, teacher_params, *,
     heads then run at P positions, not S). The cosine reads every real token's last hidden state, so with
     alpha_cos > 0 both models run their last block at all positions. The teacher runs without dropout."""
     hidden = weights.alpha_cos > 0
-    student = pretraining.forward(net, params, batch, False, {"dropout": dropout_rng}, heads_only=not hidden)
-    teacher = jax.lax.stop_gradient(pretraining.forward(teacher_net, teacher_params, batch, True,
+    student = pretraining_step.forward(net, params, batch, False, {"dropout": dropout_rng}, heads_only=not hidden)
+    teacher = jax.lax.stop_gradient(pretraining_step.forward(teacher_net, teacher_params, batch, True,
                                                         heads_only=not hidden))
     sentence = objective if weights.alpha_nsp > 0 else "none"  # the sentence head is dropped unless weighed
     _, sums = bert.pretraining_loss(student["mlm_logits"], student.get("nsp_logits"), batch["masked_lm_ids"],
@@ -118,7 +118,7 @@ def pretraining_distillation_loss(params, batch, dropout_rng, teacher_params, *,
 
 def summarize(window: dict) -> dict:
     """A general distillation window's logged line: pretraining's metrics and the two distillation losses."""
-    out = pretraining.summarize(window)
+    out = pretraining_step.summarize(window)
     steps_done = max(float(window["steps"]), 1.0)
     out.update({name: float(window[name]) / steps_done for name in DISTILL_METRICS})
     return out

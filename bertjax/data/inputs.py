@@ -33,7 +33,7 @@ from bertjax.data.settings import DataSettings
 from bertjax.data.stream import PretrainingStream
 from bertjax.text import files
 from bertjax.text import tokenizers
-from bertjax.text import vocab as vocabularies
+from bertjax.text import vocab_learning as vocabularies
 
 
 @dataclasses.dataclass

@@ -40,7 +40,7 @@ from bertjax.data.masking import MaskingSpec
 from bertjax.data.stream import PretrainingStream
 from bertjax.runs import console
 from bertjax.text import files, tokenizers
-from bertjax.text import vocab as vocabularies
+from bertjax.text import vocab_learning as vocabularies
 
 # (max_seq_length, max_predictions_per_seq, max_sequences_per_row): BERT's two phases, with the
 # packing defaults of configs/common.py (K 8 at 128, the seq-512 recipe's 16).

@@ -48,7 +48,7 @@ def write_sentencepiece_tokenizer(tokenizer, model_path: str, directory: str, mo
         proto.ParseFromString(f.read())
     if proto.trainer_spec.model_type != sentencepiece_model_pb2.TrainerSpec.UNIGRAM:
         raise ValueError(f"{model_path}: only unigram SentencePiece models export to Hugging Face "
-                         "(bertjax.text.vocab trains unigram ones)")
+                         "(bertjax.text.vocab_learning trains unigram ones)")
     pieces = [(p.piece, p.score) for p in proto.pieces]
     hf = Tokenizer(models.Unigram(pieces, unk_id=tokenizer.unk_id, byte_fallback=False))
     steps = []

@@ -19,7 +19,7 @@ from bertjax.interop import pretrained
 from bertjax.models import bert
 from bertjax.runs import pretraining, start
 from bertjax.runs.console import say
-from bertjax.training import pretraining as objective
+from bertjax.training import pretraining_step
 from bertjax.training.state import root_keys
 
 
@@ -51,7 +51,7 @@ def distill(config, workdir: str, distributed: start.Distributed | None = None) 
 
         # ---------------------------------------------------------------- the student: shapes first
         init_key, dropout_key = root_keys(config.train.seed, config.train.dropout_rng)
-        setup = objective.setup(one_step(config) if extract_only else config, layout.mesh, layout.rules, init_key)
+        setup = pretraining_step.setup(one_step(config) if extract_only else config, layout.mesh, layout.rules, init_key)
         student = setup.bert_config
         bert.check_input_shapes(student, config.data.max_seq_length, config.data.max_predictions_per_seq)
         distillation.check_student(teacher.config, student, weights)

@@ -28,7 +28,7 @@ from bertjax.runs import start
 from bertjax.runs.console import say
 from bertjax.text import files
 from bertjax.training import checkpoint, flops, loop, sharding, writers
-from bertjax.training import pretraining as objective
+from bertjax.training import pretraining_step
 from bertjax.training import workdir as workdirs
 from bertjax.training.checkpoint_meta import CheckpointMeta, TokenizerRecord
 from bertjax.training.preemption import Preemption
@@ -46,7 +46,7 @@ def pretrain(config, workdir: str, distributed: start.Distributed | None = None)
 
         # ---------------------------------------------------------------- model and optimizer: shapes first
         init_key, dropout_key = root_keys(config.train.seed, config.train.dropout_rng)
-        setup = objective.setup(config, layout.mesh, layout.rules, init_key)
+        setup = pretraining_step.setup(config, layout.mesh, layout.rules, init_key)
         bert.check_input_shapes(setup.bert_config, config.data.max_seq_length, config.data.max_predictions_per_seq)
         say(describe_model(setup.bert_config, setup.abstract_state.params))
 
@@ -221,7 +221,7 @@ def open_stream(config, workdir: str, bert_config: bert.BertConfig, start_step: 
                                                                       process_count)
     record = tokenizer_record(tokenizer, vocab_path, bert_config, workdir, process_index == 0)
     eval_global = [sharding.global_batch(b, data_sharding) for b in eval_batches]
-    baseline = objective.constant_guess_accuracy(eval_batches)
+    baseline = pretraining_step.constant_guess_accuracy(eval_batches)
     if baseline is not None:
         say(f"held-out masked LM: the most frequent masked token, guessed everywhere, scores mlm_acc {baseline:.3f}")
     return Stream(train_batches, eval_global, record, data_sharding)
@@ -253,11 +253,11 @@ class Run:
 
     config: ml_collections.ConfigDict
     workdir: str
-    setup: objective.PretrainingSetup
+    setup: pretraining_step.PretrainingSetup
     checkpointer: checkpoint.Checkpointer
     stream: Stream
     p_eval_step: Callable | None
-    summarize_window: Callable = objective.summarize  # metric sums -> the logged line
+    summarize_window: Callable = pretraining_step.summarize  # metric sums -> the logged line
     distill: dict | None = None  # what a distillation's checkpoints record of its teacher
 
     def meta(self, step: int) -> CheckpointMeta:
@@ -297,7 +297,7 @@ def hooks(run: Run, writer: writers.MetricWriter, preemption: Preemption) -> loo
             s = run.p_eval_step(state.params, b)
             totals = s if totals is None else add_sums(totals, s)
         if totals is not None:
-            writer.write(step, objective.summarize(jax.device_get(totals)), split="eval")
+            writer.write(step, pretraining_step.summarize(jax.device_get(totals)), split="eval")
 
     after_step = [lambda step, state: run.checkpointer.check_for_errors()]
     if config.logging.profile_first_step:
@@ -319,7 +319,7 @@ def run_steps(run: Run, state: TrainState, p_train_step, dropout_key) -> None:
     steps = loop.LoopSteps(start=start_step, total=config.train.num_steps, log_every=config.logging.log_every,
                            eval_every=config.logging.eval_every, save_every=config.checkpoint.every_steps)
     # Batches are made and put on the devices by a thread, ahead of the step that takes them.
-    keys = objective.batch_keys(DataSettings.from_config(config.data).packing)
+    keys = pretraining_step.batch_keys(DataSettings.from_config(config.data).packing)
     device_batches = sharding.prefetch_to_devices(({k: b[k] for k in keys} for b in run.stream.train_batches),
                                                   run.stream.data_sharding, size=config.train.prefetch_batches)
     with jax.set_mesh(run.setup.mesh), nn.logical_axis_rules(run.setup.rules), device_batches:

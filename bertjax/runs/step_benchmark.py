@@ -28,7 +28,7 @@ from bertjax.models import bert
 from bertjax.runs import start
 from bertjax.runs.hf_peer import HFStep, hf_peer_config, torch_cuda_available
 from bertjax.runs.step_profile import print_profile, profile_steps
-from bertjax.training import flops, pretraining, sharding
+from bertjax.training import flops, pretraining_step, sharding
 from bertjax.training import state as train_state
 
 VOCAB_SIZE = 30522
@@ -89,7 +89,7 @@ def make_batches(n: int, batch_size: int, seq_len: int, num_predictions: int) ->
 
 
 class BertjaxStep:
-    """The trainer's state and step on one device, built by pretraining.setup as the training program builds
+    """The trainer's state and step on one device, built by pretraining_step.setup as the training program builds
     them (shardings, donated state), compiled ahead of time so that its memory can be read."""
 
     name = "bertjax"
@@ -99,12 +99,12 @@ class BertjaxStep:
                                    devices=jax.devices()[:1])
         self.mesh = layout.mesh
         init_key, self.dropout_key = train_state.root_keys(config.train.seed, config.train.dropout_rng)
-        setup = pretraining.setup(config, layout.mesh, layout.rules, init_key)
+        setup = pretraining_step.setup(config, layout.mesh, layout.rules, init_key)
         self.bert_config = setup.bert_config
         self.state = setup.init(init_key)
         self.params = bert.count_params(self.state.params)
         step_fn, _ = setup.compile_steps(layout.data_sharding, grad_accum_steps=1)
-        keys = pretraining.batch_keys(DataSettings.from_config(config.data).packing)
+        keys = pretraining_step.batch_keys(DataSettings.from_config(config.data).packing)
         self.batches = [sharding.global_batch({k: b[k] for k in keys}, layout.data_sharding) for b in batches]
         began = time.perf_counter()
         with jax.set_mesh(self.mesh):

@@ -18,7 +18,7 @@ from absl import logging
 from bertjax.data.settings import DataSettings
 from bertjax.runs.start import make_layout
 from bertjax.training import flops, sharding
-from bertjax.training import pretraining
+from bertjax.training import pretraining_step
 from bertjax.training import state as train_state
 
 
@@ -121,7 +121,7 @@ def abstract_batch(config, batch_size: int, data_sharding) -> dict:
               "sequence_ids": (s,), "position_ids": (s,), "sentence_positions": (k,), "sentence_weights": (k,)}
     floats = ("masked_lm_weights", "sentence_weights")
     return {key: jax.ShapeDtypeStruct((batch_size, *shapes[key]), np.float32 if key in floats else np.int32,
-                                      sharding=data_sharding) for key in pretraining.batch_keys(packing)}
+                                      sharding=data_sharding) for key in pretraining_step.batch_keys(packing)}
 
 
 def bytes_per_device(tree) -> int:
@@ -150,7 +150,7 @@ def compile_step(config, topology: Topology, devices, batch_size: int) -> dict:
     layout = make_layout(config.mesh, config.logical_axis_rules, batch_size, grad_accum, devices)
     mesh, rules, data_sharding = layout.mesh, layout.rules, layout.data_sharding
     init_key, dropout_key = train_state.root_keys(config.train.seed, config.train.dropout_rng)
-    setup = pretraining.setup(config, mesh, rules, init_key, platform="tpu")
+    setup = pretraining_step.setup(config, mesh, rules, init_key, platform="tpu")
     step_fn, _ = setup.compile_steps(data_sharding, grad_accum)
     replicated = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
     key = jax.ShapeDtypeStruct(dropout_key.shape, dropout_key.dtype, sharding=replicated)

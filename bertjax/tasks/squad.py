@@ -46,7 +46,6 @@ from bertjax.tasks import features as task_features
 
 V1 = "v1.1"
 V2 = "v2.0"
-VERSIONS = (V1, V2)
 
 
 @dataclasses.dataclass(frozen=True)

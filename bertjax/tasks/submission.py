@@ -34,14 +34,3 @@ def submission_lines(task: registry.Task, indices, predictions) -> list[str]:
 
 def file_name(task: registry.Task, split: str) -> str:
     return task.submission_file(split) if split in dict(task.submission_files) else f"{split}.tsv"
-
-
-def write_submission(directory: str, task: registry.Task, split: str, indices, predictions) -> str:
-    """Writes the predictions of `split` into `directory` (local or remote); returns the file's path."""
-    from bertjax.text import files
-
-    files.path(directory).mkdir(parents=True, exist_ok=True)
-    path = files.join(directory, file_name(task, split))
-    lines = submission_lines(task, indices, predictions)
-    files.write_bytes(path, ("\n".join(lines) + "\n").encode())
-    return path

@@ -1,7 +1,7 @@
 """Files: local text files as lines, and paths that are local or on an object store.
 
 Text files: glob expansion, gzip, strict UTF-8. What both the corpus backends (bertjax.data.backends) and
-vocabulary learning (bertjax.text.vocab) read text files with, so that both see the same text. A bad
+vocabulary learning (bertjax.text.vocab_learning) read text files with, so that both see the same text. A bad
 byte is an error naming file and line, never a silent U+FFFD that would teach the model a character the
 text never had.
 

@@ -12,7 +12,7 @@ text, so a corpus can never inject a special token. The algorithm step by step a
 differences are in docs/data.md ("Tokenizers").
 
 SentencePiece runs tensorflow_text's SentencepieceTokenizer on the serialized .model, so its ids are
-those of the `sentencepiece` library itself. Vocabularies are learned by bertjax.text.vocab.
+those of the `sentencepiece` library itself. Vocabularies are learned by bertjax.text.vocab_learning.
 """
 
 import re

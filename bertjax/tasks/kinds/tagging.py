@@ -1,6 +1,6 @@
 """Tagging (NER, POS): a tag per word, read at its first piece; scored at the entity level.
 
-The CoNLL columns, BIO and the rows split at word boundaries are bertjax/tasks/tagging.py; this module
+The CoNLL columns, BIO and the rows split at word boundaries are bertjax/tasks/tag_sequences.py; this module
 is what the rest of bertjax asks of the kind. Its prediction file is <split>_predictions.txt in
 conlleval's input form (word, gold tag, predicted tag; a blank line between sentences).
 """
@@ -13,26 +13,26 @@ from bertjax.tasks.kinds.base import Kind, Scored, Split, refuse_questions
 
 def read(task, split: str, path: str | None = None, data_dir: str | None = None, labeled: bool = True) -> list:
     """CoNLL columns, or TFDS conll2003."""
-    from bertjax.tasks import readers, tagging
+    from bertjax.tasks import readers, tag_sequences
 
     if path:
-        return tagging.read_conll(path, task.labels, labeled=labeled)
+        return tag_sequences.read_conll(path, task.labels, labeled=labeled)
     readers.check_tfds_split(task, split)
-    return tagging.read_tfds_conll(split, data_dir=data_dir)
+    return tag_sequences.read_tfds_conll(split, data_dir=data_dir)
 
 
 def featurize(task, examples: list, tokenizer, max_seq_length: int, settings=None) -> dict:
     """TagExamples -> rows of whole words, labels at each word's first piece (label_weight 1 there)."""
-    from bertjax.tasks import tagging
+    from bertjax.tasks import tag_sequences
 
-    return tagging.featurize_tagging(examples, task.labels, tokenizer, max_seq_length)
+    return tag_sequences.featurize_tagging(examples, task.labels, tokenizer, max_seq_length)
 
 
 def score(task, split_name: str, split: Split, logits: np.ndarray, settings=None, null_threshold: float = 0.0):
     """Entity-level precision, recall and F1 (labeled splits) and the conlleval columns."""
-    from bertjax.tasks import metrics, tagging
+    from bertjax.tasks import metrics, tag_sequences
 
-    predicted = tagging.tags_from_predictions(split.features, np.argmax(logits, axis=-1), task.labels,
+    predicted = tag_sequences.tags_from_predictions(split.features, np.argmax(logits, axis=-1), task.labels,
                                               split.examples)
     found = {}
     if split.labeled:
@@ -50,7 +50,7 @@ def score(task, split_name: str, split: Split, logits: np.ndarray, settings=None
 def predict(model, texts=None, text_pairs=None, choices=None, questions=None, contexts=None) -> list[dict]:
     """texts: sentences, each a list of words or a string split at whitespace -> {"tags" [(word, tag)],
     "entities" [{"type", "start", "end", "text"}]}, entity words [start, end)."""
-    from bertjax.tasks import metrics, tagging
+    from bertjax.tasks import metrics, tag_sequences
 
     refuse_questions(model.task["kind"], questions, contexts)
     if texts is None:
@@ -58,10 +58,10 @@ def predict(model, texts=None, text_pairs=None, choices=None, questions=None, co
     if isinstance(texts, str):
         texts = [texts]
     sentences = [tuple(t.split()) if isinstance(t, str) else tuple(t) for t in texts]
-    examples = [tagging.TagExample(n, words, None) for n, words in enumerate(sentences)]
+    examples = [tag_sequences.TagExample(n, words, None) for n, words in enumerate(sentences)]
     labels = tuple(model.task["labels"])
-    features = tagging.featurize_tagging(examples, labels, model.tokenizer, int(model.task["max_seq_length"]))
-    predicted = tagging.tags_from_predictions(features, np.argmax(model.task_logits(features), axis=-1), labels,
+    features = tag_sequences.featurize_tagging(examples, labels, model.tokenizer, int(model.task["max_seq_length"]))
+    predicted = tag_sequences.tags_from_predictions(features, np.argmax(model.task_logits(features), axis=-1), labels,
                                               examples)
     out = []
     for e in examples:

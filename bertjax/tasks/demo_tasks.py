@@ -1,7 +1,7 @@
 """Fine-tuning tasks made from the built-in demo corpus (bertjax/data/demo.py), for trying fine-tuning and
 compression end to end without a download:
 
-    python -m bertjax.tasks.demo --task=word_order --out=/tmp/word_order
+    python -m bertjax.tasks.demo_tasks --task=word_order --out=/tmp/word_order
     python -m bertjax.finetune --config=configs/finetune/classification.py --config.train.init_from=RUN \\
         --config.data.train=/tmp/word_order/train.jsonl --config.data.validation=/tmp/word_order/dev.jsonl \\
         --config.data.labels="('shuffled', 'original')"

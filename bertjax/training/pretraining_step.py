@@ -44,10 +44,6 @@ def forward(net, params, batch, deterministic: bool, rngs=None, heads_only: bool
     )
 
 
-def _forward(net, params, batch, deterministic: bool, rngs=None):
-    return forward(net, params, batch, deterministic, rngs)
-
-
 def _loss(out, batch, objective: str):
     return bert.pretraining_loss(out["mlm_logits"], out.get("nsp_logits"), batch["masked_lm_ids"],
                                  batch["masked_lm_weights"], batch["next_sentence_labels"], objective=objective,
@@ -55,11 +51,11 @@ def _loss(out, batch, objective: str):
 
 
 def loss_fn(params, batch, dropout_rng, *, net, objective: str = "nsp"):
-    return _loss(_forward(net, params, batch, False, {"dropout": dropout_rng}), batch, objective)
+    return _loss(forward(net, params, batch, False, {"dropout": dropout_rng}), batch, objective)
 
 
 def eval_step(params, batch, *, net, objective: str = "nsp"):
-    loss, sums = _loss(_forward(net, params, batch, True), batch, objective)
+    loss, sums = _loss(forward(net, params, batch, True), batch, objective)
     return dict(sums, loss_sum=loss, steps=jnp.float32(1))
 
 
