@@ -12,7 +12,7 @@ the config's clipping and optimizer, BERT's AdamW for BERT; state donated), buil
 configs/<size>.py on a one-device mesh, on synthetic full-length batches. Every pretraining config under
 configs/ is a size (BERT's and the RoBERTa, ALBERT and ModernBERT ones), all at the benchmark's
 vocabulary (BERT's 30,522) and shapes (BERT's 15% of predictions, for ModernBERT's 30% too). The
-platform's defaults apply (bert.PLATFORM_DEFAULTS: bf16 and cuDNN attention on GPUs, float32 and XLA
+platform's defaults apply (config.PLATFORM_DEFAULTS: bf16 and cuDNN attention on GPUs, float32 and XLA
 attention on CPUs) unless --dtype or --model_overrides say otherwise. The Hugging Face class the config
 converts to (BertForPreTraining, RobertaForMaskedLM, AlbertForPreTraining, ModernBertForMaskedLM) runs
 the same batches in PyTorch: on the CPU eager in float32; on a GPU eager and torch.compile'd, with sdpa

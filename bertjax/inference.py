@@ -24,6 +24,7 @@ from etils import epath
 from bertjax.interop import pretrained
 from bertjax.text import files
 from bertjax.models import bert as bert_model
+from bertjax.models.config import BertConfig
 
 
 def _make_tokenizer(files: pretrained.TokenizerFiles):
@@ -42,7 +43,7 @@ def _make_tokenizer(files: pretrained.TokenizerFiles):
 class LoadedBert:
     """A BERT model ready for inference: config, BertForPreTraining params and tokenizer."""
 
-    config: bert_model.BertConfig
+    config: BertConfig
     params: dict  # plain BertForPreTraining params ("bert", "mlm_head", "nsp_head")
     tokenizer: Any  # bertjax.text.tokenizers.WordPieceTokenizer
     source: str = ""  # where it was loaded from, for repr and error messages

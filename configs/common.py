@@ -14,7 +14,7 @@ from ml_collections import config_dict
 def base_config() -> ml_collections.ConfigDict:
     config = ml_collections.ConfigDict()
 
-    # --- The network (bertjax.models.bert.BertConfig). Sizes are set by each size file.
+    # --- The network (bertjax.models.config.BertConfig). Sizes are set by each size file.
     config.model = ml_collections.ConfigDict(
         dict(
             vocab_size=30522,  # WordPiece uncased vocabulary of the original release
@@ -28,20 +28,20 @@ def base_config() -> ml_collections.ConfigDict:
             attention_dropout_rate=0.1,
             layer_norm_eps=1e-12,
             initializer_range=0.02,
-            # "auto" fields take model.PLATFORM_DEFAULTS for the platform the run is on.
+            # "auto" fields take models.config.PLATFORM_DEFAULTS for the platform the run is on.
             dtype="auto",  # compute: float32 on CPUs, bfloat16 on GPUs and TPUs; parameters stay float32
             param_dtype="float32",
             # auto: cuDNN flash attention on NVIDIA GPUs (trained without attention-probability dropout,
             # which it lacks: docs/performance.md), XLA elsewhere. "xla" keeps the dropout everywhere.
             attention_impl="auto",
             word_embedding="auto",  # gather | one_hot; auto: one_hot on TPUs, gather elsewhere
-            remat_policy="none",  # a key of model.REMAT_POLICIES: none | full | save_named | save_attention | ...
+            remat_policy="none",  # a key of models.config.REMAT_POLICIES: none | full | save_named | save_attention | ...
             # Unrolled layers run faster (a scanned stack copies every residual into an [L, ...] buffer)
             # and let the last block compute only the rows the heads read.
             # True: one compiled block for all layers, compile time independent of depth (large sets it).
             scan_layers=False,
             pre_layer_norm=False,  # original BERT is post-LN
-            # Family options (bertjax.models.bert.BertConfig); these values are BERT's.
+            # Family options (bertjax.models.config.BertConfig); these values are BERT's.
             position_embedding="learned",  # learned | rotary | none
             position_offset=0,  # first position row (RoBERTa: [PAD]'s id + 1)
             activation="gelu",  # gelu | gelu_tanh | geglu

@@ -12,6 +12,7 @@ import pytest
 
 from bertjax.runs import step_benchmark, step_profile
 from bertjax.models import bert, layers
+from bertjax.models.config import resolve_platform, BertConfig
 from bertjax.training import sharding
 
 VOCAB, HIDDEN, MAX_POS = 97, 64, 40
@@ -21,7 +22,7 @@ def tiny_config(**overrides):
     fields = dict(vocab_size=VOCAB, hidden_size=HIDDEN, num_layers=2, num_heads=4, intermediate_size=128,
                   max_position_embeddings=MAX_POS, hidden_dropout_rate=0.1, attention_dropout_rate=0.1)
     fields.update(overrides)
-    return bert.BertConfig(**fields)
+    return BertConfig(**fields)
 
 
 def make_batch(seed=0, batch=4, seq=16, preds=3, lengths=(16, 9, 12, 5)):
@@ -142,30 +143,30 @@ def test_padding_as_lengths_equals_the_mask_outputs_and_gradients(queries):
 
 def test_platform_defaults():
     fields = dict(dtype="auto", attention_impl="auto", word_embedding="auto", attention_dropout_rate=0.1)
-    cpu = bert.resolve_platform(fields, "cpu")
+    cpu = resolve_platform(fields, "cpu")
     assert (cpu["dtype"], cpu["attention_impl"], cpu["word_embedding"], cpu["attention_dropout_rate"]) == \
         ("float32", "xla", "gather", 0.1)
-    gpu = bert.resolve_platform(fields, "gpu")
+    gpu = resolve_platform(fields, "gpu")
     assert (gpu["dtype"], gpu["attention_impl"], gpu["word_embedding"], gpu["attention_dropout_rate"]) == \
         ("bfloat16", "cudnn", "gather", 0.0)
-    tpu = bert.resolve_platform(fields, "tpu")
+    tpu = resolve_platform(fields, "tpu")
     assert (tpu["dtype"], tpu["attention_impl"], tpu["word_embedding"], tpu["attention_dropout_rate"]) == \
         ("bfloat16", "xla", "one_hot", 0.1)
     # Float32 compute on a GPU: cuDNN's flash attention needs 16 bits, so auto keeps XLA and its dropout.
-    gpu32 = bert.resolve_platform(dict(fields, dtype="float32"), "gpu")
+    gpu32 = resolve_platform(dict(fields, dtype="float32"), "gpu")
     assert (gpu32["attention_impl"], gpu32["attention_dropout_rate"]) == ("xla", 0.1)
     # An explicit choice is kept as it is.
-    assert bert.resolve_platform(dict(fields, attention_impl="xla"), "gpu")["attention_dropout_rate"] == 0.1
+    assert resolve_platform(dict(fields, attention_impl="xla"), "gpu")["attention_dropout_rate"] == 0.1
     with pytest.raises(ValueError, match="'auto'"):
-        bert.BertConfig(dtype="auto")
+        BertConfig(dtype="auto")
 
 
 @pytest.mark.parametrize("size", ["base", "large"])
 def test_size_configs_choose_per_platform(size):
     config = step_benchmark.load_config(size)
-    cpu = bert.BertConfig.from_dict(config.model, platform="cpu")
-    gpu = bert.BertConfig.from_dict(config.model, platform="gpu")
-    tpu = bert.BertConfig.from_dict(config.model, platform="tpu")
+    cpu = BertConfig.from_dict(config.model, platform="cpu")
+    gpu = BertConfig.from_dict(config.model, platform="gpu")
+    tpu = BertConfig.from_dict(config.model, platform="tpu")
     assert (cpu.dtype, cpu.attention_impl) == ("float32", "xla")
     assert (gpu.dtype, gpu.attention_impl, gpu.word_embedding) == ("bfloat16", "cudnn", "gather")
     assert (tpu.dtype, tpu.attention_impl, tpu.word_embedding) == ("bfloat16", "xla", "one_hot")

@@ -10,7 +10,7 @@ import sys
 import pytest
 
 from bertjax.runs import hf_peer, step_benchmark
-from bertjax.models import bert
+from bertjax.models.config import BertConfig
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 FAMILY_CLASSES = {"roberta_tiny": "RobertaForMaskedLM", "albert_tiny": "AlbertForPreTraining",
@@ -27,7 +27,7 @@ def test_every_pretraining_config_is_a_size():
 @pytest.mark.parametrize("size", sorted(FAMILY_CLASSES))
 def test_hf_peer_is_the_family_class(size):
     config = step_benchmark.benchmark_config(step_benchmark.load_config(size), None, {}, 512, 80)
-    hf_config = hf_peer.hf_peer_config(bert.BertConfig.from_dict(config.model, platform="cpu"))
+    hf_config = hf_peer.hf_peer_config(BertConfig.from_dict(config.model, platform="cpu"))
     assert hf_config["architectures"] == [FAMILY_CLASSES[size]]
     # The position range is widened to the benchmark's sequence (roberta_tiny has 130 rows).
     assert config.model.max_position_embeddings >= 512 + config.model.position_offset

@@ -10,7 +10,8 @@ import sys
 
 import pytest
 
-from bertjax.models import bert
+
+from bertjax.models.config import SIZES, BertConfig
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 SHAPE = ("num_layers", "hidden_size", "num_heads", "intermediate_size")
@@ -40,14 +41,14 @@ FAMILY_FILES = {"roberta_base", "roberta_tiny", "albert_base", "albert_tiny", "m
 
 def test_every_size_has_a_config_file():
     files = {p.stem for p in (REPO / "configs").glob("*.py")} - {"__init__", "common"}
-    assert files == set(bert.SIZES) | FAMILY_FILES
+    assert files == set(SIZES) | FAMILY_FILES
 
 
 @pytest.mark.parametrize("name", sorted(FAMILY_FILES))
 def test_family_config_file_is_a_valid_model(name):
     """Each family file's model section makes a BertConfig (the family's options agree with each other)."""
     config = runpy.run_path(str(REPO / "configs" / f"{name}.py"))["get_config"]()
-    cfg = bert.BertConfig.from_dict(config.model.to_dict(), platform="cpu")
+    cfg = BertConfig.from_dict(config.model.to_dict(), platform="cpu")
     family = name.split("_")[0]
     # RoBERTa: positions from [PAD]'s id + 1, and bertjax vocabularies put [PAD] at 0.
     expected = {"roberta": ("none", 1, "learned"), "albert": ("sop", 0, "learned"),
@@ -55,11 +56,11 @@ def test_family_config_file_is_a_valid_model(name):
     assert (config.data.objective, cfg.position_offset, cfg.position_embedding) == expected
 
 
-@pytest.mark.parametrize("size", bert.SIZES)
+@pytest.mark.parametrize("size", SIZES)
 def test_config_file_model_shape_is_the_size_table(size):
-    """Each file writes its shape out; bertjax.models.bert.SIZES (through BertConfig.from_size) is the source."""
+    """Each file writes its shape out; bertjax.models.config.SIZES (through BertConfig.from_size) is the source."""
     config = runpy.run_path(str(REPO / "configs" / f"{size}.py"))["get_config"]()
-    expected = bert.BertConfig.from_size(size)
+    expected = BertConfig.from_size(size)
     assert {k: config.model[k] for k in SHAPE} == {k: getattr(expected, k) for k in SHAPE}
 
 

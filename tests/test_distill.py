@@ -19,6 +19,7 @@ from bertjax.tasks import steps
 from bertjax.compression import distillation
 from bertjax.interop import pretrained as pretrained_models
 from bertjax.models import bert, heads
+from bertjax.models.config import BertConfig
 from bertjax.training import checkpoint, optim, pretraining_step, sharding
 from bertjax.training.state import Setup
 from bertjax.data import synthetic
@@ -138,14 +139,14 @@ def test_each_recipe_names_layers_its_teacher_has_and_writes_out_the_students_sh
 
     config = importlib.import_module(f"configs.distill.{recipe}").get_config()
     model = dict(importlib.import_module(f"configs.{teacher_config}").get_config().model, num_layers=teacher_layers)
-    teacher_cfg = bert.BertConfig.from_dict(model, platform="cpu")
+    teacher_cfg = BertConfig.from_dict(model, platform="cpu")
     student = distillation.student_config_from_teacher(teacher_cfg, config.distill.student_layers, {})
     shape = ("num_layers", "hidden_size", "num_heads", "intermediate_size")
     assert {k: getattr(student, k) for k in shape} == {k: config.model[k] for k in shape}
 
 
 def test_a_student_of_another_width_needs_alpha_cos_zero(teacher):
-    narrow = bert.BertConfig(**dict(TEACHER, hidden_size=16, num_layers=2))
+    narrow = BertConfig(**dict(TEACHER, hidden_size=16, num_layers=2))
     with pytest.raises(ValueError, match="distill.alpha_cos=1.0 compares last hidden states.*set distill.alpha_cos=0"):
         distillation.check_student(teacher["config"], narrow, distillation.LossWeights())
     distillation.check_student(teacher["config"], narrow, distillation.LossWeights(alpha_cos=0.0))
@@ -240,13 +241,13 @@ def test_the_program_writes_a_pretraining_workdir_and_resumes_exactly_after_sigk
 def test_task_distillation_is_exact_at_alpha_zero_and_follows_the_teacher_above():
     config = distill_config()
     mesh, rules, data_sharding = mesh_and_rules(config)
-    student_cfg = bert.BertConfig(**dict(TEACHER, num_layers=1, hidden_dropout_rate=0.0))
+    student_cfg = BertConfig(**dict(TEACHER, num_layers=1, hidden_dropout_rate=0.0))
     net = heads.network("classification", student_cfg, 3)
     tx, schedule = optim.optimizer_from_config(config.optimizer, config.schedule, 4)
     setup = Setup.create(net, heads.dummy_inputs("classification", 1, SEQ), tx, schedule, mesh, rules,
                          jax.random.key(0))
     # A fine-tuned teacher stands in as another random network (1 layer each: compiling is this test's time).
-    teacher_net = heads.network("classification", bert.BertConfig(**dict(TEACHER, num_layers=1)), 3)
+    teacher_net = heads.network("classification", BertConfig(**dict(TEACHER, num_layers=1)), 3)
     teacher_params = distillation.place_params(
         teacher_net, heads.dummy_inputs("classification", 1, SEQ),
         jax.jit(teacher_net.init)(jax.random.key(5), **heads.dummy_inputs("classification", 1, SEQ))["params"],

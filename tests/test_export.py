@@ -18,6 +18,7 @@ import bertjax
 from bertjax.runs import exporting
 from bertjax.runs import finetuning
 from bertjax.models import bert as bert_model
+from bertjax.models.config import BertConfig
 from test_finetune import pretrained, small_config  # noqa: F401  (a small random BERT workdir and its task files)
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
@@ -208,7 +209,7 @@ def test_params_export_is_the_parameter_tree(exported, pretrained, tmp_path):  #
     config = json.loads((directory / "config.json").read_text())
     original = traverse_util.flatten_dict(pretrained["params"], sep="/")
     assert set(flat) == set(original) and all(np.array_equal(flat[k], original[k]) for k in flat)
-    assert bert_model.BertConfig.from_dict(config["model"]) == pretrained["cfg"]
+    assert BertConfig.from_dict(config["model"]) == pretrained["cfg"]
     assert (directory / config["tokenizer"]["path"]).exists()
     # Other JAX code in a fresh process: the tree from params.npz, the model from config.json, the same outputs.
     bert = bertjax.load(pretrained["workdir"])
@@ -222,7 +223,7 @@ from bertjax.training.checkpoint_meta import CheckpointMeta
 directory, out, ids, mask = sys.argv[1], sys.argv[2], np.array(json.loads(sys.argv[3])), np.array(json.loads(sys.argv[4]))
 config = json.load(open(f"{directory}/config.json"))
 params = traverse_util.unflatten_dict(dict(np.load(f"{directory}/params.npz")), sep="/")
-net = bert_model.BertForPreTraining(bert_model.BertConfig.from_dict(config["model"]))
+net = bert_model.BertForPreTraining(BertConfig.from_dict(config["model"]))
 positions = np.broadcast_to(np.arange(ids.shape[1]), ids.shape).astype(np.int32)
 o = net.apply({"params": params}, ids.astype(np.int32), np.zeros_like(ids, np.int32), mask.astype(np.int32), positions)
 np.savez(out, mlm=np.asarray(o["mlm_logits"]), nsp=np.asarray(o["nsp_logits"]))
@@ -366,7 +367,7 @@ def test_a_sentencepiece_model_exports_a_tokenizer_with_the_same_ids(tmp_path):
         workdir = tmp_path / f"sp-{lower_case}"
         workdir.mkdir()
         vocabularies.learn_sentencepiece_model(iter(sentences), 800, str(workdir / "sp.model"), lower_case)
-        cfg = bert_model.BertConfig(vocab_size=800, hidden_size=32, num_layers=1, num_heads=2, intermediate_size=64,
+        cfg = BertConfig(vocab_size=800, hidden_size=32, num_layers=1, num_heads=2, intermediate_size=64,
                                     max_position_embeddings=64)
         params = bert_model.BertForPreTraining(cfg).init(jax.random.key(0), **bert_model.dummy_batch(1, 16, 2))["params"]
         meta = {"step": 1, "model": cfg.__dict__,

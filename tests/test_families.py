@@ -18,6 +18,7 @@ import transformers
 
 from bertjax.interop import hf, pretrained
 from bertjax.models import bert as bert_model
+from bertjax.models.config import BertConfig
 from bertjax.models import layers
 
 ATOL = 1e-5
@@ -48,7 +49,7 @@ def make_batch(vocab: int, pad: int, seq: int = 12, seed: int = 0) -> dict:
 
 
 @functools.lru_cache(maxsize=None)
-def _forward(cfg: bert_model.BertConfig):
+def _forward(cfg: BertConfig):
     def forward(params, batch):
         out = bert_model.BertForPreTraining(cfg).apply({"params": params}, **batch, heads_only=True)
         inputs = {k: batch[k] for k in ("input_ids", "segment_ids", "input_mask")}
@@ -230,14 +231,14 @@ def test_modernbert_round_trip(modernbert, tmp_path):
 ])
 def test_incompatible_options_are_one_line_naming_the_keys(fields, keys):
     with pytest.raises(ValueError) as error:
-        bert_model.BertConfig(**{"hidden_size": 32, "num_heads": 2, "intermediate_size": 48, **fields})
+        BertConfig(**{"hidden_size": 32, "num_heads": 2, "intermediate_size": 48, **fields})
     message = str(error.value)
     assert keys in message and "\n" not in message, message
 
 
 def _small(**fields):
     fields = {"num_layers": 3, **fields}
-    return bert_model.BertConfig(vocab_size=50, hidden_size=32, num_heads=4, intermediate_size=40,
+    return BertConfig(vocab_size=50, hidden_size=32, num_heads=4, intermediate_size=40,
                                  max_position_embeddings=20, hidden_dropout_rate=0.0, attention_dropout_rate=0.0,
                                  **fields)
 
@@ -245,7 +246,7 @@ def _small(**fields):
 SCANNABLE = dict(position_embedding="rotary", rotary_theta=500.0, activation="geglu", norm="rmsnorm", use_bias=False,
                  type_vocab_size=0)
 
-# Networks whose scanned layout differs from BERT's (bert.scanned_layout), at 4 layers: ALBERT's groups
+# Networks whose scanned layout differs from BERT's (scanned_layout), at 4 layers: ALBERT's groups
 # stacked [G, ...], each run L/G times; ModernBERT's layer 0 unrolled and layers 1..3 stacked, local
 # (window 4 < seq 16, rotary base 500) or global (base 20,000) by a flag scanned over.
 SCANNED_FAMILIES = {
@@ -277,7 +278,7 @@ QUICK_COMPILE = {"xla_backend_optimization_level": 0}
 
 
 @functools.lru_cache(maxsize=None)
-def _encoder_grad_and_outputs(cfg: bert_model.BertConfig):
+def _encoder_grad_and_outputs(cfg: BertConfig):
     """One compiled function per config: the gradient of a loss on the encoder's output, with its output
     and every layer's hidden state."""
 

@@ -17,7 +17,7 @@ import torch
 import transformers
 
 from bertjax.interop import hf, pretrained
-from bertjax.models import bert as bert_model
+from bertjax.models.config import BertConfig
 from bertjax.models import heads
 
 ATOL = 1e-5
@@ -51,7 +51,7 @@ def hf_config(family: str, kind: str | None = None):
     return CONFIG_CLASSES[family](**HF_CONFIGS[family], **labels, attn_implementation="eager")
 
 
-def bertjax_config(family: str) -> bert_model.BertConfig:
+def bertjax_config(family: str) -> BertConfig:
     return hf.config_from_hf(hf_config(family).to_dict())
 
 
@@ -206,7 +206,7 @@ def test_a_pretraining_directory_loads_as_a_head_with_a_fresh_classifier(family,
 def test_what_a_family_head_cannot_be_is_one_line(tmp_path):
     cfg = bertjax_config("modernbert")
     params = random_head(cfg, "classification")
-    tanh = bert_model.BertConfig(**{**cfg.__dict__, "pooler": "tanh"})
+    tanh = BertConfig(**{**cfg.__dict__, "pooler": "tanh"})
     tanh_params = random_head(tanh, "classification")
     with pytest.raises(ValueError, match=r"a modernbert 'classification' head needs model.pooler='gelu_norm'"):
         hf.save_hf_head(tmp_path / "tanh", tanh, tanh_params, "classification")
@@ -216,7 +216,7 @@ def test_what_a_family_head_cannot_be_is_one_line(tmp_path):
     with pytest.raises(ValueError, match=r"classifier_pooling='mean': bertjax's heads pool \[CLS\] only"):
         pretrained.load(str(tmp_path / "mean"), head="classification", num_labels=3, tokenizer=False)
     with pytest.raises(ValueError, match=r"model options \['pooler'\] make a network no Hugging Face class has"):
-        hf.family_of_config(bert_model.BertConfig(pooler="gelu_norm"))
+        hf.family_of_config(BertConfig(pooler="gelu_norm"))
 
 
 # --------------------------------------------------------------------------------------------------

@@ -24,6 +24,7 @@ from bertjax.tasks import steps
 from bertjax.training import checkpoint
 from bertjax.interop import hf
 from bertjax.models import bert as bert_model
+from bertjax.models.config import BertConfig
 from bertjax.data import demo
 from bertjax.tasks import demo_tasks
 from bertjax.text import vocab_learning as vocabularies
@@ -53,7 +54,7 @@ def pretrained(tmp_path_factory):
     sentences = [s for doc in demo.demo_documents(300) for s in doc]
     vocabularies.learn_wordpiece_vocab(iter(sentences), 1000, True, str(workdir / "vocab.txt"))
     vocab_size = len((workdir / "vocab.txt").read_text(encoding="utf-8").splitlines())
-    cfg = bert_model.BertConfig(vocab_size=vocab_size, hidden_size=64, num_layers=2, num_heads=2,
+    cfg = BertConfig(vocab_size=vocab_size, hidden_size=64, num_layers=2, num_heads=2,
                                 intermediate_size=128, max_position_embeddings=64)
     params = bert_model.BertForPreTraining(cfg).init(jax.random.key(0), **bert_model.dummy_batch(1, 16, 2))["params"]
     params = jax.tree_util.tree_map(np.asarray, jax.device_get(nn.unbox(params)))
@@ -275,7 +276,7 @@ def test_gradient_accumulation_gives_the_updates_of_the_whole_batch():
     from bertjax.models import heads
     from bertjax.training import sharding, state as train_state
 
-    cfg = bert_model.BertConfig(vocab_size=64, hidden_size=32, num_layers=1, num_heads=2, intermediate_size=64,
+    cfg = BertConfig(vocab_size=64, hidden_size=32, num_layers=1, num_heads=2, intermediate_size=64,
                                 max_position_embeddings=32, hidden_dropout_rate=0.0, attention_dropout_rate=0.0)
     net = heads.network("classification", cfg, 3)
     mesh = sharding.make_mesh({"data": -1, "fsdp": 1, "tensor": 1}, jax.devices()[:2])

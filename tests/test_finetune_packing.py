@@ -13,7 +13,7 @@ import pytest
 
 from bertjax.runs import task_data
 from bertjax.tasks import steps
-from bertjax.models import bert as bert_model
+from bertjax.models.config import BertConfig
 from bertjax.models import heads
 from bertjax.tasks import batches
 from bertjax.training import optim
@@ -47,7 +47,7 @@ def synthetic_features(n, kind, seed=0):
 
 
 def tiny_config():
-    return bert_model.BertConfig(vocab_size=VOCAB, hidden_size=32, num_layers=2, num_heads=2, intermediate_size=64,
+    return BertConfig(vocab_size=VOCAB, hidden_size=32, num_layers=2, num_heads=2, intermediate_size=64,
                                  max_position_embeddings=S, hidden_dropout_rate=0.0, attention_dropout_rate=0.0)
 
 

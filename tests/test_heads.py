@@ -21,7 +21,7 @@ from test_hf import make_hf_model
 
 from bertjax.models import heads
 from bertjax.interop import hf
-from bertjax.models import bert
+from bertjax.models.config import BertConfig
 
 ATOL = 1e-5
 SHAPE = dict(num_hidden_layers=2, hidden_size=32, num_attention_heads=2, intermediate_size=64, vocab_size=53,
@@ -69,7 +69,7 @@ def hf_state(hf_model) -> dict[str, np.ndarray]:
 
 
 @functools.lru_cache(maxsize=None)
-def _forward(kind: str, cfg: bert.BertConfig, num_labels: int | None, deterministic: bool = True):
+def _forward(kind: str, cfg: BertConfig, num_labels: int | None, deterministic: bool = True):
     net = heads.network(kind, cfg, num_labels)
     return jax.jit(lambda params, inputs, rngs=None: net.apply(
         {"params": params}, **inputs, deterministic=deterministic, rngs=rngs))
@@ -282,7 +282,7 @@ def test_dropout_only_in_training():
 
 def test_table_and_mistakes():
     assert list(hf.HF_HEADS) == list(heads.HEADS)
-    cfg = bert.BertConfig(vocab_size=53, hidden_size=32, num_layers=1, num_heads=2, intermediate_size=64)
+    cfg = BertConfig(vocab_size=53, hidden_size=32, num_layers=1, num_heads=2, intermediate_size=64)
     with pytest.raises(ValueError, match=re.escape("'classify'")):
         heads.network("classify", cfg, 3)
     with pytest.raises(ValueError, match="num_labels=1, not 3"):

@@ -25,6 +25,7 @@ import transformers
 
 from bertjax.interop import hf, hf_files
 from bertjax.models import bert as bert_model
+from bertjax.models.config import BertConfig
 
 ATOL = 1e-5
 
@@ -107,7 +108,7 @@ def hf_outputs(hf_model, batch: dict) -> dict:
 
 
 @functools.lru_cache(maxsize=None)
-def _bertjax_forward(cfg: bert_model.BertConfig):
+def _bertjax_forward(cfg: BertConfig):
     """One compiled function per config (configs are hashable): compiling dominates these tests."""
 
     def forward(params, batch):
@@ -124,7 +125,7 @@ def _bertjax_forward(cfg: bert_model.BertConfig):
     return jax.jit(forward)
 
 
-def bertjax_outputs(cfg: bert_model.BertConfig, params: dict, batch: dict) -> dict:
+def bertjax_outputs(cfg: BertConfig, params: dict, batch: dict) -> dict:
     out = jax.device_get(_bertjax_forward(cfg)(params, batch))
     out["loss"] = float(out["loss"])
     return out

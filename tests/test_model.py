@@ -14,6 +14,8 @@ import pytest
 
 from bertjax.models import bert, layers
 
+from bertjax.models.config import BertConfig
+
 REPO = pathlib.Path(__file__).resolve().parents[1]
 SIZES = ["tiny", "mini", "small", "medium", "base", "large"]
 
@@ -28,7 +30,7 @@ def small_config(**overrides):
         max_position_embeddings=32, hidden_dropout_rate=0.0, attention_dropout_rate=0.0,
     )
     fields.update(overrides)
-    return bert.BertConfig(**fields)
+    return BertConfig(**fields)
 
 
 def make_batch(rng, batch=3, seq=12, preds=4, vocab=97, lengths=(12, 7, 9)):
@@ -91,7 +93,7 @@ def test_config_builds_model_with_hf_parameter_count(size):
     import torch
     import transformers
     config = load_config(size)
-    cfg = bert.BertConfig.from_dict(config.model)
+    cfg = BertConfig.from_dict(config.model)
     batch = bert.dummy_batch(2, config.data.max_seq_length, config.data.max_predictions_per_seq)
     shapes = jax.eval_shape(lambda: nn.unbox(bert.BertForPreTraining(cfg).init(jax.random.key(0), **batch)))
     ours = bert.count_params(shapes["params"])
@@ -114,12 +116,12 @@ def test_config_builds_model_with_hf_parameter_count(size):
 
 def test_unknown_model_key_is_an_error():
     with pytest.raises(ValueError, match="unknown model config key.*hiden_size"):
-        bert.BertConfig.from_dict({"hiden_size": 3})
+        BertConfig.from_dict({"hiden_size": 3})
 
 
 def test_cudnn_with_attention_dropout_is_refused():
     with pytest.raises(ValueError, match="attention_dropout_rate=0.0"):
-        bert.BertConfig(attention_impl="cudnn", attention_dropout_rate=0.1)
+        BertConfig(attention_impl="cudnn", attention_dropout_rate=0.1)
 
 
 @pytest.mark.slow

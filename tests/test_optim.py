@@ -20,6 +20,8 @@ import pytest
 from flax import traverse_util
 
 from bertjax.models import bert as bert_model
+
+from bertjax.models.config import BertConfig
 from bertjax.training import optim
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
@@ -178,7 +180,7 @@ def small_model_config(**overrides):
     fields = dict(vocab_size=53, hidden_size=32, num_layers=2, num_heads=2, intermediate_size=64,
                   max_position_embeddings=16, hidden_dropout_rate=0.0, attention_dropout_rate=0.0)
     fields.update(overrides)
-    return bert_model.BertConfig(**fields)
+    return BertConfig(**fields)
 
 
 @functools.lru_cache(maxsize=None)

@@ -15,6 +15,7 @@ import pytest
 
 from bertjax.data import packing, synthetic
 from bertjax.models import bert as bert_model
+from bertjax.models.config import BertConfig
 
 ATOL = 1e-5
 SEQ, PREDICTIONS, SEQUENCES, VOCAB = 32, 8, 4, 64
@@ -35,11 +36,11 @@ FAMILIES = {
 CASES = [(family, False) for family in FAMILIES] + [("modernbert", True)]
 
 
-def _config(family: str, scan: bool) -> bert_model.BertConfig:
-    return bert_model.BertConfig(**{**BASE, **FAMILIES[family], "scan_layers": scan})
+def _config(family: str, scan: bool) -> BertConfig:
+    return BertConfig(**{**BASE, **FAMILIES[family], "scan_layers": scan})
 
 
-def _batches(cfg: bert_model.BertConfig, seed: int = 0):
+def _batches(cfg: BertConfig, seed: int = 0):
     """A packed batch (2 rows) and the same sequences unpacked, one per row."""
     packed = synthetic.synthetic_batch(seed, batch_size=2, max_seq_length=SEQ, max_predictions_per_seq=PREDICTIONS,
                                        vocab_size=VOCAB, packed=True, max_sequences_per_row=SEQUENCES, mask_rate=0.2)

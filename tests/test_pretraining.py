@@ -552,9 +552,10 @@ def test_objective_none_gives_the_sentence_head_no_gradient():
     import jax
 
     from bertjax.models import bert
+    from bertjax.models.config import BertConfig
     from bertjax.training import pretraining_step as training
 
-    cfg = bert.BertConfig(vocab_size=30, hidden_size=16, num_layers=1, num_heads=2, intermediate_size=32,
+    cfg = BertConfig(vocab_size=30, hidden_size=16, num_layers=1, num_heads=2, intermediate_size=32,
                           max_position_embeddings=16, dtype="float32", attention_impl="xla")
     net = bert.BertForPreTraining(cfg)
     mlm_logits, nsp_logits, ids, weights, labels = loss_inputs()

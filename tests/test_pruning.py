@@ -21,6 +21,7 @@ import transformers
 from bertjax.compression import pruning
 from bertjax.interop import hf
 from bertjax.models import bert as bert_model
+from bertjax.models.config import BertConfig
 from bertjax.models import heads
 from bertjax.training.checkpoint_meta import CheckpointMeta
 
@@ -164,7 +165,7 @@ def test_pruned_model_equals_masked_model_and_shrinks(reference):
 
 
 def test_scanned_layers_prune_with_equal_counts(reference):
-    cfg = bert_model.BertConfig(**{**reference["cfg"].__dict__, "scan_layers": True})
+    cfg = BertConfig(**{**reference["cfg"].__dict__, "scan_layers": True})
     params = reference["params"]
     scanned = {**params, "bert": {**params["bert"], "encoder": bert_model.stack_layers(params["bert"]["encoder"], cfg)}}
     keep = [[1, 2], [0, 3], [2, 3]]
@@ -181,7 +182,7 @@ def test_scanned_layers_prune_with_equal_counts(reference):
     unequal_cfg, _ = pruning.prune_heads(scanned, cfg, [[1], [0, 3], [2, 3]])
     assert not unequal_cfg.scan_layers
     with pytest.raises(ValueError, match="scan_layers=True stacks layers of one shape"):
-        bert_model.BertConfig(**{**unequal_cfg.__dict__, "scan_layers": True})
+        BertConfig(**{**unequal_cfg.__dict__, "scan_layers": True})
 
 
 def test_pruned_hf_export_matches_transformers(reference, tmp_path):
@@ -222,7 +223,7 @@ def test_a_pruned_family_model_equals_its_masked_self_and_exports_to_its_class(f
 
 
 def test_albert_heads_go_per_shared_group_by_their_summed_importance():
-    cfg = bert_model.BertConfig(vocab_size=60, hidden_size=32, num_layers=4, num_heads=4, intermediate_size=48,
+    cfg = BertConfig(vocab_size=60, hidden_size=32, num_layers=4, num_heads=4, intermediate_size=48,
                                 num_hidden_groups=2, embedding_size=16)
     importance = np.array([[0.9, 0.1, 0.0, 0.2], [0.0, 0.1, 0.5, 0.2],  # group 0's layers: sums .9 .2 .5 .4
                            [0.1, 0.1, 0.1, 0.9], [0.3, 0.1, 0.0, 0.0]])  # group 1's: .4 .2 .1 .9
@@ -290,7 +291,7 @@ def finetuned(tmp_path_factory):
     sentences = [s for doc in demo.demo_documents(60) for s in doc]
     vocabularies.learn_wordpiece_vocab(iter(sentences), 300, True, str(workdir / "vocab.txt"))
     vocab_size = len((workdir / "vocab.txt").read_text(encoding="utf-8").splitlines())
-    cfg = bert_model.BertConfig(vocab_size=vocab_size, hidden_size=32, num_layers=2, num_heads=4, intermediate_size=48,
+    cfg = BertConfig(vocab_size=vocab_size, hidden_size=32, num_layers=2, num_heads=4, intermediate_size=48,
                                 max_position_embeddings=32, attention_dropout_rate=0.0, hidden_dropout_rate=0.0)
     net = heads.network("classification", cfg, 2)
     params = nn.unbox(net.init(jax.random.key(1), **heads.dummy_inputs("classification", 1, 8))["params"])

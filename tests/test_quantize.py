@@ -20,6 +20,7 @@ import bertjax
 from bertjax.runs import exporting
 from bertjax.interop import pretrained as pretrained_files
 from bertjax.models import bert as bert_model
+from bertjax.models.config import BertConfig
 from bertjax.models import heads
 from bertjax.training import checkpoint
 from bertjax.training.checkpoint_meta import CheckpointMeta
@@ -38,7 +39,7 @@ def keyword_classifier(root, rows, max_seq_length: int = 48) -> str:
     workdir = pathlib.Path(root) / "classifier"
     workdir.mkdir(parents=True)
     (workdir / "vocab.txt").write_text("\n".join(vocab) + "\n", encoding="utf-8")
-    cfg = bert_model.BertConfig(vocab_size=len(vocab), hidden_size=64, num_layers=2, num_heads=2,
+    cfg = BertConfig(vocab_size=len(vocab), hidden_size=64, num_layers=2, num_heads=2,
                                 intermediate_size=128, max_position_embeddings=64, initializer_range=0.2)
     net = heads.network("classification", cfg, 2)
     params = jax.jit(net.init)(jax.random.key(0), **heads.dummy_inputs("classification", 1, 8))["params"]

@@ -28,6 +28,7 @@ from bertjax.training import checkpoint
 from bertjax.models import heads
 from bertjax.interop import savedmodel
 from bertjax.models import bert as bert_model
+from bertjax.models.config import BertConfig
 from bertjax.data import demo
 from bertjax.tasks import features
 from bertjax.text import vocab_learning as vocabularies
@@ -106,7 +107,7 @@ def workdir(tmp_path_factory):
     sentences = [s for doc in demo.demo_documents(300) for s in doc]
     vocabularies.learn_wordpiece_vocab(iter(sentences), 1000, True, str(workdir / "vocab.txt"))
     vocab_size = len((workdir / "vocab.txt").read_text(encoding="utf-8").splitlines())
-    cfg = bert_model.BertConfig(vocab_size=vocab_size, hidden_size=64, num_layers=2, num_heads=2,
+    cfg = BertConfig(vocab_size=vocab_size, hidden_size=64, num_layers=2, num_heads=2,
                                 intermediate_size=128, max_position_embeddings=64)
     params = bert_model.BertForPreTraining(cfg).init(jax.random.key(0), **bert_model.dummy_batch(1, 16, 2))["params"]
     params = jax.tree_util.tree_map(np.asarray, jax.device_get(nn.unbox(params)))

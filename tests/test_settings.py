@@ -7,6 +7,8 @@ import sys
 import pytest
 
 from bertjax.models import bert
+
+from bertjax.models.config import BertConfig
 from bertjax.training import sharding
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
@@ -26,8 +28,8 @@ def test_zero_batch_is_refused():
 ])
 def test_impossible_shapes_are_refused(seq, predictions, message):
     with pytest.raises(ValueError, match=message):
-        bert.check_input_shapes(bert.BertConfig(), seq, predictions)
-    bert.check_input_shapes(bert.BertConfig(), 128, 20)  # BERT's own setting passes
+        bert.check_input_shapes(BertConfig(), seq, predictions)
+    bert.check_input_shapes(BertConfig(), 128, 20)  # BERT's own setting passes
 
 
 @pytest.mark.parametrize("override,expected", [

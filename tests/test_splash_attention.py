@@ -17,6 +17,7 @@ import pytest
 
 from bertjax.data import synthetic
 from bertjax.models import bert as bert_model
+from bertjax.models.config import BertConfig
 from bertjax.models import splash
 from bertjax.training import sharding
 
@@ -63,7 +64,7 @@ def test_a_tpu_needs_sequences_in_whole_tiles():
     with pytest.raises(ValueError, match="multiple of 128"):
         splash.check_length(96)
     with pytest.raises(ValueError, match="attention_dropout_rate=0.0"):
-        bert_model.BertConfig(attention_impl="splash", attention_dropout_rate=0.1)
+        BertConfig(attention_impl="splash", attention_dropout_rate=0.1)
 
 
 def _batch(cfg, packed: bool):
@@ -94,7 +95,7 @@ def test_a_network_on_splash_computes_what_it_computes_on_xla():
     """ModernBERT, packed and scanned: segment ids, the band of the local layers, and a traced flag picking
     the local or the global kernel in each scan step (BERT's plain case runs in the mesh test)."""
     fields, packed = {**BASE, **MODERNBERT}, True
-    xla = bert_model.BertConfig(**fields)
+    xla = BertConfig(**fields)
     params = bert_model.BertForPreTraining(xla).init(jax.random.PRNGKey(0),
                                                      **bert_model.dummy_batch(1, SEQ, PREDICTIONS))["params"]
     batch = _batch(xla, packed)
@@ -107,7 +108,7 @@ def test_splash_on_a_mesh_gives_what_one_device_gives():
     """Batch over data x fsdp, heads over tensor (the config's rules): the kernel runs per device."""
     from test_train import small_config
 
-    cfg = bert_model.BertConfig(**BASE, attention_impl="splash")
+    cfg = BertConfig(**BASE, attention_impl="splash")
     params = bert_model.BertForPreTraining(cfg).init(jax.random.PRNGKey(0),
                                                      **bert_model.dummy_batch(1, SEQ, PREDICTIONS))["params"]
     batch = _batch(cfg, True)

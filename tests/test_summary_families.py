@@ -14,6 +14,7 @@ import transformers
 from bertjax.runs import model_summary
 from bertjax.interop import hf
 from bertjax.models import bert
+from bertjax.models.config import BertConfig
 from configs import albert_base, base, large, modernbert_base, modernbert_large, roberta_base
 
 # bertjax keeps BertForPreTraining's pooler and next-sentence head in every family (the sentence task of
@@ -31,7 +32,7 @@ CASES = [
 ]
 
 
-def hf_parameter_count(cfg: bert.BertConfig) -> tuple[str, int]:
+def hf_parameter_count(cfg: BertConfig) -> tuple[str, int]:
     """The transformers class of the config, built on the meta device, and its parameters() count (a tied
     tensor is one Parameter, counted once)."""
     hf_config = hf.config_to_hf(cfg)  # its family's
@@ -46,7 +47,7 @@ def hf_parameter_count(cfg: bert.BertConfig) -> tuple[str, int]:
 
 @pytest.mark.parametrize("module, architecture, lacks", CASES, ids=lambda x: getattr(x, "__name__", "")[8:] or None)
 def test_summary_counts_what_the_hf_class_counts(module, architecture, lacks):
-    cfg = bert.BertConfig.from_dict(module.get_config().model, platform="cpu")
+    cfg = BertConfig.from_dict(module.get_config().model, platform="cpu")
     hf_architecture, hf_count = hf_parameter_count(cfg)
     assert hf_architecture == architecture
     got_architecture, count, lacking = model_summary.hf_class_count(cfg)

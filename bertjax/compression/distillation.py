@@ -18,6 +18,8 @@ import jax.numpy as jnp
 from etils import epath
 
 from bertjax.models import bert
+
+from bertjax.models.config import BertConfig, field_names, alternates
 from bertjax.training import pretraining_step, sharding
 from bertjax.training import step as steps
 from bertjax.training.state import under_rules
@@ -160,19 +162,19 @@ def check_task_distillation(kind: str, temperature: float, alpha: float) -> None
 # The student and the teacher
 # --------------------------------------------------------------------------------------------------
 
-def student_config_from_teacher(teacher: bert.BertConfig, layers, own: dict) -> bert.BertConfig:
+def student_config_from_teacher(teacher: BertConfig, layers, own: dict) -> BertConfig:
     """The config of a student made of the teacher's `layers`: the teacher's architecture with
     len(layers) layers (and their head counts); own: the student's own layout, compute and training
-    fields (bert.field_names("layout", "compute", "training"): dtype, scan_layers, dropout rates, ...)."""
+    fields (field_names("layout", "compute", "training"): dtype, scan_layers, dropout rates, ...)."""
     check_layers(teacher, layers)
-    foreign = sorted(set(own) - set(bert.field_names("layout", "compute", "training")))
+    foreign = sorted(set(own) - set(field_names("layout", "compute", "training")))
     if foreign:
         raise ValueError(f"the student takes its architecture from the teacher's layers, not {foreign}")
     return dataclasses.replace(teacher, **own, num_layers=len(layers),
                                layer_heads=tuple(teacher.layer_heads[j] for j in layers) if teacher.layer_heads else ())
 
 
-def check_layers(teacher: bert.BertConfig, layers) -> None:
+def check_layers(teacher: BertConfig, layers) -> None:
     layers = list(layers)
     if not layers or len(set(layers)) != len(layers) or not all(0 <= j < teacher.num_layers for j in layers):
         raise ValueError(f"distill.student_layers={layers}: distinct layers of the teacher's 0..{teacher.num_layers - 1}"
@@ -180,14 +182,14 @@ def check_layers(teacher: bert.BertConfig, layers) -> None:
     if teacher.num_hidden_groups and teacher.num_hidden_groups != teacher.num_layers:
         raise ValueError("distill.student_layers: an ALBERT teacher shares one set of parameters across its layers, "
                          "there are none to pick: set distill.student_layers=() for a fresh student")
-    if bert.alternates(teacher) and any(i % teacher.global_attention_every != j % teacher.global_attention_every
+    if alternates(teacher) and any(i % teacher.global_attention_every != j % teacher.global_attention_every
                                         for i, j in enumerate(layers)):
         raise ValueError(f"distill.student_layers={layers}: the teacher alternates local and global attention every "
                          f"{teacher.global_attention_every} layers; student layer i must be a teacher layer j with the "
                          "same i % n == j % n")
 
 
-def check_student(teacher: bert.BertConfig, student: bert.BertConfig, weights: LossWeights) -> None:
+def check_student(teacher: BertConfig, student: BertConfig, weights: LossWeights) -> None:
     """A fresh student (or one from train.init_from) against its teacher, in one line when it cannot learn
     from it: the same vocabulary always; the same width where the cosine loss compares hidden states."""
     if student.vocab_size != teacher.vocab_size:
@@ -199,11 +201,11 @@ def check_student(teacher: bert.BertConfig, student: bert.BertConfig, weights: L
                          "distill.alpha_cos=0 (a student of another width learns from the soft targets and the labels)")
 
 
-def _encoder_layers(encoder: dict, cfg: bert.BertConfig) -> dict:
+def _encoder_layers(encoder: dict, cfg: BertConfig) -> dict:
     return bert.unstack_layers(encoder, cfg) if cfg.scan_layers else dict(encoder)
 
 
-def student_params(teacher_params: dict, teacher: bert.BertConfig, student: bert.BertConfig, layers,
+def student_params(teacher_params: dict, teacher: BertConfig, student: BertConfig, layers,
                    abstract_params) -> dict:
     """BertForPreTraining params of the student: the teacher's embeddings, pooler and heads, and student
     layer i = teacher layer layers[i]; checked against the student's abstract params (shapes) and placed

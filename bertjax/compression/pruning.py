@@ -31,6 +31,8 @@ import optax
 
 from bertjax.models import bert as bert_model
 
+from bertjax.models.config import BertConfig
+
 # --------------------------------------------------------------------------------------------------
 # Head importance
 # --------------------------------------------------------------------------------------------------
@@ -50,12 +52,12 @@ def head_mask_in(head_mask):
         yield
 
 
-def mask_shape(cfg: bert_model.BertConfig) -> tuple[int, int]:
+def mask_shape(cfg: BertConfig) -> tuple[int, int]:
     """[L, N] of the head mask: N the most heads any layer has."""
     return cfg.num_layers, max(cfg.layer_heads or (cfg.num_heads,))
 
 
-def head_importance(loss_fn: Callable, params, batches: Iterable[dict], cfg: bert_model.BertConfig,
+def head_importance(loss_fn: Callable, params, batches: Iterable[dict], cfg: BertConfig,
                     normalize: bool = True) -> np.ndarray:
     """Michel et al.'s head importance [L, N] (float64): the mean over `batches` of |d loss / d mask| at a
     head mask of ones, where loss_fn(params, batch) -> the scalar task loss (deterministic: no dropout).
@@ -90,19 +92,19 @@ def _mask_gradient(loss_fn: Callable):
     return jax.jit(jax.grad(masked_loss))
 
 
-def group_importance(importance: np.ndarray, cfg: bert_model.BertConfig) -> np.ndarray:
+def group_importance(importance: np.ndarray, cfg: BertConfig) -> np.ndarray:
     """[G, N]: the importance of each parameter group's heads, the sum over the layers that run it (ALBERT's
     shared groups: a head removed from a group is removed from all its layers); [L, N] as it is otherwise."""
     per_group = cfg.num_layers // cfg.num_groups
     return importance.reshape(cfg.num_groups, per_group, -1).sum(axis=1)
 
 
-def total_heads(cfg: bert_model.BertConfig) -> int:
+def total_heads(cfg: BertConfig) -> int:
     """The heads with parameters of their own: over the layers, or over ALBERT's shared groups."""
     return sum(cfg.heads_of_group(g) for g in range(cfg.num_groups))
 
 
-def heads_to_keep(importance: np.ndarray, cfg: bert_model.BertConfig, target: int) -> list[list[int]]:
+def heads_to_keep(importance: np.ndarray, cfg: BertConfig, target: int) -> list[list[int]]:
     """The heads (indices in each parameter group, ascending) of the `target` most important in all, each
     group (each layer, but for ALBERT's shared groups) keeping at least its most important one; importance
     is [L, N] (head_importance)."""
@@ -125,7 +127,7 @@ def heads_to_keep(importance: np.ndarray, cfg: bert_model.BertConfig, target: in
 # --------------------------------------------------------------------------------------------------
 
 
-def _encoder_layers(params: dict, cfg: bert_model.BertConfig) -> dict:
+def _encoder_layers(params: dict, cfg: BertConfig) -> dict:
     """The encoder's params unrolled ({layers_0: ...}, one entry per parameter group), from a task head's or
     pretraining's params."""
     params = nn.meta.unbox(params)
@@ -133,7 +135,7 @@ def _encoder_layers(params: dict, cfg: bert_model.BertConfig) -> dict:
     return bert_model.unstack_layers(encoder, cfg) if "layers" in encoder else dict(encoder)
 
 
-def _with_encoder(params: dict, encoder: dict, cfg: bert_model.BertConfig) -> dict:
+def _with_encoder(params: dict, encoder: dict, cfg: BertConfig) -> dict:
     """params with the unrolled `encoder` in, laid out as cfg says (stacked where it scans)."""
     if cfg.scan_layers:
         encoder = bert_model.stack_layers(encoder, cfg)
@@ -154,7 +156,7 @@ def _map_head_axes(layer: dict, fn: Callable) -> dict:
     return {**layer, "attention": attention}
 
 
-def prune_heads(params: dict, cfg: bert_model.BertConfig, keep: list[list[int]]):
+def prune_heads(params: dict, cfg: BertConfig, keep: list[list[int]]):
     """(pruned config, pruned params): parameter group g (layer g, but for ALBERT's shared groups) keeps the
     heads keep[g] (indices among its own), the others' parameters removed. The config keeps num_heads
     (what Hugging Face export pads back to) and says the head size and each group's count. Equal counts
@@ -173,7 +175,7 @@ def prune_heads(params: dict, cfg: bert_model.BertConfig, keep: list[list[int]])
     return pruned, _with_encoder(params, encoder, pruned)
 
 
-def with_all_heads(params: dict, cfg: bert_model.BertConfig):
+def with_all_heads(params: dict, cfg: BertConfig):
     """(config, params) of a head-pruned model at full shapes: every layer back to num_heads heads, the
     removed ones all zeros (so they add nothing: the same outputs). What Hugging Face export writes, as
     transformers 5's BERT has no pruned heads. An unpruned model comes back as it is."""

@@ -21,7 +21,7 @@ from pathlib import Path
 
 from bertjax.interop import hf_albert, hf_bert, hf_convert, hf_files, hf_modernbert, hf_roberta
 from bertjax.interop.hf_family import HF_HEADS, Family, HFHead, TaskClass, changed_options  # noqa: F401
-from bertjax.models import bert as bert_model
+from bertjax.models.config import BertConfig, ARCHITECTURE_FIELDS
 from bertjax.models import heads
 
 log = logging.getLogger(__name__)
@@ -38,7 +38,7 @@ def family_of(hf_config: dict) -> Family:
     return FAMILIES[model_type]
 
 
-def family_of_config(cfg: bert_model.BertConfig) -> Family:
+def family_of_config(cfg: BertConfig) -> Family:
     """The family whose transformers class computes this config's network: the one whose own options it
     sets (BERT: none). A mix of options no Hugging Face class has is a ValueError naming them."""
     changed = changed_options(cfg)
@@ -63,25 +63,25 @@ def family_of_config(cfg: bert_model.BertConfig) -> Family:
 # --------------------------------------------------------------------------------------------------
 
 
-def config_from_hf(hf_config: dict, **overrides) -> bert_model.BertConfig:
+def config_from_hf(hf_config: dict, **overrides) -> BertConfig:
     """A config.json (as a dict) of any family -> BertConfig; `overrides` set the fields the weights do
     not fix (dtype, scan_layers, remat_policy, dropout, ...). Rejects what the bertjax network cannot
     reproduce rather than loading it into a subtly different model."""
-    known = {name for name in bert_model.BertConfig.__dataclass_fields__}
+    known = {name for name in BertConfig.__dataclass_fields__}
     unknown = sorted(set(overrides) - known)
     if unknown:
         raise ValueError(f"unknown BertConfig field(s) {unknown} in the overrides: choose from {sorted(known)}")
     fields = family_of(hf_config).config_from_hf(hf_config)
-    network = bert_model.BertConfig(**fields)
+    network = BertConfig(**fields)
     # What the network is comes from the checkpoint; how it is stored, computed and trained (dropout) may
     # be the run's own.
-    clash = sorted(k for k, v in overrides.items() if k in bert_model.ARCHITECTURE_FIELDS and v != getattr(network, k))
+    clash = sorted(k for k, v in overrides.items() if k in ARCHITECTURE_FIELDS and v != getattr(network, k))
     if clash:
         raise ValueError(f"the overrides {clash} contradict the checkpoint's config.json")
-    return bert_model.BertConfig(**{**fields, **overrides})
+    return BertConfig(**{**fields, **overrides})
 
 
-def config_to_hf(cfg: bert_model.BertConfig, kind: str | None = None, num_labels: int | None = None,
+def config_to_hf(cfg: BertConfig, kind: str | None = None, num_labels: int | None = None,
                  label_names: list[str] | None = None) -> dict:
     """BertConfig -> the config.json its family's pretraining class reads, or with a task `kind` (a key of
     heads.HEADS) the family's class for that task: its architecture, labels (id2label / label2id from
@@ -89,7 +89,7 @@ def config_to_hf(cfg: bert_model.BertConfig, kind: str | None = None, num_labels
     return _config_to_hf(family_of_config(cfg), cfg, kind, num_labels, label_names)
 
 
-def _config_to_hf(family: Family, cfg: bert_model.BertConfig, kind: str | None, num_labels: int | None,
+def _config_to_hf(family: Family, cfg: BertConfig, kind: str | None, num_labels: int | None,
                   label_names: list[str] | None) -> dict:
     # The dtype the weights are written in (the params' own): transformers 5 reads "dtype", 4.x "torch_dtype".
     hf_config = {**family.config_to_hf(cfg), "dtype": cfg.param_dtype, "torch_dtype": cfg.param_dtype}
@@ -121,7 +121,7 @@ def _labels(kind: str, num_labels: int | None, label_names: list[str] | None) ->
 # --------------------------------------------------------------------------------------------------
 
 
-def hf_to_params(state: dict, cfg: bert_model.BertConfig, seed: int = 0):
+def hf_to_params(state: dict, cfg: BertConfig, seed: int = 0):
     """A state dict (name -> numpy array) of the config's family -> (bertjax params, missing).
 
     params: the plain BertForPreTraining params in cfg.param_dtype, in the layout cfg.scan_layers asks
@@ -132,14 +132,14 @@ def hf_to_params(state: dict, cfg: bert_model.BertConfig, seed: int = 0):
     return hf_convert.to_params(family_of_config(cfg), state, cfg, seed)
 
 
-def params_to_hf(params: dict, cfg: bert_model.BertConfig) -> dict:
+def params_to_hf(params: dict, cfg: BertConfig) -> dict:
     """bertjax BertForPreTraining params (boxed or plain, unrolled or scanned) -> the state dict of the
     family's pretraining class; params it has no name for (RoBERTa's pooler and NSP head) are left out,
     tied copies (the decoder) are not written, as transformers' own save_pretrained does."""
     return hf_convert.to_state(family_of_config(cfg), params, cfg)
 
 
-def hf_to_head_params(state: dict, cfg: bert_model.BertConfig, kind: str, num_labels: int | None = None,
+def hf_to_head_params(state: dict, cfg: BertConfig, kind: str, num_labels: int | None = None,
                       seed: int = 0):
     """A state dict of the config's family -> (params of the `kind` head, missing), as hf_to_params.
 
@@ -151,7 +151,7 @@ def hf_to_head_params(state: dict, cfg: bert_model.BertConfig, kind: str, num_la
     return _head_params(family, state, cfg, kind, num_labels, seed)
 
 
-def _head_params(family: Family, state: dict, cfg: bert_model.BertConfig, kind: str, num_labels: int | None,
+def _head_params(family: Family, state: dict, cfg: BertConfig, kind: str, num_labels: int | None,
                  seed: int = 0):
     weights = state.get(family.task_class(kind, cfg).classifier_bias)
     if num_labels is None and heads.head(kind).num_labels is None and weights is not None:
@@ -159,7 +159,7 @@ def _head_params(family: Family, state: dict, cfg: bert_model.BertConfig, kind: 
     return hf_convert.to_params(family, state, cfg, seed, kind, heads.resolve_num_labels(kind, num_labels))
 
 
-def head_params_to_hf(params: dict, cfg: bert_model.BertConfig, kind: str) -> dict:
+def head_params_to_hf(params: dict, cfg: BertConfig, kind: str) -> dict:
     """bertjax params of the `kind` head (boxed or plain, unrolled or scanned) -> the state dict of the
     family's class for it. The classes without a pooler (BERT's span and tagging) get none: ours goes
     unused."""
@@ -235,7 +235,7 @@ def _task_state(path, hf_config: dict, state: dict, kind: str, task: TaskClass, 
     return {name: x for name, x in state.items() if name not in other}
 
 
-def save_hf_checkpoint(path: str | os.PathLike, cfg: bert_model.BertConfig, params: dict,
+def save_hf_checkpoint(path: str | os.PathLike, cfg: BertConfig, params: dict,
                        vocab_path: str | os.PathLike | None = None, lower_case: bool = True,
                        masked_lm_only: bool = False):
     """Write a directory that the family's pretraining class (BertForPreTraining, RobertaForMaskedLM,
@@ -257,7 +257,7 @@ def save_hf_checkpoint(path: str | os.PathLike, cfg: bert_model.BertConfig, para
     hf_files.write_directory(path, cfg, state, hf_config, vocab_path, lower_case, family.tokenizer_json)
 
 
-def save_hf_head(path: str | os.PathLike, cfg: bert_model.BertConfig, params: dict, kind: str,
+def save_hf_head(path: str | os.PathLike, cfg: BertConfig, params: dict, kind: str,
                  label_names: list[str] | None = None, vocab_path: str | os.PathLike | None = None,
                  lower_case: bool = True):
     """Write a directory that the family's class for `kind` (and AutoModelFor... of that task) loads
@@ -272,7 +272,7 @@ def save_hf_head(path: str | os.PathLike, cfg: bert_model.BertConfig, params: di
     hf_files.write_directory(path, cfg, state, hf_config, vocab_path, lower_case, family.tokenizer_json)
 
 
-def _check_vocabulary(cfg: bert_model.BertConfig, vocab_path) -> None:
+def _check_vocabulary(cfg: BertConfig, vocab_path) -> None:
     """Positions numbered after the pad token (RoBERTa's position_offset = pad_token_id + 1) need the
     vocabulary's pad there."""
     pad = cfg.position_offset - 1

@@ -8,7 +8,7 @@ and a WordPiece vocab.txt before it where both are there.
 
 from bertjax.interop import hf_bert, hf_family
 from bertjax.interop.hf_family import COPY, LINEAR, Family, linear
-from bertjax.models import bert as bert_model
+from bertjax.models.config import BertConfig
 
 _ACTIVATIONS = {"gelu_new": "gelu_tanh", "gelu": "gelu"}  # HF's hidden_act -> model.activation
 
@@ -27,7 +27,7 @@ def _from_hf(hf_config: dict) -> dict:
     return fields
 
 
-def _to_hf(cfg: bert_model.BertConfig) -> dict:
+def _to_hf(cfg: BertConfig) -> dict:
     if cfg.activation not in ("gelu", "gelu_tanh") or cfg.position_embedding != "learned" or cfg.position_offset:
         raise ValueError("an ALBERT checkpoint needs model.activation gelu or gelu_tanh and learned positions from 0")
     act = {v: k for k, v in _ACTIVATIONS.items()}[cfg.activation]

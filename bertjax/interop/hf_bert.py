@@ -6,7 +6,7 @@ names of its block's parts (`BLOCK_PARTS`) are shared by RoBERTa and ALBERT, whi
 
 from bertjax.interop import hf_family
 from bertjax.interop.hf_family import HF_HEADS, Family, TaskClass, linear
-from bertjax.models import bert as bert_model
+from bertjax.models.config import BertConfig
 
 # Hugging Face config field -> BertConfig field, with HF's own default where the field may be absent
 # (None: the field is required, because no sensible default exists).
@@ -41,7 +41,7 @@ def fields_from_hf(hf_config: dict, family: str, defaults: dict | None = None) -
     return fields
 
 
-def fields_to_hf(cfg: bert_model.BertConfig) -> dict:
+def fields_to_hf(cfg: BertConfig) -> dict:
     return {hf_name: getattr(cfg, name) for hf_name, name, _ in CONFIG_FIELDS}
 
 
@@ -63,14 +63,14 @@ def _from_hf(hf_config: dict) -> dict:
     return fields_from_hf(hf_config, "BERT")
 
 
-def _to_hf(cfg: bert_model.BertConfig) -> dict:
+def _to_hf(cfg: BertConfig) -> dict:
     return {"model_type": "bert", "architectures": ["BertForPreTraining"], **fields_to_hf(cfg),
             "hidden_act": "gelu", "position_embedding_type": "absolute",
             "pad_token_id": 0,  # BERT vocabularies put [PAD] at 0; HF uses it only to zero that row at init
             "tie_word_embeddings": True}  # the MLM decoder is the word-embedding matrix, as in bertjax
 
 
-def _tf_norm_names(state: dict, cfg: bert_model.BertConfig) -> dict:
+def _tf_norm_names(state: dict, cfg: BertConfig) -> dict:
     """Checkpoints converted from TensorFlow long ago name the LayerNorm parameters gamma/beta."""
     renamed, sources = {}, {}
     for name, x in state.items():

@@ -22,6 +22,7 @@ from flax import traverse_util
 from bertjax.compression import pruning
 from bertjax.interop.hf_family import Family
 from bertjax.models import bert as bert_model
+from bertjax.models.config import BertConfig
 from bertjax.models import heads
 
 log = logging.getLogger(__name__)
@@ -32,7 +33,7 @@ _OPTIONAL = ("bert/pooler", "mlm_head/", "nsp_head/")
 _OPTIONAL_IN_A_HEAD = ("bert/pooler", "classifier/")
 
 
-def to_params(family: Family, state: dict[str, np.ndarray], cfg: bert_model.BertConfig, seed: int = 0,
+def to_params(family: Family, state: dict[str, np.ndarray], cfg: BertConfig, seed: int = 0,
               kind: str | None = None, num_labels: int | None = None):
     """A family's HF state dict -> (params, missing): BertForPreTraining's (kind None) or the `kind`
     head's, plain and in cfg.param_dtype, in the layout cfg.scan_layers asks for. missing: the param
@@ -59,7 +60,7 @@ def to_params(family: Family, state: dict[str, np.ndarray], cfg: bert_model.Bert
     return (_stack(params, cfg) if cfg.scan_layers else params), missing
 
 
-def to_state(family: Family, params: dict, cfg: bert_model.BertConfig, kind: str | None = None) -> dict:
+def to_state(family: Family, params: dict, cfg: BertConfig, kind: str | None = None) -> dict:
     """bertjax params (boxed or plain, unrolled or scanned; BertForPreTraining's, or the `kind` head's)
     -> the family's HF state dict. Params its class has no name for are left out where the class lacks
     them (the pooler and NSP head of a masked-LM class, the pooler of a per-token class); tied copies are
@@ -98,7 +99,7 @@ def to_state(family: Family, params: dict, cfg: bert_model.BertConfig, kind: str
 # --------------------------------------------------------------------------------------------------
 
 
-def _rows(family: Family, cfg: bert_model.BertConfig, shapes: dict, kind: str | None = None,
+def _rows(family: Family, cfg: BertConfig, shapes: dict, kind: str | None = None,
           reading: bool = False) -> list:
     """The family's table for this config: {i} over the parameter groups, rows the config lacks left out.
     With a task kind: the encoder's rows and the rows of the kind's class's head; `reading`, the
@@ -130,18 +131,18 @@ def _canonical(family: Family, state: dict) -> dict[str, str]:
     return names
 
 
-def _unrolled(cfg: bert_model.BertConfig) -> bert_model.BertConfig:
+def _unrolled(cfg: BertConfig) -> BertConfig:
     return dataclasses.replace(cfg, scan_layers=False)
 
 
-def _network(cfg: bert_model.BertConfig, kind: str | None, num_labels: int | None):
+def _network(cfg: BertConfig, kind: str | None, num_labels: int | None):
     """(module, dummy inputs): BertForPreTraining, or the task head of `kind` (heads.HEADS)."""
     if kind is None:
         return bert_model.BertForPreTraining(_unrolled(cfg)), bert_model.dummy_batch(1, 1, 1)
     return heads.network(kind, _unrolled(cfg), num_labels), heads.dummy_inputs(kind)
 
 
-def _param_shapes(cfg: bert_model.BertConfig, kind: str | None = None,
+def _param_shapes(cfg: BertConfig, kind: str | None = None,
                   num_labels: int | None = None) -> dict[str, tuple]:
     """bertjax param path -> shape, from the model itself (eval_shape: no memory, no FLOPs)."""
     module, inputs = _network(cfg, kind, num_labels)
@@ -222,7 +223,7 @@ def _report_unused(family: Family, names: dict[str, str], used: set[str], kind: 
         log.warning("ignoring %d tensor(s) that %s has no place for: %s", len(unused), what, unused)
 
 
-def _check_required(family: Family, missing: list[str], rows, cfg: bert_model.BertConfig, kind: str | None):
+def _check_required(family: Family, missing: list[str], rows, cfg: BertConfig, kind: str | None):
     """Only the pooler and the heads may be absent (and freshly initialised); an encoder tensor may not."""
     optional = _OPTIONAL if kind is None else _OPTIONAL_IN_A_HEAD
     required = [path for path in missing if not path.startswith(optional)]
@@ -247,7 +248,7 @@ def _on_host():
         yield
 
 
-def _fresh_params(cfg: bert_model.BertConfig, paths: list[str], seed: int, kind: str | None = None,
+def _fresh_params(cfg: BertConfig, paths: list[str], seed: int, kind: str | None = None,
                   num_labels: int | None = None) -> dict[str, np.ndarray]:
     """Fresh values for the given param paths, as the network's init would draw them."""
     module, inputs = _network(cfg, kind, num_labels)
@@ -263,7 +264,7 @@ def _fresh_params(cfg: bert_model.BertConfig, paths: list[str], seed: int, kind:
     return {path: np.asarray(x) for path, x in fresh.items()}
 
 
-def _stack(params: dict, cfg: bert_model.BertConfig) -> dict:
+def _stack(params: dict, cfg: BertConfig) -> dict:
     # Stacked on the host: the result is a host tree like the unrolled one, whatever the default device.
     with _on_host():
         encoder = bert_model.stack_layers(params["bert"]["encoder"], cfg)

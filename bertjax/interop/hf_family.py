@@ -24,7 +24,8 @@ from typing import Callable
 
 import numpy as np
 
-from bertjax.models import bert as bert_model
+
+from bertjax.models.config import BertConfig, FAMILY_OPTIONS
 from bertjax.models import heads
 from bertjax.tasks import kinds
 
@@ -105,7 +106,7 @@ class TaskClass:
         return next(hf_name for hf_name, path, _ in self.rows if path == "classifier/bias")
 
 
-def _same(state: dict, cfg: bert_model.BertConfig) -> dict:
+def _same(state: dict, cfg: BertConfig) -> dict:
     return state
 
 
@@ -121,24 +122,24 @@ class Family:
     table: tuple  # (HF name, bertjax path, transform); {i}: each parameter group
     tied: dict  # HF name -> the HF name it is a copy of (accepted if equal, never written)
     config_from_hf: Callable[[dict], dict]  # config.json -> BertConfig fields
-    config_to_hf: Callable[[bert_model.BertConfig], dict]  # BertConfig -> config.json; raises on what it cannot have
+    config_to_hf: Callable[[BertConfig], dict]  # BertConfig -> config.json; raises on what it cannot have
     task_classes: dict  # task kind (HF_HEADS) -> TaskClass
-    claims: Callable[[bert_model.BertConfig], bool]  # whether a config has this family's own options
-    options: tuple = ()  # the bert_model.FAMILY_OPTIONS it may set; the others keep BERT's values
+    claims: Callable[[BertConfig], bool]  # whether a config has this family's own options
+    options: tuple = ()  # the FAMILY_OPTIONS it may set; the others keep BERT's values
     # The tokenizer files bertjax reads from a directory of this family, (file name, tokenizer kind), in
     # the order they are looked for.
     tokenizer_files: tuple = (("vocab.txt", "wordpiece"),)
     masked_lm: str = ""  # the masked-LM class (save_hf_checkpoint's masked_lm_only)
     not_in_masked_lm: tuple = ()  # prefixes of the pretraining class's tensors the masked-LM class lacks
-    to_table: Callable[[dict, bert_model.BertConfig], dict] = _same  # HF tensors -> the table's names
-    from_table: Callable[[dict, bert_model.BertConfig], dict] = _same  # the table's names -> HF tensors
-    pooler: str = "tanh"  # the model.pooler its task classes compute (bert_model.POOLERS)
-    task_config: Callable[[bert_model.BertConfig], dict] = lambda cfg: {}  # a task class's config.json fields
+    to_table: Callable[[dict, BertConfig], dict] = _same  # HF tensors -> the table's names
+    from_table: Callable[[dict, BertConfig], dict] = _same  # the table's names -> HF tensors
+    pooler: str = "tanh"  # the model.pooler its task classes compute (POOLERS)
+    task_config: Callable[[BertConfig], dict] = lambda cfg: {}  # a task class's config.json fields
     # Whether an export writes the WordPiece vocabulary as a tokenizer.json too (AutoTokenizer reads only
     # that for ModernBERT's model_type; BERT's builds its tokenizer from vocab.txt).
     tokenizer_json: bool = True
 
-    def task_class(self, kind: str, cfg: bert_model.BertConfig) -> TaskClass:
+    def task_class(self, kind: str, cfg: BertConfig) -> TaskClass:
         """The class for a task kind, whose head the config must compute."""
         heads.head(kind)  # an unknown kind: one line listing the known ones
         task = self.task_classes[kind]
@@ -220,7 +221,7 @@ def task_classes(model: str, *, sequence: tuple, multiple_choice: tuple, span: t
             "tagging": TaskClass(f"{model}ForTokenClassification", tagging)}
 
 
-def changed_options(cfg: bert_model.BertConfig) -> list[str]:
-    """The family options (bert_model.FAMILY_OPTIONS) the config sets to other than BERT's values."""
-    defaults = bert_model.BertConfig()
-    return sorted(k for k in bert_model.FAMILY_OPTIONS if getattr(cfg, k) != getattr(defaults, k))
+def changed_options(cfg: BertConfig) -> list[str]:
+    """The family options (FAMILY_OPTIONS) the config sets to other than BERT's values."""
+    defaults = BertConfig()
+    return sorted(k for k in FAMILY_OPTIONS if getattr(cfg, k) != getattr(defaults, k))

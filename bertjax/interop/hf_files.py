@@ -21,7 +21,8 @@ from pathlib import Path
 import ml_dtypes
 import numpy as np
 
-from bertjax.models import bert as bert_model
+
+from bertjax.models.config import BertConfig
 
 log = logging.getLogger(__name__)
 
@@ -191,7 +192,7 @@ def read_hf_weights(directory: str | os.PathLike) -> dict[str, np.ndarray]:
 # --------------------------------------------------------------------------------------------------
 
 
-def write_directory(path, cfg: bert_model.BertConfig, state: dict[str, np.ndarray], hf_config: dict,
+def write_directory(path, cfg: BertConfig, state: dict[str, np.ndarray], hf_config: dict,
                     vocab_path, lower_case: bool, tokenizer_json: bool):
     """config.json, model.safetensors and the optional WordPiece vocabulary of a transformers model
     directory; tokenizer_json: the vocabulary as a tokenizer.json too (the family's Family.tokenizer_json)."""
@@ -226,7 +227,7 @@ def write_directory(path, cfg: bert_model.BertConfig, state: dict[str, np.ndarra
     log.info("wrote Hugging Face checkpoint %s (%d tensors)", path, len(state))
 
 
-def model_input_names(cfg: bert_model.BertConfig) -> list[str]:
+def model_input_names(cfg: BertConfig) -> list[str]:
     """What the exported tokenizer gives the model: token_type_ids only where the model has two segment
     rows or more. HF RoBERTa has one (a pair's 1s would index past it) and ModernBERT none; bertjax reads
     row 0 for every segment id of a one-row table, so leaving them out computes what bertjax does."""

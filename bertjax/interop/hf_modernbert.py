@@ -10,7 +10,7 @@ import numpy as np
 
 from bertjax.interop import hf_family
 from bertjax.interop.hf_family import ATTENTION_OUT_KERNEL, COPY, LINEAR, QKV_BIAS, QKV_KERNEL, Family, linear
-from bertjax.models import bert as bert_model
+from bertjax.models.config import BertConfig
 
 
 def _global_every(hf_config: dict) -> int:
@@ -54,7 +54,7 @@ def _from_hf(hf_config: dict) -> dict:
                 global_attention_every=_global_every(hf_config), pooler="gelu_norm")
 
 
-def _to_hf(cfg: bert_model.BertConfig) -> dict:
+def _to_hf(cfg: BertConfig) -> dict:
     if (cfg.position_embedding, cfg.activation, cfg.norm_placement, cfg.type_vocab_size) != ("rotary", "geglu", "pre", 0):
         raise ValueError("a ModernBERT checkpoint needs model.position_embedding='rotary', activation='geglu', "
                          "norm_placement='pre' and type_vocab_size=0")
@@ -82,7 +82,7 @@ def _to_hf(cfg: bert_model.BertConfig) -> dict:
 _QKV = ("Wq", "Wk", "Wv")
 
 
-def _split_qkv(state: dict, cfg: bert_model.BertConfig) -> dict:
+def _split_qkv(state: dict, cfg: BertConfig) -> dict:
     """attn.Wqkv [3*N*D, H] (q, k, v rows, as HF views it [3, N, D]) -> attn.Wq, attn.Wk, attn.Wv."""
     state = dict(state)
     for name in [n for n in state if ".attn.Wqkv." in n]:
@@ -91,7 +91,7 @@ def _split_qkv(state: dict, cfg: bert_model.BertConfig) -> dict:
     return state
 
 
-def _join_qkv(state: dict, cfg: bert_model.BertConfig) -> dict:
+def _join_qkv(state: dict, cfg: BertConfig) -> dict:
     state = dict(state)
     for name in [n for n in state if ".attn.Wq." in n]:
         parts = [state.pop(name.replace(".Wq.", f".{part}.")) for part in _QKV]

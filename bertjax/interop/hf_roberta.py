@@ -7,7 +7,7 @@ by bertjax exports its WordPiece vocab.txt, which is read back.
 
 from bertjax.interop import hf_bert, hf_family
 from bertjax.interop.hf_family import Family, linear
-from bertjax.models import bert as bert_model
+from bertjax.models.config import BertConfig
 
 
 def _from_hf(hf_config: dict) -> dict:
@@ -20,7 +20,7 @@ def _from_hf(hf_config: dict) -> dict:
     return fields
 
 
-def _to_hf(cfg: bert_model.BertConfig) -> dict:
+def _to_hf(cfg: BertConfig) -> dict:
     pad = cfg.position_offset - 1
     if pad < 0 or cfg.position_embedding != "learned" or cfg.pre_layer_norm or cfg.norm_placement != "post":
         raise ValueError("a RoBERTa checkpoint needs learned positions with model.position_offset >= 1 "

@@ -5,6 +5,8 @@ metrics.jsonl and, for a fine-tuned model, summary.json."""
 import json
 
 from bertjax.models import bert as bert_model
+
+from bertjax.models.config import BertConfig
 from bertjax.text import files
 from bertjax.tasks import kinds
 
@@ -36,7 +38,7 @@ from bertjax.models import bert
 
 config = json.load(open("{path}/config.json"))
 params = traverse_util.unflatten_dict(dict(np.load("{path}/params.npz")), sep="/")
-net = bert.BertForPreTraining(bert.BertConfig.from_dict(config["model"]))   # or the task's head
+net = bert.BertForPreTraining(BertConfig.from_dict(config["model"]))   # or the task's head
 ```""",
 }
 
@@ -64,7 +66,7 @@ def _figures(line: dict, keys) -> str:
 
 def model_card(*, workdir: str, meta: dict, params: dict, export_format: str, path_hint: str) -> str:
     """The card's markdown text."""
-    cfg = bert_model.BertConfig.from_dict(meta["model"])
+    cfg = BertConfig.from_dict(meta["model"])
     config = _read_json(files.join(workdir, "config.json"))
     metrics = _read_json_lines(files.join(workdir, "metrics.jsonl"))
     summary = _read_json(files.join(workdir, "summary.json"))

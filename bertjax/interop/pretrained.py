@@ -16,6 +16,7 @@ from etils import epath
 
 from bertjax.interop import hf, hf_files
 from bertjax.models import bert as bert_model
+from bertjax.models.config import resolve_platform, BertConfig
 from bertjax.text import files
 from bertjax.training import checkpoint
 from bertjax.training import workdir as workdirs
@@ -45,7 +46,7 @@ class TokenizerFiles:
 
 @dataclasses.dataclass
 class Pretrained:
-    config: bert_model.BertConfig
+    config: BertConfig
     params: Any  # BertForPreTraining params, or a task head's ({"bert", "classifier"})
     tokenizer: TokenizerFiles | None  # None: a run on synthetic data (or not asked for)
     source: str
@@ -96,7 +97,7 @@ def load(path: str, *, what: str = "init_from", model_overrides: dict | None = N
     if not epath.Path(path).exists():
         raise FileNotFoundError(f"{what}={path} does not exist")
     kind = kind_of(path)
-    overrides = bert_model.resolve_platform(dict(model_overrides or {}))  # "auto" compute fields for this machine
+    overrides = resolve_platform(dict(model_overrides or {}))  # "auto" compute fields for this machine
     if kind == BERTJAX:
         return _from_bertjax(model_checkpoint(path), what, overrides, abstract_params)
     if kind == PARAMS_EXPORT:
@@ -148,7 +149,7 @@ def _recorded_tokenizer(meta: dict, directory: str, path: str, what: str) -> Tok
 
 def _from_bertjax(path: str, what: str, model_overrides: dict, abstract_params) -> Pretrained:
     params, meta = checkpoint.restore_params(path, abstract_params)
-    config = bert_model.BertConfig.from_dict({**meta["model"], **model_overrides})
+    config = BertConfig.from_dict({**meta["model"], **model_overrides})
     return Pretrained(config, params, _recorded_tokenizer(meta, checkpoint.workdir_of(path), path, what), path, meta,
                       [])
 
@@ -169,7 +170,7 @@ def _from_params_export(path: str, what: str, model_overrides: dict, abstract_pa
     if meta.get("quantize") and not quantized:
         raise ValueError(f"{what}={path} is an int8 params export ({meta['quantize']}): start from the float "
                          "model it was exported from (bertjax.load reads it for inference)")
-    config = bert_model.BertConfig.from_dict({**meta["model"], **model_overrides})
+    config = BertConfig.from_dict({**meta["model"], **model_overrides})
     with (epath.Path(path) / PARAMS_FILE).open("rb") as f:
         params = traverse_util.unflatten_dict(dict(np.load(f)), sep="/")
     if not meta.get("quantize"):
@@ -178,7 +179,7 @@ def _from_params_export(path: str, what: str, model_overrides: dict, abstract_pa
     return Pretrained(config, _placed(params, abstract_params), tokenizer, path, meta, [])
 
 
-def _in_layout(params: dict, config: bert_model.BertConfig) -> dict:
+def _in_layout(params: dict, config: BertConfig) -> dict:
     """The export's params stored as the config asks (a run may store them otherwise than the exported
     one did): in its param_dtype, the layers stacked or not as config.scan_layers says."""
     import jax

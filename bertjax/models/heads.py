@@ -33,6 +33,8 @@ import jax
 import jax.numpy as jnp
 
 from bertjax.models import bert as bert_model
+
+from bertjax.models.config import POOLERS, BertConfig
 from bertjax.models.bert import BertConfig
 from bertjax.models.layers import Dropout, dense
 
@@ -59,7 +61,7 @@ def _token_output(cfg: BertConfig, bert: bert_model.BertModel, encoded: dict):
     """What the per-token classifiers read [B, S, H]: the sequence output, or where POOLERS[model.pooler]
     says so (ModernBERT) the pooler's transform of every token. The one place that decides it."""
     x = encoded["sequence_output"]
-    return bert.pool(x) if bert_model.POOLERS[cfg.pooler] else x
+    return bert.pool(x) if POOLERS[cfg.pooler] else x
 
 
 class BertForSequenceClassification(nn.Module):

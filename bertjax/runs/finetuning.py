@@ -27,7 +27,8 @@ from ml_collections import config_dict
 
 from bertjax.compression import distillation, pruning
 from bertjax.interop import pretrained as pretrained_models
-from bertjax.models import bert, heads
+from bertjax.models import heads
+from bertjax.models.config import BertConfig
 from bertjax.runs import start
 from bertjax.runs.console import say
 from bertjax.runs.task_data import TaskData, check_inputs, feature_based_settings, task_data, task_from_config
@@ -109,7 +110,7 @@ class TaskStart:
     """What init_from gives a task: the encoder's config and params (or a whole head of this task's
     shape, from a fine-tuning checkpoint or the task's Hugging Face class), and the tokenizer."""
 
-    bert_config: bert.BertConfig
+    bert_config: BertConfig
     params: dict  # {"bert": ...} at least
     tokenizer: object
     files: pretrained_models.TokenizerFiles

@@ -17,6 +17,7 @@ import ml_collections
 from bertjax.compression import distillation
 from bertjax.interop import pretrained
 from bertjax.models import bert
+from bertjax.models.config import resolve_platform, BertConfig, field_names
 from bertjax.runs import pretraining, start
 from bertjax.runs.console import say
 from bertjax.training import pretraining_step
@@ -46,7 +47,7 @@ def distill(config, workdir: str, distributed: start.Distributed | None = None) 
         # ---------------------------------------------------------------- the teacher
         teacher = load_teacher(config)
         if layers:  # the student is the teacher's architecture with fewer layers
-            own = bert.resolve_platform({k: config.model[k] for k in bert.field_names("layout", "compute", "training")})
+            own = resolve_platform({k: config.model[k] for k in field_names("layout", "compute", "training")})
             config = with_model(config, distillation.student_config_from_teacher(teacher.config, layers, own))
 
         # ---------------------------------------------------------------- the student: shapes first
@@ -103,7 +104,7 @@ def load_teacher(config) -> pretrained.Pretrained:
     if not path:
         raise ValueError("config.distill.teacher is required: a bertjax pretraining workdir or a Hugging Face "
                          "BERT directory with its masked-LM head")
-    compute = {k: config.model[k] for k in bert.field_names("compute")}
+    compute = {k: config.model[k] for k in field_names("compute")}
     teacher = pretrained.load(path, what="distill.teacher", model_overrides=compute, tokenizer=False)
     if teacher.task:
         raise ValueError(f"distill.teacher={path} is a fine-tuned {teacher.task.get('kind')} model: general "
@@ -126,7 +127,7 @@ def check_student_vocabulary(config) -> None:
         distillation.check_same_vocabulary(own.vocab_path, theirs.vocab_path, "train.init_from")
 
 
-def with_model(config, student: bert.BertConfig):
+def with_model(config, student: BertConfig):
     """config with the model section the student's: what config.json records and a resume checks."""
     config = ml_collections.ConfigDict(config.to_dict())
     config.model = ml_collections.ConfigDict({k: list(v) if isinstance(v, tuple) else v

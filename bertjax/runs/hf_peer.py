@@ -9,7 +9,7 @@ import time
 import numpy as np
 
 from bertjax.interop import hf
-from bertjax.models import bert
+from bertjax.models.config import BertConfig
 
 
 def torch_cuda_available() -> bool:
@@ -24,7 +24,7 @@ def torch_cuda_available() -> bool:
 HF_SENTENCE_LABELS = {"BertForPreTraining": "next_sentence_label", "AlbertForPreTraining": "sentence_order_label"}
 
 
-def hf_peer_config(cfg: bert.BertConfig) -> dict:
+def hf_peer_config(cfg: BertConfig) -> dict:
     """The config.json dict of the Hugging Face class that computes `cfg`'s network (its architectures[0])."""
     try:
         return hf.config_to_hf(cfg)  # its family's (hf.family_of_config)

@@ -12,15 +12,16 @@ import numpy as np
 
 from bertjax.interop import hf
 from bertjax.models import bert
+from bertjax.models.config import BertConfig
 
 
-def abstract_params(cfg: bert.BertConfig, seq_len: int = 8, max_predictions: int = 1) -> dict:
+def abstract_params(cfg: BertConfig, seq_len: int = 8, max_predictions: int = 1) -> dict:
     """BertForPreTraining's params as boxed shapes (jax.eval_shape: no memory, no FLOPs)."""
     batch = bert.dummy_batch(1, seq_len, max_predictions)
     return jax.eval_shape(lambda: bert.BertForPreTraining(cfg).init(jax.random.key(0), **batch))["params"]
 
 
-def hf_class_count(cfg: bert.BertConfig) -> tuple[str, int, list[str]] | None:
+def hf_class_count(cfg: BertConfig) -> tuple[str, int, list[str]] | None:
     """(the Hugging Face class this config converts to, its parameter count, bertjax's params it lacks),
     or None for a network no HF class has. A param counts when a row of the family's conversion table
     names it, so a tied tensor (the decoder) counts once, as the class's parameters() does."""
@@ -44,7 +45,7 @@ def hf_class_count(cfg: bert.BertConfig) -> tuple[str, int, list[str]] | None:
 
 def print_summary(config) -> None:
     """Every parameter with its shape, logical axes and mesh axes; the counts, beside Hugging Face's."""
-    cfg = bert.BertConfig.from_dict(config.model)
+    cfg = BertConfig.from_dict(config.model)
     boxed = abstract_params(cfg, config.data.max_seq_length, config.data.max_predictions_per_seq)
     rules = [tuple(rule) for rule in config.logical_axis_rules]
     is_box = lambda x: isinstance(x, nn.LogicallyPartitioned)  # noqa: E731

@@ -24,6 +24,7 @@ from bertjax.data import synthetic
 from bertjax.data.settings import DataSettings
 from bertjax.interop import pretrained
 from bertjax.models import bert
+from bertjax.models.config import BertConfig, fields_of, ARCHITECTURE_FIELDS, RESUME_FIELDS
 from bertjax.runs import start
 from bertjax.runs.console import say
 from bertjax.text import files
@@ -74,7 +75,7 @@ def pretrain(config, workdir: str, distributed: start.Distributed | None = None)
 # ----------------------------------------------------------------------------------------------------
 
 
-def describe_model(bert_config: bert.BertConfig, abstract_params) -> str:
+def describe_model(bert_config: BertConfig, abstract_params) -> str:
     """The one line that says which model (and which compute choices) this run trains."""
     return (f"model: {bert_config.num_layers} layers, hidden {bert_config.hidden_size}, "
             f"{bert.count_params(abstract_params):,} parameters; {bert_config.dtype} compute, "
@@ -119,7 +120,7 @@ def finished(state: TrainState, num_steps: int, checkpointer: checkpoint.Checkpo
     return True
 
 
-def check_same_run(step: int, meta: CheckpointMeta, *, config, bert_config: bert.BertConfig) -> None:
+def check_same_run(step: int, meta: CheckpointMeta, *, config, bert_config: BertConfig) -> None:
     """Stop, naming what differs, when the workdir's checkpoint is not of this config's model and
     optimizer; the checkpoints stay as they are."""
     saved = meta.model
@@ -128,7 +129,7 @@ def check_same_run(step: int, meta: CheckpointMeta, *, config, bert_config: bert
         return list(value) if isinstance(value, tuple) else value
 
     differences = [f"model.{k}={saved[k]!r}, the config {getattr(bert_config, k)!r}"
-                   for k in bert.RESUME_FIELDS if k in saved and saved[k] != as_saved(getattr(bert_config, k))]
+                   for k in RESUME_FIELDS if k in saved and saved[k] != as_saved(getattr(bert_config, k))]
     saved_optimizer = (meta.optimizer or {}).get("name")
     if meta.optimizer is not None and saved_optimizer != config.optimizer.name:
         differences.append(f"optimizer.name={saved_optimizer!r}, the config {config.optimizer.name!r}")
@@ -156,13 +157,13 @@ def check_same_stream(meta: CheckpointMeta, config, process_count: int) -> None:
                         "the examples after the checkpoint differ from an uninterrupted run", changed)
 
 
-def initial_params(path: str, bert_config: bert.BertConfig, abstract_params):
+def initial_params(path: str, bert_config: BertConfig, abstract_params):
     """Parameters only, through the one init-from, restored straight into the state's shardings; their
     architecture must be this config's (how they are stored and computed may differ)."""
-    model = pretrained.load(path, what="train.init_from", model_overrides=bert.fields_of(bert_config, "layout", "compute"),
+    model = pretrained.load(path, what="train.init_from", model_overrides=fields_of(bert_config, "layout", "compute"),
                             abstract_params=abstract_params, tokenizer=False)
     differ = [f"{field}={getattr(model.config, field)!r} but the config has model.{field}="
-              f"{getattr(bert_config, field)!r}" for field in bert.ARCHITECTURE_FIELDS
+              f"{getattr(bert_config, field)!r}" for field in ARCHITECTURE_FIELDS
               if getattr(model.config, field) != getattr(bert_config, field)]
     if differ:
         raise ValueError(f"train.init_from={path} has {'; '.join(differ)}")
@@ -215,7 +216,7 @@ def host_batches(config, workdir: str, start_step: int, process_index: int, proc
     return streams.train_batches(local_batch, start_step), evals, streams.tokenizer, streams.vocab_path
 
 
-def open_stream(config, workdir: str, bert_config: bert.BertConfig, start_step: int, data_sharding) -> Stream:
+def open_stream(config, workdir: str, bert_config: BertConfig, start_step: int, data_sharding) -> Stream:
     process_index, process_count = jax.process_index(), jax.process_count()
     train_batches, eval_batches, tokenizer, vocab_path = host_batches(config, workdir, start_step, process_index,
                                                                       process_count)
@@ -227,7 +228,7 @@ def open_stream(config, workdir: str, bert_config: bert.BertConfig, start_step: 
     return Stream(train_batches, eval_global, record, data_sharding)
 
 
-def tokenizer_record(tokenizer, vocab_path: str | None, bert_config: bert.BertConfig, workdir: str,
+def tokenizer_record(tokenizer, vocab_path: str | None, bert_config: BertConfig, workdir: str,
                      is_primary: bool) -> TokenizerRecord | None:
     """What a checkpoint records of its tokenizer (None for synthetic data), after checking that the
     model's embedding table has a row for each of its tokens."""

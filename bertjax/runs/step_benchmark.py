@@ -25,6 +25,7 @@ import configs.tiny
 from bertjax.data import synthetic
 from bertjax.data.settings import DataSettings
 from bertjax.models import bert
+from bertjax.models.config import BertConfig
 from bertjax.runs import start
 from bertjax.runs.hf_peer import HFStep, hf_peer_config, torch_cuda_available
 from bertjax.runs.step_profile import print_profile, profile_steps
@@ -73,7 +74,7 @@ def benchmark_config(config, dtype: str | None, overrides: dict, seq_len: int, n
     # Full-length rows of one sequence, as the peer computes them (--packing times packed rows on its own).
     config.data.update(max_seq_length=seq_len, max_predictions_per_seq=num_predictions, packing=False)
     config.train.dropout_rng = dropout_rng
-    bert.BertConfig.from_dict(config.model)
+    BertConfig.from_dict(config.model)
     return config
 
 
@@ -209,7 +210,7 @@ def run_shape(size: str, seq_len: int, batch_size: int, *, steps: int, warmup: i
         return []
     # HF is built from the config as the recipe writes it (platform "cpu": its own dropout rates; on a
     # GPU bertjax's cuDNN attention has no attention-probability dropout, HF's sdpa keeps it).
-    hf_config = hf_peer_config(bert.BertConfig.from_dict(config.model, platform="cpu"))
+    hf_config = hf_peer_config(BertConfig.from_dict(config.model, platform="cpu"))
     for device, compile in hf_variants:
         runners.append(HFStep(hf_config, batches, device=device, compile=compile))
     timings = measure(runners, warmup, steps)

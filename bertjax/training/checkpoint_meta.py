@@ -45,7 +45,7 @@ def _known(cls, fields: dict) -> dict:
 @dataclasses.dataclass(frozen=True)
 class CheckpointMeta:
     step: int
-    model: dict  # the BertConfig's fields (models.bert.BertConfig.from_dict reads them)
+    model: dict  # the BertConfig's fields (models.config.BertConfig.from_dict reads them)
     optimizer: dict | None = None  # the config's optimizer section
     data: dict | None = None  # pretraining: what decides the stream besides the step (runs.pretraining)
     tokenizer: TokenizerRecord | None = None  # None: a run on synthetic data

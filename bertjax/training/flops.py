@@ -2,7 +2,7 @@
 
 Imports nothing but the standard library: the figures are plain arithmetic, used by the training
 program's log line, the benchmark and the planner. `config_flops_per_token` reads a model config
-(bertjax.models.bert.BertConfig or anything with its attribute names) so that callers pass it once.
+(bertjax.models.config.BertConfig or anything with its attribute names) so that callers pass it once.
 """
 
 

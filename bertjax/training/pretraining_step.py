@@ -10,6 +10,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from bertjax.models import bert
+
+from bertjax.models.config import BertConfig
 from bertjax.training import optim
 from bertjax.training import state
 
@@ -81,7 +83,7 @@ def summarize(sums: dict) -> dict:
 class PretrainingSetup(state.Setup):
     """state.Setup of BertForPreTraining, with its model config and its pair of jitted steps."""
 
-    bert_config: bert.BertConfig | None = None
+    bert_config: BertConfig | None = None
     objective: str = "nsp"  # data.objective: which sentence task the loss adds (none: masked LM only)
 
     def compile_steps(self, data_sharding, grad_accum_steps: int):
@@ -105,7 +107,7 @@ def constant_guess_accuracy(eval_batches: list) -> float | None:
 def setup(config, mesh, rules, init_key, platform: str | None = None) -> PretrainingSetup:
     """The pretraining Setup of a configs/<size>.py config. platform resolves the model's "auto" fields
     (default: the backend JAX runs on); the planner passes "tpu" to lay out a TPU step from a CPU machine."""
-    bert_config = bert.BertConfig.from_dict(config.model, platform=platform)
+    bert_config = BertConfig.from_dict(config.model, platform=platform)
     tx, schedule = optim.optimizer_from_config(config.optimizer, config.schedule, config.train.num_steps)
     example = bert.dummy_batch(1, config.data.max_seq_length, config.data.max_predictions_per_seq)
     return PretrainingSetup.create(bert.BertForPreTraining(bert_config), example, tx, schedule, mesh, rules,
