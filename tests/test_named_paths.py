@@ -49,3 +49,11 @@ def test_the_checker_sees_paths_and_modules():
     assert paths == {"bertjax/runs/start.py", "docs/design.md", "configs/tiny.py", "bertjax/gone.py"}
     assert modules == {"bertjax.train"}
     assert module_exists("bertjax.train") and not module_exists("bertjax.gone")
+
+
+def test_the_design_map_names_every_module_once():
+    """docs/design.md's map has one line per module of the package, and no line for a module that is gone."""
+    text = (REPO / "docs" / "design.md").read_text(encoding="utf-8")
+    mapped = re.findall(r"^    (bertjax/\S+\.py) ", text, re.M)
+    modules = sorted(str(p.relative_to(REPO)) for p in (REPO / "bertjax").rglob("*.py"))
+    assert sorted(mapped) == modules, (sorted(set(modules) - set(mapped)), sorted(set(mapped) - set(modules)))
