@@ -25,6 +25,7 @@ from bertjax.interop import pretrained
 from bertjax.text import files
 from bertjax.models import bert as bert_model
 from bertjax.models.config import BertConfig
+from bertjax.training.checkpoint_meta import TaskRecord
 
 
 def _make_tokenizer(files: pretrained.TokenizerFiles):
@@ -48,9 +49,9 @@ class LoadedBert:
     tokenizer: Any  # bertjax.text.tokenizers.WordPieceTokenizer
     source: str = ""  # where it was loaded from, for repr and error messages
     missing: list[str] = dataclasses.field(default_factory=list)  # params the checkpoint lacked
-    # A fine-tuned checkpoint's task ({"name", "kind", "labels", "num_choices", "max_seq_length"});
-    # params are then the task head's ({"bert", "classifier"}).
-    task: dict | None = None
+    # A fine-tuned checkpoint's task (name, kind, labels, num_choices, max_seq_length, ...); params are then
+    # the task head's ({"bert", "classifier"}).
+    task: TaskRecord | None = None
     vocab_path: str | None = None  # the tokenizer's vocabulary file (vocab.txt or the SentencePiece .model)
     # None (float params), or the int8 mode (bertjax/compression/quantize.py): params then hold each dense
     # kernel as {"qvalue" int8, "scale" float32} and each embedding table as {"qrows" int8, "row_scale"
@@ -63,7 +64,7 @@ class LoadedBert:
         return (f"LoadedBert({self.source or 'in memory'}: {c.num_layers} layers, hidden {c.hidden_size}, "
                 f"{c.num_heads} heads, vocabulary {c.vocab_size}, {self.num_params():,} parameters, {c.dtype}"
                 + (f", {self.quantize}" if self.quantize else "")
-                + (f", fine-tuned for {self.task['name']}" if self.task else "") + ")")
+                + (f", fine-tuned for {self.task.name}" if self.task else "") + ")")
 
     def __post_init__(self):
         # On the default device once, rather than copied from the host at every call.
@@ -85,10 +86,10 @@ class LoadedBert:
             from bertjax.models import heads
             from bertjax.tasks import kinds
 
-            kind = self.task["kind"]
-            num_labels = kinds.get(kind).num_labels(self.task["labels"])
+            kind = self.task.kind
+            num_labels = kinds.get(kind).num_labels(self.task.labels)
             net = self.network(heads.network(kind, self.config, num_labels,
-                                             feature_based=self.task.get("feature_based")))
+                                             feature_based=self.task.feature_based))
             self._task_logits = jax.jit(lambda params, ids, segments, mask: net.apply(
                 {"params": params}, ids, segments, mask, deterministic=True))
 
@@ -243,7 +244,7 @@ class LoadedBert:
                              f"one written by python -m bertjax.finetune")
         from bertjax.tasks import kinds
 
-        return kinds.get(self.task["kind"]).predict(self, texts, text_pairs, choices, questions=questions,
+        return kinds.get(self.task.kind).predict(self, texts, text_pairs, choices, questions=questions,
                                                     contexts=contexts)
 
     def task_logits(self, features: dict, batch_size: int = 32) -> np.ndarray:
@@ -283,7 +284,7 @@ def load(path: str | os.PathLike, dtype: str = "float32", quantize: str | None =
                          f"pytorch_model.bin, and its tokenizer's files)")
     # How it was computed in training (cuDNN attention on a GPU, say) is chosen anew for this machine.
     model = pretrained.load(path, what="bertjax.load", model_overrides=overrides, quantized=True)
-    mode = mode or model.meta.get("quantize")  # an int8 params export runs in the mode it was exported with
+    mode = mode or (model.meta.quantize if model.meta is not None else None)  # an int8 params export runs in the mode it was exported with
     if model.tokenizer is None:
         raise ValueError(f"{path} was trained on synthetic data and has no tokenizer: load it with "
                          f"bertjax.training.checkpoint.restore_params instead")

@@ -225,7 +225,7 @@ def test_the_program_writes_a_pretraining_workdir_and_resumes_exactly_after_sigk
     again, meta = checkpoint.restore_params(str(killed))
     jax.tree_util.tree_map(np.testing.assert_array_equal, again, final)
     # The student alone is saved, and it loads as any pretrained model does.
-    assert meta["distill"] == {"teacher": teacher["workdir"], "student_layers": list(LAYERS)}
+    assert meta.distill == {"teacher": teacher["workdir"], "student_layers": list(LAYERS)}
     assert set(final["bert"]["encoder"]) == {"layers_0", "layers_1"}
     model = pretrained_models.load(uninterrupted)
     assert (model.config.num_layers, model.config.hidden_size) == (2, 32) and model.task is None

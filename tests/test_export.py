@@ -219,7 +219,7 @@ import json, sys
 import numpy as np
 from flax import traverse_util
 from bertjax.models import bert as bert_model
-from bertjax.training.checkpoint_meta import CheckpointMeta
+from bertjax.models.config import BertConfig
 directory, out, ids, mask = sys.argv[1], sys.argv[2], np.array(json.loads(sys.argv[3])), np.array(json.loads(sys.argv[4]))
 config = json.load(open(f"{directory}/config.json"))
 params = traverse_util.unflatten_dict(dict(np.load(f"{directory}/params.npz")), sep="/")
@@ -249,7 +249,7 @@ def test_a_params_export_is_read_by_the_one_init_from(exported, pretrained, tmp_
     model = pretrained_models.load(path, model_overrides=dict(dtype="float32", attention_impl="auto",
                                                               word_embedding="auto", remat_policy="none"))
     loaded = bertjax.load(path)
-    assert model.config == loaded.config and model.meta["step"] == 1 and model.missing == []
+    assert model.config == loaded.config and model.meta.step == 1 and model.missing == []
     jax.tree_util.tree_map(np.testing.assert_array_equal, model.params, jax.device_get(loaded.params))
     assert pretrained_models.tokenizer_files(path) == model.tokenizer
     assert model.tokenizer.vocab_path == loaded.vocab_path == os.path.join(path, "vocab.txt")
@@ -278,12 +278,12 @@ def test_a_params_export_is_read_by_the_one_init_from(exported, pretrained, tmp_
     summary = finetuning.finetune(config, str(tmp_path / "run"))
     assert summary["steps"] == 2 and "accuracy" in summary["best"]["metrics"]["validation"]
     tuned = bertjax.load(str(tmp_path / "run"))
-    assert tuned.task["kind"] == "classification" and tuned.vocab_path.endswith("vocab.txt")
+    assert tuned.task.kind == "classification" and tuned.vocab_path.endswith("vocab.txt")
 
     int8 = exporting.export(pretrained["workdir"], str(tmp_path / "int8"), "params", quantize="int8")
     with pytest.raises(ValueError, match=r"train.init_from=.* is an int8 params export \(int8-dynamic\): start from"):
         pretrained_models.load(int8, what="train.init_from")
-    assert pretrained_models.load(int8, quantized=True).meta["quantize"] == "int8-dynamic"
+    assert pretrained_models.load(int8, quantized=True).meta.quantize == "int8-dynamic"
 
 
 def test_the_model_card_says_what_the_model_is(exported, pretrained):  # noqa: F811

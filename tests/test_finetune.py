@@ -117,8 +117,8 @@ def test_outputs_of_a_run(classification_run, pretrained):
     assert best["value"] == max(r["accuracy"] for r in dev)
     # The best checkpoint is kept and is what bertjax.load-style readers find.
     params, meta = checkpoint.restore_params(str(workdir / "best"))
-    assert meta["step"] == best["step"] and meta["task"]["labels"] == ["no", "yes"]
-    assert set(params) == {"bert", "classifier"} and meta["tokenizer"]["path"] == "vocab.txt"
+    assert meta.step == best["step"] and meta.task.labels == ("no", "yes")
+    assert set(params) == {"bert", "classifier"} and meta.tokenizer.path == "vocab.txt"
     assert (workdir / "vocab.txt").exists() and (workdir / "config.json").exists()
     # Predictions: the dev split and the unlabelled test file, GLUE's TSV form, every example once.
     dev_tsv = (workdir / "predictions" / "validation.tsv").read_text().splitlines()
@@ -134,7 +134,7 @@ def test_outputs_of_a_run(classification_run, pretrained):
     import bertjax
 
     model = bertjax.load(workdir)
-    assert model.task["labels"] == ["no", "yes"]
+    assert model.task.labels == ("no", "yes")
     assert [p["label"] for p in model.predict(dev_texts(pretrained)[:8])] == predicted[:8]
 
 
@@ -162,7 +162,7 @@ def test_task_distillation_from_the_fine_tuned_run_then_load_and_export(classifi
     train_lines = [r for r in read_lines(workdir) if "split" not in r]
     assert train_lines and all(np.isfinite(r["soft_loss"]) and r["soft_loss"] >= 0 for r in train_lines)
     params, meta = checkpoint.restore_params(str(workdir / checkpoint.BEST_DIR))
-    assert set(params) == {"bert", "classifier"} and meta["step"] == summary["best"]["step"]
+    assert set(params) == {"bert", "classifier"} and meta.step == summary["best"]["step"]
     # The student predicts what its prediction file says, loaded from the workdir and from a params export.
     predicted = [line.split("\t")[1] for line in (workdir / "predictions" / "validation.tsv").read_text().splitlines()[1:]]
     exported = exporting.export(str(workdir), str(tmp_path / "exported"), "params")

@@ -142,7 +142,7 @@ def test_squad_v2_tunes_and_keeps_a_no_answer_threshold(pretrained, tmp_path):  
     assert scores["best_f1"] >= scores["f1"] - 1e-9 and "has_ans_f1" in scores and "no_ans_f1" in scores
     # Saved with the model, and used by the predictions file and bertjax.load(...).predict.
     _, meta = checkpoint.restore_params(str(tmp_path / "run" / checkpoint.BEST_DIR))
-    assert meta["task"]["null_threshold"] == pytest.approx(scores["best_f1_threshold"])
+    assert meta.task.null_threshold == pytest.approx(scores["best_f1_threshold"])
     predictions = tmp_path / "run" / "predictions"
     odds = json.loads((predictions / "validation_null_odds.json").read_text())
     answers = json.loads((predictions / "validation_predictions.json").read_text())
@@ -251,7 +251,7 @@ def test_the_feature_based_tagger_trains_only_its_bilstm(pretrained, tagging_run
     config.feature_based.update(enabled=True, lstm_size=32, lstm_layers=1, layers=(-1, -2), learning_rate=5e-3)
     summary = finetuning.finetune(config, str(tmp_path / "run"))
     params, meta = checkpoint.restore_params(str(tmp_path / "run" / checkpoint.BEST_DIR))
-    assert meta["task"]["feature_based"]["layers"] == [-1, -2]
+    assert meta.task.feature_based["layers"] == [-1, -2]
     assert set(params) == {"bert", "lstm_0_forward", "lstm_0_backward", "classifier"}
     # The encoder is the pretrained one, bit for bit: frozen, not even weight decay moved it.
     import jax

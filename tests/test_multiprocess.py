@@ -161,7 +161,7 @@ def test_two_processes_train_and_only_process_0_writes(runs):
 
     # A checkpoint written by two processes is read whole by one (as bertjax.load does).
     params, meta = checkpoint.restore_params(str(a_dir))
-    assert meta["step"] == NUM_STEPS and meta["data"]["process_count"] == 2
+    assert meta.step == NUM_STEPS and meta.data["process_count"] == 2
     assert sum(x.size for x in jax.tree_util.tree_leaves(params)) > 100_000
 
 

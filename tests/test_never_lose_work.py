@@ -178,7 +178,7 @@ def test_load_and_init_from_fall_back_past_an_unreadable_newest_checkpoint(tmp_p
         if f.is_file():
             f.write_bytes(b"broken")
     params, meta = checkpoint.restore_params(str(tmp_path))
-    assert meta["step"] == 2
+    assert meta.step == 2
     other = tmp_path / "other"
     init = run_train(other, "--config.train.num_steps=1", f"--config.train.init_from={tmp_path}")
     assert init.returncode == 0, init.stderr

@@ -224,7 +224,7 @@ def test_savedmodel_equals_bertjax_in_a_fresh_process(workdir, tmp_path):
     assert (theirs["cut/mask_positions"][2] == -1).all() and (theirs["cut/top_ids"][2] == -1).all()
 
     # predict / predict_pair: bertjax.load(...).predict's labels and probabilities; pairs cut as in training.
-    labels = task.task["labels"]
+    labels = task.task.labels
     for tag, (texts, pairs) in {"predict": (TEXTS, None), "pair": (pairs_a, pairs_b)}.items():
         ours = task.predict(texts, text_pairs=pairs)
         assert theirs[f"{tag}/label"].reshape(-1).tolist() == [p["label"] for p in ours]

@@ -176,7 +176,7 @@ def weight_bytes(params: dict, kernels_only: bool = False) -> int:
     return int(total)
 
 
-def quantize_model(config, params: dict, task: dict | None, mode: str):
+def quantize_model(config, params: dict, task, mode: str):
     """A loaded model's (config, float params) -> (config, stored int8 params): the task network's
     params for a fine-tuned model (task: its checkpoint's task record), else BertForPreTraining's (the
     heads it has). A scanned encoder is unrolled first: its params are then one kernel per layer, each
@@ -195,11 +195,11 @@ def quantize_model(config, params: dict, task: dict | None, mode: str):
     else:
         from bertjax.tasks import kinds
 
-        if task.get("feature_based"):
+        if task.feature_based:
             raise ValueError("quantize: the feature-based tagger (a BiLSTM on frozen features) is not quantised; "
                              "load it without quantize")
-        num_labels = kinds.get(task["kind"]).num_labels(task["labels"])
-        module = heads.network(task["kind"], config, num_labels)
-        inputs = heads.dummy_inputs(task["kind"], 1, 2, int(task.get("num_choices") or 1))
+        num_labels = kinds.get(task.kind).num_labels(task.labels)
+        module = heads.network(task.kind, config, num_labels)
+        inputs = heads.dummy_inputs(task.kind, 1, 2, int(task.num_choices or 1))
         init_args = (inputs["input_ids"], inputs["segment_ids"], inputs["input_mask"])
     return config, quantize(module, params, init_args, mode)

@@ -3,12 +3,12 @@ how well, and how to load it. Everything comes from the workdir: the checkpoint'
 metrics.jsonl and, for a fine-tuned model, summary.json."""
 
 import json
-
 from bertjax.models import bert as bert_model
 
 from bertjax.models.config import BertConfig
 from bertjax.text import files
 from bertjax.tasks import kinds
+from bertjax.training.checkpoint_meta import CheckpointMeta, TaskRecord, TokenizerRecord
 
 # How each export format is loaded, shown in the card.
 _LOADING = {
@@ -35,6 +35,7 @@ or TF Serving: `docker run -p 8501:8501 -v {path}:/models/bert/1 -e MODEL_NAME=b
 import json, numpy as np
 from flax import traverse_util
 from bertjax.models import bert
+from bertjax.models.config import BertConfig
 
 config = json.load(open("{path}/config.json"))
 params = traverse_util.unflatten_dict(dict(np.load("{path}/params.npz")), sep="/")
@@ -64,18 +65,18 @@ def _figures(line: dict, keys) -> str:
     return ", ".join(f"{k} {line[k]:.4g}" for k in keys if isinstance(line.get(k), (int, float)))
 
 
-def model_card(*, workdir: str, meta: dict, params: dict, export_format: str, path_hint: str) -> str:
+def model_card(*, workdir: str, meta: CheckpointMeta, params: dict, export_format: str, path_hint: str) -> str:
     """The card's markdown text."""
-    cfg = BertConfig.from_dict(meta["model"])
+    cfg = BertConfig.from_dict(meta.model)
     config = _read_json(files.join(workdir, "config.json"))
     metrics = _read_json_lines(files.join(workdir, "metrics.jsonl"))
     summary = _read_json(files.join(workdir, "summary.json"))
-    task, step = meta.get("task"), meta.get("step")
-    title = f"BERT fine-tuned for {task['name']}" if task else "BERT pretrained with bertjax"
+    task, step = meta.task, meta.step
+    title = f"BERT fine-tuned for {task.name}" if task else "BERT pretrained with bertjax"
     lines = [f"# {title}", "",
              f"Exported by `python -m bertjax.export --format={export_format}` from `{workdir}` (step {step}).", ""]
     lines += _architecture(cfg, params, task)
-    lines += _tokenizer(cfg, meta.get("tokenizer") or {})
+    lines += _tokenizer(cfg, meta.tokenizer)
     lines += ["## Training", ""]
     lines += _fine_tuning(config, task) if task else _pretraining(config, metrics, step)
     lines += ["", "## Results", ""]
@@ -84,10 +85,10 @@ def model_card(*, workdir: str, meta: dict, params: dict, export_format: str, pa
     return "\n".join(lines)
 
 
-def _architecture(cfg, params: dict, task: dict | None) -> list[str]:
+def _architecture(cfg, params: dict, task: TaskRecord | None) -> list[str]:
     if task:
-        labels = task.get("labels")
-        head = f"; a {task['kind']} head" + (f" over {len(labels)} labels ({', '.join(labels)})" if labels else "")
+        labels = task.labels
+        head = f"; a {task.kind} head" + (f" over {len(labels)} labels ({', '.join(labels)})" if labels else "")
     else:
         head = "; masked-LM and next-sentence heads"
     return ["## Architecture", "",
@@ -97,17 +98,17 @@ def _architecture(cfg, params: dict, task: dict | None) -> list[str]:
             f"- {'pre' if cfg.pre_layer_norm else 'post'}-layer-norm, layer-norm epsilon {cfg.layer_norm_eps}", ""]
 
 
-def _tokenizer(cfg, tokenizer: dict) -> list[str]:
-    casing = "" if not tokenizer else f", {'lower-cased' if tokenizer.get('lower_case') else 'cased'}"
-    return ["## Tokenizer", "",
-            f"- {tokenizer.get('kind', 'unknown')}, {cfg.vocab_size:,} entries in the model's vocabulary{casing}", ""]
+def _tokenizer(cfg, tokenizer: TokenizerRecord | None) -> list[str]:
+    casing = "" if tokenizer is None else f", {'lower-cased' if tokenizer.lower_case else 'cased'}"
+    kind = tokenizer.kind if tokenizer is not None else "unknown"
+    return ["## Tokenizer", "", f"- {kind}, {cfg.vocab_size:,} entries in the model's vocabulary{casing}", ""]
 
 
-def _fine_tuning(config: dict, task: dict) -> list[str]:
+def _fine_tuning(config: dict, task: TaskRecord) -> list[str]:
     """The task's files (or its TFDS name), epochs, batch and learning rate, and the starting weights."""
     data, train = config.get("data") or {}, config.get("train") or {}
     files = {k: data.get(k) for k in ("train", "validation", "test") if data.get(k)}
-    source = ", ".join(f"{k} {v}" for k, v in files.items()) or f"TFDS ({task['name']})"
+    source = ", ".join(f"{k} {v}" for k, v in files.items()) or f"TFDS ({task.name})"
     lines = [f"- fine-tuned on {source}, {train.get('epochs', '?')} epochs of batch {train.get('batch_size', '?')},"
              f" learning rate {(config.get('optimizer') or {}).get('learning_rate', '?')}"]
     if config.get("init_from"):
@@ -137,9 +138,9 @@ def _pretraining(config: dict, metrics: list[dict], step: int | None) -> list[st
     return lines
 
 
-def _dev_results(summary: dict, meta: dict) -> list[str]:
+def _dev_results(summary: dict, meta: CheckpointMeta) -> list[str]:
     """The best dev checkpoint's metrics, from summary.json (or the checkpoint's meta where it is missing)."""
-    best = summary.get("best") or (meta.get("best") or {})
+    best = summary.get("best") or (meta.best or {})
     lines = []
     for split, values in (best.get("metrics") or {}).items():
         shown = ", ".join(f"{k} {v:.4f}" for k, v in values.items() if isinstance(v, (int, float)))
@@ -166,8 +167,8 @@ def _pretraining_results(metrics: list[dict]) -> list[str]:
     return lines
 
 
-def _loading(export_format: str, task: dict | None, path_hint: str) -> str:
-    auto_class = kinds.get(task["kind"]).hf_class["auto_class"] if task else "AutoModelForMaskedLM"
+def _loading(export_format: str, task: TaskRecord | None, path_hint: str) -> str:
+    auto_class = kinds.get(task.kind).hf_class["auto_class"] if task else "AutoModelForMaskedLM"
     pipe = ("" if task else
             'pipeline("fill-mask", model=model, tokenizer=tokenizer)("The capital of France is [MASK].")\n')
     return _LOADING[export_format].format(path=path_hint, auto_class=auto_class, pipeline=pipe)

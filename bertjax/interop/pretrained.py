@@ -16,10 +16,11 @@ from etils import epath
 
 from bertjax.interop import hf, hf_files
 from bertjax.models import bert as bert_model
-from bertjax.models.config import resolve_platform, BertConfig
+from bertjax.models.config import BertConfig, resolve_platform
 from bertjax.text import files
 from bertjax.training import checkpoint
 from bertjax.training import workdir as workdirs
+from bertjax.training.checkpoint_meta import CheckpointMeta, TaskRecord
 
 BERTJAX = "bertjax"
 PARAMS_EXPORT = "params_export"
@@ -51,13 +52,13 @@ class Pretrained:
     tokenizer: TokenizerFiles | None  # None: a run on synthetic data (or not asked for)
     source: str
     # A bertjax checkpoint's meta (step, model, task, ...), a params export's config.json (the same, and
-    # quantize where its params are int8); {} for Hugging Face.
-    meta: dict
+    # quantize where its params are int8); None for Hugging Face.
+    meta: CheckpointMeta | None
     missing: list[str]  # params the source lacked, freshly initialised (Hugging Face only)
 
     @property
-    def task(self) -> dict | None:
-        return self.meta.get("task")
+    def task(self) -> TaskRecord | None:
+        return self.meta.task if self.meta is not None else None
 
 
 def kind_of(path: str) -> str | None:
@@ -135,45 +136,45 @@ def _placed(params, abstract_params):
 # --------------------------------------------------------------------------------------------------
 
 
-def _recorded_tokenizer(meta: dict, directory: str, path: str, what: str) -> TokenizerFiles | None:
+def _recorded_tokenizer(meta: CheckpointMeta, directory: str, path: str, what: str) -> TokenizerFiles | None:
     """The tokenizer a checkpoint's meta (or an export's config.json) records, its file relative to
     `directory` (older checkpoints: an absolute path)."""
-    info = meta.get("tokenizer") or {}
-    if not info.get("path"):
+    info = meta.tokenizer
+    if info is None or not info.path:
         return None
-    vocab = workdirs.resolve_vocabulary(info["path"], directory)
+    vocab = workdirs.resolve_vocabulary(info.path, directory)
     if not epath.Path(vocab).exists():
         raise ValueError(f"{what}={path}: its vocabulary {vocab} is gone; put it back there")
-    return TokenizerFiles(info["kind"], files.local_copy(vocab), bool(info["lower_case"]))
+    return TokenizerFiles(info.kind, files.local_copy(vocab), bool(info.lower_case))
 
 
 def _from_bertjax(path: str, what: str, model_overrides: dict, abstract_params) -> Pretrained:
     params, meta = checkpoint.restore_params(path, abstract_params)
-    config = BertConfig.from_dict({**meta["model"], **model_overrides})
+    config = BertConfig.from_dict({**meta.model, **model_overrides})
     return Pretrained(config, params, _recorded_tokenizer(meta, checkpoint.workdir_of(path), path, what), path, meta,
                       [])
 
 
-def _export_meta(path: str, what: str) -> dict:
+def _export_meta(path: str, what: str) -> CheckpointMeta:
     """A params export's config.json: model, tokenizer, task, step and (int8 exports) quantize."""
     meta = json.loads((epath.Path(path) / "config.json").read_text())
     if "model" not in meta:
         raise ValueError(f"{what}={path}: its config.json has no model section, so it is not a bertjax params "
                          "export (python -m bertjax.export --format=params)")
-    return meta
+    return CheckpointMeta.from_json({"step": 0, **{k: v for k, v in meta.items() if v is not None}})
 
 
 def _from_params_export(path: str, what: str, model_overrides: dict, abstract_params, quantized: bool) -> Pretrained:
     from flax import traverse_util
 
     meta = _export_meta(path, what)
-    if meta.get("quantize") and not quantized:
-        raise ValueError(f"{what}={path} is an int8 params export ({meta['quantize']}): start from the float "
+    if meta.quantize and not quantized:
+        raise ValueError(f"{what}={path} is an int8 params export ({meta.quantize}): start from the float "
                          "model it was exported from (bertjax.load reads it for inference)")
-    config = BertConfig.from_dict({**meta["model"], **model_overrides})
+    config = BertConfig.from_dict({**meta.model, **model_overrides})
     with (epath.Path(path) / PARAMS_FILE).open("rb") as f:
         params = traverse_util.unflatten_dict(dict(np.load(f)), sep="/")
-    if not meta.get("quantize"):
+    if not meta.quantize:
         params = _in_layout(params, config)
     tokenizer = _recorded_tokenizer(meta, path, path, what)
     return Pretrained(config, _placed(params, abstract_params), tokenizer, path, meta, [])
@@ -206,7 +207,7 @@ def _from_hugging_face(path: str, what: str, model_overrides: dict, head: str | 
         config, params, missing = hf.load_hf_checkpoint(path, model_config_overrides=model_overrides)
     else:
         config, params, missing = hf.load_hf_head(path, head, num_labels, model_config_overrides=model_overrides)
-    return Pretrained(config, _placed(params, abstract_params), vocabulary, path, {}, missing)
+    return Pretrained(config, _placed(params, abstract_params), vocabulary, path, None, missing)
 
 
 _TOKENIZER_KINDS = {"wordpiece": "WordPiece", "sentencepiece": "SentencePiece"}

@@ -132,7 +132,7 @@ def export_savedmodel(bert, directory: str, max_seq_length: int | None = None) -
     module = _weights_and_tokenizer(tf, bert)
     signatures = {"encode": _encode_signature(tf, module, bert, length)}
     if bert.task is not None:  # a fine-tuned model: its kind's signatures (bertjax/tasks/kinds/)
-        signatures.update(kinds.get(bert.task["kind"]).signatures(Graph(tf, module, bert, length)))
+        signatures.update(kinds.get(bert.task.kind).signatures(Graph(tf, module, bert, length)))
     elif "mlm_head" in module.params:
         signatures["fill_mask"] = _fill_mask_signature(tf, module, bert, length)
     tf.saved_model.save(module, directory, signatures=signatures)
@@ -143,7 +143,7 @@ def _sequence_length(bert, max_seq_length: int | None) -> int:
     """S: the one asked for, else a fine-tuned model's own, else 128; refused past the model's positions."""
     cfg = bert.config
     if max_seq_length is None:
-        max_seq_length = int((bert.task or {}).get("max_seq_length") or 128)
+        max_seq_length = int((bert.task.max_seq_length if bert.task else None) or 128)
     if not 3 <= max_seq_length <= cfg.max_position_embeddings:
         raise ValueError(f"--max_seq_length={max_seq_length}: between 3 and the model's max_position_embeddings="
                          f"{cfg.max_position_embeddings}")

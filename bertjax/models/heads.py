@@ -33,9 +33,7 @@ import jax
 import jax.numpy as jnp
 
 from bertjax.models import bert as bert_model
-
 from bertjax.models.config import POOLERS, BertConfig
-from bertjax.models.bert import BertConfig
 from bertjax.models.layers import Dropout, dense
 
 # --------------------------------------------------------------------------------------------------

@@ -46,13 +46,13 @@ def task_of(model) -> tuple:
     if record is None:
         raise ValueError(f"{model.source}: not a fine-tuned model (no task head): the report compares fine-tuned "
                          "models on their task's dev set")
-    if record["name"] in registry.TASKS:
-        task = registry.get_task(record["name"])
+    if record.name in registry.TASKS:
+        task = registry.get_task(record.name)
     else:
-        task = registry.get_task(record["name"], labels=record.get("labels") or None,
-                                 num_choices=record.get("num_choices"), squad_version=record.get("squad_version"))
-    settings = squad.Settings(**record["squad_settings"]) if record.get("squad_settings") else None
-    return task, settings, float(record.get("null_threshold") or 0.0)
+        task = registry.get_task(record.name, labels=record.labels or None,
+                                 num_choices=record.num_choices, squad_version=record.squad_version)
+    settings = squad.Settings(**record.squad_settings) if record.squad_settings else None
+    return task, settings, float(record.null_threshold or 0.0)
 
 
 def read_dev(task, dev_path: str | None = None, data_dir: str | None = None) -> tuple[str, list]:
@@ -114,7 +114,7 @@ def compression_report(teacher: Model, variants: list[Model], *, dev_path: str |
         if (theirs.kind, theirs.labels) != (task.kind, task.labels):
             raise ValueError(f"{spec.name} ({spec.path}) is fine-tuned for {theirs.name} {list(theirs.labels)}, the "
                              f"teacher for {task.name} {list(task.labels)}: compare models of one task")
-    length = int(max_seq_length or models[0].task["max_seq_length"])
+    length = int(max_seq_length or models[0].task.max_seq_length)
     split, examples = read_dev(task, dev_path, data_dir)
     featurize = kinds.get(task.kind).featurize
     features = [featurize(task, examples, model.tokenizer, length, settings) for model in models]

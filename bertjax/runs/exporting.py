@@ -14,6 +14,7 @@ from flax import traverse_util
 from bertjax import inference
 from bertjax.interop import hf, hf_files, hf_tokenizer, model_card, pretrained, savedmodel
 from bertjax.training import checkpoint
+from bertjax.training.checkpoint_meta import CheckpointMeta
 
 FORMATS = ("hf", "savedmodel", "params")
 
@@ -54,12 +55,12 @@ def write_hf(bert, directory: str, hf_class: str = "pretraining") -> None:
         hf.save_hf_checkpoint(directory, bert.config, params, vocab_path=vocab, lower_case=lower_case,
                               masked_lm_only=hf_class == "masked_lm")
     else:
-        if bert.task.get("feature_based"):
+        if bert.task.feature_based:
             raise ValueError("the feature-based tagger (a BiLSTM on frozen features) has no Hugging Face class: "
                              "export it with --format=params")
-        labels = list(bert.task.get("labels") or []) or None
+        labels = list(bert.task.labels or []) or None
         # The family's task class: BertForSequenceClassification, ModernBertForTokenClassification, ...
-        hf.save_hf_head(directory, bert.config, params, bert.task["kind"], label_names=labels, vocab_path=vocab,
+        hf.save_hf_head(directory, bert.config, params, bert.task.kind, label_names=labels, vocab_path=vocab,
                         lower_case=lower_case)
     _write_tokenizer_files(bert, directory)
 
@@ -81,13 +82,13 @@ def _write_tokenizer_files(bert, directory: str) -> None:
                                                    model_input_names=hf_files.model_input_names(bert.config))
 
 
-def write_params(bert, directory: str, meta: dict) -> None:
+def write_params(bert, directory: str, meta: CheckpointMeta) -> None:
     flat = traverse_util.flatten_dict(_plain(bert.params), sep="/")
     np.savez(os.path.join(directory, "params.npz"), **flat)
-    config = {"model": meta["model"], "tokenizer": dict(meta.get("tokenizer") or {}), "task": meta.get("task"),
-              "step": meta.get("step")}
+    record = CheckpointMeta(meta.step, meta.model, tokenizer=meta.tokenizer, task=meta.task).to_json()
+    config = {"task": None, **record, "tokenizer": dict(record.get("tokenizer") or {})}
     if bert.quantize:  # int8 kernels (qvalue, scale) one per layer (unrolled), int8 tables (qrows, row_scale)
-        config["model"] = {**meta["model"], "scan_layers": False}
+        config["model"] = {**meta.model, "scan_layers": False}
         config["quantize"] = bert.quantize
     if bert.vocab_path:
         name = os.path.basename(bert.vocab_path)
@@ -119,9 +120,9 @@ def export(source: str, to: str, export_format: str, *, step: int | None = None,
     chosen = checkpoint_to_export(source, step)
     bert = inference.load(chosen, quantize=quantize)
     _, meta = checkpoint.restore_params(chosen)
-    if step is not None and meta.get("step") != step:
+    if step is not None and meta.step != step:
         raise ValueError(f"--step={step}: that checkpoint is unreadable (the newest readable one is step "
-                         f"{meta.get('step')}); export that step or another")
+                         f"{meta.step}); export that step or another")
     temporary = f"{to}.export-tmp-{os.getpid()}"
     shutil.rmtree(temporary, ignore_errors=True)
     os.makedirs(temporary)

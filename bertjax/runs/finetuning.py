@@ -138,9 +138,8 @@ def load_pretrained(path: str, kind: str, num_labels: int, model_overrides: dict
     if model.tokenizer is None:
         raise ValueError(f"train.init_from={path} was pretrained on synthetic data and has no tokenizer: "
                          "fine-tune a checkpoint trained on text")
-    if model.meta:  # a bertjax checkpoint: a fine-tuning one of this task carries its classifier
-        task = model.task or {}
-        whole_head = task.get("kind") == kind and "classifier" in model.params and (
+    if model.meta is not None:  # a bertjax checkpoint or export: a fine-tuning one of this task has its classifier
+        whole_head = model.task is not None and model.task.kind == kind and "classifier" in model.params and (
             model.params["classifier"]["bias"].shape[-1] == num_labels)
     else:  # Hugging Face: the task's own class has its classifier
         whole_head = not any(m.startswith("classifier") for m in model.missing)
@@ -368,12 +367,12 @@ def distillation_step(config, task, num_labels: int, start_from: TaskStart, setu
     distillation.check_task_distillation(task.kind, settings.temperature, settings.alpha)
     teacher = pretrained_models.load(settings.teacher, what="distill.teacher", model_overrides=config.model.to_dict(),
                                      head=task.kind, num_labels=num_labels)
-    teacher_task = teacher.task or {}
-    if (teacher.meta and (teacher_task.get("kind"), list(teacher_task.get("labels") or [])) != (
-            task.kind, list(task.labels))) or any(m.startswith("classifier") for m in teacher.missing):
+    teacher_task = teacher.task
+    if (teacher.meta is not None and (teacher_task is None or (teacher_task.kind, list(teacher_task.labels)) != (
+            task.kind, list(task.labels)))) or any(m.startswith("classifier") for m in teacher.missing):
         raise ValueError(f"distill.teacher={settings.teacher} is not a model fine-tuned on {task.name} ({task.kind}, "
                          f"labels {list(task.labels)}): give the workdir of that fine-tuning")
-    if teacher_task.get("feature_based") or teacher.tokenizer is None:
+    if (teacher_task is not None and teacher_task.feature_based) or teacher.tokenizer is None:
         raise ValueError(f"distill.teacher={settings.teacher}: a fine-tuned encoder with its tokenizer is needed "
                          "(not a feature-based tagger)")
     distillation.check_same_vocabulary(start_from.files.vocab_path, teacher.tokenizer.vocab_path, "distill.teacher")

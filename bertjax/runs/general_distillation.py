@@ -107,7 +107,7 @@ def load_teacher(config) -> pretrained.Pretrained:
     compute = {k: config.model[k] for k in field_names("compute")}
     teacher = pretrained.load(path, what="distill.teacher", model_overrides=compute, tokenizer=False)
     if teacher.task:
-        raise ValueError(f"distill.teacher={path} is a fine-tuned {teacher.task.get('kind')} model: general "
+        raise ValueError(f"distill.teacher={path} is a fine-tuned {teacher.task.kind} model: general "
                          "distillation needs a pretrained one (task distillation is python -m bertjax.finetune's "
                          "distill section)")
     untrained = [m for m in teacher.missing if "mlm" in m or "predictions" in m]

@@ -316,13 +316,13 @@ def find_checkpoint(path: str) -> tuple[str, int]:
     return str(p), steps[-1]
 
 
-def read_meta(path: str) -> dict:
+def read_meta(path: str) -> CheckpointMeta:
     """The meta (step, model, tokenizer, task, ...) of the newest checkpoint under `path`, without its arrays."""
     directory, step = find_checkpoint(path)
     manager = ocp.CheckpointManager(directory, item_handlers={"meta": ocp.JsonCheckpointHandler()},
                                     options=ocp.CheckpointManagerOptions(read_only=True, create=False))
     try:
-        return dict(manager.restore(step, args=ocp.args.Composite(meta=ocp.args.JsonRestore())).meta)
+        return CheckpointMeta.from_json(manager.restore(step, args=ocp.args.Composite(meta=ocp.args.JsonRestore())).meta)
     finally:
         manager.close()
 
@@ -341,7 +341,7 @@ def is_checkpoint(path: str) -> bool:
         return False
 
 
-def restore_params(path: str, abstract_params=None) -> tuple[Any, dict]:
+def restore_params(path: str, abstract_params=None) -> tuple[Any, CheckpointMeta]:
     """Parameters and meta of the newest readable checkpoint under `path` (an unreadable newer one is
     reported and skipped, as training does, but left in place). With abstract_params (ShapeDtypeStructs
     with shardings) they are restored straight into that layout; without, onto the default device."""
@@ -369,7 +369,7 @@ def restore_params(path: str, abstract_params=None) -> tuple[Any, dict]:
                 print(f"warning: checkpoint at step {step} in {directory} is unreadable ({first_line(e)}); "
                       f"trying the previous one", flush=True)
                 continue
-            return restored.params, dict(restored.meta)
+            return restored.params, CheckpointMeta.from_json(restored.meta)
     finally:
         manager.close()
     raise FileNotFoundError(f"no readable bertjax checkpoint in {path}: every one of steps {steps} failed to load")

@@ -52,11 +52,12 @@ class CheckpointMeta:
     task: TaskRecord | None = None  # fine-tuning
     best: dict | None = None  # fine-tuning: the best dev result so far (step, value, metrics)
     distill: dict | None = None  # distillation: the teacher and the layers the student started from
+    quantize: str | None = None  # a params export whose params are int8: the mode (bertjax.compression.quantize)
     extra: dict = dataclasses.field(default_factory=dict)  # keys of other versions, kept as they were
 
     def to_json(self) -> dict:
         out = {"step": int(self.step), "model": _plain(self.model)}
-        for name in ("optimizer", "data", "best", "distill"):
+        for name in ("optimizer", "data", "best", "distill", "quantize"):
             if getattr(self, name) is not None:
                 out[name] = _plain(getattr(self, name))
         if self.tokenizer is not None:

@@ -43,7 +43,7 @@ def encode_texts(model, texts, text_pairs=None) -> dict:
     """Texts (and pairs) cut and padded as in training: input_ids, segment_ids, input_mask [B, S]."""
     from bertjax.tasks import features
 
-    tok, seq = model.tokenizer, int(model.task["max_seq_length"])
+    tok, seq = model.tokenizer, int(model.task.max_seq_length)
     special = dict(cls_id=tok.cls_id, sep_id=tok.sep_id, pad_id=tok.pad_id)
     if text_pairs is not None and len(text_pairs) != len(texts):
         raise ValueError(f"{len(texts)} texts but {len(text_pairs)} text_pairs")
@@ -60,16 +60,16 @@ def _logits(model, texts, text_pairs):
 
 def predict_class(model, texts=None, text_pairs=None, choices=None, questions=None, contexts=None) -> list[dict]:
     """{"label", "score", "scores" {label: probability}} per text (or pair)."""
-    refuse_questions(model.task["kind"], questions, contexts)
+    refuse_questions(model.task.kind, questions, contexts)
     probs = np.asarray(_softmax(_logits(model, texts, text_pairs)))
-    labels = model.task["labels"]
+    labels = model.task.labels
     return [{"label": labels[int(np.argmax(p))], "score": float(np.max(p)),
              "scores": {name: float(x) for name, x in zip(labels, p)}} for p in probs]
 
 
 def predict_value(model, texts=None, text_pairs=None, choices=None, questions=None, contexts=None) -> list[dict]:
     """{"score"} per text (or pair): the regression's value."""
-    refuse_questions(model.task["kind"], questions, contexts)
+    refuse_questions(model.task.kind, questions, contexts)
     return [{"score": float(v)} for v in _logits(model, texts, text_pairs)[:, 0]]
 
 
@@ -82,8 +82,8 @@ def _softmax(logits):
 def signatures(graph, *, regression: bool = False) -> dict:
     """predict(texts) and predict_pair(texts, text_pairs): a classifier's label or a regression's score."""
     tf, task = graph.tf, graph.bert.task
-    labels = list(task.get("labels") or [])
-    net = heads.network(task["kind"], graph.bert.config, None if regression else len(labels))
+    labels = list(task.labels or [])
+    net = heads.network(task.kind, graph.bert.config, None if regression else len(labels))
     tf_logits = graph.convert(net)
 
     def outputs(ids, segments, mask):

@@ -12,9 +12,9 @@ def predict(model, texts=None, text_pairs=None, choices=None, questions=None, co
     """texts are the contexts, choices one list per context -> {"label" (the choice's index), "scores"}."""
     from bertjax.tasks import features
 
-    refuse_questions(model.task["kind"], questions, contexts)
+    refuse_questions(model.task.kind, questions, contexts)
     texts = [texts] if isinstance(texts, str) else list(texts)
-    tok, seq = model.tokenizer, int(model.task["max_seq_length"])
+    tok, seq = model.tokenizer, int(model.task.max_seq_length)
     special = dict(cls_id=tok.cls_id, sep_id=tok.sep_id, pad_id=tok.pad_id)
     ids_a = tok.encode(texts)
     if choices is None or len(choices) != len(texts):
@@ -30,7 +30,7 @@ def predict(model, texts=None, text_pairs=None, choices=None, questions=None, co
 def signatures(graph) -> dict:
     """predict_choices(contexts, choices): each (context, choice) a pair, as in training."""
     tf = graph.tf
-    num_choices, length = int(graph.bert.task["num_choices"]), graph.length
+    num_choices, length = int(graph.bert.task.num_choices), graph.length
     tf_choices = graph.convert(heads.network("multiple_choice", graph.bert.config),
                                shape=f"(b, {num_choices}, {length})")
 

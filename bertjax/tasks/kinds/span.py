@@ -82,12 +82,12 @@ def predict(model, texts=None, text_pairs=None, choices=None, questions=None, co
     if len(questions) != len(contexts) or not questions:
         raise ValueError(f"{len(questions)} questions but {len(contexts)} contexts: give one context per question")
     task = model.task
-    settings = squad.Settings(**task["squad_settings"])
+    settings = squad.Settings(**task.squad_settings)
     examples = [squad.SquadExample(str(n), q, c, (), ()) for n, (q, c) in enumerate(zip(questions, contexts))]
     features = squad.featurize_squad(examples, model.tokenizer, settings)
     logits = model.task_logits(features)
     answers = squad.decode_answers(examples, features, logits[..., 0], logits[..., 1], settings,
-                                   task["squad_version"], task.get("null_threshold", 0.0))
+                                   task.squad_version, task.null_threshold)
     out = []
     for e in examples:
         text = answers.text[e.id]
@@ -106,9 +106,9 @@ def signatures(graph) -> dict:
     import tensorflow_text as tf_text
 
     tf, tokenizer, task, length = graph.tf, graph.bert.tokenizer, graph.bert.task, graph.length
-    settings = task.get("squad_settings") or {}
+    settings = task.squad_settings or {}
     max_query, max_answer = int(settings.get("max_query_length", 64)), int(settings.get("max_answer_length", 30))
-    threshold = float(task.get("null_threshold") or 0.0) if task.get("squad_version") == "v2.0" else None
+    threshold = float(task.null_threshold or 0.0) if task.squad_version == "v2.0" else None
     tf_span = graph.convert(heads.network("span", graph.bert.config))
     words_of = tf_text.WhitespaceTokenizer()
 

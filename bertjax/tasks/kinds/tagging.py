@@ -52,15 +52,15 @@ def predict(model, texts=None, text_pairs=None, choices=None, questions=None, co
     "entities" [{"type", "start", "end", "text"}]}, entity words [start, end)."""
     from bertjax.tasks import metrics, tag_sequences
 
-    refuse_questions(model.task["kind"], questions, contexts)
+    refuse_questions(model.task.kind, questions, contexts)
     if texts is None:
         raise ValueError("predict for tagging needs texts: sentences, each a list of words or a string")
     if isinstance(texts, str):
         texts = [texts]
     sentences = [tuple(t.split()) if isinstance(t, str) else tuple(t) for t in texts]
     examples = [tag_sequences.TagExample(n, words, None) for n, words in enumerate(sentences)]
-    labels = tuple(model.task["labels"])
-    features = tag_sequences.featurize_tagging(examples, labels, model.tokenizer, int(model.task["max_seq_length"]))
+    labels = tuple(model.task.labels)
+    features = tag_sequences.featurize_tagging(examples, labels, model.tokenizer, int(model.task.max_seq_length))
     predicted = tag_sequences.tags_from_predictions(features, np.argmax(model.task_logits(features), axis=-1), labels,
                                               examples)
     out = []
@@ -75,8 +75,8 @@ def predict(model, texts=None, text_pairs=None, choices=None, questions=None, co
 def signatures(graph) -> dict:
     """tag(texts): each whitespace-separated word's tag, read at its first piece."""
     tf, tokenizer, length = graph.tf, graph.bert.tokenizer, graph.length
-    labels = list(graph.bert.task["labels"])
-    net = heads.network("tagging", graph.bert.config, len(labels), feature_based=graph.bert.task.get("feature_based"))
+    labels = list(graph.bert.task.labels)
+    net = heads.network("tagging", graph.bert.config, len(labels), feature_based=graph.bert.task.feature_based)
     tf_tags = graph.convert(net)
 
     @tf.function(input_signature=[graph.text_spec()], autograph=False)
