@@ -68,6 +68,7 @@ def test_resume_with_a_changed_config_stops_and_keeps_the_checkpoints(tmp_path):
     done = run_train(tmp_path, "--config.train.num_steps=4", "--config.checkpoint.every_steps=2")
     assert done.returncode == 0, done.stderr
     assert steps_in(tmp_path) == [2, 4]
+    assert not (tmp_path / workdir.LOCK_FILE).exists()  # a run that ended leaves no lock
     changed = run_train(tmp_path, "--config.train.num_steps=6", "--config.model.hidden_size=128")
     one_error_line(changed, "checkpoint at step 4 has model.hidden_size=64, the config 128", "new workdir",
                    "train.init_from")
@@ -216,3 +217,39 @@ def test_a_checkpoint_of_other_shapes_is_a_mismatch_and_stays_where_it_is(tmp_pa
     restored = reader.restore_latest(abstract(params), abstract(tx.init(params)))
     assert restored.step == 4
     reader.close()
+
+
+def test_a_run_that_never_started_leaves_nothing_behind(tmp_path):
+    """A refused start (here: a teacher that is not there) leaves neither the workdir it would have made nor
+    a lock; a workdir that was there keeps everything but the lock."""
+    from bertjax.runs import general_distillation
+    from configs.distill import tiny
+
+    config = tiny.get_config()
+    config.distill.teacher = str(tmp_path / "no-teacher")
+    fresh = tmp_path / "student"
+    with pytest.raises(FileNotFoundError, match="distill.teacher=.*does not exist"):
+        general_distillation.distill(config, str(fresh))
+    assert not fresh.exists()
+    kept = tmp_path / "kept"
+    (kept / "notes").mkdir(parents=True)
+    with pytest.raises(FileNotFoundError):
+        general_distillation.distill(config, str(kept))
+    assert sorted(p.name for p in kept.iterdir()) == ["notes"]
+
+
+def test_prune_on_a_workdir_in_use_is_refused(tmp_path):
+    """Pruning holds the workdir's lock as every run does: a second run there is one line, nothing touched."""
+    from bertjax.runs import prune_and_recover
+    from configs.finetune import classification
+
+    (tmp_path / "train.jsonl").write_text('{"text": "a", "label": "x"}\n')
+    config = classification.get_config()
+    config.data.update(train=str(tmp_path / "train.jsonl"), validation=str(tmp_path / "train.jsonl"))
+    config.train.init_from = str(tmp_path / "finetuned")
+    config.prune.heads = 1
+    busy = tmp_path / "busy"
+    with workdir.WorkdirLock(str(busy)):
+        with pytest.raises(workdir.WorkdirInUse, match=f"is in use by process {os.getpid()}"):
+            prune_and_recover.prune(config, str(busy))
+    assert not (busy / workdir.LOCK_FILE).exists()  # the lock went with its holder
