@@ -292,7 +292,13 @@ def test_the_model_card_says_what_the_model_is(exported, pretrained):  # noqa: F
     assert f"{cfg.num_layers} layers, hidden size {cfg.hidden_size}" in card
     assert f"{bert_model.count_params(pretrained['params']):,} parameters" in card
     assert "wordpiece" in card and "training, step 1: loss 7.5, mlm_loss 6.8" in card
-    assert "held out, step 1: loss 7.6" in card and 'AutoModelForMaskedLM.from_pretrained("' in card
+    # BertForPreTraining's weights load as AutoModelForPreTraining with nothing unused; fill-mask wants the
+    # masked-LM class alone, and the card says which export writes it.
+    assert "held out, step 1: loss 7.6" in card and 'AutoModelForPreTraining.from_pretrained("' in card
+    assert "--hf_class=masked_lm" in card
+    # Every file of the export readable as the others are (safetensors writes through a 0600 temporary).
+    modes = {f.name: f.stat().st_mode & 0o777 for f in pathlib.Path(exported["hf"]).iterdir()}
+    assert len(set(modes.values())) == 1, modes
 
 
 @pytest.mark.slow

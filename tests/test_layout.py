@@ -121,6 +121,7 @@ def test_no_tensorflow_on_import(imports):
 # Lowest first, relative to the package; a module belongs to the layer of its longest listed prefix.
 # `""` is the package's own __init__ (bertjax.load and friends), which sits with inference.
 LAYERS = (
+    ("environment", ("environment",)),  # the process's environment, before JAX and TensorFlow start
     ("text", ("text",)),
     ("data", ("data",)),
     ("models", ("models",)),

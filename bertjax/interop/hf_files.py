@@ -192,6 +192,14 @@ def read_hf_weights(directory: str | os.PathLike) -> dict[str, np.ndarray]:
 # --------------------------------------------------------------------------------------------------
 
 
+def _readable_as_the_others(path: Path) -> None:
+    """safetensors writes through a private temporary file (mode 0600); the directory's other files get
+    the process's umask, and so does this one."""
+    umask = os.umask(0)
+    os.umask(umask)
+    os.chmod(path, 0o666 & ~umask)
+
+
 def write_directory(path, cfg: BertConfig, state: dict[str, np.ndarray], hf_config: dict,
                     vocab_path, lower_case: bool, tokenizer_json: bool):
     """config.json, model.safetensors and the optional WordPiece vocabulary of a transformers model
@@ -205,6 +213,7 @@ def write_directory(path, cfg: BertConfig, state: dict[str, np.ndarray], hf_conf
         hf_config["dtype"] = hf_config["torch_dtype"] = dtypes.pop()
     # "format": "pt" is the metadata transformers' own files carry.
     safetensors.numpy.save_file(state, str(path / "model.safetensors"), metadata={"format": "pt"})
+    _readable_as_the_others(path / "model.safetensors")
     (path / "config.json").write_text(json.dumps(hf_config, indent=2, sort_keys=True) + "\n")
     if vocab_path is not None:
         if Path(vocab_path).resolve() != (path / "vocab.txt").resolve():

@@ -65,8 +65,9 @@ def _figures(line: dict, keys) -> str:
     return ", ".join(f"{k} {line[k]:.4g}" for k in keys if isinstance(line.get(k), (int, float)))
 
 
-def model_card(*, workdir: str, meta: CheckpointMeta, params: dict, export_format: str, path_hint: str) -> str:
-    """The card's markdown text."""
+def model_card(*, workdir: str, meta: CheckpointMeta, params: dict, export_format: str, path_hint: str,
+               hf_architecture: str | None = None) -> str:
+    """The card's markdown text; hf_architecture: the transformers class an hf export was written as."""
     cfg = BertConfig.from_dict(meta.model)
     config = _read_json(files.join(workdir, "config.json"))
     metrics = _read_json_lines(files.join(workdir, "metrics.jsonl"))
@@ -81,7 +82,7 @@ def model_card(*, workdir: str, meta: CheckpointMeta, params: dict, export_forma
     lines += _fine_tuning(config, task) if task else _pretraining(config, metrics, step)
     lines += ["", "## Results", ""]
     lines += _dev_results(summary, meta) if task else _pretraining_results(metrics)
-    lines += ["", "## Loading", "", _loading(export_format, task, path_hint), ""]
+    lines += ["", "## Loading", "", _loading(export_format, task, path_hint, hf_architecture), ""]
     return "\n".join(lines)
 
 
@@ -167,8 +168,18 @@ def _pretraining_results(metrics: list[dict]) -> list[str]:
     return lines
 
 
-def _loading(export_format: str, task: TaskRecord | None, path_hint: str) -> str:
-    auto_class = kinds.get(task.kind).hf_class["auto_class"] if task else "AutoModelForMaskedLM"
-    pipe = ("" if task else
-            'pipeline("fill-mask", model=model, tokenizer=tokenizer)("The capital of France is [MASK].")\n')
+def _loading(export_format: str, task: TaskRecord | None, path_hint: str, hf_architecture: str | None) -> str:
+    """How to load the export. A pretraining class (BertForPreTraining, AlbertForPreTraining) loads as
+    itself, with nothing unused; the fill-mask pipeline takes a masked-LM class (--hf_class=masked_lm)."""
+    pretraining_class = (hf_architecture or "").endswith("ForPreTraining")
+    if task:
+        auto_class = kinds.get(task.kind).hf_class["auto_class"]
+    else:
+        auto_class = "AutoModelForPreTraining" if pretraining_class else "AutoModelForMaskedLM"
+    if task:
+        pipe = ""
+    elif pretraining_class:
+        pipe = ('# pipeline("fill-mask") wants the masked-LM class alone: export with --hf_class=masked_lm\n')
+    else:
+        pipe = 'pipeline("fill-mask", model=model, tokenizer=tokenizer)("The capital of France is [MASK].")\n'
     return _LOADING[export_format].format(path=path_hint, auto_class=auto_class, pipeline=pipe)

@@ -133,8 +133,10 @@ def export(source: str, to: str, export_format: str, *, step: int | None = None,
             write_params(bert, temporary, meta)
         else:
             write_savedmodel(bert, temporary, max_seq_length)
+        written = json.loads(open(os.path.join(temporary, "config.json")).read()) if export_format == "hf" else {}
         card = model_card.model_card(workdir=checkpoint.workdir_of(chosen), meta=meta, params=bert.params,
-                                     export_format=export_format, path_hint=to)
+                                     export_format=export_format, path_hint=to,
+                                     hf_architecture=(written.get("architectures") or [None])[0])
         if bert.quantize:
             card += (f"\nQuantised: every dense layer's kernel is int8 with a float32 scale per output channel "
                      f"({bert.quantize}, bertjax/compression/quantize.py); bertjax.load reads it as such.\n")
