@@ -17,7 +17,7 @@ bertjax/runs/general_distillation.py.
 from absl import flags
 from ml_collections import config_flags
 
-from bertjax.runs import console, general_distillation
+from bertjax.runs import config_checks, console, general_distillation
 
 
 def define_flags() -> dict:
@@ -26,12 +26,16 @@ def define_flags() -> dict:
         config=config_flags.DEFINE_config_file("config", None, "A configs/distill/<recipe>.py file.",
                                                lock_config=True),
         workdir=flags.DEFINE_string("workdir", None, "The student's checkpoints and metrics go here."),
+        **console.define_dry_run_flag(),
         **console.define_distributed_flags(),
     )
 
 
 def main(argv, args):
     console.no_arguments(argv)
+    if args.dry_run:
+        console.finish(config_checks.dry_run, general_distillation.check, args.config)
+        return
     console.finish(general_distillation.distill, args.config, args.workdir, console.distributed(args))
 
 

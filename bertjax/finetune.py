@@ -14,7 +14,7 @@ same command resumes. The run's story is bertjax/runs/finetuning.py.
 from absl import flags
 from ml_collections import config_flags
 
-from bertjax.runs import console, finetuning
+from bertjax.runs import config_checks, console, finetuning
 
 
 def define_flags() -> dict:
@@ -22,12 +22,16 @@ def define_flags() -> dict:
     return dict(
         config=config_flags.DEFINE_config_file("config", None, "A configs/finetune/<task>.py file.", lock_config=True),
         workdir=flags.DEFINE_string("workdir", None, "Checkpoints, metrics.jsonl, predictions and the summary go here."),
+        **console.define_dry_run_flag(),
         **console.define_distributed_flags(),
     )
 
 
 def main(argv, args):
     console.no_arguments(argv)
+    if args.dry_run:
+        console.finish(config_checks.dry_run, config_checks.check_finetuning, args.config)
+        return
     console.finish(finetuning.finetune_or_sweep, args.config, args.workdir, console.distributed(args))
 
 

@@ -12,7 +12,7 @@ done. The run's story is bertjax/runs/prune_and_recover.py.
 from absl import flags
 from ml_collections import config_flags
 
-from bertjax.runs import console, prune_and_recover
+from bertjax.runs import config_checks, console, prune_and_recover
 
 
 def define_flags() -> dict:
@@ -20,12 +20,16 @@ def define_flags() -> dict:
     return dict(
         config=config_flags.DEFINE_config_file("config", None, "A configs/finetune/<task>.py file.", lock_config=True),
         workdir=flags.DEFINE_string("workdir", None, "The pruned model, its recovery fine-tuning and pruning.json."),
+        **console.define_dry_run_flag(),
         **console.define_distributed_flags(),
     )
 
 
 def main(argv, args):
     console.no_arguments(argv)
+    if args.dry_run:
+        console.finish(config_checks.dry_run, config_checks.check_finetuning, args.config)
+        return
     console.finish(prune_and_recover.prune, args.config, args.workdir, console.distributed(args))
 
 

@@ -10,7 +10,7 @@ and exits cleanly, Ctrl-C saves and exits 130. The run's story is bertjax/runs/p
 from absl import flags
 from ml_collections import config_flags
 
-from bertjax.runs import console, pretraining
+from bertjax.runs import config_checks, console, pretraining
 
 
 def define_flags() -> dict:
@@ -18,12 +18,16 @@ def define_flags() -> dict:
     return dict(
         config=config_flags.DEFINE_config_file("config", None, "A configs/<size>.py file.", lock_config=True),
         workdir=flags.DEFINE_string("workdir", None, "Checkpoints, metrics.jsonl and TensorBoard events go here."),
+        **console.define_dry_run_flag(),
         **console.define_distributed_flags(),
     )
 
 
 def main(argv, args):
     console.no_arguments(argv)
+    if args.dry_run:
+        console.finish(config_checks.dry_run, config_checks.check_pretraining, args.config)
+        return
     console.finish(pretraining.pretrain, args.config, args.workdir, console.distributed(args))
 
 

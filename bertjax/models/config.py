@@ -200,7 +200,11 @@ class BertConfig:
         if self.remat_policy not in REMAT_POLICIES:
             raise ValueError(f"model.remat_policy={self.remat_policy!r}: choose one of {sorted(REMAT_POLICIES)}")
         for name in ("dtype", "param_dtype"):
-            jnp.dtype(getattr(self, name))  # raises on an unknown dtype name
+            try:
+                jnp.dtype(getattr(self, name))
+            except TypeError:
+                raise ValueError(f"model.{name}={getattr(self, name)!r} is not a dtype: float32, bfloat16 or float16"
+                                 + (" (or auto: the platform's)" if name == "dtype" else "")) from None
         self._check_family_options()
         self._check_layer_heads()
 

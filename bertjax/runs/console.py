@@ -56,7 +56,7 @@ def parse_flags(argv: list[str]) -> list[str]:
         hint = next((line for line in lines[1:] if line.lower().startswith("did you mean")), "")
         flag = " ".join(a for a in argv[1:] if a.startswith("--config.") and key in a) or "the command line"
         fail(f"unknown config key {key!r} in {flag}" + (f" ({hint.rstrip('?')}?)" if hint else "")
-             + ": check the spelling against the config file (python -m bertjax.summary prints it)")
+             + ": check the spelling against the config file (--dry_run prints every key of the config)")
     except (TypeError, ValueError) as e:
         fail(f"bad config override: {e}")
 
@@ -79,6 +79,11 @@ def quiet_library_logs() -> None:
         lambda record: not (record.levelno >= pylogging.ERROR
                             and ("/orbax/" in record.pathname
                                  or (record.name == "asyncio" and "never retrieved" in record.getMessage()))))
+
+
+def define_dry_run_flag() -> dict:
+    return dict(dry_run=flags.DEFINE_bool("dry_run", False, "Check the config (every value, the inputs it names) "
+                                          "and print it as the run would use it, one key a line; build nothing."))
 
 
 def define_distributed_flags() -> dict:

@@ -29,9 +29,9 @@ from bertjax.compression import distillation, pruning
 from bertjax.interop import pretrained as pretrained_models
 from bertjax.models import heads
 from bertjax.models.config import BertConfig
-from bertjax.runs import start
+from bertjax.runs import config_checks, start
 from bertjax.runs.console import say
-from bertjax.runs.task_data import TaskData, check_inputs, feature_based_settings, task_data, task_from_config
+from bertjax.runs.task_data import TaskData, feature_based_settings, task_data, task_from_config
 from bertjax.tasks import batches as task_batches
 from bertjax.tasks import kinds, scoring
 from bertjax.tasks.steps import PACKED_INPUT_KEYS, TRAIN_KEYS, Scorer, task_logits, task_loss, summarize_train
@@ -52,7 +52,7 @@ def finetune_or_sweep(config, workdir: str, distributed: start.Distributed | Non
 
 def finetune(config, workdir: str, distributed: start.Distributed | None = None) -> dict:
     """One fine-tuning run; returns its summary (also written to WORKDIR/summary.json)."""
-    check_inputs(config)  # a missing file is one line now, not after the model has loaded
+    config, _ = config_checks.check_finetuning(config)  # a missing file is one line now, not after the model loads
     with start.session(workdir, distributed):
         return finetune_in_session(config, workdir)
 

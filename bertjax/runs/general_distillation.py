@@ -18,7 +18,7 @@ from bertjax.compression import distillation
 from bertjax.interop import pretrained
 from bertjax.models import bert
 from bertjax.models.config import resolve_platform, BertConfig, field_names
-from bertjax.runs import pretraining, start
+from bertjax.runs import config_checks, pretraining, start
 from bertjax.runs.console import say
 from bertjax.training import pretraining_step
 from bertjax.training.state import root_keys
@@ -38,11 +38,14 @@ def distill(config, workdir: str, distributed: start.Distributed | None = None) 
         raise ValueError("train.num_steps=0 saves the student made from the teacher's layers: set "
                          "distill.student_layers, or train.num_steps > 0")
 
+    config, notes = check(config)  # every value, before anything is built
     with start.session(workdir, distributed):
         # ---------------------------------------------------------------- mesh
         layout = start.make_layout(config.mesh, config.logical_axis_rules, config.train.batch_size,
                                    config.train.grad_accum_steps)
         say(layout.describe())
+        for note in notes:
+            say(note)
 
         # ---------------------------------------------------------------- the teacher
         teacher = load_teacher(config)
@@ -95,6 +98,15 @@ def distill(config, workdir: str, distributed: start.Distributed | None = None) 
             save_extracted(run, state)
         else:
             pretraining.run_steps(run, state, p_train_step, dropout_key)
+
+
+def check(config):
+    """check_pretraining's, a teacher that is there included (train.num_steps=0: the student as extracted)."""
+    if not config.distill.teacher:
+        raise ValueError("config.distill.teacher is required: a bertjax pretraining workdir or a Hugging Face "
+                         "directory with its masked-LM head")
+    config_checks.check_path(config.distill.teacher, "distill.teacher")
+    return config_checks.check_pretraining(config, steps_may_be_zero=True)
 
 
 def load_teacher(config) -> pretrained.Pretrained:

@@ -25,7 +25,7 @@ from bertjax.data.settings import DataSettings
 from bertjax.interop import pretrained
 from bertjax.models import bert
 from bertjax.models.config import BertConfig, fields_of, ARCHITECTURE_FIELDS, RESUME_FIELDS
-from bertjax.runs import start
+from bertjax.runs import config_checks, start
 from bertjax.runs.console import say
 from bertjax.text import files
 from bertjax.training import checkpoint, flops, loop, sharding, writers
@@ -39,11 +39,14 @@ from bertjax.training.state import TrainState, root_keys
 def pretrain(config, workdir: str, distributed: start.Distributed | None = None) -> None:
     """The whole run. Returns when train.num_steps are done; raises start.Stopped when SIGTERM or Ctrl-C
     saved and stopped it."""
+    config, notes = config_checks.check_pretraining(config)  # every value, before anything is built
     with start.session(workdir, distributed):
         # ---------------------------------------------------------------- mesh
         layout = start.make_layout(config.mesh, config.logical_axis_rules, config.train.batch_size,
                                    config.train.grad_accum_steps)
         say(layout.describe())
+        for note in notes:
+            say(note)
 
         # ---------------------------------------------------------------- model and optimizer: shapes first
         init_key, dropout_key = root_keys(config.train.seed, config.train.dropout_rng)
@@ -102,6 +105,10 @@ def restore(config, setup, checkpointer: checkpoint.Checkpointer, init_key) -> T
     if restored is not None:
         check_same_stream(restored.meta, config, jax.process_count())
         say(f"resumed from step {restored.step} ({checkpointer.directory})")
+        changed = schedule_changes(restored.meta, config)
+        if changed:
+            say(f"the learning-rate schedule differs from the checkpoint's ({changed}): from step {restored.step} "
+                f"on it follows the config's, {float(setup.schedule(restored.step)):.2e} now")
         return TrainState(jnp.int32(restored.step), restored.params, restored.opt_state)
     state = setup.init(init_key)
     if config.train.init_from:
@@ -137,6 +144,23 @@ def check_same_run(step: int, meta: CheckpointMeta, *, config, bert_config: Bert
         raise checkpoint.CheckpointMismatch(
             f"the checkpoint at step {step} has {'; '.join(differences)}: use a new workdir, or "
             f"train.init_from=<this workdir> in a new one for the parameters only")
+
+
+def schedule_record(config) -> dict:
+    """What decides the learning rate at every step: the schedule section, train.num_steps and the peak rate."""
+    return {**config.schedule.to_dict(), "num_steps": config.train.num_steps,
+            "learning_rate": config.optimizer.learning_rate}
+
+
+def schedule_changes(meta: CheckpointMeta, config) -> str:
+    """"train.num_steps 20 -> 30, ..." for what a resumed run's schedule changes; "" when nothing (or an
+    older checkpoint, which did not record it)."""
+    if meta.schedule is None:
+        return ""
+    now = schedule_record(config)
+    names = {"num_steps": "train.num_steps", "learning_rate": "optimizer.learning_rate"}
+    return ", ".join(f"{names.get(k, 'schedule.' + k)} {meta.schedule[k]} -> {v}" for k, v in now.items()
+                     if k in meta.schedule and meta.schedule[k] != v)
 
 
 def stream_position(config, process_count: int) -> dict:
@@ -218,6 +242,7 @@ def host_batches(config, workdir: str, start_step: int, process_index: int, proc
 
 def open_stream(config, workdir: str, bert_config: BertConfig, start_step: int, data_sharding) -> Stream:
     process_index, process_count = jax.process_index(), jax.process_count()
+    announce_reading(DataSettings.from_config(config.data), workdir)
     train_batches, eval_batches, tokenizer, vocab_path = host_batches(config, workdir, start_step, process_index,
                                                                       process_count)
     record = tokenizer_record(tokenizer, vocab_path, bert_config, workdir, process_index == 0)
@@ -226,6 +251,18 @@ def open_stream(config, workdir: str, bert_config: BertConfig, start_step: int, 
     if baseline is not None:
         say(f"held-out masked LM: the most frequent masked token, guessed everywhere, scores mlm_acc {baseline:.3f}")
     return Stream(train_batches, eval_global, record, data_sharding)
+
+
+def announce_reading(data: DataSettings, workdir: str) -> None:
+    """A line before the quiet part of a start: reading the corpus, and learning its vocabulary when the
+    workdir has none yet (once; a minute or so for the demo corpus on a CPU)."""
+    if data.source == "synthetic":
+        return
+    say(f"reading the {data.source} corpus" + (f" ({data.input_pattern})" if data.input_pattern else ""))
+    learned = files.join(workdir, files.VOCAB_FILES[data.tokenizer])
+    if data.source != "prepared" and not data.vocab_path and not files.path(learned).exists():
+        say(f"learning a {data.tokenizer} vocabulary of {data.vocab_size:,} from it, once: it is kept as {learned} "
+            f"(data.vocab_path=FILE reads one instead)")
 
 
 def tokenizer_record(tokenizer, vocab_path: str | None, bert_config: BertConfig, workdir: str,
@@ -263,8 +300,8 @@ class Run:
 
     def meta(self, step: int) -> CheckpointMeta:
         return CheckpointMeta(step, dataclasses.asdict(self.setup.bert_config), self.config.optimizer.to_dict(),
-                              stream_position(self.config, jax.process_count()), self.stream.tokenizer,
-                              distill=self.distill)
+                              schedule_record(self.config), stream_position(self.config, jax.process_count()),
+                              self.stream.tokenizer, distill=self.distill)
 
     def save(self, state, step: int, force: bool) -> None:
         self.checkpointer.save(step, state.params, state.opt_state, self.meta(step), force=force)

@@ -22,9 +22,9 @@ from ml_collections import config_dict
 
 from bertjax.compression import pruning
 from bertjax.models import bert, heads
-from bertjax.runs import finetuning, start
+from bertjax.runs import config_checks, finetuning, start
 from bertjax.runs.console import say
-from bertjax.runs.task_data import check_inputs, task_data, task_from_config
+from bertjax.runs.task_data import task_data, task_from_config
 from bertjax.tasks import batches as task_batches
 from bertjax.tasks import kinds
 from bertjax.tasks.steps import INPUT_KEYS, TRAIN_KEYS, Scorer, task_logits
@@ -52,7 +52,7 @@ def prune(config, workdir: str, distributed: start.Distributed | None = None) ->
     """The pruning run; returns what pruning.json records."""
     settings = config.prune
     check_settings(settings)
-    check_inputs(config)
+    config, _ = config_checks.check_finetuning(config)
     with start.session(workdir, distributed):
         # ---------------------------------------------------------------- mesh
         layout = start.make_layout(config.mesh, config.logical_axis_rules)

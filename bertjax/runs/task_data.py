@@ -3,7 +3,6 @@ user's JSON-lines files or TFDS), the run's length in steps, and how training st
 
 import dataclasses
 import math
-import os
 
 import jax
 import numpy as np
@@ -36,14 +35,6 @@ def feature_based_settings(config, task, num_layers: int) -> dict | None:
         raise ValueError(f"config.feature_based.layers={out['layers']}: the model has hidden states "
                          f"0..{states - 1} (0 the embeddings), or -1..-{states} from the last")
     return out
-
-
-def check_inputs(config) -> None:
-    """The files config.data names exist: said in one line (the readers' own) before any model is loaded."""
-    for name in ("train", "validation", "test"):
-        path = config.data.get(name)
-        if path and not os.path.exists(path):
-            raise ValueError(f"{path}: no such file")
 
 
 def split_features(task, tokenizer, config) -> tuple:

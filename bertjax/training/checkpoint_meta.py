@@ -47,6 +47,7 @@ class CheckpointMeta:
     step: int
     model: dict  # the BertConfig's fields (models.config.BertConfig.from_dict reads them)
     optimizer: dict | None = None  # the config's optimizer section
+    schedule: dict | None = None  # pretraining: the config's schedule section and train.num_steps
     data: dict | None = None  # pretraining: what decides the stream besides the step (runs.pretraining)
     tokenizer: TokenizerRecord | None = None  # None: a run on synthetic data
     task: TaskRecord | None = None  # fine-tuning
@@ -57,7 +58,7 @@ class CheckpointMeta:
 
     def to_json(self) -> dict:
         out = {"step": int(self.step), "model": _plain(self.model)}
-        for name in ("optimizer", "data", "best", "distill", "quantize"):
+        for name in ("optimizer", "schedule", "data", "best", "distill", "quantize"):
             if getattr(self, name) is not None:
                 out[name] = _plain(getattr(self, name))
         if self.tokenizer is not None:

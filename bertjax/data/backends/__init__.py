@@ -12,6 +12,7 @@ from collections.abc import Iterator
 from bertjax.data.backends import (demo_corpus, hf_datasets, parquet_files, prepared_shards, synthetic_batches,
                                    text_files, tfds_datasets)
 from bertjax.data.backends.backend import Backend, BadRows
+from bertjax.text import files
 from bertjax.text.sentences import get_splitter
 
 BACKENDS: dict[str, Backend] = {backend.name: backend for backend in (
@@ -60,6 +61,18 @@ def shard_documents(settings, shard: int, num_shards: int, bad_rows: BadRows | N
                          f"{', '.join(name for name, b in BACKENDS.items() if b.shard)}")
     split = get_splitter(settings.sentence_splitter)
     return list(backend.shard(settings, split, shard, num_shards, BadRows() if bad_rows is None else bad_rows))
+
+
+def check_inputs(settings) -> None:
+    """What the settings' source (and each source of a mixture) reads is there, and the vocabulary named
+    is: found now, in one line, before a run builds anything."""
+    for one in [settings, *(entry.settings for entry in settings.mixture)]:
+        backend = get(one.source)
+        _check_unread_keys(one, backend)
+        if backend.locate is not None:
+            backend.locate(one)
+    if settings.vocab_path and not files.path(settings.vocab_path).exists():
+        raise FileNotFoundError(f"data.vocab_path={settings.vocab_path} does not exist")
 
 
 def _check_unread_keys(settings, backend: Backend) -> None:

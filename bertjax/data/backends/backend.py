@@ -18,6 +18,9 @@ Documents = Callable[..., Iterator[list[str]]]
 Shard = Callable[..., Iterable[list[str]]]
 # (settings, process_index, process_count) -> HostCorpora.
 Corpora = Callable[..., "HostCorpora"]
+# (settings) -> None: what the source reads is there (files match, a directory exists), found cheaply before
+# a run builds anything; raises the source's own one line when it is not.
+Locate = Callable[..., None]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -37,6 +40,7 @@ class Backend:
     documents: Documents | None = None
     shard: Shard | None = None
     corpora: Corpora | None = None
+    locate: Locate | None = None
 
 
 @dataclasses.dataclass(frozen=True)

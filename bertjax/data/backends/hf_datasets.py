@@ -110,6 +110,15 @@ def _where(settings) -> str:
     return f"data.hf_dataset_path={settings.hf_dataset_path!r} split {settings.hf_dataset_split!r}"
 
 
+def _locate(settings) -> None:
+    """One of the two names is set; a save_to_disk directory has the split's Arrow files."""
+    if bool(settings.hf_dataset_path) == bool(settings.hf_dataset_name):
+        raise ValueError("data.source='hf_datasets' needs one of data.hf_dataset_path (a save_to_disk "
+                         "directory) and data.hf_dataset_name (a dataset in the datasets cache)")
+    if settings.hf_dataset_path:
+        hf_arrow_files(settings.hf_dataset_path, settings.hf_dataset_split)
+
+
 def shard_documents(settings, split, shard: int, num_shards: int, bad_rows: BadRows) -> Iterable[list[str]]:
     """Output shard `shard` of `num_shards`: whole Arrow files, else documents (module docstring)."""
     if bool(settings.hf_dataset_path) == bool(settings.hf_dataset_name):
@@ -137,5 +146,5 @@ BACKEND = Backend(
                               "holds; one row per document",
     keys=("hf_dataset_path", "hf_dataset_name", "hf_dataset_split", "text_column", "sentences_column",
           "sentence_splitter"),
-    documents=documents, shard=shard_documents,
+    documents=documents, shard=shard_documents, locate=_locate,
 )

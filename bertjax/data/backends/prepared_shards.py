@@ -18,5 +18,11 @@ def corpora(settings, process_index: int, process_count: int) -> HostCorpora:
     )
 
 
+def _locate(settings) -> None:
+    if not settings.prepared_dir:
+        raise ValueError("data.source='prepared' needs data.prepared_dir (written by python -m bertjax.data.prepare)")
+    prepared.read_metadata(settings.prepared_dir)
+
+
 BACKEND = Backend(name="prepared", reads="shards written by python -m bertjax.data.prepare, memory-mapped",
-                  keys=("prepared_dir",), corpora=corpora)
+                  keys=("prepared_dir",), corpora=corpora, locate=_locate)

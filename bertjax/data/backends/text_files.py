@@ -143,5 +143,5 @@ def documents(settings, split, bad_rows: BadRows) -> Iterator[list[str]]:
 BACKEND = Backend(
     name="text", reads="text files, plain or gzip: sentence per line, document per line, JSON lines or a document "
                        "per file", keys=("input_pattern", "text_format", "text_field", "sentence_splitter"),
-    documents=documents, shard=shard_documents,
+    documents=documents, shard=shard_documents, locate=_paths,
 )

@@ -1,0 +1,102 @@
+"""Every value of a run's config checked before anything heavy is built: no process joined, no mesh, no
+model, no file written. A mistake is one line naming the key and what to change; each kind of run calls
+its check first, and `--dry_run` stops after it, printing the config as the run would use it.
+
+The model section is checked as a CPU would resolve its "auto" fields (asking JAX for the platform would
+start its backend before the processes of a run have joined); the platform's own choices are checked
+again, as always, where the model is built.
+"""
+
+import ml_collections
+from etils import epath
+
+from bertjax.data import backends
+from bertjax.data.settings import DataSettings
+from bertjax.models.config import BertConfig
+from bertjax.training import optim
+from bertjax.training.state import DROPOUT_RNGS
+
+
+def check_pretraining(config, *, steps_may_be_zero: bool = False) -> tuple[ml_collections.ConfigDict, list[str]]:
+    """A pretraining (or general distillation) config, checked, and the lines to say once the run has
+    started: returned with a warmup longer than the run fitted to it (and a line saying so)."""
+    BertConfig.from_dict(config.model, platform="cpu")
+    data = DataSettings.from_config(config.data)
+    backends.check_inputs(data)
+    check_train(config.train, steps_may_be_zero=steps_may_be_zero)
+    check_path(config.train.init_from, "train.init_from")
+    config, notes = fitted_warmup(config)
+    if config.train.num_steps:
+        optim.optimizer_from_config(config.optimizer, config.schedule, config.train.num_steps)
+    return config, notes
+
+
+def check_finetuning(config) -> tuple[ml_collections.ConfigDict, list[str]]:
+    """A fine-tuning (or pruning) config: the model's compute fields, the train section, the starting model."""
+    check_model_overrides(config.model)
+    check_train(config.train)
+    if not (config.train.init_from or config.get("init_from")):
+        raise ValueError("config.train.init_from is required: a bertjax pretraining workdir or checkpoint, a params "
+                         "export, or a Hugging Face directory")
+    check_path(config.train.init_from or config.init_from, "train.init_from")
+    for name in ("train", "validation", "test"):
+        check_path(config.data.get(name), f"data.{name}")
+    return config, []
+
+
+def check_train(train, *, steps_may_be_zero: bool = False) -> None:
+    for key in ("batch_size", "grad_accum_steps"):
+        if not isinstance(train[key], int) or train[key] < 1:
+            raise ValueError(f"train.{key}={train[key]!r} must be a positive whole number")
+    if train.batch_size % train.grad_accum_steps:
+        raise ValueError(f"train.batch_size={train.batch_size} must divide by train.grad_accum_steps="
+                         f"{train.grad_accum_steps} (each microbatch the same size)")
+    if "num_steps" in train and (not isinstance(train.num_steps, int) or train.num_steps < (0 if steps_may_be_zero
+                                                                                          else 1)):
+        raise ValueError(f"train.num_steps={train.num_steps!r} must be a positive whole number")
+    if train.dropout_rng not in DROPOUT_RNGS:
+        raise ValueError(f"train.dropout_rng={train.dropout_rng!r}: choose one of {DROPOUT_RNGS}")
+
+
+def check_model_overrides(model) -> None:
+    """A fine-tuning config's model section sets how the pretrained network computes: each value checked
+    on a default network (the architecture comes from the starting model)."""
+    BertConfig.from_dict(dict(model), platform="cpu")
+
+
+def check_path(path: str | None, key: str) -> None:
+    if path and not epath.Path(path).exists():
+        raise FileNotFoundError(f"{key}={path} does not exist")
+
+
+def fitted_warmup(config) -> tuple[ml_collections.ConfigDict, list[str]]:
+    """A recipe's warmup longer than this run (a 20-step try of a config that warms up over 60) becomes a
+    tenth of the run, with a line saying so; the run's config.json records what was used."""
+    warmup, steps = config.schedule.warmup_steps, config.train.num_steps
+    if not steps or warmup <= steps:
+        return config, []
+    fitted = max(1, steps // 10)
+    note = (f"schedule.warmup_steps={warmup} is longer than this run's train.num_steps={steps}: warming up over "
+            f"{fitted} step(s) instead (a tenth of the run); set --config.schedule.warmup_steps to choose")
+    config = ml_collections.ConfigDict(config.to_dict())
+    config.schedule.warmup_steps = fitted
+    return config, [note]
+
+
+def flattened(config, prefix: str = "") -> list[str]:
+    """The config as `section.key=value` lines: what --config.section.key=value on the command line sets."""
+    lines = []
+    for key, value in sorted(config.items()):
+        name = f"{prefix}{key}"
+        if isinstance(value, ml_collections.ConfigDict):
+            lines += flattened(value, name + ".")
+        else:
+            lines.append(f"{name}={value!r}")
+    return lines
+
+
+def dry_run(check, config) -> None:
+    """--dry_run: the config checked as the run would check it, then printed, one key a line."""
+    config, notes = check(config)
+    print("\n".join(notes + flattened(config)))
+    print("--dry_run: the config is valid; nothing was built or written")
