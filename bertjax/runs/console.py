@@ -12,6 +12,7 @@ How a run ends, whatever its kind:
 """
 
 import logging as pylogging
+import os
 import sys
 from types import SimpleNamespace
 from typing import Any, Callable
@@ -19,6 +20,7 @@ from typing import Any, Callable
 import jax
 from absl import app, flags, logging
 
+import configs
 from bertjax.runs.start import Distributed, Stopped
 
 
@@ -41,7 +43,12 @@ def parse_flags(argv: list[str]) -> list[str]:
             config.keys()  # a stand-in for a config that failed to load raises OSError here
         return rest
     except OSError as e:
-        fail(str(e).splitlines()[-1].strip() + f" (from {' '.join(a for a in argv[1:] if 'config=' in a)})")
+        given = " ".join(a for a in argv[1:] if "config=" in a)
+        installed = os.path.dirname(configs.__file__)
+        choices = sorted(f for f in os.listdir(installed) if f.endswith(".py") and not f.startswith("_"))
+        fail(str(e).splitlines()[-1].strip() + f" (from {given}): a file of configs/ (here or installed with "
+             f"bertjax: {', '.join(c.removesuffix('.py') for c in choices if c != 'common.py')}; finetune/, "
+             f"distill/), or a path to your own")
     except flags.Error as e:
         fail(str(e))
     except (AttributeError, KeyError) as e:
@@ -123,10 +130,25 @@ def finish(run: Callable[..., Any], *args, **kwargs) -> Any:
         sys.exit(130)
 
 
+def with_installed_configs(argv: list[str]) -> list[str]:
+    """argv with --config=configs/<name>.py[:recipe] pointing at the installed configs package when there is
+    no such file here: the README's commands work from any directory, not only the repository's root."""
+    out = []
+    for arg in argv:
+        flag, sep, value = arg.partition("=")
+        path, colon, recipe = value.partition(":")
+        if flag in ("--config", "-config") and sep and path.startswith("configs/") and not os.path.exists(path):
+            installed = os.path.join(os.path.dirname(os.path.dirname(configs.__file__)), path)
+            if os.path.exists(installed):
+                arg = f"{flag}={installed}{colon}{recipe}"
+        out.append(arg)
+    return out
+
+
 def run_program(main: Callable[[list[str], SimpleNamespace], None], define_flags: Callable[[], dict],
                 argv: list[str] | None = None) -> None:
     """app.run(main) for a program whose flags are defined only now (importing a program defines none)
     and handed to main as values: main(argv, args), args.<flag> for each flag define_flags returned."""
     holders = define_flags()
     app.run(lambda argv: main(argv, SimpleNamespace(**{name: h.value for name, h in holders.items()})),
-            argv=argv, flags_parser=parse_flags)
+            argv=with_installed_configs(sys.argv if argv is None else argv), flags_parser=parse_flags)
