@@ -145,7 +145,8 @@ def test_preview_text_and_jsonl(corpus_dir):
     text = run_module("bertjax.data.preview", *config_flags(corpus_dir), "--num_examples=3",
                       "--config.data.packing=false")  # one example a row (packed rows: tests/test_packing_data.py)
     assert text.returncode == 0, text.stderr[-2000:]
-    assert text.stdout.count("--- example") == 3 and "[MASK→" in text.stdout and "A: [CLS]" in text.stdout
+    assert text.stdout.startswith("legend: ⟦seen→original⟧") and "=== step 0: 32 examples of 64" in text.stdout
+    assert text.stdout.count("--- example") == 3 and "⟦[MASK]→" in text.stdout and "A: [CLS]" in text.stdout
     jsonl = run_module("bertjax.data.preview", *config_flags(corpus_dir), "--num_examples=4", "--format=jsonl",
                        "--start_step=7", "--config.train.batch_size=4")
     assert jsonl.returncode == 0, jsonl.stderr[-2000:]
@@ -161,6 +162,35 @@ def test_preview_text_and_jsonl(corpus_dir):
     data = inputs.build_inputs(data_config(corpus_dir), workdir=None)
     batch = next(data.train.dataset(4, start_step=7).as_numpy_iterator())
     assert [r["input_ids"] for r in records] == batch["input_ids"].tolist()
+
+
+@pytest.mark.slow
+def test_preview_shows_packing_from_its_first_lines_and_keeps_its_vocabulary(corpus_dir, tmp_path):
+    # No vocab_path and no workdir: the vocabulary is learned once into the cache directory, under a digest
+    # of the corpus, and read from there the next time; nothing is left in the temporary directory.
+    env = {**os.environ, "PYTHONPATH": str(REPO), "BERTJAX_CACHE_DIR": str(tmp_path / "cache"),
+           "TMPDIR": str(tmp_path / "tmp")}
+    (tmp_path / "tmp").mkdir()
+    flags = [f for f in config_flags(corpus_dir, vocab_size=400) if "vocab_path" not in f] + ["--num_examples=2"]
+    runs = [subprocess.run([sys.executable, "-m", "bertjax.data.preview", *flags], capture_output=True, text=True,
+                           cwd=REPO, timeout=300, env=env) for _ in range(2)]
+    for run in runs:
+        assert run.returncode == 0, run.stderr[-2000:]
+    learned = list((tmp_path / "cache" / "vocabularies").glob("*/vocab.txt"))
+    assert len(learned) == 1 and f"vocabulary: {learned[0]}" in runs[1].stderr
+    assert runs[0].stdout == runs[1].stdout and not list((tmp_path / "tmp").iterdir())
+    # Before any row, the batch line says how its rows are packed.
+    first = runs[0].stdout.split("--- row 0")[0]
+    assert "=== step 0: 32 rows of 64 positions hold" in first and "rows by sequences held: " in first
+    assert "[k] the row's k-th sequence" in first
+
+
+def test_a_predicted_position_is_one_mark_a_literal_token_is_not():
+    from bertjax.runs import data_preview
+
+    record = {"tokens": ["[CLS]", "=", "[MASK]", "cat", "=", "[SEP]"], "masked_lm_positions": [1, 2, 3],
+              "masked_lm_tokens": ["=", "the", "dog"]}
+    assert data_preview.marked_tokens(record) == ["[CLS]", "⟦=→=⟧", "⟦[MASK]→the⟧", "⟦cat→dog⟧", "=", "[SEP]"]
 
 
 def expect_cli_error(result, *fragments):

@@ -344,7 +344,7 @@ def test_synthetic_batches_from_the_data_settings():
 
 
 def test_preview_shows_each_sequence_of_a_row(corpus):
-    from bertjax.data import preview
+    from bertjax.runs import data_preview as preview
 
     class Tokenizer:
         pad_id = PAD
@@ -360,7 +360,7 @@ def test_preview_shows_each_sequence_of_a_row(corpus):
     assert count >= 2 and text.startswith(f"--- row 7: {count} sequences, {row['input_mask'].sum()} of 128")
     for j in range(count):
         assert f"  [{j + 1}] positions {row['sentence_positions'][j]}-" in text
-    assert text.count("A: [CLS]") == count and text.count("[MASK→") >= 1
+    assert text.count("A: [CLS]") == count and text.count("⟦[MASK]→") >= 1
 
 
 def test_a_row_plan_needs_a_packed_stream(corpus):

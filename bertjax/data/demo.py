@@ -15,12 +15,16 @@ installed packages.
 import ast
 import functools
 import gc
+import hashlib
+import json
 import os
 import re
+import sys
 import sysconfig
 import textwrap
 from collections.abc import Iterator
 
+from bertjax.text import files
 from bertjax.text.sentences import split_sentences
 
 # Docstrings with fewer than _MIN_DOCSTRING_SENTENCES prose sentences are left out: one-liners
@@ -59,7 +63,8 @@ _EMPHASIS = re.compile(r"(?<![\w*])\*(\S(?:[^*]*?\S)?)\*(?![\w*])")
 def demo_documents(max_documents: int | None = None) -> list[list[str]]:
     """The built-in demo corpus (see above): the same documents, in the same order, on every call.
 
-    Built once per process (most of the time goes to parsing the standard library) and cached.
+    Built once per machine and Python (most of the time goes to parsing the standard library) and kept in
+    bertjax's cache directory; a process reads it once.
     """
     documents = _demo_corpus()
     if max_documents is not None:
@@ -71,6 +76,35 @@ def demo_documents(max_documents: int | None = None) -> list[list[str]]:
 
 @functools.lru_cache(maxsize=1)
 def _demo_corpus() -> tuple[tuple[str, ...], ...]:
+    """The corpus from the cache file of this Python's sources and this code, or built and written there.
+    The key covers every file read (path, size, time) and the code that cleans them, so an edit to
+    either makes a new file; a cache that cannot be written is only slower."""
+    root = sysconfig.get_paths()["stdlib"]
+    key = hashlib.sha256(sys.version.encode())
+    import pydoc_data.topics  # data module only: no side effects on import
+
+    for path in (pydoc_data.topics.__file__, *_stdlib_source_files(root)):
+        status = os.stat(path)
+        key.update(f"{path}\0{status.st_size}\0{status.st_mtime_ns}\0".encode())
+    for module in (__file__, sys.modules[split_sentences.__module__].__file__):
+        with open(module, "rb") as f:
+            key.update(f.read())
+    cached = files.cache_dir("demo-corpus", key.hexdigest()[:24] + ".json")
+    try:
+        with open(cached, encoding="utf-8") as f:
+            return tuple(tuple(document) for document in json.load(f))
+    except (OSError, ValueError):
+        pass
+    documents = _build_demo_corpus()
+    try:
+        os.makedirs(os.path.dirname(cached), exist_ok=True)
+        files.write_bytes(cached, json.dumps(documents).encode("utf-8"))
+    except OSError:
+        pass
+    return documents
+
+
+def _build_demo_corpus() -> tuple[tuple[str, ...], ...]:
     seen, documents = set(), []
     for document in (*_reference_manual_documents(), *_docstring_documents()):
         document = tuple(document)
@@ -107,11 +141,11 @@ def _docstring_documents() -> Iterator[list[str]]:
 
 
 def _stdlib_source_files(root: str) -> list[str]:
-    files = []
+    found = []
     for directory, subdirectories, names in os.walk(root):
         subdirectories[:] = [d for d in subdirectories if d not in _SKIP_STDLIB_DIRS]
-        files.extend(os.path.join(directory, n) for n in names if n.endswith(".py"))
-    return sorted(files, key=lambda p: os.path.relpath(p, root))
+        found.extend(os.path.join(directory, n) for n in names if n.endswith(".py"))
+    return sorted(found, key=lambda p: os.path.relpath(p, root))
 
 
 def _parse_without_gc(source: bytes, path: str) -> ast.Module | None:

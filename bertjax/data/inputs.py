@@ -15,6 +15,7 @@ DataSettings (bertjax/data/settings.py) there, and everything below takes the re
 
 import contextlib
 import dataclasses
+import hashlib
 import json
 import os
 import tempfile
@@ -64,10 +65,13 @@ def vocabulary_path(settings: DataSettings, workdir: str | None) -> str:
 
 
 def load_or_learn_tokenizer(settings: DataSettings, workdir: str | None,
-                            train_documents: Sequence[list[str]] | None):
+                            train_documents: Sequence[list[str]] | None, vocab_cache: str | None = None):
     """The configured tokenizer and the path of its vocabulary. Without data.vocab_path, a vocabulary of
     data.vocab_size is learned from the training documents on first use and cached in the workdir, so a
-    resumed or repeated run reads the very same vocabulary."""
+    resumed or repeated run reads the very same vocabulary. Without a workdir, vocab_cache (a directory)
+    keeps it under a digest of those documents and the settings it was learned with."""
+    if not settings.vocab_path and not workdir and vocab_cache and train_documents is not None:
+        workdir = os.path.join(vocab_cache, _vocabulary_digest(settings, train_documents))
     path = vocabulary_path(settings, workdir)
     learned = not settings.vocab_path
     # What a learned vocabulary was asked for, kept beside it: a cached one must still match the config.
@@ -106,6 +110,16 @@ def load_or_learn_tokenizer(settings: DataSettings, workdir: str | None,
     return tokenizers.load_tokenizer(settings.tokenizer, local_path, lower_case=settings.lower_case), path
 
 
+def _vocabulary_digest(settings: DataSettings, train_documents: Sequence[list[str]]) -> str:
+    """What a learned vocabulary depends on, hashed: the tokenizer's settings and every training sentence."""
+    digest = hashlib.sha256(json.dumps([settings.tokenizer, settings.vocab_size, settings.lower_case]).encode())
+    for document in train_documents:
+        for sentence in document:
+            digest.update(sentence.encode("utf-8") + b"\0")
+        digest.update(b"\1")
+    return digest.hexdigest()[:24]
+
+
 def masking_spec(settings: DataSettings, tokenizer, mask_rate: float) -> MaskingSpec:
     return MaskingSpec.from_tokenizer(
         tokenizer,
@@ -128,14 +142,16 @@ def make_stream(corpus: TokenizedCorpus, settings: DataSettings, tokenizer, *, s
     )
 
 
-def build_inputs(data, *, workdir: str | None, process_index: int = 0, process_count: int = 1) -> PretrainingInputs:
+def build_inputs(data, *, workdir: str | None, process_index: int = 0, process_count: int = 1,
+                 vocab_cache: str | None = None) -> PretrainingInputs:
     """The train and held-out streams of this host, from the config's data section (a ConfigDict, read
-    into a DataSettings here, or the record itself)."""
+    into a DataSettings here, or the record itself). vocab_cache: where a vocabulary learned without a
+    workdir is kept (load_or_learn_tokenizer)."""
     settings = data if isinstance(data, DataSettings) else DataSettings.from_config(data)
     bad_rows = BadRows()
     if settings.mixture:
         return _mixture_inputs(settings, workdir=workdir, process_index=process_index, process_count=process_count,
-                               bad_rows=bad_rows)
+                               bad_rows=bad_rows, vocab_cache=vocab_cache)
     backend = backends.get(settings.source)
     if backend.corpora is not None:  # tokenized already, with a vocabulary of its own
         host = backend.corpora(settings, process_index, process_count)
@@ -146,7 +162,7 @@ def build_inputs(data, *, workdir: str | None, process_index: int = 0, process_c
         _log_bad_rows(bad_rows)
         # Every host learns (or reads) the same vocabulary, from all training documents.
         train_documents = [d for d, e in zip(documents, held_out) if not e]
-        tokenizer, vocab_path = load_or_learn_tokenizer(settings, workdir, train_documents)
+        tokenizer, vocab_path = load_or_learn_tokenizer(settings, workdir, train_documents, vocab_cache)
         train_corpus, eval_corpus = _host_corpora(documents, held_out, tokenizer, process_index, process_count)
     else:
         raise ValueError(f"data.source={settings.source!r} has no corpus to stream ({backend.reads})")
@@ -169,7 +185,7 @@ MIXTURE_SEED_OFFSET = 10_007
 
 
 def _mixture_inputs(settings: DataSettings, *, workdir, process_index: int, process_count: int,
-                    bad_rows: BadRows) -> PretrainingInputs:
+                    bad_rows: BadRows, vocab_cache: str | None) -> PretrainingInputs:
     """A data.mixture's streams: each source split, tokenized and streamed on its own, then interleaved by
     weight; the held-out batches are a mixture of the sources' held-out streams with the same weights."""
     parts = []
@@ -181,7 +197,8 @@ def _mixture_inputs(settings: DataSettings, *, workdir, process_index: int, proc
     _log_bad_rows(bad_rows)
     # One vocabulary for all sources, learned from all their training documents.
     tokenizer, vocab_path = load_or_learn_tokenizer(
-        settings, workdir, [d for documents, held_out in parts for d, e in zip(documents, held_out) if not e])
+        settings, workdir, [d for documents, held_out in parts for d, e in zip(documents, held_out) if not e],
+        vocab_cache)
     train_streams, eval_streams = [], []
     for k, (documents, held_out) in enumerate(parts):
         try:

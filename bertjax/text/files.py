@@ -162,6 +162,14 @@ def write_bytes(target: str, data: bytes) -> None:
     epath.Path(target).write_bytes(data)
 
 
+def cache_dir(*parts: str) -> str:
+    """bertjax's cache of things worth computing once per machine (the demo corpus, a preview's learned
+    vocabulary): $BERTJAX_CACHE_DIR, else $XDG_CACHE_HOME/bertjax, else ~/.cache/bertjax."""
+    root = os.environ.get("BERTJAX_CACHE_DIR") or os.path.join(
+        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "bertjax")
+    return os.path.join(root, *parts)
+
+
 def local_copy(source: str) -> str:
     """A local file with the contents of `source`: the path itself when local, else a copy in a
     per-content cache directory (tokenizer libraries read local files only)."""
