@@ -206,7 +206,10 @@ class LoadedBert:
             input_ids[b, :len(row)], input_mask[b, :len(row)] = row, 1
             masked[b, :len(where)] = where
         logits = self._mlm(self.params, input_ids, np.zeros_like(input_ids), input_mask, masked)  # [B, P, V]
-        probs = np.asarray(jax.nn.softmax(np.asarray(logits, np.float32), axis=-1))
+        # An embedding table larger than the vocabulary (model.vocab_size rounded up) has rows that are no
+        # token: they are never a guess.
+        logits = np.asarray(logits, np.float32)[..., :tok.vocab_size]
+        probs = np.asarray(jax.nn.softmax(logits, axis=-1))
         results = []
         for b, where in enumerate(positions):
             per_mask = []

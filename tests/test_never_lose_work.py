@@ -82,6 +82,11 @@ def test_resume_with_a_changed_config_stops_and_keeps_the_checkpoints(tmp_path):
     resumed = run_train(tmp_path, "--config.train.num_steps=6", "--config.checkpoint.every_steps=2")
     assert resumed.returncode == 0, resumed.stderr
     assert "resumed from step 4" in resumed.stdout
+    # Raising train.num_steps stretches the schedule: said in one line, with the learning rate now.
+    assert "the learning-rate schedule differs from the checkpoint's (train.num_steps 4 -> 6)" in resumed.stdout
+    again = run_train(tmp_path, "--config.train.num_steps=6", "--config.checkpoint.every_steps=2")
+    assert again.returncode == 0 and "nothing to do: the checkpoint of step 6 is already at train.num_steps=6" in (
+        again.stdout), again.stdout
 
 
 @pytest.mark.slow
