@@ -17,6 +17,7 @@ inline `python -m bertjax....` that names a program or a flag that does not exis
 empty: `configs/...` resolves to the installed configs, as for a user outside the repository.
 """
 
+import concurrent.futures
 import json
 import os
 import pathlib
@@ -42,9 +43,9 @@ PLACEHOLDERS = {
     "runs/student3": "runs/tiny",
 }
 WORDS = {r"\bDIR\b": "runs/elsewhere"}
-# Real runs made short: the Quickstart's 600 steps take minutes; 20 steps make a workdir the rest reads.
+# Real runs made short: the Quickstart's 600 steps take minutes; 4 steps make a workdir the rest reads.
 SHORTER = {
-    "bertjax.train": ["--config.train.num_steps=20"],
+    "bertjax.train": ["--config.train.num_steps=4"],
     "bertjax.finetune": ["--config.train.epochs=0.3"],
 }
 # The programs that take a word besides their flags.
@@ -254,42 +255,63 @@ def run(words: list[str], cwd) -> subprocess.CompletedProcess:
     return result
 
 
+OUTPUT_FLAGS = ("--workdir=", "--to=", "--out=", "--output_dir=")
+
+
+def run_block(where: str, block_commands: list[list[str]], cwd) -> list[str]:
+    """A runs block's commands one after the other; the failures, as lines."""
+    for words in block_commands:
+        result = run(words, cwd)
+        if result.returncode != 0:
+            return [f"{where}: {shlex.join(words)}\n{result.stderr[-3000:]}"]
+    return []
+
+
 @pytest.mark.slow
 def test_the_readme_runs(tmp_path):
-    """Every runs block in order (a short real pretraining the later commands read from), the dry runs
-    once the workdirs they name exist, then every Python block in one process."""
-    python, dry_runs = [], []
-    for block in BLOCKS:
-        where, mark = f"README.md:{block['line']}", block["mark"]
-        if mark.startswith("a file: "):
-            path = tmp_path / mark.removeprefix("a file: ").strip()
-            path.parent.mkdir(parents=True, exist_ok=True)
-            path.write_text(block["code"] + "\n", encoding="utf-8")
-        elif mark.startswith("runs") and block["language"] == "python":
-            python.append((where, substituted(block["code"])))
-        elif mark.startswith("runs"):
-            for words in commands(substituted(block["code"])):
-                if is_install_step(words):
-                    continue
-                assert program(words), f"{where}: not a program of bertjax: {shlex.join(words)}"
-                result = run(words, tmp_path)
-                assert result.returncode == 0, (where, shlex.join(words), result.stderr[-3000:])
-        elif mark.startswith("dry run"):
-            dry_runs += parse_jobs_of(block, "dry run")
-    # The dry runs after the runs, so that the workdirs and files they name exist.
-    for (where, job), result in zip(dry_runs, forked([job for _, job in dry_runs], tmp_path)):
-        assert result["rc"] == 0 and "the config is valid" in result["out"], (
-            where, job["module"], job["args"], result["err"][-1500:])
+    """Every runs block (a short real pretraining the later commands read from), the dry runs once the
+    workdirs they name exist, and every Python block in one process. Blocks run two at a time: one waits
+    for each earlier block that writes a path it names (--workdir, --to, --out), and the README's order
+    is kept among those."""
+    python, dry_runs, running, failures = [], [], [], []
+    with concurrent.futures.ThreadPoolExecutor(2) as pool:
+        for block in BLOCKS:
+            where, mark = f"README.md:{block['line']}", block["mark"]
+            if mark.startswith("a file: "):
+                path = tmp_path / mark.removeprefix("a file: ").strip()
+                path.parent.mkdir(parents=True, exist_ok=True)
+                path.write_text(block["code"] + "\n", encoding="utf-8")
+            elif mark.startswith("runs") and block["language"] == "python":
+                python.append((where, substituted(block["code"])))
+            elif mark.startswith("runs"):
+                block_commands = [words for words in commands(substituted(block["code"])) if not is_install_step(words)]
+                for words in block_commands:
+                    assert program(words), f"{where}: not a program of bertjax: {shlex.join(words)}"
+                named = [word for words in block_commands for word in words]
+                for future, outputs in running:
+                    if any(out in word for out in outputs for word in named):
+                        failures += future.result()
+                outputs = {word.split("=", 1)[1] for word in named if word.startswith(OUTPUT_FLAGS)}
+                running.append((pool.submit(run_block, where, block_commands, tmp_path), outputs))
+            elif mark.startswith("dry run"):
+                dry_runs += parse_jobs_of(block, "dry run")
+        for future, _ in running:
+            failures += future.result()
+        assert not failures, "\n".join(failures)
+        # Then the dry runs, beside the Python blocks: every workdir and file they name exists now.
+        dry = pool.submit(forked, [job for _, job in dry_runs], tmp_path)
+        script = "\n".join(f"exec(compile({code!r}, {where!r}, 'exec'), namespace)" for where, code in python)
+        result = subprocess.run([sys.executable, "-c", "namespace = {}\n" + script], capture_output=True, text=True,
+                                cwd=tmp_path, env=environment(), timeout=600)
+        assert result.returncode == 0, result.stderr[-3000:]
+        for (where, job), done in zip(dry_runs, dry.result()):
+            assert done["rc"] == 0 and "the config is valid" in done["out"], (
+                where, job["module"], job["args"], done["err"][-1500:])
     # TensorBoard, which the tests do not serve: what it would read is there.
     (tensorboard,) = [b for b in marked("needs ") if "tensorboard" in b["code"]]
     logdir = tmp_path / commands(tensorboard["code"])[0][2]
     assert list(logdir.glob("tiny/tensorboard/events.out.tfevents.*")), "no TensorBoard events for the README"
     assert list(logdir.glob("tiny/tensorboard/eval/events.out.tfevents.*"))
-    script = "\n".join(
-        f"exec(compile({code!r}, {where!r}, 'exec'), namespace)" for where, code in python)
-    result = subprocess.run([sys.executable, "-c", "namespace = {}\n" + script], capture_output=True, text=True,
-                            cwd=tmp_path, env=environment(), timeout=600)
-    assert result.returncode == 0, result.stderr[-3000:]
 
 
 def parse_jobs_of(block: dict, mode: str) -> list[tuple[str, dict]]:
@@ -305,3 +327,12 @@ def test_needs_blocks_of_python_compile():
     for block in marked("needs "):
         if block["language"] == "python":
             compile(substituted(block["code"]), f"README.md:{block['line']}", "exec")
+
+
+def test_every_installed_command_is_named():
+    import tomllib
+
+    scripts = tomllib.loads((REPO / "pyproject.toml").read_text(encoding="utf-8"))["project"]["scripts"]
+    text = README.read_text(encoding="utf-8")
+    missing = [name for name in scripts if f"`{name}`" not in text]
+    assert not missing, f"README.md does not name the installed commands {missing}"
