@@ -68,3 +68,20 @@ def test_summary_prints_both_counts_where_they_differ(capsys):
     assert "as Hugging Face RobertaForMaskedLM counts them: 124,696,665 (124.7M), without bertjax's" in out
     model_summary.print_summary(albert_base.get_config())
     assert "as Hugging Face AlbertForPreTraining counts them: the same" in capsys.readouterr().out
+
+
+def test_memory_of_the_compiled_step_grows_with_the_batch_not_the_state():
+    from configs import tiny
+
+    def memory(batch_size):
+        config = tiny.get_config()
+        config.data.max_seq_length, config.train.batch_size = 32, batch_size
+        return model_summary.step_memory(config)
+
+    small, large = memory(2), memory(8)
+    assert small["params"] == large["params"] == 4 * 1_552_898  # float32
+    assert small["opt_state"] == large["opt_state"] > 2 * small["params"]  # Adam's two moments, and its count
+    # The gradients are temporaries of any batch; the activations grow with it.
+    assert large["batch"] == 4 * small["batch"] and large["temporaries"] > small["temporaries"] > small["params"]
+    line = model_summary.memory_line(tiny.get_config(), large)
+    assert line.startswith("train step on one cpu device, batch 32 x 128") and "activations and temporaries" in line

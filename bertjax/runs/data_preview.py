@@ -90,16 +90,17 @@ def format_packed_text(tokenizer, row: dict, number: int, objective: str = "nsp"
     return "\n".join(lines)
 
 
-def batch_line(batch: dict, step: int, packed: bool) -> str:
-    """What one training batch holds: rows by their number of sequences (packed), and the real share."""
+def batch_line(batch: dict, step: int, packed: bool, split: str = "train") -> str:
+    """What one batch holds: rows by their number of sequences (packed), and the real share."""
     rows, positions = batch["input_mask"].shape
     real = batch["input_mask"].mean()
+    step = f"step {step}" if split == "train" else f"held-out batch {step}"
     if not packed:
-        return (f"=== step {step}: {rows} examples of {positions} positions, {real:.1%} of them real tokens "
+        return (f"=== {step}: {rows} examples of {positions} positions, {real:.1%} of them real tokens "
                 f"(the rest padding; data.packing=True packs them)")
     per_row = Counter(batch["sentence_weights"].sum(1).astype(int).tolist())
     spread = ", ".join(f"{per_row[k]} of {k}" for k in sorted(per_row))
-    return (f"=== step {step}: {rows} rows of {positions} positions hold {int(batch['sentence_weights'].sum())} "
+    return (f"=== {step}: {rows} rows of {positions} positions hold {int(batch['sentence_weights'].sum())} "
             f"sequences (rows by sequences held: {spread}); {real:.1%} of the positions are real tokens")
 
 
@@ -132,7 +133,7 @@ def preview(config, *, num_examples: int, output_format: str = "text", split: st
         if shown == num_examples:
             break
         if text:
-            print(batch_line(batch, step, stream.packing), end="\n\n")
+            print(batch_line(batch, step, stream.packing, split), end="\n\n")
         for i in range(min(batch_size, num_examples - shown)):
             ex = {key: value[i] for key, value in batch.items()}
             real, positions = real + int(ex["input_mask"].sum()), positions + ex["input_mask"].size
