@@ -1,8 +1,9 @@
 """README.md, executed: every fenced block carries a mark on the line before it saying what this test
 does with it, so the README cannot drift from the programs again.
 
-    <!-- readme: runs -->          a sh block's commands run as written, in the README's order, in one
-                                   workspace; the Python blocks run in one process, in order, after them
+    <!-- readme: runs -->          a sh block's commands run as written (training made short: SHORTER),
+                                   in one workspace, after the earlier blocks that write what they read;
+                                   the Python blocks run in one process, in order, after them
     <!-- readme: dry run ... -->   each command run with --dry_run (its config and the inputs it names
                                    checked, nothing built)
     <!-- readme: needs WHAT -->    not run (it needs WHAT, which the tests do not have): each command
@@ -17,7 +18,6 @@ inline `python -m bertjax....` that names a program or a flag that does not exis
 empty: `configs/...` resolves to the installed configs, as for a user outside the repository.
 """
 
-import concurrent.futures
 import json
 import os
 import pathlib
@@ -141,51 +141,62 @@ def test_the_test_command_is_what_ci_runs():
     assert first[:2] == [["python3", "-m", "venv", ".venv"], [".venv/bin/pip", "install", "-e", "."]]
 
 
-# ---------------------------------------------------------------- parsing, in one process forked per command
+# ---------------------------------------------------------------- one process, forked per command
 
 # Runs each job in a child forked from a process that has imported the programs the jobs name (importing
-# one defines no flag), so that a dry run or a parse costs a fork, not a Python start and its imports. The
-# children parse flags and check configs: neither JAX's backend nor TensorFlow runs anything before a fork.
+# one defines no flag; the parent starts neither JAX's backend nor a TensorFlow op), so that a command
+# costs a fork, not a Python start and the seconds of importing TensorFlow and JAX. A child runs the
+# program's console entry, as `python -m` would. Two children at a time; a job starts once the jobs it
+# comes after have ended, and is not run when one of them failed.
 DRIVER = textwrap.dedent(r"""
-    import importlib, inspect, json, os, sys, tempfile, traceback
+    import importlib, inspect, json, os, sys, tempfile, time, traceback
     import bertjax
     from absl import flags
     from bertjax.runs import console
     jobs = json.load(sys.stdin)
-    for name in sorted({job["module"] for job in jobs}):
+    for name in sorted({job["module"] for job in jobs if "module" in job}):
         importlib.import_module(name)
-    results = []
-    for job in jobs:
+
+    def child(job):
+        os.chdir(job["cwd"])
+        name, args = job.get("module"), job.get("args", [])
+        if job["mode"] == "python":  # the blocks in one namespace, as a notebook runs its cells
+            namespace = {}
+            for where, code in job["blocks"]:
+                exec(compile(code, where, "exec"), namespace)
+        elif job["mode"] in ("run", "dry run"):
+            sys.argv = [name, *args] + (["--dry_run"] if job["mode"] == "dry run" else [])
+            importlib.import_module(name).entry()
+        else:
+            module = importlib.import_module(name)
+            # benchmark's flags depend on its command line (its model overrides)
+            wants_argv = inspect.signature(module.define_flags).parameters
+            module.define_flags(*([[name, *args]] if wants_argv else []))
+            if job["mode"] == "flags":  # an inline mention: the flags it names exist
+                for arg in args:
+                    flag = arg[2:].split("=")[0] if arg.startswith("--") else None
+                    if flag and not flag.startswith("config.") and flag not in flags.FLAGS and not (
+                            flag.startswith("no") and flag[2:] in flags.FLAGS):
+                        print(f"{name} has no flag --{flag}", file=sys.stderr)
+                        return 2
+            else:
+                sys.argv = console.with_installed_configs([name, *args])
+                rest = console.parse_flags(sys.argv)[1:]
+                if rest and rest != job["words"][:len(rest)]:
+                    print(f"{name}: unexpected arguments {rest}", file=sys.stderr)
+                    return 2
+        return 0
+
+    def start(job):
         out, err = tempfile.TemporaryFile(), tempfile.TemporaryFile()
         pid = os.fork()
         if pid == 0:
-            os.dup2(out.fileno(), 1)
             os.dup2(err.fileno(), 2)
-            os.chdir(job["cwd"])
-            code = 0
+            if job.get("stdout"):
+                out = open(os.path.join(job["cwd"], job["stdout"]), "wb")
+            os.dup2(out.fileno(), 1)
             try:
-                name, args = job["module"], job["args"]
-                if job["mode"] == "dry run":  # the console script's own entry
-                    sys.argv = [name, *args, "--dry_run"]
-                    importlib.import_module(name).entry()
-                else:
-                    module = importlib.import_module(name)
-                    # benchmark's flags depend on the command line (its model overrides)
-                    wants_argv = inspect.signature(module.define_flags).parameters
-                    module.define_flags(*([[name, *args]] if wants_argv else []))
-                    if job["mode"] == "flags":  # an inline mention: the flags it names exist
-                        for arg in args:
-                            flag = arg[2:].split("=")[0] if arg.startswith("--") else None
-                            if flag and not flag.startswith("config.") and flag not in flags.FLAGS and not (
-                                    flag.startswith("no") and flag[2:] in flags.FLAGS):
-                                print(f"{name} has no flag --{flag}", file=sys.stderr)
-                                code = 2
-                    else:
-                        sys.argv = console.with_installed_configs([name, *args])
-                        rest = console.parse_flags(sys.argv)[1:]
-                        if rest and rest != job["words"][:len(rest)]:
-                            print(f"{name}: unexpected arguments {rest}", file=sys.stderr)
-                            code = 2
+                code = child(job)
             except SystemExit as e:
                 code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
             except BaseException:
@@ -194,20 +205,40 @@ DRIVER = textwrap.dedent(r"""
             sys.stdout.flush()
             sys.stderr.flush()
             os._exit(code)
-        _, status = os.waitpid(pid, 0)
-        out.seek(0)
-        err.seek(0)
-        results.append(dict(rc=os.waitstatus_to_exitcode(status), out=out.read().decode(), err=err.read().decode()))
+        return pid, out, err
+
+    results, running, started = [None] * len(jobs), {}, set()
+    while len(started) < len(jobs) or running:
+        for i, job in enumerate(jobs):
+            if len(running) == 2:
+                break
+            after = job.get("after", [])
+            if i in started or any(results[j] is None for j in after):
+                continue
+            started.add(i)
+            if any(results[j]["rc"] != 0 for j in after):
+                results[i] = dict(rc=-1, out="", err="not run: a command before it failed", seconds=0)
+                continue
+            pid, out, err = start(job)
+            running[pid] = (i, out, err, time.time())
+        if running:
+            pid, status = os.wait()
+            i, out, err, begun = running.pop(pid)
+            out.seek(0)
+            err.seek(0)
+            results[i] = dict(rc=os.waitstatus_to_exitcode(status), out=out.read().decode(errors="replace"),
+                              err=err.read().decode(errors="replace"), seconds=round(time.time() - begun, 1))
     print(json.dumps(results))
 """)
 
 
-def forked(jobs: list[dict], cwd) -> list[dict]:
+def forked(jobs: list[dict], cwd, timeout: int = 600) -> list[dict]:
+    """The jobs' results (rc, out, err, seconds), in order: see DRIVER."""
     for job in jobs:
         job.setdefault("cwd", str(cwd))
-        job.setdefault("words", COMMANDS.get(job["module"], []))
+        job.setdefault("words", COMMANDS.get(job.get("module"), []))
     result = subprocess.run([sys.executable, "-c", DRIVER], input=json.dumps(jobs), capture_output=True, text=True,
-                            cwd=cwd, env=environment(), timeout=600)
+                            cwd=cwd, env=environment(), timeout=timeout)
     assert result.returncode == 0, result.stderr[-3000:]
     return json.loads(result.stdout.strip().splitlines()[-1])
 
@@ -242,71 +273,59 @@ def test_every_command_parses_and_every_inline_one_names_real_flags(tmp_path):
 
 # ---------------------------------------------------------------- running it
 
-
-def run(words: list[str], cwd) -> subprocess.CompletedProcess:
-    module, args = program(words)
-    output = None
-    if ">" in args:
-        output, args = args[args.index(">") + 1], args[:args.index(">")]
-    result = subprocess.run([sys.executable, "-m", module, *args, *SHORTER.get(module, [])], capture_output=True,
-                            text=True, cwd=cwd, env=environment(), timeout=600)
-    if output and result.returncode == 0:
-        (pathlib.Path(cwd) / output).write_text(result.stdout, encoding="utf-8")
-    return result
-
-
 OUTPUT_FLAGS = ("--workdir=", "--to=", "--out=", "--output_dir=")
 
 
-def run_block(where: str, block_commands: list[list[str]], cwd) -> list[str]:
-    """A runs block's commands one after the other; the failures, as lines."""
-    for words in block_commands:
-        result = run(words, cwd)
-        if result.returncode != 0:
-            return [f"{where}: {shlex.join(words)}\n{result.stderr[-3000:]}"]
-    return []
+def run_job(words: list[str]) -> dict:
+    """A runs block's command as a job: made short where SHORTER says, `> FILE` as its stdout."""
+    module, args = program(words)
+    job = dict(mode="run", module=module)
+    if ">" in args:
+        job["stdout"], args = args[args.index(">") + 1], args[:args.index(">")]
+    job["args"] = args + SHORTER.get(module, [])
+    return job
 
 
 @pytest.mark.slow
 def test_the_readme_runs(tmp_path):
-    """Every runs block (a short real pretraining the later commands read from), the dry runs once the
-    workdirs they name exist, and every Python block in one process. Blocks run two at a time: one waits
-    for each earlier block that writes a path it names (--workdir, --to, --out), and the README's order
-    is kept among those."""
-    python, dry_runs, running, failures = [], [], [], []
-    with concurrent.futures.ThreadPoolExecutor(2) as pool:
-        for block in BLOCKS:
-            where, mark = f"README.md:{block['line']}", block["mark"]
-            if mark.startswith("a file: "):
-                path = tmp_path / mark.removeprefix("a file: ").strip()
-                path.parent.mkdir(parents=True, exist_ok=True)
-                path.write_text(block["code"] + "\n", encoding="utf-8")
-            elif mark.startswith("runs") and block["language"] == "python":
-                python.append((where, substituted(block["code"])))
-            elif mark.startswith("runs"):
-                block_commands = [words for words in commands(substituted(block["code"])) if not is_install_step(words)]
-                for words in block_commands:
-                    assert program(words), f"{where}: not a program of bertjax: {shlex.join(words)}"
-                named = [word for words in block_commands for word in words]
-                for future, outputs in running:
-                    if any(out in word for out in outputs for word in named):
-                        failures += future.result()
-                outputs = {word.split("=", 1)[1] for word in named if word.startswith(OUTPUT_FLAGS)}
-                running.append((pool.submit(run_block, where, block_commands, tmp_path), outputs))
-            elif mark.startswith("dry run"):
-                dry_runs += parse_jobs_of(block, "dry run")
-        for future, _ in running:
-            failures += future.result()
-        assert not failures, "\n".join(failures)
-        # Then the dry runs, beside the Python blocks: every workdir and file they name exists now.
-        dry = pool.submit(forked, [job for _, job in dry_runs], tmp_path)
-        script = "\n".join(f"exec(compile({code!r}, {where!r}, 'exec'), namespace)" for where, code in python)
-        result = subprocess.run([sys.executable, "-c", "namespace = {}\n" + script], capture_output=True, text=True,
-                                cwd=tmp_path, env=environment(), timeout=600)
-        assert result.returncode == 0, result.stderr[-3000:]
-        for (where, job), done in zip(dry_runs, dry.result()):
-            assert done["rc"] == 0 and "the config is valid" in done["out"], (
-                where, job["module"], job["args"], done["err"][-1500:])
+    """Every runs block (a short real pretraining the later commands read from), in one forked driver:
+    a block's commands one after the other, after each earlier block that writes a path it names
+    (--workdir, --to, --out); then the Python blocks in one process, beside the dry runs, once every
+    workdir and file they name exists."""
+    jobs, where, python, ran = [], [], [], []
+    for block in BLOCKS:
+        line, mark = f"README.md:{block['line']}", block["mark"]
+        if mark.startswith("a file: "):
+            path = tmp_path / mark.removeprefix("a file: ").strip()
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(block["code"] + "\n", encoding="utf-8")
+        elif mark.startswith("runs") and block["language"] == "python":
+            python.append((line, substituted(block["code"])))
+        elif mark.startswith("runs"):
+            block_commands = [words for words in commands(substituted(block["code"])) if not is_install_step(words)]
+            for words in block_commands:
+                assert program(words), f"{line}: not a program of bertjax: {shlex.join(words)}"
+            named = [word for words in block_commands for word in words]
+            outputs = {word.split("=", 1)[1] for word in named if word.startswith(OUTPUT_FLAGS)}
+            # The last command of each earlier block that writes what this one names.
+            after = [last for last, written in ran if any(out in word for out in written for word in named)]
+            for k, words in enumerate(block_commands):
+                jobs.append(dict(run_job(words), after=after if k == 0 else [len(jobs) - 1]))
+                where.append((line, shlex.join(words)))
+            ran.append((len(jobs) - 1, outputs))
+    everything = list(range(len(jobs)))
+    for block in marked("dry run"):
+        for line, job in parse_jobs_of(block, "dry run"):
+            jobs.append(dict(job, after=everything))
+            where.append((line, shlex.join([job["module"], *job["args"]])))
+    jobs.append(dict(mode="python", blocks=python, after=everything))
+    where.append(("README.md's Python blocks", ""))
+    results = forked(jobs, tmp_path, timeout=900)
+    for (line, command), job, result in zip(where, jobs, results):
+        print(f"{result['seconds']:6.1f} s  {line}  {command[:90]}")
+        assert result["rc"] == 0, (line, command, result["err"][-3000:])
+        if job["mode"] == "dry run":
+            assert "the config is valid" in result["out"], (line, command, result["out"][-500:])
     # TensorBoard, which the tests do not serve: what it would read is there.
     (tensorboard,) = [b for b in marked("needs ") if "tensorboard" in b["code"]]
     logdir = tmp_path / commands(tensorboard["code"])[0][2]
