@@ -20,6 +20,7 @@ import re
 import sysconfig
 import textwrap
 from collections.abc import Iterator
+from pydoc_data.topics import topics
 
 from bertjax.text.sentences import split_sentences
 
@@ -81,8 +82,6 @@ def _demo_corpus() -> tuple[tuple[str, ...], ...]:
 
 
 def _reference_manual_documents() -> Iterator[list[str]]:
-    from pydoc_data.topics import topics  # data module only: no side effects on import
-
     for name in sorted(topics):
         if sentences := _prose_sentences(topics[name]):
             yield sentences

@@ -332,7 +332,7 @@ class SelfAttention(nn.Module):
 
         if cfg.attention_impl == "splash" and queries is x:
             # Segment ids and a static band, in the kernel's own form.
-            from bertjax.models import splash  # Pallas' TPU modules: imported only where used
+            from bertjax.models import splash  # Pallas' TPU kernel, slow to load: only splash attention needs it
 
             window = cfg.local_attention_window // 2 if (self.local or is_local is not None) else 0
             context = splash.splash_attention(q, k, v, padding.segments, half_window=window, is_local=is_local)
