@@ -12,8 +12,8 @@ environment.quiet_start_up()
 
 
 def __getattr__(name):
-    # Lazy, so that importing the package (e.g. for the synthetic-data benchmark) pulls in nothing heavy.
     if name == "load":
+        # Lazy, so that importing the package (e.g. for the synthetic-data benchmark) pulls in nothing heavy.
         from bertjax.inference import load
 
         return load

@@ -21,10 +21,13 @@ import jax
 import numpy as np
 from etils import epath
 
+from bertjax.compression import quantize as quantization  # `quantize` is load's argument
 from bertjax.interop import pretrained
-from bertjax.text import files
 from bertjax.models import bert as bert_model
+from bertjax.models import heads
 from bertjax.models.config import BertConfig
+from bertjax.tasks import kinds
+from bertjax.text import files, tf_cpu
 from bertjax.training.checkpoint_meta import TaskRecord
 
 
@@ -34,9 +37,7 @@ def _make_tokenizer(files: pretrained.TokenizerFiles):
     The tokenizer runs TF ops eagerly; left alone, TF would claim every visible GPU's memory on its
     first op, which the JAX model next to it in the same notebook needs.
     """
-    from bertjax.text import tf_cpu
-
-    tf_cpu.import_tensorflow()
+    tf_cpu.import_tensorflow()  # here, not at the top: bertjax.load's module is imported without TensorFlow
     return files.load()
 
 
@@ -83,9 +84,6 @@ class LoadedBert:
         self._mlm = jax.jit(lambda params, ids, segments, mask, positions: pretraining.apply(
             {"params": params}, ids, segments, mask, positions, deterministic=True)["mlm_logits"])
         if self.task is not None:
-            from bertjax.models import heads
-            from bertjax.tasks import kinds
-
             kind = self.task.kind
             num_labels = kinds.get(kind).num_labels(self.task.labels)
             net = self.network(heads.network(kind, self.config, num_labels,
@@ -96,15 +94,11 @@ class LoadedBert:
     def network(self, module):
         """A flax module of this model's family, as it runs with these params: itself for float params,
         with int8 kernels for a quantised model (its `apply` takes these params as they are)."""
-        from bertjax.compression import quantize
-
-        return quantize.network(module, self.quantize)
+        return quantization.network(module, self.quantize)
 
     def num_params(self) -> int:
         """The network's parameter count (a quantised kernel counts its int8 values, not its scales)."""
-        from bertjax.compression import quantize
-
-        return quantize.parameter_count(self.params)
+        return quantization.parameter_count(self.params)
 
     def tokenize(self, texts: list[str], max_length: int | None = None) -> dict[str, np.ndarray]:
         """[CLS] text [SEP] per text, truncated to max_length (default max_position_embeddings) and
@@ -245,8 +239,6 @@ class LoadedBert:
         if self.task is None:
             raise ValueError(f"{self.source or 'this model'} is not a fine-tuned task checkpoint: predict needs "
                              f"one written by python -m bertjax.finetune")
-        from bertjax.tasks import kinds
-
         return kinds.get(self.task.kind).predict(self, texts, text_pairs, choices, questions=questions,
                                                     contexts=contexts)
 
@@ -272,8 +264,6 @@ def load(path: str | os.PathLike, dtype: str = "float32", quantize: str | None =
     bertjax/compression/quantize.py) quantises every dense layer's kernel to int8 on load; an int8 params
     export is int8 already (quantize then picks the mode its weights run in; by default the one it was
     exported with)."""
-    from bertjax.compression import quantize as quantization
-
     mode = quantization.resolve(quantize)
     path = str(path) if files.is_remote(str(path)) else str(Path(path).expanduser())
     if not epath.Path(path).exists():

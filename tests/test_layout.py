@@ -6,10 +6,12 @@ so an import cycle is caught even where it would only bite at run time.
 """
 
 import ast
+import io
 import os
 import pathlib
 import subprocess
 import sys
+import tokenize
 
 import pytest
 
@@ -105,6 +107,8 @@ def test_text_does_not_reach_into_data():
 
 
 @pytest.mark.parametrize("imports", ["bertjax", "bertjax.models.bert, bertjax.training.writers, bertjax.training.flops",
+                                     # The synthetic pretraining run, the device's benchmark, and bertjax.load.
+                                     "bertjax.benchmark, bertjax.train, bertjax.runs.pretraining, bertjax.inference",
                                      "bertjax.data.settings, bertjax.data.synthetic, bertjax.data.backends"])
 def test_no_tensorflow_on_import(imports):
     code = f"import sys, {imports}\nassert 'tensorflow' not in sys.modules, 'tensorflow was imported'\n"
@@ -258,3 +262,191 @@ def test_importing_every_module_defines_no_flags():
     result = subprocess.run([sys.executable, "-c", code], env=env, cwd=REPO, capture_output=True, text=True,
                             timeout=600)
     assert result.returncode == 0, result.stderr[-3000:]
+
+
+# ---------------------------------------------------------------------------------------------------
+# Form: short modules and functions, imports at the top unless a comment says why, TensorFlow through
+# text/tf_cpu.py alone
+# ---------------------------------------------------------------------------------------------------
+
+MAX_MODULE_LINES = 600
+MAX_FUNCTION_LINES = 60  # from `def` to the function's last line (decorators not counted)
+# The one module that imports TensorFlow (and tensorflow_text, TFDS, which import it): it hides the GPUs first.
+TENSORFLOW_GATE = "text/tf_cpu.py"
+
+
+def package_files(root: pathlib.Path, package: str = "bertjax") -> list[tuple[pathlib.Path, str]]:
+    """(path relative to root, source) of every module of the package."""
+    return [(path.relative_to(root), path.read_text(encoding="utf-8")) for path in sorted((root / package).rglob("*.py"))]
+
+
+def size_problems(root: pathlib.Path, package: str = "bertjax") -> list[str]:
+    """One line per module over MAX_MODULE_LINES and per function over MAX_FUNCTION_LINES."""
+    problems = []
+    for where, source in package_files(root, package):
+        lines = len(source.splitlines())
+        if lines > MAX_MODULE_LINES:
+            problems.append(f"{where}: {lines} lines (at most {MAX_MODULE_LINES}): split it by what its parts do")
+        for node in ast.walk(ast.parse(source)):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                length = node.end_lineno - node.lineno + 1
+                if length > MAX_FUNCTION_LINES:
+                    problems.append(f"{where}:{node.lineno}: {node.name} is {length} lines (at most "
+                                    f"{MAX_FUNCTION_LINES}): split it into named helpers")
+    return problems
+
+
+def function_imports(tree: ast.Module) -> list[ast.stmt]:
+    """The import statements inside a function (at any depth, nested functions and methods included)."""
+    found = []
+
+    def visit(node, in_function: bool):
+        for child in ast.iter_child_nodes(node):
+            if in_function and isinstance(child, (ast.Import, ast.ImportFrom)):
+                found.append(child)
+            visit(child, in_function or isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)))
+
+    visit(tree, False)
+    return found
+
+
+def deferred_import_problems(root: pathlib.Path, package: str = "bertjax") -> list[str]:
+    """One line per import inside a function with no comment saying why: one on a line of the statement,
+    or a comment line directly above it."""
+    problems = []
+    for where, source in package_files(root, package):
+        comments, comment_lines = set(), set()  # lines with a comment; lines that are only a comment
+        for token in tokenize.generate_tokens(io.StringIO(source).readline):
+            if token.type == tokenize.COMMENT:
+                comments.add(token.start[0])
+                if not token.line[:token.start[1]].strip():
+                    comment_lines.add(token.start[0])
+        for node in function_imports(ast.parse(source)):
+            if comments & set(range(node.lineno, node.end_lineno + 1)) or node.lineno - 1 in comment_lines:
+                continue
+            problems.append(f"{where}:{node.lineno}: an import inside a function with no comment saying why it "
+                            f"is not at the top (an optional dependency, TensorFlow kept off a path, ...): "
+                            f"move it to the top, or say why on its line")
+    return problems
+
+
+def tensorflow_import_problems(root: pathlib.Path, package: str = "bertjax") -> list[str]:
+    """One line per import of TensorFlow, tensorflow_text or TFDS anywhere but TENSORFLOW_GATE."""
+    problems = []
+    for where, source in package_files(root, package):
+        if where == pathlib.Path(package, TENSORFLOW_GATE):
+            continue
+        for node in ast.walk(ast.parse(source)):
+            if isinstance(node, ast.Import):
+                names = [alias.name for alias in node.names]
+            elif isinstance(node, ast.ImportFrom) and not node.level:
+                names = [node.module]
+            else:
+                continue
+            for name in names:
+                top = name.split(".")[0]
+                if top == "tensorflow" or top.startswith("tensorflow_"):
+                    problems.append(f"{where}:{node.lineno}: imports {name}: get it through "
+                                    f"{package}/{TENSORFLOW_GATE} (tf = tf_cpu.import_tensorflow(), "
+                                    f"import_tensorflow_text(), import_tensorflow_datasets()), which hides the "
+                                    f"GPUs from TensorFlow first")
+    return problems
+
+
+def test_modules_and_functions_are_short():
+    problems = size_problems(REPO)
+    assert not problems, "\n".join(problems)
+
+
+def test_imports_inside_functions_say_why():
+    problems = deferred_import_problems(REPO)
+    assert not problems, "\n".join(problems)
+
+
+def test_tensorflow_only_through_tf_cpu():
+    problems = tensorflow_import_problems(REPO)
+    assert not problems, "\n".join(problems)
+    gate = ast.parse((PACKAGE / TENSORFLOW_GATE).read_text(encoding="utf-8"))
+    assert {a.name for n in ast.walk(gate) if isinstance(n, ast.Import) for a in n.names} >= {
+        "tensorflow", "tensorflow_text", "tensorflow_datasets"}  # the checker looks at the right file
+
+
+def write_package(root: pathlib.Path, files: dict[str, str]) -> None:
+    for relative, text in files.items():
+        target = root / "bertjax" / relative
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_text(text)
+
+
+def test_size_checker_finds_long_modules_and_functions(tmp_path):
+    def function(name: str, lines: int) -> str:  # `def` plus lines - 1 body lines
+        return f"def {name}():\n" + "    x = 1\n" * (lines - 1)
+
+    write_package(tmp_path, {
+        "__init__.py": "",
+        "fits.py": function("sixty", 60) + "\n" * (MAX_MODULE_LINES - 60),  # 600 lines, a 60-line function
+        "long.py": "x = 1\n" * (MAX_MODULE_LINES + 1),
+        "nested.py": "class A:\n    @staticmethod\n" + "".join("    " + line + "\n" for line in
+                                                               function("method", 61).splitlines()),
+    })
+    problems = size_problems(tmp_path)
+    assert len(problems) == 2, problems
+    assert problems[0].startswith("bertjax/long.py: 601 lines (at most 600)")
+    assert problems[1].startswith("bertjax/nested.py:3: method is 61 lines (at most 60)")
+
+
+def test_import_checker_finds_imports_without_a_reason(tmp_path):
+    write_package(tmp_path, {
+        "__init__.py": "",
+        "a.py": (
+            "import os  # the top: no reason needed\n"
+            "import json\n"
+            "\n\n"
+            "def said_on_its_line():\n"
+            "    import torch  # optional: only this needs it\n"
+            "\n\n"
+            "def said_above():\n"
+            "    # optional: only this needs it\n"
+            "    from transformers import (\n"
+            "        AutoModel,\n"
+            "    )\n"
+            "\n\n"
+            "def said_on_a_later_line():\n"
+            "    from transformers import (\n"
+            "        AutoModel,  # optional: only this needs it\n"
+            "    )\n"
+            "\n\n"
+            "def unsaid():\n"  # line 22
+            "    x = 1  # a comment on the line above is not about the import\n"
+            "    import blingfire\n"
+            "    y = '# not a comment'; import pyarrow\n"
+            "\n\n"
+            "class C:\n"
+            "    def method(self):\n"
+            "        def inner():\n"
+            "            import datasets\n"
+            "        return inner\n"
+        ),
+    })
+    problems = deferred_import_problems(tmp_path)
+    assert [p.split(": ")[0] for p in problems] == ["bertjax/a.py:24", "bertjax/a.py:25", "bertjax/a.py:31"], problems
+    assert "with no comment saying why" in problems[0]
+
+
+def test_tensorflow_checker_finds_imports_past_tf_cpu(tmp_path):
+    write_package(tmp_path, {
+        "__init__.py": "",
+        "text/__init__.py": "",
+        "text/tf_cpu.py": "def import_tensorflow():\n    import tensorflow as tf  # the gate\n    return tf\n",
+        "data/__init__.py": "",
+        "data/reader.py": "import tensorflow as tf\n",
+        "data/tfds.py": "def read():\n    import tensorflow_datasets as tfds  # slow\n    return tfds\n",
+        "models/__init__.py": "",
+        "models/export.py": "from tensorflow.python.ops import array_ops\nimport tensorflowish\nfrom . import tensorflow\n",
+        "tasks/__init__.py": "",
+        "tasks/span.py": "from bertjax.text import tf_cpu\n\ntf = tf_cpu.import_tensorflow()\n",  # the right way
+    })
+    problems = tensorflow_import_problems(tmp_path)
+    assert [p.split(": ")[0] for p in problems] == [
+        "bertjax/data/reader.py:1", "bertjax/data/tfds.py:2", "bertjax/models/export.py:1"], problems
+    assert "imports tensorflow.python.ops: get it through bertjax/text/tf_cpu.py" in problems[2]

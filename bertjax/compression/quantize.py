@@ -38,6 +38,10 @@ import qwix
 from qwix._src.core import qarray
 from qwix._src.providers import ptq
 
+from bertjax.models import bert as bert_model
+from bertjax.models import heads
+from bertjax.tasks import kinds
+
 WEIGHTS, DYNAMIC = "int8-weights", "int8-dynamic"
 DEFAULT = DYNAMIC  # faster than weight-only on CPU, as accurate (docs/performance.md)
 MODES = ("int8", WEIGHTS, DYNAMIC)
@@ -181,9 +185,6 @@ def quantize_model(config, params: dict, task, mode: str):
     params for a fine-tuned model (task: its checkpoint's task record), else BertForPreTraining's (the
     heads it has). A scanned encoder is unrolled first: its params are then one kernel per layer, each
     with its own scales, as the unrolled network reads them."""
-    from bertjax.models import bert as bert_model
-    from bertjax.models import heads
-
     if config.scan_layers:
         params = {**params, "bert": {**params["bert"],
                                      "encoder": bert_model.unstack_layers(params["bert"]["encoder"], config)}}
@@ -193,8 +194,6 @@ def quantize_model(config, params: dict, task, mode: str):
         batch = bert_model.dummy_batch(1, 2, 1)
         init_args = (batch["input_ids"], batch["segment_ids"], batch["input_mask"], batch["masked_lm_positions"])
     else:
-        from bertjax.tasks import kinds
-
         if task.feature_based:
             raise ValueError("quantize: the feature-based tagger (a BiLSTM on frozen features) is not quantised; "
                              "load it without quantize")

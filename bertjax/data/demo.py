@@ -23,6 +23,7 @@ import sys
 import sysconfig
 import textwrap
 from collections.abc import Iterator
+from pydoc_data.topics import topics
 
 from bertjax.text import files
 from bertjax.text.sentences import split_sentences
@@ -115,8 +116,6 @@ def _build_demo_corpus() -> tuple[tuple[str, ...], ...]:
 
 
 def _reference_manual_documents() -> Iterator[list[str]]:
-    from pydoc_data.topics import topics  # data module only: no side effects on import
-
     for name in sorted(topics):
         if sentences := _prose_sentences(topics[name]):
             yield sentences

@@ -20,8 +20,9 @@ from pathlib import Path
 
 import ml_dtypes
 import numpy as np
+import safetensors.numpy  # numpy flavour: no torch
 
-
+from bertjax.interop import hf_tokenizer
 from bertjax.models.config import BertConfig
 
 log = logging.getLogger(__name__)
@@ -143,8 +144,6 @@ def read_torch_state_dict(path: str | os.PathLike) -> dict[str, np.ndarray]:
 
 
 def read_safetensors(path: Path) -> dict[str, np.ndarray]:
-    import safetensors.numpy  # numpy flavour: no torch
-
     return safetensors.numpy.load_file(str(path))
 
 
@@ -204,8 +203,6 @@ def write_directory(path, cfg: BertConfig, state: dict[str, np.ndarray], hf_conf
                     vocab_path, lower_case: bool, tokenizer_json: bool):
     """config.json, model.safetensors and the optional WordPiece vocabulary of a transformers model
     directory; tokenizer_json: the vocabulary as a tokenizer.json too (the family's Family.tokenizer_json)."""
-    import safetensors.numpy
-
     path = Path(path)
     path.mkdir(parents=True, exist_ok=True)
     dtypes = {str(x.dtype) for x in state.values()}
@@ -227,8 +224,6 @@ def write_directory(path, cfg: BertConfig, state: dict[str, np.ndarray], hf_conf
         if tokenizer_json:
             # AutoTokenizer takes tokenizer_class over RoBERTa's and ALBERT's own, but for ModernBERT's
             # model_type it reads tokenizer.json only, with the special tokens named here.
-            from bertjax.interop import hf_tokenizer
-
             hf_tokenizer.write_wordpiece_tokenizer(str(path / "vocab.txt"), lower_case, str(path))
             tokenizer_config.update(unk_token="[UNK]", sep_token="[SEP]", pad_token="[PAD]", cls_token="[CLS]",
                                     mask_token="[MASK]")

@@ -15,6 +15,8 @@ import os
 def write_wordpiece_tokenizer(vocab_path: str, lower_case: bool, directory: str) -> None:
     """tokenizer.json of a WordPiece vocab.txt: what transformers' BertTokenizer builds from it (BERT's
     normaliser and pre-tokenizer, ## pieces, [CLS] A [SEP] (B [SEP]) with segments 0 and 1)."""
+    # Here, not at the top: the tokenizers library is no dependency of bertjax (it comes with transformers),
+    # and only writing a tokenizer.json needs it.
     from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors
 
     with open(vocab_path, encoding="utf-8") as f:  # text mode: lines end at \n, \r\n or \r, as for transformers
@@ -37,10 +39,13 @@ def write_sentencepiece_tokenizer(tokenizer, model_path: str, directory: str, mo
     """tokenizer.json and tokenizer_config.json for `tokenizer` (a SentencePieceTokenizer) in `directory`;
     model_input_names: what the model's forward takes (hf_files.model_input_names)."""
     try:
+        # The tokenizers library is no dependency of bertjax (see write_wordpiece_tokenizer).
         from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, processors
     except ImportError:
         raise ValueError("exporting a SentencePiece tokenizer to Hugging Face needs the `tokenizers` package: "
                          "pip install tokenizers") from None
+    # Here, not at the top: generated protobuf code checks the installed protobuf's version when imported,
+    # and interop (this module through hf_files) is on every path, the accelerator hosts' benchmark's too.
     from sentencepiece import sentencepiece_model_pb2
 
     proto = sentencepiece_model_pb2.ModelProto()

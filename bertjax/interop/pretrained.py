@@ -11,8 +11,10 @@ import dataclasses
 import json
 from typing import Any
 
+import jax
 import numpy as np
 from etils import epath
+from flax import traverse_util
 
 from bertjax.interop import hf, hf_files
 from bertjax.models import bert as bert_model
@@ -40,7 +42,7 @@ class TokenizerFiles:
     lower_case: bool
 
     def load(self):
-        from bertjax.text import tokenizers
+        from bertjax.text import tokenizers  # imports TensorFlow: the init-from is read without it (synthetic runs)
 
         return tokenizers.load_tokenizer(self.kind, self.vocab_path, lower_case=self.lower_case)
 
@@ -126,8 +128,6 @@ def _placed(params, abstract_params):
     """Host params onto the devices as abstract_params shard them (None: left where they are)."""
     if abstract_params is None:
         return params
-    import jax
-
     return jax.device_put(params, jax.tree_util.tree_map(lambda a: a.sharding, abstract_params))
 
 
@@ -165,8 +165,6 @@ def _export_meta(path: str, what: str) -> CheckpointMeta:
 
 
 def _from_params_export(path: str, what: str, model_overrides: dict, abstract_params, quantized: bool) -> Pretrained:
-    from flax import traverse_util
-
     meta = _export_meta(path, what)
     if meta.quantize and not quantized:
         raise ValueError(f"{what}={path} is an int8 params export ({meta.quantize}): start from the float "
@@ -183,8 +181,6 @@ def _from_params_export(path: str, what: str, model_overrides: dict, abstract_pa
 def _in_layout(params: dict, config: BertConfig) -> dict:
     """The export's params stored as the config asks (a run may store them otherwise than the exported
     one did): in its param_dtype, the layers stacked or not as config.scan_layers says."""
-    import jax
-
     params = jax.tree_util.tree_map(lambda x: np.asarray(x, config.param_dtype), params)
     encoder = params["bert"]["encoder"]
     if config.scan_layers == ("layers" in encoder):

@@ -44,6 +44,7 @@ import numpy as np
 
 from bertjax.models import bert as bert_model
 from bertjax.tasks import kinds
+from bertjax.text import tf_cpu
 
 MAX_MASKS = 8
 TOP_K = 5
@@ -125,9 +126,7 @@ PLATFORMS = ("cpu", "cuda")
 def export_savedmodel(bert, directory: str, max_seq_length: int | None = None) -> list[str]:
     """Writes the SavedModel of `bert` (a bertjax.load result) to `directory`; returns its signature names.
     max_seq_length: S; by default a fine-tuned model's own (what bertjax.load(...).predict uses), else 128."""
-    from bertjax.text import tf_cpu
-
-    tf = tf_cpu.import_tensorflow()
+    tf = tf_cpu.import_tensorflow()  # here, not at the top: the export program's other formats run without TF
     length = _sequence_length(bert, max_seq_length)
     module = _weights_and_tokenizer(tf, bert)
     signatures = {"encode": _encode_signature(tf, module, bert, length)}
@@ -161,7 +160,7 @@ def _weights_and_tokenizer(tf, bert):
 
 def _to_tf(fn, *shapes: str):
     """`fn(params, *arrays)` as a TF function, the batch size free; shapes: each array's polymorphic shape."""
-    from jax.experimental import jax2tf
+    from jax.experimental import jax2tf  # imports TensorFlow: only after tf_cpu (export_savedmodel), never at the top
 
     return jax2tf.convert(fn, polymorphic_shapes=[None, *shapes], with_gradient=False,
                           native_serialization_platforms=PLATFORMS)

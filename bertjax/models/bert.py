@@ -39,76 +39,109 @@ class Encoder(nn.Module):
     def __call__(self, x, padding, deterministic: bool, output_hidden_states: bool = False, rows=None,
                  head_mask=None):
         cfg = self.config
-        layer_mask = lambda i: None if head_mask is None else head_mask[i, :cfg.heads_of(i)]  # noqa: E731
-        # The scanned layers' rows of head_mask go in as a scanned argument (axis 0), or None broadcast.
-        mask_axis = nn.broadcast if head_mask is None else 0
+        block, scanned_block = self._blocks()
+        if cfg.scan_layers:
+            x, layer_outputs = self._scanned(block, scanned_block, x, padding, deterministic, output_hidden_states,
+                                             rows, head_mask)
+        else:
+            x, layer_outputs = self._unrolled(block, x, padding, deterministic, output_hidden_states, rows, head_mask)
+        if cfg.pre_layer_norm or cfg.norm_placement == "pre":
+            x = layers.layer_norm(cfg, "final_layer_norm")(x)
+        return x, layer_outputs
+
+    def _blocks(self):
+        """The block as the unrolled layers and as the scanned ones run it: rematerialised as
+        model.remat_policy says (under scan without prevent_cse)."""
+        cfg = self.config
         block = scanned_block = layers.TransformerBlock
         if cfg.remat_policy != "none":
             policy = REMAT_POLICIES[cfg.remat_policy]
             block = nn.remat(block, policy=policy, prevent_cse=True)
             # Under scan, CSE across iterations cannot happen, so prevent_cse (which costs speed) is off.
             scanned_block = nn.remat(scanned_block, policy=policy, prevent_cse=False)
+        return block, scanned_block
 
-        def stack(body, length: int, in_axes=nn.broadcast):
-            # All the stacked layers have one head count (BertConfig checks it): the last layer's.
-            heads = cfg.heads_of(cfg.num_layers - 1)
-            return nn.scan(body, variable_axes={"params": 0}, split_rngs={"params": True, "dropout": True},
-                           in_axes=in_axes, length=length, metadata_params={nn.PARTITION_NAME: "layers"},
-                           )(cfg, deterministic, output_hidden_states, heads=heads, name="layers")
+    def _layer_mask(self, head_mask, i: int):
+        """Layer i's row of head_mask, its own heads wide (None without a mask)."""
+        return None if head_mask is None else head_mask[i, :self.config.heads_of(i)]
 
-        if cfg.scan_layers:
-            unrolled, stacked = scanned_layout(cfg)
-            per_group = cfg.num_layers // cfg.num_groups
-            layer_outputs = []  # L x [B, S, H]
-            for i in range(unrolled):  # layer 0 of norm_placement="pre": it has no attention norm
-                last_rows = rows if i == cfg.num_layers - 1 else None
-                x, out = block(cfg, deterministic, output_hidden_states, cfg.is_local(i), i == 0,
-                               heads=cfg.heads_of(i), name=f"layers_{i}")(x, padding, last_rows,
-                                                                          head_mask=layer_mask(i))
-                layer_outputs.append(out)
-            stacked_mask = None if head_mask is None else head_mask[unrolled:, :cfg.heads_of(cfg.num_layers - 1)]
-            if per_group > 1:
-                if head_mask is not None:
-                    raise ValueError("head_mask is not supported with scanned ALBERT groups: set "
-                                     "model.scan_layers=False")
-                # ALBERT: a scan step per group, whose params an inner scan (params broadcast) applies L/G times.
-                repeat = nn.scan(scanned_block, variable_broadcast="params", split_rngs={"params": False, "dropout": True},
-                                 in_axes=nn.broadcast, length=per_group)
-                x, per_layer = stack(repeat, stacked)(x, padding)
-                if output_hidden_states:  # [G, L/G, B, S, H] -> [L, B, S, H]
-                    per_layer = per_layer.reshape((cfg.num_layers, *per_layer.shape[2:]))
-            elif stacked and alternates(cfg):
-                # Each step reads its layer's kind (scanned over) and selects by it: the band of its mask
-                # (XLA), one of two kernel calls (cuDNN), one of the two rotary tables computed here once.
-                is_local = jnp.asarray([cfg.is_local(i) for i in range(unrolled, cfg.num_layers)])  # [K] bool
-                tables = None
-                if cfg.position_embedding == "rotary":
-                    positions = jnp.arange(x.shape[1])[None] if padding.positions is None else padding.positions
-                    tables = layers.local_and_global_rotary_tables(cfg, positions)
-                # padding, rows (None), is_local, tables, head_mask
-                in_axes = (nn.broadcast, nn.broadcast, 0, nn.broadcast, mask_axis)
-                x, per_layer = stack(scanned_block, stacked, in_axes)(x, padding, None, is_local, tables,
-                                                                      stacked_mask)
-            elif stacked:
-                in_axes = (nn.broadcast, nn.broadcast, nn.broadcast, nn.broadcast, mask_axis)
-                x, per_layer = stack(scanned_block, stacked, in_axes)(x, padding, None, None, None, stacked_mask)
-            if stacked and output_hidden_states:
-                layer_outputs += list(per_layer)
-            if stacked and rows is not None:
-                x = jnp.take_along_axis(x, rows[..., None], axis=1)  # [B, Q, H]
-        else:
-            # ALBERT: layer i runs group i // (L / G)'s parameters; otherwise one group per layer.
-            per_group = cfg.num_layers // cfg.num_groups
-            blocks = [block(cfg, deterministic, output_hidden_states, cfg.is_local(g * per_group), g == 0,
-                            heads=cfg.heads_of_group(g), name=f"layers_{g}") for g in range(cfg.num_groups)]
-            layer_outputs = []
-            for i in range(cfg.num_layers):
-                last_rows = rows if i == cfg.num_layers - 1 else None
-                x, out = blocks[i // per_group](x, padding, last_rows, head_mask=layer_mask(i))
-                layer_outputs.append(out)
-        if cfg.pre_layer_norm or cfg.norm_placement == "pre":
-            x = layers.layer_norm(cfg, "final_layer_norm")(x)
+    def _unrolled(self, block, x, padding, deterministic, output_hidden_states, rows, head_mask):
+        """Every layer a call of its group's block (params layers_0 ... layers_{G-1})."""
+        cfg = self.config
+        # ALBERT: layer i runs group i // (L / G)'s parameters; otherwise one group per layer.
+        per_group = cfg.num_layers // cfg.num_groups
+        blocks = [block(cfg, deterministic, output_hidden_states, cfg.is_local(g * per_group), g == 0,
+                        heads=cfg.heads_of_group(g), name=f"layers_{g}") for g in range(cfg.num_groups)]
+        layer_outputs = []
+        for i in range(cfg.num_layers):
+            last_rows = rows if i == cfg.num_layers - 1 else None
+            x, out = blocks[i // per_group](x, padding, last_rows, head_mask=self._layer_mask(head_mask, i))
+            layer_outputs.append(out)
         return x, layer_outputs
+
+    def _scanned(self, block, scanned_block, x, padding, deterministic, output_hidden_states, rows, head_mask):
+        """The first U layers unrolled, then the K stacked parameter sets in one scan (scanned_layout)."""
+        cfg = self.config
+        unrolled, stacked = scanned_layout(cfg)
+        layer_outputs = []  # L x [B, S, H]
+        for i in range(unrolled):  # layer 0 of norm_placement="pre": it has no attention norm
+            last_rows = rows if i == cfg.num_layers - 1 else None
+            x, out = block(cfg, deterministic, output_hidden_states, cfg.is_local(i), i == 0,
+                           heads=cfg.heads_of(i), name=f"layers_{i}")(x, padding, last_rows,
+                                                                      head_mask=self._layer_mask(head_mask, i))
+            layer_outputs.append(out)
+        if cfg.num_layers // cfg.num_groups > 1 or stacked:
+            x, per_layer = self._scan(scanned_block, x, padding, deterministic, output_hidden_states, head_mask)
+        if stacked and output_hidden_states:
+            layer_outputs += list(per_layer)
+        if stacked and rows is not None:
+            x = jnp.take_along_axis(x, rows[..., None], axis=1)  # [B, Q, H]
+        return x, layer_outputs
+
+    def _scan(self, scanned_block, x, padding, deterministic, output_hidden_states, head_mask):
+        """The stacked layers as one scan: ALBERT's groups, layers alternating local and global attention,
+        or plain layers. Returns x and the per-layer outputs stacked on axis 0."""
+        cfg = self.config
+        unrolled, stacked = scanned_layout(cfg)
+        per_group = cfg.num_layers // cfg.num_groups
+        stacked_mask = None if head_mask is None else head_mask[unrolled:, :cfg.heads_of(cfg.num_layers - 1)]
+        # The scanned layers' rows of head_mask go in as a scanned argument (axis 0), or None broadcast.
+        mask_axis = nn.broadcast if head_mask is None else 0
+        if per_group > 1:
+            if head_mask is not None:
+                raise ValueError("head_mask is not supported with scanned ALBERT groups: set "
+                                 "model.scan_layers=False")
+            # ALBERT: a scan step per group, whose params an inner scan (params broadcast) applies L/G times.
+            repeat = nn.scan(scanned_block, variable_broadcast="params", split_rngs={"params": False, "dropout": True},
+                             in_axes=nn.broadcast, length=per_group)
+            x, per_layer = self._stack(repeat, stacked, deterministic, output_hidden_states)(x, padding)
+            if output_hidden_states:  # [G, L/G, B, S, H] -> [L, B, S, H]
+                per_layer = per_layer.reshape((cfg.num_layers, *per_layer.shape[2:]))
+            return x, per_layer
+        if alternates(cfg):
+            # Each step reads its layer's kind (scanned over) and selects by it: the band of its mask
+            # (XLA), one of two kernel calls (cuDNN), one of the two rotary tables computed here once.
+            is_local = jnp.asarray([cfg.is_local(i) for i in range(unrolled, cfg.num_layers)])  # [K] bool
+            tables = None
+            if cfg.position_embedding == "rotary":
+                positions = jnp.arange(x.shape[1])[None] if padding.positions is None else padding.positions
+                tables = layers.local_and_global_rotary_tables(cfg, positions)
+            # padding, rows (None), is_local, tables, head_mask
+            in_axes = (nn.broadcast, nn.broadcast, 0, nn.broadcast, mask_axis)
+            return self._stack(scanned_block, stacked, deterministic, output_hidden_states, in_axes)(
+                x, padding, None, is_local, tables, stacked_mask)
+        in_axes = (nn.broadcast, nn.broadcast, nn.broadcast, nn.broadcast, mask_axis)
+        return self._stack(scanned_block, stacked, deterministic, output_hidden_states, in_axes)(
+            x, padding, None, None, None, stacked_mask)
+
+    def _stack(self, body, length: int, deterministic, output_hidden_states, in_axes=nn.broadcast):
+        """`body` scanned `length` times, its params stacked on axis 0 under the name "layers"."""
+        cfg = self.config
+        # All the stacked layers have one head count (BertConfig checks it): the last layer's.
+        heads = cfg.heads_of(cfg.num_layers - 1)
+        return nn.scan(body, variable_axes={"params": 0}, split_rngs={"params": True, "dropout": True},
+                       in_axes=in_axes, length=length, metadata_params={nn.PARTITION_NAME: "layers"},
+                       )(cfg, deterministic, output_hidden_states, heads=heads, name="layers")
 
 
 class BertModel(nn.Module):

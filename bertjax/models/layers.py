@@ -297,21 +297,39 @@ class SelfAttention(nn.Module):
         # rope_tables: with is_local and rotary positions, local_and_global_rotary_tables(), of which it
         # selects one. head_mask: None or [N] float, each head's context multiplied by its entry.
         cfg = self.config
-        mask, lengths, positions = padding.mask, padding.lengths, padding.positions
         queries = x if queries is None else queries
-        rotary_positions = cfg.position_embedding == "rotary"
-        if is_local is not None and (self.local or queries is not x or (rotary_positions and rope_tables is None)):
+        if is_local is not None and (self.local or queries is not x
+                                     or (cfg.position_embedding == "rotary" and rope_tables is None)):
             raise ValueError("SelfAttention: a traced is_local needs every query row, local=False and the "
                              "rope_tables of rotary positions")
+        q, k, v, query_positions, key_positions, mask = self._qkv(x, queries, padding, rows, is_local, rope_tables)
+        if cfg.attention_impl == "splash" and queries is x:
+            # Segment ids and a static band, in the kernel's own form.
+            from bertjax.models import splash  # Pallas' TPU kernel, slow to load: only splash attention needs it
 
-        def project(name, source):
-            return HeadProjection(
-                cfg, (cfg.hidden_size, self.heads or cfg.num_heads, cfg.head_dim), ("embed", "heads", "kv"), 2,
-                "bsh,hnd->bsnd", name=name,
-            )(source)
+            window = cfg.local_attention_window // 2 if (self.local or is_local is not None) else 0
+            context = splash.splash_attention(q, k, v, padding.segments, half_window=window, is_local=is_local)
+            return self._output(context, head_mask)
+        lengths = padding.lengths
+        if self.local or is_local is not None:
+            mask = mask & self._band(query_positions, key_positions, is_local, x.shape[1])[:, None]  # [B, 1, Q, S]
+            lengths = None  # no longer padding alone
+        return self._output(self._attend(q, k, v, mask, lengths), head_mask)
 
-        q = project("query", queries)  # [B, Q, N, D]
-        k, v = project("key", x), project("value", x)  # each [B, S, N, D]
+    def _project(self, name: str, source):
+        """source [B, S, H] -> [B, S, N, D] by the projection `name` (query, key or value)."""
+        cfg = self.config
+        return HeadProjection(
+            cfg, (cfg.hidden_size, self.heads or cfg.num_heads, cfg.head_dim), ("embed", "heads", "kv"), 2,
+            "bsh,hnd->bsnd", name=name,
+        )(source)
+
+    def _qkv(self, x, queries, padding, rows, is_local, rope_tables):
+        """q [B, Q, N, D] and k, v [B, S, N, D] (rotary positions applied), the positions of the query rows
+        [B, Q] and of the keys [B, S], and the mask of the query rows."""
+        mask, positions = padding.mask, padding.positions
+        q = self._project("query", queries)  # [B, Q, N, D]
+        k, v = self._project("key", x), self._project("value", x)  # each [B, S, N, D]
         # Each token's position in its own sequence (packed rows restart at 0), at the keys and the queries.
         key_positions = jnp.broadcast_to(jnp.arange(x.shape[1]) if positions is None else positions, x.shape[:2])
         query_positions = key_positions
@@ -319,48 +337,49 @@ class SelfAttention(nn.Module):
             query_positions = jnp.take_along_axis(key_positions, rows, axis=1)  # [B, Q]
             if mask.shape[2] > 1:  # a mask per query (packed rows): the rows' own
                 mask = jnp.take_along_axis(mask, rows[:, None, :, None], axis=2)  # [B, 1, Q, S]
-        if rotary_positions and is_local is None:
-            # Local layers (and every layer when global_rotary_theta is 0) turn at rotary_theta.
-            theta = cfg.rotary_theta if self.local else (cfg.global_rotary_theta or cfg.rotary_theta)
-            q, k = rotary(q, theta, query_positions), rotary(k, theta, key_positions)
-        elif rotary_positions:  # one of the two tables the stack computed once
-            tables = jax.tree_util.tree_map(lambda a, b: jnp.where(is_local, a, b), *rope_tables)
-            q, k = apply_rotary(q, tables), apply_rotary(k, tables)
+        q, k = self._rotate(q, k, query_positions, key_positions, is_local, rope_tables)
         q = checkpoint_name(nn.with_logical_constraint(q, ("batch", "length", "heads", "kv")), "qkv")
         k = checkpoint_name(nn.with_logical_constraint(k, ("batch", "length", "heads", "kv")), "qkv")
         v = checkpoint_name(nn.with_logical_constraint(v, ("batch", "length", "heads", "kv")), "qkv")
+        return q, k, v, query_positions, key_positions, mask
 
-        if cfg.attention_impl == "splash" and queries is x:
-            # Segment ids and a static band, in the kernel's own form.
-            from bertjax.models import splash  # Pallas' TPU modules: imported only where used
+    def _rotate(self, q, k, query_positions, key_positions, is_local, rope_tables):
+        """q and k turned by their positions where the model's positions are rotary."""
+        cfg = self.config
+        if cfg.position_embedding != "rotary":
+            return q, k
+        if is_local is None:
+            # Local layers (and every layer when global_rotary_theta is 0) turn at rotary_theta.
+            theta = cfg.rotary_theta if self.local else (cfg.global_rotary_theta or cfg.rotary_theta)
+            return rotary(q, theta, query_positions), rotary(k, theta, key_positions)
+        # One of the two tables the stack computed once.
+        tables = jax.tree_util.tree_map(lambda a, b: jnp.where(is_local, a, b), *rope_tables)
+        return apply_rotary(q, tables), apply_rotary(k, tables)
 
-            window = cfg.local_attention_window // 2 if (self.local or is_local is not None) else 0
-            context = splash.splash_attention(q, k, v, padding.segments, half_window=window, is_local=is_local)
-            return self._output(context, head_mask)
-        if self.local or is_local is not None:
-            # A band |query - key| <= window / 2 (in positions: within one sequence they are its offsets;
-            # across sequences the mask already says no). A traced is_local widens it to everything on
-            # global layers: an iota compare that XLA fuses into the masking.
-            half = cfg.local_attention_window // 2
-            reach = half if is_local is None else jnp.where(is_local, half, x.shape[1])
-            band = jnp.abs(query_positions[:, :, None] - key_positions[:, None, :]) <= reach  # [B, Q, S]
-            mask = mask & band[:, None]  # [B, 1, Q, S]
-            lengths = None  # no longer padding alone
+    def _band(self, query_positions, key_positions, is_local, length: int):
+        """[B, Q, S] bool: |query - key| <= window / 2, in positions (within one sequence they are its
+        offsets; across sequences the mask already says no). A traced is_local widens it to everything on
+        global layers: an iota compare that XLA fuses into the masking."""
+        half = self.config.local_attention_window // 2
+        reach = half if is_local is None else jnp.where(is_local, half, length)
+        return jnp.abs(query_positions[:, :, None] - key_positions[:, None, :]) <= reach
+
+    def _attend(self, q, k, v, mask, lengths):
+        """The context [B, Q, N, D]: softmax(q k^T / sqrt(D)) v over the keys the mask lets each query see."""
+        cfg = self.config
         if self.deterministic or cfg.attention_dropout_rate == 0.0:
             use_lengths = cfg.attention_impl == "cudnn" and lengths is not None
             # The last layer's few query rows (output_rows) take XLA's form under splash: its tiles need all S.
-            context = fused_attention(q, k, v, mask=mask, kv_lengths=lengths if use_lengths else None,
-                                      implementation="xla" if cfg.attention_impl == "splash" else cfg.attention_impl)
-        else:
-            # jax.nn.dot_product_attention has no dropout on the attention probabilities, which BERT
-            # trains with (rate 0.1); this is the same computation with the dropout in the middle.
-            logits = jnp.einsum("bqnd,bknd->bnqk", q, k, preferred_element_type=jnp.float32)  # [B, N, Q, S]
-            logits = logits / np.sqrt(cfg.head_dim).astype(np.float32)
-            logits = jnp.where(mask, logits, jnp.finfo(jnp.float32).min)
-            probs = jax.nn.softmax(logits, axis=-1).astype(cfg.dtype)
-            probs = Dropout(cfg.attention_dropout_rate)(probs, deterministic=False)
-            context = jnp.einsum("bnqk,bknd->bqnd", probs, v)  # [B, Q, N, D]
-        return self._output(context, head_mask)
+            return fused_attention(q, k, v, mask=mask, kv_lengths=lengths if use_lengths else None,
+                                   implementation="xla" if cfg.attention_impl == "splash" else cfg.attention_impl)
+        # jax.nn.dot_product_attention has no dropout on the attention probabilities, which BERT
+        # trains with (rate 0.1); this is the same computation with the dropout in the middle.
+        logits = jnp.einsum("bqnd,bknd->bnqk", q, k, preferred_element_type=jnp.float32)  # [B, N, Q, S]
+        logits = logits / np.sqrt(cfg.head_dim).astype(np.float32)
+        logits = jnp.where(mask, logits, jnp.finfo(jnp.float32).min)
+        probs = jax.nn.softmax(logits, axis=-1).astype(cfg.dtype)
+        probs = Dropout(cfg.attention_dropout_rate)(probs, deterministic=False)
+        return jnp.einsum("bnqk,bknd->bqnd", probs, v)  # [B, Q, N, D]
 
     def _output(self, context, head_mask):
         cfg = self.config

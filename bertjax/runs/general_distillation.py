@@ -26,18 +26,7 @@ from bertjax.training.state import root_keys
 
 def distill(config, workdir: str, distributed: start.Distributed | None = None) -> None:
     """The whole run; raises start.Stopped when SIGTERM or Ctrl-C saved and stopped it."""
-    weights = distillation.LossWeights(**{k: float(config.distill[k]) for k in (
-        "temperature", "alpha_ce", "alpha_mlm", "alpha_cos", "alpha_nsp")})
-    distillation.check_objective(weights, config.data.objective)
-    layers = tuple(int(j) for j in config.distill.student_layers or ())
-    if layers and config.train.init_from:
-        raise ValueError("distill.student_layers and train.init_from both give the student's starting weights: "
-                         "set distill.student_layers=() to start from train.init_from")
-    extract_only = config.train.num_steps == 0  # the student as made from the teacher's layers, saved as is
-    if extract_only and not layers:
-        raise ValueError("train.num_steps=0 saves the student made from the teacher's layers: set "
-                         "distill.student_layers, or train.num_steps > 0")
-
+    weights, layers, extract_only = distill_settings(config)
     config, notes = check(config)  # every value, before anything is built
     with start.session(workdir, distributed):
         # ---------------------------------------------------------------- mesh
@@ -59,11 +48,7 @@ def distill(config, workdir: str, distributed: start.Distributed | None = None) 
         student = setup.bert_config
         bert.check_input_shapes(student, config.data.max_seq_length, config.data.max_predictions_per_seq)
         distillation.check_student(teacher.config, student, weights)
-        teacher_net = bert.BertForPreTraining(teacher.config)
-        example = bert.dummy_batch(1, config.data.max_seq_length, config.data.max_predictions_per_seq)
-        teacher_params = distillation.place_params(teacher_net, example, teacher.params, layout.mesh, layout.rules)
-        say(f"teacher: {config.distill.teacher}, {teacher.config.num_layers} layers, hidden "
-            f"{teacher.config.hidden_size}, {bert.count_params(teacher_params):,} parameters")
+        teacher_net, teacher_params = place_teacher(config, teacher, layout)
         say("student " + pretraining.describe_model(student, setup.abstract_state.params).removeprefix("model: "))
 
         # ---------------------------------------------------------------- restore: workdir > init_from > layers > scratch
@@ -83,11 +68,7 @@ def distill(config, workdir: str, distributed: start.Distributed | None = None) 
         stream = pretraining.open_stream(config, workdir, student, int(state.step), layout.data_sharding)
 
         # ---------------------------------------------------------------- jitted steps, the teacher an argument
-        loss_fn = functools.partial(distillation.pretraining_distillation_loss, net=setup.net,
-                                    teacher_net=teacher_net, weights=weights, objective=config.data.objective)
-        p_train_step = distillation.compile_step_with_teacher(
-            setup, loss_fn, teacher_params, layout.data_sharding, config.train.grad_accum_steps,
-            weights.mean_metrics(config.data.objective))
+        p_train_step = compile_step(config, setup, teacher_net, teacher_params, weights, layout.data_sharding)
         _, p_eval_step = setup.compile_steps(layout.data_sharding, config.train.grad_accum_steps)  # the student's MLM
 
         # ---------------------------------------------------------------- loop
@@ -98,6 +79,23 @@ def distill(config, workdir: str, distributed: start.Distributed | None = None) 
             save_extracted(run, state)
         else:
             pretraining.run_steps(run, state, p_train_step, dropout_key)
+
+
+def distill_settings(config) -> tuple[distillation.LossWeights, tuple[int, ...], bool]:
+    """The distill section read and checked: the loss weights, the teacher's layers the student starts from
+    (distill.student_layers; () for none), and whether the run only saves the student so made."""
+    weights = distillation.LossWeights(**{k: float(config.distill[k]) for k in (
+        "temperature", "alpha_ce", "alpha_mlm", "alpha_cos", "alpha_nsp")})
+    distillation.check_objective(weights, config.data.objective)
+    layers = tuple(int(j) for j in config.distill.student_layers or ())
+    if layers and config.train.init_from:
+        raise ValueError("distill.student_layers and train.init_from both give the student's starting weights: "
+                         "set distill.student_layers=() to start from train.init_from")
+    extract_only = config.train.num_steps == 0  # the student as made from the teacher's layers, saved as is
+    if extract_only and not layers:
+        raise ValueError("train.num_steps=0 saves the student made from the teacher's layers: set "
+                         "distill.student_layers, or train.num_steps > 0")
+    return weights, layers, extract_only
 
 
 def check(config):
@@ -127,6 +125,25 @@ def load_teacher(config) -> pretrained.Pretrained:
         raise ValueError(f"distill.teacher={path} has no trained masked-LM head ({untrained[0]}, ...): give a "
                          "checkpoint with its pretraining heads (BertForPreTraining / BertForMaskedLM)")
     return teacher
+
+
+def place_teacher(config, teacher: pretrained.Pretrained, layout: start.Layout):
+    """The teacher's network, and its params placed on the mesh as the student's rules shard them."""
+    teacher_net = bert.BertForPreTraining(teacher.config)
+    example = bert.dummy_batch(1, config.data.max_seq_length, config.data.max_predictions_per_seq)
+    teacher_params = distillation.place_params(teacher_net, example, teacher.params, layout.mesh, layout.rules)
+    say(f"teacher: {config.distill.teacher}, {teacher.config.num_layers} layers, hidden "
+        f"{teacher.config.hidden_size}, {bert.count_params(teacher_params):,} parameters")
+    return teacher_net, teacher_params
+
+
+def compile_step(config, setup, teacher_net, teacher_params, weights: distillation.LossWeights, data_sharding):
+    """The jitted train step of the student, the teacher's params an argument of it (not trained, not saved)."""
+    loss_fn = functools.partial(distillation.pretraining_distillation_loss, net=setup.net,
+                                teacher_net=teacher_net, weights=weights, objective=config.data.objective)
+    return distillation.compile_step_with_teacher(
+        setup, loss_fn, teacher_params, data_sharding, config.train.grad_accum_steps,
+        weights.mean_metrics(config.data.objective))
 
 
 def check_student_vocabulary(config) -> None:

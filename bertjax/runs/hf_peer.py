@@ -42,7 +42,7 @@ class HFStep:
 
     def __init__(self, hf_config: dict, batches: list, device: str = "cpu", compile: bool = False):
         import torch  # optional: the benchmark's peer only
-        import transformers
+        import transformers  # optional, as torch
 
         self.torch, self.device, self.compiled = torch, device, compile
         self.name = "HF compiled" if compile else "HF eager"

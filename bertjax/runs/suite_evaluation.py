@@ -15,7 +15,7 @@ import os
 from bertjax.compression import quantize
 from bertjax.runs import compression_report, finetuning
 from bertjax.tasks import registry
-from bertjax.text import files
+from bertjax.text import files, tf_cpu
 from configs.finetune import cola, conll2003, mnli, mrpc, qnli, qqp, rte, squad, squad_v2, sst2, stsb
 
 
@@ -63,7 +63,7 @@ ALL = ("glue", "squad", "conll")
 
 def available(task_name: str, data_dir: str | None) -> str | None:
     """None when TFDS has the task's data prepared, else why not (what to run)."""
-    import tensorflow_datasets as tfds  # imports TensorFlow: only when asked which tasks have their data
+    tfds = tf_cpu.import_tensorflow_datasets()  # here: TFDS is slow to load, and only this question needs it
 
     name = registry.TASKS[task_name].tfds_name
     if tfds.builder(name, data_dir=data_dir).is_prepared():

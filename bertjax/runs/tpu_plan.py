@@ -95,7 +95,7 @@ def parse_topology(name: str) -> Topology:
 
 def topology_devices(topology: Topology) -> list:
     """Compile-only devices of the slice (libtpu); nothing runs on them."""
-    from jax.experimental import topologies
+    from jax.experimental import topologies  # the TPU planner's alone: compiles for libtpu's devices
 
     for name, value in LIBTPU_ENV.items():  # read by libtpu when it loads, just below
         os.environ.setdefault(name, value)

@@ -6,7 +6,8 @@ A pair too long for max_seq_length is cut from the end of the longer segment, on
 (google-research/bert's _truncate_seq_pair), so a short segment keeps all of its tokens. A multiple-
 choice example is its context paired with each choice in turn: [C, S] per example.
 
-A set is tokenized once, whole (fine-tuning sets are small); TF runs only the tokenizer.
+A set is tokenized once, whole (fine-tuning sets are small); TF runs only the tokenizer
+(its encode_arrays): this module imports no TensorFlow, so the task kinds import it freely.
 
 Features (N examples, C choices, S max_seq_length):
   input_ids, segment_ids, input_mask  int32 [N, S] ([N, C, S] for multiple choice)
@@ -19,12 +20,6 @@ import numpy as np
 
 from bertjax.tasks import registry
 from bertjax.tasks.examples import ChoiceExample, Example
-from bertjax.text import tf_cpu
-
-tf = tf_cpu.import_tensorflow()
-
-# Texts per tokenizer call: bounds the memory of one ragged batch on the largest sets (QQP, MNLI).
-_TOKENIZE_CHUNK = 8192
 
 
 def truncated_lengths(len_a, len_b, max_length):
@@ -70,17 +65,6 @@ def encode_pair(ids_a, ids_b, max_seq_length: int, cls_id: int, sep_id: int, pad
     return {"input_ids": input_ids, "segment_ids": segment_ids, "input_mask": input_mask}
 
 
-def tokenize_all(tokenizer, texts: list[str]) -> list[np.ndarray]:
-    """Every text's token ids (no special tokens), in chunks through the tokenizer's TF ops."""
-    out = []
-    for start in range(0, len(texts), _TOKENIZE_CHUNK):
-        ragged = tokenizer.tokenize(tf.constant(texts[start:start + _TOKENIZE_CHUNK], tf.string))
-        flat = ragged.flat_values.numpy().astype(np.int32)
-        splits = ragged.row_splits.numpy()
-        out.extend(flat[splits[i]:splits[i + 1]] for i in range(len(splits) - 1))
-    return out
-
-
 def _labels(task: registry.Task, examples) -> np.ndarray:
     if task.kind == registry.REGRESSION:
         return np.array([np.nan if e.label is None else e.label for e in examples], np.float32)
@@ -101,8 +85,8 @@ def featurize(examples: list, task: registry.Task, tokenizer, max_seq_length: in
         if wrong is not None:
             raise ValueError(f"task {task.name}: example {wrong.idx} has {len(wrong.choices)} choices, "
                              f"expected {task.num_choices}")
-        contexts = tokenize_all(tokenizer, [e.context for e in examples])
-        choices = tokenize_all(tokenizer, [c for e in examples for c in e.choices])
+        contexts = tokenizer.encode_arrays([e.context for e in examples])
+        choices = tokenizer.encode_arrays([c for e in examples for c in e.choices])
         rows, c = [], 0
         for e, context in zip(examples, contexts):
             rows.append([encode_pair(context, choices[c + k], max_seq_length, **special)
@@ -113,9 +97,9 @@ def featurize(examples: list, task: registry.Task, tokenizer, max_seq_length: in
     else:
         if not all(isinstance(e, Example) for e in examples):
             raise ValueError(f"task {task.name} takes sentences and pairs: expected Examples")
-        texts = tokenize_all(tokenizer, [e.text for e in examples])
+        texts = tokenizer.encode_arrays([e.text for e in examples])
         pair_at = [i for i, e in enumerate(examples) if e.text_pair is not None]
-        pair_ids = dict(zip(pair_at, tokenize_all(tokenizer, [examples[i].text_pair for i in pair_at])))
+        pair_ids = dict(zip(pair_at, tokenizer.encode_arrays([examples[i].text_pair for i in pair_at])))
         rows = [encode_pair(a, pair_ids.get(i), max_seq_length, **special) for i, a in enumerate(texts)]
         features = {key: np.stack([r[key] for r in rows]) for key in ("input_ids", "segment_ids", "input_mask")}
     features["label"] = _labels(task, examples)

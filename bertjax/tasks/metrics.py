@@ -17,6 +17,8 @@ import string
 
 import numpy as np
 
+from bertjax.tasks import registry
+
 
 def accuracy(predictions, labels) -> float:
     predictions, labels = np.asarray(predictions), np.asarray(labels)
@@ -88,8 +90,6 @@ def task_metrics(task, predictions, labels) -> dict[str, float]:
     (example_weight 0) must be left out first. Span and tagging tasks score whole answers and
     sentences instead: squad_scores and entity_scores (bertjax.tasks.scoring calls them).
     """
-    from bertjax.tasks import registry
-
     if task.kind in (registry.SPAN, registry.TAGGING):
         raise ValueError(f"task {task.name} ({task.kind}): score it with squad_scores or entity_scores, "
                          "not task_metrics")

@@ -17,6 +17,7 @@ import os
 
 from bertjax.tasks import registry
 from bertjax.tasks.examples import ChoiceExample, Example
+from bertjax.text import tf_cpu
 
 
 def read_split(task: registry.Task, split: str, *, path: str | None = None, data_dir: str | None = None,
@@ -59,7 +60,7 @@ def check_tfds_split(task: registry.Task, split: str) -> None:
 
 def read_tfds(task: registry.Task, split: str, data_dir: str | None = None) -> list:
     """The examples of a TFDS split, in the dataset's `idx` order where it has one (GLUE)."""
-    import tensorflow_datasets as tfds  # imported here: JSON-lines users need not pay for it
+    tfds = tf_cpu.import_tensorflow_datasets()  # here: the task kinds import this module without TensorFlow
 
     check_tfds_split(task, split)
     ds = tfds.load(task.tfds_name, split=split, data_dir=data_dir, shuffle_files=False)

@@ -12,6 +12,7 @@ import numpy as np
 
 from bertjax.tasks import kinds, registry
 from bertjax.tasks.kinds.base import Scored, Split  # noqa: F401  (the records are the kinds'; named here too)
+from bertjax.text import files
 
 
 def score(task: registry.Task, split_name: str, split: Split, logits: np.ndarray, *, settings=None,
@@ -24,8 +25,6 @@ def score(task: registry.Task, split_name: str, split: Split, logits: np.ndarray
 
 def write_predictions(directory: str, scored: Scored) -> list[str]:
     """Writes a scored split's prediction files into `directory` (local or remote); returns their paths."""
-    from bertjax.text import files
-
     files.path(directory).mkdir(parents=True, exist_ok=True)
     written = []
     for name, text in scored.files.items():

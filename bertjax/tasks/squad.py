@@ -42,7 +42,8 @@ import unicodedata
 
 import numpy as np
 
-from bertjax.tasks import features as task_features
+from bertjax.text import tf_cpu
+
 
 V1 = "v1.1"
 V2 = "v2.0"
@@ -163,7 +164,7 @@ def read_tfds_squad(version: str, split: str, data_dir: str | None = None) -> li
     """TFDS squad/v1.1 or squad/v2.0. Training answers not found at their offsets are left out (a few
     in the published training set), as run_squad.py leaves them out; dev answers are only compared as
     text, so they all count."""
-    import tensorflow_datasets as tfds
+    tfds = tf_cpu.import_tensorflow_datasets()  # here: the task kinds import this module without TensorFlow
 
     name = f"squad/{version}"
     rows = list(tfds.as_numpy(tfds.load(name, split=split, data_dir=data_dir, shuffle_files=False)))
@@ -307,7 +308,7 @@ def tokenize_contexts(contexts: list[str], tokenizer) -> dict[str, _Context]:
     distinct = list(dict.fromkeys(contexts))
     split = [split_words(c) for c in distinct]
     all_words = [w for words, _ in split for w in words]
-    word_ids = task_features.tokenize_all(tokenizer, all_words) if all_words else []
+    word_ids = tokenizer.encode_arrays(all_words) if all_words else []
     kind = getattr(tokenizer, "kind", "wordpiece")
     out, w = {}, 0
     for context, (words, spans) in zip(distinct, split):
@@ -373,7 +374,7 @@ def featurize_squad(examples: list[SquadExample], tokenizer, settings: Settings)
         raise ValueError("no questions to featurize")
     seq = settings.max_seq_length
     contexts = tokenize_contexts([e.context for e in examples], tokenizer)
-    questions = task_features.tokenize_all(tokenizer, [e.question for e in examples])
+    questions = tokenizer.encode_arrays([e.question for e in examples])
     rows = collections.defaultdict(list)
     for number, (example, question) in enumerate(zip(examples, questions)):
         question = np.asarray(question[:settings.max_query_length], np.int32)

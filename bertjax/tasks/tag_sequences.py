@@ -29,8 +29,8 @@ import re
 
 import numpy as np
 
-from bertjax.tasks import features as task_features
 from bertjax.tasks.registry import CONLL2003_TAGS  # TFDS conll2003's ClassLabel order, as BIO
+from bertjax.text import tf_cpu
 
 __all__ = ["CONLL2003_TAGS", "TagExample", "to_bio", "read_conll", "read_tfds_conll", "featurize_tagging",
            "tags_from_predictions"]
@@ -158,7 +158,7 @@ def read_tfds_conll(split: str, data_dir: str | None = None) -> list[TagExample]
     dataset version cannot silently swap tags. Empty sentences (TFDS's generator may yield one at the
     end of a file) are skipped.
     """
-    import tensorflow_datasets as tfds  # imported here: users of their own files need not pay for it
+    tfds = tf_cpu.import_tensorflow_datasets()  # here: the task kinds import this module without TensorFlow
 
     ds, info = tfds.load("conll2003", split=split, data_dir=data_dir, shuffle_files=False, with_info=True)
     names = info.features["ner"].feature.names
@@ -224,7 +224,7 @@ def featurize_tagging(examples: list[TagExample], labels: tuple[str, ...], token
     room = max_seq_length - 2
     unk = np.array([tokenizer.unk_id], np.int32)
     pieces = [p[:room] if len(p) else unk
-              for p in task_features.tokenize_all(tokenizer, [w for e in examples for w in e.words])]
+              for p in tokenizer.encode_arrays([w for e in examples for w in e.words])]
     rows = []  # (example, its first word's place in `pieces`, first word, stop word)
     w = 0
     for e in examples:

@@ -163,7 +163,7 @@ def _split_at_script_ends(piece: str) -> list[str]:
 
 def _blingfire():
     try:
-        import blingfire
+        import blingfire  # an optional dependency (the multilingual extra): only this splitter needs it
     except ImportError:
         # A ValueError, as for any other setting the programs report in one line.
         raise ValueError(

@@ -5,8 +5,11 @@ needs. Every module of the library that uses TensorFlow gets it here, at its top
 
     tf = tf_cpu.import_tensorflow()
 
-so that whichever of them is imported first, TensorFlow's GPUs are hidden before it can run an op; the
-model, the step and the synthetic data path import none of them (tests/test_layout.py).
+(tensorflow_text and TFDS, which import TensorFlow themselves, through import_tensorflow_text and
+import_tensorflow_datasets), so that whichever of them is imported first, TensorFlow's GPUs are hidden
+before it can run an op; the model, the step and the synthetic data path import none of them, and the
+few modules they do import that read TFDS on request call these inside the function that reads it
+(tests/test_layout.py).
 
 TensorFlow's native libraries also log their start-up (oneDNN and CPU-feature notices, a missing CUDA
 driver, a failed cuInit) straight to the process's stderr, whatever TF_CPP_MIN_LOG_LEVEL says. That start-up
@@ -83,3 +86,11 @@ def import_tensorflow_text():
     with start_up_noise_dropped():
         import tensorflow_text  # registers its ops with the TensorFlow imported just above
     return tensorflow_text
+
+
+def import_tensorflow_datasets():
+    """The tensorflow_datasets module, after import_tensorflow(): TFDS imports TensorFlow itself."""
+    import_tensorflow()
+    with start_up_noise_dropped():
+        import tensorflow_datasets  # imports TensorFlow, whose GPUs import_tensorflow() has just hidden
+    return tensorflow_datasets

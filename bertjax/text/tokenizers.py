@@ -18,6 +18,8 @@ those of the `sentencepiece` library itself. Vocabularies are learned by bertjax
 import re
 
 import numpy as np
+import sentencepiece
+from sentencepiece import sentencepiece_model_pb2
 
 from bertjax.text import tf_cpu
 
@@ -25,6 +27,9 @@ tf = tf_cpu.import_tensorflow()
 tf_text = tf_cpu.import_tensorflow_text()
 
 SPECIAL_TOKENS = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")
+# Texts per tokenizer call in encode_arrays: bounds the memory of one ragged batch on the largest
+# fine-tuning sets (QQP, MNLI).
+_ENCODE_CHUNK = 8192
 
 # HF's WordpieceTokenizer counts characters, not bytes; a UTF-8 character is at most 4 bytes,
 # so the byte limit handed to FastWordpieceTokenizer never fires before the character limit.
@@ -158,6 +163,17 @@ class Tokenizer:
             return []
         return self.tokenize(tf.constant(list(texts), tf.string)).to_list()
 
+    def encode_arrays(self, texts: list[str]) -> list[np.ndarray]:
+        """Every text's ids as int32 arrays (no special tokens), in chunks of _ENCODE_CHUNK texts: a whole
+        fine-tuning set at once (bertjax/tasks/features.py), one ragged batch's memory bounded."""
+        out = []
+        for start in range(0, len(texts), _ENCODE_CHUNK):
+            ragged = self.tokenize(tf.constant(texts[start:start + _ENCODE_CHUNK], tf.string))
+            flat = ragged.flat_values.numpy().astype(np.int32)
+            splits = ragged.row_splits.numpy()
+            out.extend(flat[splits[i]:splits[i + 1]] for i in range(len(splits) - 1))
+        return out
+
     def convert_ids_to_tokens(self, ids) -> list[str]:
         return [self.vocab[int(i)] for i in np.asarray(ids).reshape(-1)]
 
@@ -235,9 +251,6 @@ class SentencePieceTokenizer(Tokenizer):
     kind = "sentencepiece"  # its name for load_tokenizer and in checkpoints
 
     def __init__(self, model_path: str):
-        import sentencepiece
-        from sentencepiece import sentencepiece_model_pb2
-
         model_path = str(model_path)
         try:
             with tf.io.gfile.GFile(model_path, "rb") as f:

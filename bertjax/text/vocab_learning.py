@@ -27,6 +27,8 @@ import logging
 import os
 from typing import Iterable, Iterator, Mapping, Sequence
 
+import sentencepiece
+
 from bertjax.text import files, tf_cpu
 from bertjax.text.tokenizers import ALWAYS_SPLIT_CHAR, MAX_CHARS_PER_WORD, SPECIAL_TOKENS, basic_tokenize
 
@@ -245,8 +247,6 @@ def learn_sentencepiece_model(sentences: Iterable[str], vocab_size: int, out_pat
     [CLS]/[SEP]. vocab_size is a soft limit (hard_vocab_limit=False), so a small text gives a
     smaller model instead of an error. One thread and a fixed seed make it deterministic.
     """
-    import sentencepiece
-
     if vocab_size <= len(SPECIAL_TOKENS):
         raise ValueError(f"vocab_size {vocab_size} leaves no room beyond the special tokens")
     listing_path = (out_path[: -len(".model")] if out_path.endswith(".model") else out_path) + ".vocab"
@@ -287,8 +287,6 @@ def _sentencepiece_options(vocab_size: int, lower_case: bool) -> dict:
 def _train_sentencepiece(sentences: Iterable[str], options: dict) -> bytes:
     """The serialized model the trainer learns from the non-blank sentences; its failures raised as
     ValueError in one line, or as the exception reading the sentences raised."""
-    import sentencepiece
-
     # Written to memory, not to a model_prefix: the trainer records model_prefix inside the model,
     # which would make the bytes depend on where they are written.
     model = io.BytesIO()

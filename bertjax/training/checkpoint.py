@@ -20,6 +20,7 @@ import jax
 import orbax.checkpoint as ocp
 from absl import logging
 from etils import epath
+from jax.experimental import multihost_utils
 
 from bertjax.text import files
 from bertjax.training.checkpoint_meta import CheckpointMeta
@@ -204,8 +205,6 @@ class Checkpointer:
             if src.exists():
                 src.rename(dst)
         if jax.process_count() > 1:
-            from jax.experimental import multihost_utils
-
             multihost_utils.sync_global_devices(f"bertjax-set-aside-{step}")
         self.manager.reload()
 

@@ -54,18 +54,9 @@ def train_flops_per_token(
     """
     F = 4 * hidden_size if intermediate_size is None else intermediate_size
     E = hidden_size if embedding_size is None else embedding_size
-    if min(num_layers, hidden_size, seq_len, vocab_size, F, E) <= 0:
-        raise ValueError(
-            f"model dimensions must be positive: num_layers={num_layers}, hidden_size={hidden_size}, "
-            f"seq_len={seq_len}, vocab_size={vocab_size}, intermediate_size={F}, embedding_size={E}"
-        )
-    if not 0.0 <= predicted_fraction <= 1.0:
-        raise ValueError(f"predicted_fraction={predicted_fraction} must lie in [0, 1]")
-    if not 0 <= local_layers <= num_layers or local_attention_window < 0:
-        raise ValueError(f"local_layers={local_layers} must lie in [0, num_layers={num_layers}] and "
-                         f"local_attention_window={local_attention_window} must be >= 0")
-    if local_layers and not local_attention_window:
-        raise ValueError(f"local_layers={local_layers} needs a local_attention_window > 0")
+    _check_arguments(dict(num_layers=num_layers, hidden_size=hidden_size, seq_len=seq_len, vocab_size=vocab_size,
+                          intermediate_size=F, embedding_size=E), predicted_fraction, local_layers,
+                     local_attention_window)
     L, H, S, V = num_layers, hidden_size, seq_len, vocab_size
     mlp = H * F * (2 if gated else 1) + F * H
     dense = 6 * L * (4 * H * H + mlp)
@@ -74,6 +65,21 @@ def train_flops_per_token(
     attention = 12 * H * ((L - local_layers) * S + local_layers * local_keys)
     mlm_head = 6 * predicted_fraction * (H * E + E * V)
     return float(dense + projection + attention + mlm_head)
+
+
+def _check_arguments(dimensions: dict, predicted_fraction: float, local_layers: int, local_attention_window: int):
+    """train_flops_per_token's arguments, each problem one ValueError line."""
+    if min(dimensions.values()) <= 0:
+        raise ValueError("model dimensions must be positive: "
+                         + ", ".join(f"{name}={value}" for name, value in dimensions.items()))
+    if not 0.0 <= predicted_fraction <= 1.0:
+        raise ValueError(f"predicted_fraction={predicted_fraction} must lie in [0, 1]")
+    num_layers = dimensions["num_layers"]
+    if not 0 <= local_layers <= num_layers or local_attention_window < 0:
+        raise ValueError(f"local_layers={local_layers} must lie in [0, num_layers={num_layers}] and "
+                         f"local_attention_window={local_attention_window} must be >= 0")
+    if local_layers and not local_attention_window:
+        raise ValueError(f"local_layers={local_layers} needs a local_attention_window > 0")
 
 
 def config_flops_per_token(model, seq_len: int, predicted_fraction: float) -> float:

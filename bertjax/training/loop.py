@@ -10,6 +10,8 @@ from typing import Any, Callable, Iterator, Sequence
 import jax
 import jax.numpy as jnp
 
+from bertjax.training import writers
+
 
 @dataclasses.dataclass
 class Hooks:
@@ -71,8 +73,6 @@ def _stop_requested(hooks: Hooks, step: int) -> bool:
 
 
 def _run_steps(state, step_fn, batches, dropout_key, steps: LoopSteps, hooks: Hooks, clock):
-    from bertjax.training import writers  # the timer; writers itself imports nothing heavy
-
     add_sums = jax.jit(functools.partial(jax.tree_util.tree_map, jnp.add))  # one dispatch, not one per metric
     timer = writers.StepTimer(steps.total, start_step=steps.start, clock=clock)
     window, window_start = None, steps.start

@@ -6,6 +6,7 @@ import sys
 
 import jax
 import numpy as np
+from jax.experimental import multihost_utils
 
 
 class Preemption:
@@ -65,12 +66,8 @@ class Preemption:
     def should_stop(self, step: int) -> bool:
         """Called after every step, on every process, with the same step numbers."""
         if self._synced:
-            from jax.experimental import multihost_utils
-
             return multihost_utils.reached_preemption_sync_point(step)
         if jax.process_count() == 1:
             return self.requested is not None
         # Several processes without the preemption service (jax_enable_preemption_service=False).
-        from jax.experimental import multihost_utils
-
         return bool(np.any(multihost_utils.process_allgather(np.array(self.requested is not None))))

@@ -197,7 +197,7 @@ class _RemoteRecordWriterFactory:
 
 
 def _register_remote_event_files(directory: str) -> None:
-    from tensorboardX import record_writer
+    from tensorboardX import record_writer  # imports torch: at first use (EventFileWriter)
 
     record_writer.register_writer_factory(directory.split("://", 1)[0], _RemoteRecordWriterFactory())
 
@@ -211,7 +211,7 @@ class EventFileWriter:
     """
 
     def __init__(self, directory: str):
-        from tensorboardX.event_file_writer import EventsWriter
+        from tensorboardX.event_file_writer import EventsWriter  # imports torch: at first use (EventFileWriter)
 
         if files.is_remote(directory):
             _register_remote_event_files(directory)
@@ -228,7 +228,7 @@ class EventFileWriter:
 
     def add_summary(self, step: int, summary, wall_time: float | None = None) -> None:
         """Write one `Summary` protocol buffer (tensorboardX.proto.summary_pb2) as the event of `step`."""
-        from tensorboardX.proto.event_pb2 import Event
+        from tensorboardX.proto.event_pb2 import Event  # imports torch: at first use (EventFileWriter)
 
         wall_time = time.time() if wall_time is None else wall_time
         self._writer.write_event(Event(wall_time=wall_time, step=int(step), summary=summary))
@@ -237,7 +237,7 @@ class EventFileWriter:
     def add_session_start(self, step: int) -> None:
         """Mark a restart at `step`: TensorBoard drops what earlier files logged at this step and later,
         the steps a resumed run logs again."""
-        from tensorboardX.proto.event_pb2 import Event, SessionLog
+        from tensorboardX.proto.event_pb2 import Event, SessionLog  # imports torch: at first use (EventFileWriter)
 
         self._writer.write_event(Event(wall_time=time.time(), step=int(step),
                                        session_log=SessionLog(status=SessionLog.START)))
@@ -245,7 +245,7 @@ class EventFileWriter:
 
     def add_scalars(self, step: int, scalars: Mapping[str, float], wall_time: float | None = None) -> None:
         """All of a step's scalars in one event. Values beyond the float32 range become infinities."""
-        from tensorboardX.proto.summary_pb2 import Summary
+        from tensorboardX.proto.summary_pb2 import Summary  # imports torch: at first use (EventFileWriter)
 
         values = [Summary.Value(tag=tag, simple_value=float(value)) for tag, value in scalars.items()]
         self.add_summary(step, Summary(value=values), wall_time)
@@ -383,7 +383,7 @@ class MetricWriter:
         workdirs.write_config(self.workdir, config)
         if not self.tensorboard:
             return
-        from tensorboardX import summary
+        from tensorboardX import summary  # imports torch: at first use (EventFileWriter)
 
         text = json.dumps(config, indent=2, sort_keys=True, default=str)
         writer = self._event_writer(None)

@@ -47,8 +47,10 @@ def _remote_glob(pattern: str) -> list[str]:
 def pyarrow():
     """The pyarrow module with pyarrow.parquet loaded, or one line saying to install it."""
     try:
-        import pyarrow  # an optional dependency: only the table sources need it
-        import pyarrow.parquet  # noqa: F401 -- makes pyarrow.parquet an attribute
+        # Here, not at the top: only the table sources need pyarrow (slow to load), and the backends' table
+        # (data.backends) is imported by the synthetic data path, which should not pay for it.
+        import pyarrow
+        import pyarrow.parquet  # noqa: F401 -- as above; makes pyarrow.parquet an attribute
     except ImportError:
         raise ValueError("data.source='parquet' and 'hf_datasets' read through pyarrow: pip install pyarrow") from None
     return pyarrow

@@ -8,6 +8,7 @@ Hosts read the whole split; prepare's output shard k reads the k-th of N even sp
 from collections.abc import Callable, Iterable, Iterator
 
 from bertjax.data.backends.backend import Backend, BadRows, require_documents
+from bertjax.text import tf_cpu
 from bertjax.text.sentences import split_sentences
 
 
@@ -28,8 +29,10 @@ def read_tfds_documents(
     and prepared if it is not in `data_dir` yet) and its features checked now; examples are read
     lazily.
     """
-    import tensorflow as tf  # only this source needs TensorFlow and TFDS, which are slow to load
-    import tensorflow_datasets as tfds
+    # Here, not at the top: only this source needs TensorFlow and TFDS (slow to load), and the backends'
+    # table (data.backends) is imported by the synthetic data path, which must run without TensorFlow.
+    tf = tf_cpu.import_tensorflow()
+    tfds = tf_cpu.import_tensorflow_datasets()
 
     dataset = tfds.load(name, split=split, data_dir=data_dir, shuffle_files=False)
     spec = dataset.element_spec
@@ -67,7 +70,7 @@ def _name(settings) -> str:
 
 def shard_documents(settings, split, shard: int, num_shards: int, bad_rows: BadRows) -> Iterator[list[str]]:
     """Output shard `shard` of `num_shards`: the shard-th of num_shards even splits of the split."""
-    import tensorflow_datasets as tfds  # only this source needs TFDS, which is slow to load
+    tfds = tf_cpu.import_tensorflow_datasets()  # here: only this source needs TFDS (see read_tfds_documents)
 
     name = _name(settings)
     part = tfds.even_splits(settings.tfds_split, n=num_shards)[shard]

@@ -7,9 +7,11 @@ GLUE submission TSV, and the SavedModel's predict / predict_pair signatures.
 
 import functools
 
+import jax
 import numpy as np
 
 from bertjax.models import heads
+from bertjax.tasks import features, metrics, readers, submission
 from bertjax.tasks.kinds.base import Kind, Scored, Split, refuse_questions
 
 INPUT_KEYS = ("input_ids", "segment_ids", "input_mask")
@@ -17,22 +19,16 @@ INPUT_KEYS = ("input_ids", "segment_ids", "input_mask")
 
 def read(task, split: str, path: str | None = None, data_dir: str | None = None, labeled: bool = True) -> list:
     """JSON lines ({"text", "text_pair", "label"}; multiple choice {"context", "choices", "label"}), or TFDS."""
-    from bertjax.tasks import readers
-
     return readers.read_split(task, split, path=path, data_dir=data_dir, labeled=labeled)
 
 
 def featurize(task, examples: list, tokenizer, max_seq_length: int, settings=None) -> dict:
     """Examples (or ChoiceExamples) -> [CLS] A [SEP] B [SEP] features (bertjax/tasks/features.py)."""
-    from bertjax.tasks import features
-
     return features.featurize(examples, task, tokenizer, max_seq_length)
 
 
 def score(task, split_name: str, split: Split, logits: np.ndarray, settings=None, null_threshold: float = 0.0):
     """One prediction per example: the task's metrics (labeled splits) and its GLUE submission TSV."""
-    from bertjax.tasks import metrics, submission
-
     predictions = np.asarray(heads.predictions(logits, task.kind))
     found = metrics.task_metrics(task, predictions, split.features["label"]) if split.labeled else {}
     lines = submission.submission_lines(task, split.features["idx"], predictions)
@@ -41,8 +37,6 @@ def score(task, split_name: str, split: Split, logits: np.ndarray, settings=None
 
 def encode_texts(model, texts, text_pairs=None) -> dict:
     """Texts (and pairs) cut and padded as in training: input_ids, segment_ids, input_mask [B, S]."""
-    from bertjax.tasks import features
-
     tok, seq = model.tokenizer, int(model.task.max_seq_length)
     special = dict(cls_id=tok.cls_id, sep_id=tok.sep_id, pad_id=tok.pad_id)
     if text_pairs is not None and len(text_pairs) != len(texts):
@@ -74,8 +68,6 @@ def predict_value(model, texts=None, text_pairs=None, choices=None, questions=No
 
 
 def _softmax(logits):
-    import jax
-
     return jax.nn.softmax(logits, axis=-1)
 
 

@@ -4,14 +4,13 @@ one score per pair and a softmax over the C. Features and scoring are classifica
 import numpy as np
 
 from bertjax.models import heads
+from bertjax.tasks import features
 import bertjax.tasks.kinds.classification as classification
 from bertjax.tasks.kinds.base import Kind, refuse_questions
 
 
 def predict(model, texts=None, text_pairs=None, choices=None, questions=None, contexts=None) -> list[dict]:
     """texts are the contexts, choices one list per context -> {"label" (the choice's index), "scores"}."""
-    from bertjax.tasks import features
-
     refuse_questions(model.task.kind, questions, contexts)
     texts = [texts] if isinstance(texts, str) else list(texts)
     tok, seq = model.tokenizer, int(model.task.max_seq_length)

@@ -11,13 +11,13 @@ import json
 import numpy as np
 
 from bertjax.models import heads
+from bertjax.tasks import metrics, readers, squad
 from bertjax.tasks.kinds.base import Kind, Scored, Split
+from bertjax.text import tf_cpu
 
 
 def settings_from_config(config):
     """The windowing and decoding settings of a span config (configs/finetune/squad.py); None without them."""
-    from bertjax.tasks import squad
-
     if "answers" not in config:
         return None
     return squad.Settings(max_seq_length=config.data.max_seq_length, max_query_length=config.data.max_query_length,
@@ -27,8 +27,6 @@ def settings_from_config(config):
 
 def read(task, split: str, path: str | None = None, data_dir: str | None = None, labeled: bool = True) -> list:
     """SQuAD-format JSON, or the TFDS squad split of the task's version."""
-    from bertjax.tasks import readers, squad
-
     if path:
         return squad.read_squad_json(path, task.squad_version, labeled=labeled)
     readers.check_tfds_split(task, split)
@@ -37,15 +35,11 @@ def read(task, split: str, path: str | None = None, data_dir: str | None = None,
 
 def featurize(task, examples: list, tokenizer, max_seq_length: int, settings=None) -> dict:
     """SquadExamples -> one row per window (settings.max_seq_length, not max_seq_length, is the width)."""
-    from bertjax.tasks import squad
-
     return squad.featurize_squad(examples, tokenizer, settings)
 
 
 def score(task, split_name: str, split: Split, logits: np.ndarray, settings=None, null_threshold: float = 0.0):
     """Answers decoded over each question's windows; EM/F1 (and v2.0's threshold search); the JSON files."""
-    from bertjax.tasks import metrics, squad
-
     version = task.squad_version
     answers = squad.decode_answers(split.examples, split.features, logits[..., 0], logits[..., 1],
                                    settings or squad.Settings(), version, null_threshold)
@@ -73,8 +67,6 @@ def score(task, split_name: str, split: Split, logits: np.ndarray, settings=None
 def predict(model, texts=None, text_pairs=None, choices=None, questions=None, contexts=None) -> list[dict]:
     """questions=[...], contexts=[...] -> {"answer", "start", "end" (its characters in the context), "score"
     (its probability among the n-best)}; "" where a v2.0 model finds no answer (at its tuned threshold)."""
-    from bertjax.tasks import squad
-
     if questions is None or contexts is None:
         raise ValueError("predict for span QA needs questions=[...] and contexts=[...], one context per question")
     questions = [questions] if isinstance(questions, str) else list(questions)
@@ -103,14 +95,13 @@ def predict(model, texts=None, text_pairs=None, choices=None, questions=None, co
 
 def signatures(graph) -> dict:
     """answer(questions, contexts): the span QA signature described in savedmodel.py's docstring."""
-    import tensorflow_text as tf_text
-
     tf, tokenizer, task, length = graph.tf, graph.bert.tokenizer, graph.bert.task, graph.length
     settings = task.squad_settings or {}
     max_query, max_answer = int(settings.get("max_query_length", 64)), int(settings.get("max_answer_length", 30))
     threshold = float(task.null_threshold or 0.0) if task.squad_version == "v2.0" else None
     tf_span = graph.convert(heads.network("span", graph.bert.config))
-    words_of = tf_text.WhitespaceTokenizer()
+    # Called here, not at the top: the kinds are imported without TensorFlow (bertjax.load, the model).
+    words_of = tf_cpu.import_tensorflow_text().WhitespaceTokenizer()
 
     @tf.function(input_signature=[graph.text_spec(), graph.text_spec()], autograph=False)
     def answer(questions, contexts):

@@ -8,13 +8,12 @@ conlleval's input form (word, gold tag, predicted tag; a blank line between sent
 import numpy as np
 
 from bertjax.models import heads
+from bertjax.tasks import metrics, readers, tag_sequences
 from bertjax.tasks.kinds.base import Kind, Scored, Split, refuse_questions
 
 
 def read(task, split: str, path: str | None = None, data_dir: str | None = None, labeled: bool = True) -> list:
     """CoNLL columns, or TFDS conll2003."""
-    from bertjax.tasks import readers, tag_sequences
-
     if path:
         return tag_sequences.read_conll(path, task.labels, labeled=labeled)
     readers.check_tfds_split(task, split)
@@ -23,15 +22,11 @@ def read(task, split: str, path: str | None = None, data_dir: str | None = None,
 
 def featurize(task, examples: list, tokenizer, max_seq_length: int, settings=None) -> dict:
     """TagExamples -> rows of whole words, labels at each word's first piece (label_weight 1 there)."""
-    from bertjax.tasks import tag_sequences
-
     return tag_sequences.featurize_tagging(examples, task.labels, tokenizer, max_seq_length)
 
 
 def score(task, split_name: str, split: Split, logits: np.ndarray, settings=None, null_threshold: float = 0.0):
     """Entity-level precision, recall and F1 (labeled splits) and the conlleval columns."""
-    from bertjax.tasks import metrics, tag_sequences
-
     predicted = tag_sequences.tags_from_predictions(split.features, np.argmax(logits, axis=-1), task.labels,
                                               split.examples)
     found = {}
@@ -50,8 +45,6 @@ def score(task, split_name: str, split: Split, logits: np.ndarray, settings=None
 def predict(model, texts=None, text_pairs=None, choices=None, questions=None, contexts=None) -> list[dict]:
     """texts: sentences, each a list of words or a string split at whitespace -> {"tags" [(word, tag)],
     "entities" [{"type", "start", "end", "text"}]}, entity words [start, end)."""
-    from bertjax.tasks import metrics, tag_sequences
-
     refuse_questions(model.task.kind, questions, contexts)
     if texts is None:
         raise ValueError("predict for tagging needs texts: sentences, each a list of words or a string")
