@@ -17,6 +17,8 @@ import glob
 import logging
 import os
 
+from absl import logging as absl_logging  # light; and it must make the "absl" logger itself (its caller lookup)
+
 # What the TPU planner (runs/tpu_plan.py) sets too: no metadata server, one local worker.
 _NO_TPU_PROBE = {"TPU_SKIP_MDS_QUERY": "1", "TPU_ACCELERATOR_TYPE": "v4-8", "TPU_WORKER_HOSTNAMES": "localhost"}
 _ORBAX_UNASKED = ("was found in the checkpoint, but could not be restored",
@@ -34,7 +36,7 @@ def quiet_start_up() -> None:
     if not _has_tpu_chips() and not any(name in os.environ for name in _NO_TPU_PROBE):
         os.environ.update(_NO_TPU_PROBE)
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-    absl_logger = logging.getLogger("absl")
+    absl_logger = absl_logging.get_absl_logger()
     if not any(getattr(f, "drops_unasked_items", False) for f in absl_logger.filters):
         absl_logger.addFilter(_drop_unasked_items)
 

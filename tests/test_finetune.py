@@ -257,8 +257,10 @@ def test_a_missing_data_file_is_said_before_the_model_loads(tmp_path, missing):
     config = finetune_configs.finetune_config("classification")
     config.train.init_from = str(tmp_path / "no-model")
     config.data.update(labels=("no", "yes"), **data)
-    with pytest.raises(ValueError, match=r"^" + re.escape(f"{tmp_path / 'nowhere.jsonl'}: no such file") + "$"):
+    with pytest.raises(FileNotFoundError, match=r"^" + re.escape(f"data.{missing}={tmp_path / 'nowhere.jsonl'} does not "
+                                                                 "exist") + "$"):
         finetuning.finetune(config, str(tmp_path / "run"))
+    assert not (tmp_path / "run").exists()
 
 
 # --------------------------------------------------------------------------------------------------

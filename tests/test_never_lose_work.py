@@ -252,6 +252,7 @@ def test_prune_on_a_workdir_in_use_is_refused(tmp_path):
     config = classification.get_config()
     config.data.update(train=str(tmp_path / "train.jsonl"), validation=str(tmp_path / "train.jsonl"))
     config.train.init_from = str(tmp_path / "finetuned")
+    (tmp_path / "finetuned").mkdir()  # there (the checks before the run look), never read: the lock refuses first
     config.prune.heads = 1
     busy = tmp_path / "busy"
     with workdir.WorkdirLock(str(busy)):

@@ -32,7 +32,7 @@ from bertjax.models.config import BertConfig
 from bertjax.data import demo
 from bertjax.tasks import features
 from bertjax.text import vocab_learning as vocabularies
-from bertjax.training.checkpoint_meta import CheckpointMeta
+from bertjax.training.checkpoint_meta import CheckpointMeta, TaskRecord
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 ENV = {**os.environ, "PYTHONPATH": str(REPO), "XLA_FLAGS": FAST_COMPILE_FLAGS, "JAX_PLATFORMS": "cpu", "CUDA_VISIBLE_DEVICES": "",
@@ -126,8 +126,7 @@ def classifier(bert, kind="classification", labels=("no", "maybe", "yes")):
     net = heads.network(kind, bert.config, num_labels)
     params = nn.unbox(net.init(jax.random.key(1), **heads.dummy_inputs(kind, 1, 16))["params"])
     params = heads.with_pretrained_encoder(params, jax.device_get(bert.params))
-    task = {"name": "test", "kind": kind, "labels": list(labels) if num_labels else [], "num_choices": None,
-            "max_seq_length": S}
+    task = TaskRecord("test", kind, tuple(labels) if num_labels else (), None, S)
     return bertjax.inference.LoadedBert(bert.config, jax.device_get(params), bert.tokenizer, task=task)
 
 

@@ -35,12 +35,12 @@ def check_finetuning(config) -> tuple[ml_collections.ConfigDict, list[str]]:
     """A fine-tuning (or pruning) config: the model's compute fields, the train section, the starting model."""
     check_model_overrides(config.model)
     check_train(config.train)
+    for name in ("train", "validation", "test"):  # the user's files first: the likeliest slip
+        check_path(config.data.get(name), f"data.{name}")
     if not (config.train.init_from or config.get("init_from")):
         raise ValueError("config.train.init_from is required: a bertjax pretraining workdir or checkpoint, a params "
                          "export, or a Hugging Face directory")
     check_path(config.train.init_from or config.init_from, "train.init_from")
-    for name in ("train", "validation", "test"):
-        check_path(config.data.get(name), f"data.{name}")
     return config, []
 
 
