@@ -37,6 +37,7 @@ os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES", "0")
 import json  # noqa: E402
 import pathlib  # noqa: E402
 import shutil  # noqa: E402
+import time  # noqa: E402
 
 import filelock  # noqa: E402  (installed with transformers, which the test extra has)
 import pytest  # noqa: E402
@@ -67,8 +68,11 @@ def shared_directory(tmp_path_factory, name: str, build) -> pathlib.Path:
         if not done.exists():
             shutil.rmtree(path, ignore_errors=True)
             path.mkdir()
+            start = time.time()
             build(path)
             done.write_text(json.dumps(_files(path)))
+            with open(root / "shared-builds.log", "a") as log:  # what each took, for whoever times the suite
+                log.write(f"{name} {time.time() - start:.1f}s {os.environ.get('PYTEST_XDIST_WORKER', '')}\n")
     _SHARED[path] = json.loads(done.read_text())
     return path
 
@@ -96,7 +100,6 @@ def _shared_directories_stay_as_built():
 import runpy  # noqa: E402
 import subprocess  # noqa: E402
 import sys  # noqa: E402
-import time  # noqa: E402
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 
@@ -275,3 +278,34 @@ def pretrained(tmp_path_factory):
     dev_labels = [json.loads(line)["label"] for line in (root / "dev.jsonl").read_text(encoding="utf-8").splitlines()]
     return dict(workdir=str(root / "pretrained"), cfg=bert_model.BertConfig.from_dict(meta["model"]),
                 params=jax.tree_util.tree_map(np.asarray, params), files=files, dev_labels=dev_labels)
+
+
+def finetune_config(task, pretrained, **data):
+    """configs/finetune/<task> from `pretrained`, small: sequences of 48, batches of 16, 1 epoch."""
+    from configs.finetune import common as finetune_configs
+
+    config = finetune_configs.finetune_config(task)
+    config.train.init_from = pretrained["workdir"]
+    config.data.update(max_seq_length=48, **data)
+    config.train.update(batch_size=16, epochs=1.0)
+    config.optimizer.learning_rate = 1e-3
+    config.optimizer.bias_correction = True  # a random small model, a short run: see configs/tiny.py
+    config.logging.update(log_every=10, eval_batch_size=32)
+    return config
+
+
+@pytest.fixture(scope="session")
+def finetuned(pretrained, tmp_path_factory):
+    """The keyword classifier fine-tuned from `pretrained` for 4 epochs of its 500 training examples (125
+    steps) in-process as `python -m bertjax.finetune` runs it, made once per test run: {"workdir", "config",
+    "summary"}. Read-only: copy_of it to resume or change it."""
+    config = finetune_config("classification", pretrained, labels=("no", "yes"), **pretrained["files"])
+    config.train.epochs = 4.0
+
+    def build(root):
+        from bertjax.runs import finetuning
+
+        finetuning.finetune(config, str(root / "run"))
+
+    workdir = shared_directory(tmp_path_factory, "finetuned", build) / "run"
+    return dict(workdir=str(workdir), config=config, summary=json.loads((workdir / "summary.json").read_text()))

@@ -2,7 +2,6 @@
 SIGTERM, a broken checkpoint, NaN, bad settings, init_from, bertjax.load, and the tiny config learning."""
 
 import json
-import pathlib
 import runpy
 import signal
 import subprocess
