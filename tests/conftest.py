@@ -22,8 +22,291 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 os.environ.setdefault("CUDA_VISIBLE_DEVICES", "")
 # One persistent compilation cache for the whole run, shared by both xdist workers and every training
 # subprocess they start (which inherit this environment): the many short runs of the same small configs
-# compile the same programs, and compiling is most of their time.
+# compile the same programs, and compiling is most of their time. Every program, however quick to compile:
+# a program's first checkpoint alone compiles about a hundred small slicing programs.
 _RUN = os.environ.get("PYTEST_XDIST_TESTRUNUID") or str(os.getpid())
 os.environ.setdefault("JAX_COMPILATION_CACHE_DIR", os.path.join(tempfile.gettempdir(), f"bertjax-tests-jax-cache-{_RUN}"))
-os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0.5")
+os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
 os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES", "0")
+
+
+# ----------------------------------------------------------------------------------------------------
+# Directories made once per test run: trained workdirs and the like, which several tests read
+# ----------------------------------------------------------------------------------------------------
+
+import json  # noqa: E402
+import pathlib  # noqa: E402
+import shutil  # noqa: E402
+import time  # noqa: E402
+
+import filelock  # noqa: E402  (installed with transformers, which the test extra has)
+import pytest  # noqa: E402
+
+_SHARED: dict[pathlib.Path, dict] = {}  # this worker's shared directories -> their files as built
+
+
+def _run_directory(tmp_path_factory) -> pathlib.Path:
+    """The directory of this test run that every xdist worker sees: above each worker's own basetemp."""
+    base = tmp_path_factory.getbasetemp()
+    return base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
+
+
+def _files(path: pathlib.Path) -> dict:
+    return {str(p.relative_to(path)): [p.stat().st_size, p.stat().st_mtime_ns]
+            for p in sorted(path.rglob("*")) if p.is_file()}
+
+
+def shared_directory(tmp_path_factory, name: str, build) -> pathlib.Path:
+    """A directory that build(path) fills once per test run, in whichever xdist worker asks first (under
+    a file lock: the other waits, then reads what the first made). Tests only read it; one that would
+    change it (resume a workdir, break a checkpoint) copies it first (copy_of). Each worker checks at
+    its end that the directory is as built (a test that wrote into it would make the others' results
+    depend on the order they ran in)."""
+    root = _run_directory(tmp_path_factory)
+    path, done = root / f"shared-{name}", root / f"shared-{name}.done"
+    with filelock.FileLock(str(root / f"shared-{name}.lock")):
+        if not done.exists():
+            shutil.rmtree(path, ignore_errors=True)
+            path.mkdir()
+            start = time.time()
+            build(path)
+            done.write_text(json.dumps(_files(path)))
+            with open(root / "shared-builds.log", "a") as log:  # what each took, for whoever times the suite
+                log.write(f"{name} {time.time() - start:.1f}s {os.environ.get('PYTEST_XDIST_WORKER', '')}\n")
+    _SHARED[path] = json.loads(done.read_text())
+    return path
+
+
+def copy_of(path, destination) -> pathlib.Path:
+    """A copy of a shared directory that a test may change."""
+    return pathlib.Path(shutil.copytree(path, destination, symlinks=True))
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _shared_directories_stay_as_built():
+    yield
+    changed = {}
+    for path, built in _SHARED.items():
+        now = _files(path)
+        if now != built:
+            changed[str(path)] = sorted(k for k in set(now) | set(built) if now.get(k) != built.get(k))[:5]
+    assert not changed, f"tests changed shared directories (copy one before changing it): {changed}"
+
+
+# ----------------------------------------------------------------------------------------------------
+# Runs as the programs make them, in this process or as a command line
+# ----------------------------------------------------------------------------------------------------
+
+import runpy  # noqa: E402
+import subprocess  # noqa: E402
+import sys  # noqa: E402
+
+REPO = pathlib.Path(__file__).resolve().parents[1]
+
+
+def tiny_config(settings: dict, config_file: str = "configs/tiny.py"):
+    """A config file's config with settings {"section.key": value} set, as --config.section.key=value
+    sets them: what a test runs in this process through bertjax/runs, where config_flags(settings) is
+    the same run's command line."""
+    config = runpy.run_path(str(REPO / config_file))["get_config"]()
+    for key, value in settings.items():
+        section, name = key.split(".")
+        config[section][name] = value
+    return config
+
+
+def config_flags(settings: dict) -> list[str]:
+    return [f"--config.{key}={value}" for key, value in settings.items()]
+
+
+def program_env(**extra) -> dict:
+    """The environment of a program a test starts: this process's (its XLA flags, eight virtual devices
+    and compilation cache), so that the program compiles what a run in this process compiles and the two
+    agree bit for bit; this checkout's packages first."""
+    return {**os.environ, "PYTHONPATH": str(REPO), **extra}
+
+
+def run_program(module: str, *args, timeout=300, env=None, cwd=REPO) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", module, *map(str, args)], capture_output=True, text=True, cwd=cwd,
+                          timeout=timeout, env=env or program_env())
+
+
+def wait_for(predicate, proc, timeout=240):
+    """Until predicate() holds; fails (with the program's stderr) when the program ended first."""
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        if predicate():
+            return
+        if proc.poll() is not None:
+            raise AssertionError(f"the run ended early: {proc.stderr.read()[-2000:]}")
+        time.sleep(0.1)
+    raise AssertionError("timed out waiting for the run")
+
+
+def train_losses(workdir) -> dict:
+    """step -> training loss; a step logged twice (before a kill and after the resume) keeps the last."""
+    out = {}
+    for line in (pathlib.Path(workdir) / "metrics.jsonl").read_text().splitlines():
+        record = json.loads(line)
+        if "split" not in record:
+            out[record["step"]] = record["loss"]
+    return out
+
+
+WORDS = ("the river city north old museum built century king village church music long bridge water "
+         "school road first new large small known several people many early later during because "
+         "however although famous station market island mountain forest garden library tower").split()
+
+
+def write_word_corpus(root: pathlib.Path, num_docs=200, vocab_size=200) -> pathlib.Path:
+    """corpus.txt (sentences of WORDS, a blank line between documents) and a vocab.txt learned from it."""
+    import numpy as np
+
+    from bertjax.text import vocab_learning as vocab
+
+    rng = np.random.default_rng(0)
+    lines = []
+    for _ in range(num_docs):
+        for _ in range(rng.integers(1, 10)):
+            lines.append(" ".join(rng.choice(WORDS, size=rng.integers(4, 16))).capitalize() + ".")
+        lines.append("")
+    (root / "corpus.txt").write_text("\n".join(lines))
+    vocab.learn_wordpiece_vocab((line for line in lines if line), vocab_size, True, str(root / "vocab.txt"))
+    return root
+
+
+def small_run_settings(corpus: pathlib.Path, **changes) -> dict:
+    """The small pretraining run on a word corpus: 12 steps, held-out lines at 6 and 12, checkpoints at
+    4, 8 and 12."""
+    return {
+        "data.source": "text", "data.input_pattern": str(corpus / "corpus.txt"),
+        "data.vocab_path": str(corpus / "vocab.txt"), "data.eval_fraction": 0.1, "data.max_seq_length": 32,
+        "data.max_predictions_per_seq": 5, "model.vocab_size": 256, "model.hidden_size": 64, "model.num_heads": 2,
+        "model.intermediate_size": 128, "train.batch_size": 8, "train.num_steps": 12, "schedule.warmup_steps": 2,
+        "logging.log_every": 1, "logging.eval_every": 6, "logging.eval_batches": 2, "checkpoint.every_steps": 4,
+        **changes,
+    }
+
+
+@pytest.fixture(scope="session")
+def small_run(tmp_path_factory):
+    """The small pretraining run (small_run_settings), made once per test run in-process as
+    `python -m bertjax.train` makes it: {"corpus", "workdir", "settings"}. Read-only: copy_of it to
+    resume it, break it or train on."""
+
+    def build(root):
+        from bertjax.runs import pretraining
+
+        write_word_corpus(root)
+        pretraining.pretrain(tiny_config(small_run_settings(root)), str(root / "run"))
+
+    root = shared_directory(tmp_path_factory, "small-run", build)
+    return dict(corpus=root, workdir=root / "run", settings=small_run_settings(root))
+
+
+TINY_RUN_SETTINGS = {
+    # The README's tiny run on the demo corpus (its 8k vocabulary learned from the corpus), cut to 400
+    # steps of 32 x 64 to check on every CI run that it learns. One example a row: the packer's CPU would
+    # double this run's time on 2 cores; a packed step computes what its examples unpacked would
+    # (tests/test_packing_model.py).
+    "train.num_steps": 400, "train.batch_size": 32, "data.max_seq_length": 64, "data.max_predictions_per_seq": 10,
+    "schedule.warmup_steps": 40, "logging.log_every": 50, "logging.eval_every": 200, "logging.eval_batches": 10,
+    "checkpoint.every_steps": 200, "data.packing": False,
+}
+
+
+@pytest.fixture(scope="session")
+def tiny_run(tmp_path_factory):
+    """`python -m bertjax.train --config=configs/tiny.py` on the demo corpus as a user runs it (one CPU
+    device, XLA's full optimisation: 400 steps pay for its compile), made once per test run: its workdir.
+    Read-only (the notebook and the learning check read it)."""
+
+    def build(root):
+        result = run_program("bertjax.train", "--config=configs/tiny.py", f"--workdir={root / 'tiny'}",
+                             *config_flags(TINY_RUN_SETTINGS), timeout=900,
+                             env=program_env(XLA_FLAGS="", JAX_PLATFORMS="cpu"))
+        assert result.returncode == 0, result.stderr[-3000:]
+        (root / "stdout.txt").write_text(result.stdout)
+
+    return shared_directory(tmp_path_factory, "tiny-run", build) / "tiny"
+
+
+@pytest.fixture(scope="session")
+def pretrained(tmp_path_factory):
+    """A bertjax 'pretraining' workdir with a small random BERT (H=64, 2 layers), its vocabulary learned
+    from the demo corpus, and the keyword task's files (tests/test_finetune.py): {"workdir", "cfg",
+    "params", "files", "dev_labels"}. Made once per test run; read-only."""
+    import flax.linen as nn
+    import jax
+    import numpy as np
+
+    from bertjax.data import demo
+    from bertjax.models import bert as bert_model
+    from bertjax.models.config import BertConfig
+    from bertjax.tasks import demo_tasks
+    from bertjax.training import checkpoint
+    from bertjax.training.checkpoint_meta import CheckpointMeta
+
+    def write_jsonl(path, rows):
+        path.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
+
+    def build(root):
+        from bertjax.text import vocab_learning as vocabularies
+
+        workdir = root / "pretrained"
+        workdir.mkdir()
+        sentences = [s for doc in demo.demo_documents(300) for s in doc]
+        vocabularies.learn_wordpiece_vocab(iter(sentences), 1000, True, str(workdir / "vocab.txt"))
+        vocab_size = len((workdir / "vocab.txt").read_text(encoding="utf-8").splitlines())
+        cfg = BertConfig(vocab_size=vocab_size, hidden_size=64, num_layers=2, num_heads=2,
+                                    intermediate_size=128, max_position_embeddings=64)
+        params = bert_model.BertForPreTraining(cfg).init(jax.random.key(0), **bert_model.dummy_batch(1, 16, 2))["params"]
+        params = jax.tree_util.tree_map(np.asarray, jax.device_get(nn.unbox(params)))
+        meta = {"step": 1, "model": cfg.__dict__,
+                "tokenizer": {"kind": "wordpiece", "path": "vocab.txt", "lower_case": True}}
+        saver = checkpoint.Checkpointer(str(workdir), every_steps=1, keep=1, async_save=False)
+        saver.save(1, params, {"count": np.zeros((), np.int32)}, CheckpointMeta.from_json(meta), force=True)
+        saver.wait()
+        saver.close()
+        rows = [{"text": s, "label": label} for s, label in demo_tasks.keyword_examples(0)]
+        write_jsonl(root / "train.jsonl", rows[:500])
+        write_jsonl(root / "dev.jsonl", rows[500:620])
+        write_jsonl(root / "test.jsonl", [{"text": r["text"]} for r in rows[620:]])
+
+    root = shared_directory(tmp_path_factory, "pretrained", build)
+    params, meta = checkpoint.restore_params(str(root / "pretrained"))
+    files = {"train": str(root / "train.jsonl"), "validation": str(root / "dev.jsonl"), "test": str(root / "test.jsonl")}
+    dev_labels = [json.loads(line)["label"] for line in (root / "dev.jsonl").read_text(encoding="utf-8").splitlines()]
+    return dict(workdir=str(root / "pretrained"), cfg=BertConfig.from_dict(meta.model),
+                params=jax.tree_util.tree_map(np.asarray, params), files=files, dev_labels=dev_labels)
+
+
+def finetune_config(task, pretrained, **data):
+    """configs/finetune/<task> from `pretrained`, small: sequences of 48, batches of 16, 1 epoch."""
+    from configs.finetune import common as finetune_configs
+
+    config = finetune_configs.finetune_config(task)
+    config.train.init_from = pretrained["workdir"]
+    config.data.update(max_seq_length=48, **data)
+    config.train.update(batch_size=16, epochs=1.0)
+    config.optimizer.learning_rate = 1e-3
+    config.optimizer.bias_correction = True  # a random small model, a short run: see configs/tiny.py
+    config.logging.update(log_every=10, eval_batch_size=32)
+    return config
+
+
+@pytest.fixture(scope="session")
+def finetuned(pretrained, tmp_path_factory):
+    """The keyword classifier fine-tuned from `pretrained` for 4 epochs of its 500 training examples (125
+    steps) in-process as `python -m bertjax.finetune` runs it, made once per test run: {"workdir", "config",
+    "summary"}. Read-only: copy_of it to resume or change it."""
+    config = finetune_config("classification", pretrained, labels=("no", "yes"), **pretrained["files"])
+    config.train.epochs = 4.0
+
+    def build(root):
+        from bertjax.runs import finetuning
+
+        finetuning.finetune(config, str(root / "run"))
+
+    workdir = shared_directory(tmp_path_factory, "finetuned", build) / "run"
+    return dict(workdir=str(workdir), config=config, summary=json.loads((workdir / "summary.json").read_text()))

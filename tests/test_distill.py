@@ -201,7 +201,7 @@ def train_losses(workdir):
 
 @pytest.mark.slow
 def test_the_program_writes_a_pretraining_workdir_and_resumes_exactly_after_sigkill(teacher, tmp_path):
-    from test_train import REPO, wait_for
+    from conftest import REPO, wait_for
 
     settings = {**SMALL, "distill.teacher": teacher["workdir"], "train.num_steps": 12, "logging.eval_every": 12}
     uninterrupted = str(tmp_path / "uninterrupted")

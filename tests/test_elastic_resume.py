@@ -37,26 +37,40 @@ class Run:
         return state, losses
 
 
+@pytest.fixture(scope="module")
+def stayed(tmp_path_factory):
+    """Per mesh (shape, devices): the checkpoint of step 3 written there, and the run that stays there to step
+    6 (its losses and parameters), made once for the cases that start on that mesh."""
+    runs = {}
+
+    def on(mesh_shape, num_devices):
+        if (mesh_shape, num_devices) not in runs:
+            first = Run(small_config(), mesh_shape, jax.devices()[:num_devices])
+            state, _ = first.steps(first.setup.init(first.init_key), 0, 3)
+            directory = tmp_path_factory.mktemp("step3")
+            saver = checkpoint.Checkpointer(str(directory), every_steps=1, keep=1, async_save=False)
+            saver.save(3, state.params, state.opt_state, CheckpointMeta(3, {}), force=True)
+            saver.wait()
+            saver.close()
+            never_moved, losses = first.steps(state, 3, 6)  # the run that stays on its mesh
+            runs[mesh_shape, num_devices] = directory, losses, jax.device_get(never_moved.params)
+        return runs[mesh_shape, num_devices]
+
+    return on
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("before,after", [
     (((8, 1, 1), 8), ((2, 1, 1), 2)),   # 8 devices -> 2
     (((1, 1, 1), 1), ((8, 1, 1), 8)),   # 1 -> 8
     (((8, 1, 1), 8), ((1, 4, 2), 8)),   # data parallel -> fsdp and tensor
 ])
-def test_a_checkpoint_resumes_on_another_mesh(tmp_path, before, after):
-    config = small_config()
-    devices = jax.devices()
-    first = Run(config, before[0], devices[:before[1]])
-    state, _ = first.steps(first.setup.init(first.init_key), 0, 3)
-    saver = checkpoint.Checkpointer(str(tmp_path), every_steps=1, keep=1, async_save=False)
-    saver.save(3, state.params, state.opt_state, CheckpointMeta(3, {}), force=True)
-    saver.wait()
-    saver.close()
-    never_moved, losses_after_ref = first.steps(state, 3, 6)  # the run that stays on its mesh
+def test_a_checkpoint_resumes_on_another_mesh(stayed, before, after):
+    directory, losses_after_ref, never_moved = stayed(*before)
 
     # The checkpoint of step 3, restored onto the other mesh.
-    second = Run(config, after[0], devices[:after[1]])
-    reader = checkpoint.Checkpointer(str(tmp_path), every_steps=1, keep=1, async_save=False)
+    second = Run(small_config(), after[0], jax.devices()[:after[1]])
+    reader = checkpoint.Checkpointer(str(directory), every_steps=1, keep=1, async_save=False)
     restored = reader.restore_latest(second.setup.abstract_state.params, second.setup.abstract_state.opt_state)
     reader.close()
     assert restored.step == 3
@@ -65,5 +79,5 @@ def test_a_checkpoint_resumes_on_another_mesh(tmp_path, before, after):
     moved = train_state.TrainState(jax.numpy.int32(3), restored.params, restored.opt_state)
     moved, losses_after = second.steps(moved, 3, 6)
     np.testing.assert_allclose(losses_after, losses_after_ref, rtol=2e-5)
-    for a, b in zip(jax.tree_util.tree_leaves(moved.params), jax.tree_util.tree_leaves(never_moved.params)):
+    for a, b in zip(jax.tree_util.tree_leaves(moved.params), jax.tree_util.tree_leaves(never_moved)):
         np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=2e-5)

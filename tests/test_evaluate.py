@@ -12,7 +12,6 @@ import tensorflow_datasets as tfds
 
 from bertjax.runs import suite_evaluation
 from bertjax.tasks import readers
-from test_finetune import pretrained  # noqa: F401  (the small pretrained workdir fixture)
 from test_finetune_spans import qa_articles, tagged_sentence, _sentences
 
 

@@ -12,14 +12,15 @@ import sys
 import jax
 import numpy as np
 import pytest
-from conftest import FAST_COMPILE_FLAGS  # what this process compiles with: its programs too
+from conftest import FAST_COMPILE_FLAGS, copy_of  # what this process compiles with: its programs too
 
 import bertjax
 from bertjax.runs import exporting
 from bertjax.runs import finetuning
 from bertjax.models import bert as bert_model
 from bertjax.models.config import BertConfig
-from test_finetune import pretrained, small_config  # noqa: F401  (a small random BERT workdir and its task files)
+from test_finetune import small_config
+from test_finetune_spans import qa_run, tagging_run  # noqa: F401  (the span reader and the tagger, made once per run)
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 ENV = {**os.environ, "PYTHONPATH": str(REPO), "XLA_FLAGS": FAST_COMPILE_FLAGS, "JAX_PLATFORMS": "cpu", "CUDA_VISIBLE_DEVICES": ""}
@@ -38,39 +39,40 @@ class Catch(logging.Handler):
             warnings.setdefault(stage, []).append(record.getMessage())
 logging.getLogger("transformers").addHandler(Catch())
 transformers.logging.set_verbosity_warning()
-path, out, kind = sys.argv[1], sys.argv[2], sys.argv[3]
-texts = json.loads(sys.argv[4]); masked = json.loads(sys.argv[5])
-tokenizer = transformers.AutoTokenizer.from_pretrained(path)
-batch = tokenizer(texts, padding=True, return_tensors="pt")
-result = {"input_ids": batch["input_ids"].numpy(), "attention_mask": batch["attention_mask"].numpy()}
-with torch.no_grad():
-    if kind == "pretraining":
-        stage = "pretraining"
-        model = transformers.BertForPreTraining.from_pretrained(path).eval()
-        o = model(**batch, output_hidden_states=True)
-        result.update(mlm=o.prediction_logits.numpy(), nsp=o.seq_relationship_logits.numpy())
-        result["pooled"] = model.bert.pooler(o.hidden_states[-1]).numpy()
-        stage = "masked_lm"
-        masked_lm = transformers.AutoModelForMaskedLM.from_pretrained(path).eval()
-        fill = transformers.pipeline("fill-mask", model=masked_lm, tokenizer=tokenizer, top_k=5)
-        guesses = [fill(t) for t in masked]
-        result["fill_tokens"] = np.array([[g["token"] for g in gs] for gs in guesses])
-        result["fill_scores"] = np.array([[g["score"] for g in gs] for gs in guesses])
-    elif kind == "masked_lm":
-        stage = "masked_lm"
-        masked_lm = transformers.AutoModelForMaskedLM.from_pretrained(path).eval()
-        fill = transformers.pipeline("fill-mask", model=path, top_k=5)
-        guesses = [fill(t) for t in masked]
-        result["fill_tokens"] = np.array([[g["token"] for g in gs] for gs in guesses])
-        result["fill_scores"] = np.array([[g["score"] for g in gs] for gs in guesses])
-        result["mlm"] = masked_lm(**batch).logits.numpy()
-    else:
-        stage = "task"
-        model = transformers.AutoModelForSequenceClassification.from_pretrained(path).eval()
-        result["logits"] = model(**batch).logits.numpy()
-        result["id2label"] = np.array([model.config.id2label[i] for i in range(model.config.num_labels)])
-np.savez(out, **result)
-json.dump(warnings, open(out + ".warnings.json", "w"))
+texts = json.loads(sys.argv[1]); masked = json.loads(sys.argv[2])
+for path, out, kind in zip(sys.argv[3::3], sys.argv[4::3], sys.argv[5::3]):
+    warnings, stage = {}, "tokenizer"
+    tokenizer = transformers.AutoTokenizer.from_pretrained(path)
+    batch = tokenizer(texts, padding=True, return_tensors="pt")
+    result = {"input_ids": batch["input_ids"].numpy(), "attention_mask": batch["attention_mask"].numpy()}
+    with torch.no_grad():
+        if kind == "pretraining":
+            stage = "pretraining"
+            model = transformers.BertForPreTraining.from_pretrained(path).eval()
+            o = model(**batch, output_hidden_states=True)
+            result.update(mlm=o.prediction_logits.numpy(), nsp=o.seq_relationship_logits.numpy())
+            result["pooled"] = model.bert.pooler(o.hidden_states[-1]).numpy()
+            stage = "masked_lm"
+            masked_lm = transformers.AutoModelForMaskedLM.from_pretrained(path).eval()
+            fill = transformers.pipeline("fill-mask", model=masked_lm, tokenizer=tokenizer, top_k=5)
+            guesses = [fill(t) for t in masked]
+            result["fill_tokens"] = np.array([[g["token"] for g in gs] for gs in guesses])
+            result["fill_scores"] = np.array([[g["score"] for g in gs] for gs in guesses])
+        elif kind == "masked_lm":
+            stage = "masked_lm"
+            masked_lm = transformers.AutoModelForMaskedLM.from_pretrained(path).eval()
+            fill = transformers.pipeline("fill-mask", model=path, top_k=5)
+            guesses = [fill(t) for t in masked]
+            result["fill_tokens"] = np.array([[g["token"] for g in gs] for gs in guesses])
+            result["fill_scores"] = np.array([[g["score"] for g in gs] for gs in guesses])
+            result["mlm"] = masked_lm(**batch).logits.numpy()
+        else:
+            stage = "task"
+            model = transformers.AutoModelForSequenceClassification.from_pretrained(path).eval()
+            result["logits"] = model(**batch).logits.numpy()
+            result["id2label"] = np.array([model.config.id2label[i] for i in range(model.config.num_labels)])
+    np.savez(out, **result)
+    json.dump(warnings, open(out + ".warnings.json", "w"))
 """
 
 
@@ -79,42 +81,52 @@ import json, sys
 import numpy as np, tensorflow as tf
 import tensorflow_text  # the tokenizer's ops
 tf.config.set_visible_devices([], "GPU")
-path, out = sys.argv[1], sys.argv[2]
-texts = json.loads(sys.argv[3]); masked = json.loads(sys.argv[4])
-served = tf.saved_model.load(path)
-result = {"signatures": np.array(sorted(served.signatures))}
-for name, fn in served.signatures.items():
-    if name == "fill_mask":
-        args = {"texts": tf.constant(masked)}
-    elif name == "predict_choices":
-        args = {"contexts": tf.constant(texts[:2]), "choices": tf.constant([texts[:3], texts[1:4]])}
-    elif name == "predict_pair":
-        args = {"texts": tf.constant(texts), "text_pairs": tf.constant(texts[::-1])}
-    else:
-        args = {"texts": tf.constant(texts)}
-    for key, value in fn(**args).items():
-        value = value.numpy()
-        if value.dtype == object:  # strings come back as UTF-8 bytes
-            value = np.vectorize(lambda b: b.decode("utf-8"), otypes=[str])(value)
-        result[f"{name}/{key}"] = value
-np.savez(out, **result)
+for job in json.loads(open(sys.argv[1], encoding="utf-8").read()):
+    served = tf.saved_model.load(job["path"])
+    result = {"signatures": np.array(sorted(served.signatures))}
+    for name, fn in served.signatures.items():
+        args = job["args"].get(name, job["args"]["default"])
+        for key, value in fn(**{k: tf.constant(v) for k, v in args.items()}).items():
+            value = value.numpy()
+            if value.dtype == object:  # strings come back as UTF-8 bytes
+                value = np.vectorize(lambda b: b.decode("utf-8"), otypes=[str])(value)
+            result[f"{name}/{key}"] = value
+    np.savez(job["out"], **result)
+result = sorted(m for m in ("flax", "bertjax") if m in sys.modules)
+assert not result, result  # TensorFlow alone served them (TensorFlow imports jax itself, through Keras)
 """
 
-
-def run_savedmodel(path, out):
-    done = subprocess.run([sys.executable, "-c", TF_SCRIPT, str(path), str(out), json.dumps(TEXTS + [LONG]),
-                           json.dumps(MASKED)], env=ENV, capture_output=True, text=True, timeout=300)
-    assert done.returncode == 0, done.stderr[-3000:]
-    return dict(np.load(out, allow_pickle=False))
-
-
 LONG = " ".join(["A long sentence that the graph must cut at the fixed length."] * 12)
+SERVED_TEXTS = TEXTS + [LONG]
+SIGNATURE_ARGS = {  # what each signature is called with
+    "default": {"texts": SERVED_TEXTS},  # encode, predict, tag
+    "fill_mask": {"texts": MASKED},
+    "predict_choices": {"contexts": SERVED_TEXTS[:2], "choices": [SERVED_TEXTS[:3], SERVED_TEXTS[1:4]]},
+    "predict_pair": {"texts": SERVED_TEXTS, "text_pairs": SERVED_TEXTS[::-1]},
+}
 
 
-def run_hf(path, out, kind):
-    subprocess.run([sys.executable, "-c", HF_SCRIPT, str(path), str(out), kind, json.dumps(TEXTS), json.dumps(MASKED)],
-                   env=ENV, check=True, capture_output=True, text=True, timeout=300)
-    return dict(np.load(out)), json.loads(pathlib.Path(str(out) + ".warnings.json").read_text())  # by stage
+def run_savedmodels(models: dict, root, args=None) -> dict:
+    """Each SavedModel {name: directory} loaded and called (SIGNATURE_ARGS, updated by args[name]) in one fresh
+    process that imports TensorFlow and tensorflow_text alone: {name: {"signature/output": array}}."""
+    jobs = [{"path": str(path), "out": str(root / f"{name}.npz"), "args": {**SIGNATURE_ARGS, **(args or {}).get(name, {})}}
+            for name, path in models.items()]
+    (root / "jobs.json").write_text(json.dumps(jobs), encoding="utf-8")
+    done = subprocess.run([sys.executable, "-c", TF_SCRIPT, str(root / "jobs.json")], env=ENV, capture_output=True,
+                          text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return {name: dict(np.load(root / f"{name}.npz", allow_pickle=False)) for name in models}
+
+
+def run_hf(jobs: dict, root) -> dict:
+    """Each Hugging Face directory {name: (directory, kind)} loaded by transformers in one fresh process:
+    {name: (arrays, the warnings transformers logged, by stage)}."""
+    args = [str(a) for name, (path, kind) in jobs.items() for a in (path, root / f"{name}.npz", kind)]
+    done = subprocess.run([sys.executable, "-c", HF_SCRIPT, json.dumps(TEXTS), json.dumps(MASKED), *args], env=ENV,
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return {name: (dict(np.load(root / f"{name}.npz")), json.loads((root / f"{name}.npz.warnings.json").read_text()))
+            for name in jobs}
 
 
 def bertjax_pretraining_outputs(bert, input_ids, mask):
@@ -126,18 +138,64 @@ def bertjax_pretraining_outputs(bert, input_ids, mask):
 
 
 @pytest.fixture(scope="module")
-def exported(pretrained, tmp_path_factory):  # noqa: F811
+def exported(pretrained, tmp_path_factory):
     root = tmp_path_factory.mktemp("export")
-    (pathlib.Path(pretrained["workdir"]) / "metrics.jsonl").write_text(
+    workdir = copy_of(pretrained["workdir"], root / "pretrained")  # with training lines, for the model card
+    (workdir / "metrics.jsonl").write_text(
         json.dumps({"step": 1, "loss": 7.5, "mlm_loss": 6.8, "nsp_loss": 0.7, "mlm_accuracy": 0.05}) + "\n"
         + json.dumps({"step": 1, "split": "eval", "loss": 7.6, "mlm_accuracy": 0.04}) + "\n")
-    return dict(root=root, hf=exporting.export(pretrained["workdir"], str(root / "hf"), "hf"),
-                params=exporting.export(pretrained["workdir"], str(root / "params"), "params"))
+    return dict(root=root, hf=exporting.export(str(workdir), str(root / "hf"), "hf"),
+                params=exporting.export(str(workdir), str(root / "params"), "params"))
+
+
+@pytest.fixture(scope="module")
+def hf_served(exported, pretrained, finetuned, tmp_path_factory):
+    """The pretraining export, a masked-LM export and the fine-tuned classifier's export, each loaded by its
+    transformers class (one fresh process for the three)."""
+    root = tmp_path_factory.mktemp("hf-served")
+    jobs = {"pretraining": (exported["hf"], "pretraining"),
+            "masked_lm": (exporting.export(pretrained["workdir"], str(root / "mlm"), "hf", hf_class="masked_lm"),
+                          "masked_lm"),
+            "head": (exporting.export(finetuned["workdir"], str(root / "head"), "hf"), "classification")}
+    return dict(run_hf(jobs, root), directories={name: path for name, (path, _) in jobs.items()})
+
+
+@pytest.fixture(scope="module")
+def tf_served(pretrained, finetuned, tagging_run, qa_run, tmp_path_factory):  # noqa: F811
+    """SavedModels of each kind of model, served by TensorFlow alone (one fresh process for them all): the
+    pretrained encoder, the fine-tuned classifier, the tagger and the span reader (tests/test_finetune_spans.py)
+    and a multiple-choice model fine-tuned here. {name: (outputs, bertjax.load of its workdir)}, and the
+    reader's contexts."""
+    from test_finetune import keyword_sentences, write_jsonl
+    from test_finetune_spans import QUESTION
+
+    root = tmp_path_factory.mktemp("tf-served")
+    rows = [s for s, _ in keyword_sentences(2)][:24]
+    choice = [{"context": s, "choices": [s, rows[(i + 7) % 24], rows[(i + 11) % 24]], "label": 0}
+              for i, s in enumerate(rows)]
+    config = small_config("multiple_choice", pretrained, num_choices=3, train=write_jsonl(root / "c.jsonl", choice),
+                          validation=write_jsonl(root / "cd.jsonl", choice[:8]))
+    config.train.epochs = 0.5
+    chooser = str(root / "chooser")
+    finetuning.finetune(config, chooser)
+    workdirs = {"pretrained": (pretrained["workdir"], 32), "head": (finetuned["workdir"], 48),
+                "tagger": (tagging_run["workdir"], 48), "chooser": (chooser, 48), "reader": (qa_run["workdir"], 64)}
+    models = {name: bertjax.load(workdir) for name, (workdir, _) in workdirs.items()}
+    # The reader's contexts: those that fit in one window, where both see the same tokens.
+    reader = models["reader"]
+    room = 64 - 3 - len(reader.tokenizer.encode([QUESTION])[0])
+    contexts = [p["context"] for p in qa_run["dev"]["data"][0]["paragraphs"]
+                if sum(len(ids) for ids in reader.tokenizer.encode(p["context"].split())) <= room]
+    served = run_savedmodels(
+        {name: exporting.export(workdir, str(root / f"{name}-served"), "savedmodel", max_seq_length=length)
+         for name, (workdir, length) in workdirs.items()},
+        root, args={"reader": {"answer": {"questions": [QUESTION] * len(contexts), "contexts": contexts}}})
+    return dict({name: (served[name], models[name]) for name in workdirs}, contexts=contexts)
 
 
 @pytest.mark.slow
-def test_hf_export_loads_in_transformers_with_the_same_outputs(exported, pretrained):  # noqa: F811
-    theirs, warnings = run_hf(exported["hf"], exported["root"] / "hf.npz", "pretraining")
+def test_hf_export_loads_in_transformers_with_the_same_outputs(hf_served, pretrained):
+    theirs, warnings = hf_served["pretraining"]
     assert "pretraining" not in warnings and "tokenizer" not in warnings, warnings  # nothing missing or unused
     bert = bertjax.load(pretrained["workdir"])
     ids = theirs["input_ids"]
@@ -154,12 +212,10 @@ def test_hf_export_loads_in_transformers_with_the_same_outputs(exported, pretrai
 
 
 @pytest.mark.slow
-def test_savedmodel_serves_raw_strings_with_bertjax_outputs(pretrained, tmp_path):  # noqa: F811
-    directory = exporting.export(pretrained["workdir"], str(tmp_path / "served"), "savedmodel", max_seq_length=32)
-    theirs = run_savedmodel(directory, tmp_path / "served.npz")
+def test_savedmodel_serves_raw_strings_with_bertjax_outputs(tf_served):
+    theirs, bert = tf_served["pretrained"]
     assert theirs["signatures"].tolist() == ["encode", "fill_mask"]
-    bert = bertjax.load(pretrained["workdir"])
-    texts = TEXTS + [LONG]
+    texts = SERVED_TEXTS
     ours = bert.encode(texts, max_length=32)
     n = ours["input_ids"].shape[1]
     # The tokenizer inside the graph gives bertjax's ids, the long text cut to the fixed length.
@@ -177,9 +233,8 @@ def test_savedmodel_serves_raw_strings_with_bertjax_outputs(pretrained, tmp_path
 
 
 @pytest.mark.slow
-def test_a_masked_lm_export_fills_masks_with_nothing_reported(pretrained, tmp_path):  # noqa: F811
-    directory = exporting.export(pretrained["workdir"], str(tmp_path / "mlm"), "hf", hf_class="masked_lm")
-    theirs, warnings = run_hf(directory, tmp_path / "mlm.npz", "masked_lm")
+def test_a_masked_lm_export_fills_masks_with_nothing_reported(hf_served, pretrained):
+    theirs, warnings = hf_served["masked_lm"]
     assert not warnings, warnings  # AutoModelForMaskedLM and pipeline("fill-mask"): nothing unused or missing
     bert = bertjax.load(pretrained["workdir"])
     guesses = bert.fill_mask(MASKED, top_k=5)
@@ -302,26 +357,20 @@ def test_the_model_card_says_what_the_model_is(exported, pretrained):  # noqa: F
 
 
 @pytest.mark.slow
-def test_a_fine_tuned_head_exports_to_its_transformers_class(pretrained, tmp_path):  # noqa: F811
-    config = small_config("classification", pretrained, labels=("no", "yes"), **pretrained["files"])
-    config.train.epochs = 0.2
-    workdir = str(tmp_path / "run")
-    finetuning.finetune(config, workdir)
-    directory = exporting.export(workdir, str(tmp_path / "hf"), "hf")
-    theirs, warnings = run_hf(directory, tmp_path / "head.npz", "classification")
+def test_a_fine_tuned_head_exports_to_its_transformers_class(hf_served, tf_served, finetuned):
+    theirs, warnings = hf_served["head"]
     assert not warnings, warnings
     assert theirs["id2label"].tolist() == ["no", "yes"]
-    bert = bertjax.load(workdir)
+    bert = bertjax.load(finetuned["workdir"])
     ours = np.asarray(bert._task_logits(bert.params, theirs["input_ids"].astype(np.int32),
                                         np.zeros_like(theirs["input_ids"], np.int32),
                                         theirs["attention_mask"].astype(np.int32)))
     np.testing.assert_allclose(ours, theirs["logits"], atol=1e-5)
-    card = (pathlib.Path(directory) / "README.md").read_text()
+    card = (pathlib.Path(hf_served["directories"]["head"]) / "README.md").read_text()
     assert "fine-tuned for classification" in card and "dev (validation): accuracy" in card
     # The SavedModel's predict and predict_pair: the same labels and logits as bertjax.load(...).predict.
-    served = run_savedmodel(exporting.export(workdir, str(tmp_path / "served"), "savedmodel", max_seq_length=48),
-                            tmp_path / "served.npz")
-    texts = TEXTS + [LONG]
+    served, bert = tf_served["head"]
+    texts = SERVED_TEXTS
     single, pairs = bert.predict(texts), bert.predict(texts, text_pairs=texts[::-1])
     assert served["predict/label"].astype(str).tolist() == [p["label"] for p in single]
     np.testing.assert_allclose(served["predict/probabilities"], [[p["scores"][k] for k in ("no", "yes")] for p in single],
@@ -393,21 +442,12 @@ def test_a_sentencepiece_model_exports_a_tokenizer_with_the_same_ids(tmp_path):
 
 
 @pytest.mark.slow
-def test_tagging_and_multiple_choice_savedmodels_equal_bertjax(pretrained, tmp_path):  # noqa: F811
-    from test_finetune import keyword_sentences, write_jsonl
-    from test_finetune_spans import TAGS, _sentences, tagging_config, write_conll
+def test_tagging_and_multiple_choice_savedmodels_equal_bertjax(tf_served):
+    from test_finetune_spans import TAGS
 
-    sentences = [s for s in _sentences() if s.count('"') == 2][:48]
-    files = {"train": write_conll(tmp_path / "train.txt", sentences[:32]),
-             "validation": write_conll(tmp_path / "dev.txt", sentences[32:])}
-    config = tagging_config(pretrained, files)
-    config.train.epochs = 1.0
-    tagger = str(tmp_path / "tagger")
-    finetuning.finetune(config, tagger)
-    served = run_savedmodel(exporting.export(tagger, str(tmp_path / "tagger-served"), "savedmodel", max_seq_length=48),
-                            tmp_path / "tagger.npz")
-    texts = TEXTS + [LONG]
-    ours = bertjax.load(tagger).predict([t.split() for t in texts])
+    served, tagger = tf_served["tagger"]
+    texts = SERVED_TEXTS
+    ours = tagger.predict([t.split() for t in texts])
     for n, out in enumerate(ours):
         words = [w for w, _ in out["tags"]]
         assert served["tag/words"][n][:len(words)].tolist() == words
@@ -415,55 +455,23 @@ def test_tagging_and_multiple_choice_savedmodels_equal_bertjax(pretrained, tmp_p
         assert cut == [t for _, t in out["tags"]][:len(cut)] and set(cut) <= set(TAGS)
     assert sum(1 for t in served["tag/tags"][-1] if t) < len(LONG.split())  # the long text was cut
 
-    rows = [s for s, _ in keyword_sentences(2)][:24]
-    choice = [{"context": s, "choices": [s, rows[(i + 7) % 24], rows[(i + 11) % 24]], "label": 0}
-              for i, s in enumerate(rows)]
-    config = small_config("multiple_choice", pretrained, num_choices=3, train=write_jsonl(tmp_path / "c.jsonl", choice),
-                          validation=write_jsonl(tmp_path / "cd.jsonl", choice[:8]))
-    config.train.epochs = 0.5
-    chooser = str(tmp_path / "chooser")
-    finetuning.finetune(config, chooser)
-    served = run_savedmodel(exporting.export(chooser, str(tmp_path / "chooser-served"), "savedmodel", max_seq_length=48),
-                            tmp_path / "chooser.npz")
-    ours = bertjax.load(chooser).predict(texts[:2], choices=[texts[:3], texts[1:4]])
+    served, chooser = tf_served["chooser"]
+    ours = chooser.predict(texts[:2], choices=[texts[:3], texts[1:4]])
     np.testing.assert_allclose(served["predict_choices/probabilities"], [o["scores"] for o in ours], atol=1e-5)
     assert served["predict_choices/label_index"].tolist() == [o["label"] for o in ours]
 
 
 @pytest.mark.slow
-def test_span_savedmodel_answers_with_the_whole_words_of_bertjax_answer(pretrained, tmp_path):  # noqa: F811
-    from test_finetune_spans import QUESTION, qa_articles, span_config, write_json
+def test_span_savedmodel_answers_with_the_whole_words_of_bertjax_answer(tf_served):
+    from test_finetune_spans import QUESTION
 
-    dev = qa_articles(16, seed=2)
-    files = {"train": write_json(tmp_path / "train.json", qa_articles(40, seed=1)),
-             "validation": write_json(tmp_path / "dev.json", dev)}
-    config = span_config("span", pretrained, files)
-    config.train.epochs = 1.0
-    reader = str(tmp_path / "reader")
-    finetuning.finetune(config, reader)
-    directory = exporting.export(reader, str(tmp_path / "served"), "savedmodel", max_seq_length=64)
-    bert = bertjax.load(reader)
-    room = 64 - 3 - len(bert.tokenizer.encode([QUESTION])[0])
-    contexts = [p["context"] for p in dev["data"][0]["paragraphs"]
-                if sum(len(ids) for ids in bert.tokenizer.encode(p["context"].split())) <= room]
+    served, bert = tf_served["reader"]
+    contexts = tf_served["contexts"]
     assert len(contexts) >= 3  # contexts that fit in one window: there both see the same tokens
-    script = r"""
-import json, sys
-import numpy as np, tensorflow as tf
-import tensorflow_text
-served = tf.saved_model.load(sys.argv[1])
-contexts = json.loads(sys.argv[2])
-out = served.signatures["answer"](questions=tf.constant([sys.argv[3]] * len(contexts)), contexts=tf.constant(contexts))
-print(json.dumps([a.decode("utf-8") for a in out["answer"].numpy()]))
-"""
-    done = subprocess.run([sys.executable, "-c", script, directory, json.dumps(contexts), QUESTION], env=ENV,
-                          capture_output=True, text=True, timeout=300)
-    assert done.returncode == 0, done.stderr[-3000:]
-    served = json.loads(done.stdout.strip().splitlines()[-1])
     # In one window both find the same best tokens; bertjax answers with their exact characters, the
     # SavedModel with the whole words around them.
     ours = bert.predict(questions=[QUESTION] * len(contexts), contexts=contexts)
-    for context, mine, theirs in zip(contexts, ours, served):
+    for context, mine, theirs in zip(contexts, ours, served["answer/answer"].tolist()):
         begin = context.rfind(" ", 0, mine["start"]) + 1
         end = context.find(" ", mine["end"])
         assert theirs == context[begin:len(context) if end < 0 else end]

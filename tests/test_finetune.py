@@ -4,34 +4,25 @@ the best checkpoint, predictions files and the summary; regression and multiple 
 files; a Hugging Face directory as init_from; the learning-rate sweep; resume; bad input."""
 
 import json
-import os
 import pathlib
 import re
 import shutil
 import signal
 import subprocess
 import sys
-import time
 
-import flax.linen as nn
 import jax
 import numpy as np
 import pytest
-from conftest import FAST_COMPILE_FLAGS  # what this process compiles with: its programs too
+from conftest import REPO, config_flags, copy_of, finetune_config, program_env, tiny_config, wait_for
 
 from bertjax.runs import finetuning
 from bertjax.tasks import steps
 from bertjax.training import checkpoint
 from bertjax.interop import hf
-from bertjax.models import bert as bert_model
 from bertjax.models.config import BertConfig
-from bertjax.data import demo
 from bertjax.tasks import demo_tasks
-from bertjax.text import vocab_learning as vocabularies
-from bertjax.training.checkpoint_meta import CheckpointMeta
 from configs.finetune import common as finetune_configs
-
-REPO = pathlib.Path(__file__).resolve().parents[1]
 
 
 def keyword_sentences(seed=0):
@@ -44,43 +35,7 @@ def write_jsonl(path, rows):
     return str(path)
 
 
-@pytest.fixture(scope="module")
-def pretrained(tmp_path_factory):
-    """A bertjax 'pretraining' workdir with a small random BERT, its vocabulary learned from the demo
-    corpus, and the task's files."""
-    root = tmp_path_factory.mktemp("finetune")
-    workdir = root / "pretrained"
-    workdir.mkdir()
-    sentences = [s for doc in demo.demo_documents(300) for s in doc]
-    vocabularies.learn_wordpiece_vocab(iter(sentences), 1000, True, str(workdir / "vocab.txt"))
-    vocab_size = len((workdir / "vocab.txt").read_text(encoding="utf-8").splitlines())
-    cfg = BertConfig(vocab_size=vocab_size, hidden_size=64, num_layers=2, num_heads=2,
-                                intermediate_size=128, max_position_embeddings=64)
-    params = bert_model.BertForPreTraining(cfg).init(jax.random.key(0), **bert_model.dummy_batch(1, 16, 2))["params"]
-    params = jax.tree_util.tree_map(np.asarray, jax.device_get(nn.unbox(params)))
-    meta = {"step": 1, "model": cfg.__dict__, "tokenizer": {"kind": "wordpiece", "path": "vocab.txt", "lower_case": True}}
-    saver = checkpoint.Checkpointer(str(workdir), every_steps=1, keep=1, async_save=False)
-    saver.save(1, params, {"count": np.zeros((), np.int32)}, CheckpointMeta.from_json(meta), force=True)
-    saver.wait()
-    saver.close()
-
-    rows = [{"text": s, "label": label} for s, label in keyword_sentences()]
-    files = {"train": write_jsonl(root / "train.jsonl", rows[:500]),
-             "validation": write_jsonl(root / "dev.jsonl", rows[500:620]),
-             "test": write_jsonl(root / "test.jsonl", [{"text": r["text"]} for r in rows[620:]])}
-    return dict(root=root, workdir=str(workdir), cfg=cfg, params=params, files=files,
-                dev_labels=[r["label"] for r in rows[500:620]])
-
-
-def small_config(task, pretrained, **data):
-    config = finetune_configs.finetune_config(task)
-    config.train.init_from = pretrained["workdir"]
-    config.data.update(max_seq_length=48, **data)
-    config.train.update(batch_size=16, epochs=1.0)
-    config.optimizer.learning_rate = 1e-3
-    config.optimizer.bias_correction = True  # a random small model, a short run: see configs/tiny.py
-    config.logging.update(log_every=10, eval_batch_size=32)
-    return config
+small_config = finetune_config  # (task, pretrained, **data): the runs' settings here, in conftest for the shared run
 
 
 def read_lines(workdir):
@@ -88,12 +43,10 @@ def read_lines(workdir):
 
 
 @pytest.fixture(scope="module")
-def classification_run(pretrained):
-    config = small_config("classification", pretrained, labels=("no", "yes"), **pretrained["files"])
-    config.train.epochs = 4.0
-    workdir = str(pretrained["root"] / "run")
-    summary = finetuning.finetune(config, workdir)
-    return dict(config=config, workdir=workdir, summary=summary)
+def classification_run(finetuned):
+    """conftest's finetuned: the keyword classifier fine-tuned from `pretrained` for 4 epochs (small_config's
+    settings), made once per test run. Read-only."""
+    return finetuned
 
 
 def test_a_classifier_learns_above_its_majority_baseline(classification_run, pretrained):
@@ -142,11 +95,12 @@ def dev_texts(pretrained) -> list[str]:
     return [json.loads(line)["text"] for line in pathlib.Path(pretrained["files"]["validation"]).read_text().splitlines()]
 
 
-def test_a_finished_run_rerun_resumes_at_its_end(classification_run):
-    before = read_lines(classification_run["workdir"])
-    summary = finetuning.finetune(classification_run["config"], classification_run["workdir"])
-    assert summary["best"] == classification_run["summary"]["best"]
-    assert read_lines(classification_run["workdir"]) == before  # nothing trained twice, nothing logged twice
+def test_a_finished_run_rerun_resumes_at_its_end(classification_run, tmp_path):
+    workdir = copy_of(classification_run["workdir"], tmp_path / "run")
+    before = read_lines(workdir)
+    summary = finetuning.finetune(classification_run["config"], str(workdir))
+    assert json.loads(json.dumps(summary["best"])) == classification_run["summary"]["best"]
+    assert read_lines(workdir) == before  # nothing trained twice, nothing logged twice
 
 
 def test_task_distillation_from_the_fine_tuned_run_then_load_and_export(classification_run, pretrained, tmp_path):
@@ -174,10 +128,10 @@ def test_task_distillation_from_the_fine_tuned_run_then_load_and_export(classifi
         finetuning.finetune(config, str(tmp_path / "other"))
 
 
-def test_regression_and_multiple_choice_on_the_users_files(pretrained):
+def test_regression_and_multiple_choice_on_the_users_files(pretrained, tmp_path):
     rng = np.random.default_rng(1)
     sentences = [s for s, _ in keyword_sentences(2)][:96]
-    root = pretrained["root"]
+    root = tmp_path
     reg = [{"text": s, "label": float(len(s.split()))} for s in sentences]
     config = small_config("regression", pretrained, train=write_jsonl(root / "r-train.jsonl", reg[:64]),
                           validation=write_jsonl(root / "r-dev.jsonl", reg[64:]))
@@ -198,8 +152,8 @@ def test_regression_and_multiple_choice_on_the_users_files(pretrained):
     assert len(tsv) == 1 + 32 and {int(line.split("\t")[1]) for line in tsv[1:]} <= {0, 1, 2}
 
 
-def test_from_a_hugging_face_directory_and_the_sweep(pretrained):
-    hf_dir = pretrained["root"] / "hf"
+def test_from_a_hugging_face_directory_and_the_sweep(pretrained, tmp_path):
+    hf_dir = tmp_path / "hf"
     hf.save_hf_checkpoint(hf_dir, pretrained["cfg"], pretrained["params"],
                           vocab_path=str(pathlib.Path(pretrained["workdir"]) / "vocab.txt"))
     files = pretrained["files"]
@@ -207,13 +161,13 @@ def test_from_a_hugging_face_directory_and_the_sweep(pretrained):
                           validation=files["validation"])
     config.train.init_from = str(hf_dir)
     config.sweep_learning_rates = [1e-4, 1e-3]
-    out = finetuning.sweep(config, str(pretrained["root"] / "sweep"))
+    out = finetuning.sweep(config, str(tmp_path / "sweep"))
     runs = out["runs"]
     assert set(runs) == {"0.0001", "0.001"}
     assert out["best"]["value"] == max(r["best"]["value"] for r in runs.values())
-    assert json.loads((pretrained["root"] / "sweep" / "sweep.json").read_text())["best_learning_rate"] == \
+    assert json.loads((tmp_path / "sweep" / "sweep.json").read_text())["best_learning_rate"] == \
         out["best_learning_rate"]
-    assert (pretrained["root"] / "sweep" / "lr-0.001" / "best").is_dir()
+    assert (tmp_path / "sweep" / "lr-0.001" / "best").is_dir()
 
 
 def test_bad_input_is_one_line(pretrained, tmp_path):
@@ -311,18 +265,14 @@ def test_gradient_accumulation_gives_the_updates_of_the_whole_batch():
         np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=1e-6)
 
 
-SUBPROCESS_ENV = {**os.environ, "PYTHONPATH": str(REPO), "XLA_FLAGS": FAST_COMPILE_FLAGS, "JAX_PLATFORMS": "cpu"}
-
-
-def finetune_command(pretrained, workdir):
+def preemption_settings(pretrained):
+    """A 1-epoch run (32 steps) of the keyword classifier, logging every step and evaluating every 8."""
     files = pretrained["files"]
-    return [sys.executable, "-m", "bertjax.finetune", "--config=configs/finetune/classification.py",
-            f"--config.train.init_from={pretrained['workdir']}", f"--config.data.train={files['train']}",
-            f"--config.data.validation={files['validation']}", "--config.data.labels=('no', 'yes')",
-            "--config.data.max_seq_length=48", "--config.train.batch_size=16", "--config.train.epochs=3",
-            "--config.optimizer.learning_rate=1e-3", "--config.optimizer.bias_correction=True",
-            "--config.logging.log_every=1", "--config.logging.eval_every=8", "--config.logging.eval_batch_size=32",
-            f"--workdir={workdir}"]
+    return {"train.init_from": pretrained["workdir"], "data.train": files["train"],
+            "data.validation": files["validation"], "data.labels": ("no", "yes"), "data.max_seq_length": 48,
+            "train.batch_size": 16, "train.epochs": 1.0, "optimizer.learning_rate": 1e-3,
+            "optimizer.bias_correction": True, "logging.log_every": 1, "logging.eval_every": 8,
+            "logging.eval_batch_size": 32}
 
 
 def dev_lines(workdir):
@@ -331,28 +281,28 @@ def dev_lines(workdir):
 
 
 @pytest.mark.slow
-def test_sigterm_saves_exits_0_and_the_rerun_resumes_exactly(pretrained, tmp_path):
+def test_sigterm_saves_exits_0_and_the_rerun_resumes_exactly(pretrained, tmp_path, capsys):
+    """The program preempted (it compiles what this process compiles: conftest.program_env), then the same
+    run re-run, and the run never stopped, both in this process."""
+    settings = preemption_settings(pretrained)
     workdir = tmp_path / "preempted"
-    proc = subprocess.Popen(finetune_command(pretrained, workdir), cwd=REPO, env=SUBPROCESS_ENV,
+    proc = subprocess.Popen([sys.executable, "-m", "bertjax.finetune", "--config=configs/finetune/classification.py",
+                             f"--workdir={workdir}", *config_flags(settings)], cwd=REPO, env=program_env(),
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    deadline = time.time() + 300
-    while not ((workdir / "metrics.jsonl").exists() and len([r for r in read_lines(workdir) if "loss" in r]) >= 3):
-        assert proc.poll() is None and time.time() < deadline, proc.stderr.read()[-3000:]
-        time.sleep(0.1)
+    wait_for(lambda: (workdir / "metrics.jsonl").exists() and len([r for r in read_lines(workdir) if "loss" in r]) >= 3,
+             proc, timeout=300)
     proc.send_signal(signal.SIGTERM)
     out, err = proc.communicate(timeout=120)
     assert proc.returncode == 0, err[-3000:]
     saved = int(out.split("SIGTERM: saved the checkpoint of step ")[1].split(";")[0])
-    assert (workdir / "checkpoints" / str(saved) / "params").is_dir() and saved < 94
+    assert (workdir / "checkpoints" / str(saved) / "params").is_dir() and saved < 32
     assert not (workdir / "summary.json").exists()  # stopped: no predictions of a half-trained model
 
-    resumed = subprocess.run(finetune_command(pretrained, workdir), cwd=REPO, env=SUBPROCESS_ENV,
-                             capture_output=True, text=True, timeout=600)
-    assert resumed.returncode == 0 and f"resumed from step {saved}" in resumed.stdout, resumed.stderr[-3000:]
+    config = tiny_config(settings, "configs/finetune/classification.py")
+    finetuning.finetune(config, str(workdir))
+    assert f"resumed from step {saved}" in capsys.readouterr().out
     whole = tmp_path / "whole"
-    result = subprocess.run(finetune_command(pretrained, whole), cwd=REPO, env=SUBPROCESS_ENV,
-                            capture_output=True, text=True, timeout=600)
-    assert result.returncode == 0, result.stderr[-3000:]
+    finetuning.finetune(config, str(whole))
     expected, got = dev_lines(whole), dev_lines(workdir)
     later = [step for step in expected if step > saved]
     assert later and {s: got[s] for s in later} == {s: expected[s] for s in later}

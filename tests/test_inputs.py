@@ -6,6 +6,7 @@ import pathlib
 import runpy
 import subprocess
 import sys
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -44,6 +45,10 @@ def corpus_dir(tmp_path_factory):
 
 
 def data_config(corpus_dir, **overrides):
+    return full_config(corpus_dir, **overrides).data
+
+
+def full_config(corpus_dir, **overrides):
     config = runpy.run_path(str(REPO / "configs" / "tiny.py"))["get_config"]()
     config.data.source = "text"
     config.data.input_pattern = str(corpus_dir / "*.txt")
@@ -53,7 +58,7 @@ def data_config(corpus_dir, **overrides):
     config.data.max_predictions_per_seq = 10
     for key, value in overrides.items():
         setattr(config.data, key, value)
-    return config.data
+    return config
 
 
 def documents_of(corpus):
@@ -97,21 +102,36 @@ def config_flags(corpus_dir, **overrides):
 
 
 def prepare(corpus_dir, out, input_pattern, num_shards=2):
+    """python -m bertjax.data.prepare, as a user runs it (its pool of worker processes)."""
     result = run_module("bertjax.data.prepare", *config_flags(corpus_dir, input_pattern=input_pattern),
                         f"--output_dir={out}", f"--num_shards={num_shards}", "--num_workers=2")
     assert result.returncode == 0, result.stderr[-2000:]
-    meta = json.loads((out / "metadata.json").read_text())
+    check_prepared(out, num_shards)
     assert "train:" in result.stdout and "MB/s per worker process" in result.stdout
+    return data_config(corpus_dir, source="prepared", prepared_dir=str(out), input_pattern=None, vocab_path=None)
+
+
+def prepare_here(corpus_dir, out, input_pattern, num_shards=2):
+    """The same shards, prepared in this process (the program's run without its worker pool)."""
+    from bertjax.data import prepare as prepare_program
+
+    prepare_program.run(DataSettings.from_config(data_config(corpus_dir, input_pattern=input_pattern)), str(out),
+                        num_shards=num_shards, num_workers=0)
+    check_prepared(out, num_shards)
+    return data_config(corpus_dir, source="prepared", prepared_dir=str(out), input_pattern=None, vocab_path=None)
+
+
+def check_prepared(out, num_shards):
+    meta = json.loads((out / "metadata.json").read_text())
     assert meta["num_shards"] == num_shards and meta["format_version"] == 2 and meta["dtype"] == "uint16"
     assert len(list(out.glob("*.npy"))) == 6 * num_shards  # tokens, sentence and document offsets, 2 splits
-    return data_config(corpus_dir, source="prepared", prepared_dir=str(out), input_pattern=None, vocab_path=None)
 
 
 @pytest.mark.slow
 def test_prepared_shards_give_each_host_the_in_memory_stream(corpus_dir, tmp_path):
     # One input file, two shards: documents are dealt to shards as the in-memory path deals them to hosts.
     one_file = str(corpus_dir / "part-0.txt")
-    shards = prepare(corpus_dir, tmp_path / "one", one_file)
+    shards = prepare_here(corpus_dir, tmp_path / "one", one_file)
     for host in range(2):
         in_memory = inputs.build_inputs(data_config(corpus_dir, input_pattern=one_file), workdir=None,
                                         process_index=host, process_count=2)
@@ -140,13 +160,22 @@ def test_prepared_file_shards_are_disjoint_and_complete(corpus_dir, tmp_path):
         assert not (parts[0] & parts[1]) and parts[0] | parts[1] == documents_of(getattr(whole, split).corpus)
 
 
+def preview_here(config, **flags):
+    """python -m bertjax.data.preview's run, in this process, with these flag values (the rest its defaults)."""
+    from bertjax.data import preview
+
+    args = dict(config=config, workdir=None, split="train", start_step=0, num_examples=5, format="text")
+    preview.main(["preview"], SimpleNamespace(**{**args, **flags}))
+
+
 @pytest.mark.slow
-def test_preview_text_and_jsonl(corpus_dir):
-    text = run_module("bertjax.data.preview", *config_flags(corpus_dir), "--num_examples=3",
-                      "--config.data.packing=false")  # one example a row (packed rows: tests/test_packing_data.py)
-    assert text.returncode == 0, text.stderr[-2000:]
-    assert text.stdout.startswith("legend: ⟦seen→original⟧") and "=== step 0: 32 examples of 64" in text.stdout
-    assert text.stdout.count("--- example") == 3 and "⟦[MASK]→" in text.stdout and "A: [CLS]" in text.stdout
+def test_preview_text_and_jsonl(corpus_dir, tmp_path, capsys):
+    # One example a row (packed rows: tests/test_packing_data.py).
+    preview_here(full_config(corpus_dir, packing=False), num_examples=3, workdir=str(tmp_path))
+    text = capsys.readouterr().out
+    assert text.startswith("legend: ⟦seen→original⟧") and "=== step 0: 32 examples of 64" in text
+    assert text.count("--- example") == 3 and "⟦[MASK]→" in text and "A: [CLS]" in text
+    # The program, as a tool reads it.
     jsonl = run_module("bertjax.data.preview", *config_flags(corpus_dir), "--num_examples=4", "--format=jsonl",
                        "--start_step=7", "--config.train.batch_size=4")
     assert jsonl.returncode == 0, jsonl.stderr[-2000:]
@@ -203,22 +232,29 @@ def expect_cli_error(result, *fragments):
 
 
 @pytest.mark.slow
-def test_bad_input_gets_one_clear_line(corpus_dir, tmp_path):
+def test_bad_input_gets_one_clear_line(corpus_dir, tmp_path, capsys):
+    def preview_error(*fragments, **overrides):
+        """The preview's run on these settings: exit 2, its error one line (naming the fragments), no traceback."""
+        with pytest.raises(SystemExit) as stopped:
+            preview_here(full_config(corpus_dir, **overrides), workdir=str(tmp_path))
+        err = capsys.readouterr().err
+        expect_cli_error(subprocess.CompletedProcess([], stopped.value.code, "", err), *fragments)
+        assert len(err.strip().splitlines()) == 1, err
+
     empty = tmp_path / "empty.txt"
     empty.write_text("\n\n")
-    expect_cli_error(run_module("bertjax.data.preview", *config_flags(corpus_dir, input_pattern=empty)),
-                     "no documents")
+    preview_error("no documents", input_pattern=str(empty))
     bad = tmp_path / "bad.txt"
     bad.write_bytes(b"A fine sentence.\nAnother one \xff\xfe here.\n")
+    # The program itself, for one of them (and for a flag it does not have, below).
     expect_cli_error(run_module("bertjax.data.preview", *config_flags(corpus_dir, input_pattern=bad)),
                      "bad.txt", "line 2", "UTF-8")
-    expect_cli_error(run_module("bertjax.data.preview", *config_flags(corpus_dir, input_pattern=tmp_path / "nope*.txt")),
-                     "nope")
+    preview_error("bad.txt", "line 2", "UTF-8", input_pattern=str(bad))
+    preview_error("nope", input_pattern=str(tmp_path / "nope*.txt"))
     no_mask = tmp_path / "vocab.txt"
     no_mask.write_text("\n".join(t for t in (corpus_dir / "vocab.txt").read_text().splitlines() if t != "[MASK]"))
-    expect_cli_error(run_module("bertjax.data.preview", *config_flags(corpus_dir, vocab_path=no_mask)), "[MASK]")
-    expect_cli_error(run_module("bertjax.data.preview", *config_flags(corpus_dir, max_predictions_per_seq=3)),
-                     "data.max_predictions_per_seq=3")
+    preview_error("[MASK]", vocab_path=str(no_mask))
+    preview_error("data.max_predictions_per_seq=3", max_predictions_per_seq=3)
     expect_cli_error(run_module("bertjax.data.preview", *config_flags(corpus_dir), "--config.data.bogus=1"),
                      "bogus")
 

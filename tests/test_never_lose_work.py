@@ -5,6 +5,7 @@ non-zero exit, and every good checkpoint left as it was."""
 import json
 import os
 import pathlib
+import re
 import shutil
 import signal
 import subprocess
@@ -12,30 +13,36 @@ import sys
 import time
 
 import pytest
+from conftest import REPO, config_flags, copy_of, program_env, tiny_config
 
+from bertjax.runs import pretraining
 from bertjax.training import checkpoint
 from bertjax.training import workdir
 from bertjax.training.checkpoint_meta import CheckpointMeta
 
-REPO = pathlib.Path(__file__).resolve().parents[1]
-SMALL = ["--config=configs/tiny.py", "--config.data.source=synthetic", "--config.schedule.warmup_steps=1",
-         "--config.train.batch_size=8", "--config.data.max_seq_length=32", "--config.data.max_predictions_per_seq=5",
-         "--config.model.hidden_size=64", "--config.model.num_heads=2", "--config.model.intermediate_size=128",
-         "--config.model.vocab_size=512", "--config.logging.eval_every=1000", "--config.logging.log_every=1"]
+SMALL = {"data.source": "synthetic", "schedule.warmup_steps": 1, "train.batch_size": 8, "data.max_seq_length": 32,
+         "data.max_predictions_per_seq": 5, "model.hidden_size": 64, "model.num_heads": 2,
+         "model.intermediate_size": 128, "model.vocab_size": 512, "logging.eval_every": 1000, "logging.log_every": 1}
 
 
-def train_command(workdir, *overrides):
-    return [sys.executable, "-m", "bertjax.train", f"--workdir={workdir}", *SMALL, *overrides]
+def train_command(workdir, settings):
+    return [sys.executable, "-m", "bertjax.train", "--config=configs/tiny.py", f"--workdir={workdir}",
+            *config_flags(settings)]
 
 
-def run_train(workdir, *overrides, timeout=240):
-    return subprocess.run(train_command(workdir, *overrides), cwd=REPO, capture_output=True, text=True,
-                          timeout=timeout)
+def run_train(workdir, settings, timeout=240):
+    return subprocess.run(train_command(workdir, settings), cwd=REPO, capture_output=True, text=True, timeout=timeout,
+                          env=program_env())
 
 
-def start_train(workdir, *overrides):
-    return subprocess.Popen(train_command(workdir, *overrides), cwd=REPO, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
+def start_train(workdir, settings):
+    return subprocess.Popen(train_command(workdir, settings), cwd=REPO, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, env=program_env())
+
+
+def pretrain(workdir, settings):
+    """The run `python -m bertjax.train` makes of these settings, in this process."""
+    pretraining.pretrain(tiny_config(settings), str(workdir))
 
 
 def wait_for_step(process, timeout=180):
@@ -64,51 +71,42 @@ def steps_in(workdir):
 
 
 @pytest.mark.slow
-def test_resume_with_a_changed_config_stops_and_keeps_the_checkpoints(tmp_path):
-    done = run_train(tmp_path, "--config.train.num_steps=4", "--config.checkpoint.every_steps=2")
-    assert done.returncode == 0, done.stderr
-    assert steps_in(tmp_path) == [2, 4]
-    assert not (tmp_path / workdir.LOCK_FILE).exists()  # a run that ended leaves no lock
-    changed = run_train(tmp_path, "--config.train.num_steps=6", "--config.model.hidden_size=128")
-    one_error_line(changed, "checkpoint at step 4 has model.hidden_size=64, the config 128", "new workdir",
+def test_resume_with_a_changed_config_stops_and_keeps_the_checkpoints(small_run, tmp_path, capsys):
+    workdir = copy_of(small_run["workdir"], tmp_path / "run")  # conftest's small run: checkpoints at 4, 8, 12
+    settings = dict(small_run["settings"], **{"train.num_steps": 14})
+    # The program: one line naming the difference, a non-zero exit.
+    changed = run_train(workdir, dict(settings, **{"model.hidden_size": 128}))
+    one_error_line(changed, "checkpoint at step 12 has model.hidden_size=64, the config 128", "new workdir",
                    "train.init_from")
-    other_pooler = run_train(tmp_path, "--config.train.num_steps=6", "--config.model.pooler=gelu_norm")
-    one_error_line(other_pooler, "model.pooler='tanh', the config 'gelu_norm'")
-    other_optimizer = run_train(tmp_path, "--config.train.num_steps=6", "--config.optimizer.name=lamb")
-    one_error_line(other_optimizer, "optimizer.name='adamw', the config 'lamb'")
+    # The run raises the same for any other difference of the model or the optimizer.
+    with pytest.raises(checkpoint.CheckpointMismatch, match=re.escape("model.pooler='tanh', the config 'gelu_norm'")):
+        pretrain(workdir, dict(settings, **{"model.pooler": "gelu_norm"}))
+    with pytest.raises(checkpoint.CheckpointMismatch, match=re.escape("optimizer.name='adamw', the config 'lamb'")):
+        pretrain(workdir, dict(settings, **{"optimizer.name": "lamb"}))
     # Nothing was set aside or overwritten, and the run still resumes with its own config.
-    assert steps_in(tmp_path) == [2, 4]
-    assert not [p for p in (tmp_path / "checkpoints").iterdir() if "unreadable" in p.name]
-    resumed = run_train(tmp_path, "--config.train.num_steps=6", "--config.checkpoint.every_steps=2")
-    assert resumed.returncode == 0, resumed.stderr
-    assert "resumed from step 4" in resumed.stdout
+    assert steps_in(workdir) == [4, 8, 12]
+    assert not [p for p in (workdir / "checkpoints").iterdir() if "unreadable" in p.name]
+    capsys.readouterr()
+    pretrain(workdir, settings)
+    out = capsys.readouterr().out
+    assert "resumed from step 12" in out
     # Raising train.num_steps stretches the schedule: said in one line, with the learning rate now.
-    assert "the learning-rate schedule differs from the checkpoint's (train.num_steps 4 -> 6)" in resumed.stdout
-    again = run_train(tmp_path, "--config.train.num_steps=6", "--config.checkpoint.every_steps=2")
-    assert again.returncode == 0 and "nothing to do: the checkpoint of step 6 is already at train.num_steps=6" in (
-        again.stdout), again.stdout
+    assert "the learning-rate schedule differs from the checkpoint's (train.num_steps 12 -> 14)" in out, out
+    pretrain(workdir, settings)
+    assert "nothing to do: the checkpoint of step 14 is already at train.num_steps=14" in capsys.readouterr().out
 
 
 @pytest.mark.slow
-def test_a_second_run_on_the_workdir_is_refused_and_a_stale_lock_taken_over(tmp_path):
-    first = start_train(tmp_path, "--config.train.num_steps=100000", "--config.checkpoint.every_steps=100000")
-    try:
-        wait_for_step(first)
-        second = run_train(tmp_path, "--config.train.num_steps=3")
-        one_error_line(second, f"is in use by process {first.pid}", "choose another workdir")
-    finally:
-        first.kill()  # SIGKILL: the run leaves its lock file behind
-        first.wait()
-    assert json.loads((tmp_path / workdir.LOCK_FILE).read_text())["pid"] == first.pid
-    third = run_train(tmp_path, "--config.train.num_steps=2", "--config.checkpoint.every_steps=2")
-    assert third.returncode == 0, third.stderr
-
-
-@pytest.mark.slow
-def test_ctrl_c_saves_the_step_and_exits_130(tmp_path):
-    run = start_train(tmp_path, "--config.train.num_steps=100000", "--config.checkpoint.every_steps=100000")
+def test_a_second_run_is_refused_then_ctrl_c_saves_the_step_and_exits_130(tmp_path, capsys):
+    """A run holds its workdir: a second run on it is refused in one line naming the first. Ctrl-C to the
+    first saves its step and exits 130; re-run, it resumes there, metrics.jsonl keeping each step once. (The
+    lock a killed run leaves behind is taken over: tests/test_train.py's SIGKILL test.)"""
+    run = start_train(tmp_path, dict(SMALL, **{"train.num_steps": 100000, "checkpoint.every_steps": 100000}))
     try:
         step = wait_for_step(run)
+        with pytest.raises(workdir.WorkdirInUse, match=f"is in use by process {run.pid} .*choose another workdir"):
+            pretrain(tmp_path, dict(SMALL, **{"train.num_steps": 3}))
+        assert json.loads((tmp_path / workdir.LOCK_FILE).read_text())["pid"] == run.pid  # the first's, still
         run.send_signal(signal.SIGINT)
         out, err = run.communicate(timeout=120)
     finally:
@@ -118,8 +116,10 @@ def test_ctrl_c_saves_the_step_and_exits_130(tmp_path):
     assert "Ctrl-C: saved the checkpoint of step" in out
     saved = steps_in(tmp_path)
     assert len(saved) == 1 and saved[0] >= step
-    resumed = run_train(tmp_path, f"--config.train.num_steps={saved[0] + 1}")
-    assert resumed.returncode == 0 and f"resumed from step {saved[0]}" in resumed.stdout, resumed.stderr
+    capsys.readouterr()
+    pretrain(tmp_path, dict(SMALL, **{"train.num_steps": saved[0] + 1}))  # the same command, re-run
+    assert f"resumed from step {saved[0]}" in capsys.readouterr().out
+    assert not (tmp_path / workdir.LOCK_FILE).exists()
     # metrics.jsonl logs each step once, and says where the run resumed.
     records = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     train_steps = [r["step"] for r in records if "split" not in r]
@@ -161,7 +161,7 @@ def test_a_full_disk_stops_the_run_with_one_line(tmp_path):
     if not _can_mount_tmpfs(small_disk):
         pytest.skip("needs root to mount a 1 MB tmpfs as the full disk")
     try:
-        result = run_train(small_disk / "run", "--config.train.num_steps=50", "--config.checkpoint.every_steps=2")
+        result = run_train(small_disk / "run", dict(SMALL, **{"train.num_steps": 50, "checkpoint.every_steps": 2}))
         one_error_line(result, "saving a checkpoint to", "failed (no space left on device)",
                        "a checkpoint needs about", "free space or choose another workdir")
         # No partial save is left for the next run (a writer thread of the failed save may still be
@@ -177,18 +177,17 @@ def test_a_full_disk_stops_the_run_with_one_line(tmp_path):
 
 
 @pytest.mark.slow
-def test_load_and_init_from_fall_back_past_an_unreadable_newest_checkpoint(tmp_path):
-    done = run_train(tmp_path, "--config.train.num_steps=4", "--config.checkpoint.every_steps=2")
-    assert done.returncode == 0, done.stderr
-    for f in (tmp_path / "checkpoints" / "4" / "params").rglob("*"):
+def test_load_and_init_from_fall_back_past_an_unreadable_newest_checkpoint(small_run, tmp_path, capsys):
+    broken = copy_of(small_run["workdir"], tmp_path / "broken")  # conftest's small run: checkpoints at 4, 8, 12
+    for f in (broken / "checkpoints" / "12" / "params").rglob("*"):
         if f.is_file():
             f.write_bytes(b"broken")
-    params, meta = checkpoint.restore_params(str(tmp_path))
-    assert meta.step == 2
-    other = tmp_path / "other"
-    init = run_train(other, "--config.train.num_steps=1", f"--config.train.init_from={tmp_path}")
-    assert init.returncode == 0, init.stderr
-    assert "step 4" in init.stdout and "unreadable" in init.stdout
+    params, meta = checkpoint.restore_params(str(broken))
+    assert meta.step == 8
+    capsys.readouterr()
+    pretrain(tmp_path / "other", dict(small_run["settings"], **{"train.num_steps": 2, "train.init_from": str(broken)}))
+    out = capsys.readouterr().out
+    assert "step 12" in out and "unreadable" in out and f"parameters from {broken}" in out
 
 
 def test_a_checkpoint_of_other_shapes_is_a_mismatch_and_stays_where_it_is(tmp_path):

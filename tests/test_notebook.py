@@ -3,10 +3,8 @@ and it runs top to bottom on a short tiny pretraining run, its fine-tuned classi
 class."""
 
 import html
-import os
 import pathlib
 import re
-import subprocess
 import sys
 
 import nbformat
@@ -42,22 +40,15 @@ def test_the_notebook_is_stored_with_the_outputs_of_one_run():
 
 
 @pytest.mark.slow
-def test_the_evaluation_notebook_runs_on_a_short_tiny_run(tmp_path, monkeypatch):
-    """The README's tiny run cut to 40 steps (the vocabulary still learned from the corpus), then every
-    cell of the notebook in a kernel of this interpreter."""
+def test_the_evaluation_notebook_runs_on_a_short_tiny_run(tiny_run, tmp_path, monkeypatch):
+    """The README's tiny run cut short (conftest's tiny_run: 400 steps, the vocabulary still learned from the
+    corpus), then every cell of the notebook in a kernel of this interpreter."""
     import ipykernel.kernelspec
     from jupyter_client.kernelspec import KernelSpecManager
     from jupyter_client.manager import KernelManager
     from nbclient import NotebookClient
 
-    workdir = tmp_path / "tiny"
-    subprocess.run(
-        [sys.executable, "-m", "bertjax.train", "--config=configs/tiny.py", f"--workdir={workdir}",
-         "--config.train.num_steps=40", "--config.schedule.warmup_steps=10", "--config.logging.log_every=10",
-         "--config.logging.eval_every=20", "--config.logging.eval_batches=2", "--config.checkpoint.every_steps=20"],
-        cwd=REPO, env={**os.environ, **ENV}, check=True, capture_output=True, text=True, timeout=300,
-    )
-
+    workdir = tiny_run  # read-only: the notebook reads it and fine-tunes from it into BERTJAX_FINETUNE_DIR
     for name, value in {**ENV, "BERTJAX_WORKDIR": str(workdir), "BERTJAX_FINETUNE_DIR": str(tmp_path / "finetune"),
                         "BERTJAX_NB_TRAIN_EXAMPLES": "600", "BERTJAX_NB_DEV_EXAMPLES": "200",
                         "BERTJAX_NB_EPOCHS": "4", "BERTJAX_NB_QA_EXAMPLES": "300", "BERTJAX_NB_QA_EPOCHS": "4"}.items():

@@ -24,6 +24,7 @@ from bertjax.models.config import BertConfig
 from bertjax.models import heads
 from bertjax.training import checkpoint
 from bertjax.training.checkpoint_meta import CheckpointMeta
+from conftest import shared_directory
 from test_finetune import keyword_sentences  # real sentences of the demo corpus, half with the keyword
 
 LABELS = ["no", "yes"]
@@ -74,7 +75,9 @@ def _tokenize(tokenizer, texts, length):
 def classifier(tmp_path_factory):
     """The keyword task's classifier (keyword_classifier), the float model, its params and the dev features."""
     rows = keyword_sentences()[:400]
-    workdir = keyword_classifier(tmp_path_factory.mktemp("quantize"), rows)
+    # Made once per test run (tests/test_compression_report.py reads it too); read-only.
+    workdir = str(shared_directory(tmp_path_factory, "keyword-classifier", lambda root: keyword_classifier(root, rows))
+                  / "classifier")
     float_model = bertjax.load(workdir)
     params, _ = checkpoint.restore_params(os.path.join(workdir, checkpoint.BEST_DIR))
     dev = rows[len(rows) * 3 // 4:]

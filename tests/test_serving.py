@@ -21,18 +21,13 @@ import flax.linen as nn
 import jax
 import numpy as np
 import pytest
-from conftest import FAST_COMPILE_FLAGS  # what this process compiles with: its programs too
+from conftest import FAST_COMPILE_FLAGS, copy_of  # what this process compiles with: its programs too
 
 import bertjax
-from bertjax.training import checkpoint
 from bertjax.models import heads
 from bertjax.interop import savedmodel
-from bertjax.models import bert as bert_model
-from bertjax.models.config import BertConfig
-from bertjax.data import demo
 from bertjax.tasks import features
-from bertjax.text import vocab_learning as vocabularies
-from bertjax.training.checkpoint_meta import CheckpointMeta, TaskRecord
+from bertjax.training.checkpoint_meta import TaskRecord
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 ENV = {**os.environ, "PYTHONPATH": str(REPO), "XLA_FLAGS": FAST_COMPILE_FLAGS, "JAX_PLATFORMS": "cpu", "CUDA_VISIBLE_DEVICES": "",
@@ -100,24 +95,9 @@ def serve(jobs, tmp_path):
 
 
 @pytest.fixture(scope="module")
-def workdir(tmp_path_factory):
-    """A bertjax workdir with a small random BERT (as tests/test_finetune.py's `pretrained`)."""
-    workdir = tmp_path_factory.mktemp("serving") / "pretrained"
-    workdir.mkdir()
-    sentences = [s for doc in demo.demo_documents(300) for s in doc]
-    vocabularies.learn_wordpiece_vocab(iter(sentences), 1000, True, str(workdir / "vocab.txt"))
-    vocab_size = len((workdir / "vocab.txt").read_text(encoding="utf-8").splitlines())
-    cfg = BertConfig(vocab_size=vocab_size, hidden_size=64, num_layers=2, num_heads=2,
-                                intermediate_size=128, max_position_embeddings=64)
-    params = bert_model.BertForPreTraining(cfg).init(jax.random.key(0), **bert_model.dummy_batch(1, 16, 2))["params"]
-    params = jax.tree_util.tree_map(np.asarray, jax.device_get(nn.unbox(params)))
-    meta = {"step": 1, "model": cfg.__dict__,
-            "tokenizer": {"kind": "wordpiece", "path": "vocab.txt", "lower_case": True}}
-    saver = checkpoint.Checkpointer(str(workdir), every_steps=1, keep=1, async_save=False)
-    saver.save(1, params, {"count": np.zeros((), np.int32)}, CheckpointMeta.from_json(meta), force=True)
-    saver.wait()
-    saver.close()
-    return workdir
+def workdir(pretrained):
+    """A bertjax workdir with a small random BERT (conftest's `pretrained`, read-only)."""
+    return pathlib.Path(pretrained["workdir"])
 
 
 def classifier(bert, kind="classification", labels=("no", "maybe", "yes")):
@@ -153,6 +133,7 @@ def python_mask_positions(tokenizer, text):
 
 @pytest.mark.slow
 def test_savedmodel_equals_bertjax_in_a_fresh_process(workdir, tmp_path):
+    workdir = copy_of(workdir, tmp_path / "pretrained")  # its vocabulary is hidden below
     bert = bertjax.load(workdir)
     written = tmp_path / "written"
     assert savedmodel.export_savedmodel(bert, str(written), max_seq_length=S) == ["encode", "fill_mask"]

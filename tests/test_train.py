@@ -2,30 +2,26 @@
 SIGTERM, a broken checkpoint, NaN, bad settings, init_from, bertjax.load, and the tiny config learning."""
 
 import json
-import os
-import pathlib
 import runpy
-import shutil
 import signal
 import subprocess
 import sys
-import time
 
 import flax.linen as nn
 import jax
 import numpy as np
 import pytest
-from conftest import FAST_COMPILE_FLAGS  # what this process compiles with: its programs too
+from conftest import (REPO, TINY_RUN_SETTINGS, config_flags, copy_of, program_env, tiny_config, train_losses,
+                      wait_for)
 
+from bertjax.runs import pretraining as pretraining_runs
 from bertjax.training import sharding
 from bertjax.training import pretraining_step
+from bertjax.training import workdir as workdirs
 from bertjax.data import synthetic
-from bertjax.text import vocab_learning as vocab
 
-# Every test here compiles and runs training steps, most of them in fresh processes.
+# Every test here compiles and runs training steps.
 pytestmark = pytest.mark.slow
-
-REPO = pathlib.Path(__file__).resolve().parents[1]
 
 
 def small_config(**train_overrides):
@@ -139,78 +135,22 @@ def test_gradient_accumulation_equals_a_larger_batch():
 
 # --------------------------------------------------------------------------------------------------
 # The program, as a user runs it
+#
+# The run under test is conftest's small_run: the small text-corpus run made once per test run, in-process
+# as `python -m bertjax.train` makes it (runs/pretraining.py). The program itself runs where its signals,
+# its exit code and its one-line errors are what is tested; it compiles what this process compiles
+# (conftest.program_env), so that a run it starts and one resumed here agree bit for bit.
 # --------------------------------------------------------------------------------------------------
 
-WORDS = ("the river city north old museum built century king village church music long bridge water "
-         "school road first new large small known several people many early later during because "
-         "however although famous station market island mountain forest garden library tower").split()
+
+def train_command(workdir, settings):
+    return [sys.executable, "-m", "bertjax.train", "--config=configs/tiny.py", f"--workdir={workdir}",
+            *config_flags(settings)]
 
 
-@pytest.fixture(scope="module")
-def corpus(tmp_path_factory):
-    root = tmp_path_factory.mktemp("train-corpus")
-    rng = np.random.default_rng(0)
-    lines = []
-    for _ in range(200):
-        for _ in range(rng.integers(1, 10)):
-            lines.append(" ".join(rng.choice(WORDS, size=rng.integers(4, 16))).capitalize() + ".")
-        lines.append("")
-    (root / "corpus.txt").write_text("\n".join(lines))
-    vocab.learn_wordpiece_vocab((l for l in lines if l), 200, True, str(root / "vocab.txt"))
-    return root
-
-
-def command(corpus, workdir, *extra):
-    return [
-        sys.executable, "-m", "bertjax.train", "--config=configs/tiny.py", f"--workdir={workdir}",
-        "--config.data.source=text", f"--config.data.input_pattern={corpus / 'corpus.txt'}",
-        f"--config.data.vocab_path={corpus / 'vocab.txt'}", "--config.data.eval_fraction=0.1",
-        "--config.data.max_seq_length=32", "--config.data.max_predictions_per_seq=5",
-        "--config.model.vocab_size=256", "--config.model.hidden_size=64", "--config.model.num_heads=2",
-        "--config.model.intermediate_size=128", "--config.train.batch_size=8", "--config.train.num_steps=12",
-        "--config.schedule.warmup_steps=2", "--config.logging.log_every=1", "--config.logging.eval_every=6",
-        "--config.logging.eval_batches=2", "--config.checkpoint.every_steps=4", *extra,
-    ]
-
-
-ENV = {**os.environ, "PYTHONPATH": str(REPO), "XLA_FLAGS": FAST_COMPILE_FLAGS, "JAX_PLATFORMS": "cpu"}
-
-
-def run(cmd, timeout=300, env=ENV):
-    return subprocess.run(cmd, capture_output=True, text=True, cwd=REPO, timeout=timeout, env=env)
-
-
-def losses(workdir):
-    """step -> training loss; a step logged twice (before a kill and after the resume) keeps the last."""
-    out = {}
-    for line in (pathlib.Path(workdir) / "metrics.jsonl").read_text().splitlines():
-        record = json.loads(line)
-        if "split" not in record:
-            out[record["step"]] = record["loss"]
-    return out
-
-
-def wait_for(predicate, proc, timeout=240):
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        if predicate():
-            return
-        if proc.poll() is not None:
-            raise AssertionError(f"the run ended early: {proc.stderr.read()[-2000:]}")
-        time.sleep(0.2)
-    raise AssertionError("timed out waiting for the run")
-
-
-@pytest.fixture(scope="module")
-def uninterrupted(corpus, tmp_path_factory):
-    workdir = tmp_path_factory.mktemp("uninterrupted")
-    result = run(command(corpus, workdir))
-    assert result.returncode == 0, result.stderr[-3000:]
-    return workdir
-
-
-def test_a_run_logs_evaluates_and_checkpoints(uninterrupted):
-    records = [json.loads(l) for l in (uninterrupted / "metrics.jsonl").read_text().splitlines()]
+def test_a_run_logs_evaluates_and_checkpoints(small_run):
+    workdir = small_run["workdir"]
+    records = [json.loads(l) for l in (workdir / "metrics.jsonl").read_text().splitlines()]
     train_records = [r for r in records if "split" not in r]
     assert [r["step"] for r in train_records] == list(range(1, 13))
     for key in ("loss", "mlm_loss", "mlm_accuracy", "nsp_accuracy", "learning_rate", "grad_norm"):
@@ -219,14 +159,14 @@ def test_a_run_logs_evaluates_and_checkpoints(uninterrupted):
     # Packed by default (data.packing): rows of several sequences, little padding, logged beside the speed.
     assert np.mean([r["padding_efficiency"] for r in train_records]) > 0.9
     assert [r["step"] for r in records if r.get("split") == "eval"] == [6, 12]
-    assert sorted(int(p.name) for p in (uninterrupted / "checkpoints").iterdir() if p.name.isdigit()) == [4, 8, 12]
-    assert list((uninterrupted / "tensorboard").glob("events.out.tfevents.*"))
+    assert sorted(int(p.name) for p in (workdir / "checkpoints").iterdir() if p.name.isdigit()) == [4, 8, 12]
+    assert list((workdir / "tensorboard").glob("events.out.tfevents.*"))
 
 
-def test_sigkill_then_rerun_reproduces_every_step(corpus, uninterrupted, tmp_path):
+def test_sigkill_then_rerun_reproduces_every_step(small_run, tmp_path, capsys):
     workdir = tmp_path / "killed"
-    proc = subprocess.Popen(command(corpus, workdir), cwd=REPO, env=ENV, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(train_command(workdir, small_run["settings"]), cwd=REPO, env=program_env(),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     # Kill it once the step-4 checkpoint is complete (Orbax renames a finished checkpoint into place): the
     # first one, so that the run cannot have finished its 12 steps by the time the signal lands.
     wait_for(lambda: (workdir / "checkpoints" / "4" / "params").is_dir(), proc)
@@ -234,19 +174,21 @@ def test_sigkill_then_rerun_reproduces_every_step(corpus, uninterrupted, tmp_pat
     proc.wait(timeout=60)
     saved = max(int(p.name) for p in (workdir / "checkpoints").iterdir() if p.name.isdigit())
     assert saved < 12, "the run finished before it was killed"
-    result = run(command(corpus, workdir))
-    assert result.returncode == 0, result.stderr[-3000:]
-    assert f"resumed from step {saved}" in result.stdout
-    expected, got = losses(uninterrupted), losses(workdir)
+    # The killed run's lock is left behind, and the re-run takes it over (its process is gone).
+    assert json.loads((workdir / workdirs.LOCK_FILE).read_text())["pid"] == proc.pid
+    pretraining_runs.pretrain(tiny_config(small_run["settings"]), str(workdir))  # the same command, re-run
+    assert f"resumed from step {saved}" in capsys.readouterr().out
+    assert not (workdir / workdirs.LOCK_FILE).exists()
+    expected, got = train_losses(small_run["workdir"]), train_losses(workdir)
     for step in range(saved + 1, 13):
         assert got[step] == expected[step], step  # exactly, not approximately
 
 
-def test_sigterm_saves_and_exits_cleanly(corpus, tmp_path):
+def test_sigterm_saves_and_exits_cleanly(small_run, tmp_path):
     workdir = tmp_path / "preempted"
-    proc = subprocess.Popen(command(corpus, workdir), cwd=REPO, env=ENV, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
-    wait_for(lambda: (workdir / "metrics.jsonl").exists() and len(losses(workdir)) >= 2, proc)
+    proc = subprocess.Popen(train_command(workdir, small_run["settings"]), cwd=REPO, env=program_env(),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    wait_for(lambda: (workdir / "metrics.jsonl").exists() and len(train_losses(workdir)) >= 2, proc)
     proc.send_signal(signal.SIGTERM)
     out, err = proc.communicate(timeout=120)
     assert proc.returncode == 0, err[-3000:]
@@ -255,39 +197,39 @@ def test_sigterm_saves_and_exits_cleanly(corpus, tmp_path):
     assert (workdir / "checkpoints" / str(saved) / "params").is_dir() and saved < 12
 
 
-def test_unreadable_latest_checkpoint_falls_back(corpus, uninterrupted, tmp_path):
-    workdir = tmp_path / "broken"
-    shutil.copytree(uninterrupted, workdir)
+def test_unreadable_latest_checkpoint_falls_back(small_run, tmp_path, capsys):
+    workdir = copy_of(small_run["workdir"], tmp_path / "broken")
     # Truncate every data file of the newest checkpoint's parameters.
     for f in (workdir / "checkpoints" / "12" / "params").rglob("*"):
         if f.is_file() and f.stat().st_size > 0 and f.suffix not in (".json",):
             f.write_bytes(f.read_bytes()[: f.stat().st_size // 3])
-    result = run(command(corpus, workdir))
-    assert result.returncode == 0, result.stderr[-3000:]
-    assert "checkpoint at step 12 is unreadable" in result.stdout
-    assert "resumed from step 8" in result.stdout
-    expected, got = losses(uninterrupted), losses(workdir)
+    pretraining_runs.pretrain(tiny_config(small_run["settings"]), str(workdir))
+    out = capsys.readouterr().out
+    assert "checkpoint at step 12 is unreadable" in out
+    assert "resumed from step 8" in out
+    expected, got = train_losses(small_run["workdir"]), train_losses(workdir)
     assert all(got[s] == expected[s] for s in range(9, 13))
     assert list((workdir / "checkpoints").glob("unreadable-12-*"))  # kept aside, not deleted
 
 
-def test_init_from_and_load(corpus, uninterrupted, tmp_path):
+def test_init_from_and_load(small_run, tmp_path, capsys):
     import bertjax
 
-    result = run(command(corpus, tmp_path / "phase2", f"--config.train.init_from={uninterrupted}",
-                         "--config.train.num_steps=2", "--config.logging.eval_every=2"))
-    assert result.returncode == 0, result.stderr[-3000:]
-    assert f"parameters from {uninterrupted}" in result.stdout
-    first = losses(tmp_path / "phase2")[1]
-    assert first < losses(uninterrupted)[1]  # starts from trained parameters, not from scratch
+    trained = small_run["workdir"]
+    settings = dict(small_run["settings"], **{"train.init_from": str(trained), "train.num_steps": 2,
+                                              "logging.eval_every": 2})
+    pretraining_runs.pretrain(tiny_config(settings), str(tmp_path / "phase2"))
+    assert f"parameters from {trained}" in capsys.readouterr().out
+    first = train_losses(tmp_path / "phase2")[1]
+    assert first < train_losses(trained)[1]  # starts from trained parameters, not from scratch
 
-    bert = bertjax.load(uninterrupted)
+    bert = bertjax.load(trained)
     out = bert.encode(["The old bridge was built.", "A museum."])
     assert out["sequence_output"].shape[:2] == out["input_ids"].shape and out["pooled_output"].shape == (2, 64)
     assert np.isfinite(out["sequence_output"]).all()
 
 
-def test_bad_settings_and_nan_get_one_clear_line(corpus, tmp_path):
+def test_bad_settings_and_nan_get_one_clear_line(small_run, tmp_path):
     def expect_error(result, *fragments):
         assert result.returncode == 2, (result.returncode, result.stderr[-2000:])
         last = result.stderr.strip().splitlines()[-1]
@@ -295,45 +237,45 @@ def test_bad_settings_and_nan_get_one_clear_line(corpus, tmp_path):
         for fragment in fragments:
             assert fragment in last, (fragment, last)
 
-    expect_error(run(command(corpus, tmp_path / "a", "--config.train.bach_size=8")), "bach_size")
-    expect_error(run(command(corpus, tmp_path / "b", "--config.mesh.data=3")), "does not match")
-    env_eight = {**ENV, "XLA_FLAGS": f"{FAST_COMPILE_FLAGS} --xla_force_host_platform_device_count=8"}
-    result = subprocess.run(command(corpus, tmp_path / "c", "--config.train.batch_size=12"), capture_output=True,
-                            text=True, cwd=REPO, timeout=300, env=env_eight)
-    expect_error(result, "train.batch_size=12", "multiple of 8")
-    expect_error(run(command(corpus, tmp_path / "d", "--config.optimizer.learning_rate=1e30",
-                             "--config.optimizer.clip_norm=0.0")), "NaN or inf between steps")
+    def program(workdir, **changes):
+        return subprocess.run(train_command(workdir, dict(small_run["settings"], **changes)), capture_output=True,
+                              text=True, cwd=REPO, timeout=300, env=program_env())
+
+    # The program: an unknown key (its flags), a mesh the devices cannot make (the run's first check), and
+    # a run that diverges (a step's own check), each one line and exit 2.
+    expect_error(subprocess.run(train_command(tmp_path / "a", small_run["settings"]) + ["--config.train.bach_size=8"],
+                                capture_output=True, text=True, cwd=REPO, timeout=300, env=program_env()), "bach_size")
+    expect_error(program(tmp_path / "b", **{"mesh.data": 3}), "does not match")
+    expect_error(program(tmp_path / "d", **{"optimizer.learning_rate": 1e30, "optimizer.clip_norm": 0.0,
+                                            "data.source": "synthetic"}),  # no corpus to read: diverging is all
+                 "NaN or inf between steps")
     assert not list((tmp_path / "d" / "checkpoints").glob("[0-9]*"))  # nothing non-finite was saved
+    # A batch the data-parallel devices cannot split, as the run raises it (the program's line is the
+    # ValueError's, as the mesh's above).
+    assert jax.device_count() == 8
+    with pytest.raises(ValueError, match=r"train.batch_size=12.*multiple of 8"):
+        pretraining_runs.pretrain(tiny_config(dict(small_run["settings"], **{"train.batch_size": 12})),
+                                  str(tmp_path / "c"))
 
 
-def test_tiny_config_learns_on_the_demo_corpus(tmp_path):
-    """Held-out masked-LM accuracy far above always guessing the most frequent token."""
-    workdir = tmp_path / "tiny"
-    result = run([sys.executable, "-m", "bertjax.train", "--config=configs/tiny.py", f"--workdir={workdir}",
-                  "--config.train.num_steps=400", "--config.train.batch_size=32",
-                  "--config.data.max_seq_length=64", "--config.data.max_predictions_per_seq=10",
-                  "--config.schedule.warmup_steps=40", "--config.logging.eval_every=400",
-                  "--config.logging.eval_batches=10", "--config.checkpoint.every_steps=400",
-                  # One example a row: the packer's CPU would double this test's time on 2 cores; a packed
-                  # step computes what its examples unpacked would (tests/test_packing_model.py).
-                  "--config.data.packing=false"], timeout=900,
-                 env={**ENV, "XLA_FLAGS": ""})  # 400 steps: fully optimised code pays for its compile here
-    assert result.returncode == 0, result.stderr[-3000:]
-    evals = [json.loads(l) for l in (workdir / "metrics.jsonl").read_text().splitlines() if '"split"' in l]
+def test_tiny_config_learns_on_the_demo_corpus(tiny_run):
+    """Held-out masked-LM accuracy far above always guessing the most frequent token (conftest's tiny_run:
+    the README's tiny config, 400 steps of 32 x 64)."""
+    evals = [json.loads(l) for l in (tiny_run / "metrics.jsonl").read_text().splitlines() if '"split"' in l]
+    assert [e["step"] for e in evals] == [200, 400]
     accuracy = evals[-1]["mlm_accuracy"]
 
     from bertjax.data import inputs
 
-    config = runpy.run_path(str(REPO / "configs" / "tiny.py"))["get_config"]()
-    config.data.update(max_seq_length=64, max_predictions_per_seq=10)
-    held_out = inputs.build_inputs(config.data, workdir=str(workdir)).eval_batches(32, 10)
+    config = tiny_config(TINY_RUN_SETTINGS)
+    held_out = inputs.build_inputs(config.data, workdir=str(tiny_run)).eval_batches(32, 10)
     labels = np.concatenate([b["masked_lm_ids"][b["masked_lm_weights"] > 0] for b in held_out])
     baseline = np.bincount(labels).max() / len(labels)
     # Measured: 0.078 after 300 steps, 0.091 after 300 of 450; the baseline is about 0.056.
     assert accuracy > 1.4 * baseline, (accuracy, baseline)
 
 
-def test_continued_pretraining_from_hugging_face(tmp_path):
+def test_continued_pretraining_from_hugging_face(tmp_path, capsys):
     """train.init_from=<a Hugging Face BERT directory>: the run starts, and its first logged MLM loss is
     transformers' BertForMaskedLM loss on the same (synthetic) batch with the same weights."""
     import torch
@@ -345,17 +287,15 @@ def test_continued_pretraining_from_hugging_face(tmp_path):
     hf_model = transformers.BertForPreTraining(transformers.BertConfig(**shape, attn_implementation="eager")).eval()
     hf_dir = tmp_path / "hf"
     hf_model.save_pretrained(hf_dir)
-    result = run([sys.executable, "-m", "bertjax.train", "--config=configs/tiny.py", f"--workdir={tmp_path / 'run'}",
-                  "--config.data.source=synthetic", "--config.data.max_seq_length=32",
-                  "--config.data.max_predictions_per_seq=5", "--config.model.vocab_size=512",
-                  "--config.model.hidden_size=64", "--config.model.num_heads=2", "--config.model.intermediate_size=128",
-                  "--config.model.max_position_embeddings=64", "--config.model.hidden_dropout_rate=0.0",
-                  "--config.model.attention_dropout_rate=0.0", "--config.train.batch_size=8",
-                  "--config.train.num_steps=2", "--config.logging.log_every=1", "--config.logging.eval_every=100",
-                  "--config.schedule.warmup_steps=1", f"--config.train.init_from={hf_dir}",
-                  "--config.data.packing=false"])  # the first batch's loss is compared with HF's, unpacked
-    assert result.returncode == 0, result.stderr[-3000:]
-    assert f"parameters from {hf_dir}" in result.stdout
+    pretraining_runs.pretrain(tiny_config({
+        "data.source": "synthetic", "data.max_seq_length": 32, "data.max_predictions_per_seq": 5,
+        "model.vocab_size": 512, "model.hidden_size": 64, "model.num_heads": 2, "model.intermediate_size": 128,
+        "model.max_position_embeddings": 64, "model.hidden_dropout_rate": 0.0, "model.attention_dropout_rate": 0.0,
+        "train.batch_size": 8, "train.num_steps": 2, "logging.log_every": 1, "logging.eval_every": 100,
+        "schedule.warmup_steps": 1, "train.init_from": str(hf_dir),
+        "data.packing": False}),  # the first batch's loss is compared with HF's, unpacked
+        str(tmp_path / "run"))
+    assert f"parameters from {hf_dir}" in capsys.readouterr().out
     first = json.loads((tmp_path / "run" / "metrics.jsonl").read_text().splitlines()[0])
     assert first["step"] == 1
 
