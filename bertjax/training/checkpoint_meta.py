@@ -37,6 +37,25 @@ class TaskRecord:
         object.__setattr__(self, "labels", tuple(self.labels or ()))
 
 
+@dataclasses.dataclass(frozen=True)
+class EmbeddingRecord:
+    """How a model turns texts into sentence embeddings (bertjax/models/pooling.py): what embedding,
+    retrieval evaluation and the sentence-transformers export read back."""
+
+    modes: tuple = ("mean",)  # pooling modes, concatenated in this order
+    normalize: bool = False  # L2-normalised embeddings
+    dense: dict | None = None  # {"features", "bias", "activation"}: a projection after pooling, or None
+    prompts: dict = dataclasses.field(default_factory=dict)  # name -> text, e.g. {"query": "query: "}
+    default_prompt_name: str | None = None
+    include_prompt: bool = True  # False: a prompt's tokens are left out of pooling
+    max_seq_length: int | None = None
+    similarity: str = "cosine"  # "cosine" | "dot"
+
+    def __post_init__(self):
+        object.__setattr__(self, "modes", tuple(self.modes))
+        object.__setattr__(self, "prompts", dict(self.prompts or {}))
+
+
 def _known(cls, fields: dict) -> dict:
     names = {f.name for f in dataclasses.fields(cls)}
     return {k: v for k, v in fields.items() if k in names}
@@ -54,6 +73,7 @@ class CheckpointMeta:
     best: dict | None = None  # fine-tuning: the best dev result so far (step, value, metrics)
     distill: dict | None = None  # distillation: the teacher and the layers the student started from
     quantize: str | None = None  # a params export whose params are int8: the mode (bertjax.compression.quantize)
+    embedding: EmbeddingRecord | None = None  # a sentence-embedding model: its pooling, prompts, similarity
     extra: dict = dataclasses.field(default_factory=dict)  # keys of other versions, kept as they were
 
     def to_json(self) -> dict:
@@ -65,17 +85,20 @@ class CheckpointMeta:
             out["tokenizer"] = dataclasses.asdict(self.tokenizer)
         if self.task is not None:
             out["task"] = _plain(dataclasses.asdict(self.task))
+        if self.embedding is not None:
+            out["embedding"] = _plain(dataclasses.asdict(self.embedding))
         return {**self.extra, **out}
 
     @classmethod
     def from_json(cls, meta: dict) -> "CheckpointMeta":
         meta = dict(meta)
-        tokenizer, task = meta.pop("tokenizer", None), meta.pop("task", None)
+        tokenizer, task, embedding = meta.pop("tokenizer", None), meta.pop("task", None), meta.pop("embedding", None)
         known = _known(cls, meta)
         extra = {k: v for k, v in meta.items() if k not in known}
         return cls(**{**known, "extra": extra},
                    tokenizer=TokenizerRecord(**_known(TokenizerRecord, tokenizer)) if tokenizer else None,
-                   task=TaskRecord(**_known(TaskRecord, task)) if task else None)
+                   task=TaskRecord(**_known(TaskRecord, task)) if task else None,
+                   embedding=EmbeddingRecord(**_known(EmbeddingRecord, embedding)) if embedding else None)
 
     def replace(self, **changes) -> "CheckpointMeta":
         return dataclasses.replace(self, **changes)
