@@ -247,7 +247,8 @@ def test_bad_settings_and_nan_get_one_clear_line(small_run, tmp_path):
                                 capture_output=True, text=True, cwd=REPO, timeout=300, env=program_env()), "bach_size")
     expect_error(program(tmp_path / "b", **{"mesh.data": 3}), "does not match")
     expect_error(program(tmp_path / "d", **{"optimizer.learning_rate": 1e30, "optimizer.clip_norm": 0.0,
-                                            "data.source": "synthetic"}),  # no corpus to read: diverging is all
+                                            "data.source": "synthetic", "data.input_pattern": "",
+                                            "data.vocab_path": ""}),  # no corpus to read: diverging is all
                  "NaN or inf between steps")
     assert not list((tmp_path / "d" / "checkpoints").glob("[0-9]*"))  # nothing non-finite was saved
     # A batch the data-parallel devices cannot split, as the run raises it (the program's line is the

@@ -80,6 +80,6 @@ def _check_unread_keys(settings, backend: Backend) -> None:
     read_elsewhere = {key for other in BACKENDS.values() if other.documents is not None for key in other.keys}
     for field in dataclasses.fields(settings):
         key, value = field.name, getattr(settings, field.name)
-        if key in read_elsewhere and key not in backend.keys and field.default is None and value is not None:
+        if key in read_elsewhere and key not in backend.keys and field.default is None and value not in (None, ""):
             raise ValueError(f"data.{key}={value!r} is set but data.source={settings.source!r} does not read it: "
-                             f"set data.source or clear data.{key}")
+                             f"set data.source or clear data.{key} (--config.data.{key}=)")
