@@ -28,7 +28,7 @@ from jax.sharding import PartitionSpec as P
 from bertjax.tasks import metrics, retrieval_metrics
 from bertjax.tasks.retrieval_data import RetrievalSet
 
-SIMILARITIES = ("cos", "dot")
+SIMILARITIES = ("cosine", "dot")  # the names of sentence-transformers' similarity_fn_name
 CHUNK_SIZE = 16_384  # passages scored at a time per device: [B, C] float32 is 16 MB at B = 256
 QUERY_BATCH_SIZE = 256
 
@@ -100,7 +100,7 @@ def _check_embeddings(x, what: str) -> np.ndarray:
     return x
 
 
-def search(queries, corpus, k: int, *, similarity: str = "cos", mesh=None, exclude=None,
+def search(queries, corpus, k: int, *, similarity: str = "cosine", mesh=None, exclude=None,
            chunk_size: int = CHUNK_SIZE, query_batch_size: int = QUERY_BATCH_SIZE) -> tuple[np.ndarray, np.ndarray]:
     """The k best passages of corpus [N, D] for each query of queries [Q, D]: (scores [Q, k] float32,
     corpus indices [Q, k] int64), best first, equal scores in corpus order. exclude [Q] (optional): a
@@ -112,7 +112,7 @@ def search(queries, corpus, k: int, *, similarity: str = "cos", mesh=None, exclu
     queries, corpus = _check_embeddings(queries, "query"), _check_embeddings(corpus, "passage")
     if queries.shape[1] != corpus.shape[1]:
         raise ValueError(f"queries are {queries.shape[1]} wide and passages {corpus.shape[1]}: one embedder makes both")
-    if similarity == "cos":
+    if similarity == "cosine":
         queries, corpus = normalized(queries), normalized(corpus)
     mesh = mesh if mesh is not None else corpus_mesh()
     num_passages, devices = corpus.shape[0], mesh.devices.size
@@ -155,7 +155,7 @@ def embed_texts(embed, texts: list[str], kind: str, batch_size: int) -> np.ndarr
     return out
 
 
-def evaluate_retrieval(embed, dataset: RetrievalSet, k_values=retrieval_metrics.K_VALUES, similarity: str = "cos",
+def evaluate_retrieval(embed, dataset: RetrievalSet, k_values=retrieval_metrics.K_VALUES, similarity: str = "cosine",
                        batch_size: int = 64, *, ignore_identical_ids: bool = False, mesh=None,
                        chunk_size: int = CHUNK_SIZE) -> dict:
     """The data set's queries and passages embedded (embed(texts, "query" | "passage")), each query's top

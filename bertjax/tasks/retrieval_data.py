@@ -202,7 +202,7 @@ def _texts(rows: Iterable[tuple[str, dict]], with_title: bool) -> tuple[list[str
     """(ids, texts) of corpus or query rows; an id given twice is an error."""
     ids, texts, seen = [], [], {}
     for where, row in rows:
-        if "_id" not in row:
+        if row.get("_id") is None:
             raise ValueError(f"{where}: missing field '_id'")
         row_id = _id(row["_id"], where, "_id")
         if row_id in seen:
