@@ -17,6 +17,7 @@ from bertjax import inference
 from bertjax.data import demo
 from bertjax.runs import suite_evaluation
 from bertjax.tasks import readers, registry, retrieval, retrieval_data, retrieval_metrics
+from bertjax.training import sharding
 from conftest import run_program
 
 K_VALUES = retrieval_metrics.K_VALUES
@@ -94,12 +95,17 @@ def embeddings(similarity: str, num_queries=37, num_passages=203, width=16):
     return queries.astype(np.float32), corpus.astype(np.float32)
 
 
+MESHES = {"one device": ({"data": 1}, 1), "8 devices": ({"data": -1}, 8),
+          "2 x 2 x 2": ({"data": 2, "fsdp": 2, "tensor": 2}, 8)}  # the corpus split over all three axes
+
+
 @pytest.mark.parametrize("similarity", ["cosine", "dot"])
-@pytest.mark.parametrize("devices", [1, 8])
+@pytest.mark.parametrize("mesh", list(MESHES))
 @pytest.mark.parametrize("chunk_size", [7, 100_000])
-def test_search_equals_a_full_sort(similarity, devices, chunk_size):
+def test_search_equals_a_full_sort(similarity, mesh, chunk_size):
     queries, corpus = embeddings(similarity)
-    mesh = retrieval.corpus_mesh(jax.devices()[:devices])
+    axes, devices = MESHES[mesh]
+    mesh = sharding.make_mesh(axes, jax.devices()[:devices])
     scores, indices = retrieval.search(queries, corpus, 10, similarity=similarity, mesh=mesh, chunk_size=chunk_size,
                                        query_batch_size=16)
     expected_scores, expected = brute_force(queries, corpus, 10, similarity)
@@ -112,7 +118,7 @@ def test_search_equals_a_full_sort(similarity, devices, chunk_size):
 def test_search_leaves_out_each_querys_own_passage():
     queries, corpus = embeddings("dot", num_queries=21, num_passages=30)
     exclude = np.arange(21) % 31 - 1  # -1 (nothing), then passages 0, 1, ...
-    mesh = retrieval.corpus_mesh(jax.devices())
+    mesh = sharding.make_mesh({"data": -1})
     scores, indices = retrieval.search(queries, corpus, 30, similarity="dot", mesh=mesh, exclude=exclude, chunk_size=2)
     expected_scores, expected = brute_force(queries, corpus, 30, "dot", exclude)
     expected[np.isneginf(expected_scores)] = -1  # the one place left without a passage

@@ -15,13 +15,12 @@ import dataclasses
 import json
 import os
 
-import jax
-
 from bertjax import inference
 from bertjax.compression import quantize
 from bertjax.runs import compression_report, finetuning
 from bertjax.tasks import registry, retrieval, retrieval_data, retrieval_metrics
 from bertjax.text import files, tf_cpu
+from bertjax.training import sharding
 from configs.finetune import cola, conll2003, mnli, mrpc, qnli, qqp, rte, squad, squad_v2, sst2, stsb
 
 
@@ -215,7 +214,7 @@ def retrieval_suite(init_from: str, directories: list[str], workdir: str, *, spl
     def embed(texts, kind):  # kind: "query" | "passage", the model's prompts of those names
         return model.embed(texts, prompt_name=kind, batch_size=batch_size)
 
-    mesh = retrieval.corpus_mesh(jax.devices())
+    mesh = sharding.make_mesh({"data": -1})  # the corpus split over every device
     files.make(workdir)
     scores = {}
     for data in data_sets:

@@ -27,6 +27,7 @@ from jax.sharding import PartitionSpec as P
 
 from bertjax.tasks import metrics, retrieval_metrics
 from bertjax.tasks.retrieval_data import RetrievalSet
+from bertjax.training import sharding
 
 SIMILARITIES = ("cosine", "dot")  # the names of sentence-transformers' similarity_fn_name
 CHUNK_SIZE = 16_384  # passages scored at a time per device: [B, C] float32 is 16 MB at B = 256
@@ -37,12 +38,6 @@ def normalized(x: np.ndarray) -> np.ndarray:
     """Rows scaled to unit length (a zero row stays zero: torch's F.normalize's eps of 1e-12)."""
     x = np.asarray(x, np.float32)
     return x / np.maximum(np.linalg.norm(x, axis=-1, keepdims=True), 1e-12)
-
-
-def corpus_mesh(devices=None) -> jax.sharding.Mesh:
-    """A one-axis mesh over the devices (default: this process's first), for the corpus's slices."""
-    devices = list(devices) if devices is not None else jax.devices()[:1]
-    return jax.make_mesh((len(devices),), ("corpus",), axis_types=(jax.sharding.AxisType.Auto,), devices=devices)
 
 
 def _local_top_k(queries, corpus, exclude, *, k: int, chunk: int, num_passages: int, axes: tuple):
@@ -91,6 +86,28 @@ def _on_mesh(array: np.ndarray, mesh, spec) -> jax.Array:
     return jax.make_array_from_callback(array.shape, sharding, lambda index: array[index])
 
 
+def _corpus_on_mesh(corpus: np.ndarray, rows: int, mesh, normalize: bool) -> jax.Array:
+    """corpus [N, D] as [rows, D] split over all the mesh's devices, zero rows after N, each row scaled to
+    unit length when normalize. Each device's part is copied from the host as it is made, and scaled on the
+    device: the host holds no second copy of a corpus that may be most of its memory."""
+    sharding = NamedSharding(mesh, P(tuple(mesh.axis_names)))
+
+    def part(index):
+        start, stop, _ = index[0].indices(rows)
+        out = np.zeros((stop - start, corpus.shape[1]), np.float32)
+        out[: max(0, min(stop, len(corpus)) - start)] = corpus[start:stop]
+        return out
+
+    placed = jax.make_array_from_callback((rows, corpus.shape[1]), sharding, part)
+    return _unit_rows(placed) if normalize else placed
+
+
+@functools.partial(jax.jit, donate_argnums=0)
+def _unit_rows(x):
+    """Rows scaled to unit length on the device, in place of x (normalized's eps)."""
+    return x / jnp.maximum(jnp.linalg.norm(x, axis=-1, keepdims=True), 1e-12)
+
+
 def _check_embeddings(x, what: str) -> np.ndarray:
     x = np.asarray(x, np.float32)
     if x.ndim != 2 or not x.shape[0] or not x.shape[1]:
@@ -100,41 +117,50 @@ def _check_embeddings(x, what: str) -> np.ndarray:
     return x
 
 
+def _check_search(queries, corpus, k, similarity, exclude):
+    """The search's arguments as float32 and int32 arrays, or one line saying what is wrong."""
+    if similarity not in SIMILARITIES:
+        raise ValueError(f"similarity={similarity!r}: choose one of {', '.join(SIMILARITIES)}")
+    if int(k) < 1:
+        raise ValueError(f"k={k}: at least one result per query")
+    queries, corpus = _check_embeddings(queries, "query"), _check_embeddings(corpus, "passage")
+    if queries.shape[1] != corpus.shape[1]:
+        raise ValueError(f"queries are {queries.shape[1]} wide and passages {corpus.shape[1]}: one embedder makes both")
+    exclude = np.full(len(queries), -1, np.int32) if exclude is None else np.asarray(exclude, np.int32)
+    if exclude.shape != (len(queries),):
+        raise ValueError(f"exclude has the shape {exclude.shape}: one corpus index (or -1) per query, {len(queries)}")
+    return queries, corpus, exclude
+
+
 def search(queries, corpus, k: int, *, similarity: str = "cosine", mesh=None, exclude=None,
            chunk_size: int = CHUNK_SIZE, query_batch_size: int = QUERY_BATCH_SIZE) -> tuple[np.ndarray, np.ndarray]:
     """The k best passages of corpus [N, D] for each query of queries [Q, D]: (scores [Q, k] float32,
     corpus indices [Q, k] int64), best first, equal scores in corpus order. exclude [Q] (optional): a
     corpus index each query may not retrieve (its own id), -1 for none; a place left without a passage
     (k above what is retrievable) has index -1 and score -inf. mesh: the corpus is split over all its
-    devices (default: one device)."""
-    if similarity not in SIMILARITIES:
-        raise ValueError(f"similarity={similarity!r}: choose one of {', '.join(SIMILARITIES)}")
-    queries, corpus = _check_embeddings(queries, "query"), _check_embeddings(corpus, "passage")
-    if queries.shape[1] != corpus.shape[1]:
-        raise ValueError(f"queries are {queries.shape[1]} wide and passages {corpus.shape[1]}: one embedder makes both")
+    devices, whatever its axes (training.sharding.make_mesh's; default: one device)."""
+    queries, corpus, exclude = _check_search(queries, corpus, k, similarity, exclude)
     if similarity == "cosine":
-        queries, corpus = normalized(queries), normalized(corpus)
-    mesh = mesh if mesh is not None else corpus_mesh()
+        queries = normalized(queries)
+    mesh = mesh if mesh is not None else sharding.make_mesh({"data": 1}, jax.devices()[:1])
     num_passages, devices = corpus.shape[0], mesh.devices.size
     k = min(int(k), num_passages)
     per_device = -(-num_passages // devices)
     chunk = max(1, min(chunk_size, per_device))
     padded = devices * chunk * -(-per_device // chunk)  # every device an equal whole number of chunks
-    corpus = _on_mesh(np.pad(corpus, ((0, padded - num_passages), (0, 0))), mesh, P(tuple(mesh.axis_names)))
-    exclude = np.full(len(queries), -1, np.int32) if exclude is None else np.asarray(exclude, np.int32)
+    corpus = _corpus_on_mesh(corpus, padded, mesh, normalize=similarity == "cosine")
     batch = min(query_batch_size, len(queries))
-    scores, indices = [], []
+    found = []
     for start in range(0, len(queries), batch):  # the last batch padded: one compiled program
-        rows = slice(start, min(start + batch, len(queries)))
         block = np.zeros((batch, queries.shape[1]), np.float32)
-        block[: rows.stop - start] = queries[rows]
+        block[: len(queries[start:start + batch])] = queries[start:start + batch]
         own = np.full(batch, -1, np.int32)
-        own[: rows.stop - start] = exclude[rows]
-        top, at = _top_k(_on_mesh(block, mesh, P()), corpus, _on_mesh(own, mesh, P()), k=k, chunk=chunk,
-                         num_passages=num_passages, mesh=mesh)
-        scores.append(np.asarray(top.addressable_data(0))[: rows.stop - start])
-        indices.append(np.asarray(at.addressable_data(0))[: rows.stop - start])
-    scores, indices = np.concatenate(scores), np.concatenate(indices).astype(np.int64)
+        own[: len(exclude[start:start + batch])] = exclude[start:start + batch]
+        # Dispatched without waiting: the host prepares the next batch while the devices search this one.
+        found.append(_top_k(_on_mesh(block, mesh, P()), corpus, _on_mesh(own, mesh, P()), k=k, chunk=chunk,
+                            num_passages=num_passages, mesh=mesh))
+    scores = np.concatenate([np.asarray(top.addressable_data(0)) for top, _ in found])[: len(queries)]
+    indices = np.concatenate([np.asarray(at.addressable_data(0)) for _, at in found])[: len(queries)].astype(np.int64)
     return scores, np.where(np.isneginf(scores), -1, indices)
 
 

@@ -57,7 +57,7 @@ def read_retrieval(path: str, split: str = "test") -> RetrievalSet:
         return read_hf_retrieval(path, split)
     if not os.path.isdir(path):
         raise ValueError(f"{path}: no such directory; give a BEIR data set's directory (corpus.jsonl, "
-                         f"queries.jsonl, qrels/) or one of save_to_disk datasets (corpus/, queries/, qrels/)")
+                         f"queries.jsonl, qrels/) or a directory of save_to_disk datasets (corpus/, queries/, qrels/)")
     raise ValueError(f"{path}: neither corpus.jsonl (BEIR's layout) nor corpus/ (datasets' save_to_disk) is there")
 
 
