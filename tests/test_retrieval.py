@@ -46,7 +46,8 @@ def random_judgements(seed: int, num_queries=60, num_docs=80):
 def test_metrics_equal_trec_eval(seed):
     qrels, run = random_judgements(seed)
     cut = ",".join(map(str, K_VALUES))
-    reference = pytrec_eval.RelevanceEvaluator(qrels, {f"ndcg_cut.{cut}", f"recall.{cut}", f"map_cut.{cut}"}).evaluate(run)
+    measures = {f"ndcg_cut.{cut}", f"recall.{cut}", f"map_cut.{cut}"}
+    reference = pytrec_eval.RelevanceEvaluator(qrels, measures).evaluate(run)
     assert set(reference) == set(qrels)  # every judged query is averaged, as BEIR averages
     rankings = {q: retrieval_metrics.trec_ranking(scores) for q, scores in run.items()}
     assert any(len(set(s.values())) < len(s) for s in run.values())  # ties, broken as trec_eval breaks them
@@ -125,6 +126,29 @@ def test_search_leaves_out_each_querys_own_passage():
     np.testing.assert_array_equal(indices, expected)
     assert ((indices == -1).sum(axis=1) == (exclude >= 0)).all()
     assert not (indices == exclude[:, None]).any(axis=1)[exclude >= 0].any()
+
+
+def test_ignore_identical_ids_keeps_a_query_from_finding_itself():
+    """Quora's shape: the queries are passages too; judged relevant are their duplicates, not themselves."""
+    words = "the river city north old museum bridge water school road tower".split()
+    rng = np.random.default_rng(1)
+    texts = [" ".join(rng.choice(words, 6)) for _ in range(20)]
+    ids = [f"t{i}" for i in range(20)]
+    data = retrieval_data.RetrievalSet("quora-like", ids, texts, ids[:10], texts[:10],
+                                       {f"t{i}": {f"t{i + 10}": 1} for i in range(10)})
+    run, scores = {}, retrieval_metrics.retrieval_scores
+
+    def spy(qrels, ranking, k_values):  # the rankings the metrics get
+        run.update(ranking)
+        return scores(qrels, ranking, k_values)
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(retrieval.retrieval_metrics, "retrieval_scores", spy)
+        kept = retrieval.evaluate_retrieval(hashed_embed, data, (1, 10))
+        assert all(run[q][0] == q for q in ids[:10])  # itself, at rank 1
+        ignored = retrieval.evaluate_retrieval(hashed_embed, data, (1, 10), ignore_identical_ids=True)
+        assert all(q not in run[q] and len(run[q]) == 10 for q in ids[:10])
+    assert kept["mrr@1"] == 0 and ignored["recall@10"] > kept["recall@10"] - 1e-9
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -226,7 +250,8 @@ def test_sts_correlations_equal_scipy(tmp_path):
     (tmp_path / "dev.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     examples = readers.read_jsonl(str(tmp_path / "dev.jsonl"), registry.get_task("stsb"))  # STS-B's reader
     out = retrieval.evaluate_sts(hashed_embed, examples, batch_size=7)
-    first, second = hashed_embed([r["text"] for r in rows], "query"), hashed_embed([r["text_pair"] for r in rows], "query")
+    first = hashed_embed([r["text"] for r in rows], "query")
+    second = hashed_embed([r["text_pair"] for r in rows], "query")
     cosine = np.sum(first * second, 1) / np.linalg.norm(first, axis=1) / np.linalg.norm(second, axis=1)
     gold = [r["label"] for r in rows]
     assert out["spearman"] == pytest.approx(scipy.stats.spearmanr(cosine, gold).statistic, abs=1e-6)
@@ -305,5 +330,6 @@ def test_a_bad_directory_is_one_line_and_exit_2(pretrained, tmp_path):
                          f"--workdir={workdir}", f"--tasks={bad}")
     assert result.returncode == 2, result.stderr[-2000:]
     lines = [line for line in result.stderr.splitlines() if line.strip()]
-    assert len(lines) == 1 and "qrels/test.tsv:" in lines[0] and "corpus-id 'doc99' is not in" in lines[0], result.stderr
+    assert len(lines) == 1, result.stderr
+    assert "qrels/test.tsv:" in lines[0] and "corpus-id 'doc99' is not in" in lines[0], lines[0]
     assert not workdir.exists()

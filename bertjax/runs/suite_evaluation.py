@@ -184,7 +184,8 @@ def _evaluate_all(init_from: str, workdir: str, *, tasks=None, **kwargs) -> dict
 def retrieval_table(scores: dict[str, dict]) -> tuple[list[str], dict[str, float]]:
     """The markdown table (a row per data set, then their average) and the averages; scores: data set ->
     evaluate_retrieval's metrics."""
-    lines = ["| Data set | " + " | ".join(h for h, _ in RETRIEVAL_COLUMNS) + " |", "|" + "---|" * (len(RETRIEVAL_COLUMNS) + 1)]
+    lines = ["| Data set | " + " | ".join(h for h, _ in RETRIEVAL_COLUMNS) + " |",
+             "|" + "---|" * (len(RETRIEVAL_COLUMNS) + 1)]
     for name, metrics in scores.items():
         lines.append(f"| {name} | " + " | ".join(f"{100 * metrics[m]:.1f}" for _, m in RETRIEVAL_COLUMNS) + " |")
     average = {m: sum(s[m] for s in scores.values()) / len(scores) for _, m in RETRIEVAL_COLUMNS}

@@ -197,7 +197,8 @@ def evaluate_retrieval(embed, dataset: RetrievalSet, k_values=retrieval_metrics.
         exclude = np.array([position.get(query_id, -1) for query_id in dataset.query_ids], np.int32)
     _, indices = search(queries, passages, max(k_values), similarity=similarity, mesh=mesh, exclude=exclude,
                         chunk_size=chunk_size)
-    run = {query_id: [dataset.corpus_ids[i] for i in row if i >= 0] for query_id, row in zip(dataset.query_ids, indices)}
+    run = {query_id: [dataset.corpus_ids[i] for i in row if i >= 0]
+           for query_id, row in zip(dataset.query_ids, indices)}
     scores = retrieval_metrics.retrieval_scores(dataset.qrels, run, k_values)
     return {**scores, "queries": len(dataset.queries), "passages": len(dataset.passages)}
 

@@ -48,7 +48,8 @@ def query_metrics(relevance: dict[str, int], ranking: list[str], k_values=K_VALU
     return out
 
 
-def retrieval_scores(qrels: dict[str, dict[str, int]], run: dict[str, list[str]], k_values=K_VALUES) -> dict[str, float]:
+def retrieval_scores(qrels: dict[str, dict[str, int]], run: dict[str, list[str]],
+                     k_values=K_VALUES) -> dict[str, float]:
     """The metrics (module docstring) averaged over the queries of qrels: {"ndcg@10": ..., ...}."""
     k_values = tuple(sorted(set(int(k) for k in k_values)))
     if not k_values or k_values[0] < 1:
