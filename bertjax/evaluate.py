@@ -80,6 +80,10 @@ def main(argv, args):
     if not args.init_from or not args.workdir:
         console.fail("--init_from and --workdir are required")
     if args.suite == suite_evaluation.RETRIEVAL:
+        unused = [f"--{name}" for name in ("epochs", "max_seq_length", "tfds_data_dir", "sweep")
+                  if getattr(args, name) not in (None, False)]
+        if unused:
+            console.fail(f"{', '.join(unused)}: fine-tuning's flags, which --suite=retrieval does not use")
         console.finish(suite_evaluation.retrieval_suite, args.init_from, args.tasks, args.workdir, split=args.split,
                        similarity=args.similarity, batch_size=args.batch_size,
                        ignore_identical_ids=args.ignore_identical_ids)

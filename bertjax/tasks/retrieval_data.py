@@ -166,7 +166,7 @@ def read_hf_retrieval(path: str, split: str = "test") -> RetrievalSet:
         found = sorted(d for d in os.listdir(qrels_dir) if os.path.isdir(os.path.join(qrels_dir, d))) \
             if os.path.isdir(qrels_dir) else []
         raise ValueError(f"{path}: no qrels/{split}/ for split {split!r}"
-                         + (f" (its splits: {', '.join(found)})" if found else " (no qrels/ splits at all)"))
+                         + (f" (its splits: {', '.join(found)})" if found else f" (save the qrels as a DatasetDict with a {split!r} split)"))
     if not os.path.isdir(os.path.join(path, "queries")):
         raise ValueError(f"{path}: no queries/ beside corpus/")
     qrels = ((where, row["query-id"], row["corpus-id"], row["score"])
