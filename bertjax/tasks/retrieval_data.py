@@ -165,8 +165,8 @@ def read_hf_retrieval(path: str, split: str = "test") -> RetrievalSet:
         qrels_dir = os.path.join(path, "qrels")
         found = sorted(d for d in os.listdir(qrels_dir) if os.path.isdir(os.path.join(qrels_dir, d))) \
             if os.path.isdir(qrels_dir) else []
-        raise ValueError(f"{path}: no qrels/{split}/ for split {split!r}"
-                         + (f" (its splits: {', '.join(found)})" if found else f" (save the qrels as a DatasetDict with a {split!r} split)"))
+        how = f"its splits: {', '.join(found)}" if found else f"save the qrels as a DatasetDict with a {split!r} split"
+        raise ValueError(f"{path}: no qrels/{split}/ for split {split!r} ({how})")
     if not os.path.isdir(os.path.join(path, "queries")):
         raise ValueError(f"{path}: no queries/ beside corpus/")
     qrels = ((where, row["query-id"], row["corpus-id"], row["score"])
