@@ -3,6 +3,8 @@
     python -m bertjax.evaluate --init_from=path/to/bert-base-uncased --suite=glue --workdir=runs/glue
     python -m bertjax.evaluate --init_from=runs/base --suite=glue --tasks=sst2,mrpc --sweep --workdir=runs/glue
     python -m bertjax.evaluate --init_from=runs/base --suite=all --workdir=runs/eval   # glue, squad, conll
+    python -m bertjax.evaluate --init_from=runs/embedder --suite=retrieval --tasks=beir/scifact,beir/nfcorpus \
+        --workdir=runs/retrieval
     python -m bertjax.evaluate compress --task=dev.jsonl --teacher=runs/sst2 \
         --variant=int8=runs/sst2+int8 --variant=student=runs/sst2-distilled
 
@@ -11,6 +13,13 @@ Each task of the suite whose data TFDS has prepared (`tfds build glue/<task>`, `
 WORKDIR/<task>; the dev scores go into one table in the layout of the BERT paper's tables (Devlin et
 al. 2018: GLUE table 1, SQuAD tables 2 and 3, CoNLL-2003 table 7), printed and written to
 WORKDIR/<suite>.md and <suite>.json.
+
+--suite=retrieval: no fine-tuning; --tasks names retrieval data sets (directories in BEIR's layout,
+corpus.jsonl, queries.jsonl and qrels/<split>.tsv, or Hugging Face datasets written by save_to_disk as
+corpus/, queries/ and qrels/<split>/), whose --split queries the model embeds (its "query" and "passage"
+prompts) and searches the passages of exactly, by --similarity. One table, a row per data set: nDCG@10,
+Recall@100, MRR@10 and MAP@100 as BEIR computes them, and their average, written to WORKDIR/retrieval.md
+and retrieval.json (every metric at k = 1, 3, 5, 10, 100, 1000).
 
 `compress`: the compression report (bertjax/runs/compression_report.py) of a fine-tuned --teacher and its
 --variant=NAME=DIR (a fine-tuning workdir, a params export or a Hugging Face directory; DIR+int8
@@ -33,13 +42,16 @@ def define_flags() -> dict:
     return dict(
         init_from=flags.DEFINE_string("init_from", None, "A bertjax workdir or checkpoint, or a Hugging Face BERT "
                                       "directory."),
-        suite=flags.DEFINE_string("suite", "glue", "The benchmark suite: glue, squad, conll, or all of them."),
+        suite=flags.DEFINE_string("suite", "glue", "The benchmark suite: glue, squad, conll, or all of them; or "
+                                  "retrieval, of the data sets --tasks names."),
         workdir=flags.DEFINE_string("workdir", None, "Each task's fine-tuning workdir goes under it, and the table."),
-        tasks=flags.DEFINE_list("tasks", None, "Only these tasks of the suite (default: all it has data for)."),
+        tasks=flags.DEFINE_list("tasks", None, "Only these tasks of the suite (default: all it has data for); "
+                                "retrieval: the data sets' directories."),
         tfds_data_dir=flags.DEFINE_string("tfds_data_dir", None, "Where TFDS keeps the prepared data sets."),
         sweep=flags.DEFINE_bool("sweep", False, "The paper's learning-rate grid per task, the best dev score kept."),
         epochs=flags.DEFINE_float("epochs", None, "Override the recipe's epochs (e.g. for a quick look)."),
-        batch_size=flags.DEFINE_integer("batch_size", None, "Override the recipe's batch size."),
+        batch_size=flags.DEFINE_integer("batch_size", None, "Override the recipe's batch size (retrieval: texts "
+                                        "embedded at a time, default 32)."),
         max_seq_length=flags.DEFINE_integer("max_seq_length", None, "Override the recipe's sequence length "
                                             "(compress: the one every model is timed and scored at)."),
         task=flags.DEFINE_string("task", None, "compress: the dev set, a JSON-lines file of the task, or a "
@@ -47,6 +59,13 @@ def define_flags() -> dict:
         teacher=flags.DEFINE_string("teacher", None, "compress: the fine-tuned model the variants are compared with."),
         variant=flags.DEFINE_multi_string("variant", [], "compress: NAME=DIR, or NAME=DIR+int8 to quantise on load "
                                           "(repeat the flag per variant)."),
+        split=flags.DEFINE_string("split", "test", "retrieval: the split whose judgements are scored "
+                                  "(qrels/<split>.tsv)."),
+        similarity=flags.DEFINE_enum("similarity", "cosine", ["cosine", "dot"], "retrieval: how a query scores "
+                                     "a passage (the embedder's own similarity)."),
+        ignore_identical_ids=flags.DEFINE_bool("ignore_identical_ids", False, "retrieval: a query never "
+                                               "retrieves the passage of its own id (BEIR's option for Quora, "
+                                               "ArguAna)."),
         repeats=flags.DEFINE_integer("repeats", 10, "compress: timed runs per latency (the median is reported)."),
     )
 
@@ -60,6 +79,15 @@ def main(argv, args):
         return
     if not args.init_from or not args.workdir:
         console.fail("--init_from and --workdir are required")
+    if args.suite == suite_evaluation.RETRIEVAL:
+        unused = [f"--{name}" for name in ("epochs", "max_seq_length", "tfds_data_dir", "sweep")
+                  if getattr(args, name) not in (None, False)]
+        if unused:
+            console.fail(f"{', '.join(unused)}: fine-tuning's flags, which --suite=retrieval does not use")
+        console.finish(suite_evaluation.retrieval_suite, args.init_from, args.tasks, args.workdir, split=args.split,
+                       similarity=args.similarity, batch_size=args.batch_size,
+                       ignore_identical_ids=args.ignore_identical_ids)
+        return
     console.finish(suite_evaluation.evaluate, args.init_from, args.suite, args.workdir, tasks=args.tasks,
                    data_dir=args.tfds_data_dir, sweep=args.sweep, epochs=args.epochs, batch_size=args.batch_size,
                    max_seq_length=args.max_seq_length)

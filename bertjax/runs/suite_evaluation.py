@@ -2,20 +2,25 @@
 
     evaluate(init_from, "glue", workdir)   # each task of the suite that TFDS has prepared, fine-tuned with its
                                            # configs/finetune/<task>.py in WORKDIR/<task>; one table
+    retrieval_suite(init_from, [dir, ...], workdir)  # retrieval data sets searched with the model's
+                                                     # embeddings, no fine-tuning; one table
     compress(task, teacher, variants)      # runs/compression_report.py's table of a teacher and its variants
 
 The suite tables have the layout of the BERT paper's (Devlin et al. 2018: GLUE table 1, SQuAD tables 2 and
-3, CoNLL-2003 table 7), printed and written to WORKDIR/<suite>.md and <suite>.json.
+3, CoNLL-2003 table 7), printed and written to WORKDIR/<suite>.md and <suite>.json; retrieval's has a row
+per data set and BEIR's columns, written to WORKDIR/retrieval.md and retrieval.json.
 """
 
 import dataclasses
 import json
 import os
 
+from bertjax import inference
 from bertjax.compression import quantize
 from bertjax.runs import compression_report, finetuning
-from bertjax.tasks import registry
+from bertjax.tasks import registry, retrieval, retrieval_data, retrieval_metrics
 from bertjax.text import files, tf_cpu
+from bertjax.training import sharding
 from configs.finetune import cola, conll2003, mnli, mrpc, qnli, qqp, rte, squad, squad_v2, sst2, stsb
 
 
@@ -59,6 +64,9 @@ assert {c.task for suite in SUITES.values() for c in suite} <= set(TASK_CONFIGS)
 AVERAGED = ("glue",)
 # --suite=all: each suite in turn, one table each.
 ALL = ("glue", "squad", "conll")
+# --suite=retrieval's columns (heading, metric), as BEIR's papers report them; every k's figures go to the JSON.
+RETRIEVAL = "retrieval"
+RETRIEVAL_COLUMNS = (("nDCG@10", "ndcg@10"), ("Recall@100", "recall@100"), ("MRR@10", "mrr@10"), ("MAP@100", "map@100"))
 
 
 def available(task_name: str, data_dir: str | None) -> str | None:
@@ -108,8 +116,10 @@ def table(columns, scores: dict, average_column: bool = True) -> tuple[list[str]
 def evaluate(init_from: str, suite: str, workdir: str, *, tasks=None, data_dir=None, sweep=False, **overrides) -> dict:
     if suite == "all":
         return _evaluate_all(init_from, workdir, tasks=tasks, data_dir=data_dir, sweep=sweep, **overrides)
+    if suite == RETRIEVAL:
+        raise ValueError("--suite=retrieval reads data sets of yours: give their directories as --tasks=DIR,...")
     if suite not in SUITES:
-        raise ValueError(f"--suite={suite}: choose one of {', '.join(SUITES)} or all")
+        raise ValueError(f"--suite={suite}: choose one of {', '.join(SUITES)}, all, or {RETRIEVAL}")
     columns = SUITES[suite]
     known = [c.task for c in columns]
     if tasks:
@@ -165,6 +175,61 @@ def _evaluate_all(init_from: str, workdir: str, *, tasks=None, **kwargs) -> dict
     files.write_bytes(files.join(workdir, "all.md"), "\n".join(lines).encode())
     return {"suite": "all", "suites": results, "table": lines}
 
+
+# ----------------------------------------------------------------------------------------------------
+# Retrieval: the model's embeddings searched, no fine-tuning
+# ----------------------------------------------------------------------------------------------------
+
+
+def retrieval_table(scores: dict[str, dict]) -> tuple[list[str], dict[str, float]]:
+    """The markdown table (a row per data set, then their average) and the averages; scores: data set ->
+    evaluate_retrieval's metrics."""
+    lines = ["| Data set | " + " | ".join(h for h, _ in RETRIEVAL_COLUMNS) + " |",
+             "|" + "---|" * (len(RETRIEVAL_COLUMNS) + 1)]
+    for name, metrics in scores.items():
+        lines.append(f"| {name} | " + " | ".join(f"{100 * metrics[m]:.1f}" for _, m in RETRIEVAL_COLUMNS) + " |")
+    average = {m: sum(s[m] for s in scores.values()) / len(scores) for _, m in RETRIEVAL_COLUMNS}
+    lines.append("| Average | " + " | ".join(f"{100 * average[m]:.1f}" for _, m in RETRIEVAL_COLUMNS) + " |")
+    return lines, average
+
+
+def retrieval_suite(init_from: str, directories: list[str], workdir: str, *, split: str = "test",
+                       similarity: str = "cosine", batch_size: int | None = None, ignore_identical_ids: bool = False,
+                       k_values=retrieval_metrics.K_VALUES) -> dict:
+    """Each data set's split (a BEIR directory or save_to_disk datasets: tasks/retrieval_data.py) searched
+    with the model's query and passage embeddings over all devices; one table, printed and written to
+    WORKDIR/retrieval.md and retrieval.json. Every data set is read and checked before the model loads."""
+    if not directories:
+        raise ValueError("--suite=retrieval needs --tasks=DIR,...: BEIR directories (corpus.jsonl, queries.jsonl, "
+                         "qrels/) or save_to_disk ones (corpus/, queries/, qrels/)")
+    if similarity not in retrieval.SIMILARITIES:
+        raise ValueError(f"--similarity={similarity}: choose one of {', '.join(retrieval.SIMILARITIES)}")
+    batch_size = batch_size or 32
+    data_sets = [retrieval_data.read_retrieval(d, split) for d in directories]
+    names = [d.name for d in data_sets]
+    if len(set(names)) != len(names):
+        raise ValueError(f"--tasks: two data sets in directories of the same name ({', '.join(names)}): "
+                         f"their rows in the table would be confused")
+    model = inference.load(init_from)
+
+    def embed(texts, kind):  # kind: "query" | "passage", the model's prompts of those names
+        return model.embed(texts, prompt_name=kind, batch_size=batch_size)
+
+    mesh = sharding.make_mesh({"data": -1})  # the corpus split over every device
+    files.make(workdir)
+    scores = {}
+    for data in data_sets:
+        print(f"--- {data.name}: {len(data.queries)} queries, {len(data.passages)} passages ({split})", flush=True)
+        scores[data.name] = retrieval.evaluate_retrieval(embed, data, k_values, similarity, batch_size, mesh=mesh,
+                                                         ignore_identical_ids=ignore_identical_ids)
+    lines, average = retrieval_table(scores)
+    print("\n".join(lines), flush=True)
+    out = {"suite": RETRIEVAL, "init_from": init_from, "split": split, "similarity": similarity,
+           "ignore_identical_ids": ignore_identical_ids, "directories": list(map(str, directories)), "scores": scores,
+           "average": average, "table": lines}
+    files.write_bytes(files.join(workdir, f"{RETRIEVAL}.json"), json.dumps(out, indent=1).encode())
+    files.write_bytes(files.join(workdir, f"{RETRIEVAL}.md"), ("\n".join(lines) + "\n").encode())
+    return out
 
 
 def parse_variant(spec: str):

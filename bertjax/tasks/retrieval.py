@@ -1,0 +1,227 @@
+"""Retrieval and similarity evaluation of a sentence embedder: exact top-k search, BEIR's metrics, STS.
+
+    embed = lambda texts, kind: model.embed(texts, prompt_name=kind)   # kind: "query" | "passage"
+    evaluate_retrieval(embed, read_retrieval("scifact"), k_values=(10, 100))  # {"ndcg@10": ..., ...}
+    evaluate_sts(embed, readers.read_split(registry.get_task("stsb"), "validation"))  # pearson, spearman
+
+`embed(texts, kind) -> [N, D]` is any callable, so the search and the metrics are tested with plain arrays.
+
+Search is exact: every query is scored against every passage, by cosine (both sides normalised) or dot
+product, in float32 at full matmul precision. The corpus is split over the devices of a mesh (each device
+holds a contiguous slice), each device scans its slice in chunks of `chunk_size` passages keeping a running
+top k, and the devices' top k are gathered and merged: memory holds [B, k + chunk] scores at a time, never
+[queries, corpus]. Equal scores go to the passage earlier in the corpus, on any mesh: XLA's top_k puts the
+lower index first among equal values, and every candidate list is kept in corpus order.
+
+Shape legend: Q queries, N passages, D embedding width, B queries per search step, C passages per chunk,
+n passages per device, k results per query.
+"""
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
+
+from bertjax.tasks import metrics, retrieval_metrics
+from bertjax.tasks.retrieval_data import RetrievalSet
+from bertjax.training import sharding
+
+SIMILARITIES = ("cosine", "dot")  # the names of sentence-transformers' similarity_fn_name
+CHUNK_SIZE = 16_384  # passages scored at a time per device: [B, C] float32 is 16 MB at B = 256
+QUERY_BATCH_SIZE = 256
+
+
+def normalized(x: np.ndarray) -> np.ndarray:
+    """Rows scaled to unit length (a zero row stays zero: torch's F.normalize's eps of 1e-12)."""
+    x = np.asarray(x, np.float32)
+    return x / np.maximum(np.linalg.norm(x, axis=-1, keepdims=True), 1e-12)
+
+
+def _local_top_k(queries, corpus, exclude, *, k: int, chunk: int, num_passages: int, axes: tuple):
+    """The top k of this device's slice, then of all devices'. queries [B, D] and exclude [B] (the corpus
+    index a query may not retrieve, -1 for none) on every device; corpus [n, D] this device's slice."""
+    n, d = corpus.shape
+    offset = jax.lax.axis_index(axes) * n  # the slice's first corpus index
+    chunks = corpus.reshape(n // chunk, chunk, d)  # [n / C, C, D]
+    starts = offset + chunk * jnp.arange(n // chunk)
+
+    def step(best, xs):
+        best_scores, best_indices = best  # [B, k] each, in rank order
+        passages, start = xs  # [C, D], the chunk's first corpus index
+        scores = jnp.dot(queries, passages.T, precision=jax.lax.Precision.HIGHEST)  # [B, C]
+        index = start + jnp.arange(chunk)  # [C]
+        dropped = (index[None, :] >= num_passages) | (index[None, :] == exclude[:, None])  # padding, own id
+        scores = jnp.where(dropped, -jnp.inf, scores)
+        # The kept k come first, and hold only earlier passages: equal scores keep corpus order.
+        scores = jnp.concatenate([best_scores, scores], axis=1)  # [B, k + C]
+        indices = jnp.concatenate([best_indices, jnp.broadcast_to(index, scores[:, k:].shape)], axis=1)
+        top, at = jax.lax.top_k(scores, k)
+        return (top, jnp.take_along_axis(indices, at, axis=1)), None
+
+    init = (jnp.full((queries.shape[0], k), -jnp.inf, jnp.float32), jnp.full((queries.shape[0], k), -1, jnp.int32))
+    (top, indices), _ = jax.lax.scan(step, init, (chunks, starts))
+    # Every device's k side by side in device order, which is corpus order: [B, devices * k].
+    top = jax.lax.all_gather(top, axes, axis=1, tiled=True)
+    indices = jax.lax.all_gather(indices, axes, axis=1, tiled=True)
+    top, at = jax.lax.top_k(top, k)
+    return top, jnp.take_along_axis(indices, at, axis=1)
+
+
+@functools.partial(jax.jit, static_argnames=("k", "chunk", "num_passages", "mesh"))
+def _top_k(queries, corpus, exclude, *, k, chunk, num_passages, mesh):
+    axes = tuple(mesh.axis_names)
+    local = functools.partial(_local_top_k, k=k, chunk=chunk, num_passages=num_passages, axes=axes)
+    # check_vma off: the merged top k is the same on every device (it is made from all_gather's result), which
+    # JAX 0.10's all_gather does not mark as such.
+    return jax.shard_map(local, mesh=mesh, in_specs=(P(), P(axes), P()), out_specs=(P(), P()),
+                         check_vma=False)(queries, corpus, exclude)
+
+
+def _on_mesh(array: np.ndarray, mesh, spec) -> jax.Array:
+    """A host array laid out on the mesh; each process gives its own devices' parts (all hold the array)."""
+    sharding = NamedSharding(mesh, spec)
+    return jax.make_array_from_callback(array.shape, sharding, lambda index: array[index])
+
+
+def _corpus_on_mesh(corpus: np.ndarray, rows: int, mesh, normalize: bool) -> jax.Array:
+    """corpus [N, D] as [rows, D] split over all the mesh's devices, zero rows after N, each row scaled to
+    unit length when normalize. Each device's part is copied from the host as it is made, and scaled on the
+    device: the host holds no second copy of a corpus that may be most of its memory."""
+    sharding = NamedSharding(mesh, P(tuple(mesh.axis_names)))
+
+    def part(index):
+        start, stop, _ = index[0].indices(rows)
+        out = np.zeros((stop - start, corpus.shape[1]), np.float32)
+        out[: max(0, min(stop, len(corpus)) - start)] = corpus[start:stop]
+        return out
+
+    placed = jax.make_array_from_callback((rows, corpus.shape[1]), sharding, part)
+    return _unit_rows(placed) if normalize else placed
+
+
+@functools.partial(jax.jit, donate_argnums=0)
+def _unit_rows(x):
+    """Rows scaled to unit length on the device, in place of x (normalized's eps)."""
+    return x / jnp.maximum(jnp.linalg.norm(x, axis=-1, keepdims=True), 1e-12)
+
+
+def _check_embeddings(x, what: str) -> np.ndarray:
+    x = np.asarray(x, np.float32)
+    if x.ndim != 2 or not x.shape[0] or not x.shape[1]:
+        raise ValueError(f"{what} embeddings have the shape {x.shape}: expected [count, width], neither empty")
+    if not np.isfinite(x).all():
+        raise ValueError(f"{what} embeddings hold NaN or infinite values: the embedder is broken for some text")
+    return x
+
+
+def _check_search(queries, corpus, k, similarity, exclude):
+    """The search's arguments as float32 and int32 arrays, or one line saying what is wrong."""
+    if similarity not in SIMILARITIES:
+        raise ValueError(f"similarity={similarity!r}: choose one of {', '.join(SIMILARITIES)}")
+    if int(k) < 1:
+        raise ValueError(f"k={k}: at least one result per query")
+    queries, corpus = _check_embeddings(queries, "query"), _check_embeddings(corpus, "passage")
+    if queries.shape[1] != corpus.shape[1]:
+        raise ValueError(f"queries are {queries.shape[1]} wide and passages {corpus.shape[1]}: one embedder makes both")
+    exclude = np.full(len(queries), -1, np.int32) if exclude is None else np.asarray(exclude, np.int32)
+    if exclude.shape != (len(queries),):
+        raise ValueError(f"exclude has the shape {exclude.shape}: one corpus index (or -1) per query, {len(queries)}")
+    return queries, corpus, exclude
+
+
+def search(queries, corpus, k: int, *, similarity: str = "cosine", mesh=None, exclude=None,
+           chunk_size: int = CHUNK_SIZE, query_batch_size: int = QUERY_BATCH_SIZE) -> tuple[np.ndarray, np.ndarray]:
+    """The k best passages of corpus [N, D] for each query of queries [Q, D]: (scores [Q, k] float32,
+    corpus indices [Q, k] int64), best first, equal scores in corpus order. exclude [Q] (optional): a
+    corpus index each query may not retrieve (its own id), -1 for none; a place left without a passage
+    (k above what is retrievable) has index -1 and score -inf. mesh: the corpus is split over all its
+    devices, whatever its axes (training.sharding.make_mesh's; default: one device)."""
+    queries, corpus, exclude = _check_search(queries, corpus, k, similarity, exclude)
+    if similarity == "cosine":
+        queries = normalized(queries)
+    mesh = mesh if mesh is not None else sharding.make_mesh({"data": 1}, jax.devices()[:1])
+    num_passages, devices = corpus.shape[0], mesh.devices.size
+    k = min(int(k), num_passages)
+    per_device = -(-num_passages // devices)
+    chunk = max(1, min(chunk_size, per_device))
+    padded = devices * chunk * -(-per_device // chunk)  # every device an equal whole number of chunks
+    corpus = _corpus_on_mesh(corpus, padded, mesh, normalize=similarity == "cosine")
+    batch = min(query_batch_size, len(queries))
+    found = []
+    for start in range(0, len(queries), batch):  # the last batch padded: one compiled program
+        block = np.zeros((batch, queries.shape[1]), np.float32)
+        block[: len(queries[start:start + batch])] = queries[start:start + batch]
+        own = np.full(batch, -1, np.int32)
+        own[: len(exclude[start:start + batch])] = exclude[start:start + batch]
+        # Dispatched without waiting: the host prepares the next batch while the devices search this one.
+        found.append(_top_k(_on_mesh(block, mesh, P()), corpus, _on_mesh(own, mesh, P()), k=k, chunk=chunk,
+                            num_passages=num_passages, mesh=mesh))
+    scores = np.concatenate([np.asarray(top.addressable_data(0)) for top, _ in found])[: len(queries)]
+    indices = np.concatenate([np.asarray(at.addressable_data(0)) for _, at in found])[: len(queries)].astype(np.int64)
+    return scores, np.where(np.isneginf(scores), -1, indices)
+
+
+def embed_texts(embed, texts: list[str], kind: str, batch_size: int) -> np.ndarray:
+    """embed(texts, kind) over texts in batches of batch_size, shortest first (a batch pads to its longest
+    text, so like lengths together waste less), returned in the texts' order: [N, D] float32."""
+    order = sorted(range(len(texts)), key=lambda i: len(texts[i]))
+    parts = []
+    for start in range(0, len(texts), batch_size):
+        chosen = [texts[i] for i in order[start:start + batch_size]]
+        part = np.asarray(embed(chosen, kind), np.float32)
+        if part.ndim != 2 or part.shape[0] != len(chosen):
+            raise ValueError(f"embed returned the shape {part.shape} for {len(chosen)} {kind} texts: expected "
+                             f"[{len(chosen)}, width]")
+        parts.append(part)
+    out = np.empty((len(texts), parts[0].shape[1]), np.float32)
+    out[order] = np.concatenate(parts)
+    return out
+
+
+def evaluate_retrieval(embed, dataset: RetrievalSet, k_values=retrieval_metrics.K_VALUES, similarity: str = "cosine",
+                       batch_size: int = 64, *, ignore_identical_ids: bool = False, mesh=None,
+                       chunk_size: int = CHUNK_SIZE) -> dict:
+    """The data set's queries and passages embedded (embed(texts, "query" | "passage")), each query's top
+    max(k_values) passages found, and BEIR's metrics over its judgements (retrieval_metrics):
+    {"ndcg@10": ..., "recall@100": ..., ..., "queries": Q, "passages": N}. ignore_identical_ids: a query
+    never retrieves the passage with its own id (BEIR's option, for Quora and ArguAna)."""
+    k_values = tuple(sorted(set(int(k) for k in k_values)))
+    queries = embed_texts(embed, dataset.queries, "query", batch_size)
+    passages = embed_texts(embed, dataset.passages, "passage", batch_size)
+    exclude = None
+    if ignore_identical_ids:
+        position = {corpus_id: i for i, corpus_id in enumerate(dataset.corpus_ids)}
+        exclude = np.array([position.get(query_id, -1) for query_id in dataset.query_ids], np.int32)
+    _, indices = search(queries, passages, max(k_values), similarity=similarity, mesh=mesh, exclude=exclude,
+                        chunk_size=chunk_size)
+    run = {query_id: [dataset.corpus_ids[i] for i in row if i >= 0]
+           for query_id, row in zip(dataset.query_ids, indices)}
+    scores = retrieval_metrics.retrieval_scores(dataset.qrels, run, k_values)
+    return {**scores, "queries": len(dataset.queries), "passages": len(dataset.passages)}
+
+
+def sts_pairs(examples) -> list[tuple[str, str, float]]:
+    """(text, text_pair, gold score) of scored pair examples: STS-B's (bertjax.tasks.readers, from TFDS or
+    JSON lines), or the user's regression pairs."""
+    pairs = [(e.text, e.text_pair, e.label) for e in examples]
+    unscored = [e.idx for e in examples if e.text_pair is None or e.label is None]
+    if unscored:
+        raise ValueError(f"STS needs scored pairs: example {unscored[0]} has no second text or no score")
+    if not pairs:
+        raise ValueError("STS needs at least one scored pair")
+    return pairs
+
+
+def evaluate_sts(embed, examples, batch_size: int = 64) -> dict:
+    """Pearson and Spearman correlations of the pairs' cosine similarities with their gold scores.
+    Both texts are embedded as kind "query": the task is symmetric (E5's models ask for "query: " on
+    both sides of a symmetric task)."""
+    pairs = sts_pairs(examples)
+    first = normalized(embed_texts(embed, [a for a, _, _ in pairs], "query", batch_size))
+    second = normalized(embed_texts(embed, [b for _, b, _ in pairs], "query", batch_size))
+    cosine = np.sum(first * second, axis=1)  # [pairs]
+    gold = np.array([score for _, _, score in pairs], np.float64)
+    return {"pearson": metrics.pearson(cosine, gold), "spearman": metrics.spearman(cosine, gold), "pairs": len(pairs)}
