@@ -18,7 +18,15 @@ compression end to end without a download:
 - keyword: does the sentence speak of what something returns (the word "return" in it)? One word
   decides the label: a task any model learns, for checking that the machinery works.
 
-Both are JSON lines of the generic classification task ({"text", "label"}; bertjax/tasks/readers.py).
+- retrieval: find the passage a sentence was taken from (the inverse cloze task, Lee et al. 2019). The
+  documents are cut into passages of up to PASSAGE_SENTENCES consecutive sentences; from each passage of
+  three or more, one sentence of MIN_QUERY_WORDS words or more is taken out as the query and the rest is
+  its passage. train.jsonl and dev.jsonl are {"query", "positive"} pairs (contrastive fine-tuning); the
+  held-out documents' passages are also written as a retrieval set in BEIR's layout, OUT/beir/
+  (corpus.jsonl, queries.jsonl, qrels/test.tsv), every held-out passage in the corpus.
+
+word_order and keyword are JSON lines of the generic classification task ({"text", "label"};
+bertjax/tasks/readers.py).
 """
 
 import json
@@ -32,12 +40,14 @@ from bertjax.data import demo
 from bertjax.data.splits import is_eval_document
 from bertjax.runs import console
 
-TASKS = ("word_order", "keyword")
+TASKS = ("word_order", "keyword", "retrieval")
 LABELS = {"word_order": ("shuffled", "original"), "keyword": ("no", "yes")}
 KEYWORD = "return"
 _PLAIN_WORD = re.compile(r"[a-z]+")
 # A sentence with fewer movable words than this has too few orders to tell apart from its own.
 MIN_MOVABLE_WORDS = 3
+PASSAGE_SENTENCES = 5
+MIN_QUERY_WORDS = 6
 
 
 def movable_positions(words: list[str]) -> list[int]:
@@ -116,6 +126,46 @@ def keyword_examples(seed: int = 0, per_class: int = 330) -> list[tuple[str, str
     return chosen
 
 
+def cloze_pairs(documents, rng: np.random.Generator) -> list[dict]:
+    """{"id", "query", "positive"} per passage of three or more sentences that has a sentence of
+    MIN_QUERY_WORDS words or more to take out (see above)."""
+    pairs = []
+    for d, doc in enumerate(documents):
+        for start in range(0, len(doc), PASSAGE_SENTENCES):
+            passage = [" ".join(s.split()) for s in doc[start:start + PASSAGE_SENTENCES]]
+            long_enough = [i for i, s in enumerate(passage) if len(s.split()) >= MIN_QUERY_WORDS]
+            if len(passage) < 3 or not long_enough:
+                continue
+            taken = int(rng.choice(long_enough))
+            rest = " ".join(s for s in passage if s != passage[taken])  # a repeat of it goes too
+            pairs.append({"id": f"d{d}p{start // PASSAGE_SENTENCES}", "query": passage[taken], "positive": rest})
+    return pairs
+
+
+def retrieval_examples(seed: int = 0, eval_fraction: float = 0.05) -> dict[str, list[dict]]:
+    """{"train": pairs of the documents pretraining reads, "dev": pairs of those it holds out}."""
+    documents = demo.demo_documents()
+    held_out = [is_eval_document(doc, eval_fraction) for doc in documents]
+    rng = np.random.default_rng(seed)
+    splits = {split: cloze_pairs([d for d, h in zip(documents, held_out) if h == keep], rng)
+              for split, keep in (("train", False), ("dev", True))}
+    rng.shuffle(splits["train"])
+    return splits
+
+
+def write_beir(pairs: list[dict], out: str) -> str:
+    """The dev pairs as a BEIR directory: each pair's passage in the corpus, its query judged relevant to it."""
+    os.makedirs(os.path.join(out, "qrels"), exist_ok=True)
+    with open(os.path.join(out, "corpus.jsonl"), "w", encoding="utf-8") as f:
+        f.writelines(json.dumps({"_id": p["id"], "title": "", "text": p["positive"]}) + "\n" for p in pairs)
+    with open(os.path.join(out, "queries.jsonl"), "w", encoding="utf-8") as f:
+        f.writelines(json.dumps({"_id": "q" + p["id"], "text": p["query"]}) + "\n" for p in pairs)
+    with open(os.path.join(out, "qrels", "test.tsv"), "w", encoding="utf-8") as f:
+        f.write("query-id\tcorpus-id\tscore\n")
+        f.writelines(f"q{p['id']}\t{p['id']}\t1\n" for p in pairs)
+    return out
+
+
 def task_examples(task: str, seed: int = 0, dev_fraction: float = 0.25) -> dict[str, list[dict]]:
     """{"train", "dev"} examples of a demo task; the keyword task's last dev_fraction is its dev set."""
     if task == "word_order":
@@ -124,24 +174,29 @@ def task_examples(task: str, seed: int = 0, dev_fraction: float = 0.25) -> dict[
         rows = [{"text": s, "label": label} for s, label in keyword_examples(seed)]
         cut = int(round(len(rows) * (1 - dev_fraction)))
         return {"train": rows[:cut], "dev": rows[cut:]}
+    if task == "retrieval":
+        return retrieval_examples(seed)
     raise ValueError(f"unknown demo task {task!r}: choose one of {TASKS}")
 
 
 def write_task(task: str, out: str, seed: int = 0) -> dict[str, str]:
-    """Writes OUT/train.jsonl and OUT/dev.jsonl; returns {split: path}."""
+    """Writes OUT/train.jsonl and OUT/dev.jsonl (retrieval: and OUT/beir/); returns {split: path}."""
     os.makedirs(out, exist_ok=True)
     paths = {}
-    for split, rows in task_examples(task, seed).items():
+    examples = task_examples(task, seed)
+    for split, rows in examples.items():
         paths[split] = os.path.join(out, f"{split}.jsonl")
         with open(paths[split], "w", encoding="utf-8") as f:
-            f.writelines(json.dumps(row) + "\n" for row in rows)
+            f.writelines(json.dumps({k: v for k, v in row.items() if k != "id"}) + "\n" for row in rows)
+    if task == "retrieval":
+        paths["beir"] = write_beir(examples["dev"], os.path.join(out, "beir"))
     return paths
 
 
 def define_flags() -> dict:
     defined = dict(
         task=flags.DEFINE_enum("task", None, list(TASKS), "Which demo task to write."),
-        out=flags.DEFINE_string("out", None, "Directory for train.jsonl and dev.jsonl."),
+        out=flags.DEFINE_string("out", None, "Directory for train.jsonl and dev.jsonl (retrieval: and beir/)."),
         seed=flags.DEFINE_integer("seed", 0, "Which sentences, and how their words are shuffled."),
     )
     flags.mark_flags_as_required(["task", "out"])
@@ -156,9 +211,13 @@ def main(argv, args):
     except (OSError, ValueError) as e:
         console.fail(str(e))
     for split, path in paths.items():
+        if split == "beir":
+            print(f"retrieval set (BEIR layout) of the dev pairs: {path}")
+            continue
         with open(path, encoding="utf-8") as f:
             print(f"{split}: {sum(1 for _ in f)} examples in {path}")
-    print(f"labels: {LABELS[args.task]} (--config.data.labels=\"{LABELS[args.task]}\")")
+    if args.task in LABELS:
+        print(f"labels: {LABELS[args.task]} (--config.data.labels=\"{LABELS[args.task]}\")")
 
 
 def entry():
