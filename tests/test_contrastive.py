@@ -3,6 +3,7 @@ CoSENT, Matryoshka), 20 training steps against sentence-transformers' model and 
 AdamW, GradCache's gradient against the whole batch's, a 4-device mesh against one device, and the
 fine-tuning program on pairs from the demo corpus (metrics, best checkpoint, exact resume, bad files)."""
 
+import dataclasses
 import functools
 import json
 import pathlib
@@ -25,7 +26,7 @@ from bertjax.data import demo
 from bertjax.interop import hf
 from bertjax.models import contrastive_losses, heads
 from bertjax.models.config import BertConfig
-from bertjax.runs import finetuning
+from bertjax.runs import finetuning, start
 from bertjax.tasks import contrastive_steps, registry
 from bertjax.training import checkpoint, optim, sharding
 from bertjax.training import state as train_state
@@ -292,3 +293,86 @@ def test_training_follows_sentence_transformers(st_model_directory, loss_name):
     got = bertjax_losses(st_model_directory, batches, loss_name)
     np.testing.assert_allclose(got, expected, rtol=1e-4)
     assert expected[-1] < expected[0] - 0.05  # it trained: the comparison is of a changing model
+
+
+# --------------------------------------------------------------------------------------------------
+# The fine-tuning program on pairs from the demo corpus
+# --------------------------------------------------------------------------------------------------
+
+
+def write_jsonl(path, rows) -> str:
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
+    return str(path)
+
+
+def demo_pairs(root: pathlib.Path) -> dict:
+    """Sentences of the demo corpus split in two: the first four words the query, the rest its positive;
+    every other training pair carries another sentence's end as a hard negative. 160 train, 40 dev."""
+    sentences = [s.split() for doc in demo.demo_documents(300) for s in doc if 8 <= len(s.split()) <= 20][:200]
+    rows = [{"query": " ".join(words[:4]), "positive": " ".join(words[4:])} for words in sentences]
+    for n, row in enumerate(rows[:160:2]):
+        row["negatives"] = [rows[n * 2 + 1]["positive"]]
+    return {"train": write_jsonl(root / "pairs.jsonl", rows[:160]), "validation": write_jsonl(root / "dev.jsonl", rows[160:])}
+
+
+def contrastive_run_config(pretrained, files: dict, **changes):
+    """configs/finetune/contrastive.py from `pretrained`, small: 160 pairs in batches of 16 (cached in
+    microbatches of 8) for 2 epochs, 20 steps, the dev set scored every 5."""
+    config = finetune_configs.contrastive_config()
+    config.train.init_from = pretrained["workdir"]
+    config.data.update(max_seq_length=32, max_query_length=16, **files)
+    config.train.update(batch_size=16, epochs=2.0, contrastive_microbatch=8)
+    config.optimizer.learning_rate = 1e-3
+    config.logging.update(log_every=1, eval_every=5, eval_batch_size=32)
+    config.contrastive.update(query_prompt="query: ", passage_prompt="passage: ", matryoshka_dims=(64, 32))
+    for key, value in changes.items():
+        section, name = key.split(".")
+        config[section][name] = value
+    return config
+
+
+def test_the_program_trains_scores_keeps_the_best_and_resumes_exactly(pretrained, tmp_path, monkeypatch):
+    files = demo_pairs(tmp_path)
+    config = contrastive_run_config(pretrained, files)
+    whole = tmp_path / "whole"
+    summary = finetuning.finetune(config, str(whole))
+    lines = [json.loads(line) for line in (whole / "metrics.jsonl").read_text().splitlines()]
+    dev = [r for r in lines if r.get("split") == "validation"]
+    assert [r["step"] for r in dev] == [5, 10, 15, 20] and all({"mrr_at_10", "recall_at_1"} <= set(r) for r in dev)
+    assert summary["main_metric"] == "mrr_at_10" and summary["best"]["value"] == max(r["mrr_at_10"] for r in dev)
+    assert dev[-1]["mrr_at_10"] > dev[0]["mrr_at_10"]  # it learns to find a sentence's end from its start
+    params, meta = checkpoint.restore_params(str(whole / "best"))
+    assert set(params) == {"bert"} and meta.step == summary["best"]["step"] and meta.task.kind == "contrastive"
+    assert meta.embedding.modes == ("mean",) and meta.embedding.normalize
+    assert meta.embedding.prompts == {"query": "query: ", "passage": "passage: "} and meta.embedding.max_seq_length == 32
+    ranks = (whole / "predictions" / "validation_positive_ranks.tsv").read_text().splitlines()
+    assert ranks[0] == "index\trank" and len(ranks) == 41
+
+    # Two halves: stopped after step 10 (as SIGTERM stops it), then the same command again.
+    halves = tmp_path / "halves"
+    original = finetuning.hooks
+    monkeypatch.setattr(finetuning, "hooks", lambda run, preemption: dataclasses.replace(
+        original(run, preemption), should_stop=lambda step: step == 10))
+    with pytest.raises(start.Stopped):
+        finetuning.finetune(config, str(halves))
+    monkeypatch.setattr(finetuning, "hooks", original)
+    finetuning.finetune(config, str(halves))
+    assert train_losses(halves) == train_losses(whole) and len(train_losses(whole)) == 20
+
+
+def test_a_bad_pairs_file_is_one_line(pretrained, tmp_path):
+    good = demo_pairs(tmp_path)
+    cases = [
+        ([{"query": "a b", "positive": "c d"}, {"query": "e f"}], "bad.jsonl:2: missing field 'positive'"),
+        ([{"anchor": "a b", "positive": " "}], "bad.jsonl:1: field 'positive' is an empty text"),
+        ([{"query": "a b", "positive": "c", "negatives": "x"}, {"positive": "d"}], "bad.jsonl:2: missing field 'query'"),
+        ([], "bad.jsonl: empty file"),
+    ]
+    for rows, fragment in cases:
+        config = contrastive_run_config(pretrained, {**good, "train": write_jsonl(tmp_path / "bad.jsonl", rows)})
+        with pytest.raises(ValueError, match=re.escape(fragment)) as error:
+            finetuning.finetune(config, str(tmp_path / "bad"))
+        assert "\n" not in str(error.value) and not (tmp_path / "bad").exists()
+    scored = contrastive_run_config(pretrained, good, **{"contrastive.loss": "cosent"})
+    with pytest.raises(ValueError, match=re.escape("pairs.jsonl:1: missing field 'text'")):
+        finetuning.finetune(scored, str(tmp_path / "bad"))
