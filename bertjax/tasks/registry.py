@@ -150,6 +150,14 @@ TASKS: dict[str, Task] = {t.name: t for t in (
          tfds_name="conll2003", eval_splits=("dev", "test"), test_splits=()),
 )}
 
+def _contrastive_task(loss: str) -> Task:
+    """Pairs (mnrl) are scored by retrieval in the dev set, scored pairs by Spearman of cosine and score."""
+    scored = loss in SCORED_CONTRASTIVE_LOSSES
+    metrics = ("spearman", "pearson") if scored else ("mrr_at_10", "recall_at_1")
+    return Task(name=CONTRASTIVE, kind=CONTRASTIVE, labels=(), metrics=metrics, main_metric=metrics[0],
+                train_split=None, eval_splits=(), test_splits=(), contrastive_loss=loss)
+
+
 # Tasks on the user's own JSON-lines files; their classes / choice count come from the config.
 GENERIC_TASKS = KINDS
 
@@ -211,11 +219,6 @@ def get_task(name: str, labels=None, num_choices: int | None = None, squad_versi
         return Task(name=name, kind=TAGGING, labels=labels, metrics=_ENTITIES, main_metric="f1", train_split=None,
                     eval_splits=(), test_splits=())
     if name == CONTRASTIVE:
-        loss = contrastive_loss or "mnrl"
-        if loss in SCORED_CONTRASTIVE_LOSSES:
-            return Task(name=name, kind=CONTRASTIVE, labels=(), metrics=("spearman", "pearson"), main_metric="spearman",
-                        train_split=None, eval_splits=(), test_splits=(), contrastive_loss=loss)
-        return Task(name=name, kind=CONTRASTIVE, labels=(), metrics=("mrr_at_10", "recall_at_1"),
-                    main_metric="mrr_at_10", train_split=None, eval_splits=(), test_splits=(), contrastive_loss=loss)
+        return _contrastive_task(contrastive_loss or "mnrl")
     known = ", ".join(list(TASKS) + list(GENERIC_TASKS))
     raise ValueError(f"unknown task {name!r}: known tasks are {known}")
