@@ -8,8 +8,6 @@ import functools
 import json
 import pathlib
 import re
-import subprocess
-import sys
 
 import flax.linen as nn
 import jax
@@ -17,17 +15,20 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 import torch
-from conftest import REPO, finetune_config, program_env, train_losses
+from conftest import train_losses
 from sentence_transformers import SentenceTransformer
 from sentence_transformers.sentence_transformer import losses as st_losses
 from sentence_transformers.sentence_transformer.modules import Pooling, Transformer
 
+import bertjax
 from bertjax.data import demo
 from bertjax.interop import hf
+from bertjax.interop import pretrained as pretrained_models
 from bertjax.models import contrastive_losses, heads
 from bertjax.models.config import BertConfig
 from bertjax.runs import finetuning, start
-from bertjax.tasks import contrastive_steps, registry
+from bertjax.tasks import contrastive_steps, registry, scoring
+from bertjax.tasks.kinds import contrastive as contrastive_kind
 from bertjax.training import checkpoint, optim, sharding
 from bertjax.training import state as train_state
 from configs.finetune import common as finetune_configs
@@ -331,6 +332,7 @@ def contrastive_run_config(pretrained, files: dict, **changes):
     return config
 
 
+@pytest.mark.slow
 def test_the_program_trains_scores_keeps_the_best_and_resumes_exactly(pretrained, tmp_path, monkeypatch):
     files = demo_pairs(tmp_path)
     config = contrastive_run_config(pretrained, files)
@@ -347,6 +349,10 @@ def test_the_program_trains_scores_keeps_the_best_and_resumes_exactly(pretrained
     assert meta.embedding.prompts == {"query": "query: ", "passage": "passage: "} and meta.embedding.max_seq_length == 32
     ranks = (whole / "predictions" / "validation_positive_ranks.tsv").read_text().splitlines()
     assert ranks[0] == "index\trank" and len(ranks) == 41
+    model = bertjax.load(str(whole))  # the best checkpoint, as a notebook loads it
+    assert model.task.kind == "contrastive" and model.encode(["a sentence"])["sequence_output"].shape[-1] == 64
+    with pytest.raises(ValueError, match="gives sentence embeddings, not predictions"):
+        model.predict(["a sentence"])
 
     # Two halves: stopped after step 10 (as SIGTERM stops it), then the same command again.
     halves = tmp_path / "halves"
@@ -376,3 +382,67 @@ def test_a_bad_pairs_file_is_one_line(pretrained, tmp_path):
     scored = contrastive_run_config(pretrained, good, **{"contrastive.loss": "cosent"})
     with pytest.raises(ValueError, match=re.escape("pairs.jsonl:1: missing field 'text'")):
         finetuning.finetune(scored, str(tmp_path / "bad"))
+
+
+# --------------------------------------------------------------------------------------------------
+# Reading, features and dev scores
+# --------------------------------------------------------------------------------------------------
+
+
+def test_dev_retrieval_as_pytrec_eval_and_correlations_as_scipy():
+    import pytrec_eval  # here: a test reference only this test uses
+    from scipy import stats
+
+    rng = np.random.default_rng(12)
+    queries, passages = rng.normal(size=(30, 8)), rng.normal(size=(30, 8))
+    passages[5] = passages[3]  # two queries with the same positive text: one candidate for both
+    texts = [f"passage {n}" for n in range(30)]
+    texts[5] = texts[3]
+    examples = [contrastive_kind.Pair(n, f"query {n}", texts[n]) for n in range(30)]
+    split = scoring.Split(examples, {"idx": np.arange(30)}, True)
+    task = registry.get_task("contrastive")
+    found = contrastive_kind.score(task, "validation", split, np.stack([queries, passages], axis=1)).metrics
+
+    unit = lambda x: x / np.linalg.norm(x, axis=-1, keepdims=True)  # noqa: E731
+    cos = unit(queries) @ unit(np.delete(passages, 5, axis=0)).T  # candidates: the distinct texts
+    names = [t for n, t in enumerate(texts) if n != 5]
+    top10 = {f"q{n}": {names[c]: float(cos[n, c]) for c in np.argsort(-cos[n])[:10]} for n in range(30)}
+    qrels = {f"q{n}": {texts[n]: 1} for n in range(30)}
+    evaluated = pytrec_eval.RelevanceEvaluator(qrels, {"recip_rank", "P_1"}).evaluate(top10)
+    assert found["mrr_at_10"] == pytest.approx(np.mean([v["recip_rank"] for v in evaluated.values()]))
+    assert found["recall_at_1"] == pytest.approx(np.mean([v["P_1"] for v in evaluated.values()]))
+    assert 0 < found["mrr_at_10"] < 1
+
+    scores = rng.random(30)
+    scored_split = scoring.Split([None] * 30, {"idx": np.arange(30), "score": scores}, True)
+    scored_task = registry.get_task("contrastive", contrastive_loss="cosent")
+    found = contrastive_kind.score(scored_task, "validation", scored_split, np.stack([queries, passages], 1)).metrics
+    cosines = np.sum(unit(queries) * unit(passages), axis=-1)
+    assert found["spearman"] == pytest.approx(stats.spearmanr(cosines, scores).statistic)
+    assert found["pearson"] == pytest.approx(stats.pearsonr(cosines, scores).statistic)
+
+
+def test_features_tokenize_each_text_alone_after_its_prompt(pretrained, tmp_path):
+    path = write_jsonl(tmp_path / "pairs.jsonl", [
+        {"anchor": "what does it return", "positive": "the value it computed",
+         "negative": "a list of names"},  # sentence-transformers' columns
+        {"query": "how long is it", "positive": "three words"},
+    ])
+    config = contrastive_run_config(pretrained, {"train": path, "validation": path})
+    config.contrastive.update(max_negatives=2)
+    settings = contrastive_kind.settings_from_config(config)
+    task = registry.get_task("contrastive")
+    tokenizer = pretrained_models.tokenizer_files(pretrained["workdir"]).load()
+    features = contrastive_kind.featurize(task, contrastive_kind.read(task, "train", path), tokenizer, 32, settings)
+
+    def row(text, length):
+        ids = [tokenizer.cls_id, *tokenizer.encode([text])[0][:length - 2], tokenizer.sep_id]
+        return ids + [tokenizer.pad_id] * (length - len(ids))
+
+    assert features["query_ids"].shape == (2, 16) and features["passage_ids"].shape == (2, 32)
+    assert features["query_ids"][0].tolist() == row("query: what does it return", 16)
+    assert features["passage_ids"][1].tolist() == row("passage: three words", 32)
+    assert features["negative_ids"].shape == (2, 1, 32)  # the most any row has, at most max_negatives
+    assert features["negative_ids"][0, 0].tolist() == row("passage: a list of names", 32)
+    assert features["negative_present"].tolist() == [[1.0], [0.0]]
+    assert features["query_mask"][1].sum() == len(tokenizer.encode(["query: how long is it"])[0]) + 2
