@@ -382,6 +382,15 @@ def test_a_bad_pairs_file_is_one_line(pretrained, tmp_path):
     scored = contrastive_run_config(pretrained, good, **{"contrastive.loss": "cosent"})
     with pytest.raises(ValueError, match=re.escape("pairs.jsonl:1: missing field 'text'")):
         finetuning.finetune(scored, str(tmp_path / "bad"))
+    out_of_range = write_jsonl(tmp_path / "scored.jsonl", [{"text": "a", "text_pair": "b", "score": 4.0}])
+    settings = [({"contrastive.loss": "cosine_mse", "data.train": out_of_range}, "scored.jsonl:1: score 4.0 is outside [-1, 1]"),
+                ({"contrastive.matryoshka_dims": (128, 32)}, "the embeddings have 64 features"),
+                ({"contrastive.loss": "infonce"}, "contrastive.loss='infonce': choose one of mnrl, cosent, cosine_mse"),
+                ({"train.grad_accum_steps": 2}, "would split the in-batch negatives")]
+    for changes, fragment in settings:
+        with pytest.raises(ValueError, match=re.escape(fragment)):
+            finetuning.finetune(contrastive_run_config(pretrained, good, **changes), str(tmp_path / "bad"))
+        assert not (tmp_path / "bad").exists()
 
 
 # --------------------------------------------------------------------------------------------------

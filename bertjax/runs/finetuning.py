@@ -29,7 +29,7 @@ from ml_collections import config_dict
 
 from bertjax.compression import distillation, pruning
 from bertjax.interop import pretrained as pretrained_models
-from bertjax.models import heads
+from bertjax.models import contrastive_losses, heads
 from bertjax.models.config import BertConfig
 from bertjax.runs import config_checks, start
 from bertjax.runs.console import say
@@ -381,6 +381,9 @@ def contrastive_train_step(config, setup: Setup, settings, data_sharding):
         raise ValueError(f"train.grad_accum_steps={config.train.grad_accum_steps} would split the in-batch negatives"
                          ": set train.contrastive_microbatch instead (the whole batch's loss, in less memory)")
     microbatch = config.train.get("contrastive_microbatch", 0) or 0
+    width = settings.dense_features or setup.net.config.hidden_size * len(settings.pooling)  # the embeddings'
+    contrastive_losses.check_settings(settings.loss, settings.scale, settings.matryoshka_dims,
+                                      settings.matryoshka_weights, width)
     loss_settings = settings.loss_settings()
     loss = functools.partial(contrastive_steps.contrastive_loss, net=setup.net, settings=loss_settings)
     loss_and_grad = None
