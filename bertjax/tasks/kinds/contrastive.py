@@ -22,8 +22,8 @@ query's rank.
 
 Features (N pairs, G = the most negatives any row keeps, Sq / S query / passage length):
   query_ids, query_mask [N, Sq]; passage_ids, passage_mask [N, S]; score float32 [N] (nan: none)
-  negative_ids, negative_mask [N, G, S], negative_present [N, G] (G > 0 only; a missing negative is
-  [CLS] [SEP] with negative_present 0); idx, example_weight [N]
+  negative_ids, negative_mask [N, G, S], negative_present [N, G] (G > 0 only; a missing negative is an
+  empty text, its prompt alone, with negative_present 0: no candidate); idx, example_weight [N]
 """
 
 import dataclasses
@@ -85,9 +85,12 @@ class Settings:
 
 def settings_from_config(config) -> Settings:
     """config.contrastive and data's max lengths as Settings, each value checked in one line."""
-    section = config.get("contrastive") or {}
-    s = Settings(**{k: v for k, v in dict(section).items() if k in {f.name for f in dataclasses.fields(Settings)}},
-                 max_query_length=int(config.data.get("max_query_length", 32)),
+    section = dict(config.get("contrastive") or {})
+    known = {f.name for f in dataclasses.fields(Settings)} - {"max_query_length", "max_seq_length"}
+    unknown = sorted(set(section) - known)
+    if unknown:
+        raise ValueError(f"contrastive.{unknown[0]} is not a setting: choose from {', '.join(sorted(known))}")
+    s = Settings(**section, max_query_length=int(config.data.get("max_query_length", 32)),
                  max_seq_length=int(config.data.max_seq_length))
     s = dataclasses.replace(s, pooling=pooling.check_modes(s.pooling), matryoshka_dims=tuple(s.matryoshka_dims or ()),
                             matryoshka_weights=tuple(float(w) for w in s.matryoshka_weights or ()))
