@@ -19,8 +19,8 @@ SPAN = "span"
 TAGGING = "tagging"
 CONTRASTIVE = "contrastive"
 KINDS = (CLASSIFICATION, REGRESSION, MULTIPLE_CHOICE, SPAN, TAGGING, CONTRASTIVE)
-# The contrastive losses of scored pairs (bertjax/models/contrastive_losses.py's SCORED; the registry
-# sits below the models in no layer, so the names are repeated here and a test holds them equal).
+# The contrastive losses of scored pairs: bertjax/models/contrastive_losses.py's SCORED, repeated so that the
+# task table stays plain data without JAX (tests/test_kinds.py holds the two equal).
 SCORED_CONTRASTIVE_LOSSES = ("cosent", "cosine_mse")
 # Kinds whose examples are one per row of a JSON-lines file (bertjax/tasks/readers.py).
 JSONL_KINDS = (CLASSIFICATION, REGRESSION, MULTIPLE_CHOICE)
