@@ -37,6 +37,7 @@ from bertjax.tasks.kinds.base import Kind, Scored, Split
 from bertjax.training.checkpoint_meta import EmbeddingRecord
 
 MRR_CUTOFF = 10
+RANK_BLOCK = 1024  # queries ranked at a time in the dev retrieval
 
 
 @dataclasses.dataclass(frozen=True)
@@ -229,9 +230,14 @@ def positive_ranks(queries: np.ndarray, candidates: np.ndarray, relevant: np.nda
     """Each query's rank (1 = first) of its relevant candidate by cosine: 1 + the candidates scoring at
     least as high, itself left out. queries [N, D], candidates [U, D], relevant [N] int."""
     unit = lambda x: x / np.maximum(np.linalg.norm(x, axis=-1, keepdims=True), 1e-12)  # noqa: E731
-    cos = unit(queries.astype(np.float64)) @ unit(candidates.astype(np.float64)).T  # [N, U]
-    own = cos[np.arange(len(relevant)), relevant][:, None]
-    return np.sum(cos >= own, axis=-1)  # the relevant candidate counts itself: ranks start at 1
+    queries, candidates = unit(queries.astype(np.float64)), unit(candidates.astype(np.float64))
+    ranks = np.empty(len(relevant), np.int64)
+    for start in range(0, len(relevant), RANK_BLOCK):  # [block, U] at a time, whatever the dev set's size
+        rows = slice(start, start + RANK_BLOCK)
+        cos = queries[rows] @ candidates.T
+        own = cos[np.arange(cos.shape[0]), relevant[rows]][:, None]
+        ranks[rows] = np.sum(cos >= own, axis=-1)  # the relevant candidate counts itself: ranks start at 1
+    return ranks
 
 
 def retrieval_metrics(ranks: np.ndarray) -> dict:
