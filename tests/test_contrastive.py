@@ -372,6 +372,27 @@ def test_the_program_trains_scores_keeps_the_best_and_resumes_exactly(pretrained
     assert train_losses(halves) == train_losses(whole) and len(train_losses(whole)) == 20
 
 
+def test_scored_pairs_through_the_program(pretrained, tmp_path):
+    """cosent on {text, text_pair, score} rows (1 for a sentence's own end, below 0.5 for another's): dev
+    lines with spearman and pearson, the best checkpoint chosen by spearman, each pair's cosine written."""
+    sentences = [s.split() for doc in demo.demo_documents(300) for s in doc if 8 <= len(s.split()) <= 20][:120]
+    rng = np.random.default_rng(0)
+    rows = [{"text": " ".join(w[:4]), "text_pair": " ".join(w[4:]), "score": 1.0} if n % 2 else
+            {"text": " ".join(w[:4]), "text_pair": " ".join(sentences[(n + 7) % 120][4:]),
+             "score": float(rng.random() / 2)} for n, w in enumerate(sentences)]
+    files = {"train": write_jsonl(tmp_path / "train.jsonl", rows[:80]),
+             "validation": write_jsonl(tmp_path / "dev.jsonl", rows[80:])}
+    config = contrastive_run_config(pretrained, files, **{"contrastive.loss": "cosent", "train.epochs": 1.0,
+                                                          "train.contrastive_microbatch": 0})
+    summary = finetuning.finetune(config, str(tmp_path / "run"))
+    dev = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()
+           if '"split"' in line]
+    assert [r["step"] for r in dev] == [5] and {"spearman", "pearson"} <= set(dev[0])
+    assert summary["main_metric"] == "spearman" and summary["best"]["value"] == dev[0]["spearman"]
+    cosines = (tmp_path / "run" / "predictions" / "validation_cosines.tsv").read_text().splitlines()
+    assert cosines[0] == "index\tcosine" and len(cosines) == 41
+
+
 def test_a_bad_pairs_file_is_one_line(pretrained, tmp_path):
     good = demo_pairs(tmp_path)
     cases = [
