@@ -172,7 +172,7 @@ def test_a_transformers_task_model_imports_and_exports_bit_for_bit(family, kind,
 
 def test_every_task_kind_has_a_class_in_every_family():
     for family in hf.FAMILIES.values():
-        assert set(family.task_classes) == set(hf.HF_HEADS) == set(heads.HEADS), family.model_type
+        assert set(family.task_classes) == set(hf.HF_HEADS) == set(heads.HEADS) - {"contrastive"}, family.model_type
         for task in family.task_classes.values():
             assert hasattr(transformers, task.architecture), task.architecture
 

@@ -281,7 +281,8 @@ def test_dropout_only_in_training():
 
 
 def test_table_and_mistakes():
-    assert list(hf.HF_HEADS) == list(heads.HEADS)
+    # Every kind but contrastive (an encoder and its pooling) has a transformers task class.
+    assert list(hf.HF_HEADS) == [kind for kind in heads.HEADS if kind != "contrastive"]
     cfg = BertConfig(vocab_size=53, hidden_size=32, num_layers=1, num_heads=2, intermediate_size=64)
     with pytest.raises(ValueError, match=re.escape("'classify'")):
         heads.network("classify", cfg, 3)

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from bertjax.interop import hf
-from bertjax.models import heads
+from bertjax.models import contrastive_losses, heads
 from bertjax.tasks import kinds, registry, scoring
 from bertjax.tasks.kinds.base import Kind
 
@@ -15,8 +15,16 @@ def test_every_kind_has_one_record_one_head_and_one_hf_class():
     assert list(kinds.KINDS) == list(heads.HEADS) == list(registry.KINDS)
     for name, kind in kinds.KINDS.items():
         assert isinstance(kind, Kind) and kind.name == name
+        if kind.hf_class is None:  # no transformers task class (contrastive: an encoder and its pooling)
+            assert name not in hf.HF_HEADS
+            continue
         assert set(kind.hf_class) == {f.name for f in dataclasses.fields(hf.HFHead)}
         assert hf.HF_HEADS[name] == hf.HFHead(**kind.hf_class)
+    assert [name for name, kind in kinds.KINDS.items() if kind.hf_class is None] == ["contrastive"]
+
+
+def test_the_registry_knows_the_scored_contrastive_losses():
+    assert registry.SCORED_CONTRASTIVE_LOSSES == contrastive_losses.SCORED
 
 
 def test_an_unknown_kind_is_one_line():

@@ -264,6 +264,7 @@ def save_hf_head(path: str | os.PathLike, cfg: BertConfig, params: dict, kind: s
     with no missing or unexpected weight: as save_hf_checkpoint, for a task head's params; its
     config.json carries the labels and problem_type."""
     family = family_of_config(cfg)
+    family.task_class(kind, cfg)  # first: a kind without a transformers class (contrastive) is one line
     _check_vocabulary(cfg, vocab_path)
     state = hf_convert.to_state(family, params, cfg, kind)
     num_labels = int(state[family.task_class(kind, cfg).classifier_bias].shape[0])

@@ -83,8 +83,9 @@ class HFHead:
     auto_class: str  # the AutoModelFor... class that loads it (the model card's example)
 
 
-# One per task kind, read from the kind's own record (bertjax/tasks/kinds/); keyed like heads.HEADS.
-HF_HEADS = {name: HFHead(**kind.hf_class) for name, kind in kinds.KINDS.items()}
+# One per task kind that has a transformers class, read from the kind's own record (bertjax/tasks/kinds/);
+# keyed like heads.HEADS (contrastive has none: its export is the encoder and its pooling).
+HF_HEADS = {name: HFHead(**kind.hf_class) for name, kind in kinds.KINDS.items() if kind.hf_class is not None}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -142,6 +143,9 @@ class Family:
     def task_class(self, kind: str, cfg: BertConfig) -> TaskClass:
         """The class for a task kind, whose head the config must compute."""
         heads.head(kind)  # an unknown kind: one line listing the known ones
+        if kind not in self.task_classes:
+            raise ValueError(f"a {kind!r} model has no transformers task class: export its encoder and pooling as "
+                             "a sentence-transformers directory, or its params (--format=params)")
         task = self.task_classes[kind]
         if cfg.pooler != self.pooler:
             raise ValueError(f"a {self.model_type} {kind!r} head needs model.pooler={self.pooler!r} (what "

@@ -173,7 +173,8 @@ def _loading(export_format: str, task: TaskRecord | None, path_hint: str, hf_arc
     itself, with nothing unused; the fill-mask pipeline takes a masked-LM class (--hf_class=masked_lm)."""
     pretraining_class = (hf_architecture or "").endswith("ForPreTraining")
     if task:
-        auto_class = kinds.get(task.kind).hf_class["auto_class"]
+        hf_class = kinds.get(task.kind).hf_class  # None: no transformers task class (contrastive: the encoder)
+        auto_class = hf_class["auto_class"] if hf_class else "AutoModel"
     else:
         auto_class = "AutoModelForPreTraining" if pretraining_class else "AutoModelForMaskedLM"
     if task:

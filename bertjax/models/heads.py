@@ -7,6 +7,9 @@ head as it is (`with_pretrained_encoder`). As in Devlin et al. 2018 and Hugging 
   multiple choice               each (context, choice) row scored like that with K=1, softmax over C
   span                          dense H->2 at every position (start and end logits), no dropout (SQuAD)
   tagging                       dropout on every token's output, dense H->K (NER and other tag sets)
+  contrastive                   no classifier: the sentence embedder of bertjax/models/pooling.py, its
+                                params {"bert", "dense" (where it projects)}, its losses on embeddings
+                                in bertjax/models/contrastive_losses.py
 The dropout is BERT's hidden dropout (Hugging Face's classifier_dropout falls back to it). With ModernBERT's
 pooler (model.pooler="gelu_norm"), span and tagging read every token through the pooler's transform,
 as transformers' ModernBERT task classes run their prediction head before the classifier.
@@ -33,6 +36,7 @@ import jax
 import jax.numpy as jnp
 
 from bertjax.models import bert as bert_model
+from bertjax.models import contrastive_losses, pooling
 from bertjax.models.config import POOLERS, BertConfig
 from bertjax.models.layers import Dropout, dense
 
@@ -277,6 +281,12 @@ def _value(logits):
     return logits[..., 0]
 
 
+def _embedder(cfg: BertConfig, num_labels: int = 0, **embedding) -> nn.Module:
+    """The contrastive kind's network: embedding = SentenceEmbedder's settings (modes, dense_features,
+    normalize, ...); none gives mean pooling."""
+    return pooling.SentenceEmbedder(cfg, **embedding)
+
+
 # --------------------------------------------------------------------------------------------------
 # The table of task kinds
 # --------------------------------------------------------------------------------------------------
@@ -303,6 +313,8 @@ HEADS = {
                             choices=True),  # [B]: the chosen choice
     "span": Head(lambda cfg, _: BertForQuestionAnswering(cfg), span_loss, best_spans, 2),  # [B, 2]
     "tagging": Head(BertForTokenClassification, tagging_loss, _argmax, None, packable=True),  # [B, S]
+    # Embeddings [B, D] are its outputs; its loss takes the embeddings of a batch's texts (embedding_loss).
+    "contrastive": Head(_embedder, contrastive_losses.embedding_loss, lambda embeddings: embeddings, 0),
 }
 
 
@@ -325,9 +337,13 @@ def resolve_num_labels(kind: str, num_labels: int | None) -> int:
     return num_labels
 
 
-def network(kind: str, config: BertConfig, num_labels: int | None = None, feature_based: dict | None = None) -> nn.Module:
+def network(kind: str, config: BertConfig, num_labels: int | None = None, feature_based: dict | None = None,
+            embedding: dict | None = None) -> nn.Module:
     """The flax module for a task kind (num_labels: the label count, for classification and tagging).
-    feature_based (tagging only): {"layers", "lstm_size", "lstm_layers"}: the frozen-feature tagger."""
+    feature_based (tagging only): {"layers", "lstm_size", "lstm_layers"}: the frozen-feature tagger.
+    embedding (contrastive only): pooling.SentenceEmbedder's settings."""
+    if embedding:
+        return head(kind).network(config, resolve_num_labels(kind, num_labels), **embedding)
     if feature_based:
         if kind != "tagging":
             raise ValueError(f"the feature-based variant is a tagger: task kind {kind!r} fine-tunes the encoder")

@@ -85,7 +85,8 @@ def _write_tokenizer_files(bert, directory: str) -> None:
 def write_params(bert, directory: str, meta: CheckpointMeta) -> None:
     flat = traverse_util.flatten_dict(_plain(bert.params), sep="/")
     np.savez(os.path.join(directory, "params.npz"), **flat)
-    record = CheckpointMeta(meta.step, meta.model, tokenizer=meta.tokenizer, task=meta.task).to_json()
+    record = CheckpointMeta(meta.step, meta.model, tokenizer=meta.tokenizer, task=meta.task,
+                            embedding=meta.embedding).to_json()
     config = {"task": None, **record, "tokenizer": dict(record.get("tokenizer") or {})}
     if bert.quantize:  # int8 kernels (qvalue, scale) one per layer (unrolled), int8 tables (qrows, row_scale)
         config["model"] = {**meta.model, "scan_layers": False}

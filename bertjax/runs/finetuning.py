@@ -11,7 +11,9 @@ Face directory of any family. WORKDIR gets metrics.jsonl (dev lines with split=<
 metrics), TensorBoard events, config.json, checkpoints/ (to resume), best/ (the best dev checkpoint, what
 bertjax.load reads), predictions/ (every dev and test split, in each benchmark's own form) and
 summary.json. SIGTERM and Ctrl-C save and raise runs.start.Stopped; re-running resumes. With a
-distill.teacher the step is task distillation's (the teacher's logits inside the jitted step).
+distill.teacher the step is task distillation's (the teacher's logits inside the jitted step). A
+contrastive task trains a sentence embedder on its loss over the global batch's embeddings (in cached
+microbatches with train.contrastive_microbatch), and its checkpoints record how it embeds.
 """
 
 import dataclasses
@@ -27,14 +29,15 @@ from ml_collections import config_dict
 
 from bertjax.compression import distillation, pruning
 from bertjax.interop import pretrained as pretrained_models
-from bertjax.models import heads
+from bertjax.models import contrastive_losses, heads
 from bertjax.models.config import BertConfig
 from bertjax.runs import config_checks, start
 from bertjax.runs.console import say
 from bertjax.runs.task_data import TaskData, feature_based_settings, task_data, task_from_config
 from bertjax.tasks import batches as task_batches
-from bertjax.tasks import kinds, scoring
-from bertjax.tasks.steps import PACKED_INPUT_KEYS, TRAIN_KEYS, Scorer, task_logits, task_loss, summarize_train
+from bertjax.tasks import contrastive_steps, kinds, registry, scoring
+from bertjax.tasks.steps import (INPUT_KEYS, PACKED_INPUT_KEYS, TRAIN_KEYS, Scorer, task_logits, task_loss,
+                                 summarize_train)
 from bertjax.text import files
 from bertjax.training import checkpoint, loop, optim, sharding, writers
 from bertjax.training import workdir as workdirs
@@ -73,8 +76,10 @@ def finetune_in_session(config, workdir: str) -> dict:
 
     # ---------------------------------------------------------------- head, optimizer, state: shapes first
     feature_based = feature_based_settings(config, task, start_from.bert_config.num_layers)
+    embedding = data.settings.network() if task.kind == registry.CONTRASTIVE else None  # the embedder's pooling
     init_key, dropout_key = root_keys(config.train.seed, config.train.dropout_rng)
-    setup = task_setup(config, task, start_from, num_labels, feature_based, data.num_steps, layout, init_key)
+    setup = task_setup(config, task, start_from, num_labels, feature_based, data.num_steps, layout, init_key,
+                       embedding)
 
     # ---------------------------------------------------------------- restore: this workdir > init_from
     checkpointer = checkpoint.Checkpointer(workdir, every_steps=data.steps_per_epoch,
@@ -84,11 +89,15 @@ def finetune_in_session(config, workdir: str) -> dict:
     # ---------------------------------------------------------------- jitted steps
     if config.get("distill") and config.distill.teacher:  # task distillation: the teacher inside the step
         p_train_step = distillation_step(config, task, num_labels, start_from, setup, layout.data_sharding)
+    elif embedding is not None:  # contrastive: the loss of the global batch's embeddings
+        p_train_step = contrastive_train_step(config, setup, data.settings, layout.data_sharding)
     else:
         loss = functools.partial(task_loss, net=setup.net, loss=heads.head(task.kind).loss)
         p_train_step = setup.compile_train_step(loss, layout.data_sharding, config.train.grad_accum_steps)
-    p_logits = setup.compile_eval_step(functools.partial(task_logits, net=setup.net), layout.data_sharding)
-    scorer = Scorer(task, data.settings, p_logits, layout.data_sharding, config.logging.eval_batch_size)
+    outputs = contrastive_steps.pair_embeddings if embedding is not None else task_logits
+    p_logits = setup.compile_eval_step(functools.partial(outputs, net=setup.net), layout.data_sharding)
+    scorer = Scorer(task, data.settings, p_logits, layout.data_sharding, config.logging.eval_batch_size,
+                    kinds.get(task.kind).eval_keys or INPUT_KEYS)
 
     # ---------------------------------------------------------------- the loop, evaluating every epoch
     writer = writers.MetricWriter(workdir, enabled=jax.process_index() == 0)
@@ -133,16 +142,17 @@ def init_from(config) -> str:
 
 def load_pretrained(path: str, kind: str, num_labels: int, model_overrides: dict) -> TaskStart:
     """The encoder (and tokenizer) of a task, through the one init-from."""
-    model = pretrained_models.load(path, what="train.init_from", model_overrides=model_overrides, head=kind,
-                                   num_labels=num_labels)
+    has_class = kinds.get(kind).hf_class is not None  # contrastive: a Hugging Face directory's encoder alone
+    model = pretrained_models.load(path, what="train.init_from", model_overrides=model_overrides,
+                                   head=kind if has_class else None, num_labels=num_labels)
     if model.tokenizer is None:
         raise ValueError(f"train.init_from={path} was pretrained on synthetic data and has no tokenizer: "
                          "fine-tune a checkpoint trained on text")
     if model.meta is not None:  # a bertjax checkpoint or export: a fine-tuning one of this task has its classifier
-        whole_head = model.task is not None and model.task.kind == kind and "classifier" in model.params and (
-            model.params["classifier"]["bias"].shape[-1] == num_labels)
+        whole_head = model.task is not None and model.task.kind == kind and (not has_class or (
+            "classifier" in model.params and model.params["classifier"]["bias"].shape[-1] == num_labels))
     else:  # Hugging Face: the task's own class has its classifier
-        whole_head = not any(m.startswith("classifier") for m in model.missing)
+        whole_head = has_class and not any(m.startswith("classifier") for m in model.missing)
     return TaskStart(model.config, model.params, model.tokenizer.load(), model.tokenizer, whole_head)
 
 
@@ -160,10 +170,11 @@ def starting_model(config, task, num_labels: int) -> TaskStart:
 
 
 def task_setup(config, task, start_from: TaskStart, num_labels: int, feature_based: dict | None,
-               num_steps: int, layout: start.Layout, init_key) -> Setup:
+               num_steps: int, layout: start.Layout, init_key, embedding: dict | None = None) -> Setup:
     """The task's network, optimizer and state layout (shapes first, created sharded), its fresh
     parameters holding the pretrained encoder (and the whole head, continuing this task's fine-tuning)."""
-    net = heads.network(task.kind, start_from.bert_config, num_labels, feature_based=feature_based)
+    net = heads.network(task.kind, start_from.bert_config, num_labels, feature_based=feature_based,
+                        embedding=embedding)
     schedule_config = config_dict.ConfigDict(dict(
         warmup_steps=int(round(config.schedule.warmup_fraction * num_steps)), decay=config.schedule.decay,
         power=config.schedule.power))
@@ -224,7 +235,8 @@ def run_meta(config, workdir: str, task, start_from: TaskStart, feature_based, s
         step=0, model=dataclasses.asdict(start_from.bert_config), optimizer=config.optimizer.to_dict(),
         tokenizer=TokenizerRecord(kind, name, bool(start_from.files.lower_case)),
         task=TaskRecord(task.name, task.kind, tuple(task.labels), task.num_choices, config.data.max_seq_length,
-                        task.squad_version, feature_based, dataclasses.asdict(settings) if settings else None))
+                        task.squad_version, feature_based, dataclasses.asdict(settings) if settings else None),
+        embedding=settings.embedding_record() if task.kind == registry.CONTRASTIVE else None)
 
 
 @dataclasses.dataclass
@@ -283,7 +295,9 @@ def train_loop(run: Run, state: TrainState, p_train_step, dropout_key, data_shar
                            eval_every=config.logging.eval_every or data.steps_per_epoch,
                            save_every=data.steps_per_epoch)
     train_features = data.train.features
-    train_keys = TRAIN_KEYS + tuple(k for k in ("label_weight",) if k in train_features)
+    batch_keys = kinds.get(run.task.kind).batch_keys
+    train_keys = batch_keys(train_features) if batch_keys else (
+        TRAIN_KEYS + tuple(k for k in ("label_weight",) if k in train_features))
     if data.packing is None:
         batches = task_batches.train_batches(train_features, config.train.batch_size, config.train.seed,
                                              int(state.step), process_index=jax.process_index(),
@@ -358,6 +372,29 @@ def sweep(config, workdir: str, distributed: start.Distributed | None = None) ->
     if jax.process_index() == 0:
         files.write_bytes(files.join(workdir, "sweep.json"), json.dumps(out, indent=1).encode())
     return out
+
+
+def contrastive_train_step(config, setup: Setup, settings, data_sharding):
+    """The train step of a contrastive task: its loss on the embeddings of the whole global batch, all at
+    once or in cached microbatches of train.contrastive_microbatch pairs (GradCache: the same gradient)."""
+    if config.train.grad_accum_steps != 1:
+        raise ValueError(f"train.grad_accum_steps={config.train.grad_accum_steps} would split the in-batch negatives"
+                         ": set train.contrastive_microbatch instead (the whole batch's loss, in less memory)")
+    microbatch = config.train.get("contrastive_microbatch", 0) or 0
+    width = settings.dense_features or setup.net.config.hidden_size * len(settings.pooling)  # the embeddings'
+    contrastive_losses.check_settings(settings.loss, settings.scale, settings.matryoshka_dims,
+                                      settings.matryoshka_weights, width)
+    loss_settings = settings.loss_settings()
+    loss = functools.partial(contrastive_steps.contrastive_loss, net=setup.net, settings=loss_settings)
+    loss_and_grad = None
+    if microbatch:
+        if not isinstance(microbatch, int) or microbatch < 1 or config.train.batch_size % microbatch:
+            raise ValueError(f"train.contrastive_microbatch={microbatch!r} must divide train.batch_size="
+                             f"{config.train.batch_size} (0: the whole batch at once)")
+        loss_and_grad = functools.partial(contrastive_steps.cached_loss_and_grad, net=setup.net,
+                                          settings=loss_settings, microbatch=microbatch)
+    return setup.compile_train_step(loss, data_sharding, 1, loss_and_grad_fn=loss_and_grad,
+                                    mask_keys=contrastive_steps.MASK_KEYS)
 
 
 def distillation_step(config, task, num_labels: int, start_from: TaskStart, setup: Setup, data_sharding):

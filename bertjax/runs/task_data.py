@@ -16,8 +16,10 @@ from bertjax.tasks import kinds, registry, scoring
 
 def task_from_config(config):
     labels = list(config.data.labels) if config.data.labels else None
+    contrastive = config.get("contrastive")
     return registry.get_task(config.task, labels=labels, num_choices=config.data.num_choices,
-                             squad_version=config.data.get("squad_version"))
+                             squad_version=config.data.get("squad_version"),
+                             contrastive_loss=contrastive.loss if contrastive else None)
 
 
 def feature_based_settings(config, task, num_layers: int) -> dict | None:

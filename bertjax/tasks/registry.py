@@ -17,7 +17,11 @@ REGRESSION = "regression"
 MULTIPLE_CHOICE = "multiple_choice"
 SPAN = "span"
 TAGGING = "tagging"
-KINDS = (CLASSIFICATION, REGRESSION, MULTIPLE_CHOICE, SPAN, TAGGING)
+CONTRASTIVE = "contrastive"
+KINDS = (CLASSIFICATION, REGRESSION, MULTIPLE_CHOICE, SPAN, TAGGING, CONTRASTIVE)
+# The contrastive losses of scored pairs: bertjax/models/contrastive_losses.py's SCORED, repeated so that the
+# task table stays plain data without JAX (tests/test_kinds.py holds the two equal).
+SCORED_CONTRASTIVE_LOSSES = ("cosent", "cosine_mse")
 # Kinds whose examples are one per row of a JSON-lines file (bertjax/tasks/readers.py).
 JSONL_KINDS = (CLASSIFICATION, REGRESSION, MULTIPLE_CHOICE)
 
@@ -46,6 +50,7 @@ class Task:
     submission_files: test split -> GLUE submission file name; () where there is no leaderboard file
     submission_labels: what the submission file writes for each class index; () writes floats
     squad_version:   "v1.1" or "v2.0" (span: whether questions may have no answer)
+    contrastive_loss: contrastive: the loss, which decides the data's form (pairs or scored pairs)
     """
 
     name: str
@@ -63,6 +68,7 @@ class Task:
     submission_files: tuple[tuple[str, str], ...] = ()
     submission_labels: tuple[str, ...] = ()
     squad_version: str | None = None
+    contrastive_loss: str | None = None
 
     @property
     def num_labels(self) -> int:
@@ -144,17 +150,28 @@ TASKS: dict[str, Task] = {t.name: t for t in (
          tfds_name="conll2003", eval_splits=("dev", "test"), test_splits=()),
 )}
 
+def _contrastive_task(loss: str) -> Task:
+    """Pairs (mnrl) are scored by retrieval in the dev set, scored pairs by Spearman of cosine and score."""
+    scored = loss in SCORED_CONTRASTIVE_LOSSES
+    metrics = ("spearman", "pearson") if scored else ("mrr_at_10", "recall_at_1")
+    return Task(name=CONTRASTIVE, kind=CONTRASTIVE, labels=(), metrics=metrics, main_metric=metrics[0],
+                train_split=None, eval_splits=(), test_splits=(), contrastive_loss=loss)
+
+
 # Tasks on the user's own JSON-lines files; their classes / choice count come from the config.
 GENERIC_TASKS = KINDS
 
 
-def get_task(name: str, labels=None, num_choices: int | None = None, squad_version: str | None = None) -> Task:
+def get_task(name: str, labels=None, num_choices: int | None = None, squad_version: str | None = None,
+             contrastive_loss: str | None = None) -> Task:
     """The task called `name`: a row of TASKS, or a generic kind built from the given labels.
 
     "classification" needs `labels` (class names, index order; two labels also get F1 with the
     second as the positive class, GLUE's convention); "multiple_choice" needs `num_choices`;
     "regression" needs neither; "tagging" needs `labels` (the tags, "O" among them: BIO or IOB1);
-    "span" takes `squad_version` (v1.1 default). Benchmark tasks take none of them.
+    "span" takes `squad_version` (v1.1 default); "contrastive" its `contrastive_loss` (mnrl default: query /
+    positive pairs scored by retrieval in the dev set; cosent, cosine_mse: scored pairs, by Spearman).
+    Benchmark tasks take none of them.
     """
     if name in TASKS:
         if labels or num_choices or squad_version:
@@ -201,5 +218,7 @@ def get_task(name: str, labels=None, num_choices: int | None = None, squad_versi
             raise ValueError(f"task tagging: data.labels lists a tag twice: {list(labels)}")
         return Task(name=name, kind=TAGGING, labels=labels, metrics=_ENTITIES, main_metric="f1", train_split=None,
                     eval_splits=(), test_splits=())
+    if name == CONTRASTIVE:
+        return _contrastive_task(contrastive_loss or "mnrl")
     known = ", ".join(list(TASKS) + list(GENERIC_TASKS))
     raise ValueError(f"unknown task {name!r}: known tasks are {known}")

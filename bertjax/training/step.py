@@ -8,15 +8,18 @@ import optax
 from bertjax.training import optim
 
 
-def train_step(state, batch: dict, dropout_key, *, loss_fn, tx, grad_accum_steps: int, mean_metrics: tuple = ()):
+def train_step(state, batch: dict, dropout_key, *, loss_fn, tx, grad_accum_steps: int, mean_metrics: tuple = (),
+               loss_and_grad_fn=None, mask_keys: tuple = ("input_mask",)):
     """One optimizer step over the global batch (in grad_accum_steps microbatches).
 
     state: a TrainState. loss_fn(params, batch, dropout_rng) -> (loss, metric sums); sums add up over
     microbatches and steps, except the mean_metrics, which loss_fn returns as means (they come back
-    as the microbatches' mean). batch carries input_mask, for the tokens/s the loop reports. Returns
+    as the microbatches' mean). loss_and_grad_fn(params, batch, dropout_rng) -> ((loss, sums), grads),
+    where given, replaces jax.value_and_grad(loss_fn) (contrastive GradCache computes its gradient its
+    own way). batch carries mask_keys (1 at real tokens), for the tokens/s the loop reports. Returns
     the new state and the step's metric sums (added up over a logging interval on the device)."""
     rng = jax.random.fold_in(dropout_key, state.step)  # a new dropout mask each step, reproducibly
-    grad_fn = jax.value_and_grad(loss_fn, has_aux=True)
+    grad_fn = loss_and_grad_fn or jax.value_and_grad(loss_fn, has_aux=True)
     (loss, sums), grads = optim.accumulate_gradients(grad_fn, state.params, batch, grad_accum_steps, rng)
     # The per-microbatch means come back added up over the microbatches.
     sums = dict(sums, **{k: sums[k] / grad_accum_steps for k in mean_metrics})
@@ -24,7 +27,7 @@ def train_step(state, batch: dict, dropout_key, *, loss_fn, tx, grad_accum_steps
     updates, opt_state = tx.update(grads, state.opt_state, state.params)
     params = optax.apply_updates(state.params, updates)
     sums = dict(sums, loss_sum=loss, grad_norm_sum=grad_norm, steps=jnp.float32(1),
-                real_tokens=jnp.sum(batch["input_mask"]).astype(jnp.float32),
+                real_tokens=sum(jnp.sum(batch[k]).astype(jnp.float32) for k in mask_keys if k in batch),
                 # Counts the steps whose loss or gradient was not finite: the host stops the run.
                 nonfinite=jnp.float32(~(jnp.isfinite(loss) & jnp.isfinite(grad_norm))))
     return state.replace(step=state.step + 1, params=params, opt_state=opt_state), sums

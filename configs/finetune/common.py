@@ -122,3 +122,33 @@ def tagging_config(task: str) -> ml_collections.ConfigDict:
         # The BiLSTM and tag layer learn from scratch: this rate replaces optimizer.learning_rate when enabled.
         learning_rate=1e-3))
     return config
+
+
+def contrastive_config(task: str = "contrastive") -> ml_collections.ConfigDict:
+    """A sentence embedder trained on pairs (bertjax/tasks/kinds/contrastive.py): the common recipe with
+    sentence-transformers' defaults for MultipleNegativesRankingLoss (scale 20, mean pooling)."""
+    config = finetune_config(task)
+    config.data.max_seq_length = 128  # passages (and both texts of scored pairs), [CLS] and [SEP] included
+    config.data.max_query_length = 32  # queries of query / positive pairs
+    config.data.packing = False  # each text is embedded alone
+    config.optimizer.learning_rate = 5e-5
+    config.optimizer.bias_correction = True  # torch.optim.AdamW's, as sentence-transformers trains
+    config.train.contrastive_microbatch = 0  # GradCache: pairs per cached microbatch; 0: the batch at once
+    config.contrastive = ml_collections.ConfigDict(dict(
+        # mnrl: {query, positive, negatives} rows, in-batch and hard negatives (InfoNCE); cosent or
+        # cosine_mse: {text, text_pair, score} rows (cosine_mse: scores are target cosines in [-1, 1]).
+        loss="mnrl",
+        scale=20.0,  # the similarity's scale (1 / temperature): 20 is a temperature of 0.05
+        symmetric=False,  # mnrl: add the passage -> query direction and average the two
+        max_negatives=1,  # mnrl: hard negatives per row kept as candidates (its first ones); 0: in-batch only
+        # Matryoshka: the loss summed over these widths, each embedding truncated and re-normalised; (): off.
+        matryoshka_dims=(),
+        matryoshka_weights=(),  # one per width; (): 1 each
+        pooling=("mean",),  # sentence-transformers' modes: cls, mean, max, mean_sqrt_len_tokens, weightedmean, lasttoken
+        normalize=True,  # L2-normalised embeddings (what the checkpoint's embedding record says)
+        dense_features=config_dict.placeholder(int),  # a Dense projection after pooling to this width; unset: none
+        dense_activation="tanh",  # the Dense's activation (sentence-transformers' default): tanh | identity
+        query_prompt="",  # prepended to every query (or text), e.g. "query: "
+        passage_prompt="",  # prepended to every positive, negative (or text_pair), e.g. "passage: "
+    ))
+    return config

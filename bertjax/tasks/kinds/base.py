@@ -47,7 +47,10 @@ class Kind:
     settings_from_config(config) -> the kind's own settings (span: windows and answers), or None;
         called by the fine-tuning program, kept in the checkpoint as a dict
     hf_class: the transformers class, as bertjax.interop.hf.HFHead's fields (architecture, prefix, auto_class,
-        pooler, labels, problem_type)
+        pooler, labels, problem_type); None where the kind has none (contrastive: an encoder and its pooling)
+    batch_keys(train features) -> the keys a training batch sends to the devices; None: the classifier
+        kinds' (bertjax/tasks/steps.py's TRAIN_KEYS, and label_weight where the features have it)
+    eval_keys: the keys the kind's eval step reads; None: steps.INPUT_KEYS
     """
 
     name: str
@@ -57,9 +60,11 @@ class Kind:
     score: Callable
     predict: Callable
     signatures: Callable
-    hf_class: dict
+    hf_class: dict | None
     settings_from_config: Callable = no_settings
     feature_based: bool = False  # has a frozen-feature variant (config.feature_based)
+    batch_keys: Callable | None = None
+    eval_keys: tuple | None = None
 
     def num_labels(self, labels) -> int | None:
         """The head width to ask of heads.resolve_num_labels: the label count, or None (the kind fixes it)."""

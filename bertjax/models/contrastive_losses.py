@@ -1,0 +1,117 @@
+"""Contrastive losses on sentence embeddings, as sentence-transformers computes them (pure, top level).
+
+  mnrl        MultipleNegativesRankingLoss / InfoNCE: for each query, cross-entropy of scale * cos over
+              every positive of the batch and every hard negative (target: its own positive); symmetric
+              adds the passage -> query direction and averages the two (MultipleNegativesSymmetric-
+              RankingLoss, partition_mode="per_direction")
+  cosent      CoSENT (Su 2022): log(1 + sum over pairs with score_i < score_j of
+              exp(scale * (cos_i - cos_j))); only the order of the scores counts, so any range will do
+  cosine_mse  (cos - score)^2 averaged (CosineSimilarityLoss): the scores are target cosines in [-1, 1]
+Matryoshka (Kusupati et al. 2022; MatryoshkaLoss): the loss summed with weights at several widths, each
+embedding truncated to its first d features and re-normalised.
+
+Under jit the arrays are the global batch, sharded over the mesh's data axes: the [B, C] similarity
+matrix is the whole batch's, so every query meets every device's passages (XLA gathers the columns).
+
+Shape legend: B batch (pairs), G hard negatives per pair, D embedding width, C candidates (B + B*G).
+"""
+
+import jax
+import jax.numpy as jnp
+
+from bertjax.models.pooling import normalize
+
+LOSSES = ("mnrl", "cosent", "cosine_mse")
+SCORED = ("cosent", "cosine_mse")  # losses of scored pairs (text, text_pair, score)
+NEG_INF = -1e30  # the logit of a candidate that is not there (a row's missing hard negative)
+
+
+def cosine_matrix(a, b):
+    """cos(a_i, b_j): [N, M] float32 from a [N, D] and b [M, D]."""
+    return normalize(a) @ normalize(b).T
+
+
+def _cross_entropy_diagonal(logits):
+    """Mean over rows of -log softmax(logits[i])[i]; logits [B, C], the target of row i is column i."""
+    target = jnp.diagonal(logits[:, :logits.shape[0]])  # [B]
+    return jnp.mean(jax.nn.logsumexp(logits, axis=-1) - target)
+
+
+def mnrl_loss(queries, positives, negatives=None, negative_mask=None, *, scale: float = 20.0,
+              symmetric: bool = False):
+    """MultipleNegativesRankingLoss. queries, positives [B, D]; negatives [B, G, D] or None with
+    negative_mask [B, G] (1 where row b has its g-th negative). Returns (loss, {"correct", "count"}):
+    "correct" counts the queries that rank their own positive above every other candidate."""
+    candidates = positives
+    valid = jnp.ones(positives.shape[0], bool)  # [C]
+    if negatives is not None and negatives.shape[1] > 0:
+        # Column-major as sentence-transformers concatenates its columns: every first negative, then every second.
+        candidates = jnp.concatenate([positives, jnp.swapaxes(negatives, 0, 1).reshape(-1, negatives.shape[-1])])
+        valid = jnp.concatenate([valid, jnp.swapaxes(negative_mask, 0, 1).reshape(-1) > 0])
+    logits = scale * cosine_matrix(queries, candidates)  # [B, C]
+    logits = jnp.where(valid[None, :], logits, NEG_INF)
+    loss = _cross_entropy_diagonal(logits)
+    if symmetric:  # each positive against every query (the positives only, as sentence-transformers does)
+        loss = (loss + _cross_entropy_diagonal(logits[:, :queries.shape[0]].T)) / 2
+    ranked_first = jnp.sum(jnp.argmax(logits, axis=-1) == jnp.arange(queries.shape[0]))
+    return loss, {"correct": ranked_first.astype(jnp.float32), "count": jnp.float32(queries.shape[0])}
+
+
+def cosent_loss(a, b, scores, *, scale: float = 20.0):
+    """CoSENTLoss: a, b [B, D], scores [B] (any range: only their order counts)."""
+    cos = scale * jnp.sum(normalize(a) * normalize(b), axis=-1)  # [B]
+    differences = cos[:, None] - cos[None, :]  # [B, B]: (i, j) = s_i - s_j, penalised where score_i < score_j
+    lower = scores[:, None] < scores[None, :]
+    terms = jnp.where(lower, differences, NEG_INF).reshape(-1)
+    loss = jax.nn.logsumexp(jnp.concatenate([jnp.zeros(1), terms]))  # the 0 is log(1 + ...)'s 1
+    return loss, {"count": jnp.float32(a.shape[0])}
+
+
+def cosine_mse_loss(a, b, scores, *, scale: float = 20.0):
+    """CosineSimilarityLoss: the mean of (cos(a_i, b_i) - score_i)^2; scores [B] target cosines in [-1, 1].
+    (scale is not used: a cosine is compared with the score as it is.)"""
+    cos = jnp.sum(normalize(a) * normalize(b), axis=-1)
+    return jnp.mean(jnp.square(cos - scores)), {"count": jnp.float32(a.shape[0])}
+
+
+def truncated(x, width: int):
+    """The first `width` features of embeddings [..., D], re-normalised (a Matryoshka width)."""
+    return normalize(x[..., :width])
+
+
+def embedding_loss(embeddings: dict, batch: dict, *, loss: str, scale: float, symmetric: bool = False,
+                   matryoshka_dims: tuple = (), matryoshka_weights: tuple = ()):
+    """The configured loss of a batch's embeddings {"query" [B, D], "passage" [B, D], "negative" [B, G, D]
+    (mnrl with hard negatives)}: batch gives negative_mask [B, G] and score [B]. Matryoshka: summed over
+    matryoshka_dims with their weights (1 each where none are given). Returns (loss, sums)."""
+    widths = tuple(matryoshka_dims) or (None,)
+    weights = tuple(matryoshka_weights) or (1.0,) * len(widths)
+    total, sums = 0.0, None
+    for width, weight in zip(widths, weights):
+        cut = {k: v if width is None else truncated(v, width) for k, v in embeddings.items()}
+        if loss == "mnrl":
+            value, found = mnrl_loss(cut["query"], cut["passage"], cut.get("negative"), batch.get("negative_mask"),
+                                     scale=scale, symmetric=symmetric)
+        elif loss == "cosent":
+            value, found = cosent_loss(cut["query"], cut["passage"], batch["score"], scale=scale)
+        else:
+            value, found = cosine_mse_loss(cut["query"], cut["passage"], batch["score"])
+        total = total + weight * value
+        sums = found if sums is None else sums  # the metric sums of the full width (the first listed)
+    return total, sums
+
+
+def check_settings(loss: str, scale: float, matryoshka_dims, matryoshka_weights, width: int | None = None) -> None:
+    """The loss settings as one line naming the key to change."""
+    if loss not in LOSSES:
+        raise ValueError(f"contrastive.loss={loss!r}: choose one of {', '.join(LOSSES)}")
+    if not scale > 0:
+        raise ValueError(f"contrastive.scale={scale}: must be positive (20 is a temperature of 0.05)")
+    dims = tuple(matryoshka_dims or ())
+    if any(not isinstance(d, int) or d < 1 for d in dims) or len(set(dims)) != len(dims):
+        raise ValueError(f"contrastive.matryoshka_dims={dims}: distinct positive widths, e.g. (768, 512, 256)")
+    if width is not None and any(d > width for d in dims):
+        raise ValueError(f"contrastive.matryoshka_dims={dims}: the embeddings have {width} features")
+    if matryoshka_weights and len(matryoshka_weights) != len(dims):
+        raise ValueError(f"contrastive.matryoshka_weights={tuple(matryoshka_weights)}: one weight per width of "
+                         f"contrastive.matryoshka_dims={dims}, or none (1 each)")

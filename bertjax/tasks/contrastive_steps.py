@@ -1,0 +1,134 @@
+"""What contrastive fine-tuning puts into the one train step: the embeddings of a batch's texts and their
+loss (bertjax/models/contrastive_losses.py), whole or in cached microbatches (GradCache), and the
+(query, passage) embeddings the dev evaluation scores.
+
+A batch (bertjax/tasks/kinds/contrastive.py's features) holds each pair's texts tokenized apart:
+  query_ids, query_mask [B, Sq]   passage_ids, passage_mask [B, Sp]   score [B] (scored pairs)
+  negative_ids, negative_mask [B, G, Sp] and negative_present [B, G] (hard negatives, where G > 0)
+Queries, passages and negatives each run through the embedder in one call with a dropout key of their
+own (role r: fold_in(key, r)), as sentence-transformers embeds each column in a call of its own.
+
+GradCache (Gao et al. 2021): the gradient of the whole batch's loss in k microbatches of m pairs. Pass 1
+embeds every microbatch without gradient; the loss and its gradient with respect to the embeddings
+come from the whole batch's embeddings; pass 2 re-runs each microbatch's forward under jax.vjp with
+those embedding gradients and adds up the parameter gradients (a scan). Microbatch c holds pairs c::k
+(strided, as optim.accumulate_gradients splits a batch, so each device keeps its own rows), and its
+dropout key is fold_in(role key, c) in both passes: the same masks, so the two passes agree.
+
+Shape legend: B batch (pairs), G hard negatives per pair, Sq / Sp query / passage length, D embedding
+width, k microbatches, m pairs per microbatch (B = k m).
+"""
+
+import jax
+import jax.numpy as jnp
+
+from bertjax.models import contrastive_losses
+
+ROLES = ("query", "passage", "negative")  # the dropout key of role r is fold_in(key, r)
+PAIR_KEYS = ("query_ids", "query_mask", "passage_ids", "passage_mask")  # what the dev embeddings read
+NEGATIVE_KEYS = ("negative_ids", "negative_mask", "negative_present")
+MASK_KEYS = ("query_mask", "passage_mask", "negative_mask")  # the real tokens, for tokens/s
+
+
+def batch_keys(features: dict) -> tuple:
+    """The keys of a training batch that go to the devices (the hard negatives where the set has any)."""
+    keys = PAIR_KEYS + ("score", "example_weight")
+    return keys + (NEGATIVE_KEYS if "negative_ids" in features else ())
+
+
+def embed(params, ids, mask, rng, *, net, deterministic: bool = False):
+    """Embeddings [N, D] of N tokenized texts ids, mask [N, S] (one segment)."""
+    return net.apply({"params": params}, ids, jnp.zeros_like(ids), mask, deterministic=deterministic,
+                     rngs=None if rng is None else {"dropout": rng})
+
+
+def embed_batch(params, batch: dict, rng, *, net, deterministic: bool = False) -> dict:
+    """{"query" [B, D], "passage" [B, D], "negative" [B, G, D] where there are negatives}."""
+    key = lambda role: None if rng is None else jax.random.fold_in(rng, ROLES.index(role))  # noqa: E731
+    out = {"query": embed(params, batch["query_ids"], batch["query_mask"], key("query"), net=net,
+                          deterministic=deterministic),
+           "passage": embed(params, batch["passage_ids"], batch["passage_mask"], key("passage"), net=net,
+                            deterministic=deterministic)}
+    if "negative_ids" in batch:
+        ids, mask = batch["negative_ids"], batch["negative_mask"]  # [B, G, Sp]
+        flat = embed(params, ids.reshape(-1, ids.shape[-1]), mask.reshape(-1, mask.shape[-1]), key("negative"),
+                     net=net, deterministic=deterministic)  # [B * G, D]
+        out["negative"] = flat.reshape(*ids.shape[:2], -1)
+    return out
+
+
+def _loss_inputs(batch: dict) -> dict:
+    """What the loss reads of a batch besides the embeddings."""
+    return {"negative_mask": batch.get("negative_present"), "score": batch.get("score")}
+
+
+def contrastive_loss(params, batch: dict, dropout_rng, *, net, settings: dict):
+    """The loss of a batch, all of it at once: (loss, metric sums), as step.train_step takes it.
+    settings: contrastive_losses.embedding_loss's keywords (loss, scale, symmetric, matryoshka_*)."""
+    embeddings = embed_batch(params, batch, dropout_rng, net=net)
+    return contrastive_losses.embedding_loss(embeddings, _loss_inputs(batch), **settings)
+
+
+def pair_embeddings(params, batch: dict, *, net):
+    """[B, 2, D]: each pair's query (or text) and passage (or text_pair) embedding, no dropout."""
+    embeddings = embed_batch(params, {k: batch[k] for k in PAIR_KEYS}, None, net=net, deterministic=True)
+    return jnp.stack([embeddings["query"], embeddings["passage"]], axis=1)
+
+
+# --------------------------------------------------------------------------------------------------
+# GradCache
+# --------------------------------------------------------------------------------------------------
+
+
+def _strided(x, k: int):
+    """[B, ...] -> [k, B/k, ...], microbatch c = rows c::k."""
+    return jnp.swapaxes(x.reshape(x.shape[0] // k, k, *x.shape[1:]), 0, 1)
+
+
+def _unstrided(x):
+    """[k, m, ...] -> [k m, ...], the inverse of _strided."""
+    return jnp.swapaxes(x, 0, 1).reshape(-1, *x.shape[2:])
+
+
+def _chunk_embeddings(params, chunk: dict, c, rng, *, net, deterministic: bool):
+    """embed_batch of microbatch c, its dropout keys fold_in(role key, c)."""
+    return embed_batch(params, chunk, None if rng is None else jax.random.fold_in(rng, c), net=net,
+                       deterministic=deterministic)
+
+
+def embed_in_chunks(params, batch: dict, rng, *, net, num_chunks: int, deterministic: bool = False) -> dict:
+    """embed_batch's embeddings computed microbatch by microbatch (GradCache's keys): what pass 1 computes,
+    and a differentiable reference for the cached gradient."""
+    chunks = {key: _strided(batch[key], num_chunks) for key in batch}
+    per_chunk = jax.lax.map(lambda xs: _chunk_embeddings(params, xs[0], xs[1], rng, net=net,
+                                                         deterministic=deterministic),
+                            (chunks, jnp.arange(num_chunks)))
+    return {role: _unstrided(value) for role, value in per_chunk.items()}
+
+
+def cached_loss_and_grad(params, batch: dict, dropout_rng, *, net, settings: dict, microbatch: int):
+    """((loss, sums), gradients) of contrastive_loss's loss over the whole batch, computed in microbatches
+    of `microbatch` pairs (GradCache): the memory of one microbatch's activations, the whole batch's
+    in-batch negatives."""
+    inputs = {k: batch[k] for k in PAIR_KEYS + NEGATIVE_KEYS if k in batch}
+    size = inputs["query_ids"].shape[0]
+    if size % microbatch:
+        raise ValueError(f"train.contrastive_microbatch={microbatch} must divide train.batch_size={size}")
+    k = size // microbatch
+    # Pass 1: every microbatch's embeddings, no gradient kept.
+    embeddings = embed_in_chunks(jax.lax.stop_gradient(params), inputs, dropout_rng, net=net, num_chunks=k)
+    loss_of = lambda e: contrastive_losses.embedding_loss(e, _loss_inputs(batch), **settings)  # noqa: E731
+    (loss, sums), embedding_grads = jax.value_and_grad(loss_of, has_aux=True)(embeddings)
+    # Pass 2: each microbatch's forward again, its embeddings' gradients pulled back to the parameters.
+    chunks = {key: _strided(value, k) for key, value in inputs.items()}
+    chunk_grads = {role: _strided(g, k) for role, g in embedding_grads.items()}
+
+    def add_chunk(total, xs):
+        chunk, grads, c = xs
+        _, pull_back = jax.vjp(lambda p: _chunk_embeddings(p, chunk, c, dropout_rng, net=net, deterministic=False),
+                               params)
+        return jax.tree_util.tree_map(jnp.add, total, pull_back(grads)[0]), None
+
+    zeros = jax.tree_util.tree_map(jnp.zeros_like, params)
+    grads, _ = jax.lax.scan(add_chunk, zeros, (chunks, chunk_grads, jnp.arange(k)))
+    return (loss, sums), grads

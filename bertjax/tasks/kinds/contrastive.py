@@ -1,0 +1,283 @@
+"""Contrastive fine-tuning: a sentence embedder (bertjax/models/pooling.py) trained on pairs, its losses
+in bertjax/models/contrastive_losses.py, its step in bertjax/tasks/contrastive_steps.py.
+
+JSON lines, one pair per line (blank lines skipped), the loss deciding which form:
+  pairs (loss mnrl):          {"query", "positive", "negatives": [...] (optional)}
+      sentence-transformers' column names are read too: "anchor" for query, "negative" (one text) for
+      negatives. Each row's first contrastive.max_negatives negatives join the candidates.
+  scored pairs (cosent, cosine_mse): {"text", "text_pair", "score"}
+      cosent uses only the order of the scores (any range); cosine_mse takes them as target cosines,
+      so they must lie in [-1, 1] (STS-B's 0-5 divided by 5).
+Every problem (a missing field, an empty text, an empty file) is one ValueError line naming file:line.
+
+Each text is tokenized alone as [CLS] text [SEP]: the query (or text) after contrastive.query_prompt, cut
+to data.max_query_length tokens (scored pairs: data.max_seq_length); the passage (text_pair) and the
+negatives after contrastive.passage_prompt, cut to data.max_seq_length.
+
+Dev sets: pairs are scored by retrieval inside the set, each dev query against every distinct dev
+positive by cosine: mrr_at_10 (the reciprocal rank of its positive, 0 below rank 10) and recall_at_1;
+a candidate scored equal to the positive ranks ahead of it, so ties never flatter. Scored pairs:
+spearman (and pearson) of the pair's cosine against its score. <split>_positive_ranks.tsv lists each
+query's rank.
+
+Features (N pairs, G = the most negatives any row keeps, Sq / S query / passage length):
+  query_ids, query_mask [N, Sq]; passage_ids, passage_mask [N, S]; score float32 [N] (nan: none)
+  negative_ids, negative_mask [N, G, S], negative_present [N, G] (G > 0 only; a missing negative is an
+  empty text, its prompt alone, with negative_present 0: no candidate); idx, example_weight [N]
+"""
+
+import dataclasses
+import math
+
+import numpy as np
+
+from bertjax.models import contrastive_losses, pooling
+from bertjax.tasks import contrastive_steps, features, metrics, readers
+from bertjax.tasks.kinds.base import Kind, Scored, Split
+from bertjax.training.checkpoint_meta import EmbeddingRecord
+
+MRR_CUTOFF = 10
+RANK_BLOCK = 1024  # queries ranked at a time in the dev retrieval
+
+
+@dataclasses.dataclass(frozen=True)
+class Settings:
+    """The contrastive section of a config (configs/finetune/contrastive.py), typed and checked once."""
+
+    loss: str = "mnrl"
+    scale: float = 20.0
+    symmetric: bool = False
+    matryoshka_dims: tuple = ()
+    matryoshka_weights: tuple = ()
+    pooling: tuple = ("mean",)
+    normalize: bool = True
+    dense_features: int | None = None
+    dense_activation: str = "tanh"
+    query_prompt: str = ""
+    passage_prompt: str = ""
+    max_query_length: int = 32
+    max_seq_length: int = 128
+    max_negatives: int = 1
+
+    @property
+    def scored(self) -> bool:
+        return self.loss in contrastive_losses.SCORED
+
+    def loss_settings(self) -> dict:
+        """contrastive_losses.embedding_loss's keywords."""
+        return dict(loss=self.loss, scale=float(self.scale), symmetric=bool(self.symmetric),
+                    matryoshka_dims=tuple(self.matryoshka_dims), matryoshka_weights=tuple(self.matryoshka_weights))
+
+    def network(self) -> dict:
+        """pooling.SentenceEmbedder's settings (heads.network's embedding)."""
+        return dict(modes=tuple(self.pooling), dense_features=self.dense_features,
+                    dense_activation=self.dense_activation, normalize=bool(self.normalize))
+
+    def embedding_record(self) -> EmbeddingRecord:
+        """What a checkpoint records for embedding texts as this model was trained to."""
+        prompts = {name: text for name, text in (("query", self.query_prompt), ("passage", self.passage_prompt))
+                   if text}
+        dense = None if self.dense_features is None else {"features": int(self.dense_features), "bias": True,
+                                                          "activation": self.dense_activation}
+        return EmbeddingRecord(modes=tuple(self.pooling), normalize=bool(self.normalize), dense=dense,
+                               prompts=prompts, include_prompt=True, max_seq_length=int(self.max_seq_length),
+                               similarity="cosine")
+
+
+def settings_from_config(config) -> Settings:
+    """config.contrastive and data's max lengths as Settings, each value checked in one line."""
+    section = dict(config.get("contrastive") or {})
+    known = {f.name for f in dataclasses.fields(Settings)} - {"max_query_length", "max_seq_length"}
+    unknown = sorted(set(section) - known)
+    if unknown:
+        raise ValueError(f"contrastive.{unknown[0]} is not a setting: choose from {', '.join(sorted(known))}")
+    s = Settings(**section, max_query_length=int(config.data.get("max_query_length", 32)),
+                 max_seq_length=int(config.data.max_seq_length))
+    s = dataclasses.replace(s, pooling=pooling.check_modes(s.pooling), matryoshka_dims=tuple(s.matryoshka_dims or ()),
+                            matryoshka_weights=tuple(float(w) for w in s.matryoshka_weights or ()))
+    width = None if s.dense_features is None else int(s.dense_features)
+    contrastive_losses.check_settings(s.loss, s.scale, s.matryoshka_dims, s.matryoshka_weights, width)
+    if s.dense_activation not in pooling.ACTIVATIONS:
+        raise ValueError(f"contrastive.dense_activation={s.dense_activation!r}: choose one of "
+                         f"{', '.join(pooling.ACTIVATIONS)}")
+    for key in ("max_query_length", "max_seq_length"):
+        if getattr(s, key) < 3:
+            raise ValueError(f"data.{key}={getattr(s, key)}: needs at least 3 ([CLS] a token [SEP])")
+    if not isinstance(s.max_negatives, int) or s.max_negatives < 0:
+        raise ValueError(f"contrastive.max_negatives={s.max_negatives!r}: a whole number, 0 for in-batch ones only")
+    return s
+
+
+# --------------------------------------------------------------------------------------------------
+# Reading
+# --------------------------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class Pair:
+    """One row: a query (or text) and its positive (or text_pair), hard negatives, a score (scored pairs)."""
+
+    idx: int
+    query: str
+    positive: str
+    negatives: tuple = ()
+    score: float | None = None
+
+
+def _text(obj: dict, names: tuple, where: str) -> str:
+    name = next((n for n in names if n in obj and obj[n] is not None), None)
+    if name is None:
+        raise ValueError(f"{where}: missing field {names[0]!r}" + (f" (or {names[1]!r})" if len(names) > 1 else ""))
+    value = obj[name]
+    if not isinstance(value, str):
+        raise ValueError(f"{where}: field {name!r} must be a string, got {str(value)[:60]}")
+    if not value.strip():
+        raise ValueError(f"{where}: field {name!r} is an empty text")
+    return value
+
+
+def _negatives(obj: dict, where: str) -> tuple:
+    value = obj.get("negatives", obj.get("negative"))
+    if value is None:
+        return ()
+    listed = [value] if isinstance(value, str) else value
+    if not isinstance(listed, list) or not all(isinstance(t, str) for t in listed):
+        raise ValueError(f"{where}: field 'negatives' must be a list of strings")
+    if any(not t.strip() for t in listed):
+        raise ValueError(f"{where}: field 'negatives' holds an empty text")
+    return tuple(listed)
+
+
+def _score(obj: dict, where: str, loss: str) -> float:
+    value = obj.get("score")
+    if value is None:
+        raise ValueError(f"{where}: missing field 'score': contrastive.loss={loss} trains on scored pairs "
+                         "{text, text_pair, score}")
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise ValueError(f"{where}: score {str(value)[:60]} is not a number")
+    if loss == "cosine_mse" and not -1.0 <= value <= 1.0:
+        raise ValueError(f"{where}: score {value} is outside [-1, 1], the cosines contrastive.loss=cosine_mse "
+                         "targets: rescale the scores (e.g. STS-B's 0-5 divided by 5)")
+    return float(value)
+
+
+def read_pairs(path: str, loss: str) -> list:
+    """A JSON-lines file of pairs (or scored pairs, for the scored losses) -> Pairs, in file order."""
+    scored = loss in contrastive_losses.SCORED
+    pairs = []
+    for number, obj in readers._json_lines(path):
+        where = f"{path}:{number}"
+        if scored:
+            pairs.append(Pair(len(pairs), _text(obj, ("text",), where), _text(obj, ("text_pair",), where),
+                              score=_score(obj, where, loss)))
+        else:
+            pairs.append(Pair(len(pairs), _text(obj, ("query", "anchor"), where),
+                              _text(obj, ("positive",), where), _negatives(obj, where)))
+    return pairs
+
+
+def read(task, split: str, path: str | None = None, data_dir: str | None = None, labeled: bool = True) -> list:
+    """The user's JSON-lines file (there is no TFDS contrastive task)."""
+    if not path:
+        raise ValueError(f"task {task.name} reads the user's JSON-lines files: set data.{split} to a file")
+    return read_pairs(path, task.contrastive_loss)
+
+
+# --------------------------------------------------------------------------------------------------
+# Features
+# --------------------------------------------------------------------------------------------------
+
+
+def _encoded(tokenizer, texts: list, length: int) -> tuple:
+    """[CLS] text [SEP] for each text, cut and padded to `length`: ids, mask int32 [N, length]."""
+    special = dict(cls_id=tokenizer.cls_id, sep_id=tokenizer.sep_id, pad_id=tokenizer.pad_id)
+    rows = [features.encode_pair(ids, None, length, **special) for ids in tokenizer.encode_arrays(texts)]
+    return (np.stack([r["input_ids"] for r in rows]).astype(np.int32),
+            np.stack([r["input_mask"] for r in rows]).astype(np.int32))
+
+
+def featurize(task, examples: list, tokenizer, max_seq_length: int, settings: Settings | None = None) -> dict:
+    """Pairs -> the features in the module docstring."""
+    s = settings or Settings(max_seq_length=max_seq_length)
+    if not examples:
+        raise ValueError(f"task {task.name}: no pairs to featurize")
+    query_length = s.max_seq_length if s.scored else s.max_query_length
+    out = {}
+    out["query_ids"], out["query_mask"] = _encoded(tokenizer, [s.query_prompt + e.query for e in examples],
+                                                   query_length)
+    out["passage_ids"], out["passage_mask"] = _encoded(
+        tokenizer, [s.passage_prompt + e.positive for e in examples], s.max_seq_length)
+    g = min(max(len(e.negatives) for e in examples), s.max_negatives)
+    if g and not s.scored:
+        texts = [s.passage_prompt + (e.negatives[n] if n < len(e.negatives) else "") for e in examples
+                 for n in range(g)]
+        ids, mask = _encoded(tokenizer, texts, s.max_seq_length)  # [N * G, S]
+        out["negative_ids"] = ids.reshape(len(examples), g, -1)
+        out["negative_mask"] = mask.reshape(len(examples), g, -1)
+        out["negative_present"] = np.array([[n < len(e.negatives) for n in range(g)] for e in examples], np.float32)
+    out["score"] = np.array([np.nan if e.score is None else e.score for e in examples], np.float32)
+    out["idx"] = np.array([e.idx for e in examples], np.int32)
+    out["example_weight"] = np.ones(len(examples), np.float32)
+    return out
+
+
+# --------------------------------------------------------------------------------------------------
+# Scoring
+# --------------------------------------------------------------------------------------------------
+
+
+def positive_ranks(queries: np.ndarray, candidates: np.ndarray, relevant: np.ndarray) -> np.ndarray:
+    """Each query's rank (1 = first) of its relevant candidate by cosine: 1 + the candidates scoring at
+    least as high, itself left out. queries [N, D], candidates [U, D], relevant [N] int."""
+    unit = lambda x: x / np.maximum(np.linalg.norm(x, axis=-1, keepdims=True), 1e-12)  # noqa: E731
+    queries, candidates = unit(queries.astype(np.float64)), unit(candidates.astype(np.float64))
+    ranks = np.empty(len(relevant), np.int64)
+    for start in range(0, len(relevant), RANK_BLOCK):  # [block, U] at a time, whatever the dev set's size
+        rows = slice(start, start + RANK_BLOCK)
+        cos = queries[rows] @ candidates.T
+        own = cos[np.arange(cos.shape[0]), relevant[rows]][:, None]
+        ranks[rows] = np.sum(cos >= own, axis=-1)  # the relevant candidate counts itself: ranks start at 1
+    return ranks
+
+
+def retrieval_metrics(ranks: np.ndarray) -> dict:
+    """mrr_at_10 and recall_at_1 of the positives' ranks."""
+    reciprocal = np.where(ranks <= MRR_CUTOFF, 1.0 / ranks, 0.0)
+    return {"mrr_at_10": float(np.mean(reciprocal)), "recall_at_1": float(np.mean(ranks == 1))}
+
+
+def score(task, split_name: str, split: Split, logits: np.ndarray, settings=None, null_threshold: float = 0.0):
+    """logits: each pair's (query, passage) embeddings [N, 2, D]. Retrieval in the set (pairs) or the
+    correlations of cosine with score (scored pairs)."""
+    queries, passages = logits[:, 0], logits[:, 1]
+    if task.contrastive_loss in contrastive_losses.SCORED:
+        cos = np.sum(queries * passages, axis=-1) / np.maximum(
+            np.linalg.norm(queries, axis=-1) * np.linalg.norm(passages, axis=-1), 1e-12)
+        found = {}
+        if split.labeled:
+            found = {"spearman": metrics.spearman(cos, split.features["score"]),
+                     "pearson": metrics.pearson(cos, split.features["score"])}
+        lines = ["index\tcosine"] + [f"{i}\t{c:.6f}" for i, c in zip(split.features["idx"], cos)]
+        return Scored(found, {f"{split_name}_cosines.tsv": "\n".join(lines) + "\n"})
+    texts = [e.positive for e in split.examples]
+    distinct = {text: n for n, text in reversed(list(enumerate(texts)))}  # each text at its first row
+    order = sorted(distinct.values())
+    column = {texts[row]: c for c, row in enumerate(order)}
+    ranks = positive_ranks(queries, passages[order], np.array([column[t] for t in texts]))
+    lines = ["index\trank"] + [f"{i}\t{r}" for i, r in zip(split.features["idx"], ranks)]
+    return Scored(retrieval_metrics(ranks), {f"{split_name}_positive_ranks.tsv": "\n".join(lines) + "\n"})
+
+
+def predict(model, texts=None, text_pairs=None, choices=None, questions=None, contexts=None) -> list[dict]:
+    raise ValueError("a contrastive model gives sentence embeddings, not predictions: embed texts with the "
+                     "pooling, normalisation and prompts of its checkpoint's embedding record")
+
+
+def signatures(graph) -> dict:
+    """No task signature: the SavedModel's encode signature gives the encoder's outputs."""
+    return {}
+
+
+CONTRASTIVE = Kind("contrastive", class_labels=False, read=read, featurize=featurize, score=score, predict=predict,
+                   signatures=signatures, settings_from_config=settings_from_config, hf_class=None,
+                   batch_keys=contrastive_steps.batch_keys, eval_keys=contrastive_steps.PAIR_KEYS)
