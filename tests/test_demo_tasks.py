@@ -81,24 +81,26 @@ def test_the_program_writes_files_the_classification_task_reads(tmp_path):
     assert bad.returncode == 2 and len(bad.stderr.strip().splitlines()) == 1 and "word_order" in bad.stderr
 
 
-def test_retrieval_pairs_are_inverse_cloze_and_the_dev_set_reads_as_beir(tmp_path):
-    """Each query is a sentence taken out of its passage (not left in it); train pairs come from the
-    documents pretraining reads, dev pairs from those it holds out; the BEIR directory reads back as the
-    dev pairs, each query judged relevant to its own passage only."""
+def test_retrieval_pairs_are_inverse_cloze_and_the_test_set_reads_as_beir(tmp_path):
+    """Each query is a sentence taken out of its passage (not left in it); train, dev and test pairs come
+    from disjoint documents, test from those pretraining holds out; the BEIR directory reads back as the
+    test pairs, each query judged relevant to its own passage only."""
     documents = demo.demo_documents()
-    sentences = {split: {" ".join(s.split()) for doc in documents for s in doc
-                         if splits.is_eval_document(doc, 0.05) == (split == "dev")} for split in ("train", "dev")}
+    side = {split: [doc for doc in documents if (splits.is_eval_document(doc, 0.05), splits.is_eval_document(
+        doc, 0.10)) == where] for split, where in (("train", (False, False)), ("dev", (False, True)),
+                                                   ("test", (True, True)))}
+    sentences = {split: {" ".join(s.split()) for doc in docs for s in doc} for split, docs in side.items()}
     examples = demo_tasks.retrieval_examples(seed=0)
-    assert len(examples["train"]) > 1000 and len(examples["dev"]) > 50
+    assert len(examples["train"]) > 1000 and len(examples["dev"]) > 50 and len(examples["test"]) > 50
     for split, pairs in examples.items():
         for pair in pairs[:300]:
             assert len(pair["query"].split()) >= demo_tasks.MIN_QUERY_WORDS
             assert pair["query"] not in pair["positive"]
-            assert pair["query"] in sentences[split], pair
+            assert pair["query"] in sentences[split], (split, pair)
     paths = demo_tasks.write_task("retrieval", str(tmp_path), seed=0)
     assert [json.loads(line) for line in pathlib.Path(paths["dev"]).read_text().splitlines()] == [
         {"query": p["query"], "positive": p["positive"]} for p in examples["dev"]]
     beir = retrieval_data.read_retrieval(paths["beir"])
-    assert beir.queries == [p["query"] for p in examples["dev"]]
-    assert beir.passages == [p["positive"] for p in examples["dev"]]
+    assert beir.queries == [p["query"] for p in examples["test"]]
+    assert beir.passages == [p["positive"] for p in examples["test"]]
     assert all(beir.qrels[q] == {c: 1} for q, c in zip(beir.query_ids, beir.corpus_ids))

@@ -21,9 +21,11 @@ compression end to end without a download:
 - retrieval: find the passage a sentence was taken from (the inverse cloze task, Lee et al. 2019). The
   documents are cut into passages of up to PASSAGE_SENTENCES consecutive sentences; from each passage of
   three or more, one sentence of MIN_QUERY_WORDS words or more is taken out as the query and the rest is
-  its passage. train.jsonl and dev.jsonl are {"query", "positive"} pairs (contrastive fine-tuning); the
-  held-out documents' passages are also written as a retrieval set in BEIR's layout, OUT/beir/
-  (corpus.jsonl, queries.jsonl, qrels/test.tsv), every held-out passage in the corpus.
+  its passage. train.jsonl and dev.jsonl are {"query", "positive"} pairs for contrastive fine-tuning,
+  from the documents pretraining reads (dev: those whose hash lies in [eval_fraction, 2 x eval_fraction),
+  which training on the pairs does not read). The documents pretraining holds out make the test set, in
+  BEIR's layout: OUT/beir/ (corpus.jsonl: every such passage; queries.jsonl; qrels/test.tsv), a set that
+  neither pretraining nor the contrastive training nor its choice of checkpoint has seen.
 
 word_order and keyword are JSON lines of the generic classification task ({"text", "label"};
 bertjax/tasks/readers.py).
@@ -143,18 +145,19 @@ def cloze_pairs(documents, rng: np.random.Generator) -> list[dict]:
 
 
 def retrieval_examples(seed: int = 0, eval_fraction: float = 0.05) -> dict[str, list[dict]]:
-    """{"train": pairs of the documents pretraining reads, "dev": pairs of those it holds out}."""
+    """{"train", "dev", "test"} pairs (see above): test from the documents pretraining holds out."""
     documents = demo.demo_documents()
-    held_out = [is_eval_document(doc, eval_fraction) for doc in documents]
+    side = ["test" if is_eval_document(doc, eval_fraction) else
+            "dev" if is_eval_document(doc, 2 * eval_fraction) else "train" for doc in documents]
     rng = np.random.default_rng(seed)
-    splits = {split: cloze_pairs([d for d, h in zip(documents, held_out) if h == keep], rng)
-              for split, keep in (("train", False), ("dev", True))}
+    splits = {split: cloze_pairs([d for d, s in zip(documents, side) if s == split], rng)
+              for split in ("train", "dev", "test")}
     rng.shuffle(splits["train"])
     return splits
 
 
 def write_beir(pairs: list[dict], out: str) -> str:
-    """The dev pairs as a BEIR directory: each pair's passage in the corpus, its query judged relevant to it."""
+    """Pairs as a BEIR directory: each pair's passage in the corpus, its query judged relevant to it."""
     os.makedirs(os.path.join(out, "qrels"), exist_ok=True)
     with open(os.path.join(out, "corpus.jsonl"), "w", encoding="utf-8") as f:
         f.writelines(json.dumps({"_id": p["id"], "title": "", "text": p["positive"]}) + "\n" for p in pairs)
@@ -180,16 +183,18 @@ def task_examples(task: str, seed: int = 0, dev_fraction: float = 0.25) -> dict[
 
 
 def write_task(task: str, out: str, seed: int = 0) -> dict[str, str]:
-    """Writes OUT/train.jsonl and OUT/dev.jsonl (retrieval: and OUT/beir/); returns {split: path}."""
+    """Writes OUT/train.jsonl and OUT/dev.jsonl (retrieval: and the test pairs as OUT/beir/); returns
+    {split: path}."""
     os.makedirs(out, exist_ok=True)
     paths = {}
     examples = task_examples(task, seed)
+    test = examples.pop("test", None)
     for split, rows in examples.items():
         paths[split] = os.path.join(out, f"{split}.jsonl")
         with open(paths[split], "w", encoding="utf-8") as f:
             f.writelines(json.dumps({k: v for k, v in row.items() if k != "id"}) + "\n" for row in rows)
     if task == "retrieval":
-        paths["beir"] = write_beir(examples["dev"], os.path.join(out, "beir"))
+        paths["beir"] = write_beir(test, os.path.join(out, "beir"))
     return paths
 
 
@@ -212,7 +217,7 @@ def main(argv, args):
         console.fail(str(e))
     for split, path in paths.items():
         if split == "beir":
-            print(f"retrieval set (BEIR layout) of the dev pairs: {path}")
+            print(f"test set (BEIR layout) from the documents pretraining holds out: {path}")
             continue
         with open(path, encoding="utf-8") as f:
             print(f"{split}: {sum(1 for _ in f)} examples in {path}")
