@@ -4,6 +4,7 @@
     python -m bertjax.export --from=runs/tiny --step=400 --to=exports/tiny-serving --format=savedmodel
     python -m bertjax.export --from=runs/sst2 --to=exports/sst2-params --format=params
     python -m bertjax.export --from=runs/sst2 --to=exports/sst2-int8 --format=params --quantize=int8
+    python -m bertjax.export --from=runs/tiny --to=exports/tiny-st --format=sentence-transformers
 
 --from is a pretraining or fine-tuning workdir (its newest checkpoint; a fine-tuning workdir its best
 dev checkpoint; --step=N one step of its checkpoints/) or a checkpoint directory. Formats:
@@ -16,6 +17,13 @@ dev checkpoint; --step=N one step of its checkpoints/) or a checkpoint directory
   savedmodel  a TensorFlow SavedModel for TF Serving, signatures on raw strings
               (bertjax/interop/savedmodel.py)
   params      params.npz (the parameter tree, flattened with "/"), config.json and the vocabulary
+  sentence-transformers
+              a directory sentence_transformers.SentenceTransformer loads, whose encode gives what
+              bertjax.load(...).embed gives: the hf export, then modules.json, 1_Pooling, optional
+              2_Dense and Normalize, config_sentence_transformers.json (prompts, similarity) and
+              sentence_bert_config.json, as the model's embedding record says (mean pooling where it
+              has none); a fine-tuned classifier or regression of text pairs as a CrossEncoder
+              directory, whose predict gives the head's logits (bertjax/interop/sentence_transformers.py)
 --quantize=int8 (params, savedmodel): every dense layer's kernel stored as int8 with a float32 scale per
 output channel, every embedding table as int8 with a scale per row (bertjax/compression/quantize.py);
 params.npz then holds kernel/qvalue and kernel/scale in place of each kernel, embedding/qrows and

@@ -8,11 +8,14 @@
 directory of any family) through the one init-from (bertjax/interop/pretrained.py), as training,
 fine-tuning and export do.
 `load(path, quantize="int8")` runs every dense layer with int8 weights (bertjax/compression/quantize.py).
+`embed(texts)` gives sentence embeddings as the model's own settings say (a sentence-transformers
+directory's pooling, Dense, Normalize and prompts), else the mean of its token states.
 
 Shape legend (as in bertjax/models/bert.py): B batch, S sequence length, H hidden size, L layers.
 """
 
 import dataclasses
+import functools
 import os
 from pathlib import Path
 from typing import Any, Callable
@@ -24,11 +27,11 @@ from etils import epath
 from bertjax.compression import quantize as quantization  # `quantize` is load's argument
 from bertjax.interop import pretrained
 from bertjax.models import bert as bert_model
-from bertjax.models import heads
+from bertjax.models import heads, pooling
 from bertjax.models.config import BertConfig
-from bertjax.tasks import kinds
+from bertjax.tasks import embeddings, kinds
 from bertjax.text import files, tf_cpu
-from bertjax.training.checkpoint_meta import TaskRecord
+from bertjax.training.checkpoint_meta import EmbeddingRecord, TaskRecord
 
 
 def _make_tokenizer(files: pretrained.TokenizerFiles):
@@ -58,6 +61,9 @@ class LoadedBert:
     # kernel as {"qvalue" int8, "scale" float32} and each embedding table as {"qrows" int8, "row_scale"
     # float32}, and every network runs through `network`.
     quantize: str | None = None
+    # How it makes sentence embeddings (pooling, Dense, Normalize, prompts; bertjax/models/pooling.py), or
+    # None; params then hold the Dense layer as "dense" where it has one.
+    embedding: EmbeddingRecord | None = None
     _forward: Callable = dataclasses.field(init=False, repr=False)
 
     def __repr__(self) -> str:
@@ -143,6 +149,42 @@ class LoadedBert:
             "input_mask": batch["input_mask"],
         }
 
+    def embed(self, texts: list[str], prompt_name: str | None = None, prompt: str | None = None,
+              batch_size: int = 32, normalize: bool | None = None, pooling=None) -> np.ndarray:
+        """Sentence embeddings float32 [N, D], in the order of `texts`, as the model's embedding record
+        says (sentence-transformers' encode computes the same from the directory it was loaded from): its
+        pooling, Dense layer, normalisation and prompts. A model without one (a pretrained or fine-tuned
+        workdir, a plain Hugging Face directory) embeds with mean pooling and no normalisation.
+
+        prompt_name: one of the model's prompts (default: its default_prompt_name, if any); prompt: the
+        text itself ("" for none), over prompt_name. pooling: modes of bertjax/models/pooling.py (one, or
+        several concatenated) in place of the model's; normalize: L2-normalise (True) or not (False)."""
+        if isinstance(texts, str):
+            texts = [texts]
+        if not texts:
+            raise ValueError("embed needs at least one text")
+        if batch_size < 1:
+            raise ValueError(f"batch_size={batch_size}: embed needs at least 1")
+        limit = self.config.max_position_embeddings - self.config.position_offset
+        settings = embeddings.resolve(self.embedding, limit, prompt_name=prompt_name, prompt=prompt,
+                                     pooling_modes=pooling, normalize=normalize)
+        tok = self.tokenizer
+        body = settings.max_length - 2
+        rows = [[tok.cls_id, *ids[:body], tok.sep_id] for ids in tok.encode([settings.prompt + t for t in texts])]
+        skipped = 0
+        if settings.prompt and not settings.include_prompt:  # [CLS] and the prompt's tokens are not pooled
+            skipped = 1 + len(tok.encode([settings.prompt])[0])
+        forward = self._embedder(settings)
+        return embeddings.embed_rows(forward, rows, np.full(len(rows), skipped, np.int32), batch_size,
+                                    settings.max_length, tok.pad_id)
+
+    def _embedder(self, settings: embeddings.Settings) -> Callable[[dict], jax.Array]:
+        """batch -> embeddings (on the device), with this model's params."""
+        dense = settings.dense
+        apply = _embedding_network(self.config, settings.modes, settings.normalize, self.quantize,
+                                   None if dense is None else (dense["features"], dense["bias"], dense["activation"]))
+        params = {"bert": self.params["bert"], **({"dense": self.params["dense"]} if dense else {})}
+        return lambda batch: apply(params, batch)
 
     def features(self, texts: list[str], layers=(-1, -2, -3, -4), combine: str = "concat",
                  max_length: int | None = None) -> dict:
@@ -256,12 +298,36 @@ class LoadedBert:
 MASK = "[MASK]"
 
 
+@functools.cache
+def _embedding_network(config: BertConfig, modes: tuple, normalize: bool, quantize: str | None, dense: tuple | None):
+    """The jitted SentenceEmbedder (params, batch) -> embeddings, one per network: models of the same
+    config (loaded twice, or exported and loaded back) share what it compiles for each shape."""
+    features, bias, activation = dense or (None, True, "tanh")
+    net = quantization.network(pooling.SentenceEmbedder(config, modes=modes, dense_features=features, dense_bias=bias,
+                                                        dense_activation=activation, normalize=normalize), quantize)
+    return jax.jit(lambda params, batch: net.apply({"params": params}, **batch, deterministic=True))
+
+
+def _quantized(config: BertConfig, params: dict, task, embedding: EmbeddingRecord | None, mode: str):
+    """quantize_model's int8 params, and a sentence embedder's Dense layer (params["dense"]) as int8 too."""
+    dense = params.get("dense")
+    config, stored = quantization.quantize_model(config, {k: v for k, v in params.items() if k != "dense"}, task, mode)
+    if dense is None or embedding is None or embedding.dense is None:
+        return config, stored
+    net = pooling.SentenceEmbedder(config, modes=embedding.modes, dense_features=embedding.dense["features"],
+                                   dense_bias=embedding.dense["bias"], dense_activation=embedding.dense["activation"])
+    batch = bert_model.dummy_batch(1, 2, 1)
+    inputs = (batch["input_ids"], batch["segment_ids"], batch["input_mask"])
+    return config, {**stored, "dense": quantization.quantize(net, {"dense": dense}, inputs, mode)["dense"]}
+
+
 def load(path: str | os.PathLike, dtype: str = "float32", quantize: str | None = None) -> LoadedBert:
     """Loads a BERT for inference: a bertjax training or fine-tuning workdir (a fine-tuning workdir's
     best dev checkpoint), its checkpoints/ or one step's directory, a params export, or a Hugging Face
-    directory of any family (BERT, RoBERTa, ALBERT, ModernBERT). `dtype` is the compute dtype ("bfloat16"
-    on accelerators); the params stay in float32. quantize: "int8" (or "int8-weights", "int8-dynamic":
-    bertjax/compression/quantize.py) quantises every dense layer's kernel to int8 on load; an int8 params
+    directory of any family (BERT, RoBERTa, ALBERT, ModernBERT), or a sentence-transformers directory
+    around one (its pooling, Dense, Normalize and prompts then what `embed` computes). `dtype` is the
+    compute dtype ("bfloat16" on accelerators); the params stay in float32. quantize: "int8" (or
+    "int8-weights", "int8-dynamic": bertjax/compression/quantize.py) quantises every dense layer's kernel to int8 on load; an int8 params
     export is int8 already (quantize then picks the mode its weights run in; by default the one it was
     exported with)."""
     mode = quantization.resolve(quantize)
@@ -274,7 +340,8 @@ def load(path: str | os.PathLike, dtype: str = "float32", quantize: str | None =
                          f"or fine-tuning workdir, its checkpoints/ (or best/) directory or one step's directory; "
                          f"a params export (params.npz, config.json); or a Hugging Face BERT directory of any "
                          f"family (config.json, model.safetensors / model.safetensors.index.json / "
-                         f"pytorch_model.bin, and its tokenizer's files)")
+                         f"pytorch_model.bin, and its tokenizer's files); or a sentence-transformers directory "
+                         f"(modules.json)")
     # How it was computed in training (cuDNN attention on a GPU, say) is chosen anew for this machine.
     model = pretrained.load(path, what="bertjax.load", model_overrides=overrides, quantized=True)
     mode = mode or (model.meta.quantize if model.meta is not None else None)  # an int8 params export runs in the mode it was exported with
@@ -282,8 +349,11 @@ def load(path: str | os.PathLike, dtype: str = "float32", quantize: str | None =
         raise ValueError(f"{path} was trained on synthetic data and has no tokenizer: load it with "
                          f"bertjax.training.checkpoint.restore_params instead")
     config, params = model.config, model.params
+    if model.st_dense is not None:  # a sentence-transformers directory's Dense layer, as SentenceEmbedder names it
+        params = {**params, "dense": model.st_dense}
     if mode is not None and not quantization.is_stored(params):
-        config, params = quantization.quantize_model(config, params, model.task, mode)
+        config, params = _quantized(config, params, model.task, model.embedding, mode)
     return LoadedBert(config, params, _make_tokenizer(model.tokenizer), source=model.source,
-                      missing=model.missing, task=model.task, vocab_path=model.tokenizer.vocab_path, quantize=mode)
+                      missing=model.missing, task=model.task, vocab_path=model.tokenizer.vocab_path, quantize=mode,
+                      embedding=model.embedding)
 

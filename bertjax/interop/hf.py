@@ -19,6 +19,10 @@ import logging
 import os
 from pathlib import Path
 
+import flax.linen as nn
+import numpy as np
+from flax import traverse_util
+
 from bertjax.interop import hf_albert, hf_bert, hf_convert, hf_files, hf_modernbert, hf_roberta
 from bertjax.interop.hf_family import HF_HEADS, Family, HFHead, TaskClass, changed_options  # noqa: F401
 from bertjax.models.config import BertConfig, ARCHITECTURE_FIELDS
@@ -254,6 +258,27 @@ def save_hf_checkpoint(path: str | os.PathLike, cfg: BertConfig, params: dict,
     if masked_lm_only:
         state = {k: v for k, v in state.items() if not k.startswith(family.not_in_masked_lm)}
         hf_config["architectures"] = [family.masked_lm]
+    hf_files.write_directory(path, cfg, state, hf_config, vocab_path, lower_case, family.tokenizer_json)
+
+
+def save_hf_encoder(path: str | os.PathLike, cfg: BertConfig, params: dict,
+                    vocab_path: str | os.PathLike | None = None, lower_case: bool = True):
+    """Write the family's bare encoder class (BertModel, RobertaModel, AlbertModel, ModernBertModel), as
+    AutoModel loads it for feature extraction (a sentence-transformers Transformer module): the encoder's
+    tensors of the pretraining class, without its prefix; the pretraining heads are left out."""
+    family = family_of_config(cfg)
+    _check_vocabulary(cfg, vocab_path)
+    state = hf_convert.to_state(family, params, cfg)
+    # The encoder class's pooler where the pretraining class has none (RoBERTa's): its multiple-choice
+    # class has it under the encoder's name.
+    flat = traverse_util.flatten_dict(nn.meta.unbox(params), sep="/")
+    for name, param, transform in family.task_classes["multiple_choice"].rows:
+        if name.startswith(family.base) and param.startswith("bert/pooler") and name not in state and param in flat:
+            state[name] = np.ascontiguousarray(transform.to_hf(np.asarray(flat[param])))
+    state = {name[len(family.base):]: x for name, x in state.items() if name.startswith(family.base)}
+    hf_config = _config_to_hf(family, cfg, None, None, None)
+    # transformers names every family's classes alike: <Model>For<Task>, and the encoder <Model>Model.
+    hf_config["architectures"] = [family.task_classes["classification"].architecture.split("For")[0] + "Model"]
     hf_files.write_directory(path, cfg, state, hf_config, vocab_path, lower_case, family.tokenizer_json)
 
 

@@ -34,6 +34,28 @@ def write_wordpiece_tokenizer(vocab_path: str, lower_case: bool, directory: str)
     hf.save(os.path.join(directory, "tokenizer.json"))
 
 
+def read_wordpiece_tokenizer(path: str) -> tuple[list[str], bool]:
+    """A tokenizer.json's WordPiece vocabulary (tokens in id order) and whether it lower-cases, where it is
+    BERT's pipeline (BertNormalizer, BertPreTokenizer, ## pieces), the one bertjax's WordPiece computes."""
+    with open(path, encoding="utf-8") as f:
+        spec = json.load(f)
+    model, normalizer = spec.get("model") or {}, spec.get("normalizer") or {}
+    pre_tokenizer = (spec.get("pre_tokenizer") or {}).get("type")
+    if (model.get("type") != "WordPiece" or normalizer.get("type") != "BertNormalizer"
+            or pre_tokenizer != "BertPreTokenizer" or model.get("continuing_subword_prefix", "##") != "##"):
+        raise ValueError(f"{path} is a {model.get('type')} tokenizer ({normalizer.get('type')}, {pre_tokenizer}): "
+                         "bertjax reads BERT's WordPiece (vocab.txt) or SentencePiece (spiece.model) tokenizers")
+    lower_case = bool(normalizer.get("lowercase", True))
+    if normalizer.get("strip_accents") not in (None, lower_case):  # bertjax strips accents when it lower-cases
+        raise ValueError(f"{path}: strip_accents={normalizer['strip_accents']} with lowercase={lower_case}, which "
+                         "bertjax's WordPiece does not do (it strips accents exactly when it lower-cases)")
+    vocab = model["vocab"]
+    tokens = sorted(vocab, key=vocab.get)
+    if [vocab[t] for t in tokens] != list(range(len(tokens))):
+        raise ValueError(f"{path}: its WordPiece ids are not 0 .. {len(tokens) - 1}")
+    return tokens, lower_case
+
+
 def write_sentencepiece_tokenizer(tokenizer, model_path: str, directory: str, model_max_length: int,
                                   model_input_names: list[str]) -> None:
     """tokenizer.json and tokenizer_config.json for `tokenizer` (a SentencePieceTokenizer) in `directory`;

@@ -41,6 +41,18 @@ config = json.load(open("{path}/config.json"))
 params = traverse_util.unflatten_dict(dict(np.load("{path}/params.npz")), sep="/")
 net = bert.BertForPreTraining(BertConfig.from_dict(config["model"]))   # or the task's head
 ```""",
+    "sentence-transformers": """```python
+from sentence_transformers import SentenceTransformer
+
+model = SentenceTransformer("{path}")
+embeddings = model.encode(["A sentence.", "Another one."])   # as bertjax.load("{path}").embed([...])
+```""",
+    "cross-encoder": """```python
+from sentence_transformers import CrossEncoder
+
+model = CrossEncoder("{path}")
+model.predict([("A sentence.", "Its pair.")])   # the head's logits; apply_softmax=True: its probabilities
+```""",
 }
 
 def _read_json_lines(path: str) -> list[dict]:
@@ -183,4 +195,6 @@ def _loading(export_format: str, task: TaskRecord | None, path_hint: str, hf_arc
         pipe = ('# pipeline("fill-mask") wants the masked-LM class alone: export with --hf_class=masked_lm\n')
     else:
         pipe = 'pipeline("fill-mask", model=model, tokenizer=tokenizer)("The capital of France is [MASK].")\n'
+    if export_format == "sentence-transformers" and task:
+        export_format = "cross-encoder"
     return _LOADING[export_format].format(path=path_hint, auto_class=auto_class, pipeline=pipe)

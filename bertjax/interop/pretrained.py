@@ -1,5 +1,6 @@
-"""The one init-from: a bertjax workdir or checkpoint, a params export, or a Hugging Face directory of
-any family, to a model config, its parameters and its tokenizer's files.
+"""The one init-from: a bertjax workdir or checkpoint, a params export, a Hugging Face directory of
+any family, or a sentence-transformers directory around one, to a model config, its parameters and its
+tokenizer's files.
 
 Pretraining (`train.init_from`), fine-tuning (`init_from`), distillation, `bertjax.load` and
 `python -m bertjax.export` all read starting weights through `load`, so that every program accepts the
@@ -8,7 +9,9 @@ without the weights.
 """
 
 import dataclasses
+import hashlib
 import json
+import os
 from typing import Any
 
 import jax
@@ -16,21 +19,23 @@ import numpy as np
 from etils import epath
 from flax import traverse_util
 
-from bertjax.interop import hf, hf_files
+from bertjax.interop import hf, hf_files, hf_tokenizer, sentence_transformers
 from bertjax.models import bert as bert_model
 from bertjax.models.config import BertConfig, resolve_platform
 from bertjax.text import files
 from bertjax.training import checkpoint
 from bertjax.training import workdir as workdirs
-from bertjax.training.checkpoint_meta import CheckpointMeta, TaskRecord
+from bertjax.training.checkpoint_meta import CheckpointMeta, EmbeddingRecord, TaskRecord
 
 BERTJAX = "bertjax"
 PARAMS_EXPORT = "params_export"
 HUGGING_FACE = "hugging_face"
+SENTENCE_TRANSFORMERS = "sentence_transformers"
 
 PARAMS_FILE = "params.npz"  # a params export's weights (python -m bertjax.export --format=params), beside config.json
-_KINDS_READ = ("a bertjax workdir/checkpoint, a params export (params.npz, config.json) or a Hugging Face "
-               "directory (config.json and model.safetensors or pytorch_model.bin)")
+_KINDS_READ = ("a bertjax workdir/checkpoint, a params export (params.npz, config.json), a Hugging Face "
+               "directory (config.json and model.safetensors or pytorch_model.bin) or a sentence-transformers "
+               "directory (modules.json)")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -57,16 +62,29 @@ class Pretrained:
     # quantize where its params are int8); None for Hugging Face.
     meta: CheckpointMeta | None
     missing: list[str]  # params the source lacked, freshly initialised (Hugging Face only)
+    # A sentence-transformers directory's pooling, prompts, ... and its Dense params ({"kernel", "bias"}),
+    # kept apart from `params` (BertForPreTraining's for every reader of the init-from).
+    st_embedding: EmbeddingRecord | None = None
+    st_dense: dict | None = None
 
     @property
     def task(self) -> TaskRecord | None:
         return self.meta.task if self.meta is not None else None
 
+    @property
+    def embedding(self) -> EmbeddingRecord | None:
+        """How the model embeds sentences (its meta's, or a sentence-transformers directory's), or None."""
+        if self.st_embedding is not None:
+            return self.st_embedding
+        return self.meta.embedding if self.meta is not None else None
+
 
 def kind_of(path: str) -> str | None:
-    """BERTJAX, PARAMS_EXPORT, HUGGING_FACE, or None when `path` is none of them."""
+    """BERTJAX, PARAMS_EXPORT, HUGGING_FACE, SENTENCE_TRANSFORMERS, or None when `path` is none of them."""
     if model_checkpoint(path) is not None:
         return BERTJAX
+    if sentence_transformers.is_directory(path):  # its Transformer may be the root's Hugging Face directory: first
+        return SENTENCE_TRANSFORMERS
     # A bertjax workdir has a config.json too (the run's config): the weights tell the others apart.
     if (epath.Path(path) / "config.json").exists():
         if (epath.Path(path) / PARAMS_FILE).exists():
@@ -107,6 +125,8 @@ def load(path: str, *, what: str = "init_from", model_overrides: dict | None = N
         return _from_params_export(path, what, overrides, abstract_params, quantized)
     if kind == HUGGING_FACE:
         return _from_hugging_face(path, what, overrides, head, num_labels, abstract_params, tokenizer)
+    if kind == SENTENCE_TRANSFORMERS:
+        return _from_sentence_transformers(path, what, overrides, head, num_labels, abstract_params, tokenizer)
     raise FileNotFoundError(f"{what}={path} is none of {_KINDS_READ}")
 
 
@@ -121,6 +141,9 @@ def tokenizer_files(path: str, what: str = "init_from") -> TokenizerFiles | None
         return _recorded_tokenizer(_export_meta(path, what), path, path, what)
     if kind == HUGGING_FACE:
         return _hf_tokenizer(path, what)
+    if kind == SENTENCE_TRANSFORMERS:
+        embedder = sentence_transformers.read(path)
+        return _hf_tokenizer(embedder.transformer, what, embedder.lower_case)
     raise FileNotFoundError(f"{what}={path} is none of {_KINDS_READ}")
 
 
@@ -206,20 +229,55 @@ def _from_hugging_face(path: str, what: str, model_overrides: dict, head: str | 
     return Pretrained(config, _placed(params, abstract_params), vocabulary, path, None, missing)
 
 
+def _from_sentence_transformers(path: str, what: str, model_overrides: dict, head: str | None,
+                                num_labels: int | None, abstract_params, tokenizer: bool) -> Pretrained:
+    """A sentence-transformers directory (interop/sentence_transformers.py): its Transformer module's
+    Hugging Face directory as above, with the embedder's record and Dense params beside the params."""
+    embedder = sentence_transformers.read(path)
+    vocabulary = _hf_tokenizer(embedder.transformer, what, embedder.lower_case) if tokenizer else None
+    model = _from_hugging_face(embedder.transformer, what, model_overrides, head, num_labels, abstract_params,
+                               tokenizer=False)
+    if embedder.pooled_width not in (0, model.config.hidden_size):
+        raise ValueError(f"{what}={path}: its Pooling pools {embedder.pooled_width} features, its Transformer's "
+                         f"hidden size is {model.config.hidden_size}")
+    return dataclasses.replace(model, tokenizer=vocabulary, source=path, st_embedding=embedder.record,
+                               st_dense=embedder.dense)
+
+
 _TOKENIZER_KINDS = {"wordpiece": "WordPiece", "sentencepiece": "SentencePiece"}
 
 
-def _hf_tokenizer(path: str, what: str) -> TokenizerFiles:
-    """The first of the family's tokenizer files (hf_family.Family.tokenizer_files) the directory has, and
-    whether it lower-cases: unless its tokenizer config says otherwise, as for the original releases."""
+def _hf_tokenizer(path: str, what: str, lower_case: bool = False) -> TokenizerFiles:
+    """The first of the family's tokenizer files (hf_family.Family.tokenizer_files) the directory has, else
+    the WordPiece vocabulary of its tokenizer.json (transformers 5 saves no vocab.txt), and whether it
+    lower-cases: unless its tokenizer config says otherwise, as for the original releases (lower_case: a
+    sentence-transformers module that lower-cases the text itself)."""
     directory = epath.Path(path)
     family = hf.family_of(json.loads((directory / "config.json").read_text()))
-    lower_case = True
+    settings = {}
     if (directory / "tokenizer_config.json").exists():
-        lower_case = bool(json.loads((directory / "tokenizer_config.json").read_text()).get("do_lower_case", True))
+        settings = json.loads((directory / "tokenizer_config.json").read_text())
     for name, kind in family.tokenizer_files:
         if (directory / name).exists():
-            return TokenizerFiles(kind, str(directory / name), lower_case)
+            return TokenizerFiles(kind, str(directory / name), lower_case or bool(settings.get("do_lower_case", True)))
+    if (directory / "tokenizer.json").exists():
+        tokens, lowers = hf_tokenizer.read_wordpiece_tokenizer(str(directory / "tokenizer.json"))
+        lower_case = lower_case or bool(settings.get("do_lower_case", lowers))
+        return TokenizerFiles("wordpiece", _cached_vocabulary(tokens), lower_case)
     looked_for = " or ".join(f"{name} ({_TOKENIZER_KINDS[kind]})" for name, kind in family.tokenizer_files)
     raise ValueError(f"{what}={path} has {family.name} weights but no {looked_for}, the tokenizer bertjax reads "
                      "there: copy the vocabulary the model was trained with into it")
+
+
+def _cached_vocabulary(tokens: list[str]) -> str:
+    """A vocab.txt of `tokens` in bertjax's cache directory, keyed by its contents (the model's own
+    directory is left as it is)."""
+    text = "".join(token + "\n" for token in tokens)
+    key = hashlib.sha256(text.encode("utf-8")).hexdigest()[:20]
+    path = epath.Path(files.cache_dir("vocabularies", key)) / "vocab.txt"
+    if not path.exists():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        partial = path.parent / f"vocab.txt.tmp-{os.getpid()}"
+        partial.write_text(text, encoding="utf-8")
+        partial.rename(path)  # whole or not at all, whoever else writes it
+    return str(path)

@@ -1,6 +1,7 @@
 """Exports of a checkpoint to the tools everyone else uses: Hugging Face directories of the model's
-family (pretraining, masked-LM or the task's class), TensorFlow SavedModels, params.npz, each with a model
-card; what `python -m bertjax.export` runs (its docstring lists the formats)."""
+family (pretraining, masked-LM or the task's class), sentence-transformers directories (a
+SentenceTransformer, or a CrossEncoder for a text-pair classifier), TensorFlow SavedModels, params.npz,
+each with a model card; what `python -m bertjax.export` runs (its docstring lists the formats)."""
 
 import json
 import os
@@ -12,11 +13,12 @@ from etils import epath
 from flax import traverse_util
 
 from bertjax import inference
-from bertjax.interop import hf, hf_files, hf_tokenizer, model_card, pretrained, savedmodel
+from bertjax.interop import hf, hf_files, hf_tokenizer, model_card, pretrained, savedmodel, sentence_transformers
+from bertjax.tasks import embeddings, registry
 from bertjax.training import checkpoint
 from bertjax.training.checkpoint_meta import CheckpointMeta
 
-FORMATS = ("hf", "savedmodel", "params")
+FORMATS = ("hf", "savedmodel", "params", "sentence-transformers")
 
 
 def checkpoint_to_export(path: str, step: int | None) -> str:
@@ -50,7 +52,8 @@ def _plain(params) -> dict:
 
 def write_hf(bert, directory: str, hf_class: str = "pretraining") -> None:
     vocab, lower_case = _vocabulary_file(bert), bool(bert.tokenizer.lower_case)
-    params = _plain(bert.params)
+    # "dense" is a sentence embedder's (no Hugging Face class has it): the sentence-transformers export writes it.
+    params = {name: tree for name, tree in _plain(bert.params).items() if name != "dense"}
     if bert.task is None:  # the family's pretraining class (hf.family_of_config), or its masked-LM class
         hf.save_hf_checkpoint(directory, bert.config, params, vocab_path=vocab, lower_case=lower_case,
                               masked_lm_only=hf_class == "masked_lm")
@@ -82,6 +85,38 @@ def _write_tokenizer_files(bert, directory: str) -> None:
                                                    model_input_names=hf_files.model_input_names(bert.config))
 
 
+def write_sentence_transformers(bert, directory: str) -> None:
+    """A SentenceTransformer directory (the family's encoder class as Hugging Face's AutoModel loads it,
+    then the embedder's modules as its embedding record says, or mean pooling where it has none); a
+    fine-tuned classifier or regression of text pairs as a CrossEncoder directory."""
+    if bert.task is not None:
+        _check_cross_encoder(bert.task)
+        write_hf(bert, directory)
+        sentence_transformers.write_cross_encoder(directory)
+        return
+    record = bert.embedding or embeddings.DEFAULT
+    params = {name: tree for name, tree in _plain(bert.params).items() if name != "dense"}
+    hf.save_hf_encoder(directory, bert.config, params, vocab_path=_vocabulary_file(bert),
+                       lower_case=bool(bert.tokenizer.lower_case))
+    _write_tokenizer_files(bert, directory)
+    config = bert.config
+    limit = config.max_position_embeddings - config.position_offset
+    dense = _plain(bert.params["dense"]) if record.dense is not None else None
+    sentence_transformers.write_embedder(directory, record, dense, config.hidden_size,
+                                         min(record.max_seq_length or limit, limit))
+
+
+def _check_cross_encoder(task) -> None:
+    """A fine-tuned model exports as a CrossEncoder where it scores text pairs: one line otherwise."""
+    if task.kind not in ("classification", "regression") or task.feature_based:
+        raise ValueError(f"--format=sentence-transformers: a fine-tuned {task.kind} model is no SentenceTransformer "
+                         "nor CrossEncoder (a classifier or regression of text pairs is); export it with --format=hf")
+    known = registry.TASKS.get(task.name)
+    if known is not None and len(known.text_features) == 1:
+        raise ValueError(f"--format=sentence-transformers: {task.name} classifies single sentences, and a CrossEncoder "
+                         "scores text pairs; export it with --format=hf")
+
+
 def write_params(bert, directory: str, meta: CheckpointMeta) -> None:
     flat = traverse_util.flatten_dict(_plain(bert.params), sep="/")
     np.savez(os.path.join(directory, "params.npz"), **flat)
@@ -111,10 +146,10 @@ def export(source: str, to: str, export_format: str, *, step: int | None = None,
         raise ValueError(f"--format={export_format}: choose one of {', '.join(FORMATS)}")
     if not source or not to:
         raise ValueError("--from and --to are required")
-    if quantize and export_format == "hf":
-        raise ValueError("--format=hf --quantize: transformers reads no int8 BERT format without extra packages "
+    if quantize and export_format in ("hf", "sentence-transformers"):
+        raise ValueError(f"--format={export_format} --quantize: transformers reads no int8 BERT format without extra packages "
                          "(its int8 loaders need bitsandbytes, quanto, torchao or compressed-tensors); export "
-                         "int8 as --format=params or --format=savedmodel, or hf without --quantize")
+                         f"int8 as --format=params or --format=savedmodel, or {export_format} without --quantize")
     to = os.path.abspath(to)
     if os.path.exists(to) and (not os.path.isdir(to) or os.listdir(to)) and not overwrite:
         raise ValueError(f"--to={to} exists and is not empty: choose a new directory, or pass --overwrite")
@@ -132,9 +167,12 @@ def export(source: str, to: str, export_format: str, *, step: int | None = None,
             write_hf(bert, temporary, hf_class)
         elif export_format == "params":
             write_params(bert, temporary, meta)
+        elif export_format == "sentence-transformers":
+            write_sentence_transformers(bert, temporary)
         else:
             write_savedmodel(bert, temporary, max_seq_length)
-        written = json.loads(open(os.path.join(temporary, "config.json")).read()) if export_format == "hf" else {}
+        written = (json.loads(open(os.path.join(temporary, "config.json")).read())
+                   if export_format in ("hf", "sentence-transformers") else {})
         card = model_card.model_card(workdir=checkpoint.workdir_of(chosen), meta=meta, params=bert.params,
                                      export_format=export_format, path_hint=to,
                                      hf_architecture=(written.get("architectures") or [None])[0])

@@ -1,0 +1,159 @@
+"""Sentence embeddings of many texts: how the model's embedding settings resolve, and the batches.
+
+Texts are tokenized with their prompt, sorted by length and laid out in rows of a few fixed widths
+(buckets: 16, 32, 64, ... up to the limit), so that a short text is not padded to the longest and the
+encoder compiles once per bucket rather than once per batch. Texts of at most half the packing width
+share rows as the fine-tuning batches pack them (bertjax/tasks/batches.py: sequence_ids, position_ids,
+cls_positions): attention stays within each text, so each one's embedding is the one it has alone.
+Rows per batch are a power of two up to batch_size, again so that few shapes compile.
+
+Shape legend: N texts, R rows of a batch, S row width (a bucket), K texts per row, D embedding width.
+"""
+
+import dataclasses
+from typing import Callable
+
+import numpy as np
+
+from bertjax.data import packing
+from bertjax.models import pooling
+from bertjax.training.checkpoint_meta import EmbeddingRecord
+
+MIN_BUCKET = 16  # the narrowest row
+PACK_WIDTH = 128  # rows that several short texts share are at most this wide
+MIN_PACKED_TOKENS = 8  # K = width / this: the most texts one packed row holds
+PACK_WINDOW = 4096  # texts the packer places at a time (in length order): its cost stays linear in N
+# A model without an embedding record embeds with sentence-transformers' default Pooling: the mean of
+# its token states, not normalised.
+DEFAULT = EmbeddingRecord()
+
+
+@dataclasses.dataclass(frozen=True)
+class Settings:
+    """How one embed call computes: the record's, or the caller's where given."""
+
+    modes: tuple
+    normalize: bool
+    dense: dict | None  # the record's {"features", "bias", "activation"}
+    prompt: str  # prepended to every text ("" for none)
+    include_prompt: bool
+    max_length: int  # tokens per text, [CLS] and [SEP] included
+
+
+def resolve(record: EmbeddingRecord | None, model_limit: int, *, prompt_name: str | None, prompt: str | None,
+            pooling_modes=None, normalize: bool | None = None) -> Settings:
+    """The settings of one call; a prompt name the model lacks, or pooling its Dense cannot take, is one
+    line. model_limit: the most tokens the encoder's positions allow."""
+    record = record or DEFAULT
+    if prompt is None:
+        name = prompt_name if prompt_name is not None else record.default_prompt_name
+        if name is not None and name not in record.prompts:
+            have = f"the prompts {', '.join(sorted(record.prompts))}" if record.prompts else "no prompts"
+            raise ValueError(f"prompt_name={name!r}: the model has {have}; pass prompt='...' to give one")
+        prompt = record.prompts.get(name, "") if name is not None else ""
+    modes = record.modes if pooling_modes is None else pooling.check_modes(pooling_modes)
+    if record.dense is not None and len(modes) != len(record.modes):
+        raise ValueError(f"pooling={list(modes)}: the model's Dense layer takes the width of {len(record.modes)} "
+                         f"pooling mode(s) ({', '.join(record.modes)}); pass as many")
+    limit = min(record.max_seq_length or model_limit, model_limit)
+    return Settings(tuple(modes), record.normalize if normalize is None else bool(normalize), record.dense, prompt,
+                    record.include_prompt, limit)
+
+
+def buckets(limit: int) -> list[int]:
+    """The row widths: 16, 32, 64, ... below `limit`, and `limit`."""
+    widths, width = [], MIN_BUCKET
+    while width < limit:
+        widths.append(width)
+        width *= 2
+    return widths + [limit]
+
+
+def _bucket(length: int, widths: list[int]) -> int:
+    return next(w for w in widths if w >= length)
+
+
+def _batch_rows(num_rows: int, batch_size: int) -> int:
+    """Rows a batch is padded to: a power of two up to batch_size."""
+    rows = 1
+    while rows < num_rows and rows < batch_size:
+        rows *= 2
+    return min(rows, batch_size)
+
+
+def plan(lengths: np.ndarray, batch_size: int, limit: int) -> list[tuple[np.ndarray, int]]:
+    """Batches as (text indices int64 [R, K] with -1 at empty slots, row width S), every text once.
+
+    Longer texts (more than half the packing width) go one a row, longest first, each batch as wide as
+    the smallest bucket that holds its longest; the shorter ones share rows of the packing width (or of
+    the smallest bucket that holds them all, when they are few)."""
+    widths = buckets(limit)
+    pack_width = _bucket(min(PACK_WIDTH, limit), widths)
+    order = np.argsort(-lengths, kind="stable")
+    short = lengths[order] <= pack_width // 2
+    alone, shared = order[~short], order[short]
+    batches = []
+    for start in range(0, len(alone), batch_size):
+        members = alone[start:start + batch_size]
+        rows = np.full([_batch_rows(len(members), batch_size), 1], -1, np.int64)
+        rows[:len(members), 0] = members
+        batches.append((rows, _bucket(int(lengths[members[0]]), widths)))
+    if len(shared):
+        total = int(lengths[shared].sum())
+        width = pack_width if total >= pack_width else _bucket(total, widths)
+        k = max(1, width // MIN_PACKED_TOKENS)
+        packed = packing.pack_rows(lengths[shared], np.zeros(len(shared), np.int64), max_tokens=width,
+                                   max_predictions=1, max_sequences=k, window=PACK_WINDOW)
+        packed = np.where(packed >= 0, shared[np.maximum(packed, 0)], -1)  # [rows, K] text indices
+        for start in range(0, len(packed), batch_size):
+            part = packed[start:start + batch_size]
+            rows = np.full([_batch_rows(len(part), batch_size), k], -1, np.int64)
+            rows[:len(part)] = part
+            batches.append((rows, width))
+    return batches
+
+
+def assemble(rows: list[list[int]], prompt_lengths: np.ndarray, members: np.ndarray, width: int,
+             pad_id: int) -> dict[str, np.ndarray]:
+    """One batch's arrays: input_ids, segment_ids, input_mask [R, S], prompt_lengths ([R] one text a row,
+    else [R, K]) and, for packed rows, sequence_ids, position_ids [R, S] and cls_positions [R, K]."""
+    num_rows, k = members.shape
+    batch = {"input_ids": np.full([num_rows, width], pad_id, np.int32),
+             "input_mask": np.zeros([num_rows, width], np.int32)}
+    batch["segment_ids"] = np.zeros_like(batch["input_ids"])
+    sequence_ids, position_ids = np.zeros_like(batch["input_ids"]), np.zeros_like(batch["input_ids"])
+    cls_positions, prompts = np.zeros([num_rows, k], np.int32), np.zeros([num_rows, k], np.int32)
+    for r in range(num_rows):
+        start = 0
+        for slot, i in enumerate(members[r]):
+            if i < 0:
+                break
+            ids = rows[i]
+            end = start + len(ids)
+            batch["input_ids"][r, start:end], batch["input_mask"][r, start:end] = ids, 1
+            sequence_ids[r, start:end], position_ids[r, start:end] = slot + 1, np.arange(len(ids))
+            cls_positions[r, slot], prompts[r, slot] = start, prompt_lengths[i]
+            start = end
+    if k == 1:
+        return {**batch, "prompt_lengths": prompts[:, 0]}
+    return {**batch, "prompt_lengths": prompts, "sequence_ids": sequence_ids, "position_ids": position_ids,
+            "cls_positions": cls_positions}
+
+
+def embed_rows(forward: Callable[[dict], object], rows: list[list[int]], prompt_lengths: np.ndarray,
+               batch_size: int, limit: int, pad_id: int) -> np.ndarray:
+    """Embeddings float32 [N, D] of token rows ([CLS] ... [SEP], each at most `limit` long), in their
+    order. forward(batch) -> [R, D] for one text a row, [R, K, D] for packed rows: device arrays, read
+    back after every batch is dispatched, so that the host lays out the next batch while one computes."""
+    lengths = np.array([len(r) for r in rows], np.int64)
+    dispatched = [(members, forward(assemble(rows, prompt_lengths, members, width, pad_id)))
+                  for members, width in plan(lengths, batch_size, limit)]
+    out = None
+    for members, result in dispatched:
+        result = np.asarray(result, np.float32)
+        result = result.reshape(members.shape + result.shape[-1:])  # [R, K, D]
+        if out is None:
+            out = np.zeros([len(rows), result.shape[-1]], np.float32)
+        taken = members >= 0
+        out[members[taken]] = result[taken]
+    return out
