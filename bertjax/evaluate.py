@@ -61,8 +61,8 @@ def define_flags() -> dict:
                                           "(repeat the flag per variant)."),
         split=flags.DEFINE_string("split", "test", "retrieval: the split whose judgements are scored "
                                   "(qrels/<split>.tsv)."),
-        similarity=flags.DEFINE_enum("similarity", "cosine", ["cosine", "dot"], "retrieval: how a query scores "
-                                     "a passage (the embedder's own similarity)."),
+        similarity=flags.DEFINE_enum("similarity", None, ["cosine", "dot"], "retrieval: how a query scores "
+                                     "a passage (unset: the embedder's own similarity, else cosine)."),
         ignore_identical_ids=flags.DEFINE_bool("ignore_identical_ids", False, "retrieval: a query never "
                                                "retrieves the passage of its own id (BEIR's option for Quora, "
                                                "ArguAna)."),

@@ -194,7 +194,7 @@ def retrieval_table(scores: dict[str, dict]) -> tuple[list[str], dict[str, float
 
 
 def retrieval_suite(init_from: str, directories: list[str], workdir: str, *, split: str = "test",
-                       similarity: str = "cosine", batch_size: int | None = None, ignore_identical_ids: bool = False,
+                       similarity: str | None = None, batch_size: int | None = None, ignore_identical_ids: bool = False,
                        k_values=retrieval_metrics.K_VALUES) -> dict:
     """Each data set's split (a BEIR directory or save_to_disk datasets: tasks/retrieval_data.py) searched
     with the model's query and passage embeddings over all devices; one table, printed and written to
@@ -202,7 +202,7 @@ def retrieval_suite(init_from: str, directories: list[str], workdir: str, *, spl
     if not directories:
         raise ValueError("--suite=retrieval needs --tasks=DIR,...: BEIR directories (corpus.jsonl, queries.jsonl, "
                          "qrels/) or save_to_disk ones (corpus/, queries/, qrels/)")
-    if similarity not in retrieval.SIMILARITIES:
+    if similarity is not None and similarity not in retrieval.SIMILARITIES:
         raise ValueError(f"--similarity={similarity}: choose one of {', '.join(retrieval.SIMILARITIES)}")
     batch_size = batch_size or 32
     data_sets = [retrieval_data.read_retrieval(d, split) for d in directories]
@@ -211,9 +211,12 @@ def retrieval_suite(init_from: str, directories: list[str], workdir: str, *, spl
         raise ValueError(f"--tasks: two data sets in directories of the same name ({', '.join(names)}): "
                          f"their rows in the table would be confused")
     model = inference.load(init_from)
+    prompts = model.embedding.prompts if model.embedding else {}
+    # The model's own similarity unless asked for another; cosine for a model without an embedding record.
+    similarity = similarity or (model.embedding.similarity if model.embedding else "cosine")
 
-    def embed(texts, kind):  # kind: "query" | "passage", the model's prompts of those names
-        return model.embed(texts, prompt_name=kind, batch_size=batch_size)
+    def embed(texts, kind):  # kind: "query" | "passage": the model's prompt of that name, where it has one
+        return model.embed(texts, prompt_name=kind if kind in prompts else None, batch_size=batch_size)
 
     mesh = sharding.make_mesh({"data": -1})  # the corpus split over every device
     files.make(workdir)
