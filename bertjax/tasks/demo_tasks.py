@@ -24,7 +24,7 @@ compression end to end without a download:
   its passage. train.jsonl and dev.jsonl are {"query", "positive"} pairs for contrastive fine-tuning,
   from the documents pretraining reads (dev: those whose hash lies in [eval_fraction, 2 x eval_fraction),
   which training on the pairs does not read). The documents pretraining holds out make the test set, in
-  BEIR's layout: OUT/beir/ (corpus.jsonl: every such passage; queries.jsonl; qrels/test.tsv), a set that
+  BEIR's layout: OUT/demo-test/ (corpus.jsonl: every such passage; queries.jsonl; qrels/test.tsv), a set that
   neither pretraining nor the contrastive training nor its choice of checkpoint has seen.
 
 word_order and keyword are JSON lines of the generic classification task ({"text", "label"};
@@ -183,7 +183,7 @@ def task_examples(task: str, seed: int = 0, dev_fraction: float = 0.25) -> dict[
 
 
 def write_task(task: str, out: str, seed: int = 0) -> dict[str, str]:
-    """Writes OUT/train.jsonl and OUT/dev.jsonl (retrieval: and the test pairs as OUT/beir/); returns
+    """Writes OUT/train.jsonl and OUT/dev.jsonl (retrieval: and the test pairs as OUT/demo-test/); returns
     {split: path}."""
     os.makedirs(out, exist_ok=True)
     paths = {}
@@ -194,14 +194,14 @@ def write_task(task: str, out: str, seed: int = 0) -> dict[str, str]:
         with open(paths[split], "w", encoding="utf-8") as f:
             f.writelines(json.dumps({k: v for k, v in row.items() if k != "id"}) + "\n" for row in rows)
     if task == "retrieval":
-        paths["beir"] = write_beir(test, os.path.join(out, "beir"))
+        paths["beir"] = write_beir(test, os.path.join(out, "demo-test"))
     return paths
 
 
 def define_flags() -> dict:
     defined = dict(
         task=flags.DEFINE_enum("task", None, list(TASKS), "Which demo task to write."),
-        out=flags.DEFINE_string("out", None, "Directory for train.jsonl and dev.jsonl (retrieval: and beir/)."),
+        out=flags.DEFINE_string("out", None, "Directory for train.jsonl and dev.jsonl (retrieval: and demo-test/)."),
         seed=flags.DEFINE_integer("seed", 0, "Which sentences, and how their words are shuffled."),
     )
     flags.mark_flags_as_required(["task", "out"])
