@@ -65,7 +65,8 @@ def demo_texts(root: pathlib.Path) -> dict:
     sentences = [s for doc in demo.demo_documents(300) for s in doc if 6 <= len(s.split()) <= 20][:120]
     rows = [{"text": s} if n % 3 else {"text": s, "target_text": " ".join(reversed(s.split()))}
             for n, s in enumerate(sentences)]
-    return {"train": write_jsonl(root / "texts.jsonl", rows[:80]), "validation": write_jsonl(root / "dev.jsonl", rows[80:])}
+    return {"train": write_jsonl(root / "texts.jsonl", rows[:80]),
+            "validation": write_jsonl(root / "dev.jsonl", rows[80:])}
 
 
 def distill_config(pretrained, teacher: str, files: dict, **changes):
@@ -106,7 +107,8 @@ def test_the_program_teaches_the_student_the_teachers_embeddings(pretrained, tea
     summary = finetuning.finetune(distill_config(pretrained, teacher, files), str(tmp_path / "run"))
     dev = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()
            if '"split"' in line]
-    assert [r["step"] for r in dev] == [5, 10, 15, 20] and all({"mse", "neg_mse", "teacher_cosine"} <= set(r) for r in dev)
+    assert [r["step"] for r in dev] == [5, 10, 15, 20]
+    assert all({"mse", "neg_mse", "teacher_cosine"} <= set(r) for r in dev)
     assert summary["main_metric"] == "neg_mse" and summary["best"]["value"] == max(r["neg_mse"] for r in dev)
     assert dev[-1]["mse"] < 0.5 * dev[0]["mse"] and dev[-1]["teacher_cosine"] > dev[0]["teacher_cosine"]
     texts = [json.loads(line)["text"] for line in pathlib.Path(files["validation"]).read_text().splitlines()]
@@ -128,7 +130,8 @@ def test_bad_inputs_are_one_line(pretrained, teacher, tmp_path):
     cases = [
         ({"data.train": write_jsonl(tmp_path / "bad.jsonl", [{"text": "a b"}, {"query": "c d"}])},
          "bad.jsonl:2: missing field 'text'"),
-        ({"contrastive.teacher": str(tmp_path / "nowhere")}, f"contrastive.teacher={tmp_path / 'nowhere'} does not load"),
+        ({"contrastive.teacher": str(tmp_path / "nowhere")},
+         f"contrastive.teacher={tmp_path / 'nowhere'} does not load"),
         ({"contrastive.dense_features": None}, "embeds in 32 features, the student in 64: set "
                                                "contrastive.dense_features=32"),
         ({"contrastive.teacher": ""}, "contrastive.loss=distill_mse needs contrastive.teacher=PATH"),

@@ -91,8 +91,9 @@ def truncated(x, width: int):
 def embedding_loss(embeddings: dict, batch: dict, *, loss: str, scale: float, symmetric: bool = False,
                    matryoshka_dims: tuple = (), matryoshka_weights: tuple = ()):
     """The configured loss of a batch's embeddings {"query" [B, D], "passage" [B, D], "negative" [B, G, D]
-    (mnrl with hard negatives)}: batch gives negative_mask [B, G], score [B] and target [B, D] (distill_mse). Matryoshka: summed over
-    matryoshka_dims with their weights (1 each where none are given). Returns (loss, sums)."""
+    (mnrl with hard negatives)}: batch gives negative_mask [B, G], score [B] and target [B, D] (distill_mse:
+    the teacher's embeddings). Matryoshka: summed over matryoshka_dims with their weights (1 each where
+    none are given). Returns (loss, sums)."""
     widths = tuple(matryoshka_dims) or (None,)
     weights = tuple(matryoshka_weights) or (1.0,) * len(widths)
     total, sums = 0.0, None
