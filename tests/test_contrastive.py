@@ -412,7 +412,7 @@ def test_a_bad_pairs_file_is_one_line(pretrained, tmp_path):
     out_of_range = write_jsonl(tmp_path / "scored.jsonl", [{"text": "a", "text_pair": "b", "score": 4.0}])
     settings = [({"contrastive.loss": "cosine_mse", "data.train": out_of_range}, "scored.jsonl:1: score 4.0 is outside [-1, 1]"),
                 ({"contrastive.matryoshka_dims": (128, 32)}, "the embeddings have 64 features"),
-                ({"contrastive.loss": "infonce"}, "contrastive.loss='infonce': choose one of mnrl, cosent, cosine_mse"),
+                ({"contrastive.loss": "infonce"}, "contrastive.loss='infonce': choose one of mnrl, cosent, cosine_mse, distill_mse"),
                 ({"train.grad_accum_steps": 2}, "would split the in-batch negatives")]
     for changes, fragment in settings:
         with pytest.raises(ValueError, match=re.escape(fragment)):

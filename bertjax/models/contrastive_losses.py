@@ -7,6 +7,8 @@
   cosent      CoSENT (Su 2022): log(1 + sum over pairs with score_i < score_j of
               exp(scale * (cos_i - cos_j))); only the order of the scores counts, so any range will do
   cosine_mse  (cos - score)^2 averaged (CosineSimilarityLoss): the scores are target cosines in [-1, 1]
+  distill_mse the mean squared difference of each text's embedding and its teacher's (MSELoss, Reimers &
+              Gurevych 2020): a student learns a teacher's embeddings, the targets computed beforehand
 Matryoshka (Kusupati et al. 2022; MatryoshkaLoss): the loss summed with weights at several widths, each
 embedding truncated to its first d features and re-normalised.
 
@@ -21,8 +23,9 @@ import jax.numpy as jnp
 
 from bertjax.models.pooling import normalize
 
-LOSSES = ("mnrl", "cosent", "cosine_mse")
+LOSSES = ("mnrl", "cosent", "cosine_mse", "distill_mse")
 SCORED = ("cosent", "cosine_mse")  # losses of scored pairs (text, text_pair, score)
+DISTILL = "distill_mse"  # texts and their teacher's embeddings (target)
 NEG_INF = -1e30  # the logit of a candidate that is not there (a row's missing hard negative)
 
 
@@ -74,6 +77,12 @@ def cosine_mse_loss(a, b, scores, *, scale: float = 20.0):
     return jnp.mean(jnp.square(cos - scores)), {"count": jnp.float32(a.shape[0])}
 
 
+def distill_mse_loss(student, target):
+    """MSELoss: the mean over examples of the mean squared difference of student [B, D] and target [B, D]
+    (nn.MSELoss's mean over every element: the same when every row has D features)."""
+    return jnp.mean(jnp.square(student - target)), {"count": jnp.float32(student.shape[0])}
+
+
 def truncated(x, width: int):
     """The first `width` features of embeddings [..., D], re-normalised (a Matryoshka width)."""
     return normalize(x[..., :width])
@@ -82,8 +91,9 @@ def truncated(x, width: int):
 def embedding_loss(embeddings: dict, batch: dict, *, loss: str, scale: float, symmetric: bool = False,
                    matryoshka_dims: tuple = (), matryoshka_weights: tuple = ()):
     """The configured loss of a batch's embeddings {"query" [B, D], "passage" [B, D], "negative" [B, G, D]
-    (mnrl with hard negatives)}: batch gives negative_mask [B, G] and score [B]. Matryoshka: summed over
-    matryoshka_dims with their weights (1 each where none are given). Returns (loss, sums)."""
+    (mnrl with hard negatives)}: batch gives negative_mask [B, G], score [B] and target [B, D] (distill_mse:
+    the teacher's embeddings). Matryoshka: summed over matryoshka_dims with their weights (1 each where
+    none are given). Returns (loss, sums)."""
     widths = tuple(matryoshka_dims) or (None,)
     weights = tuple(matryoshka_weights) or (1.0,) * len(widths)
     total, sums = 0.0, None
@@ -92,6 +102,8 @@ def embedding_loss(embeddings: dict, batch: dict, *, loss: str, scale: float, sy
         if loss == "mnrl":
             value, found = mnrl_loss(cut["query"], cut["passage"], cut.get("negative"), batch.get("negative_mask"),
                                      scale=scale, symmetric=symmetric)
+        elif loss == DISTILL:
+            value, found = distill_mse_loss(cut["query"], batch["target"])
         elif loss == "cosent":
             value, found = cosent_loss(cut["query"], cut["passage"], batch["score"], scale=scale)
         else:
@@ -108,6 +120,9 @@ def check_settings(loss: str, scale: float, matryoshka_dims, matryoshka_weights,
     if not scale > 0:
         raise ValueError(f"contrastive.scale={scale}: must be positive (20 is a temperature of 0.05)")
     dims = tuple(matryoshka_dims or ())
+    if loss == DISTILL and dims:
+        raise ValueError(f"contrastive.matryoshka_dims={dims}: contrastive.loss=distill_mse learns the teacher's "
+                         "embeddings at their full width: set contrastive.matryoshka_dims=()")
     if any(not isinstance(d, int) or d < 1 for d in dims) or len(set(dims)) != len(dims):
         raise ValueError(f"contrastive.matryoshka_dims={dims}: distinct positive widths, e.g. (768, 512, 256)")
     if width is not None and any(d > width for d in dims):

@@ -76,7 +76,7 @@ def finetune_in_session(config, workdir: str) -> dict:
 
     # ---------------------------------------------------------------- head, optimizer, state: shapes first
     feature_based = feature_based_settings(config, task, start_from.bert_config.num_layers)
-    embedding = data.settings.network() if task.kind == registry.CONTRASTIVE else None  # the embedder's pooling
+    embedding = embedder_settings(task, data, start_from.bert_config)  # contrastive: the embedder's pooling
     init_key, dropout_key = root_keys(config.train.seed, config.train.dropout_rng)
     setup = task_setup(config, task, start_from, num_labels, feature_based, data.num_steps, layout, init_key,
                        embedding)
@@ -372,6 +372,22 @@ def sweep(config, workdir: str, distributed: start.Distributed | None = None) ->
     if jax.process_index() == 0:
         files.write_bytes(files.join(workdir, "sweep.json"), json.dumps(out, indent=1).encode())
     return out
+
+
+def embedder_settings(task, data, bert_config) -> dict | None:
+    """A contrastive task's pooling.SentenceEmbedder settings (None for other kinds); distill_mse's student
+    checked to embed at the teacher's width."""
+    if task.kind != registry.CONTRASTIVE:
+        return None
+    settings = data.settings
+    if "target" in data.train.features:
+        teacher_width = data.train.features["target"].shape[-1]
+        width = settings.dense_features or bert_config.hidden_size * len(settings.pooling)
+        if width != teacher_width:
+            raise ValueError(f"contrastive.teacher={settings.teacher} embeds in {teacher_width} features, the student "
+                             f"in {width}: set contrastive.dense_features={teacher_width} (a Dense projection "
+                             "to the teacher's width)")
+    return settings.network()
 
 
 def contrastive_train_step(config, setup: Setup, settings, data_sharding):

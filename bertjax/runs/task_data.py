@@ -7,6 +7,7 @@ import math
 import jax
 import numpy as np
 
+from bertjax import inference
 from bertjax.models import heads
 from bertjax.runs.console import say
 from bertjax.runs.start import Layout
@@ -68,7 +69,24 @@ def split_features(task, tokenizer, config) -> tuple:
         test = {split: read(split, None, labeled=False) for split in task.test_splits}
     else:
         test = {}
+    if getattr(settings, "distill", False):
+        add_teacher_targets(settings.teacher, [train, *dev.values()])
     return train, dev, test
+
+
+def add_teacher_targets(teacher: str, splits: list) -> None:
+    """contrastive distill_mse: the teacher's embeddings of each example's target text (its own pooling,
+    Dense, normalisation and prompts: LoadedBert.embed), added to each split's features as target float32
+    [N, Dt]; the teacher loaded once."""
+    try:
+        model = inference.load(teacher)
+    except (ValueError, OSError) as error:
+        first = str(error).splitlines()[0] if str(error) else type(error).__name__
+        raise ValueError(f"contrastive.teacher={teacher} does not load: {first}") from None
+    for split in splits:
+        split.features["target"] = np.asarray(model.embed([e.positive for e in split.examples]), np.float32)
+    say(f"teacher {teacher}: {sum(len(s.examples) for s in splits)} texts embedded, "
+        f"{splits[0].features['target'].shape[-1]} features each")
 
 
 @dataclasses.dataclass

@@ -5,6 +5,7 @@ loss (bertjax/models/contrastive_losses.py), whole or in cached microbatches (Gr
 A batch (bertjax/tasks/kinds/contrastive.py's features) holds each pair's texts tokenized apart:
   query_ids, query_mask [B, Sq]   passage_ids, passage_mask [B, Sp]   score [B] (scored pairs)
   negative_ids, negative_mask [B, G, Sp] and negative_present [B, G] (hard negatives, where G > 0)
+  (distill_mse: query_ids, query_mask [B, S] of each text and its teacher's embedding target [B, Dt]; no passage)
 Queries, passages and negatives each run through the embedder in one call with a dropout key of their
 own (role r: fold_in(key, r)), as sentence-transformers embeds each column in a call of its own.
 
@@ -26,12 +27,16 @@ from bertjax.models import contrastive_losses
 
 ROLES = ("query", "passage", "negative")  # the dropout key of role r is fold_in(key, r)
 PAIR_KEYS = ("query_ids", "query_mask", "passage_ids", "passage_mask")  # what the dev embeddings read
+TEXT_KEYS = ("query_ids", "query_mask")  # distill_mse: one text a row (its features have no passage)
 NEGATIVE_KEYS = ("negative_ids", "negative_mask", "negative_present")
 MASK_KEYS = ("query_mask", "passage_mask", "negative_mask")  # the real tokens, for tokens/s
 
 
 def batch_keys(features: dict) -> tuple:
-    """The keys of a training batch that go to the devices (the hard negatives where the set has any)."""
+    """The keys of a training batch that go to the devices (the hard negatives where the set has any; the
+    teacher's targets and no passages for distill_mse)."""
+    if "target" in features:
+        return TEXT_KEYS + ("target", "example_weight")
     keys = PAIR_KEYS + ("score", "example_weight")
     return keys + (NEGATIVE_KEYS if "negative_ids" in features else ())
 
@@ -43,12 +48,14 @@ def embed(params, ids, mask, rng, *, net, deterministic: bool = False):
 
 
 def embed_batch(params, batch: dict, rng, *, net, deterministic: bool = False) -> dict:
-    """{"query" [B, D], "passage" [B, D], "negative" [B, G, D] where there are negatives}."""
+    """{"query" [B, D], "passage" [B, D] (where the batch has passages), "negative" [B, G, D] (where it has
+    negatives)}."""
     key = lambda role: None if rng is None else jax.random.fold_in(rng, ROLES.index(role))  # noqa: E731
     out = {"query": embed(params, batch["query_ids"], batch["query_mask"], key("query"), net=net,
-                          deterministic=deterministic),
-           "passage": embed(params, batch["passage_ids"], batch["passage_mask"], key("passage"), net=net,
-                            deterministic=deterministic)}
+                          deterministic=deterministic)}
+    if "passage_ids" in batch:
+        out["passage"] = embed(params, batch["passage_ids"], batch["passage_mask"], key("passage"), net=net,
+                               deterministic=deterministic)
     if "negative_ids" in batch:
         ids, mask = batch["negative_ids"], batch["negative_mask"]  # [B, G, Sp]
         flat = embed(params, ids.reshape(-1, ids.shape[-1]), mask.reshape(-1, mask.shape[-1]), key("negative"),
@@ -59,7 +66,8 @@ def embed_batch(params, batch: dict, rng, *, net, deterministic: bool = False) -
 
 def _loss_inputs(batch: dict) -> dict:
     """What the loss reads of a batch besides the embeddings."""
-    return {"negative_mask": batch.get("negative_present"), "score": batch.get("score")}
+    return {"negative_mask": batch.get("negative_present"), "score": batch.get("score"),
+            "target": batch.get("target")}
 
 
 def contrastive_loss(params, batch: dict, dropout_rng, *, net, settings: dict):
@@ -70,9 +78,11 @@ def contrastive_loss(params, batch: dict, dropout_rng, *, net, settings: dict):
 
 
 def pair_embeddings(params, batch: dict, *, net):
-    """[B, 2, D]: each pair's query (or text) and passage (or text_pair) embedding, no dropout."""
-    embeddings = embed_batch(params, {k: batch[k] for k in PAIR_KEYS}, None, net=net, deterministic=True)
-    return jnp.stack([embeddings["query"], embeddings["passage"]], axis=1)
+    """[B, 2, D]: each pair's query (or text) and passage (or text_pair) embedding, no dropout; [B, 1, D]
+    where the batch has no passages (distill_mse: each text's)."""
+    embeddings = embed_batch(params, {k: batch[k] for k in PAIR_KEYS if k in batch}, None, net=net,
+                             deterministic=True)
+    return jnp.stack([embeddings[role] for role in ("query", "passage") if role in embeddings], axis=1)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -110,7 +120,7 @@ def cached_loss_and_grad(params, batch: dict, dropout_rng, *, net, settings: dic
     """((loss, sums), gradients) of contrastive_loss's loss over the whole batch, computed in microbatches
     of `microbatch` pairs (GradCache): the memory of one microbatch's activations, the whole batch's
     in-batch negatives."""
-    inputs = {k: batch[k] for k in PAIR_KEYS + NEGATIVE_KEYS if k in batch}
+    inputs = {k: batch[k] for k in PAIR_KEYS + NEGATIVE_KEYS if k in batch}  # distill_mse: no passages
     size = inputs["query_ids"].shape[0]
     if size % microbatch:
         raise ValueError(f"train.contrastive_microbatch={microbatch} must divide train.batch_size={size}")

@@ -151,9 +151,12 @@ TASKS: dict[str, Task] = {t.name: t for t in (
 )}
 
 def _contrastive_task(loss: str) -> Task:
-    """Pairs (mnrl) are scored by retrieval in the dev set, scored pairs by Spearman of cosine and score."""
+    """Pairs (mnrl) are scored by retrieval in the dev set, scored pairs by Spearman of cosine and score,
+    texts (distill_mse) by -mse to the teacher's embeddings (the best checkpoint is the highest)."""
     scored = loss in SCORED_CONTRASTIVE_LOSSES
     metrics = ("spearman", "pearson") if scored else ("mrr_at_10", "recall_at_1")
+    if loss == "distill_mse":
+        metrics = ("neg_mse", "mse", "teacher_cosine")
     return Task(name=CONTRASTIVE, kind=CONTRASTIVE, labels=(), metrics=metrics, main_metric=metrics[0],
                 train_split=None, eval_splits=(), test_splits=(), contrastive_loss=loss)
 

@@ -63,14 +63,14 @@ class Scorer:
     p_logits: object  # jitted (params, batch) -> logits
     data_sharding: object
     batch_size: int
-    input_keys: tuple = INPUT_KEYS  # the keys p_logits reads (contrastive: each pair's two texts)
+    input_keys: tuple = INPUT_KEYS  # the keys p_logits reads, where a split has them (contrastive: a pair's texts)
 
     def logits_of(self, params, feats) -> np.ndarray:
         """The logits of every row of a split's features, in order (float32 [N, ...])."""
         outs = []
         for b in task_batches.eval_batches(feats, self.batch_size, process_index=jax.process_index(),
                                            process_count=jax.process_count()):
-            batch = sharding.global_batch({k: b[k] for k in self.input_keys}, self.data_sharding)
+            batch = sharding.global_batch({k: b[k] for k in self.input_keys if k in b}, self.data_sharding)
             logits = gather_rows(self.p_logits(params, batch))
             outs.append(np.asarray(logits, np.float32)[gather_rows(b["example_weight"]) > 0])
         return np.concatenate(outs)

@@ -136,7 +136,8 @@ def contrastive_config(task: str = "contrastive") -> ml_collections.ConfigDict:
     config.train.contrastive_microbatch = 0  # GradCache: pairs per cached microbatch; 0: the batch at once
     config.contrastive = ml_collections.ConfigDict(dict(
         # mnrl: {query, positive, negatives} rows, in-batch and hard negatives (InfoNCE); cosent or
-        # cosine_mse: {text, text_pair, score} rows (cosine_mse: scores are target cosines in [-1, 1]).
+        # cosine_mse: {text, text_pair, score} rows (cosine_mse: scores are target cosines in [-1, 1]);
+        # distill_mse: {text, target_text (optional)} rows, the MSE to contrastive.teacher's embeddings.
         loss="mnrl",
         scale=20.0,  # the similarity's scale (1 / temperature): 20 is a temperature of 0.05
         symmetric=False,  # mnrl: add the passage -> query direction and average the two
@@ -150,5 +151,8 @@ def contrastive_config(task: str = "contrastive") -> ml_collections.ConfigDict:
         dense_activation="tanh",  # the Dense's activation (sentence-transformers' default): tanh | identity
         query_prompt="",  # prepended to every query (or text), e.g. "query: "
         passage_prompt="",  # prepended to every positive, negative (or text_pair), e.g. "passage: "
+        # distill_mse: the model whose embeddings the student learns (any path bertjax.load reads); its
+        # embeddings of each {text, target_text} row's target_text (default text) are computed once.
+        teacher="",
     ))
     return config

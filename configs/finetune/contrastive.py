@@ -1,6 +1,7 @@
 """A sentence embedder fine-tuned on the user's query / positive pairs (JSON lines: query, positive,
 optional negatives; or text, text_pair, score with contrastive.loss=cosent): MultipleNegativesRankingLoss
-over the global batch, dev retrieval (mrr_at_10, recall_at_1) choosing the best checkpoint.
+over the global batch, dev retrieval (mrr_at_10, recall_at_1) choosing the best checkpoint. Embedding
+distillation: contrastive.loss=distill_mse and contrastive.teacher=PATH on {text, target_text} rows.
 
     python -m bertjax.finetune --config=configs/finetune/contrastive.py --config.train.init_from=PATH \
         --config.data.train=pairs.jsonl --config.data.validation=dev_pairs.jsonl --workdir=DIR

@@ -8,6 +8,9 @@ JSON lines, one pair per line (blank lines skipped), the loss deciding which for
   scored pairs (cosent, cosine_mse): {"text", "text_pair", "score"}
       cosent uses only the order of the scores (any range); cosine_mse takes them as target cosines,
       so they must lie in [-1, 1] (STS-B's 0-5 divided by 5).
+  texts (distill_mse):        {"text", "target_text" (optional: the text the teacher embeds, e.g. a
+      translation; default text)}. The student learns contrastive.teacher's embedding of target_text from
+      text; the run layer (bertjax/runs/task_data.py) adds the teacher's embeddings as the feature target.
 Every problem (a missing field, an empty text, an empty file) is one ValueError line naming file:line.
 
 Each text is tokenized alone as [CLS] text [SEP]: the query (or text) after contrastive.query_prompt, cut
@@ -18,12 +21,16 @@ Dev sets: pairs are scored by retrieval inside the set, each dev query against e
 positive by cosine: mrr_at_10 (the reciprocal rank of its positive, 0 below rank 10) and recall_at_1;
 a candidate scored equal to the positive ranks ahead of it, so ties never flatter. Scored pairs:
 spearman (and pearson) of the pair's cosine against its score. <split>_positive_ranks.tsv lists each
-query's rank.
+query's rank. Texts (distill_mse): mse (the loss), neg_mse (-mse, the main metric: higher is better, as
+the best checkpoint is chosen) and teacher_cosine (the mean cosine of each text's embedding and its
+teacher's); <split>_teacher_cosines.tsv lists each text's.
 
 Features (N pairs, G = the most negatives any row keeps, Sq / S query / passage length):
   query_ids, query_mask [N, Sq]; passage_ids, passage_mask [N, S]; score float32 [N] (nan: none)
   negative_ids, negative_mask [N, G, S], negative_present [N, G] (G > 0 only; a missing negative is an
   empty text, its prompt alone, with negative_present 0: no candidate); idx, example_weight [N]
+Texts (distill_mse): query_ids, query_mask [N, S] (the text after contrastive.query_prompt, cut to
+  data.max_seq_length); idx, example_weight [N]; target float32 [N, Dt] (added by the run layer)
 """
 
 import dataclasses
@@ -58,10 +65,15 @@ class Settings:
     max_query_length: int = 32
     max_seq_length: int = 128
     max_negatives: int = 1
+    teacher: str = ""  # distill_mse: the model whose embeddings the student learns (any path bertjax.load reads)
 
     @property
     def scored(self) -> bool:
         return self.loss in contrastive_losses.SCORED
+
+    @property
+    def distill(self) -> bool:
+        return self.loss == contrastive_losses.DISTILL
 
     def loss_settings(self) -> dict:
         """contrastive_losses.embedding_loss's keywords."""
@@ -103,6 +115,9 @@ def settings_from_config(config) -> Settings:
     for key in ("max_query_length", "max_seq_length"):
         if getattr(s, key) < 3:
             raise ValueError(f"data.{key}={getattr(s, key)}: needs at least 3 ([CLS] a token [SEP])")
+    if s.distill != bool(s.teacher):
+        raise ValueError("contrastive.loss=distill_mse needs contrastive.teacher=PATH (a model bertjax.load reads)"
+                         if s.distill else f"contrastive.teacher={s.teacher!r} is for contrastive.loss=distill_mse")
     if not isinstance(s.max_negatives, int) or s.max_negatives < 0:
         raise ValueError(f"contrastive.max_negatives={s.max_negatives!r}: a whole number, 0 for in-batch ones only")
     return s
@@ -162,12 +177,17 @@ def _score(obj: dict, where: str, loss: str) -> float:
 
 
 def read_pairs(path: str, loss: str) -> list:
-    """A JSON-lines file of pairs (or scored pairs, for the scored losses) -> Pairs, in file order."""
+    """A JSON-lines file of pairs (or scored pairs, for the scored losses; texts for distill_mse, the
+    teacher's text as the positive) -> Pairs, in file order."""
     scored = loss in contrastive_losses.SCORED
     pairs = []
     for number, obj in readers._json_lines(path):
         where = f"{path}:{number}"
-        if scored:
+        if loss == contrastive_losses.DISTILL:  # the text, and the teacher's text as the positive
+            text = _text(obj, ("text",), where)
+            target = _text(obj, ("target_text",), where) if obj.get("target_text") is not None else text
+            pairs.append(Pair(len(pairs), text, target))
+        elif scored:
             pairs.append(Pair(len(pairs), _text(obj, ("text",), where), _text(obj, ("text_pair",), where),
                               score=_score(obj, where, loss)))
         else:
@@ -201,6 +221,10 @@ def featurize(task, examples: list, tokenizer, max_seq_length: int, settings: Se
     s = settings or Settings(max_seq_length=max_seq_length)
     if not examples:
         raise ValueError(f"task {task.name}: no pairs to featurize")
+    if s.distill:  # each text alone; the run layer adds the teacher's embeddings (target)
+        ids, mask = _encoded(tokenizer, [s.query_prompt + e.query for e in examples], s.max_seq_length)
+        return {"query_ids": ids, "query_mask": mask, "idx": np.array([e.idx for e in examples], np.int32),
+                "example_weight": np.ones(len(examples), np.float32)}
     query_length = s.max_seq_length if s.scored else s.max_query_length
     out = {}
     out["query_ids"], out["query_mask"] = _encoded(tokenizer, [s.query_prompt + e.query for e in examples],
@@ -246,9 +270,30 @@ def retrieval_metrics(ranks: np.ndarray) -> dict:
     return {"mrr_at_10": float(np.mean(reciprocal)), "recall_at_1": float(np.mean(ranks == 1))}
 
 
+def cosines(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """Each row's cosine of a [N, D] and b [N, D], in float64."""
+    a, b = a.astype(np.float64), b.astype(np.float64)
+    return np.sum(a * b, axis=-1) / np.maximum(np.linalg.norm(a, axis=-1) * np.linalg.norm(b, axis=-1), 1e-12)
+
+
+def distill_score(split_name: str, split: Split, student: np.ndarray) -> Scored:
+    """mse, neg_mse and teacher_cosine of the student's embeddings [N, D] against split.features["target"]."""
+    if "target" not in split.features:  # a split without the teacher's embeddings (test): nothing to score
+        return Scored({}, {})
+    target = split.features["target"].astype(np.float64)
+    mse = float(np.mean(np.square(student.astype(np.float64) - target)))
+    cos = cosines(student, target)
+    lines = ["index\tteacher_cosine"] + [f"{i}\t{c:.6f}" for i, c in zip(split.features["idx"], cos)]
+    return Scored({"neg_mse": -mse, "mse": mse, "teacher_cosine": float(np.mean(cos))},
+                  {f"{split_name}_teacher_cosines.tsv": "\n".join(lines) + "\n"})
+
+
 def score(task, split_name: str, split: Split, logits: np.ndarray, settings=None, null_threshold: float = 0.0):
-    """logits: each pair's (query, passage) embeddings [N, 2, D]. Retrieval in the set (pairs) or the
-    correlations of cosine with score (scored pairs)."""
+    """logits: each pair's (query, passage) embeddings [N, 2, D] (distill_mse: each text's [N, 1, D]).
+    Retrieval in the set (pairs), the correlations of cosine with score (scored pairs), or the distance to
+    the teacher's embeddings (distill_mse)."""
+    if task.contrastive_loss == contrastive_losses.DISTILL:
+        return distill_score(split_name, split, logits[:, 0])
     queries, passages = logits[:, 0], logits[:, 1]
     if task.contrastive_loss in contrastive_losses.SCORED:
         cos = np.sum(queries * passages, axis=-1) / np.maximum(
