@@ -22,6 +22,7 @@ import safetensors.torch
 import torch
 import transformers
 from conftest import WORDS, copy_of
+from test_family_heads import randomize  # every parameter noise, norm scales around 1
 from sentence_transformers import CrossEncoder, SentenceTransformer
 from sentence_transformers.base.modules import Dense, Normalize, Transformer
 from sentence_transformers.sentence_transformer.modules import Pooling
@@ -73,15 +74,6 @@ def held_out_texts(n=14, seed=1) -> list[str]:
     rng = np.random.default_rng(seed)
     texts = [" ".join(rng.choice(WORDS, size=int(rng.integers(0, 46)))) for _ in range(n)]
     return texts + ["The river, old bridges.", ""]
-
-
-def randomize(model, seed=0):
-    generator = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            noise = torch.randn(p.shape, generator=generator)
-            p.copy_(1.0 + 0.1 * noise if name.endswith("weight") and p.ndim == 1 else 0.05 * noise)
-    return model.eval()
 
 
 def write_sentence_transformer(directory, family: str):

@@ -13,7 +13,7 @@ from collections.abc import Callable, Iterable, Iterator
 from etils import epath
 
 from bertjax.data import splits
-from bertjax.data.backends import tables
+import bertjax.data.backends.tables as tables  # the module, not the package: the package imports this one
 from bertjax.data.backends.backend import Backend, BadRows, require_documents
 from bertjax.text import files
 from bertjax.text.sentences import split_sentences

@@ -296,8 +296,7 @@ def score(task, split_name: str, split: Split, logits: np.ndarray, settings=None
         return distill_score(split_name, split, logits[:, 0])
     queries, passages = logits[:, 0], logits[:, 1]
     if task.contrastive_loss in contrastive_losses.SCORED:
-        cos = np.sum(queries * passages, axis=-1) / np.maximum(
-            np.linalg.norm(queries, axis=-1) * np.linalg.norm(passages, axis=-1), 1e-12)
+        cos = cosines(queries, passages)
         found = {}
         if split.labeled:
             found = {"spearman": metrics.spearman(cos, split.features["score"]),
