@@ -64,7 +64,12 @@ def shared_directory(tmp_path_factory, name: str, build) -> pathlib.Path:
     depend on the order they ran in)."""
     root = _run_directory(tmp_path_factory)
     path, done = root / f"shared-{name}", root / f"shared-{name}.done"
+    asked = time.time()
     with filelock.FileLock(str(root / f"shared-{name}.lock")):
+        waited = time.time() - asked
+        if waited > 1:  # the other worker was building it: time this worker stood idle
+            with open(root / "shared-builds.log", "a") as log:
+                log.write(f"{name} waited {waited:.1f}s {os.environ.get('PYTEST_XDIST_WORKER', '')}\n")
         if not done.exists():
             shutil.rmtree(path, ignore_errors=True)
             path.mkdir()
@@ -80,6 +85,18 @@ def shared_directory(tmp_path_factory, name: str, build) -> pathlib.Path:
 def copy_of(path, destination) -> pathlib.Path:
     """A copy of a shared directory that a test may change."""
     return pathlib.Path(shutil.copytree(path, destination, symlinks=True))
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item, nextitem):
+    """Each test's span (setup to teardown) on its worker, in the run directory's test-timeline.log: where
+    the suite's time goes, idle workers included."""
+    start = time.time()
+    yield
+    root = pathlib.Path(item.config._tmp_path_factory.getbasetemp())
+    root = root.parent if os.environ.get("PYTEST_XDIST_WORKER") else root
+    with open(root / "test-timeline.log", "a") as log:
+        log.write(f"{os.environ.get('PYTEST_XDIST_WORKER', 'main')} {start:.2f} {time.time():.2f} {item.nodeid}\n")
 
 
 @pytest.fixture(scope="session", autouse=True)
