@@ -161,11 +161,11 @@ def hf_served(exported, pretrained, finetuned, tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def tf_served(pretrained, finetuned, tagging_run, qa_run, tmp_path_factory):  # noqa: F811
-    """SavedModels of each kind of model, served by TensorFlow alone (one fresh process for them all): the
-    pretrained encoder, the fine-tuned classifier, the tagger and the span reader (tests/test_finetune_spans.py)
-    and a multiple-choice model fine-tuned here. {name: (outputs, bertjax.load of its workdir)}, and the
-    reader's contexts."""
+def tf_served(pretrained, tagging_run, qa_run, tmp_path_factory):  # noqa: F811
+    """SavedModels of the task kinds tests/test_serving.py does not serve, through the export program's path
+    and served by TensorFlow alone (one fresh process for them all): the tagger and the span reader
+    (tests/test_finetune_spans.py) and a multiple-choice model fine-tuned here. {name: (outputs, bertjax.load
+    of its workdir)}, and the reader's contexts. (The encoder and a classifier: tests/test_serving.py.)"""
     from test_finetune import keyword_sentences, write_jsonl
     from test_finetune_spans import QUESTION
 
@@ -178,8 +178,7 @@ def tf_served(pretrained, finetuned, tagging_run, qa_run, tmp_path_factory):  # 
     config.train.epochs = 0.5
     chooser = str(root / "chooser")
     finetuning.finetune(config, chooser)
-    workdirs = {"pretrained": (pretrained["workdir"], 32), "head": (finetuned["workdir"], 48),
-                "tagger": (tagging_run["workdir"], 48), "chooser": (chooser, 48), "reader": (qa_run["workdir"], 64)}
+    workdirs = {"tagger": (tagging_run["workdir"], 48), "chooser": (chooser, 48), "reader": (qa_run["workdir"], 64)}
     models = {name: bertjax.load(workdir) for name, (workdir, _) in workdirs.items()}
     # The reader's contexts: those that fit in one window, where both see the same tokens.
     reader = models["reader"]
@@ -209,27 +208,6 @@ def test_hf_export_loads_in_transformers_with_the_same_outputs(hf_served, pretra
     guesses = bert.fill_mask(MASKED, top_k=5)
     assert [[g["token"] for g in gs[0]] for gs in guesses] == theirs["fill_tokens"].tolist()
     np.testing.assert_allclose([[g["score"] for g in gs[0]] for gs in guesses], theirs["fill_scores"], atol=1e-5)
-
-
-@pytest.mark.slow
-def test_savedmodel_serves_raw_strings_with_bertjax_outputs(tf_served):
-    theirs, bert = tf_served["pretrained"]
-    assert theirs["signatures"].tolist() == ["encode", "fill_mask"]
-    texts = SERVED_TEXTS
-    ours = bert.encode(texts, max_length=32)
-    n = ours["input_ids"].shape[1]
-    # The tokenizer inside the graph gives bertjax's ids, the long text cut to the fixed length.
-    np.testing.assert_array_equal(theirs["encode/input_ids"][:, :n], ours["input_ids"])
-    np.testing.assert_array_equal(theirs["encode/input_mask"][:, :n], ours["input_mask"])
-    assert n == 32 and theirs["encode/input_ids"].shape == (len(texts), 32)
-    real = ours["input_mask"] > 0
-    np.testing.assert_allclose(theirs["encode/sequence_output"][real], ours["sequence_output"][real], atol=1e-5)
-    np.testing.assert_allclose(theirs["encode/pooled_output"], ours["pooled_output"], atol=1e-5)
-    guesses = bert.fill_mask(MASKED, top_k=5)
-    assert theirs["fill_mask/top_ids"][:, 0].tolist() == [[g["token"] for g in gs[0]] for gs in guesses]
-    np.testing.assert_allclose(theirs["fill_mask/top_scores"][:, 0], [[g["score"] for g in gs[0]] for gs in guesses],
-                               atol=1e-5)
-    assert (theirs["fill_mask/mask_positions"][:, 1:] == -1).all()
 
 
 @pytest.mark.slow
@@ -357,7 +335,7 @@ def test_the_model_card_says_what_the_model_is(exported, pretrained):  # noqa: F
 
 
 @pytest.mark.slow
-def test_a_fine_tuned_head_exports_to_its_transformers_class(hf_served, tf_served, finetuned):
+def test_a_fine_tuned_head_exports_to_its_transformers_class(hf_served, finetuned):
     theirs, warnings = hf_served["head"]
     assert not warnings, warnings
     assert theirs["id2label"].tolist() == ["no", "yes"]
@@ -368,15 +346,6 @@ def test_a_fine_tuned_head_exports_to_its_transformers_class(hf_served, tf_serve
     np.testing.assert_allclose(ours, theirs["logits"], atol=1e-5)
     card = (pathlib.Path(hf_served["directories"]["head"]) / "README.md").read_text()
     assert "fine-tuned for classification" in card and "dev (validation): accuracy" in card
-    # The SavedModel's predict and predict_pair: the same labels and logits as bertjax.load(...).predict.
-    served, bert = tf_served["head"]
-    texts = SERVED_TEXTS
-    single, pairs = bert.predict(texts), bert.predict(texts, text_pairs=texts[::-1])
-    assert served["predict/label"].astype(str).tolist() == [p["label"] for p in single]
-    np.testing.assert_allclose(served["predict/probabilities"], [[p["scores"][k] for k in ("no", "yes")] for p in single],
-                               atol=1e-5)
-    np.testing.assert_allclose(served["predict_pair/probabilities"],
-                               [[p["scores"][k] for k in ("no", "yes")] for p in pairs], atol=1e-5)
 
 
 def test_mistakes_are_one_line_and_leave_nothing_behind(exported, pretrained, tmp_path):  # noqa: F811
