@@ -87,6 +87,25 @@ def copy_of(path, destination) -> pathlib.Path:
     return pathlib.Path(shutil.copytree(path, destination, symlinks=True))
 
 
+# Which tests share an xdist worker (pyproject.toml runs pytest-xdist's loadgroup): the tests of a module that
+# use one of its module-scoped fixtures go to one worker, so that the fixture is built once, not once on
+# each; and the readers of the costliest shared runs go to the worker that builds them, which spares the
+# other worker waiting on the run's lock. Every other test is placed on its own, wherever a worker is free.
+SHARED_RUN_GROUPS = {"tiny_run": "tiny-run", "qa_run": "span-and-tagging-runs", "tagging_run": "span-and-tagging-runs"}
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist reads the marks
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        names = getattr(item, "fixturenames", ())
+        group = next((g for name, g in SHARED_RUN_GROUPS.items() if name in names), None)
+        info = getattr(item, "_fixtureinfo", None)
+        if group is None and info and any(defs[-1].scope == "module" for defs in info.name2fixturedefs.values()):
+            group = item.nodeid.split("::")[0]
+        if group:
+            item.add_marker(pytest.mark.xdist_group(group))
+
+
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_protocol(item, nextitem):
     """Each test's span (setup to teardown) on its worker, in the run directory's test-timeline.log: where
