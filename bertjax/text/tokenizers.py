@@ -21,11 +21,12 @@ import numpy as np
 import sentencepiece
 from sentencepiece import sentencepiece_model_pb2
 
-from bertjax.text import tf_cpu
+from bertjax.text import templates, tf_cpu
 
 tf = tf_cpu.import_tensorflow()
 tf_text = tf_cpu.import_tensorflow_text()
 
+# bertjax's own names of the special tokens, in the order of templates.SPECIAL_ROLES.
 SPECIAL_TOKENS = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")
 # Texts per tokenizer call in encode_arrays: bounds the memory of one ragged batch on the largest
 # fine-tuning sets (QQP, MNLI).
@@ -120,7 +121,9 @@ class Tokenizer:
 
     Attributes:
       vocab: the tokens, id order. vocab_size: len(vocab).
-      pad_id, unk_id, cls_id, sep_id, mask_id: ids of SPECIAL_TOKENS; special_ids: them as int32.
+      special_tokens: the tokens of templates.SPECIAL_ROLES (SPECIAL_TOKENS, or a family's own, e.g. RoBERTa's <pad>).
+      pad_id, unk_id, cls_id, sep_id, mask_id: their ids; special_ids: them as int32.
+      template: where the special tokens go around one text or a pair (bertjax/text/templates.py).
       word_start: bool [vocab_size], True where a token begins a word; whole-word masking groups a
         word-start token with the continuation tokens after it. True for the special tokens.
       replacement_ids: int32, the ids masking may put in as "a random token": all but the special
@@ -129,21 +132,41 @@ class Tokenizer:
 
     vocab: list[str]
     lower_case: bool
+    special_tokens: tuple = SPECIAL_TOKENS
 
     def _set_ids(self, token_to_id: dict, word_start: np.ndarray, never_in_text: np.ndarray):
         self.vocab_size = len(self.vocab)
         self.pad_id, self.unk_id, self.cls_id, self.sep_id, self.mask_id = (
-            token_to_id[t] for t in SPECIAL_TOKENS
+            token_to_id[t] for t in self.special_tokens
         )
-        self.special_ids = np.array([token_to_id[t] for t in SPECIAL_TOKENS], np.int32)
+        self.special_ids = np.array([token_to_id[t] for t in self.special_tokens], np.int32)
         self.word_start = word_start.astype(bool)
         self.word_start[self.special_ids] = True
         never_in_text = never_in_text.astype(bool)
         never_in_text[self.special_ids] = True
         self.replacement_ids = np.flatnonzero(~never_in_text).astype(np.int32)
 
+    @property
+    def mask_token(self) -> str:
+        return self.special_tokens[templates.SPECIAL_ROLES.index("mask")]
+
+    @property
+    def template(self) -> templates.Template:
+        return templates.bert_template(self.cls_id, self.sep_id)
+
     def _tokenize_batch(self, texts: tf.Tensor) -> tf.RaggedTensor:
         raise NotImplementedError
+
+    def encode_with_masks(self, text: str) -> tuple[list[int], list[int]]:
+        """The ids of a text (no special tokens added) in which each written mask token (mask_token) is
+        the mask id, and where those are: what fill_mask feeds the model."""
+        ids, where = [], []
+        for i, piece_ids in enumerate(self.encode(text.split(self.mask_token))):
+            if i:
+                where.append(len(ids))
+                ids.append(self.mask_id)
+            ids.extend(piece_ids)
+        return ids, where
 
     def tokenize(self, texts: tf.Tensor) -> tf.Tensor | tf.RaggedTensor:
         """[N] strings -> ragged int32 [N, (tokens)]; a scalar string -> int32 [tokens].
@@ -305,9 +328,15 @@ class SentencePieceTokenizer(Tokenizer):
 
 def load_tokenizer(kind: str, path: str, lower_case: bool = True) -> Tokenizer:
     """The tokenizer for config.data.tokenizer: "wordpiece" reads a vocab.txt, "sentencepiece" a
-    .model (lower_case is then ignored: the model's own normalization rule decides)."""
+    .model (lower_case is then ignored: the model's own normalization rule decides), "bpe" a Hugging
+    Face tokenizer.json of byte-level BPE (lower_case: lower-case the text first, as a
+    sentence-transformers module with do_lower_case does)."""
     if kind == "wordpiece":
         return WordPieceTokenizer(path, lower_case=lower_case)
     if kind == "sentencepiece":
         return SentencePieceTokenizer(path)
-    raise ValueError(f"unknown tokenizer {kind!r}: set data.tokenizer to wordpiece or sentencepiece")
+    if kind == "bpe":
+        from bertjax.text import bpe  # builds on this module's Tokenizer: imported once asked for
+
+        return bpe.BPETokenizer(path, lower_case=lower_case)
+    raise ValueError(f"unknown tokenizer {kind!r}: set data.tokenizer to wordpiece, sentencepiece or bpe")
