@@ -210,9 +210,10 @@ class LoadedBert:
         return {"features": features, "input_mask": out["input_mask"], "input_ids": out["input_ids"]}
 
     def fill_mask(self, texts, top_k: int = 5):
-        """The masked-LM head's guesses for each mask token ("[MASK]", RoBERTa's "<mask>") written in the text, best first, as Hugging
-        Face's fill-mask pipeline gives them: {"score", "token", "token_str", "sequence"}. One text
-        with one [MASK] -> a list of top_k guesses; otherwise one such list per [MASK] (per text)."""
+        """The masked-LM head's guesses for each mask token ("[MASK]", RoBERTa's "<mask>") written in the
+        text, best first, as Hugging Face's fill-mask pipeline gives them: {"score", "token", "token_str",
+        "sequence"}. One text with one mask -> a list of top_k guesses; otherwise one such list per mask
+        (per text)."""
         if "mlm_head" not in self.params:
             raise ValueError(f"{self.source or 'this model'} has no masked-LM head (a task checkpoint, or a "
                              f"directory without one): fill_mask needs a pretraining checkpoint")

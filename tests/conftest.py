@@ -312,11 +312,12 @@ def finetuned(pretrained, tmp_path_factory):
     return dict(workdir=str(workdir), config=config, summary=json.loads((workdir / "summary.json").read_text()))
 
 
-# Byte-level BPE (bertjax/text/bpe.py): text its tokenizers never saw, each a way byte-level BPE can go
-# wrong: accents (composed and not), emoji, CJK, spaces and newlines at either end, tabs, runs of spaces.
+# Byte-level BPE (BPETokenizer): text its tokenizers never saw, each a way byte-level BPE can go wrong:
+# accents (composed and not), emoji, CJK, spaces and newlines at either end, tabs, runs of spaces.
 BPE_HELD_OUT = ["The river flows north of the old city.", "  leading and trailing spaces  ", "Café naïve résumé",
-                "cafe\u0301 (a combining accent)", "emoji 🙂🌊 and 👩🏽‍💻!", "line one\nline two\n\n", "\ttabs\tand  runs   of spaces",
-                "東京の川 and Ελληνικά", "", " ", "UPPER lower MiXeD 1234 3.14159", "don't won't it's"]
+                "cafe\u0301 (a combining accent)", "emoji 🙂🌊 and 👩🏽‍💻!", "line one\nline two\n\n",
+                "\ttabs\tand  runs   of spaces", "東京の川 and Ελληνικά", "", " ",
+                "UPPER lower MiXeD 1234 3.14159", "don't won't it's"]
 BPE_PAIRS = [("The old bridge.", "  A museum of music\n"), ("Café 🙂", "naïve question?"), ("", "only the second")]
 
 

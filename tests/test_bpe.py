@@ -1,6 +1,7 @@
-"""Byte-level BPE (bertjax/text/bpe.py) against transformers, on conftest's bpe_directories (a BPE the
-tokenizers library learned from text the test wrote, saved as a RoBERTa directory, as RoBERTa's older
-vocab.json and merges.txt alone, and as a ModernBERT directory, each beside a small random encoder).
+"""Byte-level BPE (BPETokenizer, bertjax/text/tokenizers.py) against transformers, on conftest's
+bpe_directories (a BPE the tokenizers library learned from text the test wrote, saved as a RoBERTa
+directory, as RoBERTa's older vocab.json and merges.txt alone, and as a ModernBERT directory, each beside a
+small random encoder).
 
 bertjax's ids equal AutoTokenizer's on held-out text and pairs (in Python and inside tf.data), the encoder
 outputs through bertjax.load equal transformers', a fine-tuned pair classifier and its export give
@@ -24,7 +25,8 @@ from configs.finetune import common as finetune_configs
 
 ATOL = 1e-5  # the families' tolerance (tests/test_families.py)
 NAMES = ("roberta", "roberta-files", "modernbert")
-ROLES = {"roberta": ("<pad>", "<unk>", "<s>", "</s>", "<mask>"), "modernbert": ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")}
+ROLES = {"roberta": ("<pad>", "<unk>", "<s>", "</s>", "<mask>"),
+         "modernbert": ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")}
 
 
 @pytest.fixture(scope="module")

@@ -2,8 +2,8 @@
 padding_idx + 1, one segment, and no pooler in its masked-LM class.
 
 Its own tokenizer (byte-level BPE: tokenizer.json, or vocab.json and merges.txt) runs as bertjax's bpe
-tokenizer (bertjax/text/bpe.py), <s> A </s></s> B </s>; a RoBERTa trained by bertjax exports its WordPiece
-vocab.txt, which is read back.
+tokenizer (BPETokenizer, bertjax/text/tokenizers.py), <s> A </s></s> B </s>; a RoBERTa trained by bertjax
+exports its WordPiece vocab.txt, which is read back.
 """
 
 from bertjax.interop import hf_bert, hf_family

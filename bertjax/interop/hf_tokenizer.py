@@ -7,9 +7,9 @@ tokenizers pipeline; [CLS] A [SEP] (B [SEP]) is its post-processor. A BERT direc
 none of this (transformers builds BertTokenizer from vocab.txt itself), but AutoTokenizer for ModernBERT's
 model_type reads tokenizer.json only: family directories get the same WordPiece pipeline as tokenizer.json.
 
-Byte-level BPE (RoBERTa, ModernBERT) is read from the model's own tokenizer.json (bertjax/text/bpe.py)
-and written back as it is; RoBERTa's older vocab.json and merges.txt become the tokenizer.json that
-transformers builds from them.
+Byte-level BPE (RoBERTa, ModernBERT) is read from the model's own tokenizer.json (BPETokenizer,
+bertjax/text/tokenizers.py) and written back as it is; RoBERTa's older vocab.json and merges.txt become the
+tokenizer.json that transformers builds from them.
 """
 
 import json
