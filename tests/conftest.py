@@ -335,7 +335,9 @@ def write_bpe_directories(root: pathlib.Path) -> dict:
     rng = np.random.default_rng(0)
     text = [" ".join(rng.choice(WORDS, size=rng.integers(3, 12))).capitalize() + "." for _ in range(300)]
     text += ["Naïve café, résumé; déjà vu!", "Numbers 1, 22 and 333.", "Tabs\tand\nnewlines  here."]
-    (root / "train.txt").write_text("\n".join(text), encoding="utf-8")
+    # A blank line every sixth: documents, for the pretraining stream that reads it too.
+    lines = [line if i % 6 else "" for i, line in enumerate(text, 1)]
+    (root / "train.txt").write_text("\n".join(lines), encoding="utf-8")
 
     def learn(specials):
         engine = tokenizers.Tokenizer(tokenizers.models.BPE())

@@ -5,7 +5,8 @@ small random encoder).
 
 bertjax's ids equal AutoTokenizer's on held-out text and pairs (in Python and inside tf.data), the encoder
 outputs through bertjax.load equal transformers', a fine-tuned pair classifier and its export give
-AutoTokenizer the same ids and transformers the same logits, and what bertjax cannot read is one line.
+AutoTokenizer the same ids and transformers the same logits, the pretraining stream reads it and gives the
+same batch twice, and what bertjax cannot read is one line.
 """
 
 import json
@@ -147,3 +148,22 @@ def test_what_bertjax_cannot_read_is_one_line(bpe_directories, tmp_path):
     (none / "merges.txt").unlink()
     with pytest.raises(ValueError, match=r"no vocab.txt \(WordPiece\), tokenizer.json, or vocab.json and merges.txt"):
         bertjax.load(none)
+
+
+def test_the_pretraining_stream_reads_byte_level_bpe_and_repeats_itself(bpe_directories):
+    """data.tokenizer=bpe in tf.data: rows <s> ... </s> of the tokenizer's ids, the same batch from a second build."""
+    from bertjax.data import inputs
+    from configs import roberta_tiny
+
+    data = roberta_tiny.get_config().data
+    data.update(source="text", input_pattern=str(bpe_directories["roberta"].parent / "train.txt"), tokenizer="bpe",
+                vocab_path=str(bpe_directories["roberta"] / "tokenizer.json"), lower_case=False, eval_fraction=0.1,
+                max_seq_length=32, max_predictions_per_seq=5)
+    batches = [next(inputs.build_inputs(data, workdir=None).train.dataset(8).as_numpy_iterator()) for _ in range(2)]
+    for key, value in batches[0].items():
+        np.testing.assert_array_equal(value, batches[1][key], err_msg=key)
+    reference = transformers.AutoTokenizer.from_pretrained(bpe_directories["roberta"])
+    ids, mask = batches[0]["input_ids"], batches[0]["input_mask"]
+    assert (ids[:, 0] == reference.cls_token_id).all()
+    assert all(row[int(n) - 1] == reference.sep_token_id for row, n in zip(ids, mask.sum(1)))
+    assert ((ids == reference.pad_token_id) == (mask == 0)).all()
