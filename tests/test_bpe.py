@@ -21,7 +21,7 @@ from conftest import BPE_HELD_OUT, BPE_PAIRS, WORDS, copy_of
 import bertjax
 from bertjax.interop import pretrained
 from bertjax.runs import exporting, finetuning
-from bertjax.tasks import features
+from bertjax.tasks import features, registry
 from configs.finetune import common as finetune_configs
 
 ATOL = 1e-5  # the families' tolerance (tests/test_families.py)
@@ -167,3 +167,12 @@ def test_the_pretraining_stream_reads_byte_level_bpe_and_repeats_itself(bpe_dire
     assert (ids[:, 0] == reference.cls_token_id).all()
     assert all(row[int(n) - 1] == reference.sep_token_id for row, n in zip(ids, mask.sum(1)))
     assert ((ids == reference.pad_token_id) == (mask == 0)).all()
+
+
+def test_word_by_word_tasks_are_refused_from_a_bpe_model(bpe_directories):
+    config = finetune_configs.finetune_config("tagging")
+    config.train.init_from = str(bpe_directories["roberta"])
+    task = registry.get_task("tagging", labels=["O", "B-X", "I-X"])
+    with pytest.raises(ValueError, match=r"task tagging \(tagging\) tokenizes its text word by word, which "
+                                         r"byte-level BPE reads otherwise"):
+        finetuning.starting_model(config, task, 3)
