@@ -144,6 +144,9 @@ def test_what_bertjax_cannot_read_is_one_line(bpe_directories, tmp_path):
                                                                     if t["content"] != "[PAD]"]))
     with pytest.raises(ValueError, match=r"no special token names the pad role \(such as <pad> or \[PAD\]\)"):
         bertjax.load(no_pad)
+    no_merges = broken("nomerges", lambda spec: spec["model"].update(merges="not a list"))
+    with pytest.raises(ValueError, match=r"tokenizer.json: the tokenizers library cannot read it \("):
+        bertjax.load(no_merges)
     none = copy_of(bpe_directories["roberta-files"], tmp_path / "none")
     (none / "merges.txt").unlink()
     with pytest.raises(ValueError, match=r"no vocab.txt \(WordPiece\), tokenizer.json, or vocab.json and merges.txt"):

@@ -352,7 +352,10 @@ class BPETokenizer(Tokenizer):
         path = str(path)
         spec = bpe.read_spec(path)
         self.lower_case = bool(lower_case)
-        self._masks = hf_tokenizers.Tokenizer.from_str(json.dumps(spec))
+        try:
+            self._masks = hf_tokenizers.Tokenizer.from_str(json.dumps(spec))
+        except Exception as e:  # the library's own error types say nothing of the file
+            raise ValueError(f"{path}: the tokenizers library cannot read it ({e})") from None
         # Ids only: the file's own truncation and padding (sentence-transformers saves them) would cut or pad.
         self._masks.no_truncation()
         self._masks.no_padding()
