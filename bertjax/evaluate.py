@@ -5,6 +5,7 @@
     python -m bertjax.evaluate --init_from=runs/base --suite=all --workdir=runs/eval   # glue, squad, conll
     python -m bertjax.evaluate --init_from=runs/embedder --suite=retrieval --tasks=beir/scifact,beir/nfcorpus \
         --workdir=runs/retrieval
+    python -m bertjax.evaluate --init_from=runs/embedder --suite=sts --tasks=stsb,my_pairs.jsonl --workdir=runs/sts
     python -m bertjax.evaluate compress --task=dev.jsonl --teacher=runs/sst2 \
         --variant=int8=runs/sst2+int8 --variant=student=runs/sst2-distilled
 
@@ -20,6 +21,12 @@ corpus/, queries/ and qrels/<split>/), whose --split queries the model embeds (i
 prompts) and searches the passages of exactly, by --similarity. One table, a row per data set: nDCG@10,
 Recall@100, MRR@10 and MAP@100 as BEIR computes them, and their average, written to WORKDIR/retrieval.md
 and retrieval.json (every metric at k = 1, 3, 5, 10, 100, 1000).
+
+--suite=sts: no fine-tuning either; --tasks names STS sets (default stsb): `stsb` is GLUE's STS-B (its TFDS
+validation split), anything else a JSON-lines file of {"text", "text_pair", "score"}. Both texts of each
+pair are embedded (the model's default prompt, as sentence-transformers' encode), scored by --similarity,
+and the Spearman and Pearson correlations with the gold scores make one table, a row per set and their
+average, written to WORKDIR/sts.md and sts.json.
 
 `compress`: the compression report (bertjax/runs/compression_report.py) of a fine-tuned --teacher and its
 --variant=NAME=DIR (a fine-tuning workdir, a params export or a Hugging Face directory; DIR+int8
@@ -43,10 +50,10 @@ def define_flags() -> dict:
         init_from=flags.DEFINE_string("init_from", None, "A bertjax workdir or checkpoint, or a Hugging Face BERT "
                                       "directory."),
         suite=flags.DEFINE_string("suite", "glue", "The benchmark suite: glue, squad, conll, or all of them; or "
-                                  "retrieval, of the data sets --tasks names."),
+                                  "retrieval or sts, of the data sets --tasks names."),
         workdir=flags.DEFINE_string("workdir", None, "Each task's fine-tuning workdir goes under it, and the table."),
         tasks=flags.DEFINE_list("tasks", None, "Only these tasks of the suite (default: all it has data for); "
-                                "retrieval: the data sets' directories."),
+                                "retrieval: the data sets' directories; sts: stsb or JSON-lines files."),
         tfds_data_dir=flags.DEFINE_string("tfds_data_dir", None, "Where TFDS keeps the prepared data sets."),
         sweep=flags.DEFINE_bool("sweep", False, "The paper's learning-rate grid per task, the best dev score kept."),
         epochs=flags.DEFINE_float("epochs", None, "Override the recipe's epochs (e.g. for a quick look)."),
@@ -61,8 +68,9 @@ def define_flags() -> dict:
                                           "(repeat the flag per variant)."),
         split=flags.DEFINE_string("split", "test", "retrieval: the split whose judgements are scored "
                                   "(qrels/<split>.tsv)."),
-        similarity=flags.DEFINE_enum("similarity", None, ["cosine", "dot"], "retrieval: how a query scores "
-                                     "a passage (unset: the embedder's own similarity, else cosine)."),
+        similarity=flags.DEFINE_enum("similarity", None, ["cosine", "dot"], "retrieval and sts: how a query scores "
+                                     "a passage, or two texts each other (unset: the embedder's own similarity, "
+                                     "else cosine)."),
         ignore_identical_ids=flags.DEFINE_bool("ignore_identical_ids", False, "retrieval: a query never "
                                                "retrieves the passage of its own id (BEIR's option for Quora, "
                                                "ArguAna)."),
@@ -87,6 +95,14 @@ def main(argv, args):
         console.finish(suite_evaluation.retrieval_suite, args.init_from, args.tasks, args.workdir, split=args.split,
                        similarity=args.similarity, batch_size=args.batch_size,
                        ignore_identical_ids=args.ignore_identical_ids)
+        return
+    if args.suite == suite_evaluation.STS:
+        unused = [f"--{name}" for name in ("epochs", "max_seq_length", "sweep", "ignore_identical_ids")
+                  if getattr(args, name) not in (None, False)]
+        if unused:
+            console.fail(f"{', '.join(unused)}: flags that --suite=sts does not use")
+        console.finish(suite_evaluation.sts_suite, args.init_from, args.tasks, args.workdir,
+                       similarity=args.similarity, batch_size=args.batch_size, data_dir=args.tfds_data_dir)
         return
     console.finish(suite_evaluation.evaluate, args.init_from, args.suite, args.workdir, tasks=args.tasks,
                    data_dir=args.tfds_data_dir, sweep=args.sweep, epochs=args.epochs, batch_size=args.batch_size,

@@ -35,7 +35,8 @@ from bertjax.training.checkpoint_meta import EmbeddingRecord, TaskRecord
 
 
 def _make_tokenizer(files: pretrained.TokenizerFiles):
-    """The project's tokenizer (WordPiece or SentencePiece), with TensorFlow kept off the accelerators.
+    """The project's tokenizer (WordPiece, SentencePiece or byte-level BPE), with TensorFlow kept off the
+    accelerators.
 
     The tokenizer runs TF ops eagerly; left alone, TF would claim every visible GPU's memory on its
     first op, which the JAX model next to it in the same notebook needs.
@@ -50,13 +51,13 @@ class LoadedBert:
 
     config: BertConfig
     params: dict  # plain BertForPreTraining params ("bert", "mlm_head", "nsp_head")
-    tokenizer: Any  # bertjax.text.tokenizers.WordPieceTokenizer
+    tokenizer: Any  # a bertjax.text.tokenizers.Tokenizer (WordPiece, SentencePiece, BPE)
     source: str = ""  # where it was loaded from, for repr and error messages
     missing: list[str] = dataclasses.field(default_factory=list)  # params the checkpoint lacked
     # A fine-tuned checkpoint's task (name, kind, labels, num_choices, max_seq_length, ...); params are then
     # the task head's ({"bert", "classifier"}).
     task: TaskRecord | None = None
-    vocab_path: str | None = None  # the tokenizer's vocabulary file (vocab.txt or the SentencePiece .model)
+    vocab_path: str | None = None  # the tokenizer's file (vocab.txt, the SentencePiece .model, BPE's tokenizer.json)
     # None (float params), or the int8 mode (bertjax/compression/quantize.py): params then hold each dense
     # kernel as {"qvalue" int8, "scale" float32} and each embedding table as {"qrows" int8, "row_scale"
     # float32}, and every network runs through `network`.
@@ -107,20 +108,21 @@ class LoadedBert:
         return quantization.parameter_count(self.params)
 
     def tokenize(self, texts: list[str], max_length: int | None = None) -> dict[str, np.ndarray]:
-        """[CLS] text [SEP] per text, truncated to max_length (default max_position_embeddings) and
-        right-padded to the longest in the batch -> input_ids, segment_ids, input_mask, each [B, S]."""
+        """[CLS] text [SEP] per text (the tokenizer's template), truncated to max_length (default the
+        positions the model has) and right-padded to the longest in the batch -> input_ids, segment_ids,
+        input_mask, each [B, S]."""
         if isinstance(texts, str):
             texts = [texts]
         if not texts:
             raise ValueError("encode needs at least one text")
-        limit = self.config.max_position_embeddings if max_length is None else max_length
-        if not 2 <= limit <= self.config.max_position_embeddings:
-            raise ValueError(
-                f"max_length={limit} must be between 2 (room for [CLS] and [SEP]) and the model's "
-                f"max_position_embeddings={self.config.max_position_embeddings}"
-            )
         tok = self.tokenizer
-        rows = [[tok.cls_id, *ids[: limit - 2], tok.sep_id] for ids in tok.encode(list(texts))]
+        most = self.config.max_position_embeddings - self.config.position_offset  # RoBERTa's start after padding_idx
+        limit = most if max_length is None else max_length
+        added = tok.template.added()
+        if not added <= limit <= most:
+            raise ValueError(f"max_length={limit} must be between {added} (room for the special tokens) and the "
+                             f"model's {most} positions")
+        rows = [tok.template.single(ids[: limit - added]) for ids in tok.encode(list(texts))]
         seq_len = max(len(row) for row in rows)
         input_ids = np.full((len(rows), seq_len), tok.pad_id, np.int32)  # [B, S]
         input_mask = np.zeros((len(rows), seq_len), np.int32)  # [B, S], 1 at real tokens
@@ -169,11 +171,11 @@ class LoadedBert:
         settings = embeddings.resolve(self.embedding, limit, prompt_name=prompt_name, prompt=prompt,
                                      pooling_modes=pooling, normalize=normalize)
         tok = self.tokenizer
-        body = settings.max_length - 2
-        rows = [[tok.cls_id, *ids[:body], tok.sep_id] for ids in tok.encode([settings.prompt + t for t in texts])]
+        body = settings.max_length - tok.template.added()
+        rows = [tok.template.single(ids[:body]) for ids in tok.encode([settings.prompt + t for t in texts])]
         skipped = 0
         if settings.prompt and not settings.include_prompt:  # [CLS] and the prompt's tokens are not pooled
-            skipped = 1 + len(tok.encode([settings.prompt])[0])
+            skipped = len(tok.template.prefix) + len(tok.encode([settings.prompt])[0])
         forward = self._embedder(settings)
         return embeddings.embed_rows(forward, rows, np.full(len(rows), skipped, np.int32), batch_size,
                                     settings.max_length, tok.pad_id)
@@ -208,9 +210,10 @@ class LoadedBert:
         return {"features": features, "input_mask": out["input_mask"], "input_ids": out["input_ids"]}
 
     def fill_mask(self, texts, top_k: int = 5):
-        """The masked-LM head's guesses for each "[MASK]" written in the text, best first, as Hugging
-        Face's fill-mask pipeline gives them: {"score", "token", "token_str", "sequence"}. One text
-        with one [MASK] -> a list of top_k guesses; otherwise one such list per [MASK] (per text)."""
+        """The masked-LM head's guesses for each mask token ("[MASK]", RoBERTa's "<mask>") written in the
+        text, best first, as Hugging Face's fill-mask pipeline gives them: {"score", "token", "token_str",
+        "sequence"}. One text with one mask -> a list of top_k guesses; otherwise one such list per mask
+        (per text)."""
         if "mlm_head" not in self.params:
             raise ValueError(f"{self.source or 'this model'} has no masked-LM head (a task checkpoint, or a "
                              f"directory without one): fill_mask needs a pretraining checkpoint")
@@ -219,19 +222,14 @@ class LoadedBert:
         tok = self.tokenizer
         rows, positions = [], []
         for text in texts:
-            pieces = text.split(MASK)
-            if len(pieces) < 2:
-                raise ValueError(f"fill_mask: no {MASK} in {text!r}")
-            ids, where = [tok.cls_id], []
-            for i, piece_ids in enumerate(tok.encode(pieces)):
-                if i:
-                    where.append(len(ids))
-                    ids.append(tok.mask_id)
-                ids.extend(piece_ids)
-            ids.append(tok.sep_id)
-            if len(ids) > self.config.max_position_embeddings:
+            body, where = tok.encode_with_masks(text)
+            if not where:
+                raise ValueError(f"fill_mask: no {tok.mask_token} in {text!r}")
+            ids = tok.template.single(body)
+            where = [len(tok.template.prefix) + w for w in where]
+            if len(ids) > self.config.max_position_embeddings - self.config.position_offset:
                 raise ValueError(f"fill_mask: {len(ids)} tokens, more than the model's "
-                                 f"{self.config.max_position_embeddings}")
+                                 f"{self.config.max_position_embeddings - self.config.position_offset}")
             rows.append(ids)
             positions.append(where)
         seq_len, num_masks = max(map(len, rows)), max(map(len, positions))
@@ -257,7 +255,7 @@ class LoadedBert:
                     filled[position] = int(token)
                     guesses.append({"score": float(probs[b, p, token]), "token": int(token),
                                     "token_str": tok.convert_ids_to_tokens([int(token)])[0],
-                                    "sequence": tok.decode(filled[1:-1])})
+                                    "sequence": tok.decode(filled[len(tok.template.prefix):-len(tok.template.suffix)])})
                 per_mask.append(guesses)
             results.append(per_mask)
         if single and len(results[0]) == 1:
@@ -294,8 +292,6 @@ class LoadedBert:
                                                      part["input_mask"]), np.float32))
         return np.concatenate(out)
 
-
-MASK = "[MASK]"
 
 
 @functools.cache

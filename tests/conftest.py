@@ -346,3 +346,78 @@ def finetuned(pretrained, tmp_path_factory):
 
     workdir = shared_directory(tmp_path_factory, "finetuned", build) / "run"
     return dict(workdir=str(workdir), config=config, summary=json.loads((workdir / "summary.json").read_text()))
+
+
+# Byte-level BPE (BPETokenizer): text its tokenizers never saw, each a way byte-level BPE can go wrong:
+# accents (composed and not), emoji, CJK, spaces and newlines at either end, tabs, runs of spaces.
+BPE_HELD_OUT = ["The river flows north of the old city.", "  leading and trailing spaces  ", "Café naïve résumé",
+                "cafe\u0301 (a combining accent)", "emoji 🙂🌊 and 👩🏽‍💻!", "line one\nline two\n\n",
+                "\ttabs\tand  runs   of spaces", "東京の川 and Ελληνικά", "", " ",
+                "UPPER lower MiXeD 1234 3.14159", "don't won't it's"]
+BPE_PAIRS = [("The old bridge.", "  A museum of music\n"), ("Café 🙂", "naïve question?"), ("", "only the second")]
+
+
+def write_bpe_directories(root: pathlib.Path) -> dict:
+    """A tiny byte-level BPE learned by the tokenizers library from text written here, saved as transformers
+    saves each family's tokenizer beside a small random encoder: roberta/ (RobertaModel, tokenizer.json,
+    vocab.json and merges.txt), roberta-files/ (the same without tokenizer.json) and modernbert/
+    (ModernBertModel, an OLMo-style tokenizer.json whose template is [CLS] A [SEP] B [SEP])."""
+    import numpy as np
+    import tokenizers
+    import torch
+    import transformers
+    from test_family_heads import randomize  # every parameter noise, norm scales around 1
+
+    rng = np.random.default_rng(0)
+    text = [" ".join(rng.choice(WORDS, size=rng.integers(3, 12))).capitalize() + "." for _ in range(300)]
+    text += ["Naïve café, résumé; déjà vu!", "Numbers 1, 22 and 333.", "Tabs\tand\nnewlines  here."]
+    # A blank line every sixth: documents, for the pretraining stream that reads it too.
+    lines = [line if i % 6 else "" for i, line in enumerate(text, 1)]
+    (root / "train.txt").write_text("\n".join(lines), encoding="utf-8")
+
+    def learn(specials):
+        engine = tokenizers.Tokenizer(tokenizers.models.BPE())
+        engine.pre_tokenizer = tokenizers.pre_tokenizers.ByteLevel(add_prefix_space=False)
+        engine.decoder = tokenizers.decoders.ByteLevel()
+        trainer = tokenizers.trainers.BpeTrainer(vocab_size=400, special_tokens=specials, show_progress=False,
+                                                 initial_alphabet=tokenizers.pre_tokenizers.ByteLevel.alphabet())
+        engine.train([str(root / "train.txt")], trainer)
+        return engine
+
+    def save_model(directory, model_class, config):
+        torch.manual_seed(0)
+        config._attn_implementation = "eager"
+        randomize(model_class(config)).save_pretrained(directory)
+
+    roberta = root / "roberta"
+    roberta.mkdir()
+    engine = learn(["<s>", "<pad>", "</s>", "<unk>", "<mask>"])
+    engine.model.save(str(roberta))  # vocab.json, merges.txt
+    transformers.RobertaTokenizer.from_pretrained(str(roberta)).save_pretrained(roberta)
+    save_model(roberta, transformers.RobertaModel, transformers.RobertaConfig(
+        vocab_size=engine.get_vocab_size(), hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
+        intermediate_size=64, max_position_embeddings=66, type_vocab_size=1, pad_token_id=1, bos_token_id=0,
+        eos_token_id=2, layer_norm_eps=1e-5))
+    files_only = copy_of(roberta, root / "roberta-files")
+    (files_only / "tokenizer.json").unlink()
+
+    modernbert = root / "modernbert"
+    engine = learn(["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"])
+    engine.post_processor = tokenizers.processors.TemplateProcessing(
+        single="[CLS]:0 $A:0 [SEP]:0", pair="[CLS]:0 $A:0 [SEP]:0 $B:0 [SEP]:0",
+        special_tokens=[("[CLS]", 2), ("[SEP]", 3)])
+    transformers.PreTrainedTokenizerFast(tokenizer_object=engine, pad_token="[PAD]", unk_token="[UNK]",
+                                         cls_token="[CLS]", sep_token="[SEP]",
+                                         mask_token="[MASK]").save_pretrained(modernbert)
+    save_model(modernbert, transformers.ModernBertModel, transformers.ModernBertConfig(
+        vocab_size=engine.get_vocab_size(), hidden_size=32, num_hidden_layers=3, num_attention_heads=2,
+        intermediate_size=48, max_position_embeddings=64, local_attention=4, global_attn_every_n_layers=2,
+        pad_token_id=0, bos_token_id=2, cls_token_id=2, eos_token_id=3, sep_token_id=3))
+    return {"roberta": roberta, "roberta-files": files_only, "modernbert": modernbert}
+
+
+@pytest.fixture(scope="session")
+def bpe_directories(tmp_path_factory) -> dict:
+    """write_bpe_directories, made once per test run: name -> directory. Read-only."""
+    root = shared_directory(tmp_path_factory, "bpe", write_bpe_directories)
+    return {name: root / name for name in ("roberta", "roberta-files", "modernbert")}

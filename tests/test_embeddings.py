@@ -21,7 +21,7 @@ import pytest
 import safetensors.torch
 import torch
 import transformers
-from conftest import WORDS, copy_of
+from conftest import BPE_HELD_OUT, WORDS, copy_of
 from test_family_heads import randomize  # every parameter noise, norm scales around 1
 from sentence_transformers import CrossEncoder, SentenceTransformer
 from sentence_transformers.base.modules import Dense, Normalize, Transformer
@@ -32,6 +32,7 @@ from bertjax.interop import sentence_transformers as st_directories
 from bertjax.models import heads
 from bertjax.runs import exporting
 from bertjax.tasks import embeddings
+from bertjax.text import files
 from bertjax.training import checkpoint
 from bertjax.training.checkpoint_meta import CheckpointMeta, TaskRecord
 
@@ -158,12 +159,14 @@ def max_difference(a, b) -> float:
     return float(np.abs(np.asarray(a) - np.asarray(b)).max())
 
 
-def save_workdir(workdir, bert, vocab, task=None, embedding=None):
-    """`bert` (a LoadedBert, or its parts) as a bertjax checkpoint with its vocabulary, as runs write it."""
+def save_workdir(workdir, bert, vocab, task=None, embedding=None, kind="wordpiece"):
+    """`bert` (a LoadedBert, or its parts) as a bertjax checkpoint with its vocabulary (a `kind` tokenizer's
+    file: an uncased vocab.txt, or byte-level BPE's tokenizer.json), as runs write it."""
     workdir.mkdir()
-    shutil.copyfile(vocab, workdir / "vocab.txt")
+    name = files.VOCAB_FILES[kind]
+    shutil.copyfile(vocab, workdir / name)
     meta = CheckpointMeta.from_json({"step": 1, "model": bert.config.__dict__,
-                                     "tokenizer": {"kind": "wordpiece", "path": "vocab.txt", "lower_case": True}})
+                                     "tokenizer": {"kind": kind, "path": name, "lower_case": kind == "wordpiece"}})
     saver = checkpoint.Checkpointer(str(workdir), every_steps=1, keep=1, async_save=False)
     saver.save(1, jax.device_get(bert.params), {"count": np.zeros((), np.int32)},
                meta.replace(task=task, embedding=embedding), force=True)
@@ -195,6 +198,27 @@ def test_a_sentence_transformers_directory_embeds_as_sentence_transformers(famil
     for name in ("default", "passage"):
         assert max_difference(again.encode(texts, **hows[name]), expected[name]) < ATOL
     assert max_difference(bertjax.load(workdir).embed(texts), expected["default"]) < ATOL
+
+
+@pytest.mark.parametrize("name", ["roberta", "modernbert"])
+def test_a_byte_level_bpe_sentence_transformer_embeds_and_exports_as_sentence_transformers(name, bpe_directories,
+                                                                                          tmp_path):
+    """conftest's byte-level BPE directories under Pooling and Normalize: bertjax embeds as
+    SentenceTransformer.encode, and its sentence-transformers export loads back with the same embeddings."""
+    modes = ("mean",) if name == "roberta" else ("cls", "mean")
+    st = SentenceTransformer(modules=[Transformer(str(bpe_directories[name]), max_seq_length=MAX_SEQ_LENGTH),
+                                      Pooling(H, pooling_mode=modes), Normalize()], device="cpu")
+    st.save(str(tmp_path / "st"))
+    texts = BPE_HELD_OUT + held_out_texts(6)  # the longest cut at MAX_SEQ_LENGTH tokens
+    expected = SentenceTransformer(str(tmp_path / "st"), device="cpu").encode(texts, batch_size=4)
+    bert = bertjax.load(tmp_path / "st")
+    assert bert.tokenizer.kind == "bpe"
+    difference = max_difference(bert.embed(texts, batch_size=8), expected)
+    print(f"{name} (byte-level BPE): max |embedding difference| vs sentence-transformers {difference:.2e}")
+    assert difference < ATOL
+    workdir = save_workdir(tmp_path / "run", bert, bert.vocab_path, embedding=bert.embedding, kind="bpe")
+    exported = exporting.export(str(workdir), str(tmp_path / "export"), "sentence-transformers")
+    assert max_difference(SentenceTransformer(exported, device="cpu").encode(texts), expected) < ATOL
 
 
 def test_a_bertjax_workdir_exports_as_a_sentence_transformer(pretrained, tmp_path):

@@ -315,18 +315,19 @@ def _tokenizer_errors(directory) -> list[str]:
 @pytest.mark.parametrize("family", FAMILIES)
 def test_a_directory_tokenizer_is_its_family_s_file_for_both_readers(family, vocabulary, sentencepiece, tmp_path):
     """pretrained.tokenizer_files and pretrained.load find the same tokenizer in a family's directory, by
-    the files the family reads: a WordPiece vocab.txt (RoBERTa's and ModernBERT's own BPE files are not
-    read), for ALBERT also a SentencePiece spiece.model; where there is none, the same line from both."""
+    the files the family reads: a WordPiece vocab.txt, for ALBERT also a SentencePiece spiece.model (byte-level
+    BPE: tests/test_bpe.py); where there is none, the same line from both."""
     import bertjax
 
     torch.manual_seed(0)
     PRETRAINING_CLASSES[family](hf_config(family)).save_pretrained(tmp_path)
-    (tmp_path / "vocab.json").write_text("{}")  # a BPE tokenizer's file: not one bertjax reads
+    (tmp_path / "vocab.json").write_text("{}")  # half a BPE tokenizer (no merges.txt): not one bertjax reads
     messages = _tokenizer_errors(tmp_path)
     looked_for = "vocab.txt (WordPiece) or spiece.model (SentencePiece)" if family == "albert" else "vocab.txt (WordPiece)"
     name = hf.FAMILIES[family].name
-    assert messages[0] == messages[1] == (f"init_from={tmp_path} has {name} weights but no {looked_for}, the "
-                                          "tokenizer bertjax reads there: copy the vocabulary the model was "
+    assert messages[0] == messages[1] == (f"init_from={tmp_path} has {name} weights but no {looked_for}, "
+                                          "tokenizer.json, or vocab.json and merges.txt (byte-level BPE), the "
+                                          "tokenizers bertjax reads there: copy the tokenizer the model was "
                                           "trained with into it")
     if family == "albert":  # its SentencePiece model, with bertjax's special pieces
         path, ours = sentencepiece

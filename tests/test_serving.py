@@ -232,7 +232,7 @@ def test_pairs_are_cut_in_the_graph_as_in_training(workdir):
     tok = bertjax.load(workdir).tokenizer
     a, b = [p[0] for p in PAIRS], [p[1] for p in PAIRS]
     ids, segments, mask = (t.numpy() for t in savedmodel._pair(tf, tok, tf.constant(a), tf.constant(b), S))
-    special = dict(cls_id=tok.cls_id, sep_id=tok.sep_id, pad_id=tok.pad_id)
+    special = dict(template=tok.template, pad_id=tok.pad_id)
     want = [features.encode_pair(x, y, S, **special) for x, y in zip(tok.encode(a), tok.encode(b))]
     np.testing.assert_array_equal(ids, [w["input_ids"] for w in want])
     np.testing.assert_array_equal(segments, [w["segment_ids"] for w in want])

@@ -9,6 +9,7 @@ import tensorflow_datasets as tfds
 
 from bertjax.tasks import batches, features, readers, registry, submission
 from bertjax.tasks.examples import ChoiceExample, Example
+from bertjax.text import templates
 from bertjax.text.tokenizers import load_tokenizer
 
 WORDS = ["the", "cat", "sat", "on", "mat", "a", "dog", "ran", "far", "away", ".", "##s", "is", "not"]
@@ -107,18 +108,28 @@ def test_pair_truncation_on_arrays_matches_the_published_algorithm():
         assert (new_a[i], new_b[i]) == (len(a), len(b))
 
 
+BERT = templates.bert_template(2, 3)
+
+
 def test_encode_pair_layout():
-    f = features.encode_pair([10, 11, 12], [20, 21], 10, cls_id=2, sep_id=3, pad_id=0)
+    f = features.encode_pair([10, 11, 12], [20, 21], 10, template=BERT, pad_id=0)
     np.testing.assert_array_equal(f["input_ids"], [2, 10, 11, 12, 3, 20, 21, 3, 0, 0])
     np.testing.assert_array_equal(f["segment_ids"], [0, 0, 0, 0, 0, 1, 1, 1, 0, 0])
     np.testing.assert_array_equal(f["input_mask"], [1, 1, 1, 1, 1, 1, 1, 1, 0, 0])
     assert all(v.dtype == np.int32 for v in f.values())
     # A too-long pair: the longer segment (A) loses its tail.
-    f = features.encode_pair([10, 11, 12, 13, 14], [20, 21], 8, cls_id=2, sep_id=3, pad_id=0)
+    f = features.encode_pair([10, 11, 12, 13, 14], [20, 21], 8, template=BERT, pad_id=0)
     np.testing.assert_array_equal(f["input_ids"], [2, 10, 11, 12, 3, 20, 21, 3])
-    single = features.encode_pair([10, 11, 12, 13], None, 5, cls_id=2, sep_id=3, pad_id=0)
+    single = features.encode_pair([10, 11, 12, 13], None, 5, template=BERT, pad_id=0)
     np.testing.assert_array_equal(single["input_ids"], [2, 10, 11, 12, 3])
     np.testing.assert_array_equal(single["segment_ids"], [0] * 5)
+    # RoBERTa's template: <s> A </s></s> B </s>, one segment; the two separators leave A and B one token less.
+    roberta = templates.Template((0,), (2, 2), (2,), 0)
+    f = features.encode_pair([10, 11, 12, 13, 14], [20, 21], 8, template=roberta, pad_id=1)
+    np.testing.assert_array_equal(f["input_ids"], [0, 10, 11, 2, 2, 20, 21, 2])
+    np.testing.assert_array_equal(f["segment_ids"], [0] * 8)
+    single = features.encode_pair([10, 11], None, 5, template=roberta, pad_id=1)
+    np.testing.assert_array_equal(single["input_ids"], [0, 10, 11, 2, 1])
 
 
 def test_featurize_pairs_and_singles(tokenizer):

@@ -89,6 +89,9 @@ def load_or_learn_tokenizer(settings: DataSettings, workdir: str | None,
             raise FileNotFoundError(f"data.vocab_path={settings.vocab_path} does not exist")
         if train_documents is None:
             raise ValueError("no vocabulary to read and no documents to learn one from: set data.vocab_path")
+        if settings.tokenizer == "bpe":
+            raise ValueError("data.tokenizer=bpe reads a model's tokenizer.json: set data.vocab_path to it (bertjax "
+                             "learns wordpiece and sentencepiece vocabularies)")
         logging.info("learning a %s vocabulary of %d from the training documents into %s",
                      settings.tokenizer, settings.vocab_size, path)
         sentences = (s for doc in train_documents for s in doc)

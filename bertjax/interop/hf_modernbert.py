@@ -2,8 +2,9 @@
 (two bases), GeGLU, alternating local/global attention, and one fused q/k/v tensor per layer.
 
 The fused Wqkv is split into three table rows before the table is read and joined after it is written.
-Its own tokenizer (tokenizer.json, BPE) is not one bertjax reads; a ModernBERT trained by bertjax
-exports its WordPiece vocab.txt (and the same vocabulary as tokenizer.json, which AutoTokenizer reads).
+Its own tokenizer (tokenizer.json, byte-level BPE) runs as bertjax's bpe tokenizer (BPETokenizer,
+bertjax/text/tokenizers.py); a ModernBERT trained by bertjax exports its WordPiece vocab.txt (and the same
+vocabulary as tokenizer.json, which AutoTokenizer reads).
 """
 
 import numpy as np

@@ -1,8 +1,9 @@
 """RoBERTa (Liu et al. 2019) as a Hugging Face family: BERT's network, positions numbered from
 padding_idx + 1, one segment, and no pooler in its masked-LM class.
 
-Its own tokenizer (byte-level BPE: vocab.json, merges.txt) is not one bertjax reads; a RoBERTa trained
-by bertjax exports its WordPiece vocab.txt, which is read back.
+Its own tokenizer (byte-level BPE: tokenizer.json, or vocab.json and merges.txt) runs as bertjax's bpe
+tokenizer (BPETokenizer, bertjax/text/tokenizers.py), <s> A </s></s> B </s>; a RoBERTa trained by bertjax
+exports its WordPiece vocab.txt, which is read back.
 """
 
 from bertjax.interop import hf_bert, hf_family

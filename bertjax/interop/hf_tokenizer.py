@@ -6,6 +6,10 @@ and SentencePiece's whitespace rules (extra spaces removed, "▁" before every w
 tokenizers pipeline; [CLS] A [SEP] (B [SEP]) is its post-processor. A BERT directory's WordPiece needs
 none of this (transformers builds BertTokenizer from vocab.txt itself), but AutoTokenizer for ModernBERT's
 model_type reads tokenizer.json only: family directories get the same WordPiece pipeline as tokenizer.json.
+
+Byte-level BPE (RoBERTa, ModernBERT) is read from the model's own tokenizer.json (BPETokenizer,
+bertjax/text/tokenizers.py) and written back as it is; RoBERTa's older vocab.json and merges.txt become the
+tokenizer.json that transformers builds from them.
 """
 
 import json
@@ -15,8 +19,8 @@ import os
 def write_wordpiece_tokenizer(vocab_path: str, lower_case: bool, directory: str) -> None:
     """tokenizer.json of a WordPiece vocab.txt: what transformers' BertTokenizer builds from it (BERT's
     normaliser and pre-tokenizer, ## pieces, [CLS] A [SEP] (B [SEP]) with segments 0 and 1)."""
-    # Here, not at the top: the tokenizers library is no dependency of bertjax (it comes with transformers),
-    # and only writing a tokenizer.json needs it.
+    # Here, not at the top: only writing a tokenizer.json needs the tokenizers library, and interop is on the
+    # paths that read no tokenizer (the benchmark on accelerator hosts).
     from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors
 
     with open(vocab_path, encoding="utf-8") as f:  # text mode: lines end at \n, \r\n or \r, as for transformers
@@ -32,6 +36,51 @@ def write_wordpiece_tokenizer(vocab_path: str, lower_case: bool, directory: str)
         special_tokens=[("[CLS]", vocab["[CLS]"]), ("[SEP]", vocab["[SEP]"])])
     hf.add_special_tokens(["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"])  # in the vocabulary: ids kept
     hf.save(os.path.join(directory, "tokenizer.json"))
+
+
+def model_type(path: str) -> str:
+    """A tokenizer.json's model ("WordPiece", "BPE", "Unigram", ...); one line where it is none bertjax reads."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            found = (json.load(f).get("model") or {}).get("type")
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise ValueError(f"{path} is not valid JSON ({e})") from None
+    if found not in ("WordPiece", "BPE", "Unigram"):
+        raise ValueError(f"{path} is a {found} tokenizer: bertjax reads tokenizer.json files whose model is BPE "
+                         "(byte-level), WordPiece or Unigram (with its spiece.model)")
+    return found
+
+
+def roberta_tokenizer_json(vocab_path: str, merges_path: str, settings: dict) -> str:
+    """The tokenizer.json (as text) transformers builds from RoBERTa's vocab.json and merges.txt: byte-level
+    BPE, <s> A </s></s> B </s>; settings: the directory's tokenizer_config.json (its special tokens'
+    names and add_prefix_space, RoBERTa's defaults where it has none)."""
+    # Here, not at the top: only reading these older files needs the tokenizers library (see above).
+    from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, processors
+
+    def name(role: str, default: str) -> str:
+        value = settings.get(role, default)
+        return value["content"] if isinstance(value, dict) else str(value)
+
+    try:
+        bpe = models.BPE.from_file(vocab_path, merges_path)
+    except Exception as e:  # the library's own error types name no file
+        raise ValueError(f"{vocab_path} and {merges_path} are not a BPE vocabulary and its merges ({e})") from None
+    hf = Tokenizer(bpe)
+    prefix_space = bool(settings.get("add_prefix_space", False))
+    hf.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=prefix_space)
+    hf.decoder = decoders.ByteLevel()
+    cls, sep = name("cls_token", "<s>"), name("sep_token", "</s>")
+    vocab = hf.get_vocab()
+    roles = [cls, sep, name("pad_token", "<pad>"), name("unk_token", "<unk>"), name("mask_token", "<mask>")]
+    missing = [token for token in roles if token not in vocab]
+    if missing:
+        raise ValueError(f"{vocab_path} lacks the special tokens {' '.join(missing)} that its tokenizer_config.json "
+                         "(or RoBERTa's defaults) name")
+    hf.post_processor = processors.RobertaProcessing((sep, vocab[sep]), (cls, vocab[cls]), trim_offsets=True,
+                                                     add_prefix_space=prefix_space)
+    hf.add_special_tokens([AddedToken(t, special=True) for t in dict.fromkeys(roles)])  # in the vocabulary: ids kept
+    return hf.to_str()
 
 
 def read_wordpiece_tokenizer(path: str) -> tuple[list[str], bool]:
@@ -61,7 +110,7 @@ def write_sentencepiece_tokenizer(tokenizer, model_path: str, directory: str, mo
     """tokenizer.json and tokenizer_config.json for `tokenizer` (a SentencePieceTokenizer) in `directory`;
     model_input_names: what the model's forward takes (hf_files.model_input_names)."""
     try:
-        # The tokenizers library is no dependency of bertjax (see write_wordpiece_tokenizer).
+        # Only writing a tokenizer.json needs the tokenizers library (see write_wordpiece_tokenizer).
         from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, processors
     except ImportError:
         raise ValueError("exporting a SentencePiece tokenizer to Hugging Face needs the `tokenizers` package: "

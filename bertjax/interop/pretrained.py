@@ -42,8 +42,8 @@ _KINDS_READ = ("a bertjax workdir/checkpoint, a params export (params.npz, confi
 class TokenizerFiles:
     """What builds the tokenizer a model was trained with (the TensorFlow tokenizer is made on demand)."""
 
-    kind: str  # "wordpiece" | "sentencepiece"
-    vocab_path: str  # a local file
+    kind: str  # "wordpiece" | "sentencepiece" | "bpe"
+    vocab_path: str  # a local file (vocab.txt, a SentencePiece .model, a byte-level BPE tokenizer.json)
     lower_case: bool
 
     def load(self):
@@ -249,8 +249,9 @@ _TOKENIZER_KINDS = {"wordpiece": "WordPiece", "sentencepiece": "SentencePiece"}
 
 def _hf_tokenizer(path: str, what: str, lower_case: bool = False) -> TokenizerFiles:
     """The first of the family's tokenizer files (hf_family.Family.tokenizer_files) the directory has, else
-    the WordPiece vocabulary of its tokenizer.json (transformers 5 saves no vocab.txt), and whether it
-    lower-cases: unless its tokenizer config says otherwise, as for the original releases (lower_case: a
+    its tokenizer.json (transformers 5 saves no vocab.txt: WordPiece's vocabulary, or byte-level BPE as it
+    is), else RoBERTa's vocab.json and merges.txt as a tokenizer.json; and whether it lower-cases: unless its
+    tokenizer config says otherwise, WordPiece does, as the original releases (lower_case: a
     sentence-transformers module that lower-cases the text itself)."""
     directory = epath.Path(path)
     family = hf.family_of(json.loads((directory / "config.json").read_text()))
@@ -261,23 +262,31 @@ def _hf_tokenizer(path: str, what: str, lower_case: bool = False) -> TokenizerFi
         if (directory / name).exists():
             return TokenizerFiles(kind, str(directory / name), lower_case or bool(settings.get("do_lower_case", True)))
     if (directory / "tokenizer.json").exists():
-        tokens, lowers = hf_tokenizer.read_wordpiece_tokenizer(str(directory / "tokenizer.json"))
+        found = str(directory / "tokenizer.json")
+        if hf_tokenizer.model_type(found) == "BPE":
+            return TokenizerFiles("bpe", found, lower_case)
+        tokens, lowers = hf_tokenizer.read_wordpiece_tokenizer(found)
         lower_case = lower_case or bool(settings.get("do_lower_case", lowers))
-        return TokenizerFiles("wordpiece", _cached_vocabulary(tokens), lower_case)
+        return TokenizerFiles("wordpiece", _cached_file("vocab.txt", "".join(token + "\n" for token in tokens)),
+                              lower_case)
+    if (directory / "vocab.json").exists() and (directory / "merges.txt").exists():
+        text = hf_tokenizer.roberta_tokenizer_json(str(directory / "vocab.json"), str(directory / "merges.txt"),
+                                                   settings)
+        return TokenizerFiles("bpe", _cached_file("tokenizer.json", text), lower_case)
     looked_for = " or ".join(f"{name} ({_TOKENIZER_KINDS[kind]})" for name, kind in family.tokenizer_files)
-    raise ValueError(f"{what}={path} has {family.name} weights but no {looked_for}, the tokenizer bertjax reads "
-                     "there: copy the vocabulary the model was trained with into it")
+    raise ValueError(f"{what}={path} has {family.name} weights but no {looked_for}, tokenizer.json, or vocab.json "
+                     "and merges.txt (byte-level BPE), the tokenizers bertjax reads there: copy the tokenizer the "
+                     "model was trained with into it")
 
 
-def _cached_vocabulary(tokens: list[str]) -> str:
-    """A vocab.txt of `tokens` in bertjax's cache directory, keyed by its contents (the model's own
+def _cached_file(name: str, text: str) -> str:
+    """`text` as the file `name` in bertjax's cache directory, keyed by its contents (the model's own
     directory is left as it is)."""
-    text = "".join(token + "\n" for token in tokens)
     key = hashlib.sha256(text.encode("utf-8")).hexdigest()[:20]
-    path = epath.Path(files.cache_dir("vocabularies", key)) / "vocab.txt"
+    path = epath.Path(files.cache_dir("vocabularies", key)) / name
     if not path.exists():
         path.parent.mkdir(parents=True, exist_ok=True)
-        partial = path.parent / f"vocab.txt.tmp-{os.getpid()}"
+        partial = path.parent / f"{name}.tmp-{os.getpid()}"
         partial.write_text(text, encoding="utf-8")
         partial.rename(path)  # whole or not at all, whoever else writes it
     return str(path)

@@ -126,6 +126,9 @@ PLATFORMS = ("cpu", "cuda")
 def export_savedmodel(bert, directory: str, max_seq_length: int | None = None) -> list[str]:
     """Writes the SavedModel of `bert` (a bertjax.load result) to `directory`; returns its signature names.
     max_seq_length: S; by default a fine-tuned model's own (what bertjax.load(...).predict uses), else 128."""
+    if bert.tokenizer.kind == "bpe":
+        raise ValueError("--format=savedmodel: a byte-level BPE tokenizer runs in Python (the tokenizers library), "
+                         "which a SavedModel's graph cannot hold; export with --format=hf or --format=params")
     tf = tf_cpu.import_tensorflow()  # here, not at the top: the export program's other formats run without TF
     length = _sequence_length(bert, max_seq_length)
     module = _weights_and_tokenizer(tf, bert)

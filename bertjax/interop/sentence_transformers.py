@@ -226,11 +226,12 @@ def _modules(names: list[tuple[str, str]]) -> list[dict]:
 
 
 def write_embedder(directory: str, record: EmbeddingRecord, dense: dict | None, hidden_size: int,
-                   max_seq_length: int) -> None:
+                   max_seq_length: int, do_lower_case: bool = False) -> None:
     """The sentence-transformers files around a Hugging Face directory already written at `directory`
     (the Transformer module, at the root as sentence-transformers 6.x saves it): modules.json, the
     Pooling, Dense and Normalize folders, config_sentence_transformers.json, sentence_bert_config.json,
-    and the tokenizer's model_max_length set to max_seq_length."""
+    and the tokenizer's model_max_length set to max_seq_length; do_lower_case: sentence-transformers lower-cases
+    the text before its tokenizer (a cased tokenizer's module that lower-cases)."""
     root = Path(directory)
     names = [("Transformer", ""), ("Pooling", "1_Pooling")]
     modes = list(record.modes) if len(record.modes) > 1 else record.modes[0]  # one mode: a string, as 6.x writes it
@@ -250,7 +251,7 @@ def write_embedder(directory: str, record: EmbeddingRecord, dense: dict | None, 
                                     "default_prompt_name": record.default_prompt_name,
                                     "similarity_fn_name": record.similarity})
     # max_seq_length for sentence-transformers before 6.x; 6.x reads the tokenizer's model_max_length.
-    _write_json(root / TRANSFORMER_FILE, {"max_seq_length": max_seq_length, "do_lower_case": False,
+    _write_json(root / TRANSFORMER_FILE, {"max_seq_length": max_seq_length, "do_lower_case": do_lower_case,
                                           "transformer_task": "feature-extraction", "modality_config": _FEATURES,
                                           "module_output_name": "token_embeddings"})
     tokenizer_config = root / "tokenizer_config.json"

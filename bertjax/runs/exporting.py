@@ -15,6 +15,7 @@ from flax import traverse_util
 from bertjax import inference
 from bertjax.interop import hf, hf_files, hf_tokenizer, model_card, pretrained, savedmodel, sentence_transformers
 from bertjax.tasks import embeddings, registry
+from bertjax.text import templates
 from bertjax.training import checkpoint
 from bertjax.training.checkpoint_meta import CheckpointMeta
 
@@ -74,15 +75,25 @@ def _vocabulary_file(bert) -> str | None:
 
 
 def _write_tokenizer_files(bert, directory: str) -> None:
-    """special_tokens_map.json, and for SentencePiece the tokenizers-library tokenizer.json with the same ids."""
-    special = {"unk_token": "[UNK]", "sep_token": "[SEP]", "pad_token": "[PAD]", "cls_token": "[CLS]",
-               "mask_token": "[MASK]"}
+    """special_tokens_map.json; for SentencePiece the tokenizers-library tokenizer.json with the same ids, for
+    byte-level BPE its own tokenizer.json and a tokenizer_config.json naming its special tokens."""
+    tok = bert.tokenizer
+    special = {f"{role}_token": token for role, token in zip(templates.SPECIAL_ROLES, tok.special_tokens)}
     with open(os.path.join(directory, "special_tokens_map.json"), "w") as f:
         json.dump(special, f, indent=2)
-    if bert.tokenizer.kind == "sentencepiece":
-        hf_tokenizer.write_sentencepiece_tokenizer(bert.tokenizer, bert.vocab_path, directory,
+    if tok.kind == "sentencepiece":
+        hf_tokenizer.write_sentencepiece_tokenizer(tok, bert.vocab_path, directory,
                                                    model_max_length=bert.config.max_position_embeddings,
                                                    model_input_names=hf_files.model_input_names(bert.config))
+    elif tok.kind == "bpe":
+        shutil.copyfile(bert.vocab_path, os.path.join(directory, "tokenizer.json"))
+        config = bert.config
+        # PreTrainedTokenizerFast runs the tokenizer.json as it is, whatever the family's own class would add.
+        settings = {"tokenizer_class": "PreTrainedTokenizerFast", **special,
+                    "model_max_length": config.max_position_embeddings - config.position_offset,
+                    "model_input_names": hf_files.model_input_names(config)}
+        with open(os.path.join(directory, "tokenizer_config.json"), "w") as f:
+            json.dump(settings, f, indent=2)
 
 
 def write_sentence_transformers(bert, directory: str) -> None:
@@ -102,8 +113,11 @@ def write_sentence_transformers(bert, directory: str) -> None:
     config = bert.config
     limit = config.max_position_embeddings - config.position_offset
     dense = _plain(bert.params["dense"]) if record.dense is not None else None
+    # A WordPiece or SentencePiece tokenizer lower-cases in its tokenizer.json; BPE's is cased, and a
+    # lower-casing module says so to sentence-transformers.
+    lowers = bert.tokenizer.kind == "bpe" and bert.tokenizer.lower_case
     sentence_transformers.write_embedder(directory, record, dense, config.hidden_size,
-                                         min(record.max_seq_length or limit, limit))
+                                         min(record.max_seq_length or limit, limit), do_lower_case=lowers)
 
 
 def _check_cross_encoder(task) -> None:

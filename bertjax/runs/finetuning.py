@@ -163,6 +163,10 @@ def starting_model(config, task, num_labels: int) -> TaskStart:
     bert_config = start_from.bert_config
     say(f"task {task.name} ({task.kind}{', labels ' + ', '.join(task.labels) if task.labels else ''}); "
         f"from {source}: {bert_config.num_layers} layers, hidden {bert_config.hidden_size}")
+    if start_from.tokenizer.kind == "bpe" and task.kind in (registry.SPAN, registry.TAGGING):
+        raise ValueError(f"task {task.name} ({task.kind}) tokenizes its text word by word, which byte-level BPE "
+                         f"reads otherwise (a word's leading space is part of its token): fine-tune it from a "
+                         f"WordPiece or SentencePiece model")
     if start_from.tokenizer.vocab_size > bert_config.vocab_size:
         raise ValueError(f"the vocabulary of {source} has {start_from.tokenizer.vocab_size} tokens but "
                          f"its model only {bert_config.vocab_size}: a checkpoint of another vocabulary size")

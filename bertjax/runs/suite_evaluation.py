@@ -4,11 +4,14 @@
                                            # configs/finetune/<task>.py in WORKDIR/<task>; one table
     retrieval_suite(init_from, [dir, ...], workdir)  # retrieval data sets searched with the model's
                                                      # embeddings, no fine-tuning; one table
+    sts_suite(init_from, ["stsb", file, ...], workdir)  # zero-shot STS: pairs' similarities against gold
+                                                        # scores (Spearman, Pearson); one table
     compress(task, teacher, variants)      # runs/compression_report.py's table of a teacher and its variants
 
 The suite tables have the layout of the BERT paper's (Devlin et al. 2018: GLUE table 1, SQuAD tables 2 and
 3, CoNLL-2003 table 7), printed and written to WORKDIR/<suite>.md and <suite>.json; retrieval's has a row
-per data set and BEIR's columns, written to WORKDIR/retrieval.md and retrieval.json.
+per data set and BEIR's columns, written to WORKDIR/retrieval.md and retrieval.json; STS's a row per set,
+written to WORKDIR/sts.md and sts.json.
 """
 
 import dataclasses
@@ -18,7 +21,7 @@ import os
 from bertjax import inference
 from bertjax.compression import quantize
 from bertjax.runs import compression_report, finetuning
-from bertjax.tasks import registry, retrieval, retrieval_data, retrieval_metrics
+from bertjax.tasks import readers, registry, retrieval, retrieval_data, retrieval_metrics
 from bertjax.text import files, tf_cpu
 from bertjax.training import sharding
 from configs.finetune import cola, conll2003, mnli, mrpc, qnli, qqp, rte, squad, squad_v2, sst2, stsb
@@ -67,6 +70,8 @@ ALL = ("glue", "squad", "conll")
 # --suite=retrieval's columns (heading, metric), as BEIR's papers report them; every k's figures go to the JSON.
 RETRIEVAL = "retrieval"
 RETRIEVAL_COLUMNS = (("nDCG@10", "ndcg@10"), ("Recall@100", "recall@100"), ("MRR@10", "mrr@10"), ("MAP@100", "map@100"))
+# --suite=sts: zero-shot similarity of embeddings; "stsb" among its --tasks is GLUE's STS-B.
+STS, STS_B = "sts", "stsb"
 
 
 def available(task_name: str, data_dir: str | None) -> str | None:
@@ -119,7 +124,7 @@ def evaluate(init_from: str, suite: str, workdir: str, *, tasks=None, data_dir=N
     if suite == RETRIEVAL:
         raise ValueError("--suite=retrieval reads data sets of yours: give their directories as --tasks=DIR,...")
     if suite not in SUITES:
-        raise ValueError(f"--suite={suite}: choose one of {', '.join(SUITES)}, all, or {RETRIEVAL}")
+        raise ValueError(f"--suite={suite}: choose one of {', '.join(SUITES)}, all, {RETRIEVAL} or {STS}")
     columns = SUITES[suite]
     known = [c.task for c in columns]
     if tasks:
@@ -232,6 +237,65 @@ def retrieval_suite(init_from: str, directories: list[str], workdir: str, *, spl
            "average": average, "table": lines}
     files.write_bytes(files.join(workdir, f"{RETRIEVAL}.json"), json.dumps(out, indent=1).encode())
     files.write_bytes(files.join(workdir, f"{RETRIEVAL}.md"), ("\n".join(lines) + "\n").encode())
+    return out
+
+
+# ----------------------------------------------------------------------------------------------------
+# STS: each pair's similarity of the model's embeddings against its gold score, no fine-tuning
+# ----------------------------------------------------------------------------------------------------
+
+
+def read_sts_sets(tasks: list[str] | None, data_dir: str | None) -> dict[str, list]:
+    """--tasks of --suite=sts -> name -> examples: "stsb" is GLUE's STS-B (its TFDS validation split: the
+    test split's scores are withheld), anything else a JSON-lines file of {"text", "text_pair", "score"}
+    named by its file name."""
+    sets = {}
+    for task in tasks or [STS_B]:
+        if task == STS_B:
+            name, examples = STS_B, readers.read_split(registry.get_task(STS_B), "validation", data_dir=data_dir)
+        else:
+            name, examples = os.path.splitext(os.path.basename(task))[0], readers.read_scored_pairs(task)
+        if name in sets:
+            raise ValueError(f"--tasks: two STS sets named {name}: their rows in the table would be confused")
+        retrieval.sts_pairs(examples)  # every pair scored: said before the model loads
+        sets[name] = examples
+    return sets
+
+
+def sts_table(scores: dict[str, dict]) -> list[str]:
+    """The markdown table: a row per set (Spearman and Pearson times 100, and its pairs), then the average."""
+    lines = ["| Data set | Spearman | Pearson | Pairs |", "|---|---|---|---|"]
+    for name, found in scores.items():
+        lines.append(f"| {name} | {100 * found['spearman']:.1f} | {100 * found['pearson']:.1f} | {found['pairs']} |")
+    average = {m: sum(found[m] for found in scores.values()) / len(scores) for m in ("spearman", "pearson")}
+    lines.append(f"| Average | {100 * average['spearman']:.1f} | {100 * average['pearson']:.1f} | "
+                 f"{sum(found['pairs'] for found in scores.values())} |")
+    return lines
+
+
+def sts_suite(init_from: str, tasks: list[str] | None, workdir: str, *, similarity: str | None = None,
+              batch_size: int | None = None, data_dir: str | None = None) -> dict:
+    """Zero-shot STS: each set's pairs embedded by the model (its default prompt, as sentence-transformers'
+    encode), their similarities' Spearman and Pearson correlations with the gold scores; one table, printed
+    and written to WORKDIR/sts.md and sts.json. Every set is read and checked before the model loads."""
+    if similarity is not None and similarity not in retrieval.SIMILARITIES:
+        raise ValueError(f"--similarity={similarity}: choose one of {', '.join(retrieval.SIMILARITIES)}")
+    sets = read_sts_sets(tasks, data_dir)
+    model = inference.load(init_from)
+    similarity = similarity or (model.embedding.similarity if model.embedding else "cosine")
+    batch_size = batch_size or 32
+    files.make(workdir)
+    scores = {}
+    for name, examples in sets.items():
+        print(f"--- {name}: {len(examples)} pairs", flush=True)
+        scores[name] = retrieval.evaluate_sts(lambda texts, kind: model.embed(texts, batch_size=batch_size), examples,
+                                              batch_size, similarity)
+    lines = sts_table(scores)
+    print("\n".join(lines), flush=True)
+    out = {"suite": STS, "init_from": init_from, "similarity": similarity, "tasks": list(tasks or [STS_B]),
+           "scores": scores, "table": lines}
+    files.write_bytes(files.join(workdir, f"{STS}.json"), json.dumps(out, indent=1).encode())
+    files.write_bytes(files.join(workdir, f"{STS}.md"), ("\n".join(lines) + "\n").encode())
     return out
 
 

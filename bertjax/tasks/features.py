@@ -2,6 +2,9 @@
 
     [CLS] A [SEP] B [SEP] [PAD] ...   segment ids 0 ... 0 1 ... 1 0 ...   input mask 1 ... 1 0 ...
 
+as the tokenizer's template places its special tokens (bertjax/text/templates.py; RoBERTa's
+<s> A </s></s> B </s>, all in segment 0).
+
 A pair too long for max_seq_length is cut from the end of the longer segment, one token at a time
 (google-research/bert's _truncate_seq_pair), so a short segment keeps all of its tokens. A multiple-
 choice example is its context paired with each choice in turn: [C, S] per example.
@@ -20,6 +23,7 @@ import numpy as np
 
 from bertjax.tasks import registry
 from bertjax.tasks.examples import ChoiceExample, Example
+from bertjax.text.templates import Template
 
 
 def truncated_lengths(len_a, len_b, max_length):
@@ -42,19 +46,17 @@ def truncated_lengths(len_a, len_b, max_length):
     return new_a, new_b
 
 
-def encode_pair(ids_a, ids_b, max_seq_length: int, cls_id: int, sep_id: int, pad_id: int) -> dict:
-    """One (A, B or None) of token ids -> input_ids, segment_ids, input_mask: int32 [S] each."""
+def encode_pair(ids_a, ids_b, max_seq_length: int, template: Template, pad_id: int) -> dict:
+    """One (A, B or None) of token ids -> input_ids, segment_ids, input_mask: int32 [S] each, the
+    special tokens where `template` (the tokenizer's) puts them."""
     ids_a = np.asarray(ids_a, np.int32)
     if ids_b is None:
-        a = ids_a[: max_seq_length - 2]  # [CLS] A [SEP]
-        ids = np.concatenate([[cls_id], a, [sep_id]])
+        ids = np.array(template.single(ids_a[: max_seq_length - template.added()]), np.int32)
         segments = np.zeros(len(ids), np.int32)
     else:
         ids_b = np.asarray(ids_b, np.int32)
-        keep_a, keep_b = truncated_lengths(len(ids_a), len(ids_b), max_seq_length - 3)
-        a, b = ids_a[:keep_a], ids_b[:keep_b]
-        ids = np.concatenate([[cls_id], a, [sep_id], b, [sep_id]])
-        segments = np.concatenate([np.zeros(len(a) + 2, np.int32), np.ones(len(b) + 1, np.int32)])
+        keep_a, keep_b = truncated_lengths(len(ids_a), len(ids_b), max_seq_length - template.added(pair=True))
+        ids, segments = template.pair(ids_a[:keep_a], ids_b[:keep_b])
     n = len(ids)
     input_ids = np.full(max_seq_length, pad_id, np.int32)
     input_ids[:n] = ids
@@ -73,11 +75,13 @@ def _labels(task: registry.Task, examples) -> np.ndarray:
 
 def featurize(examples: list, task: registry.Task, tokenizer, max_seq_length: int) -> dict[str, np.ndarray]:
     """Examples (or ChoiceExamples) of `task` -> the feature dict in the module docstring."""
-    if max_seq_length < 5:
-        raise ValueError(f"data.max_seq_length={max_seq_length}: needs at least 5 ([CLS] A [SEP] B [SEP])")
+    least = tokenizer.template.added(pair=True) + 2
+    if max_seq_length < least:
+        raise ValueError(f"data.max_seq_length={max_seq_length}: needs at least {least} (a token of each text "
+                         "and the special tokens around a pair)")
     if not examples:
         raise ValueError(f"task {task.name}: no examples to featurize")
-    special = dict(cls_id=tokenizer.cls_id, sep_id=tokenizer.sep_id, pad_id=tokenizer.pad_id)
+    special = dict(template=tokenizer.template, pad_id=tokenizer.pad_id)
     if task.kind == registry.MULTIPLE_CHOICE:
         if not all(isinstance(e, ChoiceExample) for e in examples):
             raise ValueError(f"task {task.name} is multiple choice: expected ChoiceExamples")

@@ -2,6 +2,7 @@
 
 JSON lines, one object per line (blank lines are skipped):
   classification, regression:  {"text": "...", "text_pair": "..." (optional), "label": ...}
+  scored pairs (STS):          {"text": "...", "text_pair": "...", "score": ...} (read_scored_pairs)
       label: a class name of the task, or its index (0, 1, ...); for regression a number
       text_pair: required by GLUE's pair tasks, refused by its single-sentence ones (CoLA, SST-2),
       optional for the generic kinds
@@ -184,4 +185,20 @@ def read_jsonl(path: str, task: registry.Task, labeled: bool = True) -> list:
             if pair is not None and len(task.text_features) == 1:
                 raise ValueError(f"{where}: task {task.name} takes single sentences: remove 'text_pair'")
             examples.append(Example(len(examples), text, pair, label))
+    return examples
+
+
+def read_scored_pairs(path: str) -> list:
+    """A JSON-lines file of scored pairs {"text", "text_pair", "score"} (an STS set of yours) -> Examples
+    whose label is the score, in file order."""
+    path = os.fspath(path)
+    examples = []
+    for number, obj in _json_lines(path):
+        where = f"{path}:{number}"
+        text, pair = _string_field(obj, "text", where), _string_field(obj, "text_pair", where)
+        if obj.get("score") is None:
+            raise ValueError(f"{where}: missing field 'score' (each line is {{\"text\", \"text_pair\", \"score\"}})")
+        if not _is_number(obj["score"]) or not math.isfinite(obj["score"]):
+            raise ValueError(f"{where}: score {json.dumps(obj['score'])[:60]} is not a number")
+        examples.append(Example(len(examples), text, pair, float(obj["score"])))
     return examples

@@ -215,13 +215,23 @@ def sts_pairs(examples) -> list[tuple[str, str, float]]:
     return pairs
 
 
-def evaluate_sts(embed, examples, batch_size: int = 64) -> dict:
-    """Pearson and Spearman correlations of the pairs' cosine similarities with their gold scores.
+def sts_similarities(embed, pairs, similarity: str = "cosine", batch_size: int = 64) -> np.ndarray:
+    """Each pair's similarity (cosine, or dot product) of its two texts' embeddings: float32 [pairs].
     Both texts are embedded as kind "query": the task is symmetric (E5's models ask for "query: " on
     both sides of a symmetric task)."""
+    if similarity not in SIMILARITIES:
+        raise ValueError(f"similarity={similarity!r}: choose one of {', '.join(SIMILARITIES)}")
+    first = embed_texts(embed, [a for a, _, _ in pairs], "query", batch_size)
+    second = embed_texts(embed, [b for _, b, _ in pairs], "query", batch_size)
+    if similarity == "cosine":
+        first, second = normalized(first), normalized(second)
+    return np.sum(first * second, axis=1)  # [pairs]
+
+
+def evaluate_sts(embed, examples, batch_size: int = 64, similarity: str = "cosine") -> dict:
+    """Pearson and Spearman correlations of the pairs' similarities (sts_similarities) with their gold
+    scores, and the number of pairs."""
     pairs = sts_pairs(examples)
-    first = normalized(embed_texts(embed, [a for a, _, _ in pairs], "query", batch_size))
-    second = normalized(embed_texts(embed, [b for _, b, _ in pairs], "query", batch_size))
-    cosine = np.sum(first * second, axis=1)  # [pairs]
+    scores = sts_similarities(embed, pairs, similarity, batch_size)
     gold = np.array([score for _, _, score in pairs], np.float64)
-    return {"pearson": metrics.pearson(cosine, gold), "spearman": metrics.spearman(cosine, gold), "pairs": len(pairs)}
+    return {"pearson": metrics.pearson(scores, gold), "spearman": metrics.spearman(scores, gold), "pairs": len(pairs)}

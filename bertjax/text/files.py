@@ -24,7 +24,7 @@ from etils import epath
 _GZIP_MAGIC = b"\x1f\x8b"
 
 # The file a vocabulary of each tokenizer kind is kept as (in a workdir, or learned into one).
-VOCAB_FILES = {"wordpiece": "vocab.txt", "sentencepiece": "sentencepiece.model"}
+VOCAB_FILES = {"wordpiece": "vocab.txt", "sentencepiece": "sentencepiece.model", "bpe": "tokenizer.json"}
 
 
 def expand_pattern(pattern: str) -> list[str]:

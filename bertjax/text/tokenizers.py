@@ -1,4 +1,5 @@
-"""Tokenizers as TensorFlow ops (WordPiece, SentencePiece), so the input pipeline tokenizes inside tf.data.
+"""Tokenizers as TensorFlow ops (WordPiece, SentencePiece), so the input pipeline tokenizes inside tf.data;
+and byte-level BPE (RoBERTa's, ModernBERT's), whose engine runs in tf.data through tf.numpy_function.
 
 Both share one interface (`Tokenizer`): the vocabulary, the ids of the special tokens, which ids start
 a word (for whole-word masking) and which ids masking may substitute as "a random token".
@@ -15,17 +16,21 @@ SentencePiece runs tensorflow_text's SentencepieceTokenizer on the serialized .m
 those of the `sentencepiece` library itself. Vocabularies are learned by bertjax.text.vocab_learning.
 """
 
+import itertools
+import json
 import re
 
 import numpy as np
 import sentencepiece
+import tokenizers as hf_tokenizers
 from sentencepiece import sentencepiece_model_pb2
 
-from bertjax.text import tf_cpu
+from bertjax.text import bpe, templates, tf_cpu
 
 tf = tf_cpu.import_tensorflow()
 tf_text = tf_cpu.import_tensorflow_text()
 
+# bertjax's own names of the special tokens, in the order of templates.SPECIAL_ROLES.
 SPECIAL_TOKENS = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")
 # Texts per tokenizer call in encode_arrays: bounds the memory of one ragged batch on the largest
 # fine-tuning sets (QQP, MNLI).
@@ -55,6 +60,7 @@ ALWAYS_SPLIT_CHAR = f"{_PUNCT}|{_CJK}"
 # Placeholders of the original BERT vocabularies, kept for later use; they are never in real text.
 _UNUSED_WORDPIECE = re.compile(r"\[unused\d+\]")
 _SENTENCEPIECE_WORD_START = "\u2581"  # "▁": SentencePiece marks the start of each word with it
+_BYTE_LEVEL_SPACE = "\u0120"  # "Ġ": byte-level BPE's mark of a token that starts after a space
 
 
 def load_vocab(path) -> list[str]:
@@ -120,7 +126,9 @@ class Tokenizer:
 
     Attributes:
       vocab: the tokens, id order. vocab_size: len(vocab).
-      pad_id, unk_id, cls_id, sep_id, mask_id: ids of SPECIAL_TOKENS; special_ids: them as int32.
+      special_tokens: the tokens of templates.SPECIAL_ROLES (SPECIAL_TOKENS, or a family's own, e.g. RoBERTa's <pad>).
+      pad_id, unk_id, cls_id, sep_id, mask_id: their ids; special_ids: them as int32.
+      template: where the special tokens go around one text or a pair (bertjax/text/templates.py).
       word_start: bool [vocab_size], True where a token begins a word; whole-word masking groups a
         word-start token with the continuation tokens after it. True for the special tokens.
       replacement_ids: int32, the ids masking may put in as "a random token": all but the special
@@ -129,21 +137,41 @@ class Tokenizer:
 
     vocab: list[str]
     lower_case: bool
+    special_tokens: tuple = SPECIAL_TOKENS
 
     def _set_ids(self, token_to_id: dict, word_start: np.ndarray, never_in_text: np.ndarray):
         self.vocab_size = len(self.vocab)
         self.pad_id, self.unk_id, self.cls_id, self.sep_id, self.mask_id = (
-            token_to_id[t] for t in SPECIAL_TOKENS
+            token_to_id[t] for t in self.special_tokens
         )
-        self.special_ids = np.array([token_to_id[t] for t in SPECIAL_TOKENS], np.int32)
+        self.special_ids = np.array([token_to_id[t] for t in self.special_tokens], np.int32)
         self.word_start = word_start.astype(bool)
         self.word_start[self.special_ids] = True
         never_in_text = never_in_text.astype(bool)
         never_in_text[self.special_ids] = True
         self.replacement_ids = np.flatnonzero(~never_in_text).astype(np.int32)
 
+    @property
+    def mask_token(self) -> str:
+        return self.special_tokens[templates.SPECIAL_ROLES.index("mask")]
+
+    @property
+    def template(self) -> templates.Template:
+        return templates.bert_template(self.cls_id, self.sep_id)
+
     def _tokenize_batch(self, texts: tf.Tensor) -> tf.RaggedTensor:
         raise NotImplementedError
+
+    def encode_with_masks(self, text: str) -> tuple[list[int], list[int]]:
+        """The ids of a text (no special tokens added) in which each written mask token (mask_token) is
+        the mask id, and where those are: what fill_mask feeds the model."""
+        ids, where = [], []
+        for i, piece_ids in enumerate(self.encode(text.split(self.mask_token))):
+            if i:
+                where.append(len(ids))
+                ids.append(self.mask_id)
+            ids.extend(piece_ids)
+        return ids, where
 
     def tokenize(self, texts: tf.Tensor) -> tf.Tensor | tf.RaggedTensor:
         """[N] strings -> ragged int32 [N, (tokens)]; a scalar string -> int32 [tokens].
@@ -303,11 +331,91 @@ class SentencePieceTokenizer(Tokenizer):
         return " ".join(p for p in parts if p)
 
 
+class BPETokenizer(Tokenizer):
+    """Byte-level BPE whose ids equal transformers' AutoTokenizer on the same tokenizer.json: the engine is
+    the `tokenizers` library, the one transformers' own tokenizers run; the file is read by
+    bertjax/text/bpe.py.
+
+    As the other tokenizers, a special token written in the text stays plain text (a corpus never injects
+    one); fill_mask alone reads the written mask token (encode_with_masks). Inside tf.data the engine runs
+    through tf.numpy_function: a pure function of the text, so the stream stays deterministic.
+
+    Args:
+      path: a tokenizer.json (model BPE, pre-tokenizer ByteLevel).
+      lower_case: lower-case the text first (str.lower), as sentence-transformers does for a module with
+        do_lower_case; the vocabulary itself is cased.
+    """
+
+    kind = "bpe"  # its name for load_tokenizer and in checkpoints
+
+    def __init__(self, path: str, lower_case: bool = False):
+        path = str(path)
+        spec = bpe.read_spec(path)
+        self.lower_case = bool(lower_case)
+        try:
+            self._masks = hf_tokenizers.Tokenizer.from_str(json.dumps(spec))
+        except Exception as e:  # the library's own error types say nothing of the file
+            raise ValueError(f"{path}: the tokenizers library cannot read it ({e})") from None
+        # Ids only: the file's own truncation and padding (sentence-transformers saves them) would cut or pad.
+        self._masks.no_truncation()
+        self._masks.no_padding()
+        self._engine = hf_tokenizers.Tokenizer.from_str(self._masks.to_str())
+        self._engine.encode_special_tokens = True  # a written <mask> is text, not the mask token
+        size = self._engine.get_vocab_size(with_added_tokens=True)
+        self.vocab = [self._engine.id_to_token(i) or "" for i in range(size)]
+        token_to_id = {t: i for i, t in enumerate(self.vocab) if t}
+        self._template = bpe.template_of(spec, path)
+        self.special_tokens = bpe.special_roles(spec, self._template, self.vocab, path)
+        added = {t["id"] for t in spec.get("added_tokens") or [] if t.get("special")}
+        self._set_ids(
+            token_to_id,
+            word_start=np.array([t.startswith(_BYTE_LEVEL_SPACE) for t in self.vocab]),
+            never_in_text=np.array([i in added or not t for i, t in enumerate(self.vocab)]),
+        )
+
+    @property
+    def template(self) -> templates.Template:
+        return self._template
+
+    def encode(self, texts: list[str]) -> list[list[int]]:
+        if self.lower_case:
+            texts = [t.lower() for t in texts]
+        return [e.ids for e in self._engine.encode_batch(list(texts), add_special_tokens=False)]
+
+    def encode_arrays(self, texts: list[str]) -> list[np.ndarray]:
+        return [np.asarray(ids, np.int32) for ids in self.encode(texts)]
+
+    def _tokenize_batch(self, texts: tf.Tensor) -> tf.RaggedTensor:
+        def run(batch: np.ndarray):
+            # Undecodable bytes become U+FFFD, as the other tokenizers make them.
+            rows = self.encode([t.decode("utf-8", errors="replace") for t in batch.reshape(-1)])
+            lengths = np.array([len(r) for r in rows], np.int64)
+            return np.fromiter(itertools.chain.from_iterable(rows), np.int32, int(lengths.sum())), lengths
+
+        flat, lengths = tf.numpy_function(run, [texts], [tf.int32, tf.int64], stateful=False)
+        return tf.RaggedTensor.from_row_lengths(tf.ensure_shape(flat, [None]), tf.ensure_shape(lengths, [None]))
+
+    def encode_with_masks(self, text: str) -> tuple[list[int], list[int]]:
+        """The written mask token as the mask id, its neighbours as AutoTokenizer reads them (where the
+        tokenizer.json's mask token strips the space before it, that space too)."""
+        text = text.lower().replace(self.mask_token.lower(), self.mask_token) if self.lower_case else text
+        ids = self._masks.encode(text, add_special_tokens=False).ids
+        return ids, [i for i, token in enumerate(ids) if token == self.mask_id]
+
+    def decode(self, ids) -> str:
+        """The text the ids stand for (byte-level BPE restores it exactly), special tokens written out."""
+        return self._engine.decode([int(i) for i in np.asarray(ids).reshape(-1)], skip_special_tokens=False)
+
+
 def load_tokenizer(kind: str, path: str, lower_case: bool = True) -> Tokenizer:
     """The tokenizer for config.data.tokenizer: "wordpiece" reads a vocab.txt, "sentencepiece" a
-    .model (lower_case is then ignored: the model's own normalization rule decides)."""
+    .model (lower_case is then ignored: the model's own normalization rule decides), "bpe" a Hugging
+    Face tokenizer.json of byte-level BPE (lower_case: lower-case the text first, as a
+    sentence-transformers module with do_lower_case does)."""
     if kind == "wordpiece":
         return WordPieceTokenizer(path, lower_case=lower_case)
     if kind == "sentencepiece":
         return SentencePieceTokenizer(path)
-    raise ValueError(f"unknown tokenizer {kind!r}: set data.tokenizer to wordpiece or sentencepiece")
+    if kind == "bpe":
+        return BPETokenizer(path, lower_case=lower_case)
+    raise ValueError(f"unknown tokenizer {kind!r}: set data.tokenizer to wordpiece, sentencepiece or bpe")

@@ -14,7 +14,7 @@ class TokenizerRecord:
     """The tokenizer a run read its text with; `path` relative to the run's workdir (older checkpoints:
     absolute), so that a copied workdir still loads."""
 
-    kind: str  # "wordpiece" | "sentencepiece"
+    kind: str  # "wordpiece" | "sentencepiece" | "bpe"
     path: str
     lower_case: bool
 

@@ -38,7 +38,7 @@ def score(task, split_name: str, split: Split, logits: np.ndarray, settings=None
 def encode_texts(model, texts, text_pairs=None) -> dict:
     """Texts (and pairs) cut and padded as in training: input_ids, segment_ids, input_mask [B, S]."""
     tok, seq = model.tokenizer, int(model.task.max_seq_length)
-    special = dict(cls_id=tok.cls_id, sep_id=tok.sep_id, pad_id=tok.pad_id)
+    special = dict(template=tok.template, pad_id=tok.pad_id)
     if text_pairs is not None and len(text_pairs) != len(texts):
         raise ValueError(f"{len(texts)} texts but {len(text_pairs)} text_pairs")
     ids_b = tok.encode(list(text_pairs)) if text_pairs is not None else [None] * len(texts)

@@ -14,7 +14,7 @@ def predict(model, texts=None, text_pairs=None, choices=None, questions=None, co
     refuse_questions(model.task.kind, questions, contexts)
     texts = [texts] if isinstance(texts, str) else list(texts)
     tok, seq = model.tokenizer, int(model.task.max_seq_length)
-    special = dict(cls_id=tok.cls_id, sep_id=tok.sep_id, pad_id=tok.pad_id)
+    special = dict(template=tok.template, pad_id=tok.pad_id)
     ids_a = tok.encode(texts)
     if choices is None or len(choices) != len(texts):
         raise ValueError("predict for multiple choice needs choices=[[choice, ...] per context]")
