@@ -224,11 +224,10 @@ def pair_features(seed, size=12, negatives=2, skips=False):
     return features
 
 
-PACKED_CASES = {  # loss settings, the features the loss reads, pooling modes
-    "mnrl": (LOSS, None, ("mean",)),
-    "cosent": (dict(loss="cosent", scale=20.0), ("query", "passage", "score"), ("mean",)),
-    "distill_mse": (dict(loss="distill_mse", scale=20.0), ("query", "target"), ("mean",)),
-    "prompt_not_pooled": (dict(loss="mnrl", scale=20.0), None, ("cls", "mean", "max")),
+PACKED_CASES = {  # loss settings, the features the loss reads, pooling modes, prompts left out of pooling
+    "pairs": (LOSS, None, ("cls", "mean"), True),  # hard negatives, symmetric, Matryoshka
+    "scored_pairs": (dict(loss="cosent", scale=20.0), ("query", "passage", "score"), ("mean",), False),
+    "distill_mse": (dict(loss="distill_mse", scale=20.0), ("query", "target"), ("mean",), False),
 }
 
 
@@ -246,9 +245,9 @@ def test_a_packed_batch_has_the_loss_gradient_and_embeddings_of_its_texts_unpack
     """The texts of 12 pairs (queries, passages, hard negatives; or scored pairs; or distill_mse's texts)
     packed into rows, one of them left empty, against the same pairs unpacked (no dropout): the same
     loss, metric sums, gradient and embeddings."""
-    settings, kept, modes = PACKED_CASES[case]
+    settings, kept, modes, skips = PACKED_CASES[case]
     net, params = tiny_params(modes=modes)
-    features = only(pair_features(3, skips=case == "prompt_not_pooled"), kept)
+    features = only(pair_features(3, skips=skips), kept)
     lengths = contrastive_batches.text_lengths(features)
     rows = contrastive_batches.packed_rows_needed(features, 12, 0, 1, max_sequences=4) + 1  # one row empty
     chosen, texts, plan = contrastive_batches.packed_step_plan(features, lengths, 12, 0, 0, num_rows=rows,
@@ -257,19 +256,21 @@ def test_a_packed_batch_has_the_loss_gradient_and_embeddings_of_its_texts_unpack
     unpacked = {k: features[k][chosen] for k in contrastive_steps.batch_keys(features)}
     assert (plan >= 0).sum(axis=1).max() > 1 and (plan[-1] < 0).all()  # texts share rows; the last is empty
     real = sum(int(np.sum(v)) for v in lengths.values())
-    assert packed["input_mask"].sum() == real and packed["input_ids"].size < 0.6 * sum(
-        unpacked[f"{role}_ids"].size for role in lengths)  # far fewer positions
+    assert packed["input_mask"].sum() == real and real / packed["input_ids"].size > 0.75
+    assert packed["input_ids"].size < sum(unpacked[f"{role}_ids"].size for role in lengths)
 
-    grad_fn = jax.jit(jax.value_and_grad(functools.partial(contrastive_steps.contrastive_loss, net=net,
-                                                           settings=settings), has_aux=True))
-    (loss, sums), grads = grad_fn(params, unpacked, None)
-    (packed_loss, packed_sums), packed_grads = grad_fn(params, packed, None)
+    @jax.jit
+    def loss_grad_and_embeddings(params, batch):
+        loss = functools.partial(contrastive_steps.contrastive_loss, net=net, settings=settings)
+        (value, sums), grads = jax.value_and_grad(loss, has_aux=True)(params, batch, None)
+        return value, sums, grads, contrastive_steps.embed_batch(params, batch, None, net=net, deterministic=True)
+
+    loss, sums, grads, expected = loss_grad_and_embeddings(params, unpacked)
+    packed_loss, packed_sums, packed_grads, found = loss_grad_and_embeddings(params, packed)
     assert float(packed_loss) == pytest.approx(float(loss), rel=1e-5)
     assert {k: float(v) for k, v in packed_sums.items()} == pytest.approx({k: float(v) for k, v in sums.items()})
     assert_trees_close(packed_grads, grads, rtol=1e-4, atol=1e-5)
     assert max(float(np.max(np.abs(g))) for g in jax.tree_util.tree_leaves(grads)) > 1e-3  # not all zero
-    embed = jax.jit(functools.partial(contrastive_steps.embed_batch, rng=None, net=net, deterministic=True))
-    expected, found = embed(params, unpacked), embed(params, packed)
     roles = {"query", "passage", "negative"} if kept is None else {"query", "passage"} & set(kept)
     assert set(found) == set(expected) == roles
     for role, value in expected.items():
@@ -435,24 +436,25 @@ def test_prompts_left_out_of_pooling_as_sentence_transformers(st_model_directory
     features = contrastive_kind.featurize(task, pairs, loaded.tokenizer, 16, settings)
     assert features["query_skip"].tolist() == [3, 3, 3] and features["passage_skip"].tolist() == [2, 2, 2]
     packed_features = dict(features, example_weight=np.ones(3, np.float32))
+    rows = contrastive_batches.packed_rows_needed(packed_features, 3, 0, 1, max_sequences=6)
     chosen, packed_texts, plan = contrastive_batches.packed_step_plan(
-        packed_features, contrastive_batches.text_lengths(packed_features), 3, 0, 0, num_rows=1, max_sequences=6)
+        packed_features, contrastive_batches.text_lengths(packed_features), 3, 0, 0, num_rows=rows, max_sequences=6)
+    assert rows < 6  # texts share rows
     packed = contrastive_batches.packed_batch(packed_features, chosen, packed_texts, plan,
                                               contrastive_batches.batch_keys(packed_features))
-    for modes in (("cls",), ("mean",)):
-        net = heads.network("contrastive", loaded.config, embedding=dict(modes=modes, normalize=False))
-        params = {"bert": loaded.params["bert"]}
-        unpacked = contrastive_steps.embed_batch(params, features, None, net=net, deterministic=True)
-        in_rows = contrastive_steps.embed_batch(params, packed, None, net=net, deterministic=True)
-        with_prompt = contrastive_steps.embed_batch(params, {k: v for k, v in features.items() if "skip" not in k},
-                                                    None, net=net, deterministic=True)
-        reference = SentenceTransformer(modules=[Transformer(str(st_model_directory.parent / "hf")),
-                                                 Pooling(32, modes[0], include_prompt=False)], device="cpu")
-        for role, prompt, column in (("query", "w1 w2 ", 0), ("passage", "w3 ", 1)):
-            expected = reference.encode([t[column] for t in texts], prompt=prompt)
-            np.testing.assert_allclose(np.asarray(unpacked[role]), expected, atol=2e-5)
-            np.testing.assert_allclose(np.asarray(in_rows[role])[np.argsort(chosen)], expected, atol=2e-5)
-            assert np.abs(np.asarray(with_prompt[role]) - expected).max() > 1e-2
+    net = heads.network("contrastive", loaded.config, embedding=dict(modes=("cls", "mean"), normalize=False))
+    embed = functools.partial(contrastive_steps.embed_batch, {"bert": loaded.params["bert"]}, rng=None, net=net,
+                              deterministic=True)
+    unpacked, in_rows = embed(features), embed(packed)
+    with_prompt = embed({k: v for k, v in features.items() if "skip" not in k})
+    reference = SentenceTransformer(modules=[Transformer(str(st_model_directory.parent / "hf")),
+                                             Pooling(32, ("cls", "mean"), include_prompt=False)], device="cpu")
+    for role, prompt, column in (("query", "w1 w2 ", 0), ("passage", "w3 ", 1)):
+        expected = reference.encode([t[column] for t in texts], prompt=prompt)
+        np.testing.assert_allclose(np.asarray(unpacked[role]), expected, atol=2e-5)
+        np.testing.assert_allclose(np.asarray(in_rows[role])[np.argsort(chosen)], expected, atol=2e-5)
+        assert np.abs(np.asarray(with_prompt[role]) - expected)[:, :32].max() > 1e-2  # cls: another token
+        assert np.abs(np.asarray(with_prompt[role]) - expected)[:, 32:].max() > 1e-2  # mean: more tokens
 
 
 # --------------------------------------------------------------------------------------------------
