@@ -1,7 +1,7 @@
 """Embedding distillation (contrastive.loss=distill_mse): the loss against sentence-transformers' MSELoss,
 the teacher's targets against bertjax.load(teacher).embed, the fine-tuning program teaching a student
-(bertjax's small pretrained BERT, 64 wide, a Dense to 32) the embeddings of a sentence-transformers
-teacher that a keyword moves far (each text's, not their mean), and each bad input's one line."""
+(a small BERT, 64 wide, a Dense to 32) the embeddings of a sentence-transformers teacher that a keyword
+moves far (each text's, not their mean), and each bad input's one line."""
 
 import json
 import pathlib
@@ -106,8 +106,8 @@ def test_the_targets_are_the_teachers_embed(pretrained, teacher, tmp_path):
 def keyword_teacher(pretrained, tmp_path_factory):
     """A sentence-transformers teacher whose embedding one keyword moves: a transformers BERT 32 wide on
     the pretrained vocabulary, every weight zero but the word embedding of the keyword's tokens ("return",
-    "returned", ...) and the LayerNorms; its last LayerNorm has scale 20 and bias c = 0.5 everywhere. Each
-    token's state is then its own (no attention reaches it): c for every other token, c plus 20 times a
+    "returned", ...) and the LayerNorms; its last LayerNorm has scale 60 and bias c = 0.5 everywhere. Each
+    token's state is then its own (no attention reaches it): c for every other token, c plus 60 times a
     zero-mean unit vector (orthogonal to c) for the keyword. Mean pooling and Normalize: a text without
     the keyword embeds as c / |c|, one with it near the keyword's direction."""
     import transformers  # here: the fixture builds a transformers model
@@ -128,7 +128,7 @@ def keyword_teacher(pretrained, tmp_path_factory):
         layer = model.encoder.layer[0]
         model.embeddings.LayerNorm.weight.fill_(1.0)
         layer.attention.output.LayerNorm.weight.fill_(1.0)
-        layer.output.LayerNorm.weight.fill_(20.0)
+        layer.output.LayerNorm.weight.fill_(60.0)
         layer.output.LayerNorm.bias.fill_(0.5)
     model.save_pretrained(root / "hf")
     transformers.BertTokenizer(str(vocab_path)).save_pretrained(root / "hf")
@@ -151,12 +151,15 @@ def unit_cosines(a, b) -> np.ndarray:
 
 
 @pytest.mark.slow
-def test_the_program_teaches_the_student_the_teachers_embeddings(pretrained, keyword_teacher, tmp_path):
-    """The keyword teacher's embeddings vary strongly across texts (with the keyword or not): the student
-    learns them, each dev text's cosine to its teacher's embedding well above that of the best constant
-    prediction (the teacher's mean embedding)."""
+def test_the_program_teaches_the_student_the_teachers_embeddings(pretrained, finetuned, keyword_teacher, tmp_path):
+    """The keyword teacher's embeddings vary strongly across texts (with the keyword or not). The student,
+    conftest's keyword classifier (its [CLS] state tells the keyword apart; cls pooling, a fresh Dense to
+    the teacher's width), learns them in 20 steps: each dev text's cosine to its teacher's embedding well
+    above that of the best constant prediction (the teacher's mean embedding), with the keyword or not."""
     files = keyword_texts(pretrained, tmp_path)
-    summary = finetuning.finetune(distill_config(pretrained, keyword_teacher, files), str(tmp_path / "run"))
+    config = distill_config(pretrained, keyword_teacher, files, **{"train.init_from": finetuned["workdir"],
+                                                                   "contrastive.pooling": ("cls",)})
+    summary = finetuning.finetune(config, str(tmp_path / "run"))
     dev = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()
            if '"split"' in line]
     assert [r["step"] for r in dev] == [5, 10, 15, 20]
