@@ -152,7 +152,7 @@ class LoadedBert:
         }
 
     def embed(self, texts: list[str], prompt_name: str | None = None, prompt: str | None = None,
-              batch_size: int = 32, normalize: bool | None = None, pooling=None) -> np.ndarray:
+              batch_size: int = 32, normalize: bool | None = None, pooling=None, task: str | None = None) -> np.ndarray:
         """Sentence embeddings float32 [N, D], in the order of `texts`, as the model's embedding record
         says (sentence-transformers' encode computes the same from the directory it was loaded from): its
         pooling, Dense layer, normalisation and prompts. A model without one (a pretrained or fine-tuned
@@ -160,7 +160,9 @@ class LoadedBert:
 
         prompt_name: one of the model's prompts (default: its default_prompt_name, if any); prompt: the
         text itself ("" for none), over prompt_name. pooling: modes of bertjax/models/pooling.py (one, or
-        several concatenated) in place of the model's; normalize: L2-normalise (True) or not (False)."""
+        several concatenated) in place of the model's; normalize: L2-normalise (True) or not (False).
+        task="query": the texts are queries, as sentence-transformers' encode_query embeds them (the "query"
+        prompt where none is given, cut to the query length the model was trained with)."""
         if isinstance(texts, str):
             texts = [texts]
         if not texts:
@@ -169,7 +171,7 @@ class LoadedBert:
             raise ValueError(f"batch_size={batch_size}: embed needs at least 1")
         limit = self.config.max_position_embeddings - self.config.position_offset
         settings = embeddings.resolve(self.embedding, limit, prompt_name=prompt_name, prompt=prompt,
-                                     pooling_modes=pooling, normalize=normalize)
+                                     pooling_modes=pooling, normalize=normalize, task=task)
         tok = self.tokenizer
         body = settings.max_length - tok.template.added()
         rows = [tok.template.single(ids[:body]) for ids in tok.encode([settings.prompt + t for t in texts])]

@@ -3,11 +3,13 @@ CoSENT, Matryoshka), 20 training steps against sentence-transformers' model and 
 AdamW, GradCache's gradient against the whole batch's, a 4-device mesh against one device, and the
 fine-tuning program on pairs from the demo corpus (metrics, best checkpoint, exact resume, bad files)."""
 
-import dataclasses
 import functools
 import json
 import pathlib
 import re
+import signal
+import subprocess
+import sys
 
 import flax.linen as nn
 import jax
@@ -15,7 +17,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 import torch
-from conftest import train_losses
+from conftest import REPO, config_flags, program_env, tiny_config, train_losses, wait_for
 from sentence_transformers import SentenceTransformer
 from sentence_transformers.sentence_transformer import losses as st_losses
 from sentence_transformers.sentence_transformer.modules import Pooling, Transformer
@@ -27,7 +29,7 @@ from bertjax.interop import pretrained as pretrained_models
 from bertjax.models import contrastive_losses, heads
 from bertjax.models.config import BertConfig
 from bertjax.runs import exporting, finetuning, start
-from bertjax.tasks import contrastive_steps, registry, scoring
+from bertjax.tasks import batches, contrastive_batches, contrastive_steps, registry, scoring
 from bertjax.tasks.kinds import contrastive as contrastive_kind
 from bertjax.training import checkpoint, optim, sharding
 from bertjax.training import state as train_state
@@ -129,8 +131,8 @@ def pairs_batch(seed, size=8, negatives=2):
     return batch
 
 
-def tiny_params(cfg=TINY, seed=0):
-    net = heads.network("contrastive", cfg, embedding=dict(modes=("mean",), normalize=True))
+def tiny_params(cfg=TINY, seed=0, modes=("mean",)):
+    net = heads.network("contrastive", cfg, embedding=dict(modes=modes, normalize=True))
     params = net.init(jax.random.key(seed), **heads.dummy_inputs("contrastive", 1, 8))["params"]
     return net, jax.tree_util.tree_map(jnp.asarray, jax.device_get(nn.unbox(params)))
 
@@ -203,6 +205,131 @@ def test_cached_dropout_draws_the_same_masks_in_both_passes():
     assert_trees_close(grads, expected, rtol=1e-4, atol=1e-5)
     (_, _), other = cached(params, batch, jax.random.key(8))  # other masks, another gradient: dropout is on
     assert not np.allclose(np.asarray(jax.tree_util.tree_leaves(other)[0]), np.asarray(jax.tree_util.tree_leaves(grads)[0]))
+
+
+# --------------------------------------------------------------------------------------------------
+# Packed rows (data.packing): the texts of a step share rows
+# --------------------------------------------------------------------------------------------------
+
+
+def pair_features(seed, size=12, negatives=2, skips=False):
+    """`size` pairs as the contrastive kind's features: queries of 3..8 tokens, passages and hard
+    negatives of 3..12 (about a fifth of the negatives missing), scores, weights, a 32-wide target."""
+    features = pairs_batch(seed, size, negatives)
+    rng = np.random.default_rng(seed + 100)
+    features.update(score=rng.random(size).astype(np.float32), example_weight=np.ones(size, np.float32),
+                    idx=np.arange(size, dtype=np.int32), target=rng.normal(size=(size, 32)).astype(np.float32))
+    if skips:  # include_prompt=False: [CLS] and a prompt of one token not pooled (each text keeps one token at least)
+        features.update(query_skip=np.full(size, 2, np.int32), passage_skip=np.full(size, 2, np.int32))
+    return features
+
+
+PACKED_CASES = {  # loss settings, the features the loss reads, pooling modes, prompts left out of pooling
+    "pairs": (LOSS, None, ("cls", "mean"), True),  # hard negatives, symmetric, Matryoshka
+    "scored_pairs": (dict(loss="cosent", scale=20.0), ("query", "passage", "score"), ("mean",), False),
+    "distill_mse": (dict(loss="distill_mse", scale=20.0), ("query", "target"), ("mean",), False),
+}
+
+
+def only(features, kept):
+    """The features of pairs (kept=None), of scored pairs or of distill_mse texts."""
+    if kept is None:
+        return {k: v for k, v in features.items() if k not in ("target",)}
+    drop = {"passage": "passage_", "score": "score", "target": "target"}
+    return {k: v for k, v in features.items() if not k.startswith("negative") and not any(
+        k.startswith(prefix) for name, prefix in drop.items() if name not in kept)}
+
+
+@pytest.mark.parametrize("case", list(PACKED_CASES))
+def test_a_packed_batch_has_the_loss_gradient_and_embeddings_of_its_texts_unpacked(case):
+    """The texts of 12 pairs (queries, passages, hard negatives; or scored pairs; or distill_mse's texts)
+    packed into rows, one of them left empty, against the same pairs unpacked (no dropout): the same
+    loss, metric sums, gradient and embeddings."""
+    settings, kept, modes, skips = PACKED_CASES[case]
+    net, params = tiny_params(modes=modes)
+    features = only(pair_features(3, skips=skips), kept)
+    lengths = contrastive_batches.text_lengths(features)
+    rows = contrastive_batches.packed_rows_needed(features, 12, 0, 1, max_sequences=4) + 1  # one row empty
+    chosen, texts, plan = contrastive_batches.packed_step_plan(features, lengths, 12, 0, 0, num_rows=rows,
+                                                               max_sequences=4)
+    packed = contrastive_batches.packed_batch(features, chosen, texts, plan, contrastive_batches.batch_keys(features))
+    unpacked = {k: features[k][chosen] for k in contrastive_steps.batch_keys(features)}
+    assert (plan >= 0).sum(axis=1).max() > 1 and (plan[-1] < 0).all()  # texts share rows; the last is empty
+    real = sum(int(np.sum(v)) for v in lengths.values())
+    assert packed["input_mask"].sum() == real and real / packed["input_ids"].size > 0.75
+    assert packed["input_ids"].size < sum(unpacked[f"{role}_ids"].size for role in lengths)
+
+    @jax.jit
+    def loss_grad_and_embeddings(params, batch):
+        loss = functools.partial(contrastive_steps.contrastive_loss, net=net, settings=settings)
+        (value, sums), grads = jax.value_and_grad(loss, has_aux=True)(params, batch, None)
+        return value, sums, grads, contrastive_steps.embed_batch(params, batch, None, net=net, deterministic=True)
+
+    loss, sums, grads, expected = loss_grad_and_embeddings(params, unpacked)
+    packed_loss, packed_sums, packed_grads, found = loss_grad_and_embeddings(params, packed)
+    assert float(packed_loss) == pytest.approx(float(loss), rel=1e-5)
+    assert {k: float(v) for k, v in packed_sums.items()} == pytest.approx({k: float(v) for k, v in sums.items()})
+    assert_trees_close(packed_grads, grads, rtol=1e-4, atol=1e-5)
+    assert max(float(np.max(np.abs(g))) for g in jax.tree_util.tree_leaves(grads)) > 1e-3  # not all zero
+    roles = {"query", "passage", "negative"} if kept is None else {"query", "passage"} & set(kept)
+    assert set(found) == set(expected) == roles
+    for role, value in expected.items():
+        present = features["negative_present"][chosen] > 0 if role == "negative" else slice(None)
+        np.testing.assert_allclose(np.asarray(found[role])[present], np.asarray(value)[present], atol=2e-5)
+
+
+def test_packed_gradcache_on_a_4_device_mesh_gives_the_whole_batchs_gradient():
+    """The 8 pairs of whole_batch_on_one_device packed (each of 4 microbatches into its own rows) and
+    sharded over 4 data devices, all at once and in cached microbatches of 2 pairs: the loss and gradient
+    of the whole batch unpacked on one device."""
+    net, params, batch, ((loss, sums), grads) = whole_batch_on_one_device()
+    features = dict(batch, example_weight=np.ones(8, np.float32))
+    per = contrastive_batches.packed_rows_needed(features, 8, 0, 1, max_sequences=4, num_chunks=4)
+    chosen, texts, plan = contrastive_batches.packed_step_plan(
+        features, contrastive_batches.text_lengths(features), 8, 0, 0, num_rows=4 * per, max_sequences=4,
+        num_chunks=4)
+    packed = contrastive_batches.packed_batch(features, chosen, texts, plan, contrastive_batches.batch_keys(features))
+    for c in range(4):  # microbatch c (pairs c::4) in rows c::4 alone
+        assert set(texts.pair[plan[c::4][plan[c::4] >= 0]] % 4) == {c}
+    whole = jax.value_and_grad(functools.partial(contrastive_steps.contrastive_loss, net=net, settings=LOSS),
+                               has_aux=True)
+    cached = functools.partial(contrastive_steps.cached_loss_and_grad, net=net, settings=LOSS, microbatch=2)
+    for grad_fn in (whole, cached):
+        (packed_loss, packed_sums), packed_grads = on_mesh(4, grad_fn, params, packed)
+        assert float(packed_loss) == pytest.approx(float(loss), rel=1e-5)
+        assert float(packed_sums["correct"]) == float(sums["correct"])
+        assert_trees_close(packed_grads, grads, rtol=1e-4, atol=1e-5)
+
+
+def test_the_packing_plan_takes_every_text_once_and_refuses_rows_too_few():
+    """Over 6 steps (3 epochs of 16 pairs in batches of 8) every present text of each step's pairs is
+    in its rows once, within the row width and K, at its pair's slot; too few rows is one line."""
+    features = pair_features(5, size=16, negatives=3)
+    lengths = contrastive_batches.text_lengths(features)
+    rows = contrastive_batches.packed_rows_needed(features, 8, 1, 6, max_sequences=5, num_chunks=2)
+    stream = contrastive_batches.packed_train_batches(features, 8, 1, num_rows=2 * rows, max_sequences=5,
+                                                      num_chunks=2)
+    for step in range(6):
+        batch = next(stream)
+        chosen = batches.train_batch_indices(16, 8, 1, step)
+        np.testing.assert_array_equal(batch["score"], features["score"][chosen])
+        places = {"query": batch["query_slot"], "passage": batch["passage_slot"]}
+        texts = [(role, places[role][j], features[f"{role}_ids"][i]) for role in places
+                 for j, i in enumerate(chosen)]
+        texts += [("negative", batch["negative_slot"][j, g], features["negative_ids"][i, g]) for j, i in
+                  enumerate(chosen) for g in range(3) if features["negative_present"][i, g]]
+        taken = [int(place) for _, place, _ in texts]
+        assert len(set(taken)) == len(taken) and batch["input_mask"].sum() == sum(
+            int(np.sum(ids > 0)) for _, _, ids in texts)
+        for role, place, ids in texts:  # its tokens at its [CLS], positions from 0, its sequence id
+            r, slot = divmod(int(place), 5)
+            start, n = batch["cls_positions"][r, slot], int(np.sum(ids > 0))
+            np.testing.assert_array_equal(batch["input_ids"][r, start:start + n], ids[:n])
+            np.testing.assert_array_equal(batch["position_ids"][r, start:start + n], np.arange(n))
+            assert (batch["sequence_ids"][r, start:start + n] == slot + 1).all()
+    assert batch["input_ids"].shape == (2 * rows, 12) and batch["cls_positions"].shape == (2 * rows, 5)
+    with pytest.raises(ValueError, match=r"step 0: the \d+ texts of 4 pairs need \d+ packed rows, data.packed_rows=2"):
+        contrastive_batches.packed_step_plan(features, lengths, 8, 1, 0, num_rows=2, max_sequences=5, num_chunks=2)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -296,6 +423,40 @@ def test_training_follows_sentence_transformers(st_model_directory, loss_name):
     assert expected[-1] < expected[0] - 0.05  # it trained: the comparison is of a changing model
 
 
+def test_prompts_left_out_of_pooling_as_sentence_transformers(st_model_directory):
+    """contrastive.include_prompt=False: the kind's features and the step's embeddings, unpacked and
+    packed, equal sentence-transformers' Pooling(include_prompt=False) encoding the texts after their
+    prompt (cls and mean pooling); pooled with the prompt they differ."""
+    loaded = bertjax.load(str(st_model_directory))
+    texts = [("w7 w8 w9", "w10 w11 w12 w13 w14"), ("w20", "w21 w22"), ("w30 w31 w32 w33", "w34 w35 w36")]
+    pairs = [contrastive_kind.Pair(n, q, p) for n, (q, p) in enumerate(texts)]
+    task = registry.get_task("contrastive")
+    settings = contrastive_kind.Settings(query_prompt="w1 w2 ", passage_prompt="w3 ", include_prompt=False,
+                                         max_query_length=12, max_seq_length=16)
+    features = contrastive_kind.featurize(task, pairs, loaded.tokenizer, 16, settings)
+    assert features["query_skip"].tolist() == [3, 3, 3] and features["passage_skip"].tolist() == [2, 2, 2]
+    packed_features = dict(features, example_weight=np.ones(3, np.float32))
+    rows = contrastive_batches.packed_rows_needed(packed_features, 3, 0, 1, max_sequences=6)
+    chosen, packed_texts, plan = contrastive_batches.packed_step_plan(
+        packed_features, contrastive_batches.text_lengths(packed_features), 3, 0, 0, num_rows=rows, max_sequences=6)
+    assert rows < 6  # texts share rows
+    packed = contrastive_batches.packed_batch(packed_features, chosen, packed_texts, plan,
+                                              contrastive_batches.batch_keys(packed_features))
+    net = heads.network("contrastive", loaded.config, embedding=dict(modes=("cls", "mean"), normalize=False))
+    embed = functools.partial(contrastive_steps.embed_batch, {"bert": loaded.params["bert"]}, rng=None, net=net,
+                              deterministic=True)
+    unpacked, in_rows = embed(features), embed(packed)
+    with_prompt = embed({k: v for k, v in features.items() if "skip" not in k})
+    reference = SentenceTransformer(modules=[Transformer(str(st_model_directory.parent / "hf")),
+                                             Pooling(32, ("cls", "mean"), include_prompt=False)], device="cpu")
+    for role, prompt, column in (("query", "w1 w2 ", 0), ("passage", "w3 ", 1)):
+        expected = reference.encode([t[column] for t in texts], prompt=prompt)
+        np.testing.assert_allclose(np.asarray(unpacked[role]), expected, atol=2e-5)
+        np.testing.assert_allclose(np.asarray(in_rows[role])[np.argsort(chosen)], expected, atol=2e-5)
+        assert np.abs(np.asarray(with_prompt[role]) - expected)[:, :32].max() > 1e-2  # cls: another token
+        assert np.abs(np.asarray(with_prompt[role]) - expected)[:, 32:].max() > 1e-2  # mean: more tokens
+
+
 # --------------------------------------------------------------------------------------------------
 # The fine-tuning program on pairs from the demo corpus
 # --------------------------------------------------------------------------------------------------
@@ -316,29 +477,36 @@ def demo_pairs(root: pathlib.Path) -> dict:
     return {"train": write_jsonl(root / "pairs.jsonl", rows[:160]), "validation": write_jsonl(root / "dev.jsonl", rows[160:])}
 
 
+def run_settings(pretrained, files: dict) -> dict:
+    """configs/finetune/contrastive.py's changes for a small run from `pretrained`: 160 pairs in batches of
+    16 (cached in microbatches of 8) for 2 epochs, 20 steps, the dev set scored every 5; the texts packed
+    (the config's default), the prompts left out of pooling. As --config.key=value flags: config_flags."""
+    return {"train.init_from": pretrained["workdir"], "data.train": files["train"],
+            "data.validation": files["validation"], "data.max_seq_length": 32, "data.max_query_length": 16,
+            "train.batch_size": 16, "train.epochs": 2.0, "train.contrastive_microbatch": 8,
+            "optimizer.learning_rate": 1e-3, "logging.log_every": 1, "logging.eval_every": 5,
+            "logging.eval_batch_size": 32, "contrastive.query_prompt": "query: ",
+            "contrastive.passage_prompt": "passage: ", "contrastive.matryoshka_dims": (64, 32),
+            "contrastive.include_prompt": False}
+
+
 def contrastive_run_config(pretrained, files: dict, **changes):
-    """configs/finetune/contrastive.py from `pretrained`, small: 160 pairs in batches of 16 (cached in
-    microbatches of 8) for 2 epochs, 20 steps, the dev set scored every 5."""
-    config = finetune_configs.contrastive_config()
-    config.train.init_from = pretrained["workdir"]
-    config.data.update(max_seq_length=32, max_query_length=16, **files)
-    config.train.update(batch_size=16, epochs=2.0, contrastive_microbatch=8)
-    config.optimizer.learning_rate = 1e-3
-    config.logging.update(log_every=1, eval_every=5, eval_batch_size=32)
-    config.contrastive.update(query_prompt="query: ", passage_prompt="passage: ", matryoshka_dims=(64, 32))
-    for key, value in changes.items():
-        section, name = key.split(".")
-        config[section][name] = value
-    return config
+    """run_settings' config, with `changes` {"section.key": value}."""
+    return tiny_config({**run_settings(pretrained, files), **changes}, "configs/finetune/contrastive.py")
+
+
+def metric_lines(workdir) -> list:
+    return [json.loads(line) for line in (pathlib.Path(workdir) / "metrics.jsonl").read_text().splitlines()]
 
 
 @pytest.mark.slow
-def test_the_program_trains_scores_keeps_the_best_and_resumes_exactly(pretrained, tmp_path, monkeypatch):
+def test_the_program_trains_scores_keeps_the_best_and_resumes_exactly(pretrained, tmp_path, capsys):
     files = demo_pairs(tmp_path)
     config = contrastive_run_config(pretrained, files)
     whole = tmp_path / "whole"
     summary = finetuning.finetune(config, str(whole))
-    lines = [json.loads(line) for line in (whole / "metrics.jsonl").read_text().splitlines()]
+    assert re.search(r"packing: the texts of 16 pairs a step in \d+ rows of 32", capsys.readouterr().out)
+    lines = metric_lines(whole)
     dev = [r for r in lines if r.get("split") == "validation"]
     assert [r["step"] for r in dev] == [5, 10, 15, 20] and all({"mrr_at_10", "recall_at_1"} <= set(r) for r in dev)
     assert summary["main_metric"] == "mrr_at_10" and summary["best"]["value"] == max(r["mrr_at_10"] for r in dev)
@@ -346,8 +514,9 @@ def test_the_program_trains_scores_keeps_the_best_and_resumes_exactly(pretrained
     assert np.mean(losses[-5:]) < np.mean(losses[:5]) - 0.2  # it learns (a random tiny model: slowly)
     params, meta = checkpoint.restore_params(str(whole / "best"))
     assert set(params) == {"bert"} and meta.step == summary["best"]["step"] and meta.task.kind == "contrastive"
-    assert meta.embedding.modes == ("mean",) and meta.embedding.normalize
-    assert meta.embedding.prompts == {"query": "query: ", "passage": "passage: "} and meta.embedding.max_seq_length == 32
+    assert meta.embedding.modes == ("mean",) and meta.embedding.normalize and not meta.embedding.include_prompt
+    assert meta.embedding.prompts == {"query": "query: ", "passage": "passage: "}
+    assert (meta.embedding.max_seq_length, meta.embedding.max_query_length) == (32, 16)
     ranks = (whole / "predictions" / "validation_positive_ranks.tsv").read_text().splitlines()
     assert ranks[0] == "index\trank" and len(ranks) == 41
     model = bertjax.load(str(whole))  # the best checkpoint, as a notebook loads it
@@ -360,16 +529,25 @@ def test_the_program_trains_scores_keeps_the_best_and_resumes_exactly(pretrained
     with pytest.raises(ValueError, match="'contrastive' model has no transformers task class"):
         exporting.export(str(whole), str(tmp_path / "hf"), "hf")
 
-    # Two halves: stopped after step 10 (as SIGTERM stops it), then the same command again.
-    halves = tmp_path / "halves"
-    original = finetuning.hooks
-    monkeypatch.setattr(finetuning, "hooks", lambda run, preemption: dataclasses.replace(
-        original(run, preemption), should_stop=lambda step: step == 10))
-    with pytest.raises(start.Stopped):
-        finetuning.finetune(config, str(halves))
-    monkeypatch.setattr(finetuning, "hooks", original)
-    finetuning.finetune(config, str(halves))
-    assert train_losses(halves) == train_losses(whole) and len(train_losses(whole)) == 20
+    # The program sent SIGTERM once it has logged 3 steps: it saves that step's checkpoint, exits 0 as a
+    # preempted run does, and the same run again ends with the uninterrupted run's metrics, bit for bit.
+    preempted = tmp_path / "preempted"
+    proc = subprocess.Popen([sys.executable, "-m", "bertjax.finetune", "--config=configs/finetune/contrastive.py",
+                             f"--workdir={preempted}", *config_flags(run_settings(pretrained, files))], cwd=REPO,
+                            env=program_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    wait_for(lambda: (preempted / "metrics.jsonl").exists() and len(train_losses(preempted)) >= 3, proc)
+    proc.send_signal(signal.SIGTERM)
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 0, err[-3000:]
+    saved = int(out.split("SIGTERM: saved the checkpoint of step ")[1].split(";")[0])
+    assert 3 <= saved < 20 and (preempted / "checkpoints" / str(saved) / "params").is_dir()
+    assert not (preempted / "summary.json").exists()
+    finetuning.finetune(config, str(preempted))
+    assert f"resumed from step {saved}" in capsys.readouterr().out
+    assert train_losses(preempted) == train_losses(whole) and len(train_losses(whole)) == 20
+    later = lambda lines: [{k: v for k, v in r.items() if k != "wall_time"} for r in lines  # noqa: E731
+                           if r.get("split") == "validation" and r["step"] > saved]
+    assert later(metric_lines(preempted)) == later(dev) and later(dev)
 
 
 def test_scored_pairs_through_the_program(pretrained, tmp_path):
@@ -413,7 +591,9 @@ def test_a_bad_pairs_file_is_one_line(pretrained, tmp_path):
     settings = [({"contrastive.loss": "cosine_mse", "data.train": out_of_range}, "scored.jsonl:1: score 4.0 is outside [-1, 1]"),
                 ({"contrastive.matryoshka_dims": (128, 32)}, "the embeddings have 64 features"),
                 ({"contrastive.loss": "infonce"}, "contrastive.loss='infonce': choose one of mnrl, cosent, cosine_mse, distill_mse"),
-                ({"train.grad_accum_steps": 2}, "would split the in-batch negatives")]
+                ({"train.grad_accum_steps": 2}, "would split the in-batch negatives"),
+                ({"data.packed_rows": 2}, "data.packed_rows=2: some step's texts need"),
+                ({"data.packed_rows": 3}, "data.packed_rows=3 is not divisible by the 2 microbatches")]
     for changes, fragment in settings:
         with pytest.raises(ValueError, match=re.escape(fragment)):
             finetuning.finetune(contrastive_run_config(pretrained, good, **changes), str(tmp_path / "bad"))

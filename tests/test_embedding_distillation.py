@@ -1,7 +1,7 @@
 """Embedding distillation (contrastive.loss=distill_mse): the loss against sentence-transformers' MSELoss,
 the teacher's targets against bertjax.load(teacher).embed, the fine-tuning program teaching a student
-(bertjax's small pretrained BERT, 64 wide, a Dense to 32) a sentence-transformers teacher's embeddings
-(a random BERT 32 wide, mean pooling), and each bad input's one line."""
+(a small BERT, 64 wide, a Dense to 32) the embeddings of a sentence-transformers teacher that a keyword
+moves far (each text's, not their mean), and each bad input's one line."""
 
 import json
 import pathlib
@@ -11,15 +11,16 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 import torch
-from conftest import train_losses
 from sentence_transformers import SentenceTransformer
 from sentence_transformers.sentence_transformer import losses as st_losses
+from sentence_transformers.base.modules import Normalize
 from sentence_transformers.sentence_transformer.modules import Pooling, Transformer
 
 import bertjax
 from bertjax.data import demo
 from bertjax.models import contrastive_losses
 from bertjax.runs import finetuning, task_data
+from bertjax.tasks import demo_tasks
 from configs.finetune import common as finetune_configs
 
 
@@ -101,26 +102,83 @@ def test_the_targets_are_the_teachers_embed(pretrained, teacher, tmp_path):
         "query_ids", "query_mask", "idx", "example_weight", "target"}
 
 
+@pytest.fixture(scope="module")
+def keyword_teacher(pretrained, tmp_path_factory):
+    """A sentence-transformers teacher whose embedding one keyword moves: a transformers BERT 32 wide on
+    the pretrained vocabulary, every weight zero but the word embedding of the keyword's tokens ("return",
+    "returned", ...) and the LayerNorms; its last LayerNorm has scale 60 and bias c = 0.5 everywhere. Each
+    token's state is then its own (no attention reaches it): c for every other token, c plus 60 times a
+    zero-mean unit vector (orthogonal to c) for the keyword. Mean pooling and Normalize: a text without
+    the keyword embeds as c / |c|, one with it near the keyword's direction."""
+    import transformers  # here: the fixture builds a transformers model
+
+    root = tmp_path_factory.mktemp("keyword-teacher")
+    vocab_path = pathlib.Path(pretrained["workdir"]) / "vocab.txt"
+    vocab = vocab_path.read_text(encoding="utf-8").splitlines()
+    keyword = [i for i, token in enumerate(vocab) if token.startswith(demo_tasks.KEYWORD)]
+    assert keyword, "the keyword is a token of the vocabulary"
+    config = transformers.BertConfig(vocab_size=len(vocab), hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
+                                     intermediate_size=64, max_position_embeddings=64)
+    model = transformers.BertModel(config)
+    torch.manual_seed(0)
+    with torch.no_grad():
+        for parameter in model.parameters():
+            parameter.zero_()
+        model.embeddings.word_embeddings.weight[keyword] = torch.randn(32)
+        layer = model.encoder.layer[0]
+        model.embeddings.LayerNorm.weight.fill_(1.0)
+        layer.attention.output.LayerNorm.weight.fill_(1.0)
+        layer.output.LayerNorm.weight.fill_(60.0)
+        layer.output.LayerNorm.bias.fill_(0.5)
+    model.save_pretrained(root / "hf")
+    transformers.BertTokenizer(str(vocab_path)).save_pretrained(root / "hf")
+    SentenceTransformer(modules=[Transformer(str(root / "hf")), Pooling(32, "mean"), Normalize()],
+                        device="cpu").save(str(root / "st"))
+    return str(root / "st")
+
+
+def keyword_texts(pretrained, root: pathlib.Path) -> dict:
+    """The keyword task's sentences (about half with the keyword): 80 train, 40 dev, as {text} rows."""
+    rows = [json.loads(line) for line in pathlib.Path(pretrained["files"]["train"]).read_text().splitlines()]
+    texts = [{"text": r["text"]} for r in rows[:120]]
+    return {"train": write_jsonl(root / "texts.jsonl", texts[:80]),
+            "validation": write_jsonl(root / "dev.jsonl", texts[80:])}
+
+
+def unit_cosines(a, b) -> np.ndarray:
+    a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
+    return np.sum(a * b, -1) / (np.linalg.norm(a, axis=-1) * np.linalg.norm(b, axis=-1))
+
+
 @pytest.mark.slow
-def test_the_program_teaches_the_student_the_teachers_embeddings(pretrained, teacher, tmp_path):
-    files = demo_texts(tmp_path)
-    summary = finetuning.finetune(distill_config(pretrained, teacher, files), str(tmp_path / "run"))
+def test_the_program_teaches_the_student_the_teachers_embeddings(pretrained, finetuned, keyword_teacher, tmp_path):
+    """The keyword teacher's embeddings vary strongly across texts (with the keyword or not). The student,
+    conftest's keyword classifier (its [CLS] state tells the keyword apart; cls pooling, a fresh Dense to
+    the teacher's width), learns them in 20 steps: each dev text's cosine to its teacher's embedding well
+    above that of the best constant prediction (the teacher's mean embedding), with the keyword or not."""
+    files = keyword_texts(pretrained, tmp_path)
+    config = distill_config(pretrained, keyword_teacher, files, **{"train.init_from": finetuned["workdir"],
+                                                                   "contrastive.pooling": ("cls",)})
+    summary = finetuning.finetune(config, str(tmp_path / "run"))
     dev = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()
            if '"split"' in line]
     assert [r["step"] for r in dev] == [5, 10, 15, 20]
     assert all({"mse", "neg_mse", "teacher_cosine"} <= set(r) for r in dev)
     assert summary["main_metric"] == "neg_mse" and summary["best"]["value"] == max(r["neg_mse"] for r in dev)
-    assert dev[-1]["mse"] < 0.5 * dev[0]["mse"] and dev[-1]["teacher_cosine"] > dev[0]["teacher_cosine"]
     texts = [json.loads(line)["text"] for line in pathlib.Path(files["validation"]).read_text().splitlines()]
-    targets = [json.loads(line).get("target_text", t)
-               for line, t in zip(pathlib.Path(files["validation"]).read_text().splitlines(), texts)]
-    wanted = bertjax.load(teacher).embed(targets)
+    wanted = bertjax.load(keyword_teacher).embed(texts)
+    with_keyword = np.array([demo_tasks.KEYWORD in t.lower() for t in texts])
+    assert 10 <= with_keyword.sum() <= 30  # both kinds of text in the dev set
+    assert unit_cosines(wanted[with_keyword], wanted[~with_keyword][:1]).max() < 0.7  # the keyword moves it far
+    constant = float(np.mean(unit_cosines(wanted.mean(0, keepdims=True), wanted)))  # the best constant's
     student = bertjax.load(str(tmp_path / "run" / "best"))
     assert student.embedding.dense["features"] == 32 and not student.embedding.normalize
-    found = float(np.mean(np.square(student.embed(texts) - wanted)))
-    np.testing.assert_allclose(found, -summary["best"]["value"], rtol=1e-3)  # best/ embeds as the dev scores
-    before = train_losses(tmp_path / "run")[1]  # step 1's loss: the untrained student (0.40 here), dropout on
-    assert found < 0.5 * dev[0]["mse"] and found < 0.1 * before  # 0.021 here (0.014: the teachers' mean's)
+    found = student.embed(texts)
+    np.testing.assert_allclose(float(np.mean(np.square(found - wanted))), -summary["best"]["value"], rtol=1e-3)
+    learned = unit_cosines(found, wanted)
+    print(f"per-text cosine to the teacher: student {learned.mean():.3f}, the teacher's mean {constant:.3f}")
+    assert learned.mean() > constant + 0.1  # it learned each text's embedding, not their mean
+    assert learned[with_keyword].mean() > 0.9 and learned[~with_keyword].mean() > 0.9
     cosines = (tmp_path / "run" / "predictions" / "validation_teacher_cosines.tsv").read_text().splitlines()
     assert cosines[0] == "index\tteacher_cosine" and len(cosines) == 41
 

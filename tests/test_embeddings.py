@@ -10,6 +10,7 @@ rewritten in the layout of sentence-transformers 2.x (0_Transformer, pooling_mod
 max_seq_length in sentence_bert_config.json, the Dense weights as pytorch_model.bin).
 """
 
+import dataclasses
 import json
 import shutil
 import types
@@ -219,6 +220,25 @@ def test_a_byte_level_bpe_sentence_transformer_embeds_and_exports_as_sentence_tr
     workdir = save_workdir(tmp_path / "run", bert, bert.vocab_path, embedding=bert.embedding, kind="bpe")
     exported = exporting.export(str(workdir), str(tmp_path / "export"), "sentence-transformers")
     assert max_difference(SentenceTransformer(exported, device="cpu").encode(texts), expected) < ATOL
+
+
+def test_a_query_length_cuts_queries_as_encode_query(loaded, tmp_path):
+    """A record's max_query_length (what contrastive training writes from data.max_query_length):
+    embed(task="query") embeds as sentence-transformers' encode_query on the export (the query prompt, the
+    Transformer's query_length); the other texts keep max_seq_length."""
+    bert = loaded("bert")
+    record = dataclasses.replace(bert.embedding, max_query_length=6)
+    workdir = save_workdir(tmp_path / "run", bert, bert.vocab_path, embedding=record)
+    exported = exporting.export(str(workdir), str(tmp_path / "st"), "sentence-transformers")
+    assert json.loads((tmp_path / "st" / "sentence_bert_config.json").read_text())["query_length"] == 6
+    assert bertjax.load(exported).embedding.max_query_length == 6  # read back
+    reference, model, texts = SentenceTransformer(exported, device="cpu"), bertjax.load(workdir), held_out_texts()
+    queries = model.embed(texts, task="query")
+    assert max_difference(queries, reference.encode_query(texts)) < ATOL
+    assert max_difference(model.embed(texts, prompt_name="passage"), reference.encode(texts, prompt_name="passage")) < ATOL
+    assert max_difference(queries, model.embed(texts, prompt_name="query")) > 1e-2  # cut: other embeddings
+    with pytest.raises(ValueError, match="task='document': None, or 'query'"):
+        model.embed(texts, task="document")
 
 
 def test_a_bertjax_workdir_exports_as_a_sentence_transformer(pretrained, tmp_path):

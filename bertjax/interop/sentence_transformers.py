@@ -4,6 +4,7 @@ A SentenceTransformer directory is a pipeline of modules listed in modules.json,
 
     modules.json                       [{"idx", "name", "path", "type"}, ...] in order
     <Transformer>  ("" or 0_Transformer) a Hugging Face directory of one family, sentence_bert_config.json
+                                       (max_seq_length; query_length, the limit of encode_query's texts)
     1_Pooling/config.json              pooling_mode ("mean", or a list concatenated in order; before 5.x
                                        the booleans pooling_mode_<mode>_tokens), include_prompt
     2_Dense/config.json, weights       optional: in/out_features, bias, activation_function; linear.weight
@@ -116,7 +117,8 @@ def read(path: str) -> Embedder:
     if "Normalize" in folders:
         _check_normalize(folders["Normalize"])
     record = EmbeddingRecord(modes=modes, normalize="Normalize" in folders, dense=dense, include_prompt=include_prompt,
-                             max_seq_length=settings["max_seq_length"], **model)
+                             max_seq_length=settings["max_seq_length"], max_query_length=settings["query_length"],
+                             **model)
     return Embedder(str(transformer), record, dense_params, width, settings["do_lower_case"])
 
 
@@ -151,7 +153,9 @@ def _transformer_settings(folder: Path) -> dict:
     if limit is None:
         limit = _json(folder / "tokenizer_config.json", {}).get("model_max_length")
         limit = limit if isinstance(limit, int) and limit < _NO_LIMIT else None
-    return dict(max_seq_length=None if limit is None else int(limit), do_lower_case=bool(config.get("do_lower_case")))
+    query = config.get("query_length")  # 6.x: the limit of texts encoded as queries (encode_query)
+    return dict(max_seq_length=None if limit is None else int(limit), do_lower_case=bool(config.get("do_lower_case")),
+                query_length=None if query is None else int(query))
 
 
 def _pooling(folder: Path) -> tuple[tuple, bool, int]:
@@ -251,9 +255,11 @@ def write_embedder(directory: str, record: EmbeddingRecord, dense: dict | None, 
                                     "default_prompt_name": record.default_prompt_name,
                                     "similarity_fn_name": record.similarity})
     # max_seq_length for sentence-transformers before 6.x; 6.x reads the tokenizer's model_max_length.
+    # query_length: 6.x cuts the texts of encode_query (task "query") to it, as training cut the queries.
+    query = {} if record.max_query_length is None else {"query_length": min(record.max_query_length, max_seq_length)}
     _write_json(root / TRANSFORMER_FILE, {"max_seq_length": max_seq_length, "do_lower_case": do_lower_case,
                                           "transformer_task": "feature-extraction", "modality_config": _FEATURES,
-                                          "module_output_name": "token_embeddings"})
+                                          "module_output_name": "token_embeddings", **query})
     tokenizer_config = root / "tokenizer_config.json"
     if tokenizer_config.is_file():
         _write_json(tokenizer_config, {**_json(tokenizer_config), "model_max_length": max_seq_length})

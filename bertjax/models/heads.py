@@ -314,7 +314,8 @@ HEADS = {
     "span": Head(lambda cfg, _: BertForQuestionAnswering(cfg), span_loss, best_spans, 2),  # [B, 2]
     "tagging": Head(BertForTokenClassification, tagging_loss, _argmax, None, packable=True),  # [B, S]
     # Embeddings [B, D] are its outputs; its loss takes the embeddings of a batch's texts (embedding_loss).
-    "contrastive": Head(_embedder, contrastive_losses.embedding_loss, lambda embeddings: embeddings, 0),
+    "contrastive": Head(_embedder, contrastive_losses.embedding_loss, lambda embeddings: embeddings, 0,
+                        packable=True),  # its texts packed: bertjax/tasks/contrastive_batches.py
 }
 
 

@@ -74,13 +74,16 @@ def pool(hidden, sequence_ids, num_texts: int, modes: Sequence[str], prompt_leng
             per_text = jax.lax.map(lambda m: jnp.max(jnp.where(m[..., None], hidden, -jnp.inf), axis=1),
                                    jnp.swapaxes(pooled, 0, 1))  # [K, B, H]
             out.append(jnp.swapaxes(per_text, 0, 1))
-    return jnp.concatenate(out, axis=-1)
+    # An empty slot of a packed row (no text) pools to zeros, not to -inf or 0/0: a training step's
+    # gradient flows through every slot, and a NaN there would reach the shared weights.
+    return jnp.where(count > 0.5, jnp.concatenate(out, axis=-1), 0.0)
 
 
 def normalize(x, eps: float = 1e-12):
-    """x / max(||x||, eps) along the last axis, as torch.nn.functional.normalize."""
+    """x / max(||x||, eps) along the last axis, as torch.nn.functional.normalize. Written with the squared
+    norm, so that a zero vector (an empty packed slot) has a zero gradient, not sqrt's NaN at 0."""
     x = x.astype(jnp.float32)
-    return x / jnp.maximum(jnp.linalg.norm(x, axis=-1, keepdims=True), eps)
+    return x * jax.lax.rsqrt(jnp.maximum(jnp.sum(jnp.square(x), axis=-1, keepdims=True), eps * eps))
 
 
 class SentenceEmbedder(nn.Module):

@@ -33,9 +33,10 @@ from bertjax.models import contrastive_losses, heads
 from bertjax.models.config import BertConfig
 from bertjax.runs import config_checks, start
 from bertjax.runs.console import say
-from bertjax.runs.task_data import TaskData, feature_based_settings, task_data, task_from_config
+from bertjax.runs.task_data import (TaskData, contrastive_chunks, feature_based_settings, task_data,
+                                    task_from_config)
 from bertjax.tasks import batches as task_batches
-from bertjax.tasks import contrastive_steps, kinds, registry, scoring
+from bertjax.tasks import contrastive_batches, contrastive_steps, kinds, registry, scoring
 from bertjax.tasks.steps import (INPUT_KEYS, PACKED_INPUT_KEYS, TRAIN_KEYS, Scorer, task_logits, task_loss,
                                  summarize_train)
 from bertjax.text import files
@@ -306,6 +307,13 @@ def train_loop(run: Run, state: TrainState, p_train_step, dropout_key, data_shar
         batches = task_batches.train_batches(train_features, config.train.batch_size, config.train.seed,
                                              int(state.step), process_index=jax.process_index(),
                                              process_count=jax.process_count())
+    elif run.task.kind == registry.CONTRASTIVE:  # the texts of its pairs share rows
+        batches = contrastive_batches.packed_train_batches(
+            train_features, config.train.batch_size, config.train.seed, int(state.step),
+            num_rows=data.packing.num_rows, max_sequences=data.packing.max_sequences,
+            num_chunks=contrastive_chunks(config), process_index=jax.process_index(),
+            process_count=jax.process_count())
+        train_keys = contrastive_batches.batch_keys(train_features)
     else:
         batches = task_batches.packed_train_batches(
             train_features, config.train.batch_size, config.train.seed, int(state.step), keys=train_keys,
@@ -400,7 +408,8 @@ def contrastive_train_step(config, setup: Setup, settings, data_sharding):
     if config.train.grad_accum_steps != 1:
         raise ValueError(f"train.grad_accum_steps={config.train.grad_accum_steps} would split the in-batch negatives"
                          ": set train.contrastive_microbatch instead (the whole batch's loss, in less memory)")
-    microbatch = config.train.get("contrastive_microbatch", 0) or 0
+    chunks = contrastive_chunks(config)  # train.contrastive_microbatch checked
+    microbatch = config.train.batch_size // chunks if chunks > 1 else 0
     width = settings.dense_features or setup.net.config.hidden_size * len(settings.pooling)  # the embeddings'
     contrastive_losses.check_settings(settings.loss, settings.scale, settings.matryoshka_dims,
                                       settings.matryoshka_weights, width)
@@ -408,9 +417,6 @@ def contrastive_train_step(config, setup: Setup, settings, data_sharding):
     loss = functools.partial(contrastive_steps.contrastive_loss, net=setup.net, settings=loss_settings)
     loss_and_grad = None
     if microbatch:
-        if not isinstance(microbatch, int) or microbatch < 1 or config.train.batch_size % microbatch:
-            raise ValueError(f"train.contrastive_microbatch={microbatch!r} must divide train.batch_size="
-                             f"{config.train.batch_size} (0: the whole batch at once)")
         loss_and_grad = functools.partial(contrastive_steps.cached_loss_and_grad, net=setup.net,
                                           settings=loss_settings, microbatch=microbatch)
     return setup.compile_train_step(loss, data_sharding, 1, loss_and_grad_fn=loss_and_grad,

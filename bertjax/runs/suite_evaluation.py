@@ -221,6 +221,8 @@ def retrieval_suite(init_from: str, directories: list[str], workdir: str, *, spl
     similarity = similarity or (model.embedding.similarity if model.embedding else "cosine")
 
     def embed(texts, kind):  # kind: "query" | "passage": the model's prompt of that name, where it has one
+        if kind == "query":  # and the query length it was trained with (sentence-transformers' encode_query)
+            return model.embed(texts, task="query", batch_size=batch_size)
         return model.embed(texts, prompt_name=kind if kind in prompts else None, batch_size=batch_size)
 
     mesh = sharding.make_mesh({"data": -1})  # the corpus split over every device

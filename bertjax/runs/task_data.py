@@ -12,7 +12,7 @@ from bertjax.models import heads
 from bertjax.runs.console import say
 from bertjax.runs.start import Layout
 from bertjax.tasks import batches as task_batches
-from bertjax.tasks import kinds, registry, scoring
+from bertjax.tasks import contrastive_batches, kinds, registry, scoring
 
 
 def task_from_config(config):
@@ -151,9 +151,48 @@ def task_data(config, task, tokenizer, layout: Layout | None = None) -> TaskData
         f"({config.train.epochs:g} epochs)")
     packed = None
     if packing:
-        packed = packed_rows(config, train_split.features, num_steps, *packing, layout=layout)
+        rows_of = packed_text_rows if task.kind == registry.CONTRASTIVE else packed_rows
+        packed = rows_of(config, train_split.features, num_steps, *packing, layout=layout)
     return TaskData(train_split, dev_splits, test_splits, kinds.get(task.kind).settings_from_config(config),
                     num_steps, math.ceil(num_train / batch_size), packed)
+
+
+def contrastive_chunks(config) -> int:
+    """The GradCache microbatches of a contrastive step (1: the batch at once)."""
+    microbatch = config.train.get("contrastive_microbatch", 0) or 0
+    if not isinstance(microbatch, int) or microbatch < 0 or (microbatch and config.train.batch_size % microbatch):
+        raise ValueError(f"train.contrastive_microbatch={microbatch!r} must divide train.batch_size="
+                         f"{config.train.batch_size} (0: the whole batch at once)")
+    return config.train.batch_size // microbatch if microbatch else 1
+
+
+def packed_text_rows(config, features: dict, num_steps: int, max_sequences: int, rows: int | None, *,
+                     layout: Layout | None = None) -> Packing:
+    """A contrastive run's Packing (its texts share rows: bertjax/tasks/contrastive_batches.py):
+    data.packed_rows as set, or derived and said in one line."""
+    batch_size, k = config.train.batch_size, contrastive_chunks(config)
+    per_microbatch = contrastive_batches.packed_rows_needed(
+        features, batch_size, config.train.seed, num_steps, max_sequences=max_sequences, num_chunks=k)
+    if rows is not None and rows % k:
+        raise ValueError(f"data.packed_rows={rows} is not divisible by the {k} microbatches of "
+                         f"train.contrastive_microbatch={config.train.contrastive_microbatch}")
+    if rows is not None and rows // k < per_microbatch:  # said now, not at the step that overflows
+        raise ValueError(f"data.packed_rows={rows}: some step's texts need {per_microbatch * k} rows of "
+                         f"{contrastive_batches.row_width(features)} ({k} microbatch(es) of {per_microbatch}): raise "
+                         "it (or leave it unset to derive it)")
+    if rows is None:
+        unit = math.lcm(layout.data_parallel_size if layout is not None else 1, jax.process_count())
+        rows = k * (-(-per_microbatch // unit) * unit)
+        width = contrastive_batches.row_width(features)
+        lengths = contrastive_batches.text_lengths(features)
+        real = sum(float(np.sum(v)) for v in lengths.values()) / len(features["query_ids"]) * batch_size
+        unpacked = sum(float(features[f"{role}_ids"][..., 0].size) * features[f"{role}_ids"].shape[-1]
+                       for role in lengths) / len(features["query_ids"]) * batch_size
+        say(f"packing: the texts of {batch_size} pairs a step in {rows} rows of {width} (about "
+            f"{100 * real / (rows * width):.0f}% real tokens; unpacked {100 * real / unpacked:.0f}%)")
+    if layout is not None:
+        layout.check_batch(rows, k)
+    return Packing(rows, max_sequences)
 
 
 def packed_rows(config, features: dict, num_steps: int, max_sequences: int, rows: int | None, *,

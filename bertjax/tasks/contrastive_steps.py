@@ -2,64 +2,94 @@
 loss (bertjax/models/contrastive_losses.py), whole or in cached microbatches (GradCache), and the
 (query, passage) embeddings the dev evaluation scores.
 
-A batch (bertjax/tasks/kinds/contrastive.py's features) holds each pair's texts tokenized apart:
+An unpacked batch (bertjax/tasks/kinds/contrastive.py's features) holds each pair's texts tokenized apart:
   query_ids, query_mask [B, Sq]   passage_ids, passage_mask [B, Sp]   score [B] (scored pairs)
   negative_ids, negative_mask [B, G, Sp] and negative_present [B, G] (hard negatives, where G > 0)
+  query_skip, passage_skip [B] (contrastive.include_prompt=False: leading tokens left out of pooling)
   (distill_mse: query_ids, query_mask [B, S] of each text and its teacher's embedding target [B, Dt]; no passage)
 Queries, passages and negatives each run through the embedder in one call with a dropout key of their
 own (role r: fold_in(key, r)), as sentence-transformers embeds each column in a call of its own.
+
+A packed batch (bertjax/tasks/contrastive_batches.py, data.packing) holds every text of the step in
+R rows: input_ids, input_mask, sequence_ids, position_ids [R, W], cls_positions (and prompt_lengths)
+[R, K], and each text's flat place in the R x K embeddings: query_slot [B], passage_slot [B],
+negative_slot [B, G]; score, example_weight, negative_present, target as unpacked. One embedder call
+(one dropout key) gives [R, K, D]; the roles' embeddings are gathered from it, so the loss reads the
+same {"query", "passage", "negative"} either way (without dropout: the same values to float rounding).
 
 GradCache (Gao et al. 2021): the gradient of the whole batch's loss in k microbatches of m pairs. Pass 1
 embeds every microbatch without gradient; the loss and its gradient with respect to the embeddings
 come from the whole batch's embeddings; pass 2 re-runs each microbatch's forward under jax.vjp with
 those embedding gradients and adds up the parameter gradients (a scan). Microbatch c holds pairs c::k
-(strided, as optim.accumulate_gradients splits a batch, so each device keeps its own rows), and its
-dropout key is fold_in(role key, c) in both passes: the same masks, so the two passes agree.
+(strided, as optim.accumulate_gradients splits a batch, so each device keeps its own rows; packed: rows
+c::k, which hold exactly its texts), and its dropout key is fold_in(role key, c) in both passes: the
+same masks, so the two passes agree.
 
 Shape legend: B batch (pairs), G hard negatives per pair, Sq / Sp query / passage length, D embedding
-width, k microbatches, m pairs per microbatch (B = k m).
+width, k microbatches, m pairs per microbatch (B = k m); packed: R rows, W row width, K texts per row.
 """
 
 import jax
 import jax.numpy as jnp
 
 from bertjax.models import contrastive_losses
+from bertjax.tasks.contrastive_batches import ROW_KEYS, SLOT_KEYS
 
 ROLES = ("query", "passage", "negative")  # the dropout key of role r is fold_in(key, r)
 PAIR_KEYS = ("query_ids", "query_mask", "passage_ids", "passage_mask")  # what the dev embeddings read
+SKIP_KEYS = ("query_skip", "passage_skip")  # include_prompt=False: [CLS] and the prompt, not pooled
+EVAL_KEYS = PAIR_KEYS + SKIP_KEYS  # the dev embeddings' inputs, where a split has them
 TEXT_KEYS = ("query_ids", "query_mask")  # distill_mse: one text a row (its features have no passage)
 NEGATIVE_KEYS = ("negative_ids", "negative_mask", "negative_present")
-MASK_KEYS = ("query_mask", "passage_mask", "negative_mask")  # the real tokens, for tokens/s
+PACKED_KEYS = ROW_KEYS + SLOT_KEYS
+# The real tokens, for tokens/s (packed: input_mask; a missing negative's prompt counts unpacked only).
+MASK_KEYS = ("query_mask", "passage_mask", "negative_mask", "input_mask")
 
 
 def batch_keys(features: dict) -> tuple:
     """The keys of a training batch that go to the devices (the hard negatives where the set has any; the
-    teacher's targets and no passages for distill_mse)."""
+    teacher's targets and no passages for distill_mse; the prompt skips where the prompt is not pooled)."""
+    skips = tuple(k for k in SKIP_KEYS if k in features)
     if "target" in features:
-        return TEXT_KEYS + ("target", "example_weight")
-    keys = PAIR_KEYS + ("score", "example_weight")
+        return TEXT_KEYS + skips + ("target", "example_weight")
+    keys = PAIR_KEYS + skips + ("score", "example_weight")
     return keys + (NEGATIVE_KEYS if "negative_ids" in features else ())
 
 
-def embed(params, ids, mask, rng, *, net, deterministic: bool = False):
-    """Embeddings [N, D] of N tokenized texts ids, mask [N, S] (one segment)."""
+def embed(params, ids, mask, rng, *, net, deterministic: bool = False, skip=None):
+    """Embeddings [N, D] of N tokenized texts ids, mask [N, S] (one segment); skip [N]: leading tokens
+    of each left out of pooling (None: all pooled)."""
     return net.apply({"params": params}, ids, jnp.zeros_like(ids), mask, deterministic=deterministic,
-                     rngs=None if rng is None else {"dropout": rng})
+                     rngs=None if rng is None else {"dropout": rng}, prompt_lengths=skip)
+
+
+def embed_packed(params, batch: dict, rng, *, net, deterministic: bool = False) -> dict:
+    """A packed batch's embeddings by role, gathered from the [R, K, D] of its rows."""
+    rows = net.apply({"params": params}, batch["input_ids"], jnp.zeros_like(batch["input_ids"]), batch["input_mask"],
+                     deterministic=deterministic, rngs=None if rng is None else {"dropout": rng},
+                     sequence_ids=batch["sequence_ids"], position_ids=batch["position_ids"],
+                     cls_positions=batch["cls_positions"], prompt_lengths=batch.get("prompt_lengths"))
+    flat = rows.reshape(-1, rows.shape[-1])  # [R K, D]
+    return {role: jnp.take(flat, batch[f"{role}_slot"], axis=0) for role in ROLES if f"{role}_slot" in batch}
 
 
 def embed_batch(params, batch: dict, rng, *, net, deterministic: bool = False) -> dict:
     """{"query" [B, D], "passage" [B, D] (where the batch has passages), "negative" [B, G, D] (where it has
-    negatives)}."""
+    negatives)}, from an unpacked or a packed batch."""
+    if "sequence_ids" in batch:
+        return embed_packed(params, batch, rng, net=net, deterministic=deterministic)
     key = lambda role: None if rng is None else jax.random.fold_in(rng, ROLES.index(role))  # noqa: E731
     out = {"query": embed(params, batch["query_ids"], batch["query_mask"], key("query"), net=net,
-                          deterministic=deterministic)}
+                          deterministic=deterministic, skip=batch.get("query_skip"))}
     if "passage_ids" in batch:
         out["passage"] = embed(params, batch["passage_ids"], batch["passage_mask"], key("passage"), net=net,
-                               deterministic=deterministic)
+                               deterministic=deterministic, skip=batch.get("passage_skip"))
     if "negative_ids" in batch:
         ids, mask = batch["negative_ids"], batch["negative_mask"]  # [B, G, Sp]
+        skip = batch.get("passage_skip")  # negatives carry the passage prompt
+        skip = None if skip is None else jnp.repeat(skip, ids.shape[1])  # [B * G]
         flat = embed(params, ids.reshape(-1, ids.shape[-1]), mask.reshape(-1, mask.shape[-1]), key("negative"),
-                     net=net, deterministic=deterministic)  # [B * G, D]
+                     net=net, deterministic=deterministic, skip=skip)  # [B * G, D]
         out["negative"] = flat.reshape(*ids.shape[:2], -1)
     return out
 
@@ -80,7 +110,7 @@ def contrastive_loss(params, batch: dict, dropout_rng, *, net, settings: dict):
 def pair_embeddings(params, batch: dict, *, net):
     """[B, 2, D]: each pair's query (or text) and passage (or text_pair) embedding, no dropout; [B, 1, D]
     where the batch has no passages (distill_mse: each text's)."""
-    embeddings = embed_batch(params, {k: batch[k] for k in PAIR_KEYS if k in batch}, None, net=net,
+    embeddings = embed_batch(params, {k: batch[k] for k in EVAL_KEYS if k in batch}, None, net=net,
                              deterministic=True)
     return jnp.stack([embeddings[role] for role in ("query", "passage") if role in embeddings], axis=1)
 
@@ -100,6 +130,18 @@ def _unstrided(x):
     return jnp.swapaxes(x, 0, 1).reshape(-1, *x.shape[2:])
 
 
+def _chunks(batch: dict, k: int) -> dict:
+    """[k, ...] microbatches of a batch's embedding inputs: pairs c::k (packed: rows c::k too, each text's
+    slot index turned into its place among its microbatch's rows)."""
+    out = {}
+    for key, value in batch.items():
+        if key in SLOT_KEYS:  # row r of the batch is row r // k of microbatch r % k
+            per_row = batch["cls_positions"].shape[1]
+            value = (value // per_row // k) * per_row + value % per_row
+        out[key] = _strided(value, k)
+    return out
+
+
 def _chunk_embeddings(params, chunk: dict, c, rng, *, net, deterministic: bool):
     """embed_batch of microbatch c, its dropout keys fold_in(role key, c)."""
     return embed_batch(params, chunk, None if rng is None else jax.random.fold_in(rng, c), net=net,
@@ -109,7 +151,7 @@ def _chunk_embeddings(params, chunk: dict, c, rng, *, net, deterministic: bool):
 def embed_in_chunks(params, batch: dict, rng, *, net, num_chunks: int, deterministic: bool = False) -> dict:
     """embed_batch's embeddings computed microbatch by microbatch (GradCache's keys): what pass 1 computes,
     and a differentiable reference for the cached gradient."""
-    chunks = {key: _strided(batch[key], num_chunks) for key in batch}
+    chunks = _chunks(batch, num_chunks)
     per_chunk = jax.lax.map(lambda xs: _chunk_embeddings(params, xs[0], xs[1], rng, net=net,
                                                          deterministic=deterministic),
                             (chunks, jnp.arange(num_chunks)))
@@ -120,8 +162,8 @@ def cached_loss_and_grad(params, batch: dict, dropout_rng, *, net, settings: dic
     """((loss, sums), gradients) of contrastive_loss's loss over the whole batch, computed in microbatches
     of `microbatch` pairs (GradCache): the memory of one microbatch's activations, the whole batch's
     in-batch negatives."""
-    inputs = {k: batch[k] for k in PAIR_KEYS + NEGATIVE_KEYS if k in batch}  # distill_mse: no passages
-    size = inputs["query_ids"].shape[0]
+    inputs = {k: batch[k] for k in PAIR_KEYS + SKIP_KEYS + NEGATIVE_KEYS + PACKED_KEYS if k in batch}
+    size = inputs["query_slot" if "query_slot" in inputs else "query_ids"].shape[0]  # pairs (not packed rows)
     if size % microbatch:
         raise ValueError(f"train.contrastive_microbatch={microbatch} must divide train.batch_size={size}")
     k = size // microbatch
@@ -130,7 +172,7 @@ def cached_loss_and_grad(params, batch: dict, dropout_rng, *, net, settings: dic
     loss_of = lambda e: contrastive_losses.embedding_loss(e, _loss_inputs(batch), **settings)  # noqa: E731
     (loss, sums), embedding_grads = jax.value_and_grad(loss_of, has_aux=True)(embeddings)
     # Pass 2: each microbatch's forward again, its embeddings' gradients pulled back to the parameters.
-    chunks = {key: _strided(value, k) for key, value in inputs.items()}
+    chunks = _chunks(inputs, k)
     chunk_grads = {role: _strided(g, k) for role, g in embedding_grads.items()}
 
     def add_chunk(total, xs):

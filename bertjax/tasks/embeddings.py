@@ -26,6 +26,7 @@ PACK_WINDOW = 4096  # texts the packer places at a time (in length order): its c
 # A model without an embedding record embeds with sentence-transformers' default Pooling: the mean of
 # its token states, not normalised.
 DEFAULT = EmbeddingRecord()
+QUERY = "query"  # the task (and prompt name) of queries
 
 
 @dataclasses.dataclass(frozen=True)
@@ -41,10 +42,16 @@ class Settings:
 
 
 def resolve(record: EmbeddingRecord | None, model_limit: int, *, prompt_name: str | None, prompt: str | None,
-            pooling_modes=None, normalize: bool | None = None) -> Settings:
+            pooling_modes=None, normalize: bool | None = None, task: str | None = None) -> Settings:
     """The settings of one call; a prompt name the model lacks, or pooling its Dense cannot take, is one
-    line. model_limit: the most tokens the encoder's positions allow."""
+    line. model_limit: the most tokens the encoder's positions allow. task="query" (sentence-transformers'
+    encode_query): the "query" prompt where none is given and the model has one, and texts cut to the
+    record's max_query_length where it has one."""
     record = record or DEFAULT
+    if task not in (None, QUERY):
+        raise ValueError(f"task={task!r}: None, or 'query' (the texts are queries)")
+    if task == QUERY and prompt_name is None and prompt is None and QUERY in record.prompts:
+        prompt_name = QUERY  # as sentence-transformers' encode_query
     if prompt is None:
         name = prompt_name if prompt_name is not None else record.default_prompt_name
         if name is not None and name not in record.prompts:
@@ -56,6 +63,8 @@ def resolve(record: EmbeddingRecord | None, model_limit: int, *, prompt_name: st
         raise ValueError(f"pooling={list(modes)}: the model's Dense layer takes the width of {len(record.modes)} "
                          f"pooling mode(s) ({', '.join(record.modes)}); pass as many")
     limit = min(record.max_seq_length or model_limit, model_limit)
+    if task == QUERY and record.max_query_length is not None:  # Transformer.query_length
+        limit = min(record.max_query_length, limit)
     return Settings(tuple(modes), record.normalize if normalize is None else bool(normalize), record.dense, prompt,
                     record.include_prompt, limit)
 

@@ -49,6 +49,8 @@ class EmbeddingRecord:
     default_prompt_name: str | None = None
     include_prompt: bool = True  # False: a prompt's tokens are left out of pooling
     max_seq_length: int | None = None
+    # Queries' own limit (prompt_name="query"; sentence-transformers' Transformer.query_length), or None.
+    max_query_length: int | None = None
     similarity: str = "cosine"  # "cosine" | "dot"
 
     def __post_init__(self):

@@ -130,7 +130,10 @@ def contrastive_config(task: str = "contrastive") -> ml_collections.ConfigDict:
     config = finetune_config(task)
     config.data.max_seq_length = 128  # passages (and both texts of scored pairs), [CLS] and [SEP] included
     config.data.max_query_length = 32  # queries of query / positive pairs
-    config.data.packing = False  # each text is embedded alone
+    # The texts of a step's pairs share rows (bertjax/tasks/contrastive_batches.py): the same loss and
+    # gradient in fewer padded positions. data.packed_rows unset: the most any step needs.
+    config.data.packing = True
+    config.data.max_sequences_per_row = 16  # K: texts a packed row holds at most
     config.optimizer.learning_rate = 5e-5
     config.optimizer.bias_correction = True  # torch.optim.AdamW's, as sentence-transformers trains
     config.train.contrastive_microbatch = 0  # GradCache: pairs per cached microbatch; 0: the batch at once
@@ -151,6 +154,9 @@ def contrastive_config(task: str = "contrastive") -> ml_collections.ConfigDict:
         dense_activation="tanh",  # the Dense's activation (sentence-transformers' default): tanh | identity
         query_prompt="",  # prepended to every query (or text), e.g. "query: "
         passage_prompt="",  # prepended to every positive, negative (or text_pair), e.g. "passage: "
+        # False: [CLS] and a prompt's tokens are left out of pooling (sentence-transformers'
+        # Pooling(include_prompt=False)); the checkpoint's embedding record says so for embed and the export.
+        include_prompt=True,
         # distill_mse: the model whose embeddings the student learns (any path bertjax.load reads); its
         # embeddings of each {text, target_text} row's target_text (default text) are computed once.
         teacher="",

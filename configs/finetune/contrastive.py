@@ -27,6 +27,9 @@ def get_config():
     config.contrastive.normalize = True
     config.contrastive.query_prompt = ""  # e.g. "query: "
     config.contrastive.passage_prompt = ""  # e.g. "passage: "
+    config.contrastive.include_prompt = True  # False: the prompts' tokens are not pooled
     config.data.max_query_length = 32
     config.data.max_seq_length = 128
+    config.data.packing = True  # queries, passages and negatives share rows: far fewer padded positions
+    config.data.packed_rows = None  # rows of a packed step; unset: the most any step of the run needs
     return config

@@ -15,7 +15,10 @@ Every problem (a missing field, an empty text, an empty file) is one ValueError 
 
 Each text is tokenized alone as [CLS] text [SEP]: the query (or text) after contrastive.query_prompt, cut
 to data.max_query_length tokens (scored pairs: data.max_seq_length); the passage (text_pair) and the
-negatives after contrastive.passage_prompt, cut to data.max_seq_length.
+negatives after contrastive.passage_prompt, cut to data.max_seq_length. With contrastive.include_prompt=False
+[CLS] and the prompt's tokens are left out of pooling (sentence-transformers' Pooling(include_prompt=False));
+they are still encoded. Training may pack these texts several to a row (data.packing:
+bertjax/tasks/contrastive_batches.py); the features here are each text's own.
 
 Dev sets: pairs are scored by retrieval inside the set, each dev query against every distinct dev
 positive by cosine: mrr_at_10 (the reciprocal rank of its positive, 0 below rank 10) and recall_at_1;
@@ -29,8 +32,11 @@ Features (N pairs, G = the most negatives any row keeps, Sq / S query / passage 
   query_ids, query_mask [N, Sq]; passage_ids, passage_mask [N, S]; score float32 [N] (nan: none)
   negative_ids, negative_mask [N, G, S], negative_present [N, G] (G > 0 only; a missing negative is an
   empty text, its prompt alone, with negative_present 0: no candidate); idx, example_weight [N]
+  query_skip, passage_skip int32 [N] (include_prompt=False only): the leading tokens of a query / of a
+  passage or negative left out of pooling ([CLS] and the prompt's tokens; 0 without a prompt)
 Texts (distill_mse): query_ids, query_mask [N, S] (the text after contrastive.query_prompt, cut to
-  data.max_seq_length); idx, example_weight [N]; target float32 [N, Dt] (added by the run layer)
+  data.max_seq_length), query_skip [N] as above; idx, example_weight [N]; target float32 [N, Dt] (added by
+  the run layer)
 """
 
 import dataclasses
@@ -65,6 +71,7 @@ class Settings:
     max_query_length: int = 32
     max_seq_length: int = 128
     max_negatives: int = 1
+    include_prompt: bool = True  # False: a prompt's tokens (and [CLS]) are left out of pooling
     teacher: str = ""  # distill_mse: the model whose embeddings the student learns (any path bertjax.load reads)
 
     @property
@@ -91,9 +98,20 @@ class Settings:
                    if text}
         dense = None if self.dense_features is None else {"features": int(self.dense_features), "bias": True,
                                                           "activation": self.dense_activation}
+        # Queries of pairs are cut to max_query_length (sentence-transformers' Transformer.query_length);
+        # the texts of scored pairs and of distill_mse to max_seq_length.
+        query_length = None if self.scored or self.distill else int(self.max_query_length)
         return EmbeddingRecord(modes=tuple(self.pooling), normalize=bool(self.normalize), dense=dense,
-                               prompts=prompts, include_prompt=True, max_seq_length=int(self.max_seq_length),
+                               prompts=prompts, include_prompt=bool(self.include_prompt),
+                               max_seq_length=int(self.max_seq_length), max_query_length=query_length,
                                similarity="cosine")
+
+    def skip(self, tokenizer, prompt: str) -> int:
+        """The leading tokens of a text after `prompt` left out of pooling: [CLS] and the prompt's tokens
+        where include_prompt is False and there is a prompt (sentence-transformers' prompt_length), else 0."""
+        if self.include_prompt or not prompt:
+            return 0
+        return 1 + len(tokenizer.encode([prompt])[0])
 
 
 def settings_from_config(config) -> Settings:
@@ -118,6 +136,8 @@ def settings_from_config(config) -> Settings:
     if s.distill != bool(s.teacher):
         raise ValueError("contrastive.loss=distill_mse needs contrastive.teacher=PATH (a model bertjax.load reads)"
                          if s.distill else f"contrastive.teacher={s.teacher!r} is for contrastive.loss=distill_mse")
+    if not isinstance(s.include_prompt, bool):
+        raise ValueError(f"contrastive.include_prompt={s.include_prompt!r}: True (the prompt's tokens pooled) or False")
     if not isinstance(s.max_negatives, int) or s.max_negatives < 0:
         raise ValueError(f"contrastive.max_negatives={s.max_negatives!r}: a whole number, 0 for in-batch ones only")
     return s
@@ -221,10 +241,14 @@ def featurize(task, examples: list, tokenizer, max_seq_length: int, settings: Se
     s = settings or Settings(max_seq_length=max_seq_length)
     if not examples:
         raise ValueError(f"task {task.name}: no pairs to featurize")
+    skips = {} if s.include_prompt else {
+        "query_skip": np.full(len(examples), s.skip(tokenizer, s.query_prompt), np.int32),
+        "passage_skip": np.full(len(examples), s.skip(tokenizer, s.passage_prompt), np.int32)}
     if s.distill:  # each text alone; the run layer adds the teacher's embeddings (target)
         ids, mask = _encoded(tokenizer, [s.query_prompt + e.query for e in examples], s.max_seq_length)
         return {"query_ids": ids, "query_mask": mask, "idx": np.array([e.idx for e in examples], np.int32),
-                "example_weight": np.ones(len(examples), np.float32)}
+                "example_weight": np.ones(len(examples), np.float32),
+                **{k: v for k, v in skips.items() if k == "query_skip"}}
     query_length = s.max_seq_length if s.scored else s.max_query_length
     out = {}
     out["query_ids"], out["query_mask"] = _encoded(tokenizer, [s.query_prompt + e.query for e in examples],
@@ -239,6 +263,7 @@ def featurize(task, examples: list, tokenizer, max_seq_length: int, settings: Se
         out["negative_ids"] = ids.reshape(len(examples), g, -1)
         out["negative_mask"] = mask.reshape(len(examples), g, -1)
         out["negative_present"] = np.array([[n < len(e.negatives) for n in range(g)] for e in examples], np.float32)
+    out.update(skips)
     out["score"] = np.array([np.nan if e.score is None else e.score for e in examples], np.float32)
     out["idx"] = np.array([e.idx for e in examples], np.int32)
     out["example_weight"] = np.ones(len(examples), np.float32)
@@ -324,4 +349,4 @@ def signatures(graph) -> dict:
 
 CONTRASTIVE = Kind("contrastive", class_labels=False, read=read, featurize=featurize, score=score, predict=predict,
                    signatures=signatures, settings_from_config=settings_from_config, hf_class=None,
-                   batch_keys=contrastive_steps.batch_keys, eval_keys=contrastive_steps.PAIR_KEYS)
+                   batch_keys=contrastive_steps.batch_keys, eval_keys=contrastive_steps.EVAL_KEYS)
