@@ -1,6 +1,7 @@
 """The step benchmark: tokens/s of the full training step, beside Hugging Face on the same shapes; what
 `python -m bertjax.benchmark` runs (its docstring says what is timed and printed)."""
 
+import functools
 import os
 import sys
 import time
@@ -26,7 +27,7 @@ from bertjax.data import synthetic
 from bertjax.data.settings import DataSettings
 from bertjax.models import bert
 from bertjax.models.config import BertConfig
-from bertjax.runs import start
+from bertjax.runs import embedding_benchmark, start
 from bertjax.runs.hf_peer import HFStep, hf_peer_config, torch_cuda_available
 from bertjax.runs.step_profile import print_profile, profile_steps
 from bertjax.training import flops, pretraining_step, sharding
@@ -288,12 +289,20 @@ def print_results(rows: list[dict], peak: float | None) -> None:
 
 def benchmark(*, sizes: list[str] | None, seq_len: int, batch_size: int, shape_given: bool, steps: int, warmup: int,
               dtype: str | None, overrides: dict, dropout_rng: str, accelerator: bool | None, no_torch: bool,
-              no_torch_compile: bool, profile: str | None, packing: bool, memory_only: bool) -> None:
-    """The benchmark the flags ask for (python -m bertjax.benchmark --help), printed."""
+              no_torch_compile: bool, profile: str | None, packing: bool, memory_only: bool,
+              embeddings: bool | None = False, texts: int = 2048, max_length: int = 256,
+              embed_passes: int = 3) -> dict | None:
+    """The benchmark the flags ask for (python -m bertjax.benchmark --help), printed; --embeddings' rows
+    returned (embedding_benchmark.benchmark's)."""
     if steps < 1 or warmup < 1:
         raise ValueError("--steps and --warmup must be at least 1 (the first warmup step compiles)")
     if accelerator is None:
         accelerator = jax.default_backend() != "cpu"
+    embedding_figures = functools.partial(
+        embedding_benchmark.benchmark, overrides=overrides, num_texts=texts, max_length=max_length,
+        batch_size=batch_size, passes=embed_passes, steps=steps, warmup=warmup, no_torch=no_torch)
+    if embeddings:
+        return embedding_figures()
     device = jax.devices()[0]
     peak = flops.peak_flops_per_device(device.device_kind)
     requested = sizes
@@ -326,3 +335,5 @@ def benchmark(*, sizes: list[str] | None, seq_len: int, batch_size: int, shape_g
     print(f"jax {jax.__version__}, XLA_FLAGS={os.environ.get('XLA_FLAGS', '')!r}; load average "
           f"{load_average()}", flush=True)
     assert "tensorflow" not in sys.modules, "TensorFlow was imported on the benchmark path"
+    if accelerator and embeddings is None:
+        embedding_figures()
