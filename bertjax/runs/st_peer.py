@@ -26,8 +26,8 @@ def cuda_available() -> bool:
 def _torch(device: str):
     import torch  # optional: the benchmark's peer only
 
-    if device == "cpu":
-        torch.set_num_threads(os.cpu_count())  # as the step benchmark's HF peer: every core
+    if device == "cpu":  # every core this process may run on (a `taskset` run: those), as XLA's threads
+        torch.set_num_threads(len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count())
     return torch
 
 
