@@ -1,4 +1,5 @@
-"""python -m bertjax.benchmark runs every family's config beside its Hugging Face class."""
+"""python -m bertjax.benchmark runs every family's config beside its Hugging Face class, and --embeddings
+times embedding and contrastive training beside sentence-transformers on one exported model."""
 
 import math
 import os
@@ -66,6 +67,7 @@ def test_benchmark_runs_the_tiny_families_beside_hf():
 TINY_EMBEDDER = dict(num_layers=2, hidden_size=32, num_heads=2, intermediate_size=64, vocab_size=512)
 
 
+@pytest.mark.slow
 def test_embedding_figures_beside_sentence_transformers(capsys):
     """--embeddings at toy sizes: both sides load the one exported directory and embed the same texts to the
     same vectors; the contrastive step of each trains the same loss; the figures are printed."""
