@@ -335,5 +335,5 @@ def benchmark(*, sizes: list[str] | None, seq_len: int, batch_size: int, shape_g
     print(f"jax {jax.__version__}, XLA_FLAGS={os.environ.get('XLA_FLAGS', '')!r}; load average "
           f"{load_average()}", flush=True)
     assert "tensorflow" not in sys.modules, "TensorFlow was imported on the benchmark path"
-    if accelerator and embeddings is None:
+    if accelerator and embeddings is None and not memory_only:
         embedding_figures()
