@@ -93,6 +93,7 @@ def test_embedding_figures_beside_sentence_transformers(capsys):
     # In-batch MNRL of 4 pairs from nearly equal random-init embeddings: each near log(4), the two alike.
     assert bertjax_step["loss"] == pytest.approx(st_step["loss"], rel=0.1)
     assert st_step["ratio"] == pytest.approx(bertjax_step["tokens_per_s"] / st_step["tokens_per_s"])
+    lines = printed.splitlines()
     for header in ("embed", "contrastive step"):
-        assert any(line.startswith(header) and line.rstrip().endswith("bertjax / this") for line in printed.splitlines())
+        assert any(line.startswith(header) and line.rstrip().endswith("bertjax / this") for line in lines)
     assert f"{theirs['ratio']:.2f}x" in printed and f"{st_step['ratio']:.2f}x" in printed

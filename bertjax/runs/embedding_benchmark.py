@@ -39,6 +39,7 @@ from bertjax.interop import hf
 from bertjax.models import bert as bert_model
 from bertjax.models.config import BertConfig, resolve_platform
 from bertjax.runs import exporting, finetuning, start, st_peer
+from bertjax.runs.timing import load_average, measure, print_table
 from bertjax.tasks import contrastive_steps, registry
 from bertjax.tasks.kinds import contrastive as contrastive_kind
 from bertjax.training import checkpoint, sharding
@@ -222,10 +223,9 @@ def pair_batches(config, tokenizer, num_batches: int) -> list[dict]:
     return [{k: v[b * size:(b + 1) * size] for k, v in features.items()} for b in range(num_batches)]
 
 
-def run_contrastive(directory: str, tokenizer, batch_size: int, steps: int, warmup: int, device: str | None) -> list[dict]:
+def run_contrastive(directory: str, tokenizer, batch_size: int, steps: int, warmup: int,
+                    device: str | None) -> list[dict]:
     """bertjax's contrastive step and (device not None) sentence-transformers' on the same batches."""
-    from bertjax.runs.step_benchmark import measure  # the step benchmark's interleaved timing
-
     config = contrastive_config(batch_size)
     batches = pair_batches(config, tokenizer, min(warmup + steps, 4))
     runners = [BertjaxContrastiveStep(config, directory, tokenizer, batches)]
@@ -253,7 +253,6 @@ def benchmark(*, overrides: dict, num_texts: int, max_length: int, batch_size: i
               warmup: int, no_torch: bool) -> dict:
     """Builds the model and texts, times both sides, prints the two tables; returns their rows."""
     from bertjax import inference  # TensorFlow (the tokenizer): imported on this path only
-    from bertjax.runs.step_benchmark import load_average, print_table
 
     if num_texts < 1 or passes < 1:
         raise ValueError(f"--texts={num_texts} and --embed_passes={passes} must be at least 1")

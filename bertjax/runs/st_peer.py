@@ -38,7 +38,7 @@ class STEmbedder:
 
     def __init__(self, directory: str, device: str = "cpu"):
         torch = _torch(device)
-        import sentence_transformers
+        import sentence_transformers  # optional, as torch
 
         self.torch, self.device = torch, device
         self.model = sentence_transformers.SentenceTransformer(directory, device=device)
@@ -61,8 +61,8 @@ class STContrastiveStep:
     def __init__(self, directory: str, batches: list[dict], *, scale: float, learning_rate: float, b1: float,
                  b2: float, eps: float, weight_decay: float, clip_norm: float, device: str = "cpu"):
         torch = _torch(device)
-        import sentence_transformers
-        from sentence_transformers.sentence_transformer import losses
+        import sentence_transformers  # optional, as torch
+        from sentence_transformers.sentence_transformer import losses  # optional, as torch
 
         self.torch, self.device, self.clip_norm = torch, device, clip_norm
         model = sentence_transformers.SentenceTransformer(directory, device=device)
@@ -78,7 +78,9 @@ class STContrastiveStep:
 
         def column(ids, mask):
             width = int(mask.sum(-1).max())  # the longest text of the column
-            as_long = lambda x: torch.from_numpy(np.ascontiguousarray(x[:, :width]).astype(np.int64)).to(device)  # noqa: E731
+            def as_long(x):
+                return torch.from_numpy(np.ascontiguousarray(x[:, :width]).astype(np.int64)).to(device)
+
             return {"input_ids": as_long(ids), "attention_mask": as_long(mask), "token_type_ids": as_long(0 * ids)}
 
         self.batches = [[column(b["query_ids"], b["query_mask"]), column(b["passage_ids"], b["passage_mask"])]
