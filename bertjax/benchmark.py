@@ -6,6 +6,7 @@
     python -m bertjax.benchmark --sizes=tiny,mini --packing       # packed rows against padded ones
     python -m bertjax.benchmark --accelerator                     # GPU/TPU: base and large, bf16, vs HF
     python -m bertjax.benchmark --accelerator --profile=/tmp/prof # and a trace, kernel time by category
+    python -m bertjax.benchmark --embeddings                      # embed and contrastive steps vs sentence-transformers
 
 What is timed is the whole optimizer step as the trainer runs it (training.step.train_step: forward, backward,
 the config's clipping and optimizer, BERT's AdamW for BERT; state donated), built by pretraining_step.setup from
@@ -19,7 +20,12 @@ the same batches in PyTorch: on the CPU eager in float32; on a GPU eager and tor
 attention, bf16 autocast, fused AdamW and clipping 1.0. Printed: tokens/s, model TFLOP/s and MFU, the
 step's memory (bertjax: the compiled step's memory_analysis(); HF: torch's peak allocation) and bertjax's
 ratio to each HF variant.
-docs/performance.md records the figures. No TensorFlow is imported here.
+--embeddings times sentence embeddings and the contrastive training step instead, beside
+sentence-transformers on one model of MiniLM-L6's shape (--model.KEY=VALUE changes it) and the same
+texts (bertjax/runs/embedding_benchmark.py says what is timed); an accelerator run (--accelerator) adds
+these figures after its step table unless --noembeddings. docs/performance.md records the figures. No
+TensorFlow is imported on the step benchmark's path (the embedding figures tokenize with bertjax's
+tokenizer, which is TensorFlow ops).
 """
 
 import sys
@@ -61,6 +67,16 @@ def define_flags(argv: list[str]) -> dict:
                                     "directory and print the device time per step by kernel category."),
         packing=flags.DEFINE_bool("packing", False, "Time bertjax on packed rows against rows of one padded "
                                   "example each, both of the demo corpus's example lengths: real tokens/s."),
+        embeddings=flags.DEFINE_bool("embeddings", None, "Sentence embeddings (bertjax.load(...).embed against "
+                                     "SentenceTransformer.encode) and the contrastive training step (MNRL) beside "
+                                     "sentence-transformers, on one MiniLM-L6-shaped model. Default: off on the "
+                                     "CPU, after the step table with --accelerator."),
+        texts=flags.DEFINE_integer("texts", 2048, "--embeddings: demo-corpus texts embedded (2 words to past "
+                                   "--max_length tokens)."),
+        max_length=flags.DEFINE_integer("max_length", 256, "--embeddings: tokens per text in embedding "
+                                        "(all-MiniLM-L6-v2's max_seq_length)."),
+        embed_passes=flags.DEFINE_integer("embed_passes", 3, "--embeddings: timed passes over the texts per side, "
+                                          "alternated (the median counts), after one untimed pass."),
         memory_only=flags.DEFINE_bool("memory_only", False, "Compile bertjax's step and print its memory; run nothing "
                                        "(e.g. to choose a remat policy for a GPU on a CPU machine)."),
     )
@@ -88,7 +104,9 @@ def main(argv, args):
                    steps=args.steps, warmup=args.warmup, dtype=args.dtype,
                    overrides=config_flags.get_override_values(flags.FLAGS["model"]), dropout_rng=args.dropout_rng,
                    accelerator=args.accelerator, no_torch=args.no_torch, no_torch_compile=args.no_compile,
-                   profile=args.profile, packing=args.packing, memory_only=args.memory_only)
+                   profile=args.profile, packing=args.packing, memory_only=args.memory_only,
+                   embeddings=args.embeddings, texts=args.texts, max_length=args.max_length,
+                   embed_passes=args.embed_passes)
 
 
 def entry():

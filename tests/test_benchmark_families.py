@@ -1,4 +1,5 @@
-"""python -m bertjax.benchmark runs every family's config beside its Hugging Face class."""
+"""python -m bertjax.benchmark runs every family's config beside its Hugging Face class, and --embeddings
+times embedding and contrastive training beside sentence-transformers on one exported model."""
 
 import math
 import os
@@ -7,6 +8,7 @@ import re
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 
 from bertjax.runs import hf_peer, step_benchmark
@@ -59,3 +61,39 @@ def test_benchmark_runs_the_tiny_families_beside_hf():
             assert math.isfinite(tokens_per_second) and tokens_per_second > 0, cells
             assert float(cells[5]) >= 0, cells
         assert f"HF eager ({FAMILY_CLASSES[size]})" in result.stdout
+
+
+# A MiniLM-shaped embedder at toy sizes (--model.KEY=VALUE overrides of embedding_benchmark.MINILM_L6).
+TINY_EMBEDDER = dict(num_layers=2, hidden_size=32, num_heads=2, intermediate_size=64, vocab_size=512)
+
+
+@pytest.mark.slow
+def test_embedding_figures_beside_sentence_transformers(capsys):
+    """--embeddings at toy sizes: both sides load the one exported directory and embed the same texts to the
+    same vectors; the contrastive step of each trains the same loss; the figures are printed."""
+    result = step_benchmark.benchmark(
+        sizes=None, seq_len=128, batch_size=4, shape_given=False, steps=1, warmup=1, dtype=None,
+        overrides=TINY_EMBEDDER, dropout_rng="threefry", accelerator=False, no_torch=False, no_torch_compile=True,
+        profile=None, packing=False, memory_only=False, embeddings=True, texts=12, max_length=48, embed_passes=1)
+    printed = capsys.readouterr().out
+    ours, theirs = result["embed"]
+    assert (ours["side"], theirs["side"]) == ("bertjax", "sentence-transformers")
+    a, b = ours["embeddings"], theirs["embeddings"]
+    assert a.shape == b.shape == (12, 32)
+    difference = float(np.abs(a - b).max())
+    assert difference < 1e-5
+    assert a.std(axis=0).mean() > 1e-3  # twelve different texts, twelve different vectors
+    np.testing.assert_allclose(np.linalg.norm(a, axis=-1), 1.0, atol=1e-5)  # the record's Normalize
+    assert f"max |bertjax - sentence-transformers| over the 12 embeddings: {difference:.2e}" in printed
+    for row in (ours, theirs):
+        assert math.isfinite(row["texts_per_s"]) and row["texts_per_s"] > 0 and row["tokens_per_s"] > row["texts_per_s"]
+    assert theirs["ratio"] == pytest.approx(ours["texts_per_s"] / theirs["texts_per_s"])
+    bertjax_step, st_step = result["contrastive"]
+    assert (bertjax_step["side"], st_step["side"]) == ("bertjax", "sentence-transformers")
+    # In-batch MNRL of 4 pairs from nearly equal random-init embeddings: each near log(4), the two alike.
+    assert bertjax_step["loss"] == pytest.approx(st_step["loss"], rel=0.1)
+    assert st_step["ratio"] == pytest.approx(bertjax_step["tokens_per_s"] / st_step["tokens_per_s"])
+    lines = printed.splitlines()
+    for header in ("embed", "contrastive step"):
+        assert any(line.startswith(header) and line.rstrip().endswith("bertjax / this") for line in lines)
+    assert f"{theirs['ratio']:.2f}x" in printed and f"{st_step['ratio']:.2f}x" in printed

@@ -276,14 +276,17 @@ def test_the_plan_takes_every_text_once_in_few_shapes():
     taken = np.concatenate([members[members >= 0] for members, _ in batches])
     assert sorted(taken.tolist()) == list(range(len(lengths)))
     widths = embeddings.buckets(300)
-    assert widths == [16, 32, 64, 128, 256, 300]
+    assert widths == [16, 32, 48, 64, 80, 96, 112, 128, 160, 192, 224, 256, 300]
     for members, width in batches:
         assert width in widths and members.shape[0] in (1, 2, 4, 8, 16, 32)
         row_tokens = np.where(members >= 0, lengths[np.maximum(members, 0)], 0).sum(axis=1)
         assert (row_tokens <= width).all()
         alone = members.shape[1] == 1
         assert alone or (lengths[members[members >= 0]] <= 64).all()
-    assert len({(members.shape, width) for members, width in batches}) <= 10
+        if alone:  # the narrowest width that holds the batch's longest text: padded by at most a quarter
+            longest = lengths[members[members >= 0]].max()
+            assert widths.index(width) == 0 or widths[widths.index(width) - 1] < longest <= width < 1.25 * longest
+    assert len({(members.shape, width) for members, width in batches}) <= 16
     assert sum(members.shape[1] > 1 for members, _ in batches) >= 1
 
 

@@ -1,6 +1,7 @@
 """The step benchmark: tokens/s of the full training step, beside Hugging Face on the same shapes; what
 `python -m bertjax.benchmark` runs (its docstring says what is timed and printed)."""
 
+import functools
 import os
 import sys
 import time
@@ -26,9 +27,10 @@ from bertjax.data import synthetic
 from bertjax.data.settings import DataSettings
 from bertjax.models import bert
 from bertjax.models.config import BertConfig
-from bertjax.runs import start
+from bertjax.runs import embedding_benchmark, start
 from bertjax.runs.hf_peer import HFStep, hf_peer_config, torch_cuda_available
 from bertjax.runs.step_profile import print_profile, profile_steps
+from bertjax.runs.timing import load_average, measure, print_table
 from bertjax.training import flops, pretraining_step, sharding
 from bertjax.training import state as train_state
 
@@ -143,28 +145,6 @@ def compiled_memory(compiled) -> int | None:
     return int(m.argument_size_in_bytes + m.output_size_in_bytes + m.temp_size_in_bytes - m.alias_size_in_bytes)
 
 
-def measure(runners: list, warmup: int, steps: int) -> list[dict]:
-    """Warm every runner up (its first step compiles), then time `steps` steps of each, interleaved
-    (one step of each in turn), so that a change in the machine's load falls on all of them alike.
-    Per runner: seconds of the timed steps, the fastest step and the first step's seconds."""
-    firsts = []
-    for runner in runners:
-        firsts.append(runner.step())
-        for _ in range(warmup - 1):
-            runner.step()
-    times = [[] for _ in runners]
-    for _ in range(steps):
-        for runner, t in zip(runners, times):
-            t.append(runner.step())
-    out = []
-    for runner, t, first in zip(runners, times, firsts):
-        loss = runner.loss()
-        if not np.isfinite(loss):
-            raise FloatingPointError(f"{runner.name} loss is {loss} after {warmup + steps} steps")
-        out.append(dict(seconds=sum(t), best=min(t), median=float(np.median(t)), first_step=first, loss=loss))
-    return out
-
-
 def _si(x: float) -> str:
     for unit, scale in (("M", 1e6), ("k", 1e3)):
         if abs(x) >= scale:
@@ -174,22 +154,6 @@ def _si(x: float) -> str:
 
 def _gib(n: int | None) -> str:
     return "-" if n is None else f"{n / 2**30:.1f} GiB"
-
-
-def load_average() -> str:
-    try:
-        return " ".join(f"{x:.2f}" for x in os.getloadavg())
-    except OSError:
-        return "n/a"
-
-
-def print_table(header, rows) -> None:
-    cells = [header] + [[str(c) for c in r] for r in rows]
-    widths = [max(len(r[i]) for r in cells) for i in range(len(header))]
-    for j, r in enumerate(cells):
-        print("  ".join(c.rjust(w) if i else c.ljust(w) for i, (c, w) in enumerate(zip(r, widths))), flush=True)
-        if j == 0:
-            print("  ".join("-" * w for w in widths), flush=True)
 
 
 def run_shape(size: str, seq_len: int, batch_size: int, *, steps: int, warmup: int, dtype, overrides: dict,
@@ -288,12 +252,20 @@ def print_results(rows: list[dict], peak: float | None) -> None:
 
 def benchmark(*, sizes: list[str] | None, seq_len: int, batch_size: int, shape_given: bool, steps: int, warmup: int,
               dtype: str | None, overrides: dict, dropout_rng: str, accelerator: bool | None, no_torch: bool,
-              no_torch_compile: bool, profile: str | None, packing: bool, memory_only: bool) -> None:
-    """The benchmark the flags ask for (python -m bertjax.benchmark --help), printed."""
+              no_torch_compile: bool, profile: str | None, packing: bool, memory_only: bool,
+              embeddings: bool | None = False, texts: int = 2048, max_length: int = 256,
+              embed_passes: int = 3) -> dict | None:
+    """The benchmark the flags ask for (python -m bertjax.benchmark --help), printed; --embeddings' rows
+    returned (embedding_benchmark.benchmark's)."""
     if steps < 1 or warmup < 1:
         raise ValueError("--steps and --warmup must be at least 1 (the first warmup step compiles)")
     if accelerator is None:
         accelerator = jax.default_backend() != "cpu"
+    embedding_figures = functools.partial(
+        embedding_benchmark.benchmark, overrides=overrides, num_texts=texts, max_length=max_length,
+        batch_size=batch_size, passes=embed_passes, steps=steps, warmup=warmup, no_torch=no_torch)
+    if embeddings:
+        return embedding_figures()
     device = jax.devices()[0]
     peak = flops.peak_flops_per_device(device.device_kind)
     requested = sizes
@@ -326,3 +298,5 @@ def benchmark(*, sizes: list[str] | None, seq_len: int, batch_size: int, shape_g
     print(f"jax {jax.__version__}, XLA_FLAGS={os.environ.get('XLA_FLAGS', '')!r}; load average "
           f"{load_average()}", flush=True)
     assert "tensorflow" not in sys.modules, "TensorFlow was imported on the benchmark path"
+    if accelerator and embeddings is None and not memory_only:
+        embedding_figures()

@@ -1,8 +1,9 @@
 """Sentence embeddings of many texts: how the model's embedding settings resolve, and the batches.
 
 Texts are tokenized with their prompt, sorted by length and laid out in rows of a few fixed widths
-(buckets: 16, 32, 64, ... up to the limit), so that a short text is not padded to the longest and the
-encoder compiles once per bucket rather than once per batch. Texts of at most half the packing width
+(buckets: 16, 32, 48, 64, then four per doubling, 80, 96, 112, 128, 160, ... up to the limit), so that a
+text is padded by at most a quarter of its length rather than to the longest, and the encoder compiles
+once per bucket rather than once per batch. Texts of at most half the packing width
 share rows as the fine-tuning batches pack them (bertjax/tasks/batches.py: sequence_ids, position_ids,
 cls_positions): attention stays within each text, so each one's embedding is the one it has alone.
 Rows per batch are a power of two up to batch_size, again so that few shapes compile.
@@ -19,7 +20,8 @@ from bertjax.data import packing
 from bertjax.models import pooling
 from bertjax.training.checkpoint_meta import EmbeddingRecord
 
-MIN_BUCKET = 16  # the narrowest row
+MIN_BUCKET = 16  # the narrowest row, and the step between widths up to 4 x MIN_BUCKET
+BUCKETS_PER_DOUBLING = 4  # above that: 64, 80, 96, 112, 128, 160, 192, 224, 256, 320, ...
 PACK_WIDTH = 128  # rows that several short texts share are at most this wide
 MIN_PACKED_TOKENS = 8  # K = width / this: the most texts one packed row holds
 PACK_WINDOW = 4096  # texts the packer places at a time (in length order): its cost stays linear in N
@@ -70,11 +72,14 @@ def resolve(record: EmbeddingRecord | None, model_limit: int, *, prompt_name: st
 
 
 def buckets(limit: int) -> list[int]:
-    """The row widths: 16, 32, 64, ... below `limit`, and `limit`."""
+    """The row widths below `limit`, and `limit`: steps of MIN_BUCKET, then BUCKETS_PER_DOUBLING widths
+    per doubling. A batch of one text a row is as wide as its longest text's bucket, so finer widths
+    compute fewer padding tokens (docs/performance.md: "Sentence embeddings") at the price of a few more
+    shapes to compile."""
     widths, width = [], MIN_BUCKET
     while width < limit:
         widths.append(width)
-        width *= 2
+        width += max(MIN_BUCKET, (1 << (width.bit_length() - 1)) // BUCKETS_PER_DOUBLING)
     return widths + [limit]
 
 

@@ -1,0 +1,44 @@
+"""What both benchmarks share (bertjax/runs/step_benchmark.py, bertjax/runs/embedding_benchmark.py): runners
+timed interleaved, the machine's load, and the printed tables."""
+
+import os
+
+import numpy as np
+
+
+def measure(runners: list, warmup: int, steps: int) -> list[dict]:
+    """Warm every runner up (its first step compiles), then time `steps` steps of each, interleaved
+    (one step of each in turn), so that a change in the machine's load falls on all of them alike.
+    Per runner: seconds of the timed steps, the fastest step and the first step's seconds."""
+    firsts = []
+    for runner in runners:
+        firsts.append(runner.step())
+        for _ in range(warmup - 1):
+            runner.step()
+    times = [[] for _ in runners]
+    for _ in range(steps):
+        for runner, t in zip(runners, times):
+            t.append(runner.step())
+    out = []
+    for runner, t, first in zip(runners, times, firsts):
+        loss = runner.loss()
+        if not np.isfinite(loss):
+            raise FloatingPointError(f"{runner.name} loss is {loss} after {warmup + steps} steps")
+        out.append(dict(seconds=sum(t), best=min(t), median=float(np.median(t)), first_step=first, loss=loss))
+    return out
+
+
+def load_average() -> str:
+    try:
+        return " ".join(f"{x:.2f}" for x in os.getloadavg())
+    except OSError:
+        return "n/a"
+
+
+def print_table(header, rows) -> None:
+    cells = [header] + [[str(c) for c in r] for r in rows]
+    widths = [max(len(r[i]) for r in cells) for i in range(len(header))]
+    for j, r in enumerate(cells):
+        print("  ".join(c.rjust(w) if i else c.ljust(w) for i, (c, w) in enumerate(zip(r, widths))), flush=True)
+        if j == 0:
+            print("  ".join("-" * w for w in widths), flush=True)
