@@ -1,0 +1,145 @@
+"""Masking units longer than a word, in TensorFlow ops: spans of whole words (SpanBERT, Joshi et al.
+2020), n-grams of whole words (ALBERT, Lan et al. 2020), and lexicon units (phrases, entities, words of
+scripts written without spaces: ERNIE's knowledge masking, Chinese whole-word masking).
+
+Each function returns which word starts also start a unit; bertjax/data/masking.py then treats a unit as
+one group (chosen whole, with one 80/10/10 decision), within the same token budget.
+
+Spans and n-grams partition an example's words into consecutive units whose lengths (in words) are drawn
+i.i.d. from the strategy's distribution, cut short where a special token ends a run of words; the greedy
+fill then visits the units in a random order. The lengths are drawn as a whole vector and placed by a
+cumulative sum: no per-word loop.
+
+Shape legend: n length of an unpadded example, W words in it, L longest unit (in words).
+"""
+
+import numpy as np
+
+from bertjax.text import tf_cpu
+
+tf = tf_cpu.import_tensorflow()
+
+_UNIT_LENGTHS = 4  # stream key (see masking.py's): the unit lengths' draws
+
+
+def span_length_probs(p: float, max_words: int) -> np.ndarray:
+    """SpanBERT's span length in words: geometric with parameter p, clipped (renormalised) at max_words.
+    float64 [max_words], entry l - 1 the probability of l words."""
+    lengths = np.arange(1, max_words + 1)
+    probs = p * (1 - p) ** (lengths - 1)
+    return probs / probs.sum()
+
+
+def ngram_length_probs(max_n: int) -> np.ndarray:
+    """ALBERT's n-gram length: p(n) proportional to 1/n for n = 1..max_n. float64 [max_n]."""
+    probs = 1.0 / np.arange(1, max_n + 1)
+    return probs / probs.sum()
+
+
+def drawn_unit_starts(word_starts, probs: np.ndarray, key):
+    """[n] bool: the word starts where a unit of i.i.d. drawn length (probs[l - 1] for l words) begins.
+
+    word_starts: [n] bool, the first piece of each word (whole-word groups); key: the example's RNG key.
+    """
+    word = tf.cumsum(tf.cast(word_starts, tf.int32)) - 1  # [n] word index of each token
+    num_words = tf.reduce_sum(tf.cast(word_starts, tf.int32))
+    seed = tf.random.experimental.stateless_fold_in(key, _UNIT_LENGTHS)
+    logits = tf.constant(np.log(probs)[None], tf.float32)  # [1, L]
+    lengths = 1 + tf.random.stateless_categorical(logits, num_words, seed, dtype=tf.int32)[0]  # [W]
+    starts = tf.cumsum(lengths, exclusive=True)  # [W] word index where each unit begins
+    starts = tf.boolean_mask(starts, starts < num_words)
+    is_start = tf.scatter_nd(starts[:, None], tf.ones_like(starts, tf.bool), [num_words])  # [W]
+    return word_starts & tf.gather(is_start, tf.maximum(word, 0))
+
+
+# --- Lexicon units: longest match over words, by a hash of the unit's token ids -----------------------
+# A unit of tokens t_a .. t_(b-1) hashes to sum (t_i + 1) * BASE^(i - a) mod MODULUS, times 64 plus its
+# length (capped at 63). Both sides (the lexicon in numpy, the example in TF) compute the same value; a
+# false match needs a collision of a 31-bit hash at equal length.
+_MODULUS = 2_147_483_629  # a prime below 2**31: products of two residues fit in int64
+_BASE = 1_000_003
+_MAX_LENGTH = 8192  # longest example whose units are hashed (ModernBERT's longest context)
+_POWERS = np.array([pow(_BASE, i, _MODULUS) for i in range(_MAX_LENGTH + 1)], np.int64)
+_INVERSE_POWERS = np.array([pow(_BASE, -i, _MODULUS) for i in range(_MAX_LENGTH + 1)], np.int64)
+
+
+def unit_hash(ids) -> int:
+    """The hash of one unit's token ids (the lexicon side)."""
+    h = sum((int(t) + 1) * int(_POWERS[i]) for i, t in enumerate(ids)) % _MODULUS
+    return h * 64 + min(len(ids), 63)
+
+
+def lexicon_units(entries_ids, word_start: np.ndarray, max_words: int) -> tuple[np.ndarray, int]:
+    """The lexicon as (sorted int64 hashes, the most words a unit has). entries_ids: each entry's token
+    ids (no special tokens); an entry of one word is a word already and is left out, as is one longer
+    than max_words words."""
+    hashes, longest = set(), 1
+    for ids in entries_ids:
+        words = int(np.sum(word_start[np.asarray(ids, np.int64)])) if len(ids) else 0
+        if 2 <= words <= max_words and word_start[ids[0]]:
+            hashes.add(unit_hash(ids))
+            longest = max(longest, words)
+    return np.array(sorted(hashes), np.int64), longest
+
+
+def lexicon_unit_starts(ids, candidate, word_starts, unit_hashes: np.ndarray, max_words: int):
+    """[n] bool: the word starts that begin a unit, by longest match from the left: at the first word not
+    inside an earlier unit, the longest run of words the lexicon holds (else the word alone).
+
+    ids: [n] int32; candidate: [n] bool (not a special token); word_starts: [n] bool, the whole-word
+    group starts. A unit never crosses a special token: its words must be contiguous.
+    """
+    n = tf.shape(ids)[0]
+    positions = tf.cast(tf.where(word_starts)[:, 0], tf.int32)  # [W] token position of each word
+    num_words = tf.shape(positions)[0]
+    word = tf.cumsum(tf.cast(word_starts, tf.int32)) - 1  # [n]
+    sizes = tf.math.unsorted_segment_sum(tf.cast(candidate, tf.int32), tf.where(candidate, word, num_words),
+                                         num_words + 1)[:num_words]  # [W] tokens of each word
+    ends = positions + sizes  # [W] one past each word's last token
+    words_before = tf.concat([[0], tf.cumsum(sizes)], 0)  # [W + 1]
+    # Prefix hashes over the example: prefix[k] = sum_(i<k) (id_i + 1) * BASE^i mod M.
+    terms = (tf.cast(ids, tf.int64) + 1) * tf.constant(_POWERS[:-1])[:n] % _MODULUS
+    prefix = tf.concat([tf.zeros([1], tf.int64), tf.cumsum(terms) % _MODULUS], 0)  # [n + 1]
+    sorted_hashes = tf.constant(np.concatenate([unit_hashes, [-1]]) if len(unit_hashes) == 0 else unit_hashes,
+                                tf.int64)
+    first = tf.range(num_words)
+    longest = tf.ones([num_words], tf.int32)  # [W] words in the longest match starting at each word
+    for m in range(2, max_words + 1):
+        inside = first + m <= num_words
+        last = tf.minimum(first + m - 1, num_words - 1)
+        a, b = positions, tf.gather(ends, last)  # token range [a, b) of words w .. w + m - 1
+        # Contiguous: no special token between the words (their tokens fill the range exactly).
+        contiguous = inside & (tf.gather(words_before, tf.minimum(first + m, num_words)) - words_before[:-1] == b - a)
+        h = (tf.gather(prefix, b) - tf.gather(prefix, a)) % _MODULUS * tf.gather(_INVERSE_POWERS, a) % _MODULUS
+        h = h * 64 + tf.cast(tf.minimum(b - a, 63), tf.int64)
+        where = tf.minimum(tf.searchsorted(sorted_hashes, h), tf.size(sorted_hashes) - 1)
+        longest = tf.where(contiguous & (tf.gather(sorted_hashes, where) == h), m, longest)
+    chosen = _leftmost_longest(longest, max_words)  # [W]
+    return word_starts & tf.scatter_nd(positions[:, None], chosen, [n])
+
+
+def _leftmost_longest(longest, max_words: int):
+    """[W] bool: the words that begin a unit when matching from the left: word w begins one unless an
+    earlier beginning word j covers it (j + longest[j] > w).
+
+    The recurrence runs left to right; solved here by iterating the whole vector to its fixed point, which
+    is the recurrence's solution (after pass t the first t words are settled) and is reached after as
+    many passes as the longest chain of overlapping matches, not as many as there are words.
+    """
+    num_words = tf.shape(longest)[0]
+
+    def covered(chosen):
+        hit = tf.zeros([num_words], tf.bool)
+        for d in range(1, max_words):  # word w - d began a unit longer than d words
+            earlier_chosen = tf.concat([tf.zeros([d], tf.bool), chosen[:-d]], 0)[:num_words]
+            earlier_long = tf.concat([tf.zeros([d], tf.int32), longest[:-d]], 0)[:num_words] > d
+            hit |= earlier_chosen & earlier_long
+        return hit
+
+    def body(chosen, _):
+        new = ~covered(chosen)
+        return new, tf.reduce_any(new != chosen)
+
+    chosen, _ = tf.while_loop(lambda chosen, changed: changed, body,
+                              (tf.ones([num_words], tf.bool), tf.constant(True)))
+    return chosen
