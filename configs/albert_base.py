@@ -34,6 +34,9 @@ def get_config():
     config.data.max_seq_length = 512
     config.data.max_predictions_per_seq = 20  # as google-research/albert's run_pretraining
     config.data.mask_rate = 0.15
+    # ALBERT's n-gram masking: n-grams of whole words, n <= 3 with p(n) proportional to 1/n.
+    config.data.masking = "ngram"
+    config.data.ngram_max_n = 3
 
     config.optimizer.name = "lamb"
     config.optimizer.learning_rate = 0.00176

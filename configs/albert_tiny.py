@@ -28,6 +28,9 @@ def get_config():
     config.data.max_seq_length = 128
     config.data.max_predictions_per_seq = 20
     config.data.mask_rate = 0.15
+    # ALBERT's n-gram masking: n-grams of whole words, n <= 3 with p(n) proportional to 1/n.
+    config.data.masking = "ngram"
+    config.data.ngram_max_n = 3
 
     config.optimizer.learning_rate = 1e-3
     config.optimizer.bias_correction = True

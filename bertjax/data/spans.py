@@ -15,6 +15,7 @@ Shape legend: n length of an unpadded example, W words in it, L longest unit (in
 
 import numpy as np
 
+from bertjax.data.units import BASE_POWERS, INVERSE_POWERS, MODULUS
 from bertjax.text import tf_cpu
 
 tf = tf_cpu.import_tensorflow()
@@ -52,35 +53,7 @@ def drawn_unit_starts(word_starts, probs: np.ndarray, key):
     return word_starts & tf.gather(is_start, tf.maximum(word, 0))
 
 
-# --- Lexicon units: longest match over words, by a hash of the unit's token ids -----------------------
-# A unit of tokens t_a .. t_(b-1) hashes to sum (t_i + 1) * BASE^(i - a) mod MODULUS, times 64 plus its
-# length (capped at 63). Both sides (the lexicon in numpy, the example in TF) compute the same value; a
-# false match needs a collision of a 31-bit hash at equal length.
-_MODULUS = 2_147_483_629  # a prime below 2**31: products of two residues fit in int64
-_BASE = 1_000_003
-_MAX_LENGTH = 8192  # longest example whose units are hashed (ModernBERT's longest context)
-_POWERS = np.array([pow(_BASE, i, _MODULUS) for i in range(_MAX_LENGTH + 1)], np.int64)
-_INVERSE_POWERS = np.array([pow(_BASE, -i, _MODULUS) for i in range(_MAX_LENGTH + 1)], np.int64)
-
-
-def unit_hash(ids) -> int:
-    """The hash of one unit's token ids (the lexicon side)."""
-    h = sum((int(t) + 1) * int(_POWERS[i]) for i, t in enumerate(ids)) % _MODULUS
-    return h * 64 + min(len(ids), 63)
-
-
-def lexicon_units(entries_ids, word_start: np.ndarray, max_words: int) -> tuple[np.ndarray, int]:
-    """The lexicon as (sorted int64 hashes, the most words a unit has). entries_ids: each entry's token
-    ids (no special tokens); an entry of one word is a word already and is left out, as is one longer
-    than max_words words."""
-    hashes, longest = set(), 1
-    for ids in entries_ids:
-        words = int(np.sum(word_start[np.asarray(ids, np.int64)])) if len(ids) else 0
-        if 2 <= words <= max_words and word_start[ids[0]]:
-            hashes.add(unit_hash(ids))
-            longest = max(longest, words)
-    return np.array(sorted(hashes), np.int64), longest
-
+# --- Lexicon units: longest match over words, by a hash of the unit's token ids (units.py) ----------
 
 def lexicon_unit_starts(ids, candidate, word_starts, unit_hashes: np.ndarray, max_words: int):
     """[n] bool: the word starts that begin a unit, by longest match from the left: at the first word not
@@ -98,8 +71,8 @@ def lexicon_unit_starts(ids, candidate, word_starts, unit_hashes: np.ndarray, ma
     ends = positions + sizes  # [W] one past each word's last token
     words_before = tf.concat([[0], tf.cumsum(sizes)], 0)  # [W + 1]
     # Prefix hashes over the example: prefix[k] = sum_(i<k) (id_i + 1) * BASE^i mod M.
-    terms = (tf.cast(ids, tf.int64) + 1) * tf.constant(_POWERS[:-1])[:n] % _MODULUS
-    prefix = tf.concat([tf.zeros([1], tf.int64), tf.cumsum(terms) % _MODULUS], 0)  # [n + 1]
+    terms = (tf.cast(ids, tf.int64) + 1) * tf.constant(BASE_POWERS[:-1])[:n] % MODULUS
+    prefix = tf.concat([tf.zeros([1], tf.int64), tf.cumsum(terms) % MODULUS], 0)  # [n + 1]
     sorted_hashes = tf.constant(np.concatenate([unit_hashes, [-1]]) if len(unit_hashes) == 0 else unit_hashes,
                                 tf.int64)
     first = tf.range(num_words)
@@ -110,7 +83,7 @@ def lexicon_unit_starts(ids, candidate, word_starts, unit_hashes: np.ndarray, ma
         a, b = positions, tf.gather(ends, last)  # token range [a, b) of words w .. w + m - 1
         # Contiguous: no special token between the words (their tokens fill the range exactly).
         contiguous = inside & (tf.gather(words_before, tf.minimum(first + m, num_words)) - words_before[:-1] == b - a)
-        h = (tf.gather(prefix, b) - tf.gather(prefix, a)) % _MODULUS * tf.gather(_INVERSE_POWERS, a) % _MODULUS
+        h = (tf.gather(prefix, b) - tf.gather(prefix, a)) % MODULUS * tf.gather(INVERSE_POWERS, a) % MODULUS
         h = h * 64 + tf.cast(tf.minimum(b - a, 63), tf.int64)
         where = tf.minimum(tf.searchsorted(sorted_hashes, h), tf.size(sorted_hashes) - 1)
         longest = tf.where(contiguous & (tf.gather(sorted_hashes, where) == h), m, longest)
