@@ -179,14 +179,16 @@ def _chosen_positions(ids, candidate, num_to_predict, key, spec: MaskingSpec):
     """([n] bool: the positions to predict, whole groups at a time, visited in a random order;
     [n] int32: the first position of each position's group, where its 80/10/10 decision is drawn).
 
-    Units longer than a word (span, ngram, units) leave part of the budget unspent whenever the units
-    still unvisited are all too long for what is left; that remainder is then filled with whole words
-    outside the chosen units, visited in a random order of their own (one-word units), so the masked
-    share stays the rate's as with whole-word masking, and no unit is ever cut.
+    Spans and n-grams leave part of the budget unspent whenever the units still unvisited are all too
+    long for what is left; that remainder is then filled with whole words outside the chosen units,
+    visited in a random order of their own (one-word units), so the masked share stays the rate's as
+    with whole-word masking, and no unit is ever cut (a unit skipped was longer than the whole remainder,
+    so the words filled in never make up one). Lexicon units are not filled in: an entity is never
+    masked in part, and every other word is a unit of one word already.
     """
     starts = GROUPINGS[spec.grouping](ids, candidate, key, spec)
     chosen, first = _fill(starts, candidate, num_to_predict, tf.random.experimental.stateless_fold_in(key, _GROUP_ORDER))
-    if spec.grouping in ("token", "whole_word"):
+    if spec.grouping not in ("span", "ngram"):
         return chosen, first
     rest = candidate & ~chosen
     left = num_to_predict - tf.reduce_sum(tf.cast(chosen, tf.int32))
