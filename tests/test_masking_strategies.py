@@ -133,9 +133,8 @@ def test_masked_share_is_the_rate(masked):
 
 
 def test_units_whole_with_one_decision_each(masked):
-    """A unit is masked whole (one 80/10/10 decision for all its tokens) or not at all; where long units
-    leave budget over, the positions filled in are whole words, each with one decision."""
-    name, _, results = masked
+    """A unit is masked whole, with one 80/10/10 decision for all its tokens, or not at all."""
+    _, _, results = masked
     outcomes = {"mask": 0, "keep": 0, "random": 0, "mixed": 0}
     multi_word_units = 0
     for r in results:
@@ -145,14 +144,9 @@ def test_units_whole_with_one_decision_each(masked):
         word = group_index(r["words"], r["candidate"])
         for u in np.unique(unit[chosen]):
             members = unit == u
-            if chosen[members].all():
-                outcomes[decision(r["ids"][members], r["masked"][members])] += 1
-                multi_word_units += len(np.unique(word[members])) > 1
-            else:
-                assert name != "units", "a lexicon unit was split"
-                for w in np.unique(word[members & chosen]):
-                    assert chosen[word == w].all(), "a word was split"
-                    assert decision(r["ids"][word == w], r["masked"][word == w]) != "mixed"
+            assert chosen[members].all(), "a unit was split"
+            outcomes[decision(r["ids"][members], r["masked"][members])] += 1
+            multi_word_units += len(np.unique(word[members])) > 1
     total = sum(outcomes.values())
     assert outcomes["mixed"] == 0
     assert multi_word_units > 0.05 * total  # the check sees units longer than a word

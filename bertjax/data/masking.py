@@ -20,7 +20,7 @@ from bertjax.text import tf_cpu
 tf = tf_cpu.import_tensorflow()
 
 # Stream keys for tf.random.experimental.stateless_fold_in: one independent stream per purpose.
-_GROUP_ORDER, _MASK_CHOICE, _RANDOM_TOKEN, _WORD_FILL_ORDER = 1, 2, 3, 5  # 4: spans.py's
+_GROUP_ORDER, _MASK_CHOICE, _RANDOM_TOKEN = 1, 2, 3  # 4: spans.py's
 
 
 @dataclasses.dataclass(frozen=True)
@@ -85,16 +85,13 @@ def whole_word_groups(ids, candidate, key, spec: MaskingSpec):
 
 def span_groups(ids, candidate, key, spec: MaskingSpec):
     """SpanBERT: units of whole words with geometric lengths (spec.span_p, clipped at spec.span_max_words)."""
-    words = whole_word_groups(ids, candidate, key, spec)
-    return spans.drawn_unit_starts(words, spans.span_length_probs(spec.span_p, spec.span_max_words), key) | (
-        candidate & ~tf.concat([[False], candidate[:-1]], 0))
+    return spans.drawn_unit_starts(ids, candidate, spec.word_start,
+                                   spans.span_length_probs(spec.span_p, spec.span_max_words), key)
 
 
 def ngram_groups(ids, candidate, key, spec: MaskingSpec):
     """ALBERT: n-grams of whole words, n = 1..spec.ngram_max_n with p(n) proportional to 1/n."""
-    words = whole_word_groups(ids, candidate, key, spec)
-    return spans.drawn_unit_starts(words, spans.ngram_length_probs(spec.ngram_max_n), key) | (
-        candidate & ~tf.concat([[False], candidate[:-1]], 0))
+    return spans.drawn_unit_starts(ids, candidate, spec.word_start, spans.ngram_length_probs(spec.ngram_max_n), key)
 
 
 def unit_groups(ids, candidate, key, spec: MaskingSpec):
@@ -179,22 +176,12 @@ def _chosen_positions(ids, candidate, num_to_predict, key, spec: MaskingSpec):
     """([n] bool: the positions to predict, whole groups at a time, visited in a random order;
     [n] int32: the first position of each position's group, where its 80/10/10 decision is drawn).
 
-    Spans and n-grams leave part of the budget unspent whenever the units still unvisited are all too
-    long for what is left; that remainder is then filled with whole words outside the chosen units,
-    visited in a random order of their own (one-word units), so the masked share stays the rate's as
-    with whole-word masking, and no unit is ever cut (a unit skipped was longer than the whole remainder,
-    so the words filled in never make up one). Lexicon units are not filled in: an entity is never
-    masked in part, and every other word is a unit of one word already.
+    Units longer than a word are taken whole or skipped, as the original skips a whole word that would
+    overshoot: no unit is ever cut, and the budget left unspent is a fraction of a token per example on
+    average (docs/data.md, "Masking").
     """
     starts = GROUPINGS[spec.grouping](ids, candidate, key, spec)
-    chosen, first = _fill(starts, candidate, num_to_predict, tf.random.experimental.stateless_fold_in(key, _GROUP_ORDER))
-    if spec.grouping not in ("span", "ngram"):
-        return chosen, first
-    rest = candidate & ~chosen
-    left = num_to_predict - tf.reduce_sum(tf.cast(chosen, tf.int32))
-    more, more_first = _fill(whole_word_groups(ids, rest, key, spec), rest, left,
-                             tf.random.experimental.stateless_fold_in(key, _WORD_FILL_ORDER))
-    return chosen | more, tf.where(chosen, first, more_first)
+    return _fill(starts, candidate, num_to_predict, tf.random.experimental.stateless_fold_in(key, _GROUP_ORDER))
 
 
 def _fill(starts, candidate, budget, order_key):

@@ -37,20 +37,24 @@ def ngram_length_probs(max_n: int) -> np.ndarray:
     return probs / probs.sum()
 
 
-def drawn_unit_starts(word_starts, probs: np.ndarray, key):
-    """[n] bool: the word starts where a unit of i.i.d. drawn length (probs[l - 1] for l words) begins.
+def drawn_unit_starts(ids, candidate, word_start: np.ndarray, probs: np.ndarray, key):
+    """[n] bool: the positions where a unit of i.i.d. drawn length (probs[l - 1] for l words) begins.
 
-    word_starts: [n] bool, the first piece of each word (whole-word groups); key: the example's RNG key.
+    ids: [n] int32; candidate: [n] bool (not a special token); word_start: bool [vocab_size]; key: the
+    example's RNG key. Words are whole-word masking's; a unit also begins after every special token.
+    Written with as few ops as it takes: it runs once per example inside tf.data.
     """
-    word = tf.cumsum(tf.cast(word_starts, tf.int32)) - 1  # [n] word index of each token
-    num_words = tf.reduce_sum(tf.cast(word_starts, tf.int32))
-    seed = tf.random.experimental.stateless_fold_in(key, _UNIT_LENGTHS)
-    logits = tf.constant(np.log(probs)[None], tf.float32)  # [1, L]
-    lengths = 1 + tf.random.stateless_categorical(logits, num_words, seed, dtype=tf.int32)[0]  # [W]
-    starts = tf.cumsum(lengths, exclusive=True)  # [W] word index where each unit begins
-    starts = tf.boolean_mask(starts, starts < num_words)
-    is_start = tf.scatter_nd(starts[:, None], tf.ones_like(starts, tf.bool), [num_words])  # [W]
-    return word_starts & tf.gather(is_start, tf.maximum(word, 0))
+    run_start = candidate & ~tf.concat([[False], candidate[:-1]], 0)  # after [CLS] / [SEP]
+    words = (candidate & tf.gather(tf.constant(word_start), ids)) | run_start  # [n] whole-word starts
+    word = tf.cumsum(tf.cast(words, tf.int32)) - 1  # [n] word index of each token
+    # Inverse CDF: a uniform draw u has length l where cdf[l - 2] <= u < cdf[l - 1]; n draws are enough.
+    u = tf.random.stateless_uniform(tf.shape(ids), tf.random.experimental.stateless_fold_in(key, _UNIT_LENGTHS))
+    lengths = 1 + tf.searchsorted(tf.constant(np.cumsum(probs)[:-1], tf.float32), u, side="right",
+                                  out_type=tf.int32)  # [n]
+    starts = tf.cumsum(lengths, exclusive=True)  # [n] word index where each unit begins, ascending
+    # starts[k] >= k, so the lookup of any word index w < n lands inside the array.
+    begins = tf.gather(starts, tf.searchsorted(starts, word, out_type=tf.int32)) == word
+    return words & (begins | run_start)
 
 
 # --- Lexicon units: longest match over words, by a hash of the unit's token ids (units.py) ----------
