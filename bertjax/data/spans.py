@@ -20,7 +20,8 @@ from bertjax.text import tf_cpu
 
 tf = tf_cpu.import_tensorflow()
 
-_UNIT_LENGTHS = 4  # stream key (see masking.py's): the unit lengths' draws
+_UNIT_LENGTHS = 4
+_UNROLLED_PASSES = 2  # of the leftmost-longest fixed point, before its loop  # stream key (see masking.py's): the unit lengths' draws
 
 
 def span_length_probs(p: float, max_words: int) -> np.ndarray:
@@ -77,20 +78,20 @@ def lexicon_unit_starts(ids, candidate, word_starts, unit_hashes: np.ndarray, ma
     # Prefix hashes over the example: prefix[k] = sum_(i<k) (id_i + 1) * BASE^i mod M.
     terms = (tf.cast(ids, tf.int64) + 1) * tf.constant(BASE_POWERS[:-1])[:n] % MODULUS
     prefix = tf.concat([tf.zeros([1], tf.int64), tf.cumsum(terms) % MODULUS], 0)  # [n + 1]
-    sorted_hashes = tf.constant(np.concatenate([unit_hashes, [-1]]) if len(unit_hashes) == 0 else unit_hashes,
-                                tf.int64)
-    first = tf.range(num_words)
-    longest = tf.ones([num_words], tf.int32)  # [W] words in the longest match starting at each word
-    for m in range(2, max_words + 1):
-        inside = first + m <= num_words
-        last = tf.minimum(first + m - 1, num_words - 1)
-        a, b = positions, tf.gather(ends, last)  # token range [a, b) of words w .. w + m - 1
-        # Contiguous: no special token between the words (their tokens fill the range exactly).
-        contiguous = inside & (tf.gather(words_before, tf.minimum(first + m, num_words)) - words_before[:-1] == b - a)
-        h = (tf.gather(prefix, b) - tf.gather(prefix, a)) % MODULUS * tf.gather(INVERSE_POWERS, a) % MODULUS
-        h = h * 64 + tf.cast(tf.minimum(b - a, 63), tf.int64)
-        where = tf.minimum(tf.searchsorted(sorted_hashes, h), tf.size(sorted_hashes) - 1)
-        longest = tf.where(contiguous & (tf.gather(sorted_hashes, where) == h), m, longest)
+    sorted_hashes = tf.constant(unit_hashes if len(unit_hashes) else np.array([-1], np.int64), tf.int64)
+    # Every (first word w, length m) at once: [W, L - 1] for m = 2..L.
+    m = tf.range(2, max_words + 1)[None, :]  # [1, L - 1]
+    first = tf.range(num_words)[:, None]  # [W, 1]
+    last = tf.minimum(first + m - 1, num_words - 1)  # [W, L - 1]
+    a = tf.broadcast_to(positions[:, None], tf.shape(last))
+    b = tf.gather(ends, last)  # token range [a, b) of words w .. w + m - 1
+    # Contiguous: no special token between the words (their tokens fill the range exactly).
+    contiguous = (first + m <= num_words) & (tf.gather(words_before, last + 1) - words_before[:-1, None] == b - a)
+    h = (tf.gather(prefix, b) - tf.gather(prefix, a)) % MODULUS * tf.gather(INVERSE_POWERS, a) % MODULUS
+    h = h * 64 + tf.cast(tf.minimum(b - a, 63), tf.int64)
+    where = tf.minimum(tf.searchsorted(sorted_hashes, tf.reshape(h, [-1])), tf.size(sorted_hashes) - 1)
+    match = contiguous & (tf.reshape(tf.gather(sorted_hashes, where), tf.shape(h)) == h)  # [W, L - 1]
+    longest = 1 + tf.reduce_max(tf.where(match, m - 1, 0), axis=1)  # [W] words of the longest match
     chosen = _leftmost_longest(longest, max_words)  # [W]
     return word_starts & tf.scatter_nd(positions[:, None], chosen, [n])
 
@@ -101,22 +102,26 @@ def _leftmost_longest(longest, max_words: int):
 
     The recurrence runs left to right; solved here by iterating the whole vector to its fixed point, which
     is the recurrence's solution (after pass t the first t words are settled) and is reached after as
-    many passes as the longest chain of overlapping matches, not as many as there are words.
+    many passes as the longest chain of overlapping matches, not as many as there are words. [W] bool.
     """
     num_words = tf.shape(longest)[0]
+    d = tf.range(1, max_words)[None, :]  # [1, L - 1] how far back an earlier word is
+    earlier = tf.range(num_words)[:, None] - d  # [W, L - 1]
+    # Earlier words whose match reaches word w; only those can cover it.
+    reaches = (earlier >= 0) & (tf.gather(longest, tf.maximum(earlier, 0)) > d)
 
     def covered(chosen):
-        hit = tf.zeros([num_words], tf.bool)
-        for d in range(1, max_words):  # word w - d began a unit longer than d words
-            earlier_chosen = tf.concat([tf.zeros([d], tf.bool), chosen[:-d]], 0)[:num_words]
-            earlier_long = tf.concat([tf.zeros([d], tf.int32), longest[:-d]], 0)[:num_words] > d
-            hit |= earlier_chosen & earlier_long
-        return hit
+        return tf.reduce_any(reaches & tf.gather(chosen, tf.maximum(earlier, 0)), axis=1)
+
+    # Unrolled passes settle what natural lexicons give (overlapping matches are rare and short); a
+    # loop (costly to enter inside tf.data) runs only on the chain of overlaps they leave unsettled.
+    chosen = ~covered(tf.ones([num_words], tf.bool))
+    for _ in range(_UNROLLED_PASSES - 1):
+        chosen = ~covered(chosen)
 
     def body(chosen, _):
         new = ~covered(chosen)
         return new, tf.reduce_any(new != chosen)
 
-    chosen, _ = tf.while_loop(lambda chosen, changed: changed, body,
-                              (tf.ones([num_words], tf.bool), tf.constant(True)))
+    chosen, _ = tf.while_loop(lambda chosen, changed: changed, body, body(chosen, None))
     return chosen
