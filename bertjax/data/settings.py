@@ -18,13 +18,13 @@ import numpy as np
 
 from bertjax.data import backends, objectives
 from bertjax.data.backends import text_files
-from bertjax.text import files
+from bertjax.text import files, word_segmentation
 from bertjax.text.sentences import SPLITTERS
 
 # data.masking: which positions are masked together (bertjax/data/masking.py's GROUPINGS).
 MASKINGS = ("token", "whole_word", "span", "ngram", "units")
 # data.word_segmenter, for data.masking="units" in scripts written without spaces (an optional package).
-SEGMENTERS = ("none", "jieba")
+SEGMENTERS = ("none",) + word_segmentation.SEGMENTERS
 
 # Keys configs written before a rename still set, and the field each stands for (it wins over it).
 OLDER_KEYS = {"masked_lm_prob": "mask_rate"}

@@ -1,29 +1,32 @@
-"""Word segmenters for scripts written without spaces (data.word_segmenter), behind one table.
+"""Word segmenters for scripts written without spaces (data.word_segmenter), each an optional package.
 
-Each is an optional package: `words(sentences)` yields the words it finds, which become masking units
+`words(name, sentences)` yields the words a segmenter finds, which become masking units
 (bertjax/data/units.py). jieba (Chinese): `pip install jieba`, or the `chinese` extra.
 """
 
-import importlib.util
 from collections.abc import Iterable, Iterator
 
-# name -> the package it needs
-SEGMENTERS = {"jieba": "jieba"}
+SEGMENTERS = ("jieba",)
+
+
+def _jieba():
+    try:
+        import jieba  # an optional dependency (the chinese extra): only this segmenter needs it
+    except ImportError:
+        # A ValueError, as for any other setting the programs report in one line.
+        raise ValueError("data.word_segmenter='jieba' needs the jieba package: pip install jieba") from None
+    jieba.setLogLevel(60)  # its dictionary-loading notice is not the user's concern
+    return jieba
 
 
 def check_installed(name: str) -> None:
     """One line naming what to install when the segmenter's package is missing."""
-    package = SEGMENTERS[name]
-    if importlib.util.find_spec(package) is None:
-        raise ValueError(f"data.word_segmenter={name!r} needs the {package} package: pip install {package}")
+    _jieba()
 
 
 def words(name: str, sentences: Iterable[str]) -> Iterator[str]:
     """The words of more than one character the segmenter finds in the sentences (spaces dropped)."""
-    check_installed(name)
-    import jieba  # optional: imported only when asked for
-
-    jieba.setLogLevel(60)  # its dictionary-loading notice is not the user's concern
+    jieba = _jieba()
     for sentence in sentences:
         for word in jieba.lcut(sentence):
             word = word.strip()
