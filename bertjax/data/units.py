@@ -45,6 +45,8 @@ def lexicon_for(settings, tokenizer, documents) -> tuple[np.ndarray, int]:
                              f"data.units_lexicon instead")
         entries += sorted(set(word_segmentation.words(
             settings.word_segmenter, (sentence for document in documents for sentence in document))))
+    if getattr(tokenizer, "kind", "") == "bpe":  # byte-level BPE marks a word by the space before it
+        entries += [" " + entry for entry in entries]
     return lexicon_units(tokenizer.encode_arrays(entries) if entries else [],
                          np.asarray(tokenizer.word_start, bool), MAX_UNIT_WORDS)
 
