@@ -3,9 +3,9 @@ prediction, on the demo corpus in minutes on a CPU.
 
   python -m bertjax.train --config=configs/albert_tiny.py --workdir=/tmp/bertjax-albert-tiny
 
-ALBERT's choices at this size (factorised embeddings, sharing, tanh GELU, SOP, n-gram masking); the recipe (Adam with
-bias correction, lr 1e-3, 60 warmup steps, 600 steps of 32 x 128 tokens, an 8k WordPiece vocabulary)
-is configs/tiny.py's, so the runs compare.
+ALBERT's choices at this size (factorised embeddings, sharing, tanh GELU, SOP, n-gram masking); the
+recipe (Adam with bias correction, lr 1e-3, 60 warmup steps, 600 steps of 32 x 128 tokens, an 8k
+WordPiece vocabulary) is configs/tiny.py's, so the runs compare.
 """
 
 from configs import common

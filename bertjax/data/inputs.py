@@ -149,7 +149,9 @@ def make_stream(corpus: TokenizedCorpus, settings: DataSettings, tokenizer, *, s
                 seed_offset: int = 0, spec: MaskingSpec | None = None, schedule: bool = False) -> PretrainingStream:
     """The stream of one corpus, with the recipe of the settings (spec: its masking, made once for both
     streams; schedule: the training stream follows data.mask_rate_schedule)."""
-    spec = masking_spec(settings, tokenizer, mask_rate) if spec is None else dataclasses.replace(spec, mask_rate=mask_rate)
+    if spec is None:
+        spec = masking_spec(settings, tokenizer, mask_rate)
+    spec = dataclasses.replace(spec, mask_rate=mask_rate)
     return PretrainingStream(
         corpus, spec, seed=settings.seed + seed_offset,
         max_seq_length=settings.max_seq_length, short_seq_prob=settings.short_seq_prob, shard=shard,

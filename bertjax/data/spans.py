@@ -20,8 +20,8 @@ from bertjax.text import tf_cpu
 
 tf = tf_cpu.import_tensorflow()
 
-_UNIT_LENGTHS = 4
-_UNROLLED_PASSES = 2  # of the leftmost-longest fixed point, before its loop  # stream key (see masking.py's): the unit lengths' draws
+_UNIT_LENGTHS = 4  # stream key (see masking.py's): the unit lengths' draws
+_UNROLLED_PASSES = 2  # of the leftmost-longest fixed point, before its loop
 
 
 def span_length_probs(p: float, max_words: int) -> np.ndarray:

@@ -16,9 +16,9 @@ docs/data.md records them.
     python -m bertjax.data.throughput --masking             # masking strategies against token masking
 
 --masking times the prepared stream at seq 128 on one tf.data thread with each data.masking strategy,
-in rounds that visit every strategy once (token first), and prints each one's examples/s as a ratio to
-token masking's in the same round (examples per CPU second; the median over --masking_rounds rounds): ratios within one run, so
-that a shared machine's load changes cancel. units matches a lexicon of the corpus's most frequent word
+in rounds that visit every strategy once (token first), and prints each one's examples per CPU second
+as a ratio to token masking's in the same round (the median over --masking_rounds rounds): ratios within
+one run, so that a shared machine's load changes cancel. units matches a lexicon of the corpus's most frequent word
 pairs and triples (--masking_lexicon_size).
 
 --memory writes a prepared corpus of --memory_tokens (200M) tokens by repeating the demo corpus's
