@@ -15,6 +15,7 @@ from bertjax.data.masking import MaskingSpec, example_key, mask_tokens
 from bertjax.data.settings import DataSettings
 from bertjax.data.stream import PretrainingStream
 from bertjax.text import tokenizers
+from bertjax.text import vocab_learning as vocabularies
 
 SPECIALS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
 SUFFIXES = ["##ing", "##ed", "##er", "##s"]
@@ -243,6 +244,48 @@ def test_chinese_units_from_jieba(tokenizer, monkeypatch):
     starts = masking.unit_groups(tf.constant(ids), candidate, None, spec).numpy()
     tokens = tokenizer.convert_ids_to_tokens(ids)
     assert [t for t, s in zip(tokens, starts) if s] == ["我", "爱", "北", "天"]  # 北京 and 天安门 whole
+
+
+@pytest.fixture(scope="module")
+def sentencepiece(tmp_path_factory):
+    """A SentencePiece model learned from the written text (a fraction of a second)."""
+    path = str(tmp_path_factory.mktemp("sp") / "sp.model")
+    vocabularies.learn_sentencepiece_model((s for d in write_documents(num_docs=150) for s in d), 400, path,
+                                           lower_case=True)
+    return tokenizers.load_tokenizer("sentencepiece", path)
+
+
+def test_sentencepiece_words_start_at_the_word_mark(sentencepiece):
+    """With SentencePiece a word is a "▁" piece and what follows it: spans and lexicon units are made of
+    those, whole, and the budget is kept."""
+    tok = sentencepiece
+    corpus = tokenize_documents(write_documents(num_docs=40, seed=5), tok)
+    tokens = corpus.tokens.astype(np.int32)
+    examples = [np.concatenate([[tok.cls_id], tokens[i:i + 100], [tok.sep_id]]).astype(np.int32)
+                for i in range(0, len(tokens) - 100, 100)]
+    spec = make_spec(tok, "span")
+    results = run_masking(examples, spec)
+    pieces = 0
+    for r in results:
+        chosen = np.zeros(len(r["ids"]), bool)
+        chosen[r["positions"][r["weights"] > 0]] = True
+        marked = np.array([t.startswith("▁") for t in tok.convert_ids_to_tokens(r["ids"])])
+        after_special = np.concatenate([[True], ~r["candidate"][:-1]])
+        assert (marked | after_special)[r["starts"]].all()  # a unit begins a word
+        unit = group_index(r["starts"], r["candidate"])
+        for u in np.unique(unit[chosen]):
+            assert chosen[unit == u].all()
+            pieces += (~marked[unit == u]).any()
+    assert pieces > 0  # words of several pieces were among the units
+    share = sum(int(r["weights"].sum()) for r in results) / sum(len(r["ids"]) for r in results)
+    assert abs(share - 0.15) <= 0.005, share
+    hashes, longest = units.lexicon_units(tok.encode_arrays(["New York City"]), np.asarray(tok.word_start, bool), 8)
+    ids = np.array([tok.cls_id] + tok.encode(["red new york city is big"])[0] + [tok.sep_id], np.int32)
+    candidate = tf.constant(~np.isin(ids, [tok.cls_id, tok.sep_id]))
+    starts = masking.unit_groups(tf.constant(ids), candidate, None,
+                                 make_spec(tok, "units", unit_hashes=hashes, unit_max_words=longest)).numpy()
+    words = masking.whole_word_groups(tf.constant(ids), candidate, None, make_spec(tok, "units")).numpy()
+    assert longest == 3 and words.sum() == 6 and starts.sum() == 4  # red | new york city | is | big
 
 
 def test_rate_schedule_by_step_resumes_exactly(tokenizer):
