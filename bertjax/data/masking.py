@@ -178,23 +178,18 @@ def _chosen_positions(ids, candidate, num_to_predict, key, spec: MaskingSpec):
 
     Units longer than a word are taken whole or skipped, as the original skips a whole word that would
     overshoot: no unit is ever cut, and the budget left unspent is a fraction of a token per example on
-    average (docs/data.md, "Masking").
+    average (docs/data.md, "Strategies").
     """
     starts = GROUPINGS[spec.grouping](ids, candidate, key, spec)
-    return _fill(starts, candidate, num_to_predict, tf.random.experimental.stateless_fold_in(key, _GROUP_ORDER))
-
-
-def _fill(starts, candidate, budget, order_key):
-    """_chosen_positions for one grouping: starts [n] bool group starts, budget scalar int32."""
     group = tf.cumsum(tf.cast(starts, tf.int32)) - 1  # [n], group index at candidates
     num_groups = tf.reduce_sum(tf.cast(starts, tf.int32))
     sizes = tf.math.unsorted_segment_sum(
         tf.cast(candidate, tf.int32), tf.where(candidate, group, num_groups), num_groups + 1
     )[:num_groups]
     # A random visiting order of the groups (the original shuffles its candidate list).
-    scores = tf.random.stateless_uniform([num_groups], order_key)
+    scores = tf.random.stateless_uniform([num_groups], tf.random.experimental.stateless_fold_in(key, _GROUP_ORDER))
     order = tf.argsort(scores)
-    taken_in_order = _greedy_fill(tf.gather(sizes, order), budget)
+    taken_in_order = _greedy_fill(tf.gather(sizes, order), num_to_predict)
     taken = tf.scatter_nd(order[:, None], taken_in_order, [num_groups])
     chosen = candidate & tf.gather(tf.concat([taken, [False]], 0), tf.where(candidate, group, num_groups))
     start_positions = tf.concat([tf.cast(tf.where(starts)[:, 0], tf.int32), [0]], 0)  # [G + 1], 0: no group
