@@ -109,6 +109,8 @@ def base_config() -> ml_collections.ConfigDict:
             # the words a segmenter finds in scripts written without spaces). docs/data.md, "Masking".
             masking="token",
             whole_word_masking=False,  # older form of masking="whole_word"
+            # Held-out batches' strategy; unset: masking. Strategies compared on one held-out set: token.
+            eval_masking=config_dict.placeholder(str),
             # Phases of the training rate by step, e.g. ((0, 0.3), (100000, 0.15), (150000, 0.05)) (mmBERT);
             # (): data.mask_rate throughout. Held-out batches keep eval_mask_rate (unset: mask_rate).
             mask_rate_schedule=(),

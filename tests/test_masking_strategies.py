@@ -340,6 +340,22 @@ def test_bad_masking_settings_are_one_line(change, message):
     assert message in str(error.value) and "\n" not in str(error.value)
 
 
+def test_held_out_batches_may_mask_by_another_strategy(tokenizer, tmp_path):
+    """data.eval_masking: strategies compared on the same held-out masking (token)."""
+    from bertjax.data import inputs
+
+    (tmp_path / "vocab.txt").write_text("\n".join(tokenizer.vocab) + "\n", encoding="utf-8")
+    lines = [s for d in write_documents(num_docs=60) for s in d + [""]]
+    (tmp_path / "corpus.txt").write_text("\n".join(lines), encoding="utf-8")
+    data = dict(source="text", input_pattern=str(tmp_path / "corpus.txt"), vocab_path=str(tmp_path / "vocab.txt"),
+                eval_fraction=0.2, masking="span")
+    built = inputs.build_inputs({**data, "eval_masking": "token"}, workdir=None)
+    assert (built.train.spec.grouping, built.eval.spec.grouping) == ("span", "token")
+    assert inputs.build_inputs(data, workdir=None).eval.spec.grouping == "span"
+    with pytest.raises(ValueError, match="needs its units"):
+        DataSettings(eval_masking="units")
+
+
 def test_whole_word_masking_is_the_older_form():
     assert DataSettings.from_config(dict(whole_word_masking=True)).masking == "whole_word"
 

@@ -128,7 +128,7 @@ def masking_spec(settings: DataSettings, tokenizer, mask_rate: float, documents=
     """The masking recipe of the settings. documents: the training documents (lists of sentences) a word
     segmenter reads for data.masking='units' (data.word_segmenter)."""
     unit_hashes, unit_max_words = np.zeros([0], np.int64), 1
-    if settings.masking == "units":
+    if "units" in (settings.masking, settings.held_out_masking):
         unit_hashes, unit_max_words = units.lexicon_for(settings, tokenizer, documents)
     return MaskingSpec.from_tokenizer(
         tokenizer,
@@ -188,6 +188,7 @@ def build_inputs(data, *, workdir: str | None, process_index: int = 0, process_c
         raise ValueError(f"data.source={settings.source!r} has no corpus to stream ({backend.reads})")
     _check_corpus(settings, train_corpus, eval_corpus, process_index, process_count)
     spec = masking_spec(settings, tokenizer, settings.mask_rate, train_documents)
+    eval_spec = dataclasses.replace(spec, masking=settings.held_out_masking, whole_word_masking=False)
     return PretrainingInputs(
         tokenizer=tokenizer,
         vocab_path=_absolute(vocab_path),
@@ -196,7 +197,7 @@ def build_inputs(data, *, workdir: str | None, process_index: int = 0, process_c
         # Its own seed stream, so held-out examples share no random draws with training ones; its own
         # mask rate, so a recipe training at 30% can report at BERT's 15%.
         eval=make_stream(eval_corpus, settings, tokenizer, shard=process_index,
-                         mask_rate=settings.held_out_mask_rate, seed_offset=EVAL_SEED_OFFSET, spec=spec),
+                         mask_rate=settings.held_out_mask_rate, seed_offset=EVAL_SEED_OFFSET, spec=eval_spec),
         bad_rows=bad_rows,
     )
 
@@ -224,6 +225,7 @@ def _mixture_inputs(settings: DataSettings, *, workdir, process_index: int, proc
     train_streams, eval_streams = [], []
     spec = masking_spec(settings, tokenizer, settings.mask_rate,
                         [d for documents, held_out in parts for d, e in zip(documents, held_out) if not e])
+    eval_spec = dataclasses.replace(spec, masking=settings.held_out_masking, whole_word_masking=False)
     for k, (documents, held_out) in enumerate(parts):
         try:
             train_corpus, eval_corpus = _host_corpora(documents, held_out, tokenizer, process_index, process_count)
@@ -235,7 +237,7 @@ def _mixture_inputs(settings: DataSettings, *, workdir, process_index: int, proc
                                          mask_rate=settings.mask_rate, seed_offset=offset, spec=spec))
         eval_streams.append(make_stream(eval_corpus, settings, tokenizer, shard=process_index,
                                         mask_rate=settings.held_out_mask_rate, seed_offset=EVAL_SEED_OFFSET + offset,
-                                        spec=spec))
+                                        spec=eval_spec))
     weights = [entry.weight for entry in settings.mixture]
     block = settings.mixture_block_size
     return PretrainingInputs(

@@ -54,6 +54,13 @@ def _one_of(choices: tuple[str, ...]) -> Callable:
     return check
 
 
+def _optional_one_of(choices: tuple[str, ...]) -> Callable:
+    def check(name: str, value):
+        return None if value is None else _one_of(choices)(name, value)
+
+    return check
+
+
 def _whole(minimum: int, why: str = "") -> Callable:
     def check(name: str, value):
         if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < minimum:
@@ -167,6 +174,7 @@ class DataSettings:
     short_seq_prob: float = _setting(0.1, _rate())
     whole_word_masking: bool = _setting(False, _flag)
     masking: str = _setting("token", _one_of(MASKINGS))
+    eval_masking: str | None = _setting(None, _optional_one_of(MASKINGS))
     mask_rate_schedule: tuple = _setting((), _schedule)
     span_p: float = _setting(0.2, _rate(open_interval=True, why="SpanBERT 0.2: mean span 3.8 words at 10 words"))
     span_max_words: int = _setting(10, _whole(1, "SpanBERT 10"))
@@ -192,7 +200,7 @@ class DataSettings:
                 raise ValueError(f"data.whole_word_masking=True and data.masking={self.masking!r} disagree: set "
                                  f"data.masking alone (whole_word_masking=True is masking='whole_word')")
             object.__setattr__(self, "masking", "whole_word")
-        if self.masking == "units" and not self.units_lexicon and self.word_segmenter == "none":
+        if "units" in (self.masking, self.eval_masking) and not self.units_lexicon and self.word_segmenter == "none":
             raise ValueError("data.masking='units' needs its units: set data.units_lexicon=FILE (one unit a line) "
                              "and/or data.word_segmenter='jieba'")
         if self.mixture and self.mask_rate_schedule:
@@ -203,6 +211,11 @@ class DataSettings:
         """The training rate at a step: data.mask_rate_schedule's phase, else data.mask_rate."""
         rates = [rate for start, rate in self.mask_rate_schedule if start <= step]
         return rates[-1] if rates else self.mask_rate
+
+    @property
+    def held_out_masking(self) -> str:
+        """The held-out batches' strategy: data.eval_masking, or the training one when it is unset."""
+        return self.masking if self.eval_masking is None else self.eval_masking
 
     @property
     def held_out_mask_rate(self) -> float:

@@ -14,7 +14,7 @@ MAX_UNIT_WORDS = 8
 def check(settings) -> None:
     """The units' inputs, before anything heavy: the lexicon file exists and holds a unit, the segmenter is
     installed. One line each."""
-    if settings.masking != "units":
+    if "units" not in (settings.masking, settings.eval_masking):
         return
     if settings.units_lexicon:
         read_lexicon(settings.units_lexicon)
