@@ -5,10 +5,10 @@ sharing one group of parameters.
 
 What differs from BERT: factorised embeddings (E=128 tables projected to H once), cross-layer sharing
 (num_hidden_groups=1), the tanh GELU ("gelu_new"), sentence-order prediction (data.objective=sop: two
-consecutive segments of one document, swapped half the time), a 30,000-piece SentencePiece vocabulary,
-no dropout (v2), LAMB lr 0.00176 with 3,125 warmup steps then linear decay, batch 4,096 sequences of
-512 for 125,000 steps. The weights convert to and from HF AlbertForPreTraining
-(bertjax.interop.hf_albert). With scan_layers=True the groups are scanned,
+consecutive segments of one document, swapped half the time), n-gram masking (whole-word n-grams,
+n <= 3, p(n) ~ 1/n), a 30,000-piece SentencePiece vocabulary, no dropout (v2), LAMB lr 0.00176 with
+3,125 warmup steps then linear decay, batch 4,096 sequences of 512 for 125,000 steps. The weights
+convert to and from HF AlbertForPreTraining (bertjax.interop.hf_albert). With scan_layers=True the groups are scanned,
 each applied L/G times inside its scan step.
 """
 
@@ -34,6 +34,9 @@ def get_config():
     config.data.max_seq_length = 512
     config.data.max_predictions_per_seq = 20  # as google-research/albert's run_pretraining
     config.data.mask_rate = 0.15
+    # ALBERT's n-gram masking: n-grams of whole words, n <= 3 with p(n) proportional to 1/n.
+    config.data.masking = "ngram"
+    config.data.ngram_max_n = 3
 
     config.optimizer.name = "lamb"
     config.optimizer.learning_rate = 0.00176

@@ -3,9 +3,9 @@ prediction, on the demo corpus in minutes on a CPU.
 
   python -m bertjax.train --config=configs/albert_tiny.py --workdir=/tmp/bertjax-albert-tiny
 
-ALBERT's choices at this size (factorised embeddings, sharing, tanh GELU, SOP); the recipe (Adam with
-bias correction, lr 1e-3, 60 warmup steps, 600 steps of 32 x 128 tokens, an 8k WordPiece vocabulary)
-is configs/tiny.py's, so the runs compare.
+ALBERT's choices at this size (factorised embeddings, sharing, tanh GELU, SOP, n-gram masking); the
+recipe (Adam with bias correction, lr 1e-3, 60 warmup steps, 600 steps of 32 x 128 tokens, an 8k
+WordPiece vocabulary) is configs/tiny.py's, so the runs compare.
 """
 
 from configs import common
@@ -28,6 +28,9 @@ def get_config():
     config.data.max_seq_length = 128
     config.data.max_predictions_per_seq = 20
     config.data.mask_rate = 0.15
+    # ALBERT's n-gram masking: n-grams of whole words, n <= 3 with p(n) proportional to 1/n.
+    config.data.masking = "ngram"
+    config.data.ngram_max_n = 3
 
     config.optimizer.learning_rate = 1e-3
     config.optimizer.bias_correction = True

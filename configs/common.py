@@ -103,7 +103,22 @@ def base_config() -> ml_collections.ConfigDict:
             mask_token_fraction=0.8,  # of the predicted positions: shown as [MASK]
             random_token_fraction=0.1,  # shown as a random token; the rest (0.1) stay unchanged
             short_seq_prob=0.1,  # nsp and sop: share of pairs with a shorter random target length
-            whole_word_masking=False,
+            # Which positions are masked together, within the same budget of tokens: token (BERT) |
+            # whole_word (all pieces of a word) | span (SpanBERT: whole-word spans, geometric lengths) |
+            # ngram (ALBERT: n-grams of whole words, p(n) ~ 1/n) | units (lexicon phrases and entities, or
+            # the words a segmenter finds in scripts written without spaces). docs/data.md, "Masking".
+            masking="token",
+            whole_word_masking=False,  # older form of masking="whole_word"
+            # Held-out batches' strategy; unset: masking. Strategies compared on one held-out set: token.
+            eval_masking=config_dict.placeholder(str),
+            # Phases of the training rate by step, e.g. ((0, 0.3), (100000, 0.15), (150000, 0.05)) (mmBERT);
+            # (): data.mask_rate throughout. Held-out batches keep eval_mask_rate (unset: mask_rate).
+            mask_rate_schedule=(),
+            span_p=0.2,  # span: geometric parameter of a span's length in words (SpanBERT 0.2)
+            span_max_words=10,  # span: lengths clipped at this many words (SpanBERT 10: mean 3.8)
+            ngram_max_n=3,  # ngram: n = 1..ngram_max_n words (ALBERT 3: shares 6/11, 3/11, 2/11)
+            units_lexicon=config_dict.placeholder(str),  # units: a file, one phrase or entity a line
+            word_segmenter="none",  # units: none | jieba (Chinese; pip install jieba)
             # Packing (docs/data.md): several examples share a row of max_seq_length (nsp, sop; "none" rows
             # are full already and stay one sequence each). Rows then hold about 99% real tokens instead of
             # 76% (demo corpus, seq 128); train.batch_size counts rows. False: one padded example per row.

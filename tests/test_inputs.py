@@ -217,9 +217,23 @@ def test_preview_shows_packing_from_its_first_lines_and_keeps_its_vocabulary(cor
 def test_a_predicted_position_is_one_mark_a_literal_token_is_not():
     from bertjax.runs import data_preview
 
-    record = {"tokens": ["[CLS]", "=", "[MASK]", "cat", "=", "[SEP]"], "masked_lm_positions": [1, 2, 3],
-              "masked_lm_tokens": ["=", "the", "dog"]}
-    assert data_preview.marked_tokens(record) == ["[CLS]", "⟦=→=⟧", "⟦[MASK]→the⟧", "⟦cat→dog⟧", "=", "[SEP]"]
+    record = {"tokens": ["[CLS]", "=", "[MASK]", "cat", "=", "[SEP]"], "masked_lm_positions": [1, 3],
+              "masked_lm_tokens": ["=", "dog"]}
+    assert data_preview.marked_tokens(record) == ["[CLS]", "⟦=→=⟧", "[MASK]", "⟦cat→dog⟧", "=", "[SEP]"]
+
+
+def test_units_masked_together_are_one_mark_with_their_statistics():
+    from bertjax.runs import data_preview
+
+    record = {"tokens": ["[CLS]", "new", "york", "city", "is", "big", "[SEP]"], "masked_lm_positions": [1, 2, 3, 5],
+              "masked_lm_tokens": ["new", "york", "city", "big"]}
+    record["tokens"][1:4] = ["[MASK]"] * 3
+    assert data_preview.marked_tokens(record) == ["[CLS]", "⟦[MASK] [MASK] [MASK]→new york city⟧", "is",
+                                                  "⟦big→big⟧", "[SEP]"]
+    runs = [len(run) for run in data_preview.predicted_runs(record)]
+    assert runs == [3, 1]
+    line = data_preview.masking_line(4, 7, runs, "span")
+    assert line.startswith("masking (span): 57.1% of the real tokens shown are predicted") and "average 2.00" in line
 
 
 def expect_cli_error(result, *fragments):
@@ -255,6 +269,9 @@ def test_bad_input_gets_one_clear_line(corpus_dir, tmp_path, capsys):
     no_mask.write_text("\n".join(t for t in (corpus_dir / "vocab.txt").read_text().splitlines() if t != "[MASK]"))
     preview_error("[MASK]", vocab_path=str(no_mask))
     preview_error("data.max_predictions_per_seq=3", max_predictions_per_seq=3)
+    preview_error("data.masking='spans' is not one of", masking="spans")
+    preview_error("data.units_lexicon=", "does not exist", masking="units", units_lexicon=str(tmp_path / "nope.txt"))
+    preview_error("data.span_p=0", "must lie in (0, 1)", masking="span", span_p=0.0)
     expect_cli_error(run_module("bertjax.data.preview", *config_flags(corpus_dir), "--config.data.bogus=1"),
                      "bogus")
 

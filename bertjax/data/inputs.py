@@ -21,12 +21,13 @@ import os
 import tempfile
 from typing import Iterator, Sequence
 
+import numpy as np
 from absl import logging
 from etils import epath
 
 from bertjax.data import backends
 from bertjax.data import mixture as mixing
-from bertjax.data import splits
+from bertjax.data import splits, units
 from bertjax.data.backends.backend import BadRows
 from bertjax.data.corpus import TokenizedCorpus, tokenize_documents
 from bertjax.data.masking import MaskingSpec
@@ -123,25 +124,40 @@ def _vocabulary_digest(settings: DataSettings, train_documents: Sequence[list[st
     return digest.hexdigest()[:24]
 
 
-def masking_spec(settings: DataSettings, tokenizer, mask_rate: float) -> MaskingSpec:
+def masking_spec(settings: DataSettings, tokenizer, mask_rate: float, documents=None) -> MaskingSpec:
+    """The masking recipe of the settings. documents: the training documents (lists of sentences) a word
+    segmenter reads for data.masking='units' (data.word_segmenter)."""
+    unit_hashes, unit_max_words = np.zeros([0], np.int64), 1
+    if "units" in (settings.masking, settings.held_out_masking):
+        unit_hashes, unit_max_words = units.lexicon_for(settings, tokenizer, documents)
     return MaskingSpec.from_tokenizer(
         tokenizer,
         max_predictions_per_seq=settings.max_predictions_per_seq,
         mask_rate=mask_rate,
-        whole_word_masking=settings.whole_word_masking,
+        masking=settings.masking,
+        span_p=settings.span_p,
+        span_max_words=settings.span_max_words,
+        ngram_max_n=settings.ngram_max_n,
+        unit_hashes=unit_hashes,
+        unit_max_words=unit_max_words,
         mask_token_fraction=settings.mask_token_fraction,
         random_token_fraction=settings.random_token_fraction,
     )
 
 
 def make_stream(corpus: TokenizedCorpus, settings: DataSettings, tokenizer, *, shard: int, mask_rate: float,
-                seed_offset: int = 0) -> PretrainingStream:
-    """The stream of one corpus, with the recipe of the settings."""
+                seed_offset: int = 0, spec: MaskingSpec | None = None, schedule: bool = False) -> PretrainingStream:
+    """The stream of one corpus, with the recipe of the settings (spec: its masking, made once for both
+    streams; schedule: the training stream follows data.mask_rate_schedule)."""
+    if spec is None:
+        spec = masking_spec(settings, tokenizer, mask_rate)
+    spec = dataclasses.replace(spec, mask_rate=mask_rate)
     return PretrainingStream(
-        corpus, masking_spec(settings, tokenizer, mask_rate), seed=settings.seed + seed_offset,
+        corpus, spec, seed=settings.seed + seed_offset,
         max_seq_length=settings.max_seq_length, short_seq_prob=settings.short_seq_prob, shard=shard,
         objective=settings.objective, packing=settings.packing,
         max_sequences_per_row=settings.max_sequences_per_row, packing_window=settings.packing_window,
+        mask_rate_schedule=settings.mask_rate_schedule if schedule else (),
     )
 
 
@@ -160,6 +176,7 @@ def build_inputs(data, *, workdir: str | None, process_index: int = 0, process_c
         host = backend.corpora(settings, process_index, process_count)
         tokenizer = tokenizers.load_tokenizer(host.tokenizer, host.vocab_path, lower_case=host.lower_case)
         vocab_path, train_corpus, eval_corpus = host.vocab_path, host.train, host.eval
+        train_documents = None
     elif backend.documents is not None:
         documents, held_out = _split_documents(settings, bad_rows)
         _log_bad_rows(bad_rows)
@@ -170,14 +187,17 @@ def build_inputs(data, *, workdir: str | None, process_index: int = 0, process_c
     else:
         raise ValueError(f"data.source={settings.source!r} has no corpus to stream ({backend.reads})")
     _check_corpus(settings, train_corpus, eval_corpus, process_index, process_count)
+    spec = masking_spec(settings, tokenizer, settings.mask_rate, train_documents)
+    eval_spec = dataclasses.replace(spec, masking=settings.held_out_masking, whole_word_masking=False)
     return PretrainingInputs(
         tokenizer=tokenizer,
         vocab_path=_absolute(vocab_path),
-        train=make_stream(train_corpus, settings, tokenizer, shard=process_index, mask_rate=settings.mask_rate),
+        train=make_stream(train_corpus, settings, tokenizer, shard=process_index, mask_rate=settings.mask_rate,
+                          spec=spec, schedule=True),
         # Its own seed stream, so held-out examples share no random draws with training ones; its own
         # mask rate, so a recipe training at 30% can report at BERT's 15%.
         eval=make_stream(eval_corpus, settings, tokenizer, shard=process_index,
-                         mask_rate=settings.held_out_mask_rate, seed_offset=EVAL_SEED_OFFSET),
+                         mask_rate=settings.held_out_mask_rate, seed_offset=EVAL_SEED_OFFSET, spec=eval_spec),
         bad_rows=bad_rows,
     )
 
@@ -203,6 +223,9 @@ def _mixture_inputs(settings: DataSettings, *, workdir, process_index: int, proc
         settings, workdir, [d for documents, held_out in parts for d, e in zip(documents, held_out) if not e],
         vocab_cache)
     train_streams, eval_streams = [], []
+    spec = masking_spec(settings, tokenizer, settings.mask_rate,
+                        [d for documents, held_out in parts for d, e in zip(documents, held_out) if not e])
+    eval_spec = dataclasses.replace(spec, masking=settings.held_out_masking, whole_word_masking=False)
     for k, (documents, held_out) in enumerate(parts):
         try:
             train_corpus, eval_corpus = _host_corpora(documents, held_out, tokenizer, process_index, process_count)
@@ -211,9 +234,10 @@ def _mixture_inputs(settings: DataSettings, *, workdir, process_index: int, proc
             raise ValueError(f"data.mixture[{k}]: {e}") from None
         offset = k * MIXTURE_SEED_OFFSET
         train_streams.append(make_stream(train_corpus, settings, tokenizer, shard=process_index,
-                                         mask_rate=settings.mask_rate, seed_offset=offset))
+                                         mask_rate=settings.mask_rate, seed_offset=offset, spec=spec))
         eval_streams.append(make_stream(eval_corpus, settings, tokenizer, shard=process_index,
-                                        mask_rate=settings.held_out_mask_rate, seed_offset=EVAL_SEED_OFFSET + offset))
+                                        mask_rate=settings.held_out_mask_rate, seed_offset=EVAL_SEED_OFFSET + offset,
+                                        spec=eval_spec))
     weights = [entry.weight for entry in settings.mixture]
     block = settings.mixture_block_size
     return PretrainingInputs(

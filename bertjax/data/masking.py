@@ -2,9 +2,10 @@
 recipe's rate, drawn from a stateless RNG keyed by (seed, epoch, index in epoch), so the same example
 gets the same mask in every run and a new one every epoch.
 
-A masking strategy says which positions are chosen together (GROUPINGS: single tokens, whole words);
-the budget, the greedy fill and the replacements are shared. A new strategy (spans, n-grams) is its
-grouping function in a module of its own and one row of GROUPINGS.
+A masking strategy says which positions are chosen together (GROUPINGS: single tokens, whole words,
+spans and n-grams of whole words, lexicon units; the last three in bertjax/data/spans.py); the budget,
+the greedy fill and the replacements are shared, and each group gets one 80/10/10 decision. A new
+strategy is its grouping function and one row of GROUPINGS.
 
 Shape legend: n length of an unpadded example, P max_predictions_per_seq, G groups.
 """
@@ -13,12 +14,13 @@ import dataclasses
 
 import numpy as np
 
+from bertjax.data import spans
 from bertjax.text import tf_cpu
 
 tf = tf_cpu.import_tensorflow()
 
 # Stream keys for tf.random.experimental.stateless_fold_in: one independent stream per purpose.
-_GROUP_ORDER, _MASK_CHOICE, _RANDOM_TOKEN = 1, 2, 3
+_GROUP_ORDER, _MASK_CHOICE, _RANDOM_TOKEN = 1, 2, 3  # 4: spans.py's
 
 
 @dataclasses.dataclass(frozen=True)
@@ -34,7 +36,13 @@ class MaskingSpec:
     word_start: np.ndarray  # bool [vocab_size]: the token begins a word (whole-word masking)
     max_predictions_per_seq: int
     mask_rate: float = 0.15  # share of an example's tokens to predict (BERT 0.15, ModernBERT 0.30)
-    whole_word_masking: bool = False
+    whole_word_masking: bool = False  # older form of masking="whole_word"
+    masking: str = "token"  # a row of GROUPINGS
+    span_p: float = 0.2  # span: geometric parameter of the length in words (SpanBERT 0.2)
+    span_max_words: int = 10  # span: lengths clipped here (SpanBERT 10)
+    ngram_max_n: int = 3  # ngram: n = 1..max_n with p(n) proportional to 1/n (ALBERT 3)
+    unit_hashes: np.ndarray = dataclasses.field(default_factory=lambda: np.zeros([0], np.int64))  # units: lexicon
+    unit_max_words: int = 1  # units: the most words a lexicon unit has
     # Of the predicted positions: this share becomes [MASK], this one a random token, the rest stay.
     mask_token_fraction: float = 0.8
     random_token_fraction: float = 0.1
@@ -42,7 +50,7 @@ class MaskingSpec:
     @property
     def grouping(self) -> str:
         """The row of GROUPINGS this spec masks by."""
-        return "whole_word" if self.whole_word_masking else "token"
+        return "whole_word" if self.whole_word_masking and self.masking == "token" else self.masking
 
     @classmethod
     def from_tokenizer(cls, tokenizer, **recipe) -> "MaskingSpec":
@@ -75,10 +83,31 @@ def whole_word_groups(ids, candidate, key, spec: MaskingSpec):
     return candidate & (begins_word | ~after_candidate)
 
 
+def span_groups(ids, candidate, key, spec: MaskingSpec):
+    """SpanBERT: units of whole words with geometric lengths (spec.span_p, clipped at spec.span_max_words)."""
+    return spans.drawn_unit_starts(ids, candidate, spec.word_start,
+                                   spans.span_length_probs(spec.span_p, spec.span_max_words), key)
+
+
+def ngram_groups(ids, candidate, key, spec: MaskingSpec):
+    """ALBERT: n-grams of whole words, n = 1..spec.ngram_max_n with p(n) proportional to 1/n."""
+    return spans.drawn_unit_starts(ids, candidate, spec.word_start, spans.ngram_length_probs(spec.ngram_max_n), key)
+
+
+def unit_groups(ids, candidate, key, spec: MaskingSpec):
+    """ERNIE / Chinese whole-word masking: the lexicon's units (longest match from the left over words),
+    every other word a unit of its own."""
+    words = whole_word_groups(ids, candidate, key, spec)
+    if spec.unit_max_words < 2:
+        return words
+    return spans.lexicon_unit_starts(ids, candidate, words, spec.unit_hashes, spec.unit_max_words)
+
+
 # name -> (ids [n] int32, candidate [n] bool, key, spec) -> [n] bool: the candidates that start a group;
 # a group runs to the next start (non-candidates belong to none). key: the example's RNG key, for
 # strategies that draw their groups.
-GROUPINGS = {"token": token_groups, "whole_word": whole_word_groups}
+GROUPINGS = {"token": token_groups, "whole_word": whole_word_groups, "span": span_groups, "ngram": ngram_groups,
+             "units": unit_groups}
 
 
 def _greedy_fill(sizes, budget):
@@ -106,10 +135,11 @@ def _greedy_fill(sizes, budget):
     return taken
 
 
-def mask_tokens(ids, key, spec: MaskingSpec):
+def mask_tokens(ids, key, spec: MaskingSpec, mask_rate=None):
     """BERT's masked-LM corruption of one unpadded example.
 
-    ids: [n] int32 ([CLS] A [SEP] B [SEP]); key: stateless RNG key.
+    ids: [n] int32 ([CLS] A [SEP] B [SEP]); key: stateless RNG key; mask_rate: a scalar rate for this
+    example (a rate schedule's, by step), else spec.mask_rate.
     Returns (masked ids [n], masked_lm_positions [P], masked_lm_ids [P], masked_lm_weights [P]).
 
     num_to_predict = min(P, max(1, round(n * mask_rate))) positions, never [CLS]/[SEP], are
@@ -124,10 +154,11 @@ def mask_tokens(ids, key, spec: MaskingSpec):
     max_predictions = spec.max_predictions_per_seq
     candidate = (ids != spec.cls_id) & (ids != spec.sep_id) & (ids != spec.pad_id)
     # tf.round rounds half to even, like Python's round() in the original.
-    num_to_predict = tf.cast(tf.round(tf.cast(n, tf.float32) * spec.mask_rate), tf.int32)
+    rate = tf.cast(spec.mask_rate if mask_rate is None else mask_rate, tf.float32)
+    num_to_predict = tf.cast(tf.round(tf.cast(n, tf.float32) * rate), tf.int32)
     num_to_predict = tf.minimum(max_predictions, tf.maximum(1, num_to_predict))
-    chosen = _chosen_positions(ids, candidate, num_to_predict, key, spec)
-    masked = tf.where(chosen, _replacements(ids, key, spec), ids)
+    chosen, first = _chosen_positions(ids, candidate, num_to_predict, key, spec)
+    masked = tf.where(chosen, _replacements(ids, first, key, spec), ids)
 
     positions = tf.cast(tf.where(chosen)[:, 0], tf.int32)  # ascending, as the original sorts them
     labels = tf.gather(ids, positions)
@@ -142,7 +173,13 @@ def mask_tokens(ids, key, spec: MaskingSpec):
 
 
 def _chosen_positions(ids, candidate, num_to_predict, key, spec: MaskingSpec):
-    """[n] bool: the positions to predict, whole groups at a time, visited in a random order."""
+    """([n] bool: the positions to predict, whole groups at a time, visited in a random order;
+    [n] int32: the first position of each position's group, where its 80/10/10 decision is drawn).
+
+    Units longer than a word are taken whole or skipped, as the original skips a whole word that would
+    overshoot: no unit is ever cut, and the budget left unspent is a fraction of a token per example on
+    average (docs/data.md, "Strategies").
+    """
     starts = GROUPINGS[spec.grouping](ids, candidate, key, spec)
     group = tf.cumsum(tf.cast(starts, tf.int32)) - 1  # [n], group index at candidates
     num_groups = tf.reduce_sum(tf.cast(starts, tf.int32))
@@ -154,13 +191,19 @@ def _chosen_positions(ids, candidate, num_to_predict, key, spec: MaskingSpec):
     order = tf.argsort(scores)
     taken_in_order = _greedy_fill(tf.gather(sizes, order), num_to_predict)
     taken = tf.scatter_nd(order[:, None], taken_in_order, [num_groups])
-    return candidate & tf.gather(tf.concat([taken, [False]], 0), tf.where(candidate, group, num_groups))
+    chosen = candidate & tf.gather(tf.concat([taken, [False]], 0), tf.where(candidate, group, num_groups))
+    start_positions = tf.concat([tf.cast(tf.where(starts)[:, 0], tf.int32), [0]], 0)  # [G + 1], 0: no group
+    first = tf.gather(start_positions, tf.where(candidate, group, num_groups))  # [n]
+    return chosen, first
 
 
-def _replacements(ids, key, spec: MaskingSpec):
-    """[n] int32: what each position becomes if chosen: [MASK], itself, or a random token."""
+def _replacements(ids, first, key, spec: MaskingSpec):
+    """[n] int32: what each position becomes if chosen: [MASK], itself, or a random token; one decision per
+    group (drawn at its first position, so token masking draws exactly as before), a random token of its
+    own for each position of a group that is replaced."""
     n = tf.shape(ids)[0]
     u = tf.random.stateless_uniform([n], tf.random.experimental.stateless_fold_in(key, _MASK_CHOICE))
+    u = tf.gather(u, first)
     random_index = tf.random.stateless_uniform(
         [n], tf.random.experimental.stateless_fold_in(key, _RANDOM_TOKEN),
         minval=0, maxval=len(spec.replacement_ids), dtype=tf.int32,

@@ -72,6 +72,7 @@ class MixtureStream:
         self.seed, self.block_size = int(seed), int(block_size)
         self.packing, self.objective, self.max_seq_length = first.packing, first.objective, first.max_seq_length
         self.max_sequences_per_row = first.max_sequences_per_row
+        self.spec = first.spec  # the recipe's masking, shared by the sources (the preview names it)
         # A mixture "epoch": the elements before any source starts its second epoch.
         self.rows_per_epoch = int(min(s.rows_per_epoch // c for s, c in zip(self.streams, self.counts))
                                   * self.block_size) or int(self.block_size)

@@ -6,7 +6,9 @@
 The text form opens with a legend of its marks, says for each training batch what its rows hold, and
 shows each example (with data.packing, each packed row and its sequences); the jsonl form writes one
 example (or packed row) per line with every model input and the decoded tokens. --start_step shows the
-examples of a later training step, as a resumed run would see them. The run is bertjax/runs/data_preview.py.
+examples of a later training step, as a resumed run would see them. Units masked together (data.masking)
+show as one mark, and a last line gives the masked share and the mean unit length. The run is
+bertjax/runs/data_preview.py.
 """
 
 from absl import flags

@@ -18,8 +18,13 @@ import numpy as np
 
 from bertjax.data import backends, objectives
 from bertjax.data.backends import text_files
-from bertjax.text import files
+from bertjax.text import files, word_segmentation
 from bertjax.text.sentences import SPLITTERS
+
+# data.masking: which positions are masked together (bertjax/data/masking.py's GROUPINGS).
+MASKINGS = ("token", "whole_word", "span", "ngram", "units")
+# data.word_segmenter, for data.masking="units" in scripts written without spaces (an optional package).
+SEGMENTERS = ("none",) + word_segmentation.SEGMENTERS
 
 # Keys configs written before a rename still set, and the field each stands for (it wins over it).
 OLDER_KEYS = {"masked_lm_prob": "mask_rate"}
@@ -45,6 +50,13 @@ def _one_of(choices: tuple[str, ...]) -> Callable:
         if value not in choices:
             raise ValueError(f"{name}={value!r} is not one of {', '.join(map(repr, choices))}")
         return value
+
+    return check
+
+
+def _optional_one_of(choices: tuple[str, ...]) -> Callable:
+    def check(name: str, value):
+        return None if value is None else _one_of(choices)(name, value)
 
     return check
 
@@ -77,6 +89,26 @@ def _rate(*, open_interval: bool = False, optional: bool = False, why: str = "")
         return float(value)
 
     return check
+
+
+def _schedule(name: str, value):
+    """A mask-rate schedule: ((start_step, rate), ...), the first phase at step 0, starts increasing."""
+    example = "e.g. ((0, 0.3), (10000, 0.15), (20000, 0.05))"
+    if not isinstance(value, (tuple, list)):
+        raise ValueError(f"{name}={value!r}: give a tuple of (start_step, rate) pairs, {example}, or () for "
+                         f"the constant data.mask_rate")
+    phases = []
+    for k, phase in enumerate(value):
+        if not isinstance(phase, (tuple, list)) or len(phase) != 2:
+            raise ValueError(f"{name}[{k}]={phase!r}: give a (start_step, rate) pair, {example}")
+        start = _whole(0)(f"{name}[{k}] start_step", phase[0])
+        rate = _rate(open_interval=True)(f"{name}[{k}] rate", phase[1])
+        phases.append((start, rate))
+    if phases and phases[0][0] != 0:
+        raise ValueError(f"{name}: the first phase must start at step 0 (it starts at {phases[0][0]}), {example}")
+    if any(b[0] <= a[0] for a, b in zip(phases, phases[1:])):
+        raise ValueError(f"{name}={value!r}: the start steps must increase, {example}")
+    return tuple(phases)
 
 
 def _setting(default, check: Callable):
@@ -141,6 +173,14 @@ class DataSettings:
     random_token_fraction: float = _setting(0.1, _rate(why="BERT 0.1"))
     short_seq_prob: float = _setting(0.1, _rate())
     whole_word_masking: bool = _setting(False, _flag)
+    masking: str = _setting("token", _one_of(MASKINGS))
+    eval_masking: str | None = _setting(None, _optional_one_of(MASKINGS))
+    mask_rate_schedule: tuple = _setting((), _schedule)
+    span_p: float = _setting(0.2, _rate(open_interval=True, why="SpanBERT 0.2: mean span 3.8 words at 10 words"))
+    span_max_words: int = _setting(10, _whole(1, "SpanBERT 10"))
+    ngram_max_n: int = _setting(3, _whole(1, "ALBERT 3"))
+    units_lexicon: str | None = _setting(None, _optional_string)
+    word_segmenter: str = _setting("none", _one_of(SEGMENTERS))
     packing: bool = _setting(True, _flag)
     max_sequences_per_row: int = _setting(8, _whole(1, "sequences sharing a packed row; 8 at seq 128, 16 at seq 512"))
     packing_window: int = _setting(1000, _whole(1, "examples the packer sees at once; 1000 packs the demo corpus "
@@ -155,6 +195,27 @@ class DataSettings:
         if m + r > 1.0:
             raise ValueError(f"data.mask_token_fraction={m} and data.random_token_fraction={r} must be >= 0 and add "
                              f"up to at most 1 (BERT: 0.8 and 0.1)")
+        if self.whole_word_masking:  # the older key: the same as masking="whole_word"
+            if self.masking not in ("token", "whole_word"):
+                raise ValueError(f"data.whole_word_masking=True and data.masking={self.masking!r} disagree: set "
+                                 f"data.masking alone (whole_word_masking=True is masking='whole_word')")
+            object.__setattr__(self, "masking", "whole_word")
+        if "units" in (self.masking, self.eval_masking) and not self.units_lexicon and self.word_segmenter == "none":
+            raise ValueError("data.masking='units' needs its units: set data.units_lexicon=FILE (one unit a line) "
+                             "and/or data.word_segmenter='jieba'")
+        if self.mixture and self.mask_rate_schedule:
+            raise ValueError("data.mask_rate_schedule with data.mixture is not supported yet: set a constant "
+                             "data.mask_rate, or train on one source")
+
+    def train_mask_rate(self, step: int) -> float:
+        """The training rate at a step: data.mask_rate_schedule's phase, else data.mask_rate."""
+        rates = [rate for start, rate in self.mask_rate_schedule if start <= step]
+        return rates[-1] if rates else self.mask_rate
+
+    @property
+    def held_out_masking(self) -> str:
+        """The held-out batches' strategy: data.eval_masking, or the training one when it is unset."""
+        return self.masking if self.eval_masking is None else self.eval_masking
 
     @property
     def held_out_mask_rate(self) -> float:

@@ -6,7 +6,8 @@
     differ by a few percent, are cut or wrapped to E), so example j of the host's stream is
     example j % E of epoch j // E. Resuming at step N builds one plan and skips within it: the cost
     does not grow with N.
-  * Masks are drawn from a stateless RNG keyed by (seed, epoch, index in epoch) (bertjax/data/masking.py).
+  * Masks are drawn from a stateless RNG keyed by (seed, epoch, index in epoch) (bertjax/data/masking.py),
+    at the rate of the element's step where a rate schedule has phases (step = element // batch size).
   * Packing (data.packing) adds a *row plan* per epoch: which examples of the epoch's plan share a row,
     found in numpy by best-fit decreasing over windows of consecutive plan rows (packing.py). Every
     epoch has the rows of epoch 0 (cut or wrapped); an example keeps its own key, so its tokens and mask
@@ -16,6 +17,8 @@ The batch contract is bertjax/data/instances.py's (and docs/data.md's), with a b
 
 Shape legend: B batch, S max_seq_length, K max_sequences_per_row, R rows of an epoch.
 """
+
+import dataclasses
 
 import numpy as np
 from absl import logging
@@ -53,7 +56,12 @@ class PretrainingStream:
 
     def __init__(self, corpus: TokenizedCorpus, spec: MaskingSpec, *, seed: int, max_seq_length: int,
                  short_seq_prob: float = 0.1, shard: int = 0, objective: str = "nsp", packing: bool = False,
-                 max_sequences_per_row: int = 8, packing_window: int = 1000):
+                 max_sequences_per_row: int = 8, packing_window: int = 1000,
+                 mask_rate_schedule: tuple[tuple[int, float], ...] = ()):
+        # A schedule's highest rate sizes every budget (predictions per example, the packer's rows).
+        self.mask_rate_schedule = tuple((int(start), float(rate)) for start, rate in mask_rate_schedule)
+        if self.mask_rate_schedule:
+            spec = dataclasses.replace(spec, mask_rate=max(rate for _, rate in self.mask_rate_schedule))
         self._objective = objectives.get(objective)
         if max_seq_length < 5:
             raise ValueError(f"data.max_seq_length={max_seq_length}: needs at least 5 ([CLS] A [SEP] B [SEP])")
@@ -128,19 +136,39 @@ class PretrainingStream:
 
         return pair if self._objective.pairs else rebased_full_sentences(read, separators, spec)
 
-    def _example_fn(self):
-        """(epoch, index, row) -> example (unpacked), or (epoch, members, rows) -> packed row."""
+    def _rate_fn(self, batch_size: int | None):
+        """(epoch, index in epoch) -> the mask rate of that element's step (a scalar tensor), or None for
+        the spec's constant rate."""
+        if not self.mask_rate_schedule:
+            return lambda epoch, index: None
+        if not batch_size:
+            raise ValueError("a mask rate schedule needs the batch size: the rate is chosen by step")
+        starts = tf.constant([start for start, _ in self.mask_rate_schedule], tf.int64)
+        rates = tf.constant([rate for _, rate in self.mask_rate_schedule], tf.float32)
+        r = self.rows_per_epoch
+
+        def rate(epoch, index):
+            step = (tf.cast(epoch, tf.int64) * r + tf.cast(index, tf.int64)) // batch_size
+            return rates[tf.searchsorted(starts, step[None], side="right")[0] - 1]
+
+        return rate
+
+    def _example_fn(self, batch_size: int | None = None):
+        """(epoch, index, row) -> example (unpacked), or (epoch, index, members, rows) -> packed row."""
         sequence_fn = self._sequence_fn()
         spec, seed, max_seq_length = self.spec, self.seed, self.max_seq_length
+        rate_at = self._rate_fn(batch_size)
 
         def example(epoch, index, row):
-            return padded_example(*sequence_fn(row), example_key(seed, epoch, index), spec, max_seq_length)
+            return padded_example(*sequence_fn(row), example_key(seed, epoch, index), spec, max_seq_length,
+                                  mask_rate=rate_at(epoch, index))
 
-        def packed_row(epoch, members, rows):
-            def key(index):
-                return example_key(seed, epoch, index)
+        def packed_row(epoch, index, members, rows):
+            def key(member):
+                return example_key(seed, epoch, member)
 
-            return make_packed_row(sequence_fn, key, members, rows, spec, max_seq_length)
+            return make_packed_row(sequence_fn, key, members, rows, spec, max_seq_length,
+                                   mask_rate=rate_at(epoch, index))
 
         return packed_row if self.packing else example
 
@@ -205,11 +233,12 @@ class PretrainingStream:
         Built from the plan of the epoch the step falls in: resuming at step 1,000,000 costs what
         starting at step 0 costs. threads: cap tf.data's worker threads (benchmarks per core).
         """
-        return batched(self.elements(start_step * batch_size), batch_size, threads)
+        return batched(self.elements(start_step * batch_size, batch_size), batch_size, threads)
 
-    def elements(self, start: int = 0) -> tf.data.Dataset:
+    def elements(self, start: int = 0, batch_size: int | None = None) -> tf.data.Dataset:
         """The stream's examples (packed: rows), unbatched and infinite, from element `start` on (element
-        i of the host's stream is batch i // B's example i % B): what a mixture of streams interleaves."""
+        i of the host's stream is batch i // B's example i % B): what a mixture of streams interleaves.
+        batch_size: B, which a mask rate schedule needs (its phases are by step)."""
         first_epoch, offset = self.locate(start)
         r, k = self.rows_per_epoch, self.max_sequences_per_row
 
@@ -223,7 +252,8 @@ class PretrainingStream:
             members, rows = tf.numpy_function(lambda e: self._packed_epoch(int(e)), [epoch], (tf.int64, tf.int64),
                                               stateful=False)
             members, rows = tf.ensure_shape(members, [r, k]), tf.ensure_shape(rows, [r, k, 5])
-            return tf.data.Dataset.from_tensor_slices((tf.fill([r], epoch), members, rows))
+            index = tf.range(r, dtype=tf.int64)
+            return tf.data.Dataset.from_tensor_slices((tf.fill([r], epoch), index, members, rows))
 
         def epoch_elements(epoch):
             elements = epoch_rows(epoch) if self.packing else epoch_examples(epoch)
@@ -235,4 +265,4 @@ class PretrainingStream:
         plain = tf.autograph.experimental.do_not_convert
         epochs = tf.data.Dataset.range(first_epoch, np.iinfo(np.int64).max)
         ds = epochs.flat_map(plain(epoch_elements))
-        return ds.map(plain(self._example_fn()), num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
+        return ds.map(plain(self._example_fn(batch_size)), num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)

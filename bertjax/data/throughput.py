@@ -13,6 +13,13 @@ positions that are real tokens) of each stream's first batches. Figures are prin
 docs/data.md records them.
 
     python -m bertjax.data.throughput --memory              # the memory-mapped prepared corpus
+    python -m bertjax.data.throughput --masking             # masking strategies against token masking
+
+--masking times the prepared stream at seq 128 on one tf.data thread with each data.masking strategy,
+in rounds that visit every strategy once (token first), and prints each one's examples per CPU second
+as a ratio to token masking's in the same round (the median over --masking_rounds rounds): ratios within
+one run, so that a shared machine's load changes cancel. units matches a lexicon of the corpus's most frequent word
+pairs and triples (--masking_lexicon_size).
 
 --memory writes a prepared corpus of --memory_tokens (200M) tokens by repeating the demo corpus's
 tokenized documents, and one of 1M (also as four shards), and measures, each in a fresh process: the
@@ -33,7 +40,7 @@ import time
 import numpy as np
 from absl import app, flags
 
-from bertjax.data import demo, prepared
+from bertjax.data import demo, prepared, units
 from bertjax.data.backends import text_files
 from bertjax.data.corpus import TokenizedCorpus, tokenize_documents
 from bertjax.data.masking import MaskingSpec
@@ -60,7 +67,56 @@ def define_flags() -> dict:
         memory_tokens=flags.DEFINE_integer("memory_tokens", 200_000_000, "Tokens of the large mapped corpus."),
         memory_batches=flags.DEFINE_integer("memory_batches", 100, "Batches each memory run draws."),
         objective=flags.DEFINE_enum("objective", "nsp", ["nsp", "sop", "none"], "The memory runs' objective."),
+        masking=flags.DEFINE_bool("masking", False, "Measure the masking strategies against token masking instead."),
+        masking_rounds=flags.DEFINE_integer("masking_rounds", 5, "Rounds of the masking comparison."),
+        masking_lexicon_size=flags.DEFINE_integer("masking_lexicon_size", 2000, "Units in the lexicon of units."),
     )
+
+
+# ----------------------------------------------------------------------------------------------------
+# --masking: each masking strategy's examples/s as a ratio to token masking's
+# ----------------------------------------------------------------------------------------------------
+
+
+def frequent_phrases(documents, size: int) -> list[str]:
+    """The corpus's `size` most frequent word pairs and triples: a lexicon for units masking."""
+    counts = {}
+    for document in documents:
+        for sentence in document:
+            words = sentence.lower().split()
+            for n in (2, 3):
+                for i in range(len(words) - n + 1):
+                    phrase = " ".join(words[i:i + n])
+                    counts[phrase] = counts.get(phrase, 0) + 1
+    return [phrase for phrase, _ in sorted(counts.items(), key=lambda item: -item[1])[:size]]
+
+
+def masking_table(documents, tokenizer, directory: str, args) -> None:
+    """Examples/s of the prepared stream at seq 128, one thread, per masking strategy, against token's."""
+    phrases = frequent_phrases(documents, args.masking_lexicon_size)
+    unit_hashes, unit_max_words = units.lexicon_units(tokenizer.encode_arrays(phrases),
+                                                      np.asarray(tokenizer.word_start, bool), units.MAX_UNIT_WORDS)
+    corpus = prepared.load_corpus(directory, "train", 0, 1)
+    streams = {}
+    for name in ("token", "whole_word", "span", "ngram", "units"):
+        spec = MaskingSpec.from_tokenizer(tokenizer, max_predictions_per_seq=20, masking=name,
+                                          unit_hashes=unit_hashes, unit_max_words=unit_max_words)
+        streams[name] = PretrainingStream(corpus, spec, seed=0, max_seq_length=128)
+    ratios = {name: [] for name in streams}
+    rates = {name: [] for name in streams}
+    for _ in range(args.masking_rounds):
+        token_rate = None
+        for name, stream in streams.items():
+            _, _, rate = measure(stream, args.num_examples, args.batch, 1)  # per CPU second: load cancels
+            token_rate = token_rate or rate
+            ratios[name].append(rate / token_rate)
+            rates[name].append(rate)
+    print(f"masking strategies, seq 128, one thread, {args.masking_rounds} rounds of {args.num_examples:,} examples "
+          f"({len(phrases):,} lexicon units, up to {unit_max_words} words):")
+    print(f"{'masking':>10} {'per cpu-s':>11} {'/ token (median)':>17} {'min':>6} {'max':>6}")
+    for name in streams:
+        print(f"{name:>10} {np.median(rates[name]):>11,.0f} {np.median(ratios[name]):>17.2f} "
+              f"{min(ratios[name]):>6.2f} {max(ratios[name]):>6.2f}")
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -215,6 +271,9 @@ def main(argv, args):
         memory_benchmark(corpus, vocab_path, tokenizer.vocab_size, args)
         return
     write_repeated(tmp, corpus, len(corpus.tokens), vocab_path, tokenizer.vocab_size)  # once, as prepare writes it
+    if args.masking:
+        masking_table(documents, tokenizer, tmp, args)
+        return
 
     throughput_table(documents, tokenizer, tmp, args)
     efficiency_table(tokenizer, tmp, args)

@@ -144,9 +144,12 @@ def _pretraining(config: dict, metrics: list[dict], step: int | None) -> list[st
                 if efficiency else "")
         lines.append(f"- {step:,} steps of {batch} sequences of {seq} tokens: {step * batch:,} sequences, "
                      f"{step * batch * seq:,} token positions seen{real}")
-    masking = "whole-word" if data.get("whole_word_masking") else "token"
+    masking = "whole_word" if data.get("whole_word_masking") else data.get("masking") or "token"
+    masking = masking.replace("_", "-")
     rate = data.get("masked_lm_prob") or data.get("mask_rate", 0.15)  # the older key wins, as in training
-    lines.append(f"- {masking} masking, {rate:g} of the tokens, {data.get('objective', 'nsp')} objective, "
+    phases = data.get("mask_rate_schedule") or ()
+    rate = " then ".join(f"{r:g} from step {s:,}" for s, r in phases) if phases else f"{rate:g}"
+    lines.append(f"- {masking} masking, {rate} of the tokens, {data.get('objective', 'nsp')} objective, "
                  f"{optimizer.get('name', '?')} at learning rate {optimizer.get('learning_rate', '?')}")
     return lines
 

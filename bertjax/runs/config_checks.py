@@ -10,7 +10,7 @@ again, as always, where the model is built.
 import ml_collections
 from etils import epath
 
-from bertjax.data import backends
+from bertjax.data import backends, units
 from bertjax.data.settings import DataSettings
 from bertjax.models.config import BertConfig
 from bertjax.training import optim
@@ -23,6 +23,7 @@ def check_pretraining(config, *, steps_may_be_zero: bool = False) -> tuple[ml_co
     BertConfig.from_dict(config.model, platform="cpu")
     data = DataSettings.from_config(config.data)
     backends.check_inputs(data)
+    units.check(data)
     check_train(config.train, steps_may_be_zero=steps_may_be_zero)
     check_path(config.train.init_from, "train.init_from")
     config, notes = fitted_warmup(config)

@@ -21,7 +21,7 @@ from bertjax.text import files
 
 # Every predicted position, written as one unit. ⟦ is punctuation, which WordPiece always splits into a
 # token of its own, so a literal one never looks like a mark.
-MARK = "⟦{seen}→{original}⟧"
+MARK = "⟦{seen}→{original}⟧"  # a run of consecutive predicted positions: one mark, its tokens spaced
 
 
 def legend(objective: str, packed: bool) -> str:
@@ -48,12 +48,33 @@ def example_record(tokenizer, ex: dict) -> dict:
     return record
 
 
+def predicted_runs(record: dict) -> list[list[int]]:
+    """The predicted positions in runs of consecutive ones: the units masked together (span, ngram, units
+    and whole-word masking; two units side by side read as one run)."""
+    runs = []
+    for position in record["masked_lm_positions"][:len(record["masked_lm_tokens"])]:
+        if runs and position == runs[-1][-1] + 1:
+            runs[-1].append(position)
+        else:
+            runs.append([position])
+    return runs
+
+
 def marked_tokens(record: dict) -> list[str]:
-    """The record's tokens with every predicted position marked (MARK)."""
+    """The record's tokens with every run of predicted positions marked as one unit (MARK)."""
     tokens = list(record["tokens"])
-    for position, original in zip(record["masked_lm_positions"], record["masked_lm_tokens"]):
-        tokens[position] = MARK.format(seen=tokens[position], original=original)
+    original = dict(zip(record["masked_lm_positions"], record["masked_lm_tokens"]))
+    for run in reversed(predicted_runs(record)):
+        seen = " ".join(tokens[p] for p in run)
+        tokens[run[0]:run[-1] + 1] = [MARK.format(seen=seen, original=" ".join(original[p] for p in run))]
     return tokens
+
+
+def masking_line(predicted: int, real: int, runs: list[int], masking: str) -> str:
+    """The statistics of the examples shown: the masked share of their tokens, the mean unit length."""
+    mean = sum(runs) / len(runs) if runs else 0.0
+    return (f"masking ({masking}): {predicted / max(real, 1):.1%} of the real tokens shown are predicted; units "
+            f"masked together average {mean:.2f} tokens ({len(runs)} runs of consecutive predicted positions)")
 
 
 def format_text(tokenizer, ex: dict, number: int, objective: str = "nsp") -> str:
@@ -128,7 +149,8 @@ def preview(config, *, num_examples: int, output_format: str = "text", split: st
         print(legend(stream.objective, stream.packing), end="\n\n")
     # The stream batched as training batches it, so that step N means the examples training sees at step N.
     batch_size = config.train.batch_size
-    shown = real = positions = 0
+    shown = real = positions = predicted = 0
+    runs = []
     for step, batch in enumerate(stream.dataset(batch_size, start_step=start_step).as_numpy_iterator(), start_step):
         if shown == num_examples:
             break
@@ -137,6 +159,8 @@ def preview(config, *, num_examples: int, output_format: str = "text", split: st
         for i in range(min(batch_size, num_examples - shown)):
             ex = {key: value[i] for key, value in batch.items()}
             real, positions = real + int(ex["input_mask"].sum()), positions + ex["input_mask"].size
+            predicted += int(ex["masked_lm_weights"].sum())
+            runs += [len(run) for run in predicted_runs(example_record(data.tokenizer, ex))]
             if text:
                 show = format_packed_text if stream.packing else format_text
                 print(show(data.tokenizer, ex, step * batch_size + i, objective=stream.objective), end="\n\n")
@@ -146,5 +170,6 @@ def preview(config, *, num_examples: int, output_format: str = "text", split: st
     if positions:
         line = efficiency_line(real, positions, stream, min(stream.rows_per_epoch, 100 * batch_size))
         print(line, file=sys.stdout if text else sys.stderr)
+        print(masking_line(predicted, real, runs, stream.spec.grouping), file=sys.stdout if text else sys.stderr)
     sys.stdout.flush()
 

@@ -169,6 +169,7 @@ def stream_position(config, process_count: int) -> dict:
     return {"seed": data.seed, "batch_size": config.train.batch_size, "process_count": process_count,
             "max_seq_length": data.max_seq_length, "source": data.source, "objective": data.objective,
             "mask_rate": data.mask_rate, "eval_mask_rate": data.eval_mask_rate, "packing": data.packing,
+            "masking": data.masking, "mask_rate_schedule": [list(phase) for phase in data.mask_rate_schedule],
             # Each source of a mixture and its weight, as the config writes them (the checkpoint's JSON).
             "mixture": [dict(entry) for entry in config.data.mixture or ()]}
 
