@@ -157,6 +157,30 @@ def test_units_whole_with_one_decision_each(masked):
     assert abs(outcomes["random"] / total - 0.1) < 0.03
 
 
+def test_whole_words_are_taken_whole_and_decide_token_by_token(tokenizer, held_out):
+    """google-research/bert's whole-word masking: a word is chosen with all its pieces, and each piece then
+    draws its own 80/10/10 (so a chosen word of several pieces is sometimes part [MASK], part not)."""
+    results = run_masking(held_out[:600], make_spec(tokenizer, "whole_word"))
+    outcomes, mixed, multi_piece = {"mask": 0, "keep": 0, "random": 0}, 0, 0
+    for r in results:
+        chosen = np.zeros(len(r["ids"]), bool)
+        chosen[r["positions"][r["weights"] > 0]] = True
+        word = group_index(r["words"], r["candidate"])
+        for w in np.unique(word[chosen]):
+            members = word == w
+            assert chosen[members].all(), "a word was split"
+            if members.sum() > 1:
+                multi_piece += 1
+                mixed += decision(r["ids"][members], r["masked"][members]) == "mixed"
+        seen, original = r["masked"][chosen], r["ids"][chosen]
+        outcomes["mask"] += int((seen == 4).sum())
+        outcomes["keep"] += int((seen == original).sum())
+        outcomes["random"] += int(((seen != 4) & (seen != original)).sum())
+    total = sum(outcomes.values())
+    assert multi_piece > 100 and mixed > 0.2 * multi_piece, (mixed, multi_piece)
+    assert abs(outcomes["mask"] / total - 0.8) < 0.02 and abs(outcomes["keep"] / total - 0.1) < 0.02, outcomes
+
+
 def drawn_lengths(spec, num_examples=40, words=2000):
     """Unit lengths in words drawn for long runs of words (two-piece words among them), the last unit of
     each run left out (cut short by the run's end)."""

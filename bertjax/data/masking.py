@@ -4,7 +4,8 @@ gets the same mask in every run and a new one every epoch.
 
 A masking strategy says which positions are chosen together (GROUPINGS: single tokens, whole words,
 spans and n-grams of whole words, lexicon units; the last three in bertjax/data/spans.py); the budget,
-the greedy fill and the replacements are shared, and each group gets one 80/10/10 decision. A new
+the greedy fill and the replacements are shared; each group longer than a word gets one 80/10/10
+decision (a whole word's tokens decide one by one, as in the original). A new
 strategy is its grouping function and one row of GROUPINGS.
 
 Shape legend: n length of an unpadded example, P max_predictions_per_seq, G groups.
@@ -19,6 +20,10 @@ from bertjax.text import tf_cpu
 
 tf = tf_cpu.import_tensorflow()
 
+# Whole words are chosen together but each of their tokens gets its own 80/10/10 decision, as in
+# google-research/bert's create_masked_lm_predictions; the longer units (spans, n-grams, lexicon units) get
+# one decision each, as SpanBERT decides per span.
+PER_TOKEN_DECISIONS = ("token", "whole_word")
 # Stream keys for tf.random.experimental.stateless_fold_in: one independent stream per purpose.
 _GROUP_ORDER, _MASK_CHOICE, _RANDOM_TOKEN = 1, 2, 3  # 4: spans.py's
 
@@ -192,6 +197,8 @@ def _chosen_positions(ids, candidate, num_to_predict, key, spec: MaskingSpec):
     taken_in_order = _greedy_fill(tf.gather(sizes, order), num_to_predict)
     taken = tf.scatter_nd(order[:, None], taken_in_order, [num_groups])
     chosen = candidate & tf.gather(tf.concat([taken, [False]], 0), tf.where(candidate, group, num_groups))
+    if spec.grouping in PER_TOKEN_DECISIONS:
+        return chosen, tf.range(tf.shape(ids)[0])
     start_positions = tf.concat([tf.cast(tf.where(starts)[:, 0], tf.int32), [0]], 0)  # [G + 1], 0: no group
     first = tf.gather(start_positions, tf.where(candidate, group, num_groups))  # [n]
     return chosen, first
