@@ -87,23 +87,51 @@ def copy_of(path, destination) -> pathlib.Path:
     return pathlib.Path(shutil.copytree(path, destination, symlinks=True))
 
 
-# Which tests share an xdist worker (pyproject.toml runs pytest-xdist's loadgroup): the tests of a module that
-# use one of its module-scoped fixtures go to one worker, so that the fixture is built once, not once on
-# each; and the readers of the costliest shared runs go to the worker that builds them, which spares the
-# other worker waiting on the run's lock. Every other test is placed on its own, wherever a worker is free.
+# Which tests share an xdist worker: the tests of a module that use one of its module-scoped fixtures go to
+# one worker, so that the fixture is built once, not once on each; and the readers of the costliest shared
+# runs go to the worker that builds them, which spares the other worker waiting on the run's lock. Every
+# other test is placed on its own, wherever a worker is free. (pytest-xdist's own loadgroup marks this by
+# rewriting node ids, which pytest 9 no longer reads; so the workers write the groups to a file of the run
+# and the controller's scheduler reads it.)
 SHARED_RUN_GROUPS = {"tiny_run": "tiny-run", "qa_run": "span-and-tagging-runs", "tagging_run": "span-and-tagging-runs"}
+GROUPS_FILE = "test-groups.json"
 
 
-@pytest.hookimpl(tryfirst=True)  # before xdist reads the marks
+def test_group(item) -> str | None:
+    names = getattr(item, "fixturenames", ())
+    group = next((g for name, g in SHARED_RUN_GROUPS.items() if name in names), None)
+    info = getattr(item, "_fixtureinfo", None)
+    if group is None and info and any(defs[-1].scope == "module" for defs in info.name2fixturedefs.values()):
+        group = item.nodeid.split("::")[0]
+    return group
+
+
 def pytest_collection_modifyitems(config, items):
-    for item in items:
-        names = getattr(item, "fixturenames", ())
-        group = next((g for name, g in SHARED_RUN_GROUPS.items() if name in names), None)
-        info = getattr(item, "_fixtureinfo", None)
-        if group is None and info and any(defs[-1].scope == "module" for defs in info.name2fixturedefs.values()):
-            group = item.nodeid.split("::")[0]
-        if group:
-            item.add_marker(pytest.mark.xdist_group(group))
+    if os.environ.get("PYTEST_XDIST_WORKER"):  # both workers collect the same items: either file will do
+        root = pathlib.Path(config._tmp_path_factory.getbasetemp()).parent
+        groups = {item.nodeid: group for item in items if (group := test_group(item))}
+        written = root / f"{GROUPS_FILE}.{os.environ['PYTEST_XDIST_WORKER']}"
+        written.write_text(json.dumps(groups))
+        written.replace(root / GROUPS_FILE)
+
+
+def pytest_xdist_make_scheduler(config, log):
+    """With -n (xdist's default "load" mode): whole groups as units of work, each other test alone; the
+    largest groups first, the single tests after them, each unit to whichever worker is free."""
+    if config.getoption("dist") != "load":
+        return None
+    from xdist.scheduler import LoadScopeScheduling
+
+    class GroupScheduling(LoadScopeScheduling):
+        _groups = None
+
+        def _split_scope(self, nodeid):
+            if self._groups is None:  # read once every worker has collected (so has written the file)
+                path = pathlib.Path(config._tmp_path_factory.getbasetemp()) / GROUPS_FILE
+                self._groups = json.loads(path.read_text()) if path.exists() else {}
+            return self._groups.get(nodeid, nodeid)
+
+    return GroupScheduling(config, log)
 
 
 @pytest.hookimpl(hookwrapper=True)

@@ -63,7 +63,7 @@ def data_section(**overrides):
                           "'prepared', 'synthetic'"),
     (dict(text_format="csv"), "data.text_format='csv' is not one of 'sentences', 'documents', 'jsonl'"),
     (dict(objective="mlm"), "data.objective='mlm' is not one of 'nsp', 'sop', 'none'"),
-    (dict(tokenizer="bpe"), "data.tokenizer='bpe' is not one of 'wordpiece', 'sentencepiece'"),
+    (dict(tokenizer="unigram"), "data.tokenizer='unigram' is not one of 'wordpiece', 'sentencepiece', 'bpe'"),
     (dict(sentence_splitter="klingon"), "data.sentence_splitter='klingon' is not one of 'default', 'multilingual'"),
     (dict(packing="yes"), "data.packing='yes': set True or False"),
     (dict(max_sequences_per_row=0), "data.max_sequences_per_row=0: set a whole number of at least 1"),
