@@ -53,6 +53,10 @@ def pretrain(config, workdir: str, distributed: start.Distributed | None = None)
         setup = pretraining_step.setup(config, layout.mesh, layout.rules, init_key)
         bert.check_input_shapes(setup.bert_config, config.data.max_seq_length, config.data.max_predictions_per_seq)
         say(describe_model(setup.bert_config, setup.abstract_state.params))
+        if setup.generator_config is not None:
+            gen = setup.generator_config
+            say(f"ELECTRA: generator of {gen.num_layers} layers, hidden {gen.hidden_size}, sharing the discriminator's "
+                f"embeddings; loss = generator MLM + {setup.discriminator_weight:g} x discriminator BCE")
 
         # ---------------------------------------------------------------- restore: workdir > init_from > scratch
         checkpointer = make_checkpointer(config, workdir, setup.abstract_state)
@@ -127,6 +131,13 @@ def finished(state: TrainState, num_steps: int, checkpointer: checkpoint.Checkpo
     return True
 
 
+def electra_record(setup) -> dict | None:
+    """What an ELECTRA run's checkpoints record of its generator (None for BERT's pretraining)."""
+    if setup.generator_config is None:
+        return None
+    return {"model": dataclasses.asdict(setup.generator_config), "discriminator_weight": setup.discriminator_weight}
+
+
 def check_same_run(step: int, meta: CheckpointMeta, *, config, bert_config: BertConfig) -> None:
     """Stop, naming what differs, when the workdir's checkpoint is not of this config's model and
     optimizer; the checkpoints stay as they are."""
@@ -140,6 +151,13 @@ def check_same_run(step: int, meta: CheckpointMeta, *, config, bert_config: Bert
     saved_optimizer = (meta.optimizer or {}).get("name")
     if meta.optimizer is not None and saved_optimizer != config.optimizer.name:
         differences.append(f"optimizer.name={saved_optimizer!r}, the config {config.optimizer.name!r}")
+    if (meta.electra is None) != (config.get("electra") is None):
+        differences.append("an ELECTRA generator" if meta.electra else "no ELECTRA generator (the config has one)")
+    elif meta.electra is not None:
+        generator = dataclasses.asdict(pretraining_step.electra_generator(config.electra, bert_config))
+        differences += [f"electra.generator_{k}={meta.electra['model'][k]!r}, the config {generator[k]!r}"
+                        for k in ("hidden_size", "num_layers", "num_heads", "intermediate_size")
+                        if meta.electra["model"].get(k) != generator[k]]
     if differences:
         raise checkpoint.CheckpointMismatch(
             f"the checkpoint at step {step} has {'; '.join(differences)}: use a new workdir, or "
@@ -301,7 +319,7 @@ class Run:
     def meta(self, step: int) -> CheckpointMeta:
         return CheckpointMeta(step, dataclasses.asdict(self.setup.bert_config), self.config.optimizer.to_dict(),
                               schedule_record(self.config), stream_position(self.config, jax.process_count()),
-                              self.stream.tokenizer, distill=self.distill)
+                              self.stream.tokenizer, distill=self.distill, electra=electra_record(self.setup))
 
     def save(self, state, step: int, force: bool) -> None:
         self.checkpointer.save(step, state.params, state.opt_state, self.meta(step), force=force)
@@ -323,8 +341,7 @@ def hooks(run: Run, writer: writers.MetricWriter, preemption: Preemption) -> loo
                                                      * config.data.max_seq_length))
         if not flops_per_token:
             fraction = float(window["mlm_count"]) / max(real_tokens, 1.0)
-            flops_per_token.append(flops.config_flops_per_token(setup.bert_config, config.data.max_seq_length,
-                                                                fraction))
+            flops_per_token.append(run_flops_per_token(setup, config.data.max_seq_length, fraction))
         if peak and "tokens_per_second" in speed:
             out["mfu"] = flops.mfu(speed["tokens_per_second"], flops_per_token[0], jax.device_count(), peak)
         writer.write(step, out)
@@ -342,6 +359,13 @@ def hooks(run: Run, writer: writers.MetricWriter, preemption: Preemption) -> loo
         after_step.append(loop.Profiler(files.join(run.workdir, "profile"), config.logging.profile_first_step,
                                         config.logging.profile_steps))
     return loop.Hooks(log=log, evaluate=evaluate, save=run.save, preemption=preemption, after_step=after_step)
+
+
+def run_flops_per_token(setup, seq_len: int, predicted_fraction: float) -> float:
+    """The training FLOPs of a token (flops.py): BERT's pretraining, or ELECTRA's two networks."""
+    if setup.generator_config is not None:
+        return flops.electra_flops_per_token(setup.bert_config, setup.generator_config, seq_len, predicted_fraction)
+    return flops.config_flops_per_token(setup.bert_config, seq_len, predicted_fraction)
 
 
 def run_steps(run: Run, state: TrainState, p_train_step, dropout_key) -> None:
