@@ -108,6 +108,17 @@ class ElectraForPreTraining(nn.Module):
                 "disc_labels": labels}
 
 
+    def discriminator_logits(self, input_ids, segment_ids, input_mask):
+        """The discriminator alone on given tokens: [B, S] logits (ElectraForPreTraining's)."""
+        outputs = self.bert(input_ids, segment_ids, input_mask, True)
+        return self.discriminator_head(outputs["sequence_output"])
+
+    def generator_logits(self, input_ids, segment_ids, input_mask):
+        """The generator alone at every position: [B, S, V] logits (ElectraForMaskedLM's)."""
+        outputs = self.generator_model(input_ids, segment_ids, input_mask, True)
+        return self.generator_head(outputs["sequence_output"], self.bert.word_embedding_table())
+
+
 def electra_loss(mlm_logits, disc_logits, disc_labels, masked_lm_ids, masked_lm_weights, input_mask,
                  discriminator_weight: float):
     """Generator masked-LM NLL (the mean over the real predictions) + discriminator_weight x the

@@ -22,7 +22,7 @@ from absl import logging
 
 from bertjax.data import synthetic
 from bertjax.data.settings import DataSettings
-from bertjax.interop import pretrained
+from bertjax.interop import hf, hf_electra, pretrained
 from bertjax.models import bert
 from bertjax.models.config import BertConfig, fields_of, ARCHITECTURE_FIELDS, RESUME_FIELDS
 from bertjax.runs import config_checks, start
@@ -115,7 +115,9 @@ def restore(config, setup, checkpointer: checkpoint.Checkpointer, init_key) -> T
                 f"on it follows the config's, {float(setup.schedule(restored.step)):.2e} now")
         return TrainState(jnp.int32(restored.step), restored.params, restored.opt_state)
     state = setup.init(init_key)
-    if config.train.init_from:
+    if config.train.init_from and setup.generator_config is not None:
+        state = state.replace(params=electra_initial_params(config.train.init_from, setup, state.params))
+    elif config.train.init_from:
         state = state.replace(params=initial_params(config.train.init_from, bert_config, abstract_state.params))
         say(f"parameters from {config.train.init_from}")
     return state
@@ -214,6 +216,33 @@ def initial_params(path: str, bert_config: BertConfig, abstract_params):
     return model.params
 
 
+def electra_initial_params(path: str, setup, fresh):
+    """ELECTRA's continued pretraining: from an ELECTRA run's workdir or checkpoint (both networks), a pair
+    of Hugging Face directories (discriminator/ and generator/, as the hf export writes them) or an
+    ELECTRA discriminator's directory alone (the generator then starts fresh, said in one line)."""
+    if pretrained.kind_of(path) == pretrained.BERTJAX:
+        chosen = pretrained.model_checkpoint(path)
+        if checkpoint.read_meta(chosen).electra is None:
+            raise ValueError(f"train.init_from={path} is not an ELECTRA run: start ELECTRA from one, from an ELECTRA "
+                             "discriminator's Hugging Face directory, or from scratch")
+        return checkpoint.restore_params(chosen, setup.abstract_state.params)[0]
+    disc_state, gen_state, disc_hf, gen_hf = hf_electra.read_pair(path)
+    differ = [f"{k}={v!r} but the config has model.{k}={getattr(setup.bert_config, k)!r}"
+              for k, v in fields_of(hf.config_from_hf(disc_hf), "architecture").items()
+              if v != getattr(setup.bert_config, k)]
+    if gen_hf is not None:
+        own = lambda key: getattr(setup.generator_config, key.removeprefix("generator_"))  # noqa: E731
+        differ += [f"the generator's {k.removeprefix('generator_')}={v!r} but the config has electra.{k}={own(k)!r}"
+                   for k, v in hf_electra.generator_fields(gen_hf).items() if v != own(k)]
+    if differ:
+        raise ValueError(f"train.init_from={path} has {'; '.join(differ)}")
+    if gen_state is None:
+        say(f"train.init_from={path} is a discriminator alone: the generator starts fresh")
+    params, _ = hf_electra.pair_from_hf(disc_state, gen_state, setup.bert_config, setup.generator_config,
+                                        jax.device_get(fresh))
+    return jax.device_put(params, jax.tree_util.tree_map(lambda a: a.sharding, setup.abstract_state.params))
+
+
 def with_model_vocabulary(config, path: str | None, what: str):
     """config with the vocabulary of the model at `path` (setting `what`) as data.vocab_path, where that is
     unset and the data is text; as it is otherwise. Continued pretraining (and a distilled student) must
@@ -222,6 +251,8 @@ def with_model_vocabulary(config, path: str | None, what: str):
     data = config.data
     if not path or data.vocab_path or data.source in ("synthetic", "prepared"):
         return config
+    if hf_electra.is_pair(path):  # ELECTRA's pair: both directories hold the same tokenizer
+        path = str(hf_electra.Path(path) / hf_electra.DISCRIMINATOR_DIR)
     tokenizer = pretrained.tokenizer_files(path, what=what)
     if tokenizer is None:
         return config
