@@ -179,7 +179,7 @@ def test_the_loss_is_generator_mlm_plus_50_discriminator_bce_as_transformers_com
 
 def small_config(**electra_section):
     config = tiny_config({}, "configs/electra_tiny.py")
-    config.model.update(num_layers=2, hidden_size=32, num_heads=4, intermediate_size=64, vocab_size=96,
+    config.model.update(num_layers=1, hidden_size=32, num_heads=4, intermediate_size=64, vocab_size=96,
                         max_position_embeddings=32, embedding_size=16)
     config.electra.update(generator_hidden_size=8, generator_num_layers=1, generator_num_heads=2,
                           generator_intermediate_size=16, **electra_section)
@@ -189,7 +189,7 @@ def small_config(**electra_section):
     return config
 
 
-def run_steps(mesh_shape, devices=None, num_steps: int = 3):
+def run_steps(mesh_shape, devices=None, num_steps: int = 2):
     config = small_config()
     mesh = sharding.make_mesh(dict(zip(sharding.MESH_AXES, mesh_shape)), devices)
     rules = sharding.logical_rules(config.logical_axis_rules)
