@@ -9,6 +9,7 @@ import shutil
 
 import flax.linen as nn
 import jax
+from flax import traverse_util
 import numpy as np
 import pytest
 import torch
@@ -19,8 +20,8 @@ from bertjax.data import synthetic
 from bertjax.interop import hf, hf_electra, pretrained
 from bertjax.models import electra
 from bertjax.models.config import BertConfig
-from bertjax.runs import pretraining
-from bertjax.training import pretraining_step, sharding
+from bertjax.runs import pretraining, start
+from bertjax.training import checkpoint, pretraining_step, sharding
 
 ATOL = 1e-5
 SEQ, MASK_ID = 12, 4
@@ -236,6 +237,20 @@ def test_a_resumed_run_equals_the_uninterrupted_one_and_readers_get_the_discrimi
     assert set(a.params) == {"bert"}  # the generator left out, said in one line
     assert "its discriminator is read, the generator left out" in capsys.readouterr().out
     jax.tree_util.tree_map(np.testing.assert_array_equal, a.params, b.params)
+
+    # Continued pretraining from the run exported as a pair, and from its discriminator alone.
+    trained = jax.device_get(checkpoint.restore_params(str(whole))[0])
+    layout = start.make_layout(config.mesh, config.logical_axis_rules)
+    setup = pretraining_step.setup(config, layout.mesh, layout.rules, jax.random.key(5))
+    fresh = jax.device_get(setup.init(jax.random.key(5)).params)
+    hf_electra.save_pair(tmp_path / "pair", setup.bert_config, setup.generator_config, trained)
+    flat = lambda tree: traverse_util.flatten_dict(jax.device_get(tree), sep="/")  # noqa: E731
+    for path, generator_from in ((tmp_path / "pair", trained), (tmp_path / "pair" / "discriminator", fresh)):
+        params = flat(pretraining.electra_initial_params(str(path), setup, setup.init(jax.random.key(5)).params))
+        for name, x in params.items():  # the poolers: no ElectraForPreTraining tensor, fresh
+            source = fresh if "pooler" in name else generator_from if name.startswith("generator") else trained
+            np.testing.assert_array_equal(x, flat(source)[name], err_msg=name)
+    assert "is a discriminator alone: the generator starts fresh" in capsys.readouterr().out
 
 
 def test_a_generator_wider_than_the_discriminator_is_one_line_and_exit_2(tmp_path):

@@ -204,7 +204,8 @@ def export(source: str, to: str, export_format: str, *, step: int | None = None,
         written = (json.loads(open(written_config).read()) if export_format in ("hf", "sentence-transformers")
                    else {})
         card = model_card.model_card(workdir=checkpoint.workdir_of(chosen), meta=meta, params=bert.params,
-                                     export_format=export_format, path_hint=to,
+                                     export_format=export_format,
+                                     path_hint=os.path.join(to, hf_electra.DISCRIMINATOR_DIR) if meta.electra else to,
                                      hf_architecture=(written.get("architectures") or [None])[0])
         if bert.quantize:
             card += (f"\nQuantised: every dense layer's kernel is int8 with a float32 scale per output channel "
