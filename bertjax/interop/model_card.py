@@ -87,7 +87,8 @@ def model_card(*, workdir: str, meta: CheckpointMeta, params: dict, export_forma
     task, step = meta.task, meta.step
     title = f"BERT fine-tuned for {task.name}" if task else "BERT pretrained with bertjax"
     if meta.electra and not task:
-        title = "ELECTRA pretrained with bertjax: discriminator/ (ElectraForPreTraining) and generator/ (ElectraForMaskedLM)"
+        title = ("ELECTRA pretrained with bertjax: discriminator/ (ElectraForPreTraining) and generator/ "
+                 "(ElectraForMaskedLM)")
     lines = [f"# {title}", "",
              f"Exported by `python -m bertjax.export --format={export_format}` from `{workdir}` (step {step}).", ""]
     lines += _architecture(cfg, params, task, bool(meta.electra))

@@ -52,7 +52,8 @@ def check_electra(electra, model: BertConfig, objective: str) -> None:
                          f"{model.hidden_size}: ELECTRA's generator is 1/4 to 1/3 of it (e.g. "
                          f"{model.hidden_size // 4})")
     if hidden % heads:
-        raise ValueError(f"electra.generator_hidden_size={hidden} is not divisible by electra.generator_num_heads={heads}")
+        raise ValueError(f"electra.generator_hidden_size={hidden} is not divisible by "
+                         f"electra.generator_num_heads={heads}")
     if not electra.discriminator_weight > 0:
         raise ValueError(f"electra.discriminator_weight={electra.discriminator_weight!r} must be > 0 (the paper: 50)")
     if objective != "none":

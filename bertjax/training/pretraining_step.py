@@ -1,8 +1,8 @@
 """What pretraining puts into the shared core: its batch keys, its loss (masked LM, plus next-sentence or
 sentence-order prediction by data.objective; or, with an `electra` section, ELECTRA's generator masked LM
 plus its weighted replaced-token detection), its eval step and logged metrics, and its Setup
-(BertForPreTraining or ElectraForPreTraining from a configs/<size>.py config). Shared by the pretraining program, the planner,
-the benchmark and the tests."""
+(BertForPreTraining or ElectraForPreTraining from a configs/<size>.py config). Shared by the pretraining
+program, the planner, the benchmark and the tests."""
 
 import dataclasses
 import functools
