@@ -187,6 +187,20 @@ def base_config() -> ml_collections.ConfigDict:
     return config
 
 
+def electra_section(*, generator_hidden_size: int, generator_num_layers: int, generator_num_heads: int,
+                    generator_intermediate_size: int, discriminator_weight: float) -> ml_collections.ConfigDict:
+    """ELECTRA's section (Clark et al. 2020): its presence makes pretraining ELECTRA's. The generator is a
+    masked LM of its own width and depth sharing the discriminator's (model's) embeddings; the loss is
+    its masked LM + discriminator_weight x the discriminator's replaced-token cross-entropy."""
+    return ml_collections.ConfigDict(dict(
+        generator_hidden_size=generator_hidden_size,  # 1/4 (Small, Large) to 1/3 (Base) of model.hidden_size
+        generator_num_layers=generator_num_layers,
+        generator_num_heads=generator_num_heads,
+        generator_intermediate_size=generator_intermediate_size,
+        discriminator_weight=discriminator_weight,  # the paper's lambda: 50
+    ))
+
+
 # The paper's pretraining (Devlin et al. 2018), the same for BERT-Base and BERT-Large:
 # {recipe: {config section: values}}. Adam b1/b2/eps/weight decay/clipping are base_config()'s.
 DEVLIN_RECIPES = {

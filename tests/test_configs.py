@@ -36,7 +36,7 @@ else:
 
 # configs/<family>_<size>.py: the model families beside BERT's size files (DESIGN.md, wave 3).
 FAMILY_FILES = {"roberta_base", "roberta_tiny", "albert_base", "albert_tiny", "modernbert_base", "modernbert_large",
-                "modernbert_tiny"}
+                "modernbert_tiny", "electra_tiny", "electra_small", "electra_base"}
 
 
 def test_every_size_has_a_config_file():
@@ -52,7 +52,7 @@ def test_family_config_file_is_a_valid_model(name):
     family = name.split("_")[0]
     # RoBERTa: positions from [PAD]'s id + 1, and bertjax vocabularies put [PAD] at 0.
     expected = {"roberta": ("none", 1, "learned"), "albert": ("sop", 0, "learned"),
-                "modernbert": ("none", 0, "rotary")}[family]
+                "modernbert": ("none", 0, "rotary"), "electra": ("none", 0, "learned")}[family]
     assert (config.data.objective, cfg.position_offset, cfg.position_embedding) == expected
 
 
@@ -113,3 +113,14 @@ def test_data_settings_defaults_are_configs_common():
     for key, default in fields.items():
         assert default == data[key] and type(default) is type(data[key]), key
     assert DataSettings.from_config(data) == DataSettings()
+
+
+@pytest.mark.parametrize("name,ratio", [("electra_tiny", 4), ("electra_small", 4), ("electra_base", 3)])
+def test_electra_configs_have_the_paper_s_generator_and_pass_the_run_s_checks(name, ratio):
+    """Clark et al. 2020: the generator 1/4 of the discriminator's width (Small), 1/3 (Base); loss weight 50."""
+    from bertjax.runs import config_checks
+
+    config = runpy.run_path(str(REPO / "configs" / f"{name}.py"))["get_config"]()
+    assert config.model.hidden_size == ratio * config.electra.generator_hidden_size
+    assert config.electra.discriminator_weight == 50.0
+    config_checks.check_pretraining(config)

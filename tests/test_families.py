@@ -399,6 +399,10 @@ def test_the_family_of_a_config_is_the_one_whose_options_it_has(tmp_path):
     assert hf.family_of_config(_small()) is hf.FAMILIES["bert"]
     assert hf.family_of_config(_small(position_offset=2)) is hf.FAMILIES["roberta"]
     assert hf.config_to_hf(_small(position_offset=2))["architectures"] == ["RobertaForMaskedLM"]
+    # Factorised embeddings are ALBERT's, but ELECTRA's with ELECTRA's classification head (pooler gelu).
+    assert hf.family_of_config(_small(embedding_size=16)) is hf.FAMILIES["albert"]
+    assert hf.family_of_config(_small(embedding_size=16, pooler="gelu")) is hf.FAMILIES["electra"]
+    assert hf.config_to_hf(_small(pooler="gelu"))["architectures"] == ["ElectraForPreTraining"]
     with pytest.raises(ValueError, match=r"model options \['norm'\] make a network no Hugging Face class has"):
         hf.family_of_config(_small(norm="rmsnorm"))
     with pytest.raises(ValueError, match=r"model options \['activation', 'position_offset'\] make a network no"):

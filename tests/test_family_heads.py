@@ -1,4 +1,4 @@
-"""Task heads of the model families (RoBERTa, ALBERT, ModernBERT) to and from their transformers task
+"""Task heads of the model families (RoBERTa, ALBERT, ModernBERT; ELECTRA's heads too) to and from their transformers task
 classes, for every task kind: random bertjax heads exported and loaded with nothing missing, logits equal
 within 1e-5 (float32, eval mode, right-padded rows); HF's own randomly initialised task models imported
 and written back bit for bit; a pretraining directory as a head's start; the exported tokenizer
@@ -23,6 +23,8 @@ from bertjax.models import heads
 ATOL = 1e-5
 KINDS = ("classification", "regression", "multiple_choice", "span", "tagging")
 FAMILIES = ("roberta", "albert", "modernbert")
+# ELECTRA's task classes (its sequence classifier: dense, GELU, out_proj) in the head tests.
+HEAD_FAMILIES = FAMILIES + ("electra",)
 NUM_LABELS = {"classification": 3, "regression": None, "multiple_choice": None, "span": None, "tagging": 5}
 SEQ = 12
 CHOICES = 2
@@ -39,11 +41,14 @@ HF_CONFIGS = {
                        intermediate_size=48, max_position_embeddings=32, local_attention=4,
                        global_attn_every_n_layers=2, pad_token_id=0, bos_token_id=2, cls_token_id=2, eos_token_id=3,
                        sep_token_id=3),
+    "electra": dict(vocab_size=95, embedding_size=16, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+                    intermediate_size=48, max_position_embeddings=24, pad_token_id=0),
 }
 CONFIG_CLASSES = {"roberta": transformers.RobertaConfig, "albert": transformers.AlbertConfig,
-                  "modernbert": transformers.ModernBertConfig}
+                  "modernbert": transformers.ModernBertConfig, "electra": transformers.ElectraConfig}
 PRETRAINING_CLASSES = {"roberta": transformers.RobertaForMaskedLM, "albert": transformers.AlbertForPreTraining,
-                       "modernbert": transformers.ModernBertForMaskedLM}
+                       "modernbert": transformers.ModernBertForMaskedLM,
+                       "electra": transformers.ElectraForPreTraining}
 
 
 def hf_config(family: str, kind: str | None = None):
@@ -130,7 +135,7 @@ def task_class(family: str, kind: str):
 
 
 @pytest.mark.parametrize("kind", KINDS)
-@pytest.mark.parametrize("family", FAMILIES)
+@pytest.mark.parametrize("family", HEAD_FAMILIES)
 def test_a_bertjax_head_exports_to_its_family_class_with_equal_logits(family, kind, tmp_path):
     cfg = bertjax_config(family)
     params = random_head(cfg, kind)
@@ -148,7 +153,7 @@ def test_a_bertjax_head_exports_to_its_family_class_with_equal_logits(family, ki
 
 
 @pytest.mark.parametrize("kind", KINDS)
-@pytest.mark.parametrize("family", FAMILIES)
+@pytest.mark.parametrize("family", HEAD_FAMILIES)
 def test_a_transformers_task_model_imports_and_exports_bit_for_bit(family, kind, tmp_path):
     torch.manual_seed(0)
     hf_model = randomize(task_class(family, kind)(hf_config(family, kind)), seed=1)
@@ -184,10 +189,11 @@ def test_every_task_kind_has_a_class_in_every_family():
 
 # The pretraining class's pooler where it has one (ALBERT's; ModernBERT's masked-LM head is its task
 # classes' `head` too, and loads as the pooler, as transformers loads it): else it is fresh.
-FRESH = {"roberta": ["bert/pooler/bias", "bert/pooler/kernel"], "albert": [], "modernbert": []}
+FRESH = {"roberta": ["bert/pooler/bias", "bert/pooler/kernel"], "albert": [], "modernbert": [],
+         "electra": ["bert/pooler/bias", "bert/pooler/kernel"]}
 
 
-@pytest.mark.parametrize("family", FAMILIES)
+@pytest.mark.parametrize("family", HEAD_FAMILIES)
 def test_a_pretraining_directory_loads_as_a_head_with_a_fresh_classifier(family, tmp_path):
     torch.manual_seed(0)
     hf_model = randomize(PRETRAINING_CLASSES[family](hf_config(family)), seed=2)

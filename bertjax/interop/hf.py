@@ -3,7 +3,7 @@
     cfg, params, missing = hf.load_hf_checkpoint("path/to/bert-base-uncased")   # or RoBERTa, ALBERT, ModernBERT
     hf.save_hf_checkpoint("exported/", cfg, params, vocab_path="vocab.txt")      # the family's own class
 
-One API over the family records of `FAMILIES` (BERT, RoBERTa, ALBERT, ModernBERT; hf_<model_type>.py,
+One API over the family records of `FAMILIES` (BERT, RoBERTa, ALBERT, ModernBERT, ELECTRA; hf_<model_type>.py,
 keyed by config.json's model_type): configs, state dicts, task heads and directories. A directory's
 family is its config.json's model_type (`family_of`); a model's is the one whose class computes its
 network (`family_of_config`). The conversion itself is hf_convert.py's, driven by the family's table;
@@ -23,7 +23,7 @@ import flax.linen as nn
 import numpy as np
 from flax import traverse_util
 
-from bertjax.interop import hf_albert, hf_bert, hf_convert, hf_files, hf_modernbert, hf_roberta
+from bertjax.interop import hf_albert, hf_bert, hf_convert, hf_electra, hf_files, hf_modernbert, hf_roberta
 from bertjax.interop.hf_family import HF_HEADS, Family, HFHead, TaskClass, changed_options  # noqa: F401
 from bertjax.models.config import BertConfig, ARCHITECTURE_FIELDS
 from bertjax.models import heads
@@ -31,7 +31,7 @@ from bertjax.models import heads
 log = logging.getLogger(__name__)
 
 FAMILIES = {family.model_type: family for family in (hf_bert.BERT, hf_roberta.ROBERTA, hf_albert.ALBERT,
-                                                     hf_modernbert.MODERNBERT)}
+                                                     hf_modernbert.MODERNBERT, hf_electra.ELECTRA)}
 
 
 def family_of(hf_config: dict) -> Family:

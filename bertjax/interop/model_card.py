@@ -86,9 +86,12 @@ def model_card(*, workdir: str, meta: CheckpointMeta, params: dict, export_forma
     summary = _read_json(files.join(workdir, "summary.json"))
     task, step = meta.task, meta.step
     title = f"BERT fine-tuned for {task.name}" if task else "BERT pretrained with bertjax"
+    if meta.electra and not task:
+        title = ("ELECTRA pretrained with bertjax: discriminator/ (ElectraForPreTraining) and generator/ "
+                 "(ElectraForMaskedLM)")
     lines = [f"# {title}", "",
              f"Exported by `python -m bertjax.export --format={export_format}` from `{workdir}` (step {step}).", ""]
-    lines += _architecture(cfg, params, task)
+    lines += _architecture(cfg, params, task, bool(meta.electra))
     lines += _tokenizer(cfg, meta.tokenizer)
     lines += ["## Training", ""]
     lines += _fine_tuning(config, task) if task else _pretraining(config, metrics, step)
@@ -98,8 +101,10 @@ def model_card(*, workdir: str, meta: CheckpointMeta, params: dict, export_forma
     return "\n".join(lines)
 
 
-def _architecture(cfg, params: dict, task: TaskRecord | None) -> list[str]:
-    if task:
+def _architecture(cfg, params: dict, task: TaskRecord | None, electra: bool = False) -> list[str]:
+    if electra and not task:
+        head = " in the discriminator's encoder; a replaced-token head, and a generator beside it"
+    elif task:
         labels = task.labels
         head = f"; a {task.kind} head" + (f" over {len(labels)} labels ({', '.join(labels)})" if labels else "")
     else:

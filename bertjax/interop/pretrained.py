@@ -172,7 +172,13 @@ def _recorded_tokenizer(meta: CheckpointMeta, directory: str, path: str, what: s
 
 
 def _from_bertjax(path: str, what: str, model_overrides: dict, abstract_params) -> Pretrained:
+    if abstract_params is not None and checkpoint.read_meta(path).electra is not None:
+        raise ValueError(f"{what}={path} is an ELECTRA run: continue it with a config that has its electra section, "
+                         "or fine-tune, load or export its discriminator")
     params, meta = checkpoint.restore_params(path, abstract_params)
+    if meta.electra is not None:  # what every reader but ELECTRA's own pretraining wants: the discriminator
+        print(f"{what}={path} is an ELECTRA run: its discriminator is read, the generator left out", flush=True)
+        params = {"bert": params["bert"]}
     config = BertConfig.from_dict({**meta.model, **model_overrides})
     return Pretrained(config, params, _recorded_tokenizer(meta, checkpoint.workdir_of(path), path, what), path, meta,
                       [])

@@ -150,10 +150,16 @@ class BertModel(nn.Module):
     pooler and pooler_norm), which the per-token heads also apply at every token (`pool`)."""
 
     config: BertConfig
+    # ELECTRA's generator: the discriminator's Embeddings (tables and norm, E wide), shared; this model
+    # then owns only the projection E -> H of its own width.
+    shared_embeddings: nn.Module | None = None
 
     def setup(self):
         cfg = self.config
-        self.embeddings = layers.Embeddings(cfg)
+        if self.shared_embeddings is None:
+            self.embeddings = layers.Embeddings(cfg)
+        elif cfg.embedding_width != cfg.hidden_size:
+            self.embeddings_project = layers.dense(cfg, cfg.hidden_size, (None, "embed"), "embeddings_project")
         self.encoder = Encoder(cfg)
         self.pooler = layers.dense(cfg, cfg.hidden_size, ("embed", None), "pooler")
         if cfg.pooler == "gelu_norm":
@@ -180,7 +186,12 @@ class BertModel(nn.Module):
         packed = sequence_ids is not None
         if packed != (cls_positions is not None):
             raise ValueError("packed rows need both sequence_ids and cls_positions")
-        x = self.embeddings(input_ids, segment_ids, deterministic, position_ids)  # [B, S, H]
+        if self.shared_embeddings is None:
+            x = self.embeddings(input_ids, segment_ids, deterministic, position_ids)  # [B, S, H]
+        else:
+            x = self.shared_embeddings.embed(input_ids, segment_ids, deterministic, position_ids)  # [B, S, E]
+            if self.config.embedding_width != self.config.hidden_size:
+                x = self.embeddings_project(x)  # [B, S, H]
         if packed:
             # Block-diagonal: a token sees the real tokens of its own sequence only.
             same = sequence_ids[:, :, None] == sequence_ids[:, None, :]  # [B, S, S]
@@ -211,9 +222,13 @@ class BertModel(nn.Module):
         token in the span and tagging heads where POOLERS[model.pooler] says so."""
         if self.config.pooler == "tanh":
             return jnp.tanh(self.pooler(x))
+        if self.config.pooler == "gelu":  # ELECTRA's classification head: dense, GELU (then its out_proj)
+            return nn.gelu(self.pooler(x), approximate=False)
         return self.pooler_norm(nn.gelu(self.pooler(x), approximate=False))  # ModernBERT's classifier_activation
 
     def word_embedding_table(self):
+        if self.shared_embeddings is not None:
+            return self.shared_embeddings.word_embedding_table()
         return self.embeddings.word_embedding_table()
 
 

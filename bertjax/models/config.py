@@ -58,7 +58,7 @@ NORMS = ("layernorm", "rmsnorm")
 # model.pooler -> whether the per-token heads (span, tagging) apply it at every token too. Both start with a
 # dense H->H; "tanh" is BERT's pooler (RoBERTa's and ALBERT's too), "gelu_norm" ModernBERT's prediction head
 # (GELU, then the encoder's norm), which its transformers task classes run before every classifier.
-POOLERS = {"tanh": False, "gelu_norm": True}
+POOLERS = {"tanh": False, "gelu_norm": True, "gelu": False}
 WORD_EMBEDDINGS = ("gather", "one_hot")
 
 # What "auto" means per platform (jax.default_backend()), for the fields that are a matter of speed
@@ -167,7 +167,8 @@ class BertConfig:
     embedding_size: int = _field(0, "architecture", family=True)
     # ALBERT's groups of layers sharing parameters; 0: one per layer (BERT)
     num_hidden_groups: int = _field(0, "architecture", family=True)
-    # a key of POOLERS: "tanh" (dense, tanh on [CLS]) | "gelu_norm" (ModernBERT's head)
+    # a key of POOLERS: "tanh" (dense, tanh on [CLS]) | "gelu_norm" (ModernBERT's head) | "gelu" (dense,
+    # GELU on [CLS]: ELECTRA's classification head before its out_proj)
     pooler: str = _field("tanh", "architecture", family=True)
     # Pruned attention heads (bertjax.compression.pruning): the head count of each parameter group (each
     # layer; ALBERT's shared groups, one count for all the layers of a group), () = num_heads everywhere;

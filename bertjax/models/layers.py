@@ -151,6 +151,14 @@ class Embeddings(nn.Module):
 
     def __call__(self, input_ids, segment_ids, deterministic: bool, position_ids=None):
         # input_ids, segment_ids: [B, S] int; position_ids: None (0 .. S-1) or [B, S] int (packed rows)
+        x = self.embed(input_ids, segment_ids, deterministic, position_ids)  # [B, S, E]
+        if self.config.embedding_width != self.config.hidden_size:
+            x = self.projection(x)  # [B, S, H]
+        return nn.with_logical_constraint(x, ("batch", "length", "hidden"))
+
+    def embed(self, input_ids, segment_ids, deterministic: bool, position_ids=None):
+        """The tables' sum, normed and dropped out, E wide, before any projection: what ELECTRA's
+        generator reads from its discriminator's embeddings and projects to its own width."""
         cfg = self.config
         seq_len = input_ids.shape[1]
         if seq_len + cfg.position_offset > cfg.max_position_embeddings:
@@ -179,10 +187,7 @@ class Embeddings(nn.Module):
                 segment_rows = jnp.where(segment_ids[..., None] == t, types[t], segment_rows)  # [B, S, E]
             x = x + segment_rows
         x = self.layer_norm(x)
-        x = self.dropout(x, deterministic=deterministic)
-        if cfg.embedding_width != cfg.hidden_size:
-            x = self.projection(x)  # [B, S, H]
-        return nn.with_logical_constraint(x, ("batch", "length", "hidden"))
+        return self.dropout(x, deterministic=deterministic)  # [B, S, E]
 
     def word_embedding_table(self):
         return self.word_embeddings.embedding  # [V, E]

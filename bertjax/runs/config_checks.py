@@ -20,16 +20,45 @@ from bertjax.training.state import DROPOUT_RNGS
 def check_pretraining(config, *, steps_may_be_zero: bool = False) -> tuple[ml_collections.ConfigDict, list[str]]:
     """A pretraining (or general distillation) config, checked, and the lines to say once the run has
     started: returned with a warmup longer than the run fitted to it (and a line saying so)."""
-    BertConfig.from_dict(config.model, platform="cpu")
+    model = BertConfig.from_dict(config.model, platform="cpu")
     data = DataSettings.from_config(config.data)
     backends.check_inputs(data)
     units.check(data)
+    if config.get("electra") is not None:
+        check_electra(config.electra, model, data.objective)
     check_train(config.train, steps_may_be_zero=steps_may_be_zero)
     check_path(config.train.init_from, "train.init_from")
     config, notes = fitted_warmup(config)
     if config.train.num_steps:
         optim.optimizer_from_config(config.optimizer, config.schedule, config.train.num_steps)
     return config, notes
+
+
+ELECTRA_KEYS = ("generator_hidden_size", "generator_num_layers", "generator_num_heads", "generator_intermediate_size",
+                "discriminator_weight")
+
+
+def check_electra(electra, model: BertConfig, objective: str) -> None:
+    """The electra section: a generator no wider than the discriminator, of a shape it can have."""
+    missing = [k for k in ELECTRA_KEYS if k not in electra]
+    if missing:
+        raise ValueError(f"the electra section lacks {', '.join('electra.' + k for k in missing)}: see "
+                         "configs/electra_small.py")
+    for key in ELECTRA_KEYS[:4]:
+        if not isinstance(electra[key], int) or electra[key] < 1:
+            raise ValueError(f"electra.{key}={electra[key]!r} must be a positive whole number")
+    hidden, heads = electra.generator_hidden_size, electra.generator_num_heads
+    if hidden > model.hidden_size:
+        raise ValueError(f"electra.generator_hidden_size={hidden} is wider than the discriminator's model.hidden_size="
+                         f"{model.hidden_size}: ELECTRA's generator is 1/4 to 1/3 of it (e.g. "
+                         f"{model.hidden_size // 4})")
+    if hidden % heads:
+        raise ValueError(f"electra.generator_hidden_size={hidden} is not divisible by "
+                         f"electra.generator_num_heads={heads}")
+    if not electra.discriminator_weight > 0:
+        raise ValueError(f"electra.discriminator_weight={electra.discriminator_weight!r} must be > 0 (the paper: 50)")
+    if objective != "none":
+        raise ValueError(f"data.objective={objective!r}: ELECTRA has no sentence task, set data.objective=none")
 
 
 def check_finetuning(config) -> tuple[ml_collections.ConfigDict, list[str]]:

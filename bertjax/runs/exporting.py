@@ -13,9 +13,11 @@ from etils import epath
 from flax import traverse_util
 
 from bertjax import inference
-from bertjax.interop import hf, hf_files, hf_tokenizer, model_card, pretrained, savedmodel, sentence_transformers
+from bertjax.interop import (hf, hf_electra, hf_files, hf_tokenizer, model_card, pretrained, savedmodel,
+                             sentence_transformers)
 from bertjax.tasks import embeddings, registry
 from bertjax.text import templates
+from bertjax.models.config import BertConfig, fields_of
 from bertjax.training import checkpoint
 from bertjax.training.checkpoint_meta import CheckpointMeta
 
@@ -67,6 +69,16 @@ def write_hf(bert, directory: str, hf_class: str = "pretraining") -> None:
         hf.save_hf_head(directory, bert.config, params, bert.task.kind, label_names=labels, vocab_path=vocab,
                         lower_case=lower_case)
     _write_tokenizer_files(bert, directory)
+
+
+def write_electra_pair(bert, directory: str, meta: CheckpointMeta, params) -> None:
+    """An ELECTRA run: discriminator/ (ElectraForPreTraining) and generator/ (ElectraForMaskedLM), each with
+    the tokenizer files (train.init_from reads the pair back)."""
+    generator = BertConfig.from_dict({**meta.electra["model"], **fields_of(bert.config, "compute")})
+    vocab, lower_case = _vocabulary_file(bert), bool(bert.tokenizer.lower_case)
+    for sub in hf_electra.save_pair(directory, bert.config, generator, _plain(params), vocab_path=vocab,
+                                    lower_case=lower_case):
+        _write_tokenizer_files(bert, str(sub))
 
 
 def _vocabulary_file(bert) -> str | None:
@@ -177,7 +189,9 @@ def export(source: str, to: str, export_format: str, *, step: int | None = None,
     shutil.rmtree(temporary, ignore_errors=True)
     os.makedirs(temporary)
     try:
-        if export_format == "hf":
+        if export_format == "hf" and meta.electra is not None:
+            write_electra_pair(bert, temporary, meta, checkpoint.restore_params(chosen)[0])
+        elif export_format == "hf":
             write_hf(bert, temporary, hf_class)
         elif export_format == "params":
             write_params(bert, temporary, meta)
@@ -185,10 +199,13 @@ def export(source: str, to: str, export_format: str, *, step: int | None = None,
             write_sentence_transformers(bert, temporary)
         else:
             write_savedmodel(bert, temporary, max_seq_length)
-        written = (json.loads(open(os.path.join(temporary, "config.json")).read())
-                   if export_format in ("hf", "sentence-transformers") else {})
+        written_config = os.path.join(temporary, *([hf_electra.DISCRIMINATOR_DIR] if meta.electra else []),
+                                      "config.json")
+        written = (json.loads(open(written_config).read()) if export_format in ("hf", "sentence-transformers")
+                   else {})
         card = model_card.model_card(workdir=checkpoint.workdir_of(chosen), meta=meta, params=bert.params,
-                                     export_format=export_format, path_hint=to,
+                                     export_format=export_format,
+                                     path_hint=os.path.join(to, hf_electra.DISCRIMINATOR_DIR) if meta.electra else to,
                                      hf_architecture=(written.get("architectures") or [None])[0])
         if bert.quantize:
             card += (f"\nQuantised: every dense layer's kernel is int8 with a float32 scale per output channel "

@@ -120,6 +120,9 @@ def load_teacher(config) -> pretrained.Pretrained:
         raise ValueError(f"distill.teacher={path} is a fine-tuned {teacher.task.kind} model: general "
                          "distillation needs a pretrained one (task distillation is python -m bertjax.finetune's "
                          "distill section)")
+    if teacher.meta is not None and teacher.meta.electra is not None:
+        raise ValueError(f"distill.teacher={path} is an ELECTRA run, whose discriminator has no masked-LM head to "
+                         "distil from: fine-tune its discriminator, or distil from a masked-LM teacher")
     untrained = [m for m in teacher.missing if "mlm" in m or "predictions" in m]
     if untrained:
         raise ValueError(f"distill.teacher={path} has no trained masked-LM head ({untrained[0]}, ...): give a "

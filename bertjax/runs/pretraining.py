@@ -22,7 +22,7 @@ from absl import logging
 
 from bertjax.data import synthetic
 from bertjax.data.settings import DataSettings
-from bertjax.interop import pretrained
+from bertjax.interop import hf, hf_electra, pretrained
 from bertjax.models import bert
 from bertjax.models.config import BertConfig, fields_of, ARCHITECTURE_FIELDS, RESUME_FIELDS
 from bertjax.runs import config_checks, start
@@ -53,6 +53,10 @@ def pretrain(config, workdir: str, distributed: start.Distributed | None = None)
         setup = pretraining_step.setup(config, layout.mesh, layout.rules, init_key)
         bert.check_input_shapes(setup.bert_config, config.data.max_seq_length, config.data.max_predictions_per_seq)
         say(describe_model(setup.bert_config, setup.abstract_state.params))
+        if setup.generator_config is not None:
+            gen = setup.generator_config
+            say(f"ELECTRA: generator of {gen.num_layers} layers, hidden {gen.hidden_size}, sharing the discriminator's "
+                f"embeddings; loss = generator MLM + {setup.discriminator_weight:g} x discriminator BCE")
 
         # ---------------------------------------------------------------- restore: workdir > init_from > scratch
         checkpointer = make_checkpointer(config, workdir, setup.abstract_state)
@@ -111,7 +115,9 @@ def restore(config, setup, checkpointer: checkpoint.Checkpointer, init_key) -> T
                 f"on it follows the config's, {float(setup.schedule(restored.step)):.2e} now")
         return TrainState(jnp.int32(restored.step), restored.params, restored.opt_state)
     state = setup.init(init_key)
-    if config.train.init_from:
+    if config.train.init_from and setup.generator_config is not None:
+        state = state.replace(params=electra_initial_params(config.train.init_from, setup, state.params))
+    elif config.train.init_from:
         state = state.replace(params=initial_params(config.train.init_from, bert_config, abstract_state.params))
         say(f"parameters from {config.train.init_from}")
     return state
@@ -127,6 +133,13 @@ def finished(state: TrainState, num_steps: int, checkpointer: checkpoint.Checkpo
     return True
 
 
+def electra_record(setup) -> dict | None:
+    """What an ELECTRA run's checkpoints record of its generator (None for BERT's pretraining)."""
+    if setup.generator_config is None:
+        return None
+    return {"model": dataclasses.asdict(setup.generator_config), "discriminator_weight": setup.discriminator_weight}
+
+
 def check_same_run(step: int, meta: CheckpointMeta, *, config, bert_config: BertConfig) -> None:
     """Stop, naming what differs, when the workdir's checkpoint is not of this config's model and
     optimizer; the checkpoints stay as they are."""
@@ -140,6 +153,13 @@ def check_same_run(step: int, meta: CheckpointMeta, *, config, bert_config: Bert
     saved_optimizer = (meta.optimizer or {}).get("name")
     if meta.optimizer is not None and saved_optimizer != config.optimizer.name:
         differences.append(f"optimizer.name={saved_optimizer!r}, the config {config.optimizer.name!r}")
+    if (meta.electra is None) != (config.get("electra") is None):
+        differences.append("an ELECTRA generator" if meta.electra else "no ELECTRA generator (the config has one)")
+    elif meta.electra is not None:
+        generator = dataclasses.asdict(pretraining_step.electra_generator(config.electra, bert_config))
+        differences += [f"electra.generator_{k}={meta.electra['model'][k]!r}, the config {generator[k]!r}"
+                        for k in ("hidden_size", "num_layers", "num_heads", "intermediate_size")
+                        if meta.electra["model"].get(k) != generator[k]]
     if differences:
         raise checkpoint.CheckpointMismatch(
             f"the checkpoint at step {step} has {'; '.join(differences)}: use a new workdir, or "
@@ -197,6 +217,33 @@ def initial_params(path: str, bert_config: BertConfig, abstract_params):
     return model.params
 
 
+def electra_initial_params(path: str, setup, fresh):
+    """ELECTRA's continued pretraining: from an ELECTRA run's workdir or checkpoint (both networks), a pair
+    of Hugging Face directories (discriminator/ and generator/, as the hf export writes them) or an
+    ELECTRA discriminator's directory alone (the generator then starts fresh, said in one line)."""
+    if pretrained.kind_of(path) == pretrained.BERTJAX:
+        chosen = pretrained.model_checkpoint(path)
+        if checkpoint.read_meta(chosen).electra is None:
+            raise ValueError(f"train.init_from={path} is not an ELECTRA run: start ELECTRA from one, from an ELECTRA "
+                             "discriminator's Hugging Face directory, or from scratch")
+        return checkpoint.restore_params(chosen, setup.abstract_state.params)[0]
+    disc_state, gen_state, disc_hf, gen_hf = hf_electra.read_pair(path)
+    differ = [f"{k}={v!r} but the config has model.{k}={getattr(setup.bert_config, k)!r}"
+              for k, v in fields_of(hf.config_from_hf(disc_hf), "architecture").items()
+              if v != getattr(setup.bert_config, k)]
+    if gen_hf is not None:
+        own = lambda key: getattr(setup.generator_config, key.removeprefix("generator_"))  # noqa: E731
+        differ += [f"the generator's {k.removeprefix('generator_')}={v!r} but the config has electra.{k}={own(k)!r}"
+                   for k, v in hf_electra.generator_fields(gen_hf).items() if v != own(k)]
+    if differ:
+        raise ValueError(f"train.init_from={path} has {'; '.join(differ)}")
+    if gen_state is None:
+        say(f"train.init_from={path} is a discriminator alone: the generator starts fresh")
+    params, _ = hf_electra.pair_from_hf(disc_state, gen_state, setup.bert_config, setup.generator_config,
+                                        jax.device_get(fresh))
+    return jax.device_put(params, jax.tree_util.tree_map(lambda a: a.sharding, setup.abstract_state.params))
+
+
 def with_model_vocabulary(config, path: str | None, what: str):
     """config with the vocabulary of the model at `path` (setting `what`) as data.vocab_path, where that is
     unset and the data is text; as it is otherwise. Continued pretraining (and a distilled student) must
@@ -205,6 +252,8 @@ def with_model_vocabulary(config, path: str | None, what: str):
     data = config.data
     if not path or data.vocab_path or data.source in ("synthetic", "prepared"):
         return config
+    if hf_electra.is_pair(path):  # ELECTRA's pair: both directories hold the same tokenizer
+        path = str(hf_electra.Path(path) / hf_electra.DISCRIMINATOR_DIR)
     tokenizer = pretrained.tokenizer_files(path, what=what)
     if tokenizer is None:
         return config
@@ -302,7 +351,7 @@ class Run:
     def meta(self, step: int) -> CheckpointMeta:
         return CheckpointMeta(step, dataclasses.asdict(self.setup.bert_config), self.config.optimizer.to_dict(),
                               schedule_record(self.config), stream_position(self.config, jax.process_count()),
-                              self.stream.tokenizer, distill=self.distill)
+                              self.stream.tokenizer, distill=self.distill, electra=electra_record(self.setup))
 
     def save(self, state, step: int, force: bool) -> None:
         self.checkpointer.save(step, state.params, state.opt_state, self.meta(step), force=force)
@@ -324,8 +373,7 @@ def hooks(run: Run, writer: writers.MetricWriter, preemption: Preemption) -> loo
                                                      * config.data.max_seq_length))
         if not flops_per_token:
             fraction = float(window["mlm_count"]) / max(real_tokens, 1.0)
-            flops_per_token.append(flops.config_flops_per_token(setup.bert_config, config.data.max_seq_length,
-                                                                fraction))
+            flops_per_token.append(run_flops_per_token(setup, config.data.max_seq_length, fraction))
         if peak and "tokens_per_second" in speed:
             out["mfu"] = flops.mfu(speed["tokens_per_second"], flops_per_token[0], jax.device_count(), peak)
         writer.write(step, out)
@@ -343,6 +391,13 @@ def hooks(run: Run, writer: writers.MetricWriter, preemption: Preemption) -> loo
         after_step.append(loop.Profiler(files.join(run.workdir, "profile"), config.logging.profile_first_step,
                                         config.logging.profile_steps))
     return loop.Hooks(log=log, evaluate=evaluate, save=run.save, preemption=preemption, after_step=after_step)
+
+
+def run_flops_per_token(setup, seq_len: int, predicted_fraction: float) -> float:
+    """The training FLOPs of a token (flops.py): BERT's pretraining, or ELECTRA's two networks."""
+    if setup.generator_config is not None:
+        return flops.electra_flops_per_token(setup.bert_config, setup.generator_config, seq_len, predicted_fraction)
+    return flops.config_flops_per_token(setup.bert_config, seq_len, predicted_fraction)
 
 
 def run_steps(run: Run, state: TrainState, p_train_step, dropout_key) -> None:

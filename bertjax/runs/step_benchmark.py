@@ -12,6 +12,9 @@ import numpy as np
 import configs.albert_base
 import configs.albert_tiny
 import configs.base
+import configs.electra_base
+import configs.electra_small
+import configs.electra_tiny
 import configs.large
 import configs.medium
 import configs.mini
@@ -54,7 +57,8 @@ SIZES = {"tiny": configs.tiny, "mini": configs.mini, "small": configs.small, "me
          "roberta_tiny": configs.roberta_tiny, "roberta_base": configs.roberta_base,
          "albert_tiny": configs.albert_tiny, "albert_base": configs.albert_base,
          "modernbert_tiny": configs.modernbert_tiny, "modernbert_base": configs.modernbert_base,
-         "modernbert_large": configs.modernbert_large}
+         "modernbert_large": configs.modernbert_large, "electra_tiny": configs.electra_tiny,
+         "electra_small": configs.electra_small, "electra_base": configs.electra_base}
 
 
 def load_config(size: str):

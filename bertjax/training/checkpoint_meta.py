@@ -76,11 +76,14 @@ class CheckpointMeta:
     distill: dict | None = None  # distillation: the teacher and the layers the student started from
     quantize: str | None = None  # a params export whose params are int8: the mode (bertjax.compression.quantize)
     embedding: EmbeddingRecord | None = None  # a sentence-embedding model: its pooling, prompts, similarity
+    # ELECTRA pretraining: the generator's BertConfig fields and the discriminator's loss weight
+    # ({"model": ..., "discriminator_weight": ...}); `model` above is then the discriminator's.
+    electra: dict | None = None
     extra: dict = dataclasses.field(default_factory=dict)  # keys of other versions, kept as they were
 
     def to_json(self) -> dict:
         out = {"step": int(self.step), "model": _plain(self.model)}
-        for name in ("optimizer", "schedule", "data", "best", "distill", "quantize"):
+        for name in ("optimizer", "schedule", "data", "best", "distill", "quantize", "electra"):
             if getattr(self, name) is not None:
                 out[name] = _plain(getattr(self, name))
         if self.tokenizer is not None:

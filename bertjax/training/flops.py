@@ -100,6 +100,14 @@ def config_flops_per_token(model, seq_len: int, predicted_fraction: float) -> fl
     )
 
 
+def electra_flops_per_token(discriminator, generator, seq_len: int, predicted_fraction: float) -> float:
+    """An ELECTRA step: the generator's (its masked-LM head at the predicted positions) plus the
+    discriminator's, whose head (dense H*H, then H -> 1) runs at every token. The sampling is not counted."""
+    hidden = discriminator.hidden_size
+    return (config_flops_per_token(generator, seq_len, predicted_fraction)
+            + config_flops_per_token(discriminator, seq_len, 0.0) + 6 * (hidden * hidden + hidden))
+
+
 # Dense (no structured sparsity) bfloat16 peak FLOP/s of one JAX device, matched as a case-insensitive
 # substring of `jax.Device.device_kind`. The first matching row wins, so the more specific names come
 # first ("tpu v5 lite" before "tpu v5", "h100 pcie" before "h100"). A row with peak None names a device

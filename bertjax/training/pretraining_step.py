@@ -1,15 +1,17 @@
 """What pretraining puts into the shared core: its batch keys, its loss (masked LM, plus next-sentence or
-sentence-order prediction by data.objective), its eval step and logged metrics, and its Setup
-(BertForPreTraining from a configs/<size>.py config). Shared by the pretraining program, the planner,
-the benchmark and the tests."""
+sentence-order prediction by data.objective; or, with an `electra` section, ELECTRA's generator masked LM
+plus its weighted replaced-token detection), its eval step and logged metrics, and its Setup
+(BertForPreTraining or ElectraForPreTraining from a configs/<size>.py config). Shared by the pretraining
+program, the planner, the benchmark and the tests."""
 
 import dataclasses
 import functools
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 
-from bertjax.models import bert
+from bertjax.models import bert, electra
 
 from bertjax.models.config import BertConfig
 from bertjax.training import optim
@@ -24,9 +26,11 @@ PACKED_KEYS = ("sequence_ids", "position_ids", "sentence_positions", "sentence_w
 MEAN_METRICS = ("mlm_loss", "nsp_loss")
 
 
-def mean_metrics(objective: str) -> tuple:
-    """MEAN_METRICS of an objective: its sentence loss is named after it; "none" has none."""
-    return ("mlm_loss",) if objective == "none" else ("mlm_loss", f"{objective}_loss")
+def mean_metrics(objective: str, electra_run: bool = False) -> tuple:
+    """MEAN_METRICS of an objective: its sentence loss is named after it; "none" has none. ELECTRA adds
+    the discriminator's loss."""
+    sentence = () if objective == "none" else (f"{objective}_loss",)
+    return ("mlm_loss",) + sentence + (("disc_loss",) if electra_run else ())
 
 
 def batch_keys(packing: bool) -> tuple:
@@ -35,29 +39,45 @@ def batch_keys(packing: bool) -> tuple:
 
 
 def forward(net, params, batch, deterministic: bool, rngs=None, heads_only: bool = True):
-    """BertForPreTraining's outputs on a pretraining batch. heads_only (training and evaluation): the last
-    block only where the heads read, the same loss for less work; False when a loss reads every token's
-    last hidden state (distillation's cosine loss)."""
+    """BertForPreTraining's (or ElectraForPreTraining's) outputs on a pretraining batch. heads_only
+    (training and evaluation): the last block only where the heads read, the same loss for less work;
+    False when a loss reads every token's last hidden state (distillation's cosine loss)."""
     # A packed batch (its keys are static under jit) gives the model each row's sequences.
     packed = {key: batch[key] for key in ("sequence_ids", "position_ids", "sentence_positions") if key in batch}
+    if isinstance(net, electra.ElectraForPreTraining):
+        return net.apply(
+            {"params": params}, batch["input_ids"], batch["segment_ids"], batch["input_mask"],
+            batch["masked_lm_positions"], batch["masked_lm_ids"], batch["masked_lm_weights"],
+            deterministic=deterministic, rngs=rngs, heads_only=heads_only, **packed)
     return net.apply(
         {"params": params}, batch["input_ids"], batch["segment_ids"], batch["input_mask"],
         batch["masked_lm_positions"], deterministic=deterministic, rngs=rngs, heads_only=heads_only, **packed,
     )
 
 
-def _loss(out, batch, objective: str):
+def _loss(out, batch, objective: str, discriminator_weight: float | None = None):
+    if discriminator_weight is not None:  # ELECTRA
+        return electra.electra_loss(out["mlm_logits"], out["disc_logits"], out["disc_labels"], batch["masked_lm_ids"],
+                                    batch["masked_lm_weights"], batch["input_mask"], discriminator_weight)
     return bert.pretraining_loss(out["mlm_logits"], out.get("nsp_logits"), batch["masked_lm_ids"],
                                  batch["masked_lm_weights"], batch["next_sentence_labels"], objective=objective,
                                  sentence_weights=batch.get("sentence_weights"))
 
 
-def loss_fn(params, batch, dropout_rng, *, net, objective: str = "nsp"):
-    return _loss(forward(net, params, batch, False, {"dropout": dropout_rng}), batch, objective)
+# ELECTRA's held-out batches sample their replacements from this fixed key: the same draws at every eval.
+EVAL_SAMPLE_KEY = 0
 
 
-def eval_step(params, batch, *, net, objective: str = "nsp"):
-    loss, sums = _loss(forward(net, params, batch, True), batch, objective)
+def loss_fn(params, batch, dropout_rng, *, net, objective: str = "nsp", discriminator_weight: float | None = None):
+    # ELECTRA samples its replacements from the step's key (as dropout: a new draw each step and
+    # microbatch, the same on every mesh), a stream of its own.
+    rngs = {"dropout": dropout_rng, "sample": jax.random.fold_in(dropout_rng, 1)}
+    return _loss(forward(net, params, batch, False, rngs), batch, objective, discriminator_weight)
+
+
+def eval_step(params, batch, *, net, objective: str = "nsp", discriminator_weight: float | None = None):
+    rngs = {"sample": jax.random.key(EVAL_SAMPLE_KEY)} if discriminator_weight is not None else None
+    loss, sums = _loss(forward(net, params, batch, True, rngs), batch, objective, discriminator_weight)
     return dict(sums, loss_sum=loss, steps=jnp.float32(1))
 
 
@@ -74,6 +94,10 @@ def summarize(sums: dict) -> dict:
         if f"{task}_loss" in sums:
             out[f"{task}_loss"] = sums[f"{task}_loss"] / steps
             out[f"{task}_accuracy"] = sums[f"{task}_correct"] / max(sums[f"{task}_count"], 1.0)
+    if "disc_loss" in sums:  # ELECTRA: mlm_* are the generator's
+        out["disc_loss"] = sums["disc_loss"] / steps
+        out["disc_accuracy"] = sums["disc_correct"] / max(sums["disc_count"], 1.0)
+        out["replaced_share"] = sums["replaced"] / max(sums["disc_count"], 1.0)
     if "grad_norm_sum" in sums:
         out["grad_norm"] = sums["grad_norm_sum"] / steps
     return out
@@ -83,16 +107,18 @@ def summarize(sums: dict) -> dict:
 class PretrainingSetup(state.Setup):
     """state.Setup of BertForPreTraining, with its model config and its pair of jitted steps."""
 
-    bert_config: BertConfig | None = None
+    bert_config: BertConfig | None = None  # the discriminator's, for ELECTRA
     objective: str = "nsp"  # data.objective: which sentence task the loss adds (none: masked LM only)
+    generator_config: BertConfig | None = None  # ELECTRA's generator; None: BERT's pretraining
+    discriminator_weight: float | None = None  # ELECTRA's weight of the discriminator's loss
 
     def compile_steps(self, data_sharding, grad_accum_steps: int):
         """(train_step, eval_step), jitted once with explicit shardings; the state is donated."""
-        p_train_step = self.compile_train_step(functools.partial(loss_fn, net=self.net, objective=self.objective),
-                                               data_sharding, grad_accum_steps,
-                                               mean_metrics=mean_metrics(self.objective))
-        p_eval_step = self.compile_eval_step(functools.partial(eval_step, net=self.net, objective=self.objective),
-                                             data_sharding)
+        how = dict(net=self.net, objective=self.objective, discriminator_weight=self.discriminator_weight)
+        p_train_step = self.compile_train_step(functools.partial(loss_fn, **how), data_sharding, grad_accum_steps,
+                                               mean_metrics=mean_metrics(self.objective,
+                                                                         self.generator_config is not None))
+        p_eval_step = self.compile_eval_step(functools.partial(eval_step, **how), data_sharding)
         return p_train_step, p_eval_step
 
 
@@ -109,7 +135,19 @@ def setup(config, mesh, rules, init_key, platform: str | None = None) -> Pretrai
     (default: the backend JAX runs on); the planner passes "tpu" to lay out a TPU step from a CPU machine."""
     bert_config = BertConfig.from_dict(config.model, platform=platform)
     tx, schedule = optim.optimizer_from_config(config.optimizer, config.schedule, config.train.num_steps)
-    example = bert.dummy_batch(1, config.data.max_seq_length, config.data.max_predictions_per_seq)
-    return PretrainingSetup.create(bert.BertForPreTraining(bert_config), example, tx, schedule, mesh, rules,
-                                   init_key, bert_config=bert_config,
-                                   objective=config.data.objective)
+    shapes = (1, config.data.max_seq_length, config.data.max_predictions_per_seq)
+    if config.get("electra") is None:
+        return PretrainingSetup.create(bert.BertForPreTraining(bert_config), bert.dummy_batch(*shapes), tx, schedule,
+                                       mesh, rules, init_key, bert_config=bert_config,
+                                       objective=config.data.objective)
+    generator = electra_generator(config.electra, bert_config)
+    return PretrainingSetup.create(electra.ElectraForPreTraining(bert_config, generator), electra.dummy_batch(*shapes),
+                                   tx, schedule, mesh, rules, init_key, bert_config=bert_config,
+                                   objective=config.data.objective, generator_config=generator,
+                                   discriminator_weight=float(config.electra.discriminator_weight))
+
+
+def electra_generator(section, discriminator: BertConfig) -> BertConfig:
+    """The generator's network from a config's electra section."""
+    return electra.generator_config(discriminator, section.generator_hidden_size, section.generator_num_layers,
+                                    section.generator_num_heads, section.generator_intermediate_size)
