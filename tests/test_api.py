@@ -74,7 +74,7 @@ def test_truncation_and_lower_case_setting(hf_dir, loaded, tmp_path):
     encoding, _ = hf_reference(hf_dir, TEXTS, truncation=True, max_length=5)
     np.testing.assert_array_equal(batch["input_ids"], encoding["input_ids"].numpy())
     assert batch["input_ids"].shape == (2, 5) and (batch["input_ids"][:, -1] == loaded.tokenizer.sep_id).all()
-    with pytest.raises(ValueError, match="max_position_embeddings=64"):
+    with pytest.raises(ValueError, match="max_length=65 must be between 2 .* the model.s 64 positions"):
         loaded.tokenize(TEXTS, max_length=65)
 
     # do_lower_case comes from tokenizer_config.json: cased, "Hello" is not in this lower-case vocab.

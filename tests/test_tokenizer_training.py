@@ -268,7 +268,7 @@ def test_load_tokenizer(wordpiece_vocab, sp_model):
     assert load_tokenizer("wordpiece", wordpiece_vocab, lower_case=False).lower_case is False
     assert isinstance(load_tokenizer("sentencepiece", sp_model), SentencePieceTokenizer)
     with pytest.raises(ValueError, match="data.tokenizer"):
-        load_tokenizer("bpe", wordpiece_vocab)
+        load_tokenizer("unigram", wordpiece_vocab)
 
 
 # --- The program: python -m bertjax.vocab train
