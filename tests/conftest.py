@@ -108,7 +108,7 @@ def test_group(item) -> str | None:
 
 def pytest_collection_modifyitems(config, items):
     if os.environ.get("PYTEST_XDIST_WORKER"):  # both workers collect the same items: either file will do
-        root = pathlib.Path(config._tmp_path_factory.getbasetemp()).parent
+        root = _run_directory(config._tmp_path_factory)
         groups = {item.nodeid: group for item in items if (group := test_group(item))}
         written = root / f"{GROUPS_FILE}.{os.environ['PYTEST_XDIST_WORKER']}"
         written.write_text(json.dumps(groups))
@@ -127,7 +127,7 @@ def pytest_xdist_make_scheduler(config, log):
 
         def _split_scope(self, nodeid):
             if self._groups is None:  # read once every worker has collected (so has written the file)
-                path = pathlib.Path(config._tmp_path_factory.getbasetemp()) / GROUPS_FILE
+                path = _run_directory(config._tmp_path_factory) / GROUPS_FILE
                 self._groups = json.loads(path.read_text()) if path.exists() else {}
             return self._groups.get(nodeid, nodeid)
 
@@ -140,9 +140,7 @@ def pytest_runtest_protocol(item, nextitem):
     the suite's time goes, idle workers included."""
     start = time.time()
     yield
-    root = pathlib.Path(item.config._tmp_path_factory.getbasetemp())
-    root = root.parent if os.environ.get("PYTEST_XDIST_WORKER") else root
-    with open(root / "test-timeline.log", "a") as log:
+    with open(_run_directory(item.config._tmp_path_factory) / "test-timeline.log", "a") as log:
         log.write(f"{os.environ.get('PYTEST_XDIST_WORKER', 'main')} {start:.2f} {time.time():.2f} {item.nodeid}\n")
 
 

@@ -38,7 +38,7 @@ from bertjax.data import demo
 from bertjax.interop import hf
 from bertjax.models import bert as bert_model
 from bertjax.models.config import BertConfig, resolve_platform
-from bertjax.runs import exporting, finetuning, start, st_peer
+from bertjax.runs import exporting, finetuning, hf_peer, start, st_peer
 from bertjax.runs.timing import load_average, measure, print_table
 from bertjax.tasks import contrastive_steps, registry
 from bertjax.tasks.kinds import contrastive as contrastive_kind
@@ -265,7 +265,7 @@ def benchmark(*, overrides: dict, num_texts: int, max_length: int, batch_size: i
         if not st_peer.available():
             raise ValueError("sentence-transformers is not installed: install it (with torch) to time the peer, "
                              "or pass --no_torch to time bertjax alone")
-        peer_device = "cuda" if jax.default_backend() == "gpu" and st_peer.cuda_available() else "cpu"
+        peer_device = "cuda" if jax.default_backend() == "gpu" and hf_peer.torch_cuda_available() else "cpu"
     # Words to about max_length tokens and past it, so that the longest are cut, as a real corpus's are.
     texts = demo_texts(num_texts, max_words=max(4, max_length))
     root = tempfile.mkdtemp(prefix="bertjax-embedding-benchmark-")

@@ -17,12 +17,6 @@ def available() -> bool:
     return True
 
 
-def cuda_available() -> bool:
-    import torch  # optional: the benchmark's peer only
-
-    return torch.cuda.is_available()
-
-
 def _torch(device: str):
     import torch  # optional: the benchmark's peer only
 
