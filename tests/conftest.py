@@ -115,6 +115,7 @@ def pytest_collection_modifyitems(config, items):
         written.replace(root / GROUPS_FILE)
 
 
+@pytest.hookimpl(optionalhook=True)  # xdist's hook: absent under -p no:xdist
 def pytest_xdist_make_scheduler(config, log):
     """With -n (xdist's default "load" mode): whole groups as units of work, each other test alone; the
     largest groups first, the single tests after them, each unit to whichever worker is free."""
@@ -159,6 +160,7 @@ def _shared_directories_stay_as_built():
 # Runs as the programs make them, in this process or as a command line
 # ----------------------------------------------------------------------------------------------------
 
+import atexit  # noqa: E402
 import runpy  # noqa: E402
 import subprocess  # noqa: E402
 import sys  # noqa: E402
@@ -188,9 +190,29 @@ def program_env(**extra) -> dict:
     return {**os.environ, "PYTHONPATH": str(REPO), **extra}
 
 
+# What the program server imports once for all the commands of a worker (tests/program_server.py).
+SERVED_PROGRAMS = ("bertjax.train", "bertjax.finetune", "bertjax.export", "bertjax.evaluate", "bertjax.distill",
+                   "bertjax.prune", "bertjax.benchmark", "bertjax.data.prepare", "bertjax.data.preview",
+                   "bertjax.data.inputs", "bertjax.tasks.demo_tasks")
+_server = None
+
+
+def run_command(argv: list, *, env=None, cwd=REPO, timeout=300) -> subprocess.CompletedProcess:
+    """subprocess.run(argv, capture_output=True, text=True, ...) for a test: `python -m ...` and
+    `python -c ...` through this worker's program server (a fork, not an interpreter start), any other
+    command as itself."""
+    global _server
+    if _server is None:
+        from program_server import ProgramServer
+
+        log = os.path.join(tempfile.gettempdir(), f"bertjax-program-server-{_RUN}-{os.getpid()}.log")
+        _server = ProgramServer(program_env(), str(REPO), SERVED_PROGRAMS, log)
+        atexit.register(_server.close)
+    return _server.run(list(argv), env=env or program_env(), cwd=cwd, timeout=timeout)
+
+
 def run_program(module: str, *args, timeout=300, env=None, cwd=REPO) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", module, *map(str, args)], capture_output=True, text=True, cwd=cwd,
-                          timeout=timeout, env=env or program_env())
+    return run_command([sys.executable, "-m", module, *map(str, args)], env=env, cwd=cwd, timeout=timeout)
 
 
 def wait_for(predicate, proc, timeout=240):

@@ -5,13 +5,13 @@ import json
 import os
 import pathlib
 import runpy
-import subprocess
 import sys
 
 import pytest
 
 
 from bertjax.models.config import SIZES, BertConfig
+from conftest import run_command  # tests/ is on sys.path under pytest
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 SHAPE = ("num_layers", "hidden_size", "num_heads", "intermediate_size")
@@ -65,8 +65,8 @@ def test_config_file_model_shape_is_the_size_table(size):
 
 
 def load(tmp_path, *args):
-    result = subprocess.run([sys.executable, "-c", LOAD, *args], cwd=tmp_path, capture_output=True, text=True,
-                            timeout=120, env={**os.environ, "PYTHONPATH": str(REPO)})
+    result = run_command([sys.executable, "-c", LOAD, *args], cwd=tmp_path, timeout=120,
+                         env={**os.environ, "PYTHONPATH": str(REPO)})
     assert result.returncode == 0, result.stderr[-3000:]
     return json.loads(result.stdout.splitlines()[-1])
 
@@ -92,9 +92,9 @@ def test_objective_and_mask_rates_from_the_command_line(tmp_path):
     tiny = REPO / "configs" / "tiny.py"
     code = LOAD.replace('{"num_layers": config.model.num_layers', '{"objective": config.data.objective, '
                         '"eval_mask_rate": config.data.eval_mask_rate, "num_layers": config.model.num_layers')
-    result = subprocess.run([sys.executable, "-c", code, f"--config={tiny}", "--config.data.objective=sop",
-                             "--config.data.eval_mask_rate=0.15"], cwd=tmp_path, capture_output=True, text=True,
-                            timeout=120, env={**os.environ, "PYTHONPATH": str(REPO)})
+    result = run_command([sys.executable, "-c", code, f"--config={tiny}", "--config.data.objective=sop",
+                          "--config.data.eval_mask_rate=0.15"], cwd=tmp_path, timeout=120,
+                         env={**os.environ, "PYTHONPATH": str(REPO)})
     assert result.returncode == 0, result.stderr[-3000:]
     out = json.loads(result.stdout.splitlines()[-1])
     assert out["objective"] == "sop" and out["eval_mask_rate"] == 0.15

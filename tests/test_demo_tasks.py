@@ -6,7 +6,6 @@ program's output and its one-line error."""
 import collections
 import json
 import pathlib
-import subprocess
 import sys
 
 import numpy as np
@@ -15,6 +14,7 @@ import pytest
 from bertjax.data import demo, splits
 from bertjax.tasks import demo_tasks
 from bertjax.tasks import readers, registry, retrieval_data
+from conftest import run_command  # tests/ is on sys.path under pytest
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 
@@ -65,8 +65,7 @@ def test_word_order_dev_comes_from_the_held_out_documents_only(word_order):
 
 
 def test_the_program_writes_files_the_classification_task_reads(tmp_path):
-    out = subprocess.run([sys.executable, "-m", "bertjax.tasks.demo_tasks", "--task=keyword", f"--out={tmp_path}"],
-                         cwd=REPO, capture_output=True, text=True)
+    out = run_command([sys.executable, "-m", "bertjax.tasks.demo_tasks", "--task=keyword", f"--out={tmp_path}"])
     assert out.returncode == 0, out.stderr
     assert "labels: ('no', 'yes')" in out.stdout
     task = registry.get_task("classification", labels=demo_tasks.LABELS["keyword"])
@@ -76,8 +75,7 @@ def test_the_program_writes_files_the_classification_task_reads(tmp_path):
     rows = [json.loads(line) for line in (tmp_path / "train.jsonl").read_text().splitlines()]
     assert all((demo_tasks.KEYWORD in row["text"].lower()) == (row["label"] == "yes") for row in rows)
 
-    bad = subprocess.run([sys.executable, "-m", "bertjax.tasks.demo_tasks", "--task=sentiment", f"--out={tmp_path}"],
-                         cwd=REPO, capture_output=True, text=True)
+    bad = run_command([sys.executable, "-m", "bertjax.tasks.demo_tasks", "--task=sentiment", f"--out={tmp_path}"])
     assert bad.returncode == 2 and len(bad.stderr.strip().splitlines()) == 1 and "word_order" in bad.stderr
 
 

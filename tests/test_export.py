@@ -12,7 +12,7 @@ import sys
 import jax
 import numpy as np
 import pytest
-from conftest import FAST_COMPILE_FLAGS, copy_of  # what this process compiles with: its programs too
+from conftest import FAST_COMPILE_FLAGS, copy_of, run_command  # what this process compiles with: its programs too
 
 import bertjax
 from bertjax.runs import exporting
@@ -367,9 +367,8 @@ def test_mistakes_are_one_line_and_leave_nothing_behind(exported, pretrained, tm
     exporting.export(pretrained["workdir"], target, "hf", overwrite=True)
     assert "model.safetensors" in os.listdir(target) and "params.npz" not in os.listdir(target)
     # The program: the same line, a non-zero exit, no traceback.
-    done = subprocess.run([sys.executable, "-m", "bertjax.export", f"--from={pretrained['workdir']}",
-                           f"--to={tmp_path / 'y'}", "--format=onnx"], env=ENV, cwd=REPO, capture_output=True,
-                          text=True, timeout=120)
+    done = run_command([sys.executable, "-m", "bertjax.export", f"--from={pretrained['workdir']}",
+                        f"--to={tmp_path / 'y'}", "--format=onnx"], env=ENV, timeout=120)
     assert done.returncode != 0 and "--format=onnx: choose one of hf, savedmodel, params" in done.stderr
     assert "Traceback" not in done.stderr and not (tmp_path / "y").exists()
 

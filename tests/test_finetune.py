@@ -14,7 +14,7 @@ import sys
 import jax
 import numpy as np
 import pytest
-from conftest import REPO, config_flags, copy_of, finetune_config, program_env, tiny_config, wait_for
+from conftest import REPO, config_flags, copy_of, finetune_config, program_env, run_command, tiny_config, wait_for
 
 from bertjax.runs import finetuning
 from bertjax.tasks import steps
@@ -191,11 +191,11 @@ def test_bad_input_is_one_line(pretrained, tmp_path):
     with pytest.raises(ValueError, match="another vocabulary size"):
         finetuning.finetune(old_spelling, str(tmp_path / "bad2"))
     # Through the program: one line, exit 2, no traceback.
-    result = subprocess.run(
+    result = run_command(
         [sys.executable, "-m", "bertjax.finetune", "--config=configs/finetune/classification.py",
          f"--config.train.init_from={pretrained['workdir']}", f"--config.data.train={files['train']}",
          f"--config.data.validation={files['validation']}", "--config.data.labels=('neg', 'pos')",
-         f"--workdir={tmp_path / 'bad3'}"], cwd=REPO, capture_output=True, text=True, timeout=300)
+         f"--workdir={tmp_path / 'bad3'}"])
     assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr
     errors = [line for line in result.stderr.splitlines() if line.startswith("finetune.py: error:")]
     assert len(errors) == 1 and "train.jsonl:1:" in errors[0] and "expected one of neg, pos" in errors[0], \

@@ -14,6 +14,7 @@ import pytest
 from bertjax.data import inputs, splits
 from bertjax.data.settings import DataSettings
 from bertjax.text import vocab_learning as vocabularies
+from conftest import run_command  # tests/ is on sys.path under pytest
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 WORDS = ("the river city north old museum built century king village church music long bridge water "
@@ -88,10 +89,7 @@ def test_host_shares_are_disjoint_and_complete_from_the_config(corpus_dir):
 
 
 def run_module(module, *args, cwd=REPO):
-    return subprocess.run(
-        [sys.executable, "-m", module, *args], capture_output=True, text=True, cwd=cwd, timeout=300,
-        env={**os.environ, "PYTHONPATH": str(REPO)},
-    )
+    return run_command([sys.executable, "-m", module, *args], cwd=cwd, env={**os.environ, "PYTHONPATH": str(REPO)})
 
 
 def config_flags(corpus_dir, **overrides):
@@ -201,8 +199,7 @@ def test_preview_shows_packing_from_its_first_lines_and_keeps_its_vocabulary(cor
            "TMPDIR": str(tmp_path / "tmp")}
     (tmp_path / "tmp").mkdir()
     flags = [f for f in config_flags(corpus_dir, vocab_size=400) if "vocab_path" not in f] + ["--num_examples=2"]
-    runs = [subprocess.run([sys.executable, "-m", "bertjax.data.preview", *flags], capture_output=True, text=True,
-                           cwd=REPO, timeout=300, env=env) for _ in range(2)]
+    runs = [run_command([sys.executable, "-m", "bertjax.data.preview", *flags], env=env) for _ in range(2)]
     for run in runs:
         assert run.returncode == 0, run.stderr[-2000:]
     learned = list((tmp_path / "cache" / "vocabularies").glob("*/vocab.txt"))

@@ -13,7 +13,7 @@ import sys
 import time
 
 import pytest
-from conftest import REPO, config_flags, copy_of, program_env, tiny_config
+from conftest import REPO, config_flags, copy_of, program_env, run_command, tiny_config
 
 from bertjax.runs import pretraining
 from bertjax.training import checkpoint
@@ -31,8 +31,7 @@ def train_command(workdir, settings):
 
 
 def run_train(workdir, settings, timeout=240):
-    return subprocess.run(train_command(workdir, settings), cwd=REPO, capture_output=True, text=True, timeout=timeout,
-                          env=program_env())
+    return run_command(train_command(workdir, settings), timeout=timeout)
 
 
 def start_train(workdir, settings):

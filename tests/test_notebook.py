@@ -50,8 +50,8 @@ def test_the_evaluation_notebook_runs_on_a_short_tiny_run(tiny_run, tmp_path, mo
 
     workdir = tiny_run  # read-only: the notebook reads it and fine-tunes from it into BERTJAX_FINETUNE_DIR
     for name, value in {**ENV, "BERTJAX_WORKDIR": str(workdir), "BERTJAX_FINETUNE_DIR": str(tmp_path / "finetune"),
-                        "BERTJAX_NB_TRAIN_EXAMPLES": "600", "BERTJAX_NB_DEV_EXAMPLES": "200",
-                        "BERTJAX_NB_EPOCHS": "4", "BERTJAX_NB_QA_EXAMPLES": "300", "BERTJAX_NB_QA_EPOCHS": "4"}.items():
+                        "BERTJAX_NB_TRAIN_EXAMPLES": "300", "BERTJAX_NB_DEV_EXAMPLES": "200",
+                        "BERTJAX_NB_EPOCHS": "3", "BERTJAX_NB_QA_EXAMPLES": "100", "BERTJAX_NB_QA_EPOCHS": "2"}.items():
         monkeypatch.setenv(name, value)  # the kernel inherits this process's environment
     # A kernelspec of its own, naming sys.executable: a "python3" one in the user's Jupyter directories
     # could start another interpreter, without this checkout's packages.

@@ -11,7 +11,7 @@ import flax.linen as nn
 import jax
 import numpy as np
 import pytest
-from conftest import (REPO, TINY_RUN_SETTINGS, config_flags, copy_of, program_env, tiny_config, train_losses,
+from conftest import (REPO, TINY_RUN_SETTINGS, config_flags, copy_of, program_env, run_command, tiny_config, train_losses,
                       wait_for)
 
 from bertjax.runs import pretraining as pretraining_runs
@@ -238,13 +238,12 @@ def test_bad_settings_and_nan_get_one_clear_line(small_run, tmp_path):
             assert fragment in last, (fragment, last)
 
     def program(workdir, **changes):
-        return subprocess.run(train_command(workdir, dict(small_run["settings"], **changes)), capture_output=True,
-                              text=True, cwd=REPO, timeout=300, env=program_env())
+        return run_command(train_command(workdir, dict(small_run["settings"], **changes)))
 
     # The program: an unknown key (its flags), a mesh the devices cannot make (the run's first check), and
     # a run that diverges (a step's own check), each one line and exit 2.
-    expect_error(subprocess.run(train_command(tmp_path / "a", small_run["settings"]) + ["--config.train.bach_size=8"],
-                                capture_output=True, text=True, cwd=REPO, timeout=300, env=program_env()), "bach_size")
+    expect_error(run_command(train_command(tmp_path / "a", small_run["settings"]) + ["--config.train.bach_size=8"]),
+                 "bach_size")
     expect_error(program(tmp_path / "b", **{"mesh.data": 3}), "does not match")
     expect_error(program(tmp_path / "d", **{"optimizer.learning_rate": 1e30, "optimizer.clip_norm": 0.0,
                                             "data.source": "synthetic", "data.input_pattern": "",
