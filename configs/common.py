@@ -134,13 +134,16 @@ def base_config() -> ml_collections.ConfigDict:
     # --- Optimizer: BERT's Adam with decoupled weight decay (not on LayerNorm or biases).
     config.optimizer = ml_collections.ConfigDict(
         dict(
-            name="adamw",  # adamw | lamb | decoupled_adamw (weight decay scaled by lr / peak: ModernBERT)
+            # adamw | lamb | decoupled_adamw (weight decay scaled by lr / peak, composer's) | stable_adamw
+            # (StableAdamW: lr divided per tensor by max(1, RMS of g / sqrt(v)), optimi's) |
+            # decoupled_stable_adamw (both: ModernBERT's)
+            name="adamw",
             learning_rate=1e-4,
             b1=0.9,
             b2=0.999,
             eps=1e-6,
             weight_decay=0.01,
-            bias_correction=False,  # the original BERT Adam has none
+            bias_correction=False,  # the original BERT Adam has none; stable_adamw always corrects (set True)
             clip_norm=1.0,  # global-norm clipping
         )
     )

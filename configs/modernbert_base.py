@@ -9,12 +9,13 @@ a sliding window of 128 in total (+-64); GeGLU feed-forward; a 50,368-token voca
 Converts to and from HF ModernBertForMaskedLM (bertjax.interop.hf_modernbert). With scan_layers=True layer 0
 (no attention norm) stays unrolled and layers 1..L-1 are scanned, each told whether it is local.
 
-The recipe: masked LM only (data.objective=none) at 30% masking (held-out batches 15%), decoupled AdamW
-(weight decay 1e-5 scaled by lr / peak, not on norms or biases) lr 8e-4, betas (0.9, 0.98), eps 1e-6, a
-warmup-stable-decay schedule, sequences of 1,024. Batch and steps are derived from the paper's token
-counts (4,608 x 1,024 tokens a step; 3B tokens of warmup = 640 steps; 1.7T tokens = 360,000 steps; a
-1 - sqrt decay over the last 50B tokens = 10,600 steps); the paper's batch-size warmup and the
-8,192-token context extension are not reproduced.
+The recipe: masked LM only (data.objective=none) at 30% masking (held-out batches 15%), StableAdamW
+with fully decoupled weight decay (ModernBERT's "decoupled_stableadamw", optimi's StableAdamW with
+decouple_lr=True: weight decay 1e-5 scaled by lr / peak, not on norms or biases) lr 8e-4, betas
+(0.9, 0.98), eps 1e-6, no gradient clipping, a warmup-stable-decay schedule, sequences of 1,024. Batch
+and steps are derived from the paper's token counts (4,608 x 1,024 tokens a step; 3B tokens of warmup =
+640 steps; 1.7T tokens = 360,000 steps; a 1 - sqrt decay over the last 50B tokens = 10,600 steps); the
+8,192-token context extension is not reproduced.
 """
 
 from configs import common
@@ -48,7 +49,7 @@ def modernbert_recipe(config, learning_rate: float):
     config.data.mask_rate = 0.3
     config.data.eval_mask_rate = 0.15
     config.data.vocab_size = 50368
-    config.optimizer.name = "decoupled_adamw"
+    config.optimizer.name = "decoupled_stable_adamw"
     config.optimizer.learning_rate = learning_rate
     config.optimizer.b1 = 0.9
     config.optimizer.b2 = 0.98
