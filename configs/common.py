@@ -162,6 +162,12 @@ def base_config() -> ml_collections.ConfigDict:
         dict(
             batch_size=256,  # global, in sequences
             grad_accum_steps=1,  # microbatches per step; batch_size must divide by it
+            # Batch-size warmup (ModernBERT): the batch grows from batch_warmup_start sequences to batch_size
+            # over the first batch_warmup_steps steps, in whole microbatches of batch_size / grad_accum_steps
+            # (the microbatch fixed, their number per step growing; bertjax/training/batch_warmup.py). The
+            # learning-rate schedule counts steps, whatever their size. 0: off, every step batch_size.
+            batch_warmup_start=0,
+            batch_warmup_steps=0,
             num_steps=1_000_000,
             seed=0,
             init_from=config_dict.placeholder(str),  # bertjax checkpoint or Hugging Face directory

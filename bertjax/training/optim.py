@@ -477,8 +477,12 @@ def optimizer_from_config(optimizer_cfg, schedule_cfg, num_steps: int):
 # ---------------------------------------------------------------------------------------------------
 
 
-def accumulate_gradients(loss_and_grad_fn, params, batch, num_microbatches: int, rng):
+def accumulate_gradients(loss_and_grad_fn, params, batch, num_microbatches: int, rng, count=None):
     """One step's gradients from k microbatches: ((mean loss, summed metrics), mean grads).
+
+    count: the number of microbatches used, a traced int32 in [1, k] (batch-size warmup,
+    training/batch_warmup.py): only the first `count` are computed, in a loop whose trip count is that
+    value, and the means are over them; None uses all k. One compiled program serves every count.
 
     loss_and_grad_fn(params, microbatch, rng) -> ((loss, metrics), grads), e.g.
     jax.value_and_grad(loss_fn, has_aux=True). The result has the same structure, so k = 1 (a direct
@@ -503,15 +507,16 @@ def accumulate_gradients(loss_and_grad_fn, params, batch, num_microbatches: int,
     k = num_microbatches
     if k < 1:
         raise ValueError(f"train.grad_accum_steps={k} must be at least 1")
-    if k == 1:
+    if k == 1 and count is None:
         return loss_and_grad_fn(params, batch, rng)
     microbatches = _strided_microbatches(batch, k)
     rngs = None if rng is None else jax.random.split(rng, k)
     ((loss_sum, metrics), grad_sum), out_shape = _summed_over_microbatches(loss_and_grad_fn, params,
-                                                                           microbatches, rngs)
+                                                                           microbatches, rngs, count)
     (loss_shape, _), grad_shape = out_shape
-    loss = (loss_sum / k).astype(loss_shape.dtype)
-    grads = jax.tree_util.tree_map(lambda g, s: (g / k).astype(s.dtype), grad_sum, grad_shape)
+    divisor = k if count is None else count.astype(jnp.float32)
+    loss = (loss_sum / divisor).astype(loss_shape.dtype)
+    grads = jax.tree_util.tree_map(lambda g, s: (g / divisor).astype(s.dtype), grad_sum, grad_shape)
     return (loss, metrics), grads
 
 
@@ -533,9 +538,9 @@ def _strided_microbatches(batch, k: int):
     return jax.tree_util.tree_map(split, batch)
 
 
-def _summed_over_microbatches(loss_and_grad_fn, params, microbatches, rngs):
-    """((loss sum, metric sums), grad sums) over the microbatches, in one scan, and the shapes and
-    dtypes of one microbatch's result."""
+def _summed_over_microbatches(loss_and_grad_fn, params, microbatches, rngs, count=None):
+    """((loss sum, metric sums), grad sums) over the microbatches (the first `count` of them, where
+    given), in one scan (a loop), and the shapes and dtypes of one microbatch's result."""
 
     # Sums accumulate in float32 at least: k bfloat16 additions would round each partial sum.
     def acc_dtype(dtype):
@@ -550,4 +555,12 @@ def _summed_over_microbatches(loss_and_grad_fn, params, microbatches, rngs):
         out = loss_and_grad_fn(params, microbatch, key)
         return jax.tree_util.tree_map(lambda t, o: t + o.astype(t.dtype), total, out), None
 
-    return jax.lax.scan(body, zeros, (microbatches, rngs))[0], out_shape
+    if count is None:
+        return jax.lax.scan(body, zeros, (microbatches, rngs))[0], out_shape
+
+    def indexed(i, total):  # microbatch i of the buffer, read in place
+        xs = jax.tree_util.tree_map(lambda x: jax.lax.dynamic_index_in_dim(x, i, keepdims=False),
+                                    (microbatches, rngs))
+        return body(total, xs)[0]
+
+    return jax.lax.fori_loop(0, count, indexed, zeros), out_shape
