@@ -16,6 +16,7 @@ from conftest import copy_of, small_run_settings, tiny_config, train_losses
 from bertjax.runs import config_checks
 from bertjax.training import optim
 from bertjax.training.batch_warmup import BatchWarmup, batches_by_step, host_batch
+from configs import modernbert_base, modernbert_large
 
 
 @pytest.mark.parametrize("start,most,steps", [(1, 6, 21_200), (1, 3, 4), (2, 5, 7), (1, 2, 1), (3, 11, 100)])
@@ -102,6 +103,22 @@ def test_a_bad_batch_warmup_is_one_line_naming_the_key(settings, message):
     with pytest.raises(ValueError) as error:
         config_checks.check_pretraining(config)
     assert message in str(error.value) and "\n" not in str(error.value)
+
+
+@pytest.mark.parametrize("module,start,warmup_tokens", [(modernbert_base, 768, 50e9), (modernbert_large, 448, 10e9)],
+                         ids=["base", "large"])
+def test_modernbert_configs_hold_the_paper_s_token_counts(module, start, warmup_tokens):
+    """Warner et al. 2024: the batch warmed up from `start` over the first 50B (large: 10B) tokens, the learning
+    rate over 3B, 1.7T tokens in all, all converted to steps through the staircase's own tokens."""
+    config = module.get_config()
+    config_checks.check_pretraining(config)
+    warmup = BatchWarmup.from_config(config.train)
+    assert warmup.batch_size(0) == start and warmup.batch_size(warmup.steps) == config.train.batch_size
+    tokens = lambda step: warmup.position(step) * warmup.microbatch * config.data.max_seq_length  # noqa: E731
+    assert tokens(warmup.steps) == pytest.approx(warmup_tokens, rel=0.002)
+    assert tokens(config.schedule.warmup_steps) == pytest.approx(3e9, rel=0.002)
+    assert tokens(config.train.num_steps) == pytest.approx(1.7e12, rel=0.002)
+    assert config.optimizer.name == "decoupled_stable_adamw" and (config.optimizer.b1, config.optimizer.b2) == (0.9, 0.98)
 
 
 WARMUP = {"train.batch_size": 24, "train.grad_accum_steps": 3, "train.batch_warmup_start": 8,
