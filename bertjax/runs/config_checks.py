@@ -103,8 +103,8 @@ def check_batch_warmup(train, mask_rate_schedule=()) -> None:
                          f"(train.batch_size={train.batch_size} / train.grad_accum_steps={train.grad_accum_steps}): "
                          f"set it to a multiple of {micro}, or raise train.grad_accum_steps for a smaller microbatch")
     if start >= train.batch_size:
-        raise ValueError(f"train.batch_warmup_start={start} must be below train.batch_size={train.batch_size}, the batch "
-                         "it grows to: lower it, or set it to 0 for no warmup")
+        raise ValueError(f"train.batch_warmup_start={start} must be below train.batch_size={train.batch_size}, the "
+                         "batch it grows to: lower it, or set it to 0 for no warmup")
     if not isinstance(steps, int) or steps <= 0:
         raise ValueError(f"train.batch_warmup_steps={steps!r} must be a positive number of steps with "
                          f"train.batch_warmup_start={start}: set the steps the batch grows over, or "
