@@ -134,13 +134,16 @@ def base_config() -> ml_collections.ConfigDict:
     # --- Optimizer: BERT's Adam with decoupled weight decay (not on LayerNorm or biases).
     config.optimizer = ml_collections.ConfigDict(
         dict(
-            name="adamw",  # adamw | lamb | decoupled_adamw (weight decay scaled by lr / peak: ModernBERT)
+            # adamw | lamb | decoupled_adamw (weight decay scaled by lr / peak, composer's) | stable_adamw
+            # (StableAdamW: lr divided per tensor by max(1, RMS of g / sqrt(v)), optimi's) |
+            # decoupled_stable_adamw (both: ModernBERT's)
+            name="adamw",
             learning_rate=1e-4,
             b1=0.9,
             b2=0.999,
             eps=1e-6,
             weight_decay=0.01,
-            bias_correction=False,  # the original BERT Adam has none
+            bias_correction=False,  # the original BERT Adam has none; stable_adamw always corrects (set True)
             clip_norm=1.0,  # global-norm clipping
         )
     )
@@ -159,6 +162,12 @@ def base_config() -> ml_collections.ConfigDict:
         dict(
             batch_size=256,  # global, in sequences
             grad_accum_steps=1,  # microbatches per step; batch_size must divide by it
+            # Batch-size warmup (ModernBERT): the batch grows from batch_warmup_start sequences to batch_size
+            # over the first batch_warmup_steps steps, in whole microbatches of batch_size / grad_accum_steps
+            # (the microbatch fixed, their number per step growing; bertjax/training/batch_warmup.py). The
+            # learning-rate schedule counts steps, whatever their size. 0: off, every step batch_size.
+            batch_warmup_start=0,
+            batch_warmup_steps=0,
             num_steps=1_000_000,
             seed=0,
             init_from=config_dict.placeholder(str),  # bertjax checkpoint or Hugging Face directory

@@ -9,12 +9,17 @@ a sliding window of 128 in total (+-64); GeGLU feed-forward; a 50,368-token voca
 Converts to and from HF ModernBertForMaskedLM (bertjax.interop.hf_modernbert). With scan_layers=True layer 0
 (no attention norm) stays unrolled and layers 1..L-1 are scanned, each told whether it is local.
 
-The recipe: masked LM only (data.objective=none) at 30% masking (held-out batches 15%), decoupled AdamW
-(weight decay 1e-5 scaled by lr / peak, not on norms or biases) lr 8e-4, betas (0.9, 0.98), eps 1e-6, a
-warmup-stable-decay schedule, sequences of 1,024. Batch and steps are derived from the paper's token
-counts (4,608 x 1,024 tokens a step; 3B tokens of warmup = 640 steps; 1.7T tokens = 360,000 steps; a
-1 - sqrt decay over the last 50B tokens = 10,600 steps); the paper's batch-size warmup and the
-8,192-token context extension are not reproduced.
+The recipe: masked LM only (data.objective=none) at 30% masking (held-out batches 15%), StableAdamW
+with fully decoupled weight decay (ModernBERT's "decoupled_stableadamw", optimi's StableAdamW with
+decouple_lr=True: weight decay 1e-5 scaled by lr / peak, not on norms or biases) lr 8e-4, betas
+(0.9, 0.98), eps 1e-6, no gradient clipping, a warmup-stable-decay schedule, sequences of 1,024, and the
+paper's batch-size warmup from 768 to 4,608 sequences over its first 50B tokens, in microbatches of 768
+(grad_accum_steps=6; bertjax/training/batch_warmup.py): 1 to 6 microbatches a step, each size for a fifth
+of 21,200 steps, which hold 50B tokens. Steps are derived from the paper's token counts, the schedule
+counting steps whatever their size: the learning rate's 3B tokens of warmup fall in the 768-sequence
+steps (3,815 of them); 1.7T tokens = 371,000 steps (the warmup's steps hold fewer tokens); a 1 - sqrt decay
+over the last 50B tokens at 4,608 x 1,024 = 10,600 steps. The 8,192-token context extension is not
+reproduced.
 """
 
 from configs import common
@@ -48,7 +53,7 @@ def modernbert_recipe(config, learning_rate: float):
     config.data.mask_rate = 0.3
     config.data.eval_mask_rate = 0.15
     config.data.vocab_size = 50368
-    config.optimizer.name = "decoupled_adamw"
+    config.optimizer.name = "decoupled_stable_adamw"
     config.optimizer.learning_rate = learning_rate
     config.optimizer.b1 = 0.9
     config.optimizer.b2 = 0.98
@@ -65,8 +70,11 @@ def get_config():
     modernbert_recipe(config, learning_rate=8e-4)
     config.data.max_seq_length = 1024
     config.data.max_predictions_per_seq = 320  # 30% of 1,024 = 307, rounded up
-    config.schedule.warmup_steps = 640
+    config.schedule.warmup_steps = 3815
     config.schedule.decay_steps = 10_600
     config.train.batch_size = 4608
-    config.train.num_steps = 360_000
+    config.train.grad_accum_steps = 6  # microbatches of 768: the batch warmup's unit
+    config.train.batch_warmup_start = 768
+    config.train.batch_warmup_steps = 21_200
+    config.train.num_steps = 371_000
     return config

@@ -10,6 +10,7 @@ import functools
 import pathlib
 import re
 import runpy
+import warnings
 
 import flax.linen as nn
 import jax
@@ -579,3 +580,98 @@ def test_decoupled_adamw_decays_by_lr_over_peak():
     updates, _ = tx.update(zeros, tx.init(params), params)
     np.testing.assert_allclose(updates["dense"]["kernel"], -0.1 * 3.0, rtol=1e-6)  # lr(t) = peak here
     np.testing.assert_allclose(updates["layer_norm"]["scale"], 0.0)  # norms do not decay
+
+
+# --- StableAdamW ----------------------------------------------------------------------------------------
+
+
+def stable_adamw_config(name, weight_decay):
+    import ml_collections
+
+    o = ml_collections.ConfigDict(dict(name=name, learning_rate=0.02, b1=0.9, b2=0.98, eps=1e-6,
+                                       weight_decay=weight_decay, bias_correction=True, clip_norm=0.0))
+    s = ml_collections.ConfigDict(dict(warmup_steps=4, decay="wsd", power=1.0, decay_steps=6))
+    return o, s
+
+
+@pytest.mark.parametrize("name,weight_decay", [("stable_adamw", 0.0), ("stable_adamw", 0.5),
+                                               ("decoupled_stable_adamw", 0.5)])
+def test_stable_adamw_matches_optimi_step_for_step(name, weight_decay):
+    """optimi.StableAdamW (what ModernBERT trains with) and optimizer_from_config's, on the same gradients
+    for 20 steps under a warmup-stable-decay schedule, with the no-decay parameter group; some steps'
+    gradients are 30x the others', so that the update clipping engages."""
+    import torch
+    from optimi import StableAdamW
+
+    steps = 20
+    o, s = stable_adamw_config(name, weight_decay)
+    tx, schedule = optim.optimizer_from_config(o, s, steps)
+    rng = np.random.default_rng(11)
+    params = toy_params(rng)
+    grads_seq = random_grads(rng, params, steps)
+    for step in (6, 13):  # spikes on some tensors only
+        grads_seq[step]["dense"]["kernel"] *= 30.0
+        grads_seq[step]["embeddings"]["layer_norm"]["bias"] *= 30.0
+
+    tensors = {k: torch.tensor(v, dtype=torch.float32, requires_grad=True) for k, v in flat(params).items()}
+    groups = [{"params": [t for k, t in tensors.items() if not excluded(k)], "weight_decay": weight_decay},
+              {"params": [t for k, t in tensors.items() if excluded(k)], "weight_decay": 0.0}]
+    with warnings.catch_warnings():  # optimi warns that 0.5 is a large fully decoupled decay: chosen to show
+        warnings.simplefilter("ignore", UserWarning)
+        reference = StableAdamW(groups, lr=o.learning_rate, betas=(o.b1, o.b2), eps=o.eps,
+                                decouple_lr=name.startswith("decoupled"), max_lr=o.learning_rate, foreach=False,
+                                triton=False)
+
+    params_jax, state = to_jax(params), tx.init(to_jax(params))
+    step_fn = jax.jit(lambda p, st, g: (lambda u, st: (optax.apply_updates(p, u), st))(*tx.update(g, st, p)))
+    worst, clipped = 0.0, set()
+    for step, grads in enumerate(grads_seq):
+        for k, g in flat(grads).items():
+            tensors[k].grad = torch.tensor(g, dtype=torch.float32)
+        for group in reference.param_groups:
+            group["lr"] = float(schedule(step))  # what optax reads at this step (0-based)
+        reference.step()
+        for k, t in tensors.items():  # the RMS optimi divided this step's lr by
+            v = reference.state[t]["exp_avg_sq"]
+            if float((t.grad**2 / v.clamp(min=o.eps**2)).mean().sqrt()) > 1.0 + 1e-3:
+                clipped.add((step, k))
+        params_jax, state = step_fn(params_jax, state, to_jax(grads))
+        got = flat(params_jax)
+        worst = max(worst, max(float(np.abs(got[k] - t.detach().numpy()).max()) for k, t in tensors.items()))
+    print(f"{name} weight_decay={weight_decay}: max |bertjax - optimi| over {steps} steps = {worst:.2e}")
+    assert worst < 1e-6, worst
+    assert {(6, "dense/kernel"), (13, "embeddings/layer_norm/bias")} <= clipped, sorted(clipped)
+
+
+def test_stable_adamw_rms_is_per_layer_under_scan():
+    """The stacked layers' tensors get one RMS per layer: scanned and unrolled layouts take the same steps."""
+    rng = np.random.default_rng(12)
+    layers = rng.normal(0, 0.5, (2, 3, 4))
+    unrolled = {"layers_0": {"kernel": layers[0]}, "layers_1": {"kernel": layers[1]}}
+    scanned = {"layers": {"kernel": layers}}
+    grads = [rng.normal(0, 1, (2, 3, 4)) for _ in range(3)]
+    grads[2][1] *= 40.0  # only layer 1 spikes: its RMS alone exceeds 1
+    tx = optim.stable_adamw(0.1, weight_decay=0.1)
+    got_unrolled, _ = run_optax(tx, unrolled, [{"layers_0": {"kernel": g[0]}, "layers_1": {"kernel": g[1]}}
+                                               for g in grads])
+    got_scanned, _ = run_optax(tx, scanned, [{"layers": {"kernel": g}} for g in grads])
+    for i in range(2):
+        np.testing.assert_allclose(got_scanned["layers"]["kernel"][i], got_unrolled[f"layers_{i}"]["kernel"],
+                                   atol=1e-6, rtol=0)
+
+
+def test_stable_adamw_config_errors():
+    o, s = stable_adamw_config("stable_adamw", 0.1)
+    o.bias_correction = False
+    with pytest.raises(ValueError, match=r"optimizer\.bias_correction=False .*set optimizer\.bias_correction=True"):
+        optim.optimizer_from_config(o, s, 20)
+    # As a run checks its config before building anything: one line naming the key and the choices.
+    from bertjax.runs import config_checks
+
+    config = runpy.run_path(str(REPO / "configs" / "modernbert_tiny.py"))["get_config"]()
+    config.optimizer.name = "stableadamw"
+    with pytest.raises(ValueError) as error:
+        config_checks.check_pretraining(config)
+    assert "\n" not in str(error.value)
+    assert str(error.value).startswith("optimizer.name='stableadamw' is unknown: choose one of ")
+    assert "'stable_adamw'" in str(error.value) and "'decoupled_stable_adamw'" in str(error.value)

@@ -27,6 +27,7 @@ def check_pretraining(config, *, steps_may_be_zero: bool = False) -> tuple[ml_co
     if config.get("electra") is not None:
         check_electra(config.electra, model, data.objective)
     check_train(config.train, steps_may_be_zero=steps_may_be_zero)
+    check_batch_warmup(config.train, data.mask_rate_schedule)
     check_path(config.train.init_from, "train.init_from")
     config, notes = fitted_warmup(config)
     if config.train.num_steps:
@@ -86,6 +87,31 @@ def check_train(train, *, steps_may_be_zero: bool = False) -> None:
         raise ValueError(f"train.num_steps={train.num_steps!r} must be a positive whole number")
     if train.dropout_rng not in DROPOUT_RNGS:
         raise ValueError(f"train.dropout_rng={train.dropout_rng!r}: choose one of {DROPOUT_RNGS}")
+
+
+def check_batch_warmup(train, mask_rate_schedule=()) -> None:
+    """train.batch_warmup_start and _steps: whole microbatches, below the batch, over a positive number of
+    steps (training/batch_warmup.py)."""
+    start, steps = train.get("batch_warmup_start", 0), train.get("batch_warmup_steps", 0)
+    if not isinstance(start, int) or start < 0:
+        raise ValueError(f"train.batch_warmup_start={start!r} must be a whole number of sequences (0: no warmup)")
+    if not start:
+        return
+    micro = train.batch_size // train.grad_accum_steps
+    if start % micro:
+        raise ValueError(f"train.batch_warmup_start={start} is not a whole number of microbatches of {micro} sequences "
+                         f"(train.batch_size={train.batch_size} / train.grad_accum_steps={train.grad_accum_steps}): "
+                         f"set it to a multiple of {micro}, or raise train.grad_accum_steps for a smaller microbatch")
+    if start >= train.batch_size:
+        raise ValueError(f"train.batch_warmup_start={start} must be below train.batch_size={train.batch_size}, the "
+                         "batch it grows to: lower it, or set it to 0 for no warmup")
+    if not isinstance(steps, int) or steps <= 0:
+        raise ValueError(f"train.batch_warmup_steps={steps!r} must be a positive number of steps with "
+                         f"train.batch_warmup_start={start}: set the steps the batch grows over, or "
+                         "train.batch_warmup_start=0 for no warmup")
+    if mask_rate_schedule:
+        raise ValueError("data.mask_rate_schedule changes the rate by step, which a batch-size warmup does not map to "
+                         "examples yet: set train.batch_warmup_start=0, or data.mask_rate_schedule=()")
 
 
 def check_model_overrides(model) -> None:

@@ -18,6 +18,7 @@ from collections import Counter
 
 from bertjax.data import inputs, objectives, packing
 from bertjax.text import files
+from bertjax.training.batch_warmup import BatchWarmup, batches_by_step
 
 # Every predicted position, written as one unit. ⟦ is punctuation, which WordPiece always splits into a
 # token of its own, so a literal one never looks like a mark.
@@ -151,19 +152,20 @@ def preview(config, *, num_examples: int, output_format: str = "text", split: st
     batch_size = config.train.batch_size
     shown = real = positions = predicted = 0
     runs = []
-    for step, batch in enumerate(stream.dataset(batch_size, start_step=start_step).as_numpy_iterator(), start_step):
+    warmup = BatchWarmup.from_config(config.train) if split == "train" else None
+    for step, (first, batch) in enumerate(batches_by_step(stream, batch_size, warmup, start_step), start_step):
         if shown == num_examples:
             break
         if text:
             print(batch_line(batch, step, stream.packing, split), end="\n\n")
-        for i in range(min(batch_size, num_examples - shown)):
+        for i in range(min(len(batch["input_mask"]), num_examples - shown)):
             ex = {key: value[i] for key, value in batch.items()}
             real, positions = real + int(ex["input_mask"].sum()), positions + ex["input_mask"].size
             predicted += int(ex["masked_lm_weights"].sum())
             runs += [len(run) for run in predicted_runs(example_record(data.tokenizer, ex))]
             if text:
                 show = format_packed_text if stream.packing else format_text
-                print(show(data.tokenizer, ex, step * batch_size + i, objective=stream.objective), end="\n\n")
+                print(show(data.tokenizer, ex, first + i, objective=stream.objective), end="\n\n")
             else:
                 print(json.dumps(example_record(data.tokenizer, ex)))
             shown += 1

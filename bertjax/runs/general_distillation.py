@@ -104,6 +104,9 @@ def check(config):
         raise ValueError("config.distill.teacher is required: a bertjax pretraining workdir or a Hugging Face "
                          "directory with its masked-LM head")
     config_checks.check_path(config.distill.teacher, "distill.teacher")
+    if config.train.get("batch_warmup_start", 0):
+        raise ValueError(f"train.batch_warmup_start={config.train.batch_warmup_start}: general distillation takes the "
+                         "whole batch from its first step; set train.batch_warmup_start=0")
     return config_checks.check_pretraining(config, steps_may_be_zero=True)
 
 

@@ -31,6 +31,7 @@ from bertjax.text import files
 from bertjax.training import checkpoint, flops, loop, sharding, writers
 from bertjax.training import pretraining_step
 from bertjax.training import workdir as workdirs
+from bertjax.training.batch_warmup import BatchWarmup, warmup_batches
 from bertjax.training.checkpoint_meta import CheckpointMeta, TokenizerRecord
 from bertjax.training.preemption import Preemption
 from bertjax.training.state import TrainState, root_keys
@@ -70,7 +71,8 @@ def pretrain(config, workdir: str, distributed: start.Distributed | None = None)
         stream = open_stream(config, workdir, setup.bert_config, int(state.step), layout.data_sharding)
 
         # ---------------------------------------------------------------- jitted steps
-        p_train_step, p_eval_step = setup.compile_steps(layout.data_sharding, config.train.grad_accum_steps)
+        p_train_step, p_eval_step = setup.compile_steps(layout.data_sharding, config.train.grad_accum_steps,
+                                                        BatchWarmup.from_config(config.train))
 
         # ---------------------------------------------------------------- loop
         run = Run(config, workdir, setup, checkpointer, stream, p_eval_step)
@@ -185,8 +187,9 @@ def schedule_changes(meta: CheckpointMeta, config) -> str:
 
 def stream_position(config, process_count: int) -> dict:
     """What decides the data stream besides the step: a resumed run must agree on all of it."""
-    data = DataSettings.from_config(config.data)
+    data, warmup = DataSettings.from_config(config.data), BatchWarmup.from_config(config.train)
     return {"seed": data.seed, "batch_size": config.train.batch_size, "process_count": process_count,
+            "batch_warmup": None if warmup is None else dataclasses.asdict(warmup),
             "max_seq_length": data.max_seq_length, "source": data.source, "objective": data.objective,
             "mask_rate": data.mask_rate, "eval_mask_rate": data.eval_mask_rate, "packing": data.packing,
             "masking": data.masking, "mask_rate_schedule": [list(phase) for phase in data.mask_rate_schedule],
@@ -276,8 +279,10 @@ class Stream:
 
 def host_batches(config, workdir: str, start_step: int, process_index: int, process_count: int):
     """This process's stream of numpy batches from start_step on, its fixed eval batches, and the
-    tokenizer (None for synthetic data) with the path of its vocabulary."""
+    tokenizer (None for synthetic data) with the path of its vocabulary. With a batch-size warmup the
+    stream is read in microbatches, step N's from microbatch P(N) on (training/batch_warmup.py)."""
     local_batch = config.train.batch_size // process_count
+    warmup = BatchWarmup.from_config(config.train)
     data = DataSettings.from_config(config.data)
     if data.source == "synthetic":
         streams = synthetic.from_settings(data, vocab_size=config.model.vocab_size, shard=process_index)
@@ -287,7 +292,12 @@ def host_batches(config, workdir: str, start_step: int, process_index: int, proc
         streams = inputs.build_inputs(data, workdir=workdir, process_index=process_index,
                                       process_count=process_count)
     evals = streams.eval_batches(local_batch, config.logging.eval_batches)
-    return streams.train_batches(local_batch, start_step), evals, streams.tokenizer, streams.vocab_path
+    if warmup is None:
+        return streams.train_batches(local_batch, start_step), evals, streams.tokenizer, streams.vocab_path
+    micro = local_batch // warmup.max_microbatches
+    microbatches = iter(streams.train_batches(micro, warmup.position(start_step)))
+    train = warmup_batches(microbatches, warmup, start_step)
+    return train, evals, streams.tokenizer, streams.vocab_path
 
 
 def open_stream(config, workdir: str, bert_config: BertConfig, start_step: int, data_sharding) -> Stream:
@@ -364,13 +374,17 @@ def hooks(run: Run, writer: writers.MetricWriter, preemption: Preemption) -> loo
     peak = flops.peak_flops_per_device(jax.devices()[0].device_kind)
     add_sums = jax.jit(functools.partial(jax.tree_util.tree_map, jnp.add))
     flops_per_token = []  # known from the first logged window's share of MLM tokens
+    warmup = BatchWarmup.from_config(config.train)
 
     def log(step, window, speed):
         out = run.summarize_window(window)
         real_tokens = float(window["real_tokens"])
+        sequences = window["steps"] * config.train.batch_size
+        if warmup is not None:  # the batch in force at the logged step; the window's sequences, counted
+            out["batch"] = warmup.batch_size(step - 1)
+            sequences = warmup.microbatch * (warmup.position(step) - warmup.position(step - int(window["steps"])))
         out.update(learning_rate=float(setup.schedule(step - 1)), **speed,
-                   padding_efficiency=real_tokens / (window["steps"] * config.train.batch_size
-                                                     * config.data.max_seq_length))
+                   padding_efficiency=real_tokens / (sequences * config.data.max_seq_length))
         if not flops_per_token:
             fraction = float(window["mlm_count"]) / max(real_tokens, 1.0)
             flops_per_token.append(run_flops_per_token(setup, config.data.max_seq_length, fraction))

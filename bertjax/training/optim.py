@@ -9,6 +9,8 @@ Two recipes (see docs/design.md and the Recipes of the reference notes):
   minutes") as NVIDIA's BERT recipe runs it, i.e. apex/DeepLearningExamples FusedLAMB(AMP) with its
   defaults: bias-corrected Adam direction, decoupled weight decay, per-tensor trust ratio on the
   decayed tensors only, global-norm clipping 1.0, warmup then decay lr * (1 - step/total)^0.5.
+- `stable_adamw`: StableAdamW (Wortsman et al. 2023) as torch-optimi's `StableAdamW` computes it, which
+  ModernBERT trains with: AdamW whose learning rate is divided, per tensor, by max(1, RMS of g / sqrt(v)).
 
 Library functions take explicit arguments; `optimizer_from_config` is the one adapter from the config's
 optimizer/schedule sections, for the training program.
@@ -33,8 +35,9 @@ NO_DECAY_PATTERNS = ("LayerNorm", "layer_norm", "bias")
 # The dict key under which model.Encoder's nn.scan stacks its per-layer params on axis 0.
 SCANNED_LAYERS_KEY = "layers"
 
-# decoupled_adamw: composer's DecoupledAdamW (ModernBERT): weight decay scaled by lr / peak, not by lr.
-OPTIMIZERS = ("adamw", "lamb", "decoupled_adamw")
+# decoupled_*: weight decay scaled by lr / peak, not by lr (composer's DecoupledAdamW; optimi's
+# decouple_lr=True, ModernBERT's "decoupled_stableadamw").
+OPTIMIZERS = ("adamw", "lamb", "decoupled_adamw", "stable_adamw", "decoupled_stable_adamw")
 DECAYS = ("linear", "poly", "wsd")
 
 Mask = Union[Any, Callable[[Any], Any]]
@@ -145,6 +148,13 @@ def _resolve_mask(mask: Mask, params):
     return mask(params) if callable(mask) else mask
 
 
+def _per_tensor_axes(path, p, stacked_key: Optional[str]):
+    """The axes a per-tensor statistic reduces over: all of them, or all but the first for the encoder
+    layers stacked under `stacked_key` (one value per layer, as in the unrolled layout)."""
+    stacked = stacked_key is not None and stacked_key in _path_name(path).split("/") and jnp.ndim(p) > 0
+    return tuple(range(1, jnp.ndim(p))) if stacked else None
+
+
 # ---------------------------------------------------------------------------------------------------
 # Transformations
 # ---------------------------------------------------------------------------------------------------
@@ -216,8 +226,7 @@ def scale_by_trust_ratio(mask: Mask = True, stacked_key: Optional[str] = SCANNED
             apply = jax.tree_util.tree_map(lambda _: apply, params)
 
         def scale(path, u, p, on):
-            stacked = stacked_key is not None and stacked_key in _path_name(path).split("/") and p.ndim > 0
-            axes = tuple(range(1, p.ndim)) if stacked else None
+            axes = _per_tensor_axes(path, p, stacked_key)
             # float32 norms: a bfloat16 sum of squares over a 30k x 1k embedding loses the ratio.
             p_norm = jnp.sqrt(jnp.sum(jnp.square(p.astype(jnp.float32)), axis=axes, keepdims=True))
             u_norm = jnp.sqrt(jnp.sum(jnp.square(u.astype(jnp.float32)), axis=axes, keepdims=True))
@@ -230,6 +239,64 @@ def scale_by_trust_ratio(mask: Mask = True, stacked_key: Optional[str] = SCANNED
         return jax.tree_util.tree_map_with_path(scale, updates, params, apply), state
 
     return optax.GradientTransformation(lambda _: optax.EmptyState(), update_fn)
+
+
+class ScaleByStableAdamState(NamedTuple):
+    count: jax.Array  # int32 [], updates applied so far
+    mu: Any  # bias-corrected first moment, float32, the shape of params
+    nu: Any  # bias-corrected second moment, float32
+
+
+def _debiased_beta(beta: float, count):
+    """optimi's beta_hat = beta (1 - beta^(t-1)) / (1 - beta^t), written as it does: an average with
+    beta_hat holds the bias-corrected moment itself (0 at t = 1, so the first moment is the gradient)."""
+    power = jnp.power(jnp.float32(beta), count.astype(jnp.float32))
+    return (power - beta) / (power - 1.0)
+
+
+def scale_by_stable_adamw(b1: float = 0.9, b2: float = 0.99, eps: float = 1e-6, weight_decay: float = 0.0,
+                          mask: Mask = True, stacked_key: Optional[str] = SCANNED_LAYERS_KEY
+                          ) -> optax.GradientTransformation:
+    """StableAdamW's step before the learning rate, per tensor (optimi 0.3.3, stableadamw.py):
+
+        m, v  <- averages with the debiased betas (so m and v are already bias-corrected)
+        rms   =  sqrt(mean(g^2 / max(v, eps^2)))             AdaFactor's update clipping
+        out   =  (m / (sqrt(v) + eps) + weight_decay * w) / max(1, rms)
+
+    The decay term shares the division because optimi multiplies w by 1 - (lr / max(1, rms)) * wd:
+    the clipped learning rate scales both. The decay applies where `mask` is True (optax's
+    add_decayed_weights). The RMS of the encoder layers stacked under `stacked_key` is taken per layer,
+    so scan_layers does not change the optimizer (as LAMB's trust ratio). Moments are float32.
+    """
+    decay = optax.add_decayed_weights(weight_decay, mask)
+
+    def init_fn(params):
+        zeros = lambda p: jnp.zeros(jnp.shape(p), jnp.float32)  # noqa: E731
+        return ScaleByStableAdamState(count=jnp.zeros([], jnp.int32), mu=jax.tree_util.tree_map(zeros, params),
+                                      nu=jax.tree_util.tree_map(zeros, params))
+
+    def update_fn(updates, state, params=None):
+        if weight_decay and params is None:
+            raise ValueError("scale_by_stable_adamw with weight decay needs params: call update(grads, state, params)")
+        grads = jax.tree_util.tree_map(lambda g: g.astype(jnp.float32), updates)
+        count = optax.safe_int32_increment(state.count)
+        b1_hat, b2_hat = _debiased_beta(b1, count), _debiased_beta(b2, count)
+        # torch's lerp(m, g, 1 - b1_hat) and mul-then-addcmul, in their order of operations.
+        mu = jax.tree_util.tree_map(lambda m, g: m + (1.0 - b1_hat) * (g - m), state.mu, grads)
+        nu = jax.tree_util.tree_map(lambda v, g: b2_hat * v + (1.0 - b2_hat) * (g * g), state.nu, grads)
+        direction = jax.tree_util.tree_map(lambda m, v: m / (jnp.sqrt(v) + eps), mu, nu)
+        if weight_decay:
+            direction, _ = decay.update(direction, decay.init(params), params)
+
+        def clipped(path, d, g, v):
+            axes = _per_tensor_axes(path, g, stacked_key)
+            rms = jnp.sqrt(jnp.mean(g * g / jnp.maximum(v, eps * eps), axis=axes, keepdims=True))
+            return d / jnp.maximum(1.0, rms)
+
+        out = jax.tree_util.tree_map_with_path(clipped, direction, grads, nu)
+        return out, ScaleByStableAdamState(count=count, mu=mu, nu=nu)
+
+    return optax.GradientTransformation(init_fn, update_fn)
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -307,6 +374,37 @@ def lamb(
     )
 
 
+def stable_adamw(
+    learning_rate: optax.ScalarOrSchedule,
+    b1: float = 0.9,
+    b2: float = 0.99,
+    eps: float = 1e-6,
+    weight_decay: float = 1e-2,
+    decouple_lr: bool = False,
+    max_lr: Optional[float] = None,
+    mask: Mask = weight_decay_mask,
+    stacked_key: Optional[str] = SCANNED_LAYERS_KEY,
+) -> optax.GradientTransformation:
+    """optimi.StableAdamW (its defaults: betas (0.9, 0.99), eps 1e-6, weight decay 1e-2):
+
+        lr_t = lr(t) / max(1, rms_t)                       per tensor (scale_by_stable_adamw)
+        w   <- w * (1 - lr_t * wd) - lr_t * m / (sqrt(v) + eps)             decouple_lr=False
+        w   <- w * (1 - (lr_t / max_lr) * wd) - ...                         decouple_lr=True
+
+    decouple_lr=True is optimi's "fully decoupled" decay, which ModernBERT trains with: the decay
+    follows the schedule's shape but not its size; max_lr is the schedule's peak (optimi's default
+    for it is the initial lr). Bias correction is always on (optimi has no switch).
+    """
+    if decouple_lr:
+        if not max_lr or max_lr <= 0:
+            raise ValueError(f"stable_adamw with decouple_lr=True needs max_lr > 0 (the schedule's peak), not {max_lr}")
+        weight_decay = weight_decay / max_lr
+    return optax.chain(
+        scale_by_stable_adamw(b1, b2, eps, weight_decay, mask, stacked_key),
+        optax.scale_by_learning_rate(learning_rate),
+    )
+
+
 # ---------------------------------------------------------------------------------------------------
 # The config adapter
 # ---------------------------------------------------------------------------------------------------
@@ -315,7 +413,7 @@ def lamb(
 def optimizer_from_config(optimizer_cfg, schedule_cfg, num_steps: int):
     """config.optimizer, config.schedule, config.train.num_steps -> (GradientTransformation, schedule).
 
-    The chain is clip_by_global_norm(optimizer.clip_norm) -> adamw | lamb; clip_norm=0 turns the
+    The chain is clip_by_global_norm(optimizer.clip_norm) -> the named optimizer; clip_norm=0 turns the
     clipping off. optimizer.bias_correction=None takes the optimizer's own default (False for
     BERT's adamw, True for NVIDIA's lamb). The schedule is returned too, for logging the learning rate.
     """
@@ -354,14 +452,21 @@ def optimizer_from_config(optimizer_cfg, schedule_cfg, num_steps: int):
         schedule = warmup_stable_decay_schedule(o.learning_rate, s.warmup_steps, num_steps, s.get("decay_steps", 0))
     else:
         schedule = learning_rate_schedule(o.learning_rate, s.warmup_steps, num_steps, s.decay, s.power)
-    make = lamb if o.name == "lamb" else bert_adamw
     kwargs = dict(b1=o.b1, b2=o.b2, eps=o.eps, weight_decay=o.weight_decay)
-    if o.name == "decoupled_adamw":
-        # -lr(t) * (adam + wd/peak * w) = -lr(t) * adam - (lr(t)/peak) * wd * w: composer's DecoupledAdamW.
-        kwargs["weight_decay"] = o.weight_decay / o.learning_rate
-    if o.bias_correction is not None:
-        kwargs["bias_correction"] = bool(o.bias_correction)
-    tx = make(schedule, **kwargs)
+    if o.name in ("stable_adamw", "decoupled_stable_adamw"):
+        if o.bias_correction is not None and not o.bias_correction:
+            raise ValueError(f"optimizer.bias_correction={o.bias_correction} with optimizer.name={o.name!r}: "
+                             "StableAdamW always corrects its moments; set optimizer.bias_correction=True")
+        decoupled = o.name == "decoupled_stable_adamw"
+        tx = stable_adamw(schedule, decouple_lr=decoupled, max_lr=o.learning_rate if decoupled else None, **kwargs)
+    else:
+        make = lamb if o.name == "lamb" else bert_adamw
+        if o.name == "decoupled_adamw":
+            # -lr(t) * (adam + wd/peak * w) = -lr(t) * adam - (lr(t)/peak) * wd * w: composer's DecoupledAdamW.
+            kwargs["weight_decay"] = o.weight_decay / o.learning_rate
+        if o.bias_correction is not None:
+            kwargs["bias_correction"] = bool(o.bias_correction)
+        tx = make(schedule, **kwargs)
     if o.clip_norm > 0:
         tx = optax.chain(optax.clip_by_global_norm(o.clip_norm), tx)
     return tx, schedule
@@ -372,8 +477,12 @@ def optimizer_from_config(optimizer_cfg, schedule_cfg, num_steps: int):
 # ---------------------------------------------------------------------------------------------------
 
 
-def accumulate_gradients(loss_and_grad_fn, params, batch, num_microbatches: int, rng):
+def accumulate_gradients(loss_and_grad_fn, params, batch, num_microbatches: int, rng, count=None):
     """One step's gradients from k microbatches: ((mean loss, summed metrics), mean grads).
+
+    count: the number of microbatches used, a traced int32 in [1, k] (batch-size warmup,
+    training/batch_warmup.py): only the first `count` are computed, in a loop whose trip count is that
+    value, and the means are over them; None uses all k. One compiled program serves every count.
 
     loss_and_grad_fn(params, microbatch, rng) -> ((loss, metrics), grads), e.g.
     jax.value_and_grad(loss_fn, has_aux=True). The result has the same structure, so k = 1 (a direct
@@ -398,15 +507,16 @@ def accumulate_gradients(loss_and_grad_fn, params, batch, num_microbatches: int,
     k = num_microbatches
     if k < 1:
         raise ValueError(f"train.grad_accum_steps={k} must be at least 1")
-    if k == 1:
+    if k == 1 and count is None:
         return loss_and_grad_fn(params, batch, rng)
     microbatches = _strided_microbatches(batch, k)
     rngs = None if rng is None else jax.random.split(rng, k)
     ((loss_sum, metrics), grad_sum), out_shape = _summed_over_microbatches(loss_and_grad_fn, params,
-                                                                           microbatches, rngs)
+                                                                           microbatches, rngs, count)
     (loss_shape, _), grad_shape = out_shape
-    loss = (loss_sum / k).astype(loss_shape.dtype)
-    grads = jax.tree_util.tree_map(lambda g, s: (g / k).astype(s.dtype), grad_sum, grad_shape)
+    divisor = k if count is None else count.astype(jnp.float32)
+    loss = (loss_sum / divisor).astype(loss_shape.dtype)
+    grads = jax.tree_util.tree_map(lambda g, s: (g / divisor).astype(s.dtype), grad_sum, grad_shape)
     return (loss, metrics), grads
 
 
@@ -428,9 +538,9 @@ def _strided_microbatches(batch, k: int):
     return jax.tree_util.tree_map(split, batch)
 
 
-def _summed_over_microbatches(loss_and_grad_fn, params, microbatches, rngs):
-    """((loss sum, metric sums), grad sums) over the microbatches, in one scan, and the shapes and
-    dtypes of one microbatch's result."""
+def _summed_over_microbatches(loss_and_grad_fn, params, microbatches, rngs, count=None):
+    """((loss sum, metric sums), grad sums) over the microbatches (the first `count` of them, where
+    given), in one scan (a loop), and the shapes and dtypes of one microbatch's result."""
 
     # Sums accumulate in float32 at least: k bfloat16 additions would round each partial sum.
     def acc_dtype(dtype):
@@ -445,4 +555,12 @@ def _summed_over_microbatches(loss_and_grad_fn, params, microbatches, rngs):
         out = loss_and_grad_fn(params, microbatch, key)
         return jax.tree_util.tree_map(lambda t, o: t + o.astype(t.dtype), total, out), None
 
-    return jax.lax.scan(body, zeros, (microbatches, rngs))[0], out_shape
+    if count is None:
+        return jax.lax.scan(body, zeros, (microbatches, rngs))[0], out_shape
+
+    def indexed(i, total):  # microbatch i of the buffer, read in place
+        xs = jax.tree_util.tree_map(lambda x: jax.lax.dynamic_index_in_dim(x, i, keepdims=False),
+                                    (microbatches, rngs))
+        return body(total, xs)[0]
+
+    return jax.lax.fori_loop(0, count, indexed, zeros), out_shape

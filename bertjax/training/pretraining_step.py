@@ -112,12 +112,14 @@ class PretrainingSetup(state.Setup):
     generator_config: BertConfig | None = None  # ELECTRA's generator; None: BERT's pretraining
     discriminator_weight: float | None = None  # ELECTRA's weight of the discriminator's loss
 
-    def compile_steps(self, data_sharding, grad_accum_steps: int):
-        """(train_step, eval_step), jitted once with explicit shardings; the state is donated."""
+    def compile_steps(self, data_sharding, grad_accum_steps: int, batch_warmup=None):
+        """(train_step, eval_step), jitted once with explicit shardings; the state is donated. batch_warmup:
+        a training.batch_warmup.BatchWarmup, or None."""
         how = dict(net=self.net, objective=self.objective, discriminator_weight=self.discriminator_weight)
         p_train_step = self.compile_train_step(functools.partial(loss_fn, **how), data_sharding, grad_accum_steps,
                                                mean_metrics=mean_metrics(self.objective,
-                                                                         self.generator_config is not None))
+                                                                         self.generator_config is not None),
+                                               batch_warmup=batch_warmup)
         p_eval_step = self.compile_eval_step(functools.partial(eval_step, **how), data_sharding)
         return p_train_step, p_eval_step
 

@@ -87,7 +87,7 @@ class Setup:
             return jax.jit(lambda r: nn.unbox(self.init_state(r)), out_shardings=self.state_sharding)(rng)
 
     def compile_train_step(self, loss_fn, data_sharding, grad_accum_steps: int, mean_metrics: tuple = (),
-                           loss_and_grad_fn=None, mask_keys: tuple = ("input_mask",)):
+                           loss_and_grad_fn=None, mask_keys: tuple = ("input_mask",), batch_warmup=None):
         """step.train_step over loss_fn(params, batch, dropout_rng) -> (loss, metric sums) (or its
         loss_and_grad_fn), jitted once with explicit shardings; the state is donated.
 
@@ -95,7 +95,8 @@ class Setup:
         constraints then hold wherever the step is traced or lowered (the loop, the planner, the
         benchmark), not only under a caller's `nn.logical_axis_rules`."""
         fn = functools.partial(steps.train_step, loss_fn=loss_fn, tx=self.tx, grad_accum_steps=grad_accum_steps,
-                               mean_metrics=mean_metrics, loss_and_grad_fn=loss_and_grad_fn, mask_keys=mask_keys)
+                               mean_metrics=mean_metrics, loss_and_grad_fn=loss_and_grad_fn, mask_keys=mask_keys,
+                               batch_warmup=batch_warmup)
         with jax.set_mesh(self.mesh), nn.logical_axis_rules(self.rules):
             return jax.jit(under_rules(fn, self.rules), in_shardings=(self.state_sharding, data_sharding, None),
                            out_shardings=(self.state_sharding, None), donate_argnums=(0,))

@@ -9,7 +9,7 @@ from bertjax.training import optim
 
 
 def train_step(state, batch: dict, dropout_key, *, loss_fn, tx, grad_accum_steps: int, mean_metrics: tuple = (),
-               loss_and_grad_fn=None, mask_keys: tuple = ("input_mask",)):
+               loss_and_grad_fn=None, mask_keys: tuple = ("input_mask",), batch_warmup=None):
     """One optimizer step over the global batch (in grad_accum_steps microbatches).
 
     state: a TrainState. loss_fn(params, batch, dropout_rng) -> (loss, metric sums); sums add up over
@@ -17,12 +17,17 @@ def train_step(state, batch: dict, dropout_key, *, loss_fn, tx, grad_accum_steps
     as the microbatches' mean). loss_and_grad_fn(params, batch, dropout_rng) -> ((loss, sums), grads),
     where given, replaces jax.value_and_grad(loss_fn) (contrastive GradCache computes its gradient its
     own way). batch carries mask_keys (1 at real tokens), for the tokens/s the loop reports. Returns
-    the new state and the step's metric sums (added up over a logging interval on the device)."""
+    the new state and the step's metric sums (added up over a logging interval on the device).
+
+    batch_warmup: a training.batch_warmup.BatchWarmup; the step then uses the first k(state.step) of the
+    batch's grad_accum_steps microbatches (the host filled only those)."""
     rng = jax.random.fold_in(dropout_key, state.step)  # a new dropout mask each step, reproducibly
     grad_fn = loss_and_grad_fn or jax.value_and_grad(loss_fn, has_aux=True)
-    (loss, sums), grads = optim.accumulate_gradients(grad_fn, state.params, batch, grad_accum_steps, rng)
+    used = None if batch_warmup is None else batch_warmup.microbatches_on_device(state.step)
+    (loss, sums), grads = optim.accumulate_gradients(grad_fn, state.params, batch, grad_accum_steps, rng, used)
     # The per-microbatch means come back added up over the microbatches.
-    sums = dict(sums, **{k: sums[k] / grad_accum_steps for k in mean_metrics})
+    divisor = grad_accum_steps if used is None else used.astype(jnp.float32)
+    sums = dict(sums, **{k: sums[k] / divisor for k in mean_metrics})
     grad_norm = optax.tree.norm(grads)
     updates, opt_state = tx.update(grads, state.opt_state, state.params)
     params = optax.apply_updates(state.params, updates)

@@ -118,6 +118,7 @@ _CONSOLE_FORMATS = {
     "sop_loss": lambda v: f"sop_loss {v:.4g}",
     "sop_accuracy": lambda v: f"sop_acc {v:.3f}",
     "learning_rate": lambda v: f"lr {v:.1e}",
+    "batch": lambda v: f"batch {v}",  # sequences in the step, shown while a batch-size warmup runs
     "grad_norm": lambda v: f"grad_norm {v:.3g}",
     "tokens_per_second": lambda v: f"{_si(v)} tok/s",
     "steps_per_second": lambda v: f"{v:.3g} steps/s",
