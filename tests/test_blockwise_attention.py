@@ -124,8 +124,8 @@ def test_a_network_on_blockwise_attention_computes_what_it_computes_on_xla(famil
     """ModernBERT on packed rows, scanned (its local layers picked by a traced flag); BERT on padded rows,
     unrolled: the loss and every parameter's gradient, against XLA's unrolled network."""
     xla = BertConfig(**{**BASE, **(MODERNBERT if family == "modernbert" else {})})
-    params = nn.meta.unbox(bert_model.BertForPreTraining(xla).init(
-        jax.random.PRNGKey(0), **bert_model.dummy_batch(1, SEQ, PREDICTIONS))["params"])
+    init = jax.jit(bert_model.BertForPreTraining(xla).init)  # one program: quicker than op by op
+    params = nn.meta.unbox(init(jax.random.PRNGKey(0), **bert_model.dummy_batch(1, SEQ, PREDICTIONS))["params"])
     batch = _batch(xla, packed)
     loss, grads = _loss_and_grads(xla, params, batch, packed)
     tiled = dataclasses.replace(xla, attention_impl="blockwise", attention_block_size=BLOCK, scan_layers=packed)
