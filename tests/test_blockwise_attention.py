@@ -81,8 +81,9 @@ def test_blockwise_attention_equals_the_dense_mask(reach, subset):
         out = fn(q, k, v, rows)
         return jnp.sum(jnp.where(keep, out, 0.0) * jnp.cos(out)), out
 
-    (_, got), grads = jax.jit(jax.value_and_grad(lambda *a: loss(tiled, *a), (0, 1, 2), has_aux=True))(q, k, v)
-    (_, want), wanted = jax.jit(jax.value_and_grad(lambda *a: loss(dense, *a), (0, 1, 2), has_aux=True))(q, k, v)
+    both = jax.jit(lambda *a: [jax.value_and_grad(lambda *a: loss(fn, *a), (0, 1, 2), has_aux=True)(*a)
+                               for fn in (tiled, dense)])  # one program: one compile
+    ((_, got), grads), ((_, want), wanted) = both(q, k, v)
     _close(np.where(keep, got, 0.0), np.where(keep, want, 0.0))
     assert not np.asarray(got)[~keep[..., 0, 0]].any()  # padding sees no key
     _close(grads, wanted)
@@ -97,8 +98,8 @@ def _batch(cfg, packed: bool):
     return batch
 
 
-def _loss_and_grads(cfg, params, batch, packed: bool):
-    """The training loss (heads_only: the last layer at the rows the heads read) and its parameter gradients."""
+def _loss_and_grads(cfg, batch, packed: bool):
+    """params -> the training loss (heads_only: the last layer at the rows the heads read) and its gradients."""
     net = bert_model.BertForPreTraining(cfg)
     extra = dict(sequence_ids=batch["sequence_ids"], position_ids=batch["position_ids"],
                  sentence_positions=batch["sentence_positions"]) if packed else {}
@@ -111,7 +112,7 @@ def _loss_and_grads(cfg, params, batch, packed: bool):
                                            batch["masked_lm_weights"], batch["next_sentence_labels"], objective,
                                            batch.get("sentence_weights"))[0]
 
-    return jax.jit(jax.value_and_grad(loss))(params)
+    return jax.value_and_grad(loss)
 
 
 def _scanned(params, cfg):
@@ -124,14 +125,18 @@ def test_a_network_on_blockwise_attention_computes_what_it_computes_on_xla(famil
     """ModernBERT on packed rows, scanned (its local layers picked by a traced flag); BERT on padded rows,
     unrolled: the loss and every parameter's gradient, against XLA's unrolled network."""
     xla = BertConfig(**{**BASE, **(MODERNBERT if family == "modernbert" else {})})
-    init = jax.jit(bert_model.BertForPreTraining(xla).init)  # one program: quicker than op by op
-    params = nn.meta.unbox(init(jax.random.PRNGKey(0), **bert_model.dummy_batch(1, SEQ, PREDICTIONS))["params"])
+    # Random values of the parameters' shapes: quicker than running the initializers, and no weight is
+    # a plain 0 or 1 that could hide a difference.
+    shapes = jax.eval_shape(bert_model.BertForPreTraining(xla).init, jax.random.PRNGKey(0),
+                            **bert_model.dummy_batch(1, SEQ, PREDICTIONS))["params"]
+    rng = np.random.default_rng(0)
+    params = jax.tree_util.tree_map(lambda a: jnp.asarray(0.2 * rng.standard_normal(a.shape), a.dtype),
+                                    nn.meta.unbox(shapes))
     batch = _batch(xla, packed)
-    loss, grads = _loss_and_grads(xla, params, batch, packed)
     tiled = dataclasses.replace(xla, attention_impl="blockwise", attention_block_size=BLOCK, scan_layers=packed)
-    want = (loss, _scanned(grads, tiled)) if packed else (loss, grads)
-    got = _loss_and_grads(tiled, _scanned(params, tiled) if packed else params, batch, packed)
-    _close(got, want)
+    both = jax.jit(lambda p, q: (_loss_and_grads(tiled, batch, packed)(q), _loss_and_grads(xla, batch, packed)(p)))
+    got, (loss, grads) = both(params, _scanned(params, tiled) if packed else params)  # one program: one compile
+    _close(got, (loss, _scanned(grads, tiled)) if packed else (loss, grads))
 
 
 def test_the_gradient_holds_tiles_not_the_score_matrix():
