@@ -20,6 +20,7 @@ from jax.ad_checkpoint import checkpoint_name
 
 from bertjax.models import blockwise
 
+
 def truncated_normal_init(stddev: float):
     """BERT's initializer: normal(0, stddev) cut at two standard deviations (tf.truncated_normal).
 
