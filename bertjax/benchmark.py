@@ -7,6 +7,7 @@
     python -m bertjax.benchmark --accelerator                     # GPU/TPU: base and large, bf16, vs HF
     python -m bertjax.benchmark --accelerator --profile=/tmp/prof # and a trace, kernel time by category
     python -m bertjax.benchmark --embeddings                      # embed and contrastive steps vs sentence-transformers
+    python -m bertjax.benchmark --long_rows=2048,8192              # one packed row: xla vs blockwise attention
 
 What is timed is the whole optimizer step as the trainer runs it (training.step.train_step: forward, backward,
 the config's clipping and optimizer, BERT's AdamW for BERT; state donated), built by pretraining_step.setup from
@@ -26,6 +27,9 @@ texts (bertjax/runs/embedding_benchmark.py says what is timed); an accelerator r
 these figures after its step table unless --noembeddings. docs/performance.md records the figures. No
 TensorFlow is imported on the step benchmark's path (the embedding figures tokenize with bertjax's
 tokenizer, which is TensorFlow ops).
+--long_rows times the step on packed rows of each given length (default modernbert_tiny, one row) under
+each of --attention_impls, each in a fresh process: tokens/s, the compiled step's temporaries and the
+process's peak resident memory, to show what attention without an [S, S] matrix buys on long rows.
 """
 
 import sys
@@ -77,6 +81,13 @@ def define_flags(argv: list[str]) -> dict:
                                         "(all-MiniLM-L6-v2's max_seq_length)."),
         embed_passes=flags.DEFINE_integer("embed_passes", 3, "--embeddings: timed passes over the texts per side, "
                                           "alternated (the median counts), after one untimed pass."),
+        long_rows=flags.DEFINE_list("long_rows", [], "Sequence lengths (e.g. 2048,4096,8192): time the step on "
+                                    "packed rows of each, one row unless --batch_size is given, under each of "
+                                    "--attention_impls, each in a fresh process (peak RSS, temporaries, tokens/s)."),
+        attention_impls=flags.DEFINE_list("attention_impls", ["xla", "blockwise"], "--long_rows: the "
+                                          "model.attention_impl values compared (attention dropout off for all)."),
+        long_row_timeout=flags.DEFINE_float("long_row_timeout", 1200.0, "--long_rows: seconds one measurement may "
+                                            "take before it is reported as not done."),
         memory_only=flags.DEFINE_bool("memory_only", False, "Compile bertjax's step and print its memory; run nothing "
                                        "(e.g. to choose a remat policy for a GPU on a CPU machine)."),
     )
@@ -106,7 +117,8 @@ def main(argv, args):
                    accelerator=args.accelerator, no_torch=args.no_torch, no_torch_compile=args.no_compile,
                    profile=args.profile, packing=args.packing, memory_only=args.memory_only,
                    embeddings=args.embeddings, texts=args.texts, max_length=args.max_length,
-                   embed_passes=args.embed_passes)
+                   embed_passes=args.embed_passes, long_rows=[int(n) for n in args.long_rows],
+                   attention_impls=args.attention_impls, long_row_timeout=args.long_row_timeout)
 
 
 def entry():

@@ -33,7 +33,8 @@ def base_config() -> ml_collections.ConfigDict:
             param_dtype="float32",
             # auto: cuDNN flash attention on NVIDIA GPUs (trained without attention-probability dropout,
             # which it lacks: docs/performance.md), XLA elsewhere. "xla" keeps the dropout everywhere.
-            attention_impl="auto",
+            attention_impl="auto",  # or xla | cudnn | splash | blockwise (memory linear in the sequence)
+            attention_block_size=512,  # blockwise: query and key rows per tile of logits
             word_embedding="auto",  # gather | one_hot; auto: one_hot on TPUs, gather elsewhere
             remat_policy="none",  # a key of models.config.REMAT_POLICIES: none | full | save_named | save_attention | ...
             # Unrolled layers run faster (a scanned stack copies every residual into an [L, ...] buffer)

@@ -50,7 +50,7 @@ REMAT_POLICIES = {
     "save_block_out": jax.checkpoint_policies.save_only_these_names("block_out"),
 }
 
-ATTENTION_IMPLS = ("xla", "cudnn", "splash")
+ATTENTION_IMPLS = ("xla", "cudnn", "splash", "blockwise")
 POSITION_EMBEDDINGS = ("learned", "rotary", "none")
 ACTIVATIONS = ("gelu", "gelu_tanh", "geglu")
 NORM_PLACEMENTS = ("post", "pre")
@@ -136,8 +136,11 @@ class BertConfig:
     dtype: str = _field("float32", "compute")
     # storage dtype of the parameters (and so of the optimizer state)
     param_dtype: str = _field("float32", "layout")
-    # "xla" | "cudnn" (flash attention, NVIDIA GPUs) | "splash" (Pallas kernel, TPUs)
+    # "xla" | "cudnn" (flash attention, NVIDIA GPUs) | "splash" (Pallas kernel, TPUs) | "blockwise" (any
+    # platform: memory linear in the sequence, models/blockwise.py)
     attention_impl: str = _field("xla", "compute")
+    # rows of a query block and of a key block under attention_impl="blockwise"
+    attention_block_size: int = _field(512, "compute")
     # "gather" or "one_hot" (a [B, S, V] x [V, H] matmul: what TPUs prefer)
     word_embedding: str = _field("gather", "compute")
     remat_policy: str = _field("none", "compute")  # a key of REMAT_POLICIES
@@ -191,11 +194,15 @@ class BertConfig:
             )
         if self.attention_impl not in ATTENTION_IMPLS:
             raise ValueError(f"model.attention_impl={self.attention_impl!r}: choose one of {ATTENTION_IMPLS}")
-        if self.attention_impl in ("cudnn", "splash") and self.attention_dropout_rate > 0:
+        if self.attention_impl in ("cudnn", "splash", "blockwise") and self.attention_dropout_rate > 0:
             raise ValueError(
-                f"model.attention_impl={self.attention_impl!r} has no attention-probability dropout (a fused "
-                "kernel): set model.attention_dropout_rate=0.0 or model.attention_impl='xla'"
+                f"model.attention_impl={self.attention_impl!r} has no attention-probability dropout (it never "
+                "holds the whole probability matrix): set model.attention_dropout_rate=0.0 or "
+                "model.attention_impl='xla'"
             )
+        if not isinstance(self.attention_block_size, int) or self.attention_block_size < 1:
+            raise ValueError(f"model.attention_block_size={self.attention_block_size!r} must be a positive whole "
+                             "number (512: tiles of 512 x 512 logits per head)")
         if self.word_embedding not in WORD_EMBEDDINGS:
             raise ValueError(f"model.word_embedding={self.word_embedding!r}: choose one of {WORD_EMBEDDINGS}")
         if self.remat_policy not in REMAT_POLICIES:

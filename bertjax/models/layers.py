@@ -18,6 +18,8 @@ import jax.numpy as jnp
 import numpy as np
 from jax.ad_checkpoint import checkpoint_name
 
+from bertjax.models import blockwise
+
 
 def truncated_normal_init(stddev: float):
     """BERT's initializer: normal(0, stddev) cut at two standard deviations (tf.truncated_normal).
@@ -315,6 +317,9 @@ class SelfAttention(nn.Module):
             window = cfg.local_attention_window // 2 if (self.local or is_local is not None) else 0
             context = splash.splash_attention(q, k, v, padding.segments, half_window=window, is_local=is_local)
             return self._output(context, head_mask)
+        if cfg.attention_impl == "blockwise":
+            return self._output(self._attend_blockwise(q, k, v, padding, rows, query_positions, key_positions,
+                                                       is_local), head_mask)
         lengths = padding.lengths
         if self.local or is_local is not None:
             mask = mask & self._band(query_positions, key_positions, is_local, x.shape[1])[:, None]  # [B, 1, Q, S]
@@ -368,6 +373,19 @@ class SelfAttention(nn.Module):
         half = self.config.local_attention_window // 2
         reach = half if is_local is None else jnp.where(is_local, half, length)
         return jnp.abs(query_positions[:, :, None] - key_positions[:, None, :]) <= reach
+
+    def _attend_blockwise(self, q, k, v, padding, rows, query_positions, key_positions, is_local):
+        """The context [B, Q, N, D] by models/blockwise.py: the masks of its tiles from the segment ids and
+        positions (a local layer's reach window / 2; a traced is_local widens it to the row on global layers)."""
+        cfg = self.config
+        reach = None
+        if self.local or is_local is not None:
+            half = cfg.local_attention_window // 2
+            reach = half if is_local is None else jnp.where(is_local, half, key_positions.shape[1])
+        segments = padding.segments  # [B, S]
+        query_segments = segments if rows is None else jnp.take_along_axis(segments, rows, axis=1)  # [B, Q]
+        return blockwise.blockwise_attention(q, k, v, query_segments, segments, query_positions, key_positions,
+                                             reach=reach, block_size=cfg.attention_block_size)
 
     def _attend(self, q, k, v, mask, lengths):
         """The context [B, Q, N, D]: softmax(q k^T / sqrt(D)) v over the keys the mask lets each query see."""

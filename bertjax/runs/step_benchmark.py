@@ -2,7 +2,10 @@
 `python -m bertjax.benchmark` runs (its docstring says what is timed and printed)."""
 
 import functools
+import json
 import os
+import resource
+import subprocess
 import sys
 import time
 
@@ -238,6 +241,85 @@ def print_packing(rows: list[dict]) -> None:
     print_table(["shape", "rows", "real tokens", "real tok/s", "ms/step", "packed / padded"], table)
 
 
+LONG_ROW_SEQUENCES = 16  # K of a long packed row: its documents are S / 50 to S long (the seq-512 quantiles)
+
+
+def long_row_measurement(size: str, seq_len: int, batch_size: int, attention_impl: str, *, steps: int, warmup: int,
+                         dtype, overrides: dict, dropout_rng: str) -> dict:
+    """One attention implementation's train step on packed rows of seq_len tokens, in this process (which
+    run_long_rows starts fresh for it, so that its peak resident memory is the step's alone): tokens/s,
+    the compiled step's temporaries and memory, this process's peak RSS."""
+    num_predictions = max_predictions(seq_len)
+    config = benchmark_config(load_config(size), dtype, overrides, seq_len, num_predictions, dropout_rng)
+    config.model.update(attention_impl=attention_impl, attention_dropout_rate=0.0)
+    config.data.update(packing=True, max_sequences_per_row=LONG_ROW_SEQUENCES)
+    batches = [synthetic.synthetic_batch(i, batch_size=batch_size, max_seq_length=seq_len,
+                                         max_predictions_per_seq=num_predictions, vocab_size=VOCAB_SIZE,
+                                         packed=True, max_sequences_per_row=LONG_ROW_SEQUENCES)
+               for i in range(min(warmup + steps, 4))]
+    runner = BertjaxStep(config, batches)
+    t = measure([runner], warmup, steps)[0]
+    analysis = runner.compiled.memory_analysis()
+    return dict(size=size, seq_len=seq_len, batch_size=batch_size, attention=attention_impl,
+                block=runner.bert_config.attention_block_size, ms=1e3 * t["seconds"] / steps,
+                tps=steps * batch_size * seq_len / t["seconds"], first=t["first_step"], loss=t["loss"],
+                compile=runner.compile_seconds, temp=None if analysis is None else int(analysis.temp_size_in_bytes),
+                memory=runner.memory_bytes, max_rss=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
+                sequences=float(np.mean([b["sentence_weights"].sum(axis=1).mean() for b in batches])))
+
+
+def run_long_rows(size: str, seq_lens: list[int], batch_size: int, attention_impls: list[str], *, timeout: float,
+                  **common) -> list[dict]:
+    """long_row_measurement of each length and implementation, each in a fresh Python process; one that
+    runs out of memory or past `timeout` seconds is a row saying so."""
+    rows = []
+    for seq_len in seq_lens:
+        for impl in attention_impls:
+            args = dict(size=size, seq_len=seq_len, batch_size=batch_size, attention_impl=impl, **common)
+            code = ("import json, sys; from bertjax.runs import step_benchmark as b; "
+                    "print('RESULT', json.dumps(b.long_row_measurement(**json.loads(sys.argv[1]))))")
+            row = dict(size=size, seq_len=seq_len, batch_size=batch_size, attention=impl)
+            try:
+                done = subprocess.run([sys.executable, "-c", code, json.dumps(args)], capture_output=True, text=True,
+                                      timeout=timeout)
+            except subprocess.TimeoutExpired:
+                row["failed"] = f"not done in {timeout:.0f} s"
+            else:
+                results = [line for line in done.stdout.splitlines() if line.startswith("RESULT ")]
+                if results:
+                    row = json.loads(results[-1][len("RESULT "):])
+                else:
+                    last = (done.stderr.strip().splitlines() or [f"exit status {done.returncode}"])[-1]
+                    row["failed"] = f"exit status {done.returncode}: {last[-160:]}"
+            rows.append(row)
+            print(f"    {size} {batch_size} x {seq_len} {impl}: "
+                  + (row["failed"] if "failed" in row else f"{_si(row['tps'])} tok/s, temporaries "
+                     f"{_mib(row['temp'])}, peak RSS {_mib(row['max_rss'])}"), flush=True)
+    return rows
+
+
+def _mib(n: int | None) -> str:
+    return "-" if n is None else f"{n / 2**20:,.0f} MiB"
+
+
+def print_long_rows(rows: list[dict]) -> None:
+    table = []
+    for r in rows:
+        shape = f"{r['size']} {r['batch_size']} x {r['seq_len']}"
+        if "failed" in r:
+            table.append([shape, r["attention"], r["failed"]] + ["-"] * 6)
+            continue
+        attention = r["attention"] + (f" ({r['block']})" if r["attention"] == "blockwise" else "")
+        table.append([shape, attention, f"{r['tps']:,.0f}", f"{r['ms']:,.0f}", _mib(r["temp"]), _mib(r["memory"]),
+                      _mib(r["max_rss"]), f"{r['compile']:.1f}", f"{r['sequences']:.1f}"])
+    print()
+    print_table(["shape", "attention (block)", "tok/s", "ms/step", "temporaries", "step memory", "peak RSS",
+                 "compile s", "sequences/row"], table)
+    print("packed rows of synthetic documents (the seq-512 length quantiles scaled to the row); temporaries: "
+          "the compiled step's memory_analysis(); step memory: arguments + outputs + temporaries - donated; "
+          "peak RSS: the fresh process's whole, JAX and compilation included")
+
+
 def print_results(rows: list[dict], peak: float | None) -> None:
     header = ["shape", "runner", "params", "tok/s", "ms/step", "model TFLOP/s", "MFU", "memory", "bertjax / this"]
     table = []
@@ -258,7 +340,8 @@ def benchmark(*, sizes: list[str] | None, seq_len: int, batch_size: int, shape_g
               dtype: str | None, overrides: dict, dropout_rng: str, accelerator: bool | None, no_torch: bool,
               no_torch_compile: bool, profile: str | None, packing: bool, memory_only: bool,
               embeddings: bool | None = False, texts: int = 2048, max_length: int = 256,
-              embed_passes: int = 3) -> dict | None:
+              embed_passes: int = 3, long_rows: list[int] = (), attention_impls: list[str] = ("xla", "blockwise"),
+              long_row_timeout: float = 1200.0) -> dict | None:
     """The benchmark the flags ask for (python -m bertjax.benchmark --help), printed; --embeddings' rows
     returned (embedding_benchmark.benchmark's)."""
     if steps < 1 or warmup < 1:
@@ -280,13 +363,18 @@ def benchmark(*, sizes: list[str] | None, seq_len: int, batch_size: int, shape_g
         hf_variants = [("cuda", False)] + ([] if no_torch_compile else [("cuda", True)]) if cuda else []
     else:
         sizes, shapes = sizes or ["mini", "small", "base"], ((seq_len, batch_size),)
-        hf_variants = [] if no_torch else [("cpu", False)]
+        hf_variants = [] if no_torch or long_rows else [("cpu", False)]
     print(f"backend {jax.default_backend()}: {device.device_kind}, {os.cpu_count()} CPUs, load "
           f"{load_average()}; peak bf16 {'unknown' if peak is None else f'{peak / 1e12:.0f} TFLOP/s'}; "
           f"{warmup} warmup + {steps} timed steps, interleaved; HF: "
           f"{', '.join(('compiled' if c else 'eager') + ' on ' + d for d, c in hf_variants) or 'not run'}"
           + (f"; overrides {overrides}" if overrides else ""), flush=True)
     common = dict(steps=steps, warmup=warmup, dtype=dtype, overrides=overrides, dropout_rng=dropout_rng)
+    if long_rows:
+        print_long_rows([row for size in requested or ["modernbert_tiny"]
+                         for row in run_long_rows(size, long_rows, batch_size if shape_given else 1, attention_impls,
+                                                  timeout=long_row_timeout, **common)])
+        return
     if packing:
         print_packing([row for size in requested or ["tiny", "mini"] for seq, batch in shapes
                        for row in run_packing(size, seq, batch, **common)])

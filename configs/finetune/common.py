@@ -25,7 +25,7 @@ def finetune_config(task: str) -> ml_collections.ConfigDict:
     config.init_from = config_dict.placeholder(str)
 
     config.model = ml_collections.ConfigDict(dict(
-        dtype="auto", attention_impl="auto", word_embedding="auto", remat_policy="none",
+        dtype="auto", attention_impl="auto", attention_block_size=512, word_embedding="auto", remat_policy="none",
         hidden_dropout_rate=0.1, attention_dropout_rate=0.1,
     ))
 
