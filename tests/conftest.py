@@ -197,10 +197,7 @@ SERVED_PROGRAMS = ("bertjax.train", "bertjax.finetune", "bertjax.export", "bertj
 _server = None
 
 
-def run_command(argv: list, *, env=None, cwd=REPO, timeout=300) -> subprocess.CompletedProcess:
-    """subprocess.run(argv, capture_output=True, text=True, ...) for a test: `python -m ...` and
-    `python -c ...` through this worker's program server (a fork, not an interpreter start), any other
-    command as itself."""
+def _program_server():
     global _server
     if _server is None:
         from program_server import ProgramServer
@@ -208,7 +205,20 @@ def run_command(argv: list, *, env=None, cwd=REPO, timeout=300) -> subprocess.Co
         log = os.path.join(tempfile.gettempdir(), f"bertjax-program-server-{_RUN}-{os.getpid()}.log")
         _server = ProgramServer(program_env(), str(REPO), SERVED_PROGRAMS, log)
         atexit.register(_server.close)
-    return _server.run(list(argv), env=env or program_env(), cwd=cwd, timeout=timeout)
+    return _server
+
+
+def run_command(argv: list, *, env=None, cwd=REPO, timeout=300) -> subprocess.CompletedProcess:
+    """subprocess.run(argv, capture_output=True, text=True, ...) for a test: `python -m ...` and
+    `python -c ...` in a fork of this worker's program server (tests/program_server.py) rather than a new
+    interpreter; any other command as itself."""
+    return _program_server().run(list(argv), env=env or program_env(), cwd=cwd, timeout=timeout)
+
+
+def start_command(argv: list, *, env=None, cwd=REPO):
+    """subprocess.Popen(argv, stdout=PIPE, stderr=PIPE, text=True, ...) likewise: what a test that signals
+    a running program starts it with."""
+    return _program_server().start(list(argv), env=env or program_env(), cwd=cwd)
 
 
 def run_program(module: str, *args, timeout=300, env=None, cwd=REPO) -> subprocess.CompletedProcess:

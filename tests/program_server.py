@@ -1,4 +1,4 @@
-"""`python -m bertjax.PROGRAM ...` for the tests, at the cost of a fork instead of an interpreter start.
+"""A bertjax program run as `python -m` for the tests, at the cost of a fork instead of an interpreter start.
 
 A program a test starts spends most of its seconds importing (TensorFlow alone takes several on two cores),
 and the suite starts dozens. One server per test worker imports TensorFlow, JAX and the programs once,
@@ -8,7 +8,7 @@ environment, directory, arguments and streams, runs the module as `__main__` (as
 output and at-exit work are those of a fresh process (the teardown of every module, which takes longer
 than most commands with TensorFlow and JAX loaded, is left out).
 
-What a fork cannot give, a fresh interpreter still does (`run`'s fallback, with no option to ask for it):
+What a fork cannot give, a fresh interpreter still does (the fallback, with no option to ask for it):
 a command whose environment differs from the server's in a variable read when a library is imported
 (TensorFlow's, Python's, the loader's, the accelerators'; JAX's own are set again in the child). Tests of
 what happens at import (which libraries a program imports, what a start-up prints) start their own
@@ -18,7 +18,8 @@ interpreter.
 import contextlib
 import json
 import os
-import select
+import queue
+import shutil
 import signal
 import subprocess
 import sys
@@ -31,7 +32,7 @@ import threading
 IMPORT_TIME_PREFIXES = ("PYTHON", "TF_", "LD_", "CUDA", "TPU_", "OMP_", "MALLOC", "XLA_PYTHON")
 
 SERVER = textwrap.dedent(r"""
-    import atexit, json, os, runpy, signal, sys, tempfile, threading
+    import atexit, json, os, runpy, select, signal, sys, tempfile, threading
     import jax
     import bertjax
     from bertjax import environment
@@ -114,83 +115,161 @@ SERVER = textwrap.dedent(r"""
             os.kill(os.getpid(), signal.SIGINT)
         os._exit(code & 0xFF)
 
+    # Requests arrive on stdin, one JSON line each; each is answered at once with the child's pid, and again
+    # when the child has ended, with its exit status. Several children may run at once (a test may run a
+    # command while it has started another).
     replies = os.fdopen(os.dup(1), "w")
+    requests = os.dup(0)
+    pending, children = b"", set()
     while True:
-        line = sys.stdin.readline()
-        if not line:
-            break
-        job = json.loads(line)
-        sys.stdout.flush(); sys.stderr.flush()
-        pid = os.fork()
-        if pid == 0:
-            replies.close()
-            finish(exit_code(job))
-        replies.write(json.dumps({"pid": pid}) + "\n"); replies.flush()
-        _, status = os.waitpid(pid, 0)
-        replies.write(json.dumps({"returncode": os.waitstatus_to_exitcode(status)}) + "\n"); replies.flush()
+        ready, _, _ = select.select([requests], [], [], 0.05 if children else None)
+        if ready:
+            chunk = os.read(requests, 1 << 16)
+            if not chunk:
+                break
+            pending += chunk
+        while b"\n" in pending:
+            line, pending = pending.split(b"\n", 1)
+            job = json.loads(line)
+            sys.stdout.flush(); sys.stderr.flush()
+            pid = os.fork()
+            if pid == 0:
+                replies.close(); os.close(requests)
+                finish(exit_code(job))
+            children.add(pid)
+            replies.write(json.dumps({"pid": pid}) + "\n"); replies.flush()
+        while children:
+            pid, status = os.waitpid(-1, os.WNOHANG)
+            if not pid:
+                break
+            children.discard(pid)
+            replies.write(json.dumps({"ended": pid, "returncode": os.waitstatus_to_exitcode(status)}) + "\n")
+            replies.flush()
+    for pid in children:
+        os.waitpid(pid, 0)
 """)
 
 
+class ServedProcess:
+    """A command running in a fork of the server, with what the tests use of subprocess.Popen: pid,
+    poll(), wait(), send_signal(), kill(), communicate() and stdout / stderr to read (files, as text)."""
+
+    def __init__(self, server: "ProgramServer", argv: list[str], pid: int, streams: dict):
+        self.args, self.pid, self._server = argv, pid, server
+        self.stdout, self.stderr = (open(streams[k], encoding="utf-8", errors="replace") for k in ("stdout", "stderr"))
+
+    @property
+    def returncode(self) -> int | None:
+        return self._server._ended.get(self.pid)
+
+    def poll(self) -> int | None:
+        return self.returncode
+
+    def wait(self, timeout: float | None = None) -> int:
+        if not self._server._wait_for(self.pid, timeout):
+            raise subprocess.TimeoutExpired(self.args, timeout)
+        return self.returncode
+
+    def send_signal(self, sig: int):
+        if self.returncode is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(self.pid, sig)
+
+    def terminate(self):
+        self.send_signal(signal.SIGTERM)
+
+    def kill(self):
+        self.send_signal(signal.SIGKILL)
+
+    def communicate(self, timeout: float | None = None) -> tuple[str, str]:
+        self.wait(timeout)
+        return self.stdout.read(), self.stderr.read()
+
+
 class ProgramServer:
-    """A running server (see the module's docstring); `run` is subprocess.run's capture_output=True,
-    text=True for `[sys.executable, "-m", module, *args]` or `[sys.executable, "-c", code, *args]`."""
+    """A running server (see the module's docstring). `start` is subprocess.Popen(argv, stdout=PIPE,
+    stderr=PIPE, text=True) and `run` subprocess.run(argv, capture_output=True, text=True) for
+    `[sys.executable, "-m", module, *args]` and `[sys.executable, "-c", code, *args]`; any other command, or
+    one whose environment a fork cannot give, runs as itself."""
 
     def __init__(self, env: dict, cwd: str, modules: tuple[str, ...], log_path: str):
         self.env = dict(env)
         self._log = open(log_path, "a")
+        self._streams = tempfile.mkdtemp(prefix="bertjax-program-streams-")
         self._proc = subprocess.Popen([sys.executable, "-c", SERVER, *modules], cwd=cwd, env=self.env,
                                       stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self._log, text=True)
-        self._lock = threading.Lock()
-        self._replies, self._pending = self._proc.stdout.fileno(), b""
+        self._lock, self._ended_changed = threading.Lock(), threading.Condition()
+        self._pids: "queue.Queue[int | None]" = queue.Queue()
+        self._ended: dict[int, int] = {}
+        self._count = 0
+        threading.Thread(target=self._read_replies, daemon=True).start()
 
-    def forkable(self, env: dict) -> bool:
-        """Whether a command with this environment may run in a fork of the server."""
+    def forkable(self, argv: list[str], env: dict) -> bool:
+        """Whether the command may run in a fork of the server."""
+        if argv[0] != sys.executable or len(argv) < 3 or argv[1] not in ("-m", "-c") or self._proc.poll() is not None:
+            return False
         names = set(env) | set(self.env)
         return all(env.get(n) == self.env.get(n) for n in names if n.startswith(IMPORT_TIME_PREFIXES))
 
-    def run(self, argv: list[str], *, env: dict, cwd, timeout: float | None) -> subprocess.CompletedProcess:
+    def start(self, argv: list, *, env: dict, cwd):
         argv = [str(a) for a in argv]
-        if argv[0] != sys.executable or argv[1] not in ("-m", "-c") or not self.forkable(env) or \
-                self._proc.poll() is not None:
-            return subprocess.run(argv, capture_output=True, text=True, cwd=cwd, env=env, timeout=timeout)
-        with self._lock, tempfile.TemporaryDirectory() as streams:
+        if not self.forkable(argv, env):
+            return subprocess.Popen(argv, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        with self._lock:
+            self._count += 1
+            streams = {k: os.path.join(self._streams, f"{self._count}.{k}") for k in ("stdout", "stderr")}
+            for path in streams.values():  # there to read before the child opens them
+                open(path, "w").close()
             job = dict(module=argv[2] if argv[1] == "-m" else None, code=argv[2] if argv[1] == "-c" else None,
-                       args=argv[3:], env=env, cwd=str(cwd), stdout=os.path.join(streams, "out"),
-                       stderr=os.path.join(streams, "err"))
+                       args=argv[3:], env=env, cwd=str(cwd), **streams)
             self._proc.stdin.write(json.dumps(job) + "\n")
             self._proc.stdin.flush()
-            pid = self._reply(None)["pid"]
-            reply = self._reply(timeout)
-            if reply is None:  # past the timeout: stopped as subprocess.run stops it
-                with contextlib.suppress(ProcessLookupError):
-                    os.kill(pid, signal.SIGKILL)
-                self._reply(None)
-            out, err = (open(job[k], encoding="utf-8", errors="replace").read() for k in ("stdout", "stderr"))
-            if reply is None:
-                raise subprocess.TimeoutExpired(argv, timeout, output=out, stderr=err)
-            return subprocess.CompletedProcess(argv, reply["returncode"], out, err)
-
-    def _reply(self, timeout: float | None) -> dict | None:
-        """The server's next line, read from its pipe directly (a buffered reader would hide a line that
-        has arrived from select); None past the timeout."""
-        while b"\n" not in self._pending:
-            ready, _, _ = select.select([self._replies], [], [], timeout)
-            if not ready:
-                return None
-            chunk = os.read(self._replies, 4096)
-            if not chunk:
+            pid = self._pids.get()
+            if pid is None:
                 raise RuntimeError(f"the program server ended; its log: {self._log.name}")
-            self._pending += chunk
-        line, self._pending = self._pending.split(b"\n", 1)
-        return json.loads(line)
+        return ServedProcess(self, argv, pid, streams)
+
+    def run(self, argv: list, *, env: dict, cwd, timeout: float | None) -> subprocess.CompletedProcess:
+        proc = self.start(argv, env=env, cwd=cwd)
+        try:
+            out, err = proc.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:  # stopped as subprocess.run stops it
+            proc.kill()
+            out, err = proc.communicate()
+            raise subprocess.TimeoutExpired(proc.args, timeout, output=out, stderr=err) from None
+        return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
+
+    def _read_replies(self):
+        for line in self._proc.stdout:
+            reply = json.loads(line)
+            if "pid" in reply:
+                self._pids.put(reply["pid"])
+            else:
+                with self._ended_changed:
+                    self._ended[reply["ended"]] = reply["returncode"]
+                    self._ended_changed.notify_all()
+        self._pids.put(None)  # the server ended: no command waits for ever
+        with self._ended_changed:
+            self._closed = True
+            self._ended_changed.notify_all()
+
+    _closed = False
+
+    def _wait_for(self, pid: int, timeout: float | None) -> bool:
+        with self._ended_changed:
+            self._ended_changed.wait_for(lambda: pid in self._ended or self._closed, timeout)
+            if self._closed and pid not in self._ended:
+                raise RuntimeError(f"the program server ended; its log: {self._log.name}")
+            return pid in self._ended
 
     def close(self):
         if self._proc.poll() is None:
             self._proc.stdin.close()
             try:
-                self._proc.wait(timeout=30)
+                self._proc.wait(timeout=60)
             except subprocess.TimeoutExpired:
                 self._proc.kill()
         self._log.close()
+        shutil.rmtree(self._streams, ignore_errors=True)
         if self._proc.returncode == 0:  # what it printed matters only when it failed
             os.remove(self._log.name)

@@ -8,7 +8,6 @@ import json
 import pathlib
 import re
 import signal
-import subprocess
 import sys
 
 import flax.linen as nn
@@ -17,7 +16,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 import torch
-from conftest import REPO, config_flags, program_env, tiny_config, train_losses, wait_for
+from conftest import config_flags, start_command, tiny_config, train_losses, wait_for
 from sentence_transformers import SentenceTransformer
 from sentence_transformers.sentence_transformer import losses as st_losses
 from sentence_transformers.sentence_transformer.modules import Pooling, Transformer
@@ -532,9 +531,8 @@ def test_the_program_trains_scores_keeps_the_best_and_resumes_exactly(pretrained
     # The program sent SIGTERM once it has logged 3 steps: it saves that step's checkpoint, exits 0 as a
     # preempted run does, and the same run again ends with the uninterrupted run's metrics, bit for bit.
     preempted = tmp_path / "preempted"
-    proc = subprocess.Popen([sys.executable, "-m", "bertjax.finetune", "--config=configs/finetune/contrastive.py",
-                             f"--workdir={preempted}", *config_flags(run_settings(pretrained, files))], cwd=REPO,
-                            env=program_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = start_command([sys.executable, "-m", "bertjax.finetune", "--config=configs/finetune/contrastive.py",
+                          f"--workdir={preempted}", *config_flags(run_settings(pretrained, files))])
     wait_for(lambda: (preempted / "metrics.jsonl").exists() and len(train_losses(preempted)) >= 3, proc)
     proc.send_signal(signal.SIGTERM)
     out, err = proc.communicate(timeout=120)

@@ -4,7 +4,6 @@ program's resume after SIGKILL, and task distillation's hook in fine-tuning (alp
 
 import functools
 import signal
-import subprocess
 import sys
 
 import jax
@@ -201,7 +200,7 @@ def train_losses(workdir):
 
 @pytest.mark.slow
 def test_the_program_writes_a_pretraining_workdir_and_resumes_exactly_after_sigkill(teacher, tmp_path):
-    from conftest import REPO, wait_for
+    from conftest import REPO, start_command, wait_for
 
     settings = {**SMALL, "distill.teacher": teacher["workdir"], "train.num_steps": 12, "logging.eval_every": 12}
     uninterrupted = str(tmp_path / "uninterrupted")
@@ -212,7 +211,7 @@ def test_the_program_writes_a_pretraining_workdir_and_resumes_exactly_after_sigk
     killed = tmp_path / "killed"
     command = [sys.executable, "-m", "bertjax.distill", f"--config={REPO / 'configs/distill/tiny.py'}",
                f"--workdir={killed}"] + [f"--config.{key}={value}" for key, value in settings.items()]
-    proc = subprocess.Popen(command, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = start_command(command)
     wait_for(lambda: (killed / "checkpoints" / "2" / "params").is_dir(), proc)
     proc.send_signal(signal.SIGKILL)
     proc.wait(timeout=60)

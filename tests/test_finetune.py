@@ -8,13 +8,12 @@ import pathlib
 import re
 import shutil
 import signal
-import subprocess
 import sys
 
 import jax
 import numpy as np
 import pytest
-from conftest import REPO, config_flags, copy_of, finetune_config, program_env, run_command, tiny_config, wait_for
+from conftest import config_flags, copy_of, finetune_config, run_command, start_command, tiny_config, wait_for
 
 from bertjax.runs import finetuning
 from bertjax.tasks import steps
@@ -286,9 +285,8 @@ def test_sigterm_saves_exits_0_and_the_rerun_resumes_exactly(pretrained, tmp_pat
     run re-run, and the run never stopped, both in this process."""
     settings = preemption_settings(pretrained)
     workdir = tmp_path / "preempted"
-    proc = subprocess.Popen([sys.executable, "-m", "bertjax.finetune", "--config=configs/finetune/classification.py",
-                             f"--workdir={workdir}", *config_flags(settings)], cwd=REPO, env=program_env(),
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = start_command([sys.executable, "-m", "bertjax.finetune", "--config=configs/finetune/classification.py",
+                          f"--workdir={workdir}", *config_flags(settings)])
     wait_for(lambda: (workdir / "metrics.jsonl").exists() and len([r for r in read_lines(workdir) if "loss" in r]) >= 3,
              proc, timeout=300)
     proc.send_signal(signal.SIGTERM)

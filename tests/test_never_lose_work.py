@@ -13,7 +13,7 @@ import sys
 import time
 
 import pytest
-from conftest import REPO, config_flags, copy_of, program_env, run_command, tiny_config
+from conftest import config_flags, copy_of, run_command, start_command, tiny_config
 
 from bertjax.runs import pretraining
 from bertjax.training import checkpoint
@@ -35,8 +35,7 @@ def run_train(workdir, settings, timeout=240):
 
 
 def start_train(workdir, settings):
-    return subprocess.Popen(train_command(workdir, settings), cwd=REPO, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, env=program_env())
+    return start_command(train_command(workdir, settings))
 
 
 def pretrain(workdir, settings):

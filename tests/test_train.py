@@ -4,15 +4,14 @@ SIGTERM, a broken checkpoint, NaN, bad settings, init_from, bertjax.load, and th
 import json
 import runpy
 import signal
-import subprocess
 import sys
 
 import flax.linen as nn
 import jax
 import numpy as np
 import pytest
-from conftest import (REPO, TINY_RUN_SETTINGS, config_flags, copy_of, program_env, run_command, tiny_config, train_losses,
-                      wait_for)
+from conftest import (REPO, TINY_RUN_SETTINGS, config_flags, copy_of, run_command, start_command, tiny_config,
+                      train_losses, wait_for)
 
 from bertjax.runs import pretraining as pretraining_runs
 from bertjax.training import sharding
@@ -165,8 +164,7 @@ def test_a_run_logs_evaluates_and_checkpoints(small_run):
 
 def test_sigkill_then_rerun_reproduces_every_step(small_run, tmp_path, capsys):
     workdir = tmp_path / "killed"
-    proc = subprocess.Popen(train_command(workdir, small_run["settings"]), cwd=REPO, env=program_env(),
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = start_command(train_command(workdir, small_run["settings"]))
     # Kill it once the step-4 checkpoint is complete (Orbax renames a finished checkpoint into place): the
     # first one, so that the run cannot have finished its 12 steps by the time the signal lands.
     wait_for(lambda: (workdir / "checkpoints" / "4" / "params").is_dir(), proc)
@@ -186,8 +184,7 @@ def test_sigkill_then_rerun_reproduces_every_step(small_run, tmp_path, capsys):
 
 def test_sigterm_saves_and_exits_cleanly(small_run, tmp_path):
     workdir = tmp_path / "preempted"
-    proc = subprocess.Popen(train_command(workdir, small_run["settings"]), cwd=REPO, env=program_env(),
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = start_command(train_command(workdir, small_run["settings"]))
     wait_for(lambda: (workdir / "metrics.jsonl").exists() and len(train_losses(workdir)) >= 2, proc)
     proc.send_signal(signal.SIGTERM)
     out, err = proc.communicate(timeout=120)
