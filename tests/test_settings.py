@@ -1,10 +1,10 @@
 """Settings a run cannot use are refused early, in one line that says what to change."""
 
 import pathlib
-import subprocess
 import sys
 
 import pytest
+from conftest import run_command  # tests/ is on sys.path under pytest
 
 from bertjax.models import bert
 
@@ -38,8 +38,7 @@ def test_impossible_shapes_are_refused(seq, predictions, message):
     ("--config.train.zzz=3", "unknown config key 'zzz' in --config.train.zzz=3: check the spelling"),
 ])
 def test_unknown_config_key_is_one_readable_line(override, expected):
-    result = subprocess.run([sys.executable, "-m", "bertjax.summary", "--config=configs/tiny.py", override],
-                            cwd=REPO, capture_output=True, text=True, timeout=120)
+    result = run_command([sys.executable, "-m", "bertjax.summary", "--config=configs/tiny.py", override], timeout=120)
     assert result.returncode == 2
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and expected in lines[0], result.stderr

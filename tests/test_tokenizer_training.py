@@ -5,7 +5,6 @@ import gzip
 import os
 import random
 import re
-import subprocess
 import sys
 from pathlib import Path
 
@@ -16,6 +15,7 @@ import tensorflow as tf
 
 from bertjax.text import vocab_learning as vocab
 from bertjax.text.tokenizers import SPECIAL_TOKENS, SentencePieceTokenizer, WordPieceTokenizer, load_tokenizer, load_vocab
+from conftest import start_command  # tests/ is on sys.path under pytest
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -293,11 +293,8 @@ def cli_runs(corpus_dir, tmp_path_factory):
         "bad_utf8": ["train", f"--input={corpus_dir}/bad.txt", "--vocab_size=300", f"--out={out}/y.txt"],
     }
     env = dict(os.environ, PYTHONPATH=str(REPO))
-    procs = {
-        name: subprocess.Popen([sys.executable, "-m", "bertjax.vocab", *args], env=env, cwd=out,
-                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-        for name, args in commands.items()
-    }
+    procs = {name: start_command([sys.executable, "-m", "bertjax.vocab", *args], env=env, cwd=out)
+             for name, args in commands.items()}
     runs = {}
     for name, proc in procs.items():
         stdout, stderr = proc.communicate(timeout=120)

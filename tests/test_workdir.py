@@ -10,12 +10,11 @@ import os
 import pathlib
 import shutil
 import socket
-import subprocess
 import sys
 
 import numpy as np
 import pytest
-from conftest import FAST_COMPILE_FLAGS, tiny_config  # what this process compiles with: its programs too
+from conftest import FAST_COMPILE_FLAGS, run_command, tiny_config  # what this process compiles with: its programs too
 
 from bertjax.text import files
 from bertjax.training import workdir as workdirs
@@ -241,10 +240,9 @@ def _walk(directory):
 
 
 def test_a_workdir_it_cannot_write_is_one_line(tmp_path):
-    result = subprocess.run(
+    result = run_command(
         [sys.executable, "-m", "bertjax.train", f"--config={REPO / 'configs' / 'tiny.py'}", "--workdir=foo://b/run",
-         "--config.data.source=synthetic"],
-        capture_output=True, text=True, cwd=tmp_path, timeout=300,
+         "--config.data.source=synthetic"], cwd=tmp_path,
         env={**os.environ, "PYTHONPATH": str(REPO), "XLA_FLAGS": FAST_COMPILE_FLAGS, "JAX_PLATFORMS": "cpu"})
     assert result.returncode == 2, result.stderr[-2000:]
     assert "Traceback" not in result.stderr
