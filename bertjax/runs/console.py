@@ -1,6 +1,6 @@
 """The console of a run and of the programs that start one: lines for the person running it (`say`),
 flag parsing that turns a bad flag or an unknown --config.key into one line that says what to change,
-and the one mapping of how a run ends to how its program exits (`finish`).
+and the one mapping of how a run ends to how its program exits (`finish`, then `exit_without_teardown`).
 
 How a run ends, whatever its kind:
   - it returns: done, exit 0;
@@ -11,11 +11,13 @@ How a run ends, whatever its kind:
   - KeyboardInterrupt outside the steps (which alone turn Ctrl-C into a save): exit 130.
 """
 
+import atexit
 import logging as pylogging
 import os
 import sys
+import threading
 from types import SimpleNamespace
-from typing import Any, Callable
+from typing import Any, Callable, NoReturn
 
 import jax
 from absl import app, flags, logging
@@ -150,5 +152,31 @@ def run_program(main: Callable[[list[str], SimpleNamespace], None], define_flags
     """app.run(main) for a program whose flags are defined only now (importing a program defines none)
     and handed to main as values: main(argv, args), args.<flag> for each flag define_flags returned."""
     holders = define_flags()
-    app.run(lambda argv: main(argv, SimpleNamespace(**{name: h.value for name, h in holders.items()})),
-            argv=with_installed_configs(sys.argv if argv is None else argv), flags_parser=parse_flags)
+    try:
+        app.run(lambda argv: main(argv, SimpleNamespace(**{name: h.value for name, h in holders.items()})),
+                argv=with_installed_configs(sys.argv if argv is None else argv), flags_parser=parse_flags)
+    except SystemExit as stop:
+        code = stop.code
+    else:
+        code = 0
+    exit_without_teardown(code)
+
+
+def exit_without_teardown(code) -> NoReturn:
+    """The interpreter's exit, as sys.exit(code) ends a program (other threads joined, at-exit functions
+    run, streams flushed), without the teardown of every module after it: with TensorFlow and JAX loaded
+    that takes seconds, and a program has nothing left to do in it (its files are closed, its checkpoints
+    finished)."""
+    if code is not None and not isinstance(code, int):
+        print(code, file=sys.stderr)
+        code = 1
+    for thread in threading.enumerate():
+        if thread is not threading.main_thread() and not thread.daemon:
+            thread.join()
+    atexit._run_exitfuncs()
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):  # a closed or broken pipe: nothing more can be said
+            pass
+    os._exit(code or 0)
