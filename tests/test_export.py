@@ -29,7 +29,7 @@ TEXTS = ["The function returns a list of the lines in the file.", "Naïve café 
 MASKED = ["The function [MASK] a list.", "If the key is not found, a [MASK] is raised."]
 
 HF_SCRIPT = r"""
-import json, logging, sys
+import json, logging, os, sys
 import numpy as np, torch, transformers
 warnings = {}
 stage = "tokenizer"
@@ -72,12 +72,15 @@ for path, out, kind in zip(sys.argv[3::3], sys.argv[4::3], sys.argv[5::3]):
             result["logits"] = model(**batch).logits.numpy()
             result["id2label"] = np.array([model.config.id2label[i] for i in range(model.config.num_labels)])
     np.savez(out, **result)
-    json.dump(warnings, open(out + ".warnings.json", "w"))
+    with open(out + ".warnings.json", "w") as f:
+        json.dump(warnings, f)
+sys.stdout.flush()
+os._exit(0)  # done: the interpreter's teardown of TensorFlow's modules takes seconds and writes nothing
 """
 
 
 TF_SCRIPT = r"""
-import json, sys
+import json, os, sys
 import numpy as np, tensorflow as tf
 import tensorflow_text  # the tokenizer's ops
 tf.config.set_visible_devices([], "GPU")
@@ -94,6 +97,8 @@ for job in json.loads(open(sys.argv[1], encoding="utf-8").read()):
     np.savez(job["out"], **result)
 result = sorted(m for m in ("flax", "bertjax") if m in sys.modules)
 assert not result, result  # TensorFlow alone served them (TensorFlow imports jax itself, through Keras)
+sys.stdout.flush()
+os._exit(0)  # done: the interpreter's teardown of TensorFlow's modules takes seconds and writes nothing
 """
 
 LONG = " ".join(["A long sentence that the graph must cut at the fixed length."] * 12)
