@@ -10,12 +10,14 @@ import sys
 import pytest
 from conftest import REPO, program_env, run_command, start_command
 
-# What a command sees of its process: arguments, directory, environment, temporary directory, JAX's options.
+# What a command sees of its process: arguments, directory, environment, temporary directory, JAX's options
+# and devices (XLA reads its flags when JAX starts its backend, which the server never does).
 PROBE = """
 import json, os, sys, tempfile
 import jax
 print(json.dumps(dict(argv=sys.argv, cwd=os.getcwd(), path0=sys.path[0], marker=os.environ.get("PROBE_MARKER"),
-                      tmp=tempfile.gettempdir(), cache=jax.config.jax_compilation_cache_dir, pid=os.getpid())))
+                      tmp=tempfile.gettempdir(), cache=jax.config.jax_compilation_cache_dir, devices=jax.device_count(),
+                      pid=os.getpid())))
 print("to stderr", file=sys.stderr)
 sys.exit(int(sys.argv[1]))
 """
@@ -27,14 +29,15 @@ def fresh(argv, env, cwd):
 
 def test_a_forked_command_sees_what_a_fresh_one_sees(tmp_path):
     (tmp_path / "tmp").mkdir()
-    env = program_env(PROBE_MARKER="yes", TMPDIR=str(tmp_path / "tmp"), JAX_COMPILATION_CACHE_DIR=str(tmp_path / "c"))
+    env = program_env(PROBE_MARKER="yes", TMPDIR=str(tmp_path / "tmp"), JAX_COMPILATION_CACHE_DIR=str(tmp_path / "c"),
+                      XLA_FLAGS="--xla_force_host_platform_device_count=3")
     argv = [sys.executable, "-c", PROBE, "3"]
     forked, alone = run_command(argv, env=env, cwd=tmp_path), fresh(argv, env, tmp_path)
     assert (forked.returncode, forked.stderr) == (alone.returncode, alone.stderr) == (3, "to stderr\n")
     seen, expected = json.loads(forked.stdout), json.loads(alone.stdout)
     assert seen.pop("pid") != os.getpid() and expected.pop("pid")
     assert seen == expected and seen["marker"] == "yes" and seen["tmp"] == str(tmp_path / "tmp")
-    assert seen["cache"] == str(tmp_path / "c")
+    assert seen["cache"] == str(tmp_path / "c") and seen["devices"] == 3
 
 
 def test_a_module_runs_as_main_with_its_own_arguments(tmp_path):
