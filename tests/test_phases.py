@@ -200,7 +200,8 @@ def test_copied_positions_keep_the_offset_rows():
 
 
 def test_config_changes_name_each_key_from_the_parent_s_json():
-    parent = {"data": {"max_seq_length": 1024, "mixture": []}, "model": {"global_rotary_theta": 10000.0},
+    parent = {"data": {"max_seq_length": 1024, "mixture": [], "vocab_path": "runs/a/vocab.txt"},
+              "model": {"global_rotary_theta": 10000.0},
               "optimizer": {"learning_rate": 8e-4}, "train": {"init_from": None}}
     config = recipe_config("configs/modernbert_base.py", "extend", {"train.init_from": "runs/a"})
     assert pretraining.config_changes(parent, config) == [

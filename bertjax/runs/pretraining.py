@@ -290,14 +290,16 @@ def flat_values(config: dict, prefix: str = "") -> dict:
 
 def config_changes(parent: dict, config) -> list[str]:
     """"data.max_seq_length 1024 -> 8192" for each key whose value differs from the parent run's (keys the
-    parent's version did not have, and train.init_from itself, left out)."""
+    parent's version did not have, train.init_from itself, and data.vocab_path left unset, which then reads
+    the parent's vocabulary: with_model_vocabulary, left out)."""
     def shown(value):
         return f"{value:g}" if isinstance(value, float) else "''" if value == "" else str(value)
 
     before = flat_values(parent)
     now = flat_values(json.loads(json.dumps(config.to_dict(), default=str)))  # as the parent's came back from JSON
     return [f"{key} {shown(before[key])} -> {shown(value)}" for key, value in sorted(now.items())
-            if key in before and key != "train.init_from" and before[key] != value]
+            if key in before and key != "train.init_from" and before[key] != value
+            and not (key == "data.vocab_path" and value is None)]
 
 
 def phase_line(path: str, config) -> str | None:
