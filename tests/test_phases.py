@@ -2,6 +2,7 @@
 RoPE thetas, rate, schedule and batch; the line that names every change; the optimizer state carried with
 its schedule restarted; learned position tables that cannot carry over; ModernBERT's three recipes."""
 
+import dataclasses
 import runpy
 
 import jax
@@ -12,6 +13,7 @@ from conftest import REPO, copy_of, shared_directory, small_run_settings, write_
 
 from bertjax.runs import config_checks, pretraining, start
 from bertjax.training import checkpoint, pretraining_step
+from bertjax.training.checkpoint_meta import CheckpointMeta
 from bertjax.training.state import root_keys
 
 
@@ -155,38 +157,56 @@ def test_a_phase_says_its_changes_and_starts_from_the_parent_s_moments(modernber
     assert moments and any(np.abs(np.asarray(m)).max() > 0 for m in moments)
 
 
-def learned_positions_config(small_run, **changes):
-    """small_run's BERT (a learned table of 512 rows) continued with a table of 1,024."""
+TINY_BERT = {"data.source": "synthetic", "data.max_seq_length": 32, "data.max_predictions_per_seq": 5,
+             "model.num_layers": 1, "model.hidden_size": 32, "model.num_heads": 2, "model.intermediate_size": 64,
+             "model.vocab_size": 128, "model.max_position_embeddings": 64, "train.batch_size": 8, "train.num_steps": 2}
+
+
+def tiny_bert_config(**changes):
     config = runpy.run_path(str(REPO / "configs/tiny.py"))["get_config"]()
-    settings = {**small_run["settings"], "train.init_from": str(small_run["workdir"]),
-                "model.max_position_embeddings": 1024, **changes}
-    for key, value in settings.items():
+    for key, value in {**TINY_BERT, **changes}.items():
         section, name = key.split(".")
         config[section][name] = value
     return config
 
 
-def test_learned_positions_shorter_than_the_new_table_are_refused_in_one_line(small_run, tmp_path):
+@pytest.fixture(scope="module")
+def bert_parent(tmp_path_factory):
+    """A checkpoint of a one-layer BERT (a learned table of 64 rows, adamw) as a run writes it, untrained."""
+    workdir = tmp_path_factory.mktemp("bert-parent")
+    config = tiny_bert_config()
+    state, setup = starting_state(config, workdir)
+    meta = CheckpointMeta(1, dataclasses.asdict(setup.bert_config), config.optimizer.to_dict(), config=config.to_dict())
+    checkpointer = pretraining.make_checkpointer(config, str(workdir), setup.abstract_state)
+    checkpointer.save(1, state.params, state.opt_state, meta, force=True)
+    checkpointer.wait()
+    checkpointer.close()
+    return workdir, state
+
+
+def test_learned_positions_shorter_than_the_new_table_are_refused_in_one_line(bert_parent, tmp_path):
+    parent, _ = bert_parent
+    longer = {"train.init_from": str(parent), "model.max_position_embeddings": 128}
     with pytest.raises(ValueError) as error:
-        starting_state(learned_positions_config(small_run), tmp_path / "refused")
+        starting_state(tiny_bert_config(**longer), tmp_path / "refused")
     message = str(error.value)
-    assert "learned position table of 512 rows" in message and "train.extend_positions=copy" in message
-    assert "\n" not in message
-    config = learned_positions_config(small_run, **{"model.max_position_embeddings": 512, "optimizer.name": "lamb",
-                                                    "train.init_from_optimizer": True})
+    assert "learned position table of 64 rows, the config model.max_position_embeddings=128" in message
+    assert "train.extend_positions=copy" in message and "\n" not in message
+    other = tiny_bert_config(**{"train.init_from": str(parent), "optimizer.name": "lamb",
+                                "train.init_from_optimizer": True})
     with pytest.raises(ValueError) as error:
-        starting_state(config, tmp_path / "other-optimizer")
+        starting_state(other, tmp_path / "other-optimizer")
     assert "optimizer.name='adamw', whose state is not 'lamb''s" in str(error.value)
 
 
-@pytest.mark.slow
-def test_extend_positions_copy_tiles_the_learned_table(small_run, tmp_path):
-    state, _ = starting_state(learned_positions_config(small_run, **{"train.extend_positions": "copy"}),
-                              tmp_path / "copied")
-    saved, _ = checkpoint.restore_params(str(small_run["workdir"]))
-    old = np.asarray(saved["bert"]["embeddings"]["position_embeddings"]["embedding"])
+def test_extend_positions_copy_tiles_the_learned_table(bert_parent, tmp_path):
+    parent, saved = bert_parent
+    config = tiny_bert_config(**{"train.init_from": str(parent), "model.max_position_embeddings": 128,
+                                 "train.extend_positions": "copy"})
+    state, _ = starting_state(config, tmp_path / "copied")
+    old = np.asarray(saved.params["bert"]["embeddings"]["position_embeddings"]["embedding"])
     new = np.asarray(state.params["bert"]["embeddings"]["position_embeddings"]["embedding"])
-    assert new.shape == (1024, old.shape[1])
+    assert new.shape == (128, old.shape[1])
     np.testing.assert_array_equal(new, np.concatenate([old, old]))
 
 
