@@ -172,6 +172,17 @@ def base_config() -> ml_collections.ConfigDict:
             num_steps=1_000_000,
             seed=0,
             init_from=config_dict.placeholder(str),  # bertjax checkpoint or Hugging Face directory
+            # A new phase of a run (docs/design.md, "Phases"): init_from's parameters, and with
+            # init_from_optimizer=True its optimizer state too (Adam moments and their count; the same kind
+            # of optimizer), the step and the learning-rate schedule restarting at 0. The sequence length,
+            # RoPE thetas, rate, schedule and batch may all change; the start says every change in one line.
+            init_from_optimizer=False,
+            # A learned position table of another length than init_from's: none (an error) | copy (its
+            # rows tiled over the new table, as RoBERTa's were for Longformer). Rotary models have no table.
+            extend_positions="none",
+            # The recipe this one continues (e.g. "configs/modernbert_base.py:pretrain"): its run's workdir
+            # must then be given as train.init_from. "": none.
+            continues="",
             # Dropout bits: threefry (the same masks on every mesh) | rbg (the hardware generator).
             dropout_rng="threefry",
             prefetch_batches=2,  # batches made and put on the devices ahead of the step

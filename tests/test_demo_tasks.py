@@ -6,6 +6,7 @@ program's output and its one-line error."""
 import collections
 import json
 import pathlib
+import re
 import sys
 
 import numpy as np
@@ -102,3 +103,28 @@ def test_retrieval_pairs_are_inverse_cloze_and_the_test_set_reads_as_beir(tmp_pa
     assert beir.queries == [p["query"] for p in examples["test"]]
     assert beir.passages == [p["positive"] for p in examples["test"]]
     assert all(beir.qrels[q] == {c: 1} for q, c in zip(beir.query_ids, beir.corpus_ids))
+
+
+def test_recall_states_the_fact_first_and_asks_for_it_after_the_filler(tmp_path):
+    """recall: four facts open each document, one for each name and colour; `length` words of filler
+    naming none of them; the question last; the label the asked box's colour; dev filler held out."""
+    examples = demo_tasks.recall_examples(seed=0, length=300, sizes={"train": 20, "dev": 8})
+    assert (len(examples["train"]), len(examples["dev"])) == (20, 8)
+    marked = {w.lower() for w in demo_tasks.RECALL_NAMES + demo_tasks.RECALL_COLOURS}
+    for row in examples["train"] + examples["dev"]:
+        *stated, rest = row["text"].split(". ", 4)
+        facts = dict(s.removeprefix("The box of ").split(" is ") for s in stated)
+        assert sorted(facts) == sorted(demo_tasks.RECALL_NAMES)
+        assert sorted(facts.values()) == sorted(demo_tasks.RECALL_COLOURS)
+        filler, question = rest[:rest.rindex("What colour")], rest[rest.rindex("What colour"):]
+        asked = question.removeprefix("What colour is the box of ").rstrip("?")
+        assert question.startswith("What colour is the box of ") and row["label"] == facts[asked]
+        assert len(filler.split()) >= 300 and not marked & set(re.findall(r"[a-z]+", filler.lower()))
+    assert len({row["label"] for row in examples["train"]}) > 1
+
+    out = run_command([sys.executable, "-m", "bertjax.tasks.demo_tasks", "--task=recall", "--length=50",
+                       f"--out={tmp_path}"])
+    assert out.returncode == 0, out.stderr
+    assert "labels: ('red', 'green', 'blue', 'yellow')" in out.stdout
+    task = registry.get_task("classification", labels=demo_tasks.LABELS["recall"])
+    assert len(readers.read_jsonl(str(tmp_path / "dev.jsonl"), task)) == demo_tasks.RECALL_SIZES["dev"]

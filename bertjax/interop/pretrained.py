@@ -130,6 +130,21 @@ def load(path: str, *, what: str = "init_from", model_overrides: dict | None = N
     raise FileNotFoundError(f"{what}={path} is none of {_KINDS_READ}")
 
 
+def model_config(path: str, what: str = "init_from") -> BertConfig:
+    """Only the network's config of the model at `path` (no weights read): what a run checks against its
+    own before loading them."""
+    kind = kind_of(path)
+    if kind == BERTJAX:
+        return BertConfig.from_dict(checkpoint.read_meta(model_checkpoint(path)).model)
+    if kind == PARAMS_EXPORT:
+        return BertConfig.from_dict(_export_meta(path, what).model)
+    if kind == SENTENCE_TRANSFORMERS:
+        path = sentence_transformers.read(path).transformer
+    if kind in (HUGGING_FACE, SENTENCE_TRANSFORMERS):
+        return hf.config_from_hf(json.loads((epath.Path(path) / "config.json").read_text()))
+    raise FileNotFoundError(f"{what}={path} is none of {_KINDS_READ}")
+
+
 def tokenizer_files(path: str, what: str = "init_from") -> TokenizerFiles | None:
     """Only the tokenizer of the model at `path` (no weights read), the one `load` gives; None for a run
     on synthetic data."""

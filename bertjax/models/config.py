@@ -328,6 +328,9 @@ ARCHITECTURE_FIELDS = field_names("architecture")
 RESUME_FIELDS = field_names("architecture", "layout")
 # The options that choose a family's network (RoBERTa, ALBERT, ModernBERT); BERT has their defaults.
 FAMILY_OPTIONS = field_names(family=True)
+# The architecture fields a new phase of a run may change from its parent's (train.init_from): no
+# parameter's shape depends on them, except a learned position table's length (train.extend_positions).
+PHASE_FIELDS = ("max_position_embeddings", "rotary_theta", "global_rotary_theta")
 
 
 def scanned_layout(cfg: BertConfig) -> tuple[int, int]:

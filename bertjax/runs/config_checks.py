@@ -29,6 +29,7 @@ def check_pretraining(config, *, steps_may_be_zero: bool = False) -> tuple[ml_co
     check_train(config.train, steps_may_be_zero=steps_may_be_zero)
     check_batch_warmup(config.train, data.mask_rate_schedule)
     check_path(config.train.init_from, "train.init_from")
+    check_phase(config.train)
     config, notes = fitted_warmup(config)
     if config.train.num_steps:
         optim.optimizer_from_config(config.optimizer, config.schedule, config.train.num_steps)
@@ -112,6 +113,23 @@ def check_batch_warmup(train, mask_rate_schedule=()) -> None:
     if mask_rate_schedule:
         raise ValueError("data.mask_rate_schedule changes the rate by step, which a batch-size warmup does not map to "
                          "examples yet: set train.batch_warmup_start=0, or data.mask_rate_schedule=()")
+
+
+EXTEND_POSITIONS = ("none", "copy")
+
+
+def check_phase(train) -> None:
+    """A new phase of a run (train.init_from_optimizer, extend_positions, continues): the keys' values,
+    and the parent run that a continuing recipe needs."""
+    extend = train.get("extend_positions", "none")
+    if extend not in EXTEND_POSITIONS:
+        raise ValueError(f"train.extend_positions={extend!r}: choose one of {EXTEND_POSITIONS}")
+    if train.get("continues") and not train.init_from:
+        raise ValueError(f"this recipe continues a run of {train.continues}: set --config.train.init_from=<that "
+                         "run's workdir>")
+    if train.get("init_from_optimizer") and not train.init_from:
+        raise ValueError("train.init_from_optimizer=True carries the optimizer state of train.init_from's run: set "
+                         "train.init_from to its workdir, or train.init_from_optimizer=False")
 
 
 def check_model_overrides(model) -> None:

@@ -2,6 +2,7 @@
 compression end to end without a download:
 
     python -m bertjax.tasks.demo_tasks --task=word_order --out=/tmp/word_order
+    python -m bertjax.tasks.demo_tasks --task=recall --length=4000 --out=/tmp/recall
     python -m bertjax.finetune --config=configs/finetune/classification.py --config.train.init_from=RUN \\
         --config.data.train=/tmp/word_order/train.jsonl --config.data.validation=/tmp/word_order/dev.jsonl \\
         --config.data.labels="('shuffled', 'original')"
@@ -27,7 +28,15 @@ compression end to end without a download:
   BEIR's layout: OUT/demo-test/ (corpus.jsonl: every such passage; queries.jsonl; qrels/test.tsv), a set that
   neither pretraining nor the contrastive training nor its choice of checkpoint has seen.
 
-word_order and keyword are JSON lines of the generic classification task ({"text", "label"};
+- recall: a long-context check. Each document opens with four facts, "The box of Anna is red.", one
+  colour for each of four names, then runs on for `length` words of demo sentences, and ends with the
+  question "What colour is the box of Clara?": the label is that box's colour. The facts sit within
+  the first tokens and the question thousands of tokens after them; neither alone tells the answer
+  (every colour is stated, for a name chosen at random), so a model that reads only the first 1,024
+  tokens, or only the last, is at chance (a quarter). Filler sentences naming a name or a colour are
+  left out; dev documents are made from the documents pretraining holds out.
+
+word_order, keyword and recall are JSON lines of the generic classification task ({"text", "label"};
 bertjax/tasks/readers.py).
 """
 
@@ -42,8 +51,12 @@ from bertjax.data import demo
 from bertjax.data.splits import is_eval_document
 from bertjax.runs import console
 
-TASKS = ("word_order", "keyword", "retrieval")
-LABELS = {"word_order": ("shuffled", "original"), "keyword": ("no", "yes")}
+TASKS = ("word_order", "keyword", "retrieval", "recall")
+RECALL_NAMES = ("Anna", "Boris", "Clara", "Dmitri")
+RECALL_COLOURS = ("red", "green", "blue", "yellow")
+LABELS = {"word_order": ("shuffled", "original"), "keyword": ("no", "yes"), "recall": RECALL_COLOURS}
+RECALL_LENGTH = 4000  # words of filler between the facts and the question
+RECALL_SIZES = {"train": 1000, "dev": 200}
 KEYWORD = "return"
 _PLAIN_WORD = re.compile(r"[a-z]+")
 # A sentence with fewer movable words than this has too few orders to tell apart from its own.
@@ -169,8 +182,43 @@ def write_beir(pairs: list[dict], out: str) -> str:
     return out
 
 
-def task_examples(task: str, seed: int = 0, dev_fraction: float = 0.25) -> dict[str, list[dict]]:
-    """{"train", "dev"} examples of a demo task; the keyword task's last dev_fraction is its dev set."""
+def recall_document(filler: list[str], rng: np.random.Generator, length: int) -> dict:
+    """One recall example (see above): {"text", "label"}, its filler drawn from `filler` sentences from a
+    random start on, in order, until `length` words."""
+    colours = rng.permutation(len(RECALL_COLOURS))
+    facts = [f"The box of {name} is {RECALL_COLOURS[c]}." for name, c in zip(RECALL_NAMES, colours)]
+    asked = int(rng.integers(len(RECALL_NAMES)))
+    words, body, at = 0, [], int(rng.integers(len(filler)))
+    while words < length:
+        body.append(filler[at % len(filler)])
+        words += len(body[-1].split())
+        at += 1
+    question = f"What colour is the box of {RECALL_NAMES[asked]}?"
+    return {"text": " ".join([*rng.permutation(facts), *body, question]), "label": RECALL_COLOURS[colours[asked]]}
+
+
+def recall_examples(seed: int = 0, length: int = RECALL_LENGTH, eval_fraction: float = 0.05,
+                    sizes: dict | None = None) -> dict[str, list[dict]]:
+    """{"train": [...], "dev": [...]} examples {"text", "label"} of the recall task (see above), about
+    `length` words of filler each."""
+    if length < 1:
+        raise ValueError(f"--length={length} must be a positive number of words")
+    marked = {w.lower() for w in RECALL_NAMES + RECALL_COLOURS}
+    documents = demo.demo_documents()
+    held_out = [is_eval_document(doc, eval_fraction) for doc in documents]
+    rng = np.random.default_rng(seed)
+    splits = {}
+    for split, keep in (("train", False), ("dev", True)):
+        filler = [" ".join(s.split()) for d, h in zip(documents, held_out) if h == keep for s in d
+                  if not marked & set(re.findall(r"[a-z]+", s.lower()))]
+        splits[split] = [recall_document(filler, rng, length) for _ in range((sizes or RECALL_SIZES)[split])]
+    return splits
+
+
+def task_examples(task: str, seed: int = 0, dev_fraction: float = 0.25,
+                  length: int = RECALL_LENGTH) -> dict[str, list[dict]]:
+    """{"train", "dev"} examples of a demo task; the keyword task's last dev_fraction is its dev set;
+    `length`: the recall task's words between its facts and its question."""
     if task == "word_order":
         return word_order_examples(seed)
     if task == "keyword":
@@ -179,15 +227,17 @@ def task_examples(task: str, seed: int = 0, dev_fraction: float = 0.25) -> dict[
         return {"train": rows[:cut], "dev": rows[cut:]}
     if task == "retrieval":
         return retrieval_examples(seed)
+    if task == "recall":
+        return recall_examples(seed, length)
     raise ValueError(f"unknown demo task {task!r}: choose one of {TASKS}")
 
 
-def write_task(task: str, out: str, seed: int = 0) -> dict[str, str]:
+def write_task(task: str, out: str, seed: int = 0, length: int = RECALL_LENGTH) -> dict[str, str]:
     """Writes OUT/train.jsonl and OUT/dev.jsonl (retrieval: and the test pairs as OUT/demo-test/); returns
     {split: path}."""
     os.makedirs(out, exist_ok=True)
     paths = {}
-    examples = task_examples(task, seed)
+    examples = task_examples(task, seed, length=length)
     test = examples.pop("test", None)
     for split, rows in examples.items():
         paths[split] = os.path.join(out, f"{split}.jsonl")
@@ -203,6 +253,8 @@ def define_flags() -> dict:
         task=flags.DEFINE_enum("task", None, list(TASKS), "Which demo task to write."),
         out=flags.DEFINE_string("out", None, "Directory for train.jsonl and dev.jsonl (retrieval: and demo-test/)."),
         seed=flags.DEFINE_integer("seed", 0, "Which sentences, and how their words are shuffled."),
+        length=flags.DEFINE_integer("length", RECALL_LENGTH, "recall: words of filler between the facts and the "
+                                    "question (more tokens than words)."),
     )
     flags.mark_flags_as_required(["task", "out"])
     return defined
@@ -212,7 +264,7 @@ def main(argv, args):
     if len(argv) > 1:
         console.fail(f"unexpected arguments: {argv[1:]}")
     try:
-        paths = write_task(args.task, args.out, args.seed)
+        paths = write_task(args.task, args.out, args.seed, args.length)
     except (OSError, ValueError) as e:
         console.fail(str(e))
     for split, path in paths.items():

@@ -1,12 +1,14 @@
 """Orbax checkpoints of a run: parameters, optimizer state, and what the data stream needs to resume.
 
 Layout: WORKDIR/checkpoints/<step>/{params, opt_state, meta}. `params` alone is what `init_from` and
-`bertjax.load` read; `meta` (JSON) holds the step, the model config and the data position.
+`bertjax.load` read (a new phase with train.init_from_optimizer reads `opt_state` too); `meta` (JSON)
+holds the step, the model config, the data position and the run's config.
 
 The one restore order (train.py follows it):
   1. this workdir's latest readable checkpoint (a run that was stopped or preempted resumes);
-  2. else config.train.init_from: parameters only, from a bertjax workdir/checkpoint or a Hugging
-     Face directory (phase 2 of a two-phase recipe, or continued pretraining);
+  2. else config.train.init_from: parameters (and with train.init_from_optimizer the optimizer state),
+     from a bertjax workdir/checkpoint or a Hugging Face directory (a new phase of a recipe, or
+     continued pretraining);
   3. else a fresh initialisation.
 """
 
@@ -338,6 +340,34 @@ def is_checkpoint(path: str) -> bool:
         return True
     except (FileNotFoundError, NotADirectoryError):
         return False
+
+
+def restore_opt_state(path: str, abstract_opt_state, what: str = "train.init_from") -> tuple[Any, int]:
+    """(optimizer state, step) of the newest checkpoint under `path`, restored straight into the layout of
+    abstract_opt_state (ShapeDtypeStructs with shardings): a new phase that carries its parent's moments.
+    A saved state of other arrays (another optimizer, clipping on in one and off in the other) is an error
+    naming the first differences; `what` names the setting in it."""
+    directory, step = find_checkpoint(path)
+    if not (epath.Path(directory) / str(step) / "opt_state").is_dir():
+        raise ValueError(f"{what}={path}: its checkpoint of step {step} holds no optimizer state (a fine-tuning "
+                         "run's best one?): give a pretraining workdir, or set train.init_from_optimizer=False")
+    manager = ocp.CheckpointManager(directory, item_handlers={"opt_state": ocp.StandardCheckpointHandler()},
+                                    options=ocp.CheckpointManagerOptions(read_only=True, create=False))
+    try:
+        saved = manager.item_metadata(step)["opt_state"]
+        have, want = leaf_shapes(getattr(saved, "tree", saved)), leaf_shapes(abstract_opt_state)
+        if have != want:
+            differ = ([f"{name} is {have[name]} there, {want[name]} here" for name in want if name in have
+                       and have[name] != want[name]] + [f"{name} is not there" for name in want if name not in have]
+                      + [f"it has {name}" for name in have if name not in want])
+            raise CheckpointMismatch(f"{what}={path}: its optimizer state is not this config's "
+                                     f"({'; '.join(differ[:3])}): give the optimizer section the parent's "
+                                     "optimizer.name and clip_norm, or set train.init_from_optimizer=False")
+        restored = manager.restore(step, args=ocp.args.Composite(
+            opt_state=ocp.args.StandardRestore(abstract_opt_state)))
+        return restored.opt_state, step
+    finally:
+        manager.close()
 
 
 def restore_params(path: str, abstract_params=None) -> tuple[Any, CheckpointMeta]:

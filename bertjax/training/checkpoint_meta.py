@@ -79,11 +79,14 @@ class CheckpointMeta:
     # ELECTRA pretraining: the generator's BertConfig fields and the discriminator's loss weight
     # ({"model": ..., "discriminator_weight": ...}); `model` above is then the discriminator's.
     electra: dict | None = None
+    # Pretraining: the run's whole config as it ran (config.to_dict()), which a new phase started from this
+    # checkpoint compares its own with (runs/pretraining.py's phase line).
+    config: dict | None = None
     extra: dict = dataclasses.field(default_factory=dict)  # keys of other versions, kept as they were
 
     def to_json(self) -> dict:
         out = {"step": int(self.step), "model": _plain(self.model)}
-        for name in ("optimizer", "schedule", "data", "best", "distill", "quantize", "electra"):
+        for name in ("optimizer", "schedule", "data", "best", "distill", "quantize", "electra", "config"):
             if getattr(self, name) is not None:
                 out[name] = _plain(getattr(self, name))
         if self.tokenizer is not None:
