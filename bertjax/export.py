@@ -4,6 +4,7 @@
     python -m bertjax.export --from=runs/tiny --step=400 --to=exports/tiny-serving --format=savedmodel
     python -m bertjax.export --from=runs/sst2 --to=exports/sst2-params --format=params
     python -m bertjax.export --from=runs/sst2 --to=exports/sst2-int8 --format=params --quantize=int8
+    python -m bertjax.export --from=runs/sst2 --to=exports/sst2-int4 --format=params --quantize=int4-g128
     python -m bertjax.export --from=runs/tiny --to=exports/tiny-st --format=sentence-transformers
 
 --from is a pretraining or fine-tuning workdir (its newest checkpoint; a fine-tuning workdir its best
@@ -28,7 +29,9 @@ dev checkpoint; --step=N one step of its checkpoints/) or a checkpoint directory
 output channel, every embedding table as int8 with a scale per row (bertjax/compression/quantize.py);
 params.npz then holds kernel/qvalue and kernel/scale in place of each kernel, embedding/qrows and
 embedding/row_scale in place of each table, and config.json says "quantize". bertjax.load reads it back
-as int8.
+as int8. --quantize=int4-gG or int8-gG (int4-g128, int4-g32, int8-g128): a scale per group of G input
+elements per output channel (Q-BERT's group-wise quantisation), int4 stored two values a byte as
+kernel/qpacked; the tables int8 per row as above.
 Every export also writes a README.md model card (bertjax/interop/model_card.py). The export is written
 to a temporary directory beside --to and renamed into place, so an interrupted export leaves nothing
 half-written; an existing non-empty --to is refused unless --overwrite.
@@ -55,7 +58,8 @@ def define_flags() -> dict:
                                    "head kept), or BertForMaskedLM's alone (fill-mask loads it with nothing unused); "
                                    "the other families' classes alike."),
         quantize=flags.DEFINE_string("quantize", None, "params, savedmodel: int8 (or int8-weights, int8-dynamic) "
-                                     "stores every dense layer's kernel as int8 with per-channel scales."),
+                                     "stores every dense layer's kernel as int8 with per-channel scales; int4-g128 "
+                                     "(int4-gG, int8-gG) as int4 or int8 with a scale per G inputs."),
     )
 
 

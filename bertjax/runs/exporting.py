@@ -13,6 +13,7 @@ from etils import epath
 from flax import traverse_util
 
 from bertjax import inference
+from bertjax.compression import quantize as quantization  # `quantize` is export's argument
 from bertjax.interop import (hf, hf_electra, hf_files, hf_tokenizer, model_card, pretrained, savedmodel,
                              sentence_transformers)
 from bertjax.tasks import embeddings, registry
@@ -149,7 +150,7 @@ def write_params(bert, directory: str, meta: CheckpointMeta) -> None:
     record = CheckpointMeta(meta.step, meta.model, tokenizer=meta.tokenizer, task=meta.task,
                             embedding=meta.embedding).to_json()
     config = {"task": None, **record, "tokenizer": dict(record.get("tokenizer") or {})}
-    if bert.quantize:  # int8 kernels (qvalue, scale) one per layer (unrolled), int8 tables (qrows, row_scale)
+    if bert.quantize:  # kernels (qvalue or qpacked, scale) one per layer (unrolled), int8 tables (qrows, row_scale)
         config["model"] = {**meta.model, "scan_layers": False}
         config["quantize"] = bert.quantize
     if bert.vocab_path:
@@ -208,7 +209,7 @@ def export(source: str, to: str, export_format: str, *, step: int | None = None,
                                      path_hint=os.path.join(to, hf_electra.DISCRIMINATOR_DIR) if meta.electra else to,
                                      hf_architecture=(written.get("architectures") or [None])[0])
         if bert.quantize:
-            card += (f"\nQuantised: every dense layer's kernel is int8 with a float32 scale per output channel "
+            card += (f"\nQuantised: every dense layer's kernel is {quantization.describe(bert.quantize)} "
                      f"({bert.quantize}, bertjax/compression/quantize.py); bertjax.load reads it as such.\n")
         with open(os.path.join(temporary, "README.md"), "w") as f:
             f.write(card)
