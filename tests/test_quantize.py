@@ -385,15 +385,3 @@ def test_a_misspelt_group_mode_is_one_line(classifier, tmp_path, mode):
                                  "none for float32)")
     assert not (tmp_path / "x").exists()
 
-
-@pytest.mark.slow
-def test_the_int4_savedmodel_serves_the_quantised_logits(classifier, grouped_models, tmp_path):
-    import tensorflow as tf
-
-    out = exporting.export(classifier["workdir"], str(tmp_path / "serving"), "savedmodel", quantize="int4-g32")
-    served = tf.saved_model.load(out)
-    assert any(v.dtype == tf.uint8 for v in tf.nest.flatten(served.params))  # the packed int4 kernels
-    texts = ["It returns the value of the key.", "The module reads the file."]
-    logits = served.signatures["predict"](texts=tf.constant(texts))["logits"].numpy()
-    model = grouped_models["int4-g32"]
-    np.testing.assert_allclose(logits, model.task_logits(classification_features(model, texts)), atol=1e-5)
