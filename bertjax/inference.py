@@ -355,6 +355,9 @@ def load(path: str | os.PathLike, dtype: str = "float32", quantize: str | None =
     if model.st_dense is not None:  # a sentence-transformers directory's Dense layer, as SentenceEmbedder names it
         params = {**params, "dense": model.st_dense}
     if mode is not None and not quantization.is_stored(params):
+        if mode == quantization.MIXED:
+            raise ValueError(f"bertjax.load: quantize='mixed' is a plan chosen per layer on a dev set: make it with "
+                             f"python -m bertjax.export --from={path} --quantize=mixed --size_budget=B --dev=FILE")
         config, params = _quantized(config, params, model.task, model.embedding, mode)
     return LoadedBert(config, params, _make_tokenizer(model.tokenizer), source=model.source,
                       missing=model.missing, task=model.task, vocab_path=model.tokenizer.vocab_path, quantize=mode,

@@ -2,7 +2,10 @@
 float network run with kernels quantised and dequantised by hand in numpy; both modes keep the logits
 and predictions of a classifier on real text; the int8 params export is >= 3.5x smaller in its dense
 kernels (>= 3.3x as a whole file, the embedding tables int8 too) and loads back to the same outputs; the
-int8 SavedModel serves the same logits; hf is refused in one line."""
+int8 SavedModel serves the same logits; hf is refused in one line. Group-wise int4 / int8: the stored
+weights are exactly a numpy rounding per group and the network runs them; int4-g32 keeps most
+predictions; the int4 export is packed, half of int8's values; a misspelt mode is one line; a mixed
+plan gives int8 to the layer whose int4 costs most (bertjax/runs/precision_plan.py)."""
 
 import collections
 import json
@@ -17,6 +20,7 @@ import numpy as np
 import pytest
 
 import bertjax
+from bertjax.compression import quantize
 from bertjax.runs import exporting
 from bertjax.interop import pretrained as pretrained_files
 from bertjax.models import bert as bert_model
@@ -385,3 +389,35 @@ def test_a_misspelt_group_mode_is_one_line(classifier, tmp_path, mode):
                                  "none for float32)")
     assert not (tmp_path / "x").exists()
 
+
+
+def test_a_mixed_plan_gives_int8_to_the_layer_whose_int4_costs_most(classifier, grouped_models, tmp_path):
+    from bertjax.runs import compression_report, precision_plan
+    from bertjax.tasks import kinds
+
+    float_model, low, high = classifier["float"], grouped_models["int4-g32"], grouped_models["int8-g32"]
+    dev = tmp_path / "dev.jsonl"
+    dev.write_text("".join(json.dumps({"text": t, "label": label}) + "\n" for t, label in keyword_sentences()[300:400]))
+    task = compression_report.task_of(float_model)[0]
+    split, examples = compression_report.read_dev(task, str(dev))
+    features = kinds.get(task.kind).featurize(task, examples, float_model.tokenizer, 48)
+    floats = quantize.weight_bytes(float_model.params, kernels_only=True)
+    one_layer = quantize.weight_bytes(quantize.mix(low.params, high.params, {"layers_0"}), kernels_only=True)
+    model, record = precision_plan.plan(float_model, low, high, (one_layer + 1) / floats, task, split, examples,
+                                        features)  # room for one layer at int8
+    measured = {name: (layer["score_drop"], layer["logit_change"]) for name, layer in record["layers"].items()}
+    sensitive = max(measured, key=measured.get)
+    assert {name: layer["mode"] for name, layer in record["layers"].items()} == {
+        name: "int8-g32" if name == sensitive else "int4-g32" for name in ("layers_0", "layers_1")}
+    encoder = model.params["bert"]["encoder"]
+    assert set(encoder[sensitive]["mlp"]["intermediate"]["kernel"]) == {"qvalue", "scale"}
+    assert all(set(encoder[name]["mlp"]["intermediate"]["kernel"]) == {"qpacked", "scale"}
+               for name in encoder if name != sensitive)
+    assert model.quantize == "mixed" and quantize.weight_bytes(model.params, kernels_only=True) <= one_layer + 1
+    np.testing.assert_allclose(record["kernel_ratio"], quantize.weight_bytes(model.params, kernels_only=True) / floats)
+    with pytest.raises(ValueError, match=r"--size_budget=0.1: the dense kernels take at least 0\.1[0-9]* of their "
+                                         r"float32 bytes \(every layer int4-g32\): give at least that"):
+        precision_plan.plan(float_model, low, high, 0.1, task, split, examples, features)
+    with pytest.raises(ValueError, match="quantize='mixed' is a plan chosen per layer on a dev set: make it with "
+                                         "python -m bertjax.export"):
+        bertjax.load(classifier["workdir"], quantize="mixed")

@@ -64,6 +64,9 @@ WEIGHTS, DYNAMIC = "int8-weights", "int8-dynamic"
 DEFAULT = DYNAMIC  # faster than weight-only on CPU, as accurate (docs/performance.md)
 MODES = ("int8", WEIGHTS, DYNAMIC)
 GROUPED = re.compile(r"int(4|8)-g([0-9]+)")  # int4-g128: int4 weights, a scale per 128 input elements
+# A precision chosen per encoder layer on a dev set (bertjax/runs/precision_plan.py): its params say which
+# (each kernel stored as int8 or packed int4), so it is read back, never made, by this name.
+MIXED = "mixed"
 
 # Module paths whose matmuls stay float: the attention's q k^T and probabilities x v (in the attention
 # module itself, not its query/key/value/output projections), the masked-LM decoder (the word
@@ -95,7 +98,7 @@ def resolve(mode: str | None) -> str | None:
     if mode is None:
         return None
     grouped = GROUPED.fullmatch(mode)
-    if mode not in MODES and not (grouped and int(grouped.group(2)) >= 2):
+    if mode not in (*MODES, MIXED) and not (grouped and int(grouped.group(2)) >= 2):
         raise ValueError(f"quantize={mode!r}: choose one of {', '.join(MODES)}, or int4-gG / int8-gG (a scale per G "
                          "input elements, G >= 2: int4-g128, int4-g32, int8-g128) (or none for float32)")
     return DEFAULT if mode == "int8" else mode
@@ -107,11 +110,15 @@ def scheme(mode: str) -> Scheme:
     grouped = GROUPED.fullmatch(mode)
     if grouped:
         return Scheme(int(grouped.group(1)), int(grouped.group(2)), False)
+    if mode == MIXED:  # its kernels carry their own bits and groups; the rules only need some weight type
+        return Scheme(8, 0, False)
     return Scheme(8, None, mode == DYNAMIC)
 
 
 def describe(mode: str) -> str:
     """A mode in words, for model cards."""
+    if resolve(mode) == MIXED:
+        return "int4 or int8 as a plan measured on the dev set chose per encoder layer, with float32 group scales"
     s = scheme(mode)
     per = f"per group of {s.group} input elements per output channel" if s.group else "per output channel"
     return f"int{s.bits} with a float32 scale {per}"
@@ -122,6 +129,15 @@ def same_weights(stored: str, wanted: str) -> bool:
     weights (only the inputs differ); a grouped mode's weights are its own."""
     a, b = scheme(stored), scheme(wanted)
     return (a.bits, a.group) == (b.bits, b.group)
+
+
+def mix(low: dict, high: dict, layers) -> dict:
+    """Stored params of one network quantised two ways -> the encoder layers named in `layers`
+    ("layers_3", ...) from `high`, the other layers from `low`, everything else (embeddings, pooler,
+    heads: small, and read by every token) from `high`."""
+    encoder = {name: (high if name in layers or not name.startswith("layers_") else low)["bert"]["encoder"][name]
+               for name in high["bert"]["encoder"]}
+    return {**high, "bert": {**high["bert"], "encoder": encoder}}
 
 
 def rules(mode: str) -> list:
@@ -277,6 +293,14 @@ def from_stored(stored: dict) -> dict:
                                    calibration_method="absmax")
         return ptq.WithAux(qarray.QArray(qvalue=qvalue, scale=scale, qtype=qtype), how)
     return {key: from_stored(value) for key, value in stored.items()}
+
+
+@jax.jit
+def dequantized(stored: dict) -> dict:
+    """The stored form -> float params: each kernel and table q x scale, what a weight-only network
+    multiplies by (the float network on these computes what it computes, to float32 rounding)."""
+    return jax.tree_util.tree_map(lambda leaf: qarray.dequantize(leaf.array) if isinstance(leaf, ptq.WithAux) else leaf,
+                                  from_stored(stored), is_leaf=lambda leaf: isinstance(leaf, ptq.WithAux))
 
 
 def is_stored(params: dict) -> bool:
