@@ -345,7 +345,7 @@ def load(path: str | os.PathLike, dtype: str = "float32", quantize: str | None =
     model = pretrained.load(path, what="bertjax.load", model_overrides=overrides, quantized=True)
     stored = model.meta.quantize if model.meta is not None else None
     if mode and stored and not quantization.same_weights(stored, mode):
-        raise ValueError(f"bertjax.load: {path} is an {stored} export, whose weights do not run as {mode}: load it "
+        raise ValueError(f"bertjax.load: {path} was exported as {stored}, whose weights do not run as {mode}: load it "
                          f"with quantize={stored!r} or without quantize")
     mode = mode or stored  # a quantised params export runs in the mode it was exported with
     if model.tokenizer is None:

@@ -374,7 +374,7 @@ def test_the_int4_export_is_packed_half_of_int8_and_loads_back_the_same(classifi
     assert loaded.quantize == "int4-g32"
     jax.tree_util.tree_map(np.testing.assert_array_equal, jax.device_get(loaded.params),
                            jax.device_get(grouped_models["int4-g32"].params))
-    with pytest.raises(ValueError, match=f"{int4} is an int4-g32 export, whose weights do not run as int8-dynamic: "
+    with pytest.raises(ValueError, match=f"{int4} was exported as int4-g32, whose weights do not run as int8-dynamic: "
                                          "load it with quantize='int4-g32' or without quantize"):
         bertjax.load(int4, quantize="int8")
 

@@ -168,12 +168,10 @@ def write_savedmodel(bert, directory: str, max_seq_length: int | None) -> None:
     savedmodel.export_savedmodel(bert, directory, max_seq_length=max_seq_length)
 
 
-def export(source: str, to: str, export_format: str, *, step: int | None = None, overwrite: bool = False,
-           max_seq_length: int | None = None, hf_class: str = "pretraining", quantize: str | None = None,
-           size_budget: float | None = None, dev: str | None = None) -> str:
-    """Writes the export; returns its directory (and says where it is, and how to load it). A temporary directory beside `to` is renamed into place
-    at the end, so nothing is half-written if anything fails. quantize="mixed": int4 or int8 per encoder
-    layer, chosen on the dev set `dev` within size_budget (bertjax/runs/precision_plan.py)."""
+def _check_request(source: str, to: str, export_format: str, quantize: str | None, size_budget: float | None,
+                   dev: str | None) -> bool:
+    """One line for each flag that cannot be; whether quantize is "mixed", which --size_budget and --dev
+    go with."""
     if export_format not in FORMATS:
         raise ValueError(f"--format={export_format}: choose one of {', '.join(FORMATS)}")
     if not source or not to:
@@ -189,15 +187,22 @@ def export(source: str, to: str, export_format: str, *, step: int | None = None,
     if not mixed and (size_budget is not None or dev):
         raise ValueError("--size_budget and --dev choose the layers' precisions of --quantize=mixed: add "
                          "--quantize=mixed, or leave them out")
+    return mixed
+
+
+def export(source: str, to: str, export_format: str, *, step: int | None = None, overwrite: bool = False,
+           max_seq_length: int | None = None, hf_class: str = "pretraining", quantize: str | None = None,
+           size_budget: float | None = None, dev: str | None = None) -> str:
+    """Writes the export; returns its directory (and says where it is, and how to load it). A temporary directory beside `to` is renamed into place
+    at the end, so nothing is half-written if anything fails. quantize="mixed": int4 or int8 per encoder
+    layer, chosen on the dev set `dev` within size_budget (bertjax/runs/precision_plan.py)."""
+    mixed = _check_request(source, to, export_format, quantize, size_budget, dev)
     to = os.path.abspath(to)
     if os.path.exists(to) and (not os.path.isdir(to) or os.listdir(to)) and not overwrite:
         raise ValueError(f"--to={to} exists and is not empty: choose a new directory, or pass --overwrite")
     chosen = checkpoint_to_export(source, step)
-    precision = None
-    if mixed:
-        bert, precision = precision_plan.plan_from_path(chosen, dev, size_budget)
-    else:
-        bert = inference.load(chosen, quantize=quantize)
+    bert, precision = (precision_plan.plan_from_path(chosen, dev, size_budget) if mixed
+                       else (inference.load(chosen, quantize=quantize), None))
     _, meta = checkpoint.restore_params(chosen)
     if step is not None and meta.step != step:
         raise ValueError(f"--step={step}: that checkpoint is unreadable (the newest readable one is step "
