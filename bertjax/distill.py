@@ -9,9 +9,11 @@ DistilBERT's recipe (configs/distill/common.py): the student keeps the teacher's
 a subset of its layers (distill.student_layers) with its embeddings and heads; it learns the teacher's
 masked-LM distribution at a temperature, the masked-LM labels and the direction of the teacher's last
 hidden states, on the pretraining stream of the data section. With distill.student_layers=() the student
-is config.model, fresh (any width, with distill.alpha_cos=0), or train.init_from's. WORKDIR reads as any
-pretraining workdir (bertjax.load, finetune's train.init_from, export). The run's story is
-bertjax/runs/general_distillation.py.
+is config.model, fresh (any width, with distill.alpha_cos=0), or train.init_from's. The teacher may be any
+encoder (a sentence-transformers BERT, a Hugging Face BertModel) where no loss reads its masked-LM head:
+train.num_steps=0 (its layers copied), or distill.alpha_ce=0 (the soft targets are the loss that reads
+it). WORKDIR reads as any pretraining workdir (bertjax.load, finetune's train.init_from, export). The
+run's story is bertjax/runs/general_distillation.py.
 """
 
 from absl import flags

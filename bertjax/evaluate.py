@@ -7,7 +7,7 @@
         --workdir=runs/retrieval
     python -m bertjax.evaluate --init_from=runs/embedder --suite=sts --tasks=stsb,my_pairs.jsonl --workdir=runs/sts
     python -m bertjax.evaluate compress --task=dev.jsonl --teacher=runs/sst2 \
-        --variant=int8=runs/sst2+int8 --variant=student=runs/sst2-distilled
+        --variant=int8=runs/sst2+int8 --variant=int4=runs/sst2+int4-g128 --variant=student=runs/sst2-distilled
 
 Each task of the suite whose data TFDS has prepared (`tfds build glue/<task>`, `squad/v1.1`,
 `conll2003`; nothing is downloaded here) is fine-tuned with its configs/finetune/<task>.py in
@@ -29,12 +29,13 @@ and the Spearman and Pearson correlations with the gold scores make one table, a
 average, written to WORKDIR/sts.md and sts.json.
 
 `compress`: the compression report (bertjax/runs/compression_report.py) of a fine-tuned --teacher and its
---variant=NAME=DIR (a fine-tuning workdir, a params export or a Hugging Face directory; DIR+int8
-quantises it on load) on the task's dev set: --task is the dev file (the task's JSON lines) or a
-benchmark task's name (its configs/finetune/<task>.py recipe's TFDS dev split). One table: parameters,
-size and its ratio, dev score and the share of the teacher's retained, latency at batch 1 and 32 at
-one sequence length (the teacher's, or --max_seq_length) and the speed-up; --workdir (optional) gets
-compression.md and compression.json.
+--variant=NAME=DIR (a fine-tuning workdir, a params export or a Hugging Face directory; DIR+int8,
+DIR+int4-g128 or any other bertjax.load quantize mode quantises it on load) on the task's dev set:
+--task is the dev file (the task's JSON lines) or a benchmark task's name (its
+configs/finetune/<task>.py recipe's TFDS dev split). One table: parameters, size and its ratio, the
+dense kernels' size and its ratio, dev score and the share of the teacher's retained, latency at batch
+1 and 32 at one sequence length (the teacher's, or --max_seq_length) and the speed-up; --workdir
+(optional) gets compression.md and compression.json.
 """
 
 from absl import app, flags
@@ -64,8 +65,8 @@ def define_flags() -> dict:
         task=flags.DEFINE_string("task", None, "compress: the dev set, a JSON-lines file of the task, or a "
                                  "benchmark task (sst2, mrpc, ...: its configs/finetune/ recipe's TFDS dev split)."),
         teacher=flags.DEFINE_string("teacher", None, "compress: the fine-tuned model the variants are compared with."),
-        variant=flags.DEFINE_multi_string("variant", [], "compress: NAME=DIR, or NAME=DIR+int8 to quantise on load "
-                                          "(repeat the flag per variant)."),
+        variant=flags.DEFINE_multi_string("variant", [], "compress: NAME=DIR, or NAME=DIR+int8 (+int4-g128, ...) to "
+                                          "quantise on load (repeat the flag per variant)."),
         split=flags.DEFINE_string("split", "test", "retrieval: the split whose judgements are scored "
                                   "(qrels/<split>.tsv)."),
         similarity=flags.DEFINE_enum("similarity", None, ["cosine", "dot"], "retrieval and sts: how a query scores "

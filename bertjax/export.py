@@ -4,6 +4,9 @@
     python -m bertjax.export --from=runs/tiny --step=400 --to=exports/tiny-serving --format=savedmodel
     python -m bertjax.export --from=runs/sst2 --to=exports/sst2-params --format=params
     python -m bertjax.export --from=runs/sst2 --to=exports/sst2-int8 --format=params --quantize=int8
+    python -m bertjax.export --from=runs/sst2 --to=exports/sst2-int4 --format=params --quantize=int4-g128
+    python -m bertjax.export --from=runs/sst2 --to=exports/sst2-mixed --format=params --quantize=mixed \
+        --size_budget=0.2 --dev=data/sst2/dev.jsonl
     python -m bertjax.export --from=runs/tiny --to=exports/tiny-st --format=sentence-transformers
 
 --from is a pretraining or fine-tuning workdir (its newest checkpoint; a fine-tuning workdir its best
@@ -28,7 +31,12 @@ dev checkpoint; --step=N one step of its checkpoints/) or a checkpoint directory
 output channel, every embedding table as int8 with a scale per row (bertjax/compression/quantize.py);
 params.npz then holds kernel/qvalue and kernel/scale in place of each kernel, embedding/qrows and
 embedding/row_scale in place of each table, and config.json says "quantize". bertjax.load reads it back
-as int8.
+as int8. --quantize=int4-gG or int8-gG (int4-g128, int4-g32, int8-g128): a scale per group of G input
+elements per output channel (Q-BERT's group-wise quantisation), int4 stored two values a byte as
+kernel/qpacked; the tables int8 per row as above. --quantize=mixed --size_budget=B --dev=FILE (a fine-tuned
+model and its task's dev file): int4-g128 or int8-g128 per encoder layer, int8 going to the layers whose
+int4 alone costs the most dev score while the dense kernels stay within B x their float32 bytes
+(bertjax/runs/precision_plan.py); config.json records each layer's mode and measured drop.
 Every export also writes a README.md model card (bertjax/interop/model_card.py). The export is written
 to a temporary directory beside --to and renamed into place, so an interrupted export leaves nothing
 half-written; an existing non-empty --to is refused unless --overwrite.
@@ -55,7 +63,13 @@ def define_flags() -> dict:
                                    "head kept), or BertForMaskedLM's alone (fill-mask loads it with nothing unused); "
                                    "the other families' classes alike."),
         quantize=flags.DEFINE_string("quantize", None, "params, savedmodel: int8 (or int8-weights, int8-dynamic) "
-                                     "stores every dense layer's kernel as int8 with per-channel scales."),
+                                     "stores every dense layer's kernel as int8 with per-channel scales; int4-g128 "
+                                     "(int4-gG, int8-gG) as int4 or int8 with a scale per G inputs; mixed: "
+                                     "int4 or int8 per layer, chosen on --dev within --size_budget."),
+        size_budget=flags.DEFINE_float("size_budget", None, "--quantize=mixed: the dense kernels' bytes as a share "
+                                       "of their float32 bytes (int4-g128 everywhere is about 0.13, int8 0.25)."),
+        dev=flags.DEFINE_string("dev", None, "--quantize=mixed: the fine-tuned task's dev file whose score measures "
+                                "each layer's sensitivity."),
     )
 
 
@@ -63,7 +77,7 @@ def main(argv, args):
     console.no_arguments(argv)
     out = console.finish(exporting.export, args.source, args.to, args.format, step=args.step,
                          overwrite=args.overwrite, max_seq_length=args.max_seq_length, hf_class=args.hf_class,
-                         quantize=args.quantize)
+                         quantize=args.quantize, size_budget=args.size_budget, dev=args.dev)
     print(f"exported {args.source} as {args.format} to {out}")
     if args.format == "savedmodel":
         print(f"load it with `import tensorflow as tf, tensorflow_text` and then tf.saved_model.load('{out}'): "

@@ -7,7 +7,8 @@
 `load` reads every kind of saved model (a bertjax workdir or checkpoint, a params export, a Hugging Face
 directory of any family) through the one init-from (bertjax/interop/pretrained.py), as training,
 fine-tuning and export do.
-`load(path, quantize="int8")` runs every dense layer with int8 weights (bertjax/compression/quantize.py).
+`load(path, quantize="int8")` runs every dense layer with int8 weights (quantize="int4-g128": int4 with a
+scale per 128 inputs; bertjax/compression/quantize.py).
 `embed(texts)` gives sentence embeddings as the model's own settings say (a sentence-transformers
 directory's pooling, Dense, Normalize and prompts), else the mean of its token states.
 
@@ -58,9 +59,9 @@ class LoadedBert:
     # the task head's ({"bert", "classifier"}).
     task: TaskRecord | None = None
     vocab_path: str | None = None  # the tokenizer's file (vocab.txt, the SentencePiece .model, BPE's tokenizer.json)
-    # None (float params), or the int8 mode (bertjax/compression/quantize.py): params then hold each dense
-    # kernel as {"qvalue" int8, "scale" float32} and each embedding table as {"qrows" int8, "row_scale"
-    # float32}, and every network runs through `network`.
+    # None (float params), or the quantisation mode (bertjax/compression/quantize.py): params then hold
+    # each dense kernel as {"qvalue" int8, "scale" float32} (int4: {"qpacked" uint8, "scale"}) and each
+    # embedding table as {"qrows" int8, "row_scale" float32}, and every network runs through `network`.
     quantize: str | None = None
     # How it makes sentence embeddings (pooling, Dense, Normalize, prompts; bertjax/models/pooling.py), or
     # None; params then hold the Dense layer as "dense" where it has one.
@@ -325,9 +326,9 @@ def load(path: str | os.PathLike, dtype: str = "float32", quantize: str | None =
     directory of any family (BERT, RoBERTa, ALBERT, ModernBERT), or a sentence-transformers directory
     around one (its pooling, Dense, Normalize and prompts then what `embed` computes). `dtype` is the
     compute dtype ("bfloat16" on accelerators); the params stay in float32. quantize: "int8" (or
-    "int8-weights", "int8-dynamic": bertjax/compression/quantize.py) quantises every dense layer's kernel to int8 on load; an int8 params
-    export is int8 already (quantize then picks the mode its weights run in; by default the one it was
-    exported with)."""
+    "int8-weights", "int8-dynamic"; group-wise "int4-g128", "int8-g128", ...: bertjax/compression/quantize.py)
+    quantises every dense layer's kernel on load; a quantised params export is so already (quantize then
+    picks the mode its int8 weights run in; by default the one it was exported with)."""
     mode = quantization.resolve(quantize)
     path = str(path) if files.is_remote(str(path)) else str(Path(path).expanduser())
     if not epath.Path(path).exists():
@@ -342,7 +343,11 @@ def load(path: str | os.PathLike, dtype: str = "float32", quantize: str | None =
                          f"(modules.json)")
     # How it was computed in training (cuDNN attention on a GPU, say) is chosen anew for this machine.
     model = pretrained.load(path, what="bertjax.load", model_overrides=overrides, quantized=True)
-    mode = mode or (model.meta.quantize if model.meta is not None else None)  # an int8 params export runs in the mode it was exported with
+    stored = model.meta.quantize if model.meta is not None else None
+    if mode and stored and not quantization.same_weights(stored, mode):
+        raise ValueError(f"bertjax.load: {path} was exported as {stored}, whose weights do not run as {mode}: load it "
+                         f"with quantize={stored!r} or without quantize")
+    mode = mode or stored  # a quantised params export runs in the mode it was exported with
     if model.tokenizer is None:
         raise ValueError(f"{path} was trained on synthetic data and has no tokenizer: load it with "
                          f"bertjax.training.checkpoint.restore_params instead")
@@ -350,6 +355,9 @@ def load(path: str | os.PathLike, dtype: str = "float32", quantize: str | None =
     if model.st_dense is not None:  # a sentence-transformers directory's Dense layer, as SentenceEmbedder names it
         params = {**params, "dense": model.st_dense}
     if mode is not None and not quantization.is_stored(params):
+        if mode == quantization.MIXED:
+            raise ValueError(f"bertjax.load: quantize='mixed' is a plan chosen per layer on a dev set: make it with "
+                             f"python -m bertjax.export --from={path} --quantize=mixed --size_budget=B --dev=FILE")
         config, params = _quantized(config, params, model.task, model.embedding, mode)
     return LoadedBert(config, params, _make_tokenizer(model.tokenizer), source=model.source,
                       missing=model.missing, task=model.task, vocab_path=model.tokenizer.vocab_path, quantize=mode,

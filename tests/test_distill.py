@@ -232,6 +232,89 @@ def test_the_program_writes_a_pretraining_workdir_and_resumes_exactly_after_sigk
 
 
 # ---------------------------------------------------------------------------------------------------
+# A teacher without a masked-LM head (a Hugging Face BertModel, a sentence-transformers BERT)
+# ---------------------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def headless_teacher(tmp_path_factory):
+    """A Hugging Face BertModel directory (an encoder and pooler, no masked-LM head) of TEACHER's shape,
+    random, as save_pretrained writes it (model.safetensors under transformers' tensor names, config.json),
+    with a vocab.txt. Written with safetensors directly: building transformers' BertModel takes 4 s here."""
+    import json
+    from safetensors.numpy import save_file
+
+    directory = tmp_path_factory.mktemp("headless")
+    vocab = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"] + [f"w{i}" for i in range(TEACHER["vocab_size"] - 5)]
+    (directory / "vocab.txt").write_text("\n".join(vocab) + "\n")
+    h, f = TEACHER["hidden_size"], TEACHER["intermediate_size"]
+    shapes = {"embeddings.word_embeddings.weight": (TEACHER["vocab_size"], h),
+              "embeddings.position_embeddings.weight": (TEACHER["max_position_embeddings"], h),
+              "embeddings.token_type_embeddings.weight": (2, h), "pooler.dense.weight": (h, h), "pooler.dense.bias": (h,),
+              "embeddings.LayerNorm.weight": (h,), "embeddings.LayerNorm.bias": (h,)}
+    for j in range(TEACHER["num_layers"]):
+        layer = f"encoder.layer.{j}."
+        for name in ("attention.self.query", "attention.self.key", "attention.self.value", "attention.output.dense"):
+            shapes.update({layer + name + ".weight": (h, h), layer + name + ".bias": (h,)})
+        shapes.update({layer + "intermediate.dense.weight": (f, h), layer + "intermediate.dense.bias": (f,),
+                       layer + "output.dense.weight": (h, f), layer + "output.dense.bias": (h,)})
+        for norm in ("attention.output.LayerNorm", "output.LayerNorm"):
+            shapes.update({layer + norm + ".weight": (h,), layer + norm + ".bias": (h,)})
+    rng = np.random.default_rng(0)
+    state = {name: (0.02 * rng.standard_normal(shape)).astype(np.float32) for name, shape in shapes.items()}
+    save_file(state, str(directory / "model.safetensors"), metadata={"format": "pt"})
+    config = {"architectures": ["BertModel"], "model_type": "bert", "vocab_size": TEACHER["vocab_size"],
+              "hidden_size": h, "num_hidden_layers": TEACHER["num_layers"], "num_attention_heads": TEACHER["num_heads"],
+              "intermediate_size": f, "max_position_embeddings": TEACHER["max_position_embeddings"],
+              "type_vocab_size": 2, "hidden_act": "gelu", "layer_norm_eps": 1e-12, "hidden_dropout_prob": 0.1,
+              "attention_probs_dropout_prob": 0.1, "initializer_range": 0.02, "pad_token_id": 0}
+    (directory / "config.json").write_text(json.dumps(config))
+    return dict(directory=str(directory), state=state)
+
+
+def test_a_teacher_without_a_head_gives_its_layers_and_refuses_only_the_soft_target_loss(headless_teacher):
+    """The run's own steps (general_distillation.distill: distill_settings, load_teacher, the student's
+    config and params from the teacher's layers), on one device: the whole run on the eight-device mesh
+    also saves the workdir, which takes 13 s here and is the same save_extracted whatever the teacher."""
+    config = distill_config(**{"distill.teacher": headless_teacher["directory"], "train.num_steps": 0})
+    weights, layers, extract_only = general_distillation.distill_settings(config)
+    assert extract_only and weights.alpha_ce > 0  # the recipe's soft-target loss, which extraction never runs
+    teacher = general_distillation.load_teacher(config, weights, extract_only)
+    assert any(m.startswith("mlm_head") for m in teacher.missing)
+    config = general_distillation.with_model(config, distillation.student_config_from_teacher(
+        teacher.config, layers, {}))
+    mesh, rules, _ = mesh_and_rules(config)
+    setup = pretraining_step.setup(general_distillation.one_step(config), mesh, rules, jax.random.key(0))
+    params = distillation.student_params(teacher.params, teacher.config, setup.bert_config, layers,
+                                         setup.abstract_state.params)
+    state = headless_teacher["state"]
+    encoder = params["bert"]["encoder"]
+    assert set(encoder) == {"layers_0", "layers_1"}
+    for i, j in enumerate(LAYERS):
+        jax.tree_util.tree_map(np.testing.assert_array_equal, encoder[f"layers_{i}"],
+                               teacher.params["bert"]["encoder"][f"layers_{j}"])
+        # and against torch's own tensors: a dense kernel is its weight transposed
+        np.testing.assert_array_equal(encoder[f"layers_{i}"]["mlp"]["intermediate"]["kernel"],
+                                      state[f"encoder.layer.{j}.intermediate.dense.weight"].T)
+        np.testing.assert_array_equal(encoder[f"layers_{i}"]["mlp"]["output"]["kernel"],
+                                      state[f"encoder.layer.{j}.output.dense.weight"].T)
+    np.testing.assert_array_equal(params["bert"]["embeddings"]["word_embeddings"]["embedding"],
+                                  state["embeddings.word_embeddings.weight"])
+    # Training without the soft targets (the masked-LM labels and the hidden-state cosine) needs no head;
+    # with them, one line names the loss and the head.
+    general_distillation.load_teacher(config, distillation.LossWeights(alpha_ce=0.0), False)
+    with pytest.raises(ValueError) as raised:
+        general_distillation.load_teacher(config, weights, False)
+    message = str(raised.value)
+    assert "\n" not in message and message.startswith(
+        f"distill.alpha_ce=5.0 (the soft-target masked-LM loss) reads the teacher's masked-LM head, and "
+        f"distill.teacher={headless_teacher['directory']} has none (mlm_head")
+    assert message.endswith("set distill.alpha_ce=0 (the masked-LM labels and the hidden-state cosine need no "
+                            "head), or give a checkpoint with its pretraining heads (BertForPreTraining / "
+                            "BertForMaskedLM)")
+
+
+# ---------------------------------------------------------------------------------------------------
 # Task distillation: the fine-tuning hook
 # ---------------------------------------------------------------------------------------------------
 

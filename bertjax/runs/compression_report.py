@@ -1,11 +1,13 @@
-"""The compression report: a fine-tuned teacher and its compressed variants (distilled, pruned, int8) on
+"""The compression report: a fine-tuned teacher and its compressed variants (distilled, pruned, int8, int4) on
 one task's dev set, one table: parameters and size against the teacher's, dev score and the share of
 the teacher's retained, latency at batch 1 and batch 32 and the speed-up, measured on this machine.
 
 Every model is read by bertjax.load (a fine-tuning workdir, a params export, a Hugging Face directory;
 `quantize` quantises it on load); every one is fed the same dev examples at the same sequence length S,
 each through its own tokenizer. Size is the bytes of the weights as loaded: what a params export of
-the model writes (int8 kernels with their scales, float32 for the rest), less the file's headers.
+the model writes (int8 kernels with their scales, float32 for the rest), less the file's headers; the
+dense kernels' size is that of the dense layers' kernels alone (values and scales), what low-bit
+weights shrink (the embedding tables stay int8 at most).
 Latency is the median of `repeats` timed calls of the task head on a batch of dev rows after `warmup`
 untimed ones (the compile among them), host to host (LoadedBert.task_logits); the models are held
 together and take turns, so that the machine's changing load falls on each alike.
@@ -23,8 +25,8 @@ from bertjax.tasks import kinds, registry, scoring, squad
 
 @dataclasses.dataclass(frozen=True)
 class Model:
-    """One row of the report: its name, the directory bertjax.load reads, and the int8 mode to quantise
-    it with on load (None: as stored)."""
+    """One row of the report: its name, the directory bertjax.load reads, and the mode to quantise it
+    with on load (int8, int4-g128, ...; None: as stored)."""
 
     name: str
     path: str
@@ -36,6 +38,7 @@ class Row:
     name: str
     parameters: int
     size_bytes: int
+    kernel_bytes: int  # the dense layers' kernels alone
     score: float  # the task's main dev metric
     latency_ms: dict  # batch size -> median milliseconds
 
@@ -122,8 +125,8 @@ def compression_report(teacher: Model, variants: list[Model], *, dev_path: str |
               for model, f in zip(models, features)]
     latency = {b: latencies_ms(models, [timed_batch(f, b) for f in features], repeats=repeats, warmup=warmup)
                for b in batch_sizes}
-    rows = [Row(name, quantize.parameter_count(model.params), quantize.weight_bytes(model.params), score,
-                {b: latency[b][i] for b in batch_sizes})
+    rows = [Row(name, quantize.parameter_count(model.params), quantize.weight_bytes(model.params),
+                quantize.weight_bytes(model.params, kernels_only=True), score, {b: latency[b][i] for b in batch_sizes})
             for i, (name, model, score) in enumerate(zip(names, models, scores))]
     return {"task": task.name, "metric": task.main_metric, "split": split, "max_seq_length": length,
             "examples": len(examples), "rows": rows, "table": table(rows, task.main_metric)}
@@ -133,13 +136,15 @@ def table(rows: list[Row], metric: str) -> list[str]:
     """Markdown lines: one row per model, the first the teacher every ratio is taken against."""
     teacher = rows[0]
     sizes = sorted(teacher.latency_ms)
-    headings = ["model", "parameters", "size MB", "size ratio", f"dev {metric}", "retained"]
+    headings = ["model", "parameters", "size MB", "size ratio", "kernels MB", "kernel ratio", f"dev {metric}",
+                "retained"]
     for b in sizes:
         headings += [f"batch {b} ms", f"speed-up {b}"]
     lines = ["| " + " | ".join(headings) + " |", "|" + "---|" * len(headings)]
     for row in rows:
         cells = [row.name, f"{row.parameters:,}", f"{row.size_bytes / 1e6:.2f}",
-                 f"{teacher.size_bytes / row.size_bytes:.2f}x", f"{100 * row.score:.2f}",
+                 f"{teacher.size_bytes / row.size_bytes:.2f}x", f"{row.kernel_bytes / 1e6:.2f}",
+                 f"{teacher.kernel_bytes / row.kernel_bytes:.2f}x", f"{100 * row.score:.2f}",
                  f"{100 * row.score / teacher.score:.1f}%" if teacher.score else "-"]
         for b in sizes:
             cells += [f"{row.latency_ms[b]:.2f}", f"{teacher.latency_ms[b] / row.latency_ms[b]:.2f}x"]

@@ -13,8 +13,10 @@ from etils import epath
 from flax import traverse_util
 
 from bertjax import inference
+from bertjax.compression import quantize as quantization  # `quantize` is export's argument
 from bertjax.interop import (hf, hf_electra, hf_files, hf_tokenizer, model_card, pretrained, savedmodel,
                              sentence_transformers)
+from bertjax.runs import precision_plan
 from bertjax.tasks import embeddings, registry
 from bertjax.text import templates
 from bertjax.models.config import BertConfig, fields_of
@@ -143,15 +145,17 @@ def _check_cross_encoder(task) -> None:
                          "scores text pairs; export it with --format=hf")
 
 
-def write_params(bert, directory: str, meta: CheckpointMeta) -> None:
+def write_params(bert, directory: str, meta: CheckpointMeta, precision: dict | None = None) -> None:
     flat = traverse_util.flatten_dict(_plain(bert.params), sep="/")
     np.savez(os.path.join(directory, "params.npz"), **flat)
     record = CheckpointMeta(meta.step, meta.model, tokenizer=meta.tokenizer, task=meta.task,
                             embedding=meta.embedding).to_json()
     config = {"task": None, **record, "tokenizer": dict(record.get("tokenizer") or {})}
-    if bert.quantize:  # int8 kernels (qvalue, scale) one per layer (unrolled), int8 tables (qrows, row_scale)
+    if bert.quantize:  # kernels (qvalue or qpacked, scale) one per layer (unrolled), int8 tables (qrows, row_scale)
         config["model"] = {**meta.model, "scan_layers": False}
         config["quantize"] = bert.quantize
+    if precision:  # --quantize=mixed: each layer's mode and measured sensitivity (bertjax/runs/precision_plan.py)
+        config["precision"] = precision
     if bert.vocab_path:
         name = os.path.basename(bert.vocab_path)
         shutil.copyfile(bert.vocab_path, os.path.join(directory, name))
@@ -164,10 +168,10 @@ def write_savedmodel(bert, directory: str, max_seq_length: int | None) -> None:
     savedmodel.export_savedmodel(bert, directory, max_seq_length=max_seq_length)
 
 
-def export(source: str, to: str, export_format: str, *, step: int | None = None, overwrite: bool = False,
-           max_seq_length: int | None = None, hf_class: str = "pretraining", quantize: str | None = None) -> str:
-    """Writes the export; returns its directory (and says where it is, and how to load it). A temporary directory beside `to` is renamed into place
-    at the end, so nothing is half-written if anything fails."""
+def _check_request(source: str, to: str, export_format: str, quantize: str | None, size_budget: float | None,
+                   dev: str | None) -> bool:
+    """One line for each flag that cannot be; whether quantize is "mixed", which --size_budget and --dev
+    go with."""
     if export_format not in FORMATS:
         raise ValueError(f"--format={export_format}: choose one of {', '.join(FORMATS)}")
     if not source or not to:
@@ -176,11 +180,29 @@ def export(source: str, to: str, export_format: str, *, step: int | None = None,
         raise ValueError(f"--format={export_format} --quantize: transformers reads no int8 BERT format without extra packages "
                          "(its int8 loaders need bitsandbytes, quanto, torchao or compressed-tensors); export "
                          f"int8 as --format=params or --format=savedmodel, or {export_format} without --quantize")
+    mixed = quantization.resolve(quantize) == quantization.MIXED
+    if mixed and (size_budget is None or not dev):
+        raise ValueError("--quantize=mixed chooses int4 or int8 per layer on a dev set: give --size_budget (the dense "
+                         "kernels' share of their float32 bytes, e.g. 0.2) and --dev (the task's dev file)")
+    if not mixed and (size_budget is not None or dev):
+        raise ValueError("--size_budget and --dev choose the layers' precisions of --quantize=mixed: add "
+                         "--quantize=mixed, or leave them out")
+    return mixed
+
+
+def export(source: str, to: str, export_format: str, *, step: int | None = None, overwrite: bool = False,
+           max_seq_length: int | None = None, hf_class: str = "pretraining", quantize: str | None = None,
+           size_budget: float | None = None, dev: str | None = None) -> str:
+    """Writes the export; returns its directory (and says where it is, and how to load it). A temporary directory beside `to` is renamed into place
+    at the end, so nothing is half-written if anything fails. quantize="mixed": int4 or int8 per encoder
+    layer, chosen on the dev set `dev` within size_budget (bertjax/runs/precision_plan.py)."""
+    mixed = _check_request(source, to, export_format, quantize, size_budget, dev)
     to = os.path.abspath(to)
     if os.path.exists(to) and (not os.path.isdir(to) or os.listdir(to)) and not overwrite:
         raise ValueError(f"--to={to} exists and is not empty: choose a new directory, or pass --overwrite")
     chosen = checkpoint_to_export(source, step)
-    bert = inference.load(chosen, quantize=quantize)
+    bert, precision = (precision_plan.plan_from_path(chosen, dev, size_budget) if mixed
+                       else (inference.load(chosen, quantize=quantize), None))
     _, meta = checkpoint.restore_params(chosen)
     if step is not None and meta.step != step:
         raise ValueError(f"--step={step}: that checkpoint is unreadable (the newest readable one is step "
@@ -194,7 +216,7 @@ def export(source: str, to: str, export_format: str, *, step: int | None = None,
         elif export_format == "hf":
             write_hf(bert, temporary, hf_class)
         elif export_format == "params":
-            write_params(bert, temporary, meta)
+            write_params(bert, temporary, meta, precision)
         elif export_format == "sentence-transformers":
             write_sentence_transformers(bert, temporary)
         else:
@@ -208,7 +230,7 @@ def export(source: str, to: str, export_format: str, *, step: int | None = None,
                                      path_hint=os.path.join(to, hf_electra.DISCRIMINATOR_DIR) if meta.electra else to,
                                      hf_architecture=(written.get("architectures") or [None])[0])
         if bert.quantize:
-            card += (f"\nQuantised: every dense layer's kernel is int8 with a float32 scale per output channel "
+            card += (f"\nQuantised: every dense layer's kernel is {quantization.describe(bert.quantize)} "
                      f"({bert.quantize}, bertjax/compression/quantize.py); bertjax.load reads it as such.\n")
         with open(os.path.join(temporary, "README.md"), "w") as f:
             f.write(card)

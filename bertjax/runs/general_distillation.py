@@ -37,7 +37,7 @@ def distill(config, workdir: str, distributed: start.Distributed | None = None) 
             say(note)
 
         # ---------------------------------------------------------------- the teacher
-        teacher = load_teacher(config)
+        teacher = load_teacher(config, weights, extract_only)
         if layers:  # the student is the teacher's architecture with fewer layers
             own = resolve_platform({k: config.model[k] for k in field_names("layout", "compute", "training")})
             config = with_model(config, distillation.student_config_from_teacher(teacher.config, layers, own))
@@ -102,7 +102,7 @@ def check(config):
     """check_pretraining's, a teacher that is there included (train.num_steps=0: the student as extracted)."""
     if not config.distill.teacher:
         raise ValueError("config.distill.teacher is required: a bertjax pretraining workdir or a Hugging Face "
-                         "directory with its masked-LM head")
+                         "directory (with its masked-LM head where distill.alpha_ce > 0)")
     config_checks.check_path(config.distill.teacher, "distill.teacher")
     if config.train.get("batch_warmup_start", 0):
         raise ValueError(f"train.batch_warmup_start={config.train.batch_warmup_start}: general distillation takes the "
@@ -110,13 +110,16 @@ def check(config):
     return config_checks.check_pretraining(config, steps_may_be_zero=True)
 
 
-def load_teacher(config) -> pretrained.Pretrained:
-    """distill.teacher through the one init-from, computing as the student does; its masked-LM head must
-    be trained (a Hugging Face BertModel without one would teach noise)."""
+def load_teacher(config, weights: distillation.LossWeights, extract_only: bool = False) -> pretrained.Pretrained:
+    """distill.teacher through the one init-from, computing as the student does. Any encoder serves (a
+    sentence-transformers BERT, a Hugging Face BertModel): its masked-LM head must be trained only where a
+    loss reads it, the soft-target loss (distill.alpha_ce > 0, and not train.num_steps=0, which only copies
+    layers); the masked-LM labels and the hidden-state cosine need none. A head it lacks is freshly
+    initialised, and a student made from its layers starts with that head."""
     path = config.distill.teacher
     if not path:
         raise ValueError("config.distill.teacher is required: a bertjax pretraining workdir or a Hugging Face "
-                         "BERT directory with its masked-LM head")
+                         "directory (with its masked-LM head where distill.alpha_ce > 0)")
     compute = {k: config.model[k] for k in field_names("compute")}
     teacher = pretrained.load(path, what="distill.teacher", model_overrides=compute, tokenizer=False)
     if teacher.task:
@@ -127,8 +130,10 @@ def load_teacher(config) -> pretrained.Pretrained:
         raise ValueError(f"distill.teacher={path} is an ELECTRA run, whose discriminator has no masked-LM head to "
                          "distil from: fine-tune its discriminator, or distil from a masked-LM teacher")
     untrained = [m for m in teacher.missing if "mlm" in m or "predictions" in m]
-    if untrained:
-        raise ValueError(f"distill.teacher={path} has no trained masked-LM head ({untrained[0]}, ...): give a "
+    if untrained and weights.alpha_ce > 0 and not extract_only:
+        raise ValueError(f"distill.alpha_ce={weights.alpha_ce} (the soft-target masked-LM loss) reads the teacher's "
+                         f"masked-LM head, and distill.teacher={path} has none ({untrained[0]}, ...): set "
+                         "distill.alpha_ce=0 (the masked-LM labels and the hidden-state cosine need no head), or give a "
                          "checkpoint with its pretraining heads (BertForPreTraining / BertForMaskedLM)")
     return teacher
 

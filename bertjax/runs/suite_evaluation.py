@@ -302,16 +302,15 @@ def sts_suite(init_from: str, tasks: list[str] | None, workdir: str, *, similari
 
 
 def parse_variant(spec: str):
-    """--variant=NAME=DIR or NAME=DIR+int8 -> report.Model; one line for anything else."""
+    """--variant=NAME=DIR or NAME=DIR+MODE (int8, int4-g128, ...) -> report.Model; one line for anything else."""
     name, sep, path = spec.partition("=")
     if not sep or not name or not path:
         raise ValueError(f"--variant={spec}: write NAME=DIR, or NAME=DIR+int8 to quantise it on load")
-    mode = None
-    for suffix in quantize.MODES:
-        if path.endswith("+" + suffix):
-            path, mode = path[: -len(suffix) - 1], suffix
-            break
-    return compression_report.Model(name, path, mode)
+    head, plus, suffix = path.rpartition("+")
+    if plus and head and suffix.startswith("int"):
+        quantize.resolve(suffix)  # one line for a mode that does not exist
+        return compression_report.Model(name, head, suffix)
+    return compression_report.Model(name, path, None)
 
 
 def dev_set(task: str) -> tuple[str | None, str | None]:
