@@ -256,6 +256,64 @@ def test_lexicon_units_longest_match_from_the_left(tokenizer):
     assert units_seen == ["red", "new york city", "new york", "york city", "."]
 
 
+def phrase_units(tokenizer):
+    return units.lexicon_units(tokenizer.encode_arrays([p.upper() for p in PHRASES]),
+                               np.asarray(tokenizer.word_start, bool), 8)
+
+
+def test_units_found_once_per_corpus_are_the_examples(tokenizer):
+    """The stream's units, found sentence by sentence over the corpus (in chunks of whole sentences), are
+    the ones the example's own match finds in the same sentences."""
+    corpus = tokenize_documents(write_documents(num_docs=50, seed=6), tokenizer)
+    hashes, longest = phrase_units(tokenizer)
+    marks = units.corpus_unit_starts(corpus, np.asarray(tokenizer.word_start, bool), hashes, longest,
+                                     chunk_tokens=300)
+    tokens, starts = corpus.tokens.astype(np.int32), corpus.sentence_starts
+    ids, marked = [tokenizer.cls_id], [False]  # every sentence, each followed by [SEP]: one example
+    for a, b in zip(starts[:-1], starts[1:]):
+        ids += tokens[a:b].tolist() + [tokenizer.sep_id]
+        marked += marks[a:b].tolist() + [False]
+    assert len(ids) <= units.MAX_LENGTH
+    ids = tf.constant(ids, tf.int32)
+    candidate = ids != tokenizer.sep_id
+    candidate &= ids != tokenizer.cls_id
+    spec = make_spec(tokenizer, "units", unit_hashes=hashes, unit_max_words=longest)
+    own = masking.unit_groups(ids, candidate, None, spec).numpy()
+    np.testing.assert_array_equal(masking.marked_unit_starts(candidate, tf.constant(marked)).numpy(), own)
+    words = masking.whole_word_groups(ids, candidate, None, spec).numpy()
+    assert own.sum() < words.sum() - 100  # many multi-word units
+
+
+@pytest.mark.parametrize("objective, packing", [("nsp", False), ("none", True)])
+def test_stream_masks_the_corpus_units_whole(tokenizer, objective, packing):
+    corpus = tokenize_documents(write_documents(num_docs=60), tokenizer)
+    hashes, longest = phrase_units(tokenizer)
+    spec = make_spec(tokenizer, "units", unit_hashes=hashes, unit_max_words=longest)
+    stream = PretrainingStream(corpus, spec, seed=0, max_seq_length=128, objective=objective, packing=packing)
+    batch = next(stream.dataset(32).as_numpy_iterator())
+    weights = batch["masked_lm_weights"] > 0
+    assert not np.isin(batch["masked_lm_ids"][weights], [tokenizer.cls_id, tokenizer.sep_id, tokenizer.pad_id]).any()
+    assert abs(weights.sum() / batch["input_mask"].sum() - 0.15) < 0.01
+    if packing:
+        return
+    multi_word, word_start = 0, np.asarray(tokenizer.word_start, bool)
+    for row, example, w in zip(stream.plan(0), range(32), weights):  # the first batch: the plan's first rows
+        a0, a1, b0, b1, _ = row
+        marks = np.concatenate([[False], stream.unit_starts[a0:a1], [False], stream.unit_starts[b0:b1], [False]])
+        begins_word = np.concatenate([[False], word_start[corpus.tokens[a0:a1]], [False],
+                                      word_start[corpus.tokens[b0:b1]], [False]])
+        candidate = np.zeros(len(marks), bool)
+        candidate[1:a1 - a0 + 1] = candidate[a1 - a0 + 2:-1] = True
+        after_candidate = np.concatenate([[False], candidate[:-1]])
+        unit = group_index(candidate & (marks | ~after_candidate), candidate)
+        chosen = np.zeros(len(marks), bool)
+        chosen[batch["masked_lm_positions"][example][w]] = True
+        for u in np.unique(unit[chosen]):
+            assert chosen[unit == u].all(), "a unit was split"
+            multi_word += begins_word[unit == u].sum() > 1
+    assert multi_word > 0
+
+
 def test_chinese_units_from_jieba(tokenizer, monkeypatch):
     pytest.importorskip("jieba")
     settings = DataSettings(masking="units", word_segmenter="jieba")

@@ -57,10 +57,12 @@ def full_sentences_ids(tokens, separators, row, spec: MaskingSpec):
     return ids, tf.zeros_like(ids), tf.constant(0, tf.int32)
 
 
-def padded_example(ids, segment_ids, label, key, spec: MaskingSpec, max_seq_length: int, mask_rate=None) -> dict:
-    """An unmasked example -> masked (at mask_rate, else spec.mask_rate), padded to S and P."""
+def padded_example(ids, segment_ids, label, key, spec: MaskingSpec, max_seq_length: int, mask_rate=None,
+                   unit_starts=None) -> dict:
+    """An unmasked example -> masked (at mask_rate, else spec.mask_rate; unit_starts: [n] bool, the corpus's
+    unit marks of its tokens, or None), padded to S and P."""
     n = tf.shape(ids)[0]
-    masked, positions, labels, weights = mask_tokens(ids, key, spec, mask_rate)
+    masked, positions, labels, weights = mask_tokens(ids, key, spec, mask_rate, unit_starts)
     pad = [[0, max_seq_length - n]]
     return {
         "input_ids": tf.ensure_shape(tf.pad(masked, pad, constant_values=spec.pad_id), [max_seq_length]),
@@ -82,11 +84,12 @@ def make_example(tokens, pair, key, spec: MaskingSpec, max_seq_length: int) -> d
 
 
 def make_packed_row(sequence_fn, key_fn, members, rows, spec: MaskingSpec, max_seq_length: int,
-                    mask_rate=None) -> dict:
+                    mask_rate=None, unit_starts_fn=None) -> dict:
     """Several plan rows -> one packed row of S tokens (the contract in the module docstring).
 
     sequence_fn: plan row [5] -> (unmasked ids [n], segment ids [n], label), pair_ids or
-    full_sentences_ids; key_fn: index in the epoch's plan -> the example's RNG key; members: [K] int64
+    full_sentences_ids; key_fn: index in the epoch's plan -> the example's RNG key; unit_starts_fn: plan row
+    -> the corpus's unit marks of its tokens [n] bool (units masking), or None; members: [K] int64
     indices in the epoch's plan, ascending, -1 after the last; rows: [K, 5] int64 their plan rows.
     Each sequence is masked exactly as unpacked (its own key and budget, at mask_rate, else
     spec.mask_rate); the row plan guarantees that the tokens fit in S and the predictions in P.
@@ -96,7 +99,8 @@ def make_packed_row(sequence_fn, key_fn, members, rows, spec: MaskingSpec, max_s
 
     def body(k, offset, pieces):
         ids, segment_ids, label = sequence_fn(rows[k])
-        masked, positions, labels, weights = mask_tokens(ids, key_fn(members[k]), spec, mask_rate)
+        unit_starts = unit_starts_fn(rows[k]) if unit_starts_fn else None
+        masked, positions, labels, weights = mask_tokens(ids, key_fn(members[k]), spec, mask_rate, unit_starts)
         n = tf.shape(ids)[0]
         c = tf.math.count_nonzero(weights, dtype=tf.int32)  # predictions fill the first c slots
         new = (masked, segment_ids, positions[:c] + offset, labels[:c], n[None], label[None])

@@ -3,7 +3,8 @@ recipe's rate, drawn from a stateless RNG keyed by (seed, epoch, index in epoch)
 gets the same mask in every run and a new one every epoch.
 
 A masking strategy says which positions are chosen together (GROUPINGS: single tokens, whole words,
-spans and n-grams of whole words, lexicon units; the last three in bertjax/data/spans.py); the budget,
+spans and n-grams of whole words, lexicon units; the last three in bertjax/data/spans.py, lexicon units
+also as marks the stream finds once per corpus: marked_unit_starts); the budget,
 the greedy fill and the replacements are shared; each group longer than a word gets one 80/10/10
 decision (a whole word's tokens decide one by one, as in the original). A new
 strategy is its grouping function and one row of GROUPINGS.
@@ -108,14 +109,25 @@ def unit_groups(ids, candidate, key, spec: MaskingSpec):
     return spans.lexicon_unit_starts(ids, candidate, words, spec.unit_hashes, spec.unit_max_words)
 
 
+def marked_unit_starts(candidate, unit_starts):
+    """unit_groups from the corpus's own marks (bertjax/data/units.py's corpus_unit_starts, read with the
+    tokens: [n] bool, true where a unit begins): a unit also begins after every special token, where a
+    segment cut by truncation starts inside a unit or a word."""
+    after_candidate = tf.concat([[False], candidate[:-1]], 0)
+    return candidate & (unit_starts | ~after_candidate)
+
+
 # name -> (ids [n] int32, candidate [n] bool, key, spec) -> [n] bool: the candidates that start a group;
 # a group runs to the next start (non-candidates belong to none). key: the example's RNG key, for
 # strategies that draw their groups.
 GROUPINGS = {"token": token_groups, "whole_word": whole_word_groups, "span": span_groups, "ngram": ngram_groups,
              "units": unit_groups}
+# name -> passes of the greedy fill made before its loop, where one is not enough for most examples (units
+# of one size always settle in one; docs/data.md, "Masking strategies"): otherwise 1.
+FILL_PASSES = {"span": 2, "ngram": 2}
 
 
-def _greedy_fill(sizes, budget):
+def _greedy_fill(sizes, budget, unrolled_passes: int = 1):
     """Which groups the original takes, visiting them in order: a group is taken when it still fits in
     the budget, else skipped for good. sizes: [G] int32 in visiting order -> [G] bool.
 
@@ -123,28 +135,30 @@ def _greedy_fill(sizes, budget):
     prefix that fits, then drops every group larger than what is left (the first one that did not fit
     among them); what remains is visited by the next pass exactly as the sequential loop would.
     """
-    def body(taken, alive, total):
+    def body(taken, alive, left):
         s = tf.where(alive, sizes, 0)
-        fits = alive & (total + tf.cumsum(s) <= budget)
-        total += tf.reduce_sum(tf.where(fits, s, 0))
-        taken |= fits
-        alive &= ~fits & (sizes <= budget - total)
-        return taken, alive, total
+        beyond = tf.cumsum(s) > left  # from the first group that does not fit on
+        fits = alive & ~beyond
+        left -= tf.reduce_sum(tf.where(fits, s, 0))
+        return taken | fits, alive & beyond & (sizes <= left), left
 
-    taken = tf.zeros_like(sizes, tf.bool)
-    alive = sizes > 0
-    taken, _, _ = tf.while_loop(
-        lambda taken, alive, total: (total < budget) & tf.reduce_any(alive),
-        body, (taken, alive, tf.constant(0, sizes.dtype)),
-    )
-    return taken
+    def unsettled(taken, alive, left):
+        return (left > 0) & tf.reduce_any(alive)
+
+    state = (tf.zeros_like(sizes, tf.bool), sizes > 0, tf.cast(budget, sizes.dtype))
+    # Unrolled passes settle most examples (token masking's first pass always does; a pass leaves a
+    # settled state as it is); the loop, costly to enter inside tf.data, runs only where they did not.
+    for _ in range(unrolled_passes):
+        state = body(*state)
+    return tf.cond(unsettled(*state), lambda: tf.while_loop(unsettled, body, state)[0], lambda: state[0])
 
 
-def mask_tokens(ids, key, spec: MaskingSpec, mask_rate=None):
+def mask_tokens(ids, key, spec: MaskingSpec, mask_rate=None, unit_starts=None):
     """BERT's masked-LM corruption of one unpadded example.
 
     ids: [n] int32 ([CLS] A [SEP] B [SEP]); key: stateless RNG key; mask_rate: a scalar rate for this
-    example (a rate schedule's, by step), else spec.mask_rate.
+    example (a rate schedule's, by step), else spec.mask_rate; unit_starts: [n] bool, the units found
+    once per corpus (marked_unit_starts), else units masking finds them in the example (unit_groups).
     Returns (masked ids [n], masked_lm_positions [P], masked_lm_ids [P], masked_lm_weights [P]).
 
     num_to_predict = min(P, max(1, round(n * mask_rate))) positions, never [CLS]/[SEP], are
@@ -162,7 +176,7 @@ def mask_tokens(ids, key, spec: MaskingSpec, mask_rate=None):
     rate = tf.cast(spec.mask_rate if mask_rate is None else mask_rate, tf.float32)
     num_to_predict = tf.cast(tf.round(tf.cast(n, tf.float32) * rate), tf.int32)
     num_to_predict = tf.minimum(max_predictions, tf.maximum(1, num_to_predict))
-    chosen, first = _chosen_positions(ids, candidate, num_to_predict, key, spec)
+    chosen, first = _chosen_positions(ids, candidate, num_to_predict, key, spec, unit_starts)
     masked = tf.where(chosen, _replacements(ids, first, key, spec), ids)
 
     positions = tf.cast(tf.where(chosen)[:, 0], tf.int32)  # ascending, as the original sorts them
@@ -177,7 +191,7 @@ def mask_tokens(ids, key, spec: MaskingSpec, mask_rate=None):
     )
 
 
-def _chosen_positions(ids, candidate, num_to_predict, key, spec: MaskingSpec):
+def _chosen_positions(ids, candidate, num_to_predict, key, spec: MaskingSpec, unit_starts=None):
     """([n] bool: the positions to predict, whole groups at a time, visited in a random order;
     [n] int32: the first position of each position's group, where its 80/10/10 decision is drawn).
 
@@ -185,23 +199,25 @@ def _chosen_positions(ids, candidate, num_to_predict, key, spec: MaskingSpec):
     overshoot: no unit is ever cut, and the budget left unspent is a fraction of a token per example on
     average (docs/data.md, "Strategies").
     """
-    starts = GROUPINGS[spec.grouping](ids, candidate, key, spec)
+    if unit_starts is not None and spec.grouping == "units":
+        starts = marked_unit_starts(candidate, unit_starts)
+    else:
+        starts = GROUPINGS[spec.grouping](ids, candidate, key, spec)
     group = tf.cumsum(tf.cast(starts, tf.int32)) - 1  # [n], group index at candidates
     num_groups = tf.reduce_sum(tf.cast(starts, tf.int32))
-    sizes = tf.math.unsorted_segment_sum(
-        tf.cast(candidate, tf.int32), tf.where(candidate, group, num_groups), num_groups + 1
-    )[:num_groups]
+    segment = tf.where(candidate, group, num_groups)  # [n], non-candidates in segment G
+    sizes = tf.math.unsorted_segment_sum(tf.cast(candidate, tf.int32), segment, num_groups + 1)[:num_groups]
     # A random visiting order of the groups (the original shuffles its candidate list).
     scores = tf.random.stateless_uniform([num_groups], tf.random.experimental.stateless_fold_in(key, _GROUP_ORDER))
     order = tf.argsort(scores)
-    taken_in_order = _greedy_fill(tf.gather(sizes, order), num_to_predict)
+    taken_in_order = _greedy_fill(tf.gather(sizes, order), num_to_predict, FILL_PASSES.get(spec.grouping, 1))
     taken = tf.scatter_nd(order[:, None], taken_in_order, [num_groups])
-    chosen = candidate & tf.gather(tf.concat([taken, [False]], 0), tf.where(candidate, group, num_groups))
+    chosen = candidate & tf.gather(tf.concat([taken, [False]], 0), segment)
+    positions = tf.range(tf.shape(ids)[0])
     if spec.grouping in PER_TOKEN_DECISIONS:
-        return chosen, tf.range(tf.shape(ids)[0])
-    start_positions = tf.concat([tf.cast(tf.where(starts)[:, 0], tf.int32), [0]], 0)  # [G + 1], 0: no group
-    first = tf.gather(start_positions, tf.where(candidate, group, num_groups))  # [n]
-    return chosen, first
+        return chosen, positions
+    # A group's first position is its least; segment G's (the special tokens') is never chosen.
+    return chosen, tf.gather(tf.math.unsorted_segment_min(positions, segment, num_groups + 1), segment)
 
 
 def _replacements(ids, first, key, spec: MaskingSpec):

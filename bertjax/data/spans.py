@@ -45,17 +45,25 @@ def drawn_unit_starts(ids, candidate, word_start: np.ndarray, probs: np.ndarray,
     example's RNG key. Words are whole-word masking's; a unit also begins after every special token.
     Written with as few ops as it takes: it runs once per example inside tf.data.
     """
-    run_start = candidate & ~tf.concat([[False], candidate[:-1]], 0)  # after [CLS] / [SEP]
-    words = (candidate & tf.gather(tf.constant(word_start), ids)) | run_start  # [n] whole-word starts
-    word = tf.cumsum(tf.cast(words, tf.int32)) - 1  # [n] word index of each token
+    not_after = ~tf.concat([[False], candidate[:-1]], 0)  # a candidate here follows [CLS] / [SEP]
+    words = candidate & (tf.gather(tf.constant(word_start), ids) | not_after)  # [n] whole-word starts
+    word = tf.cumsum(tf.cast(words, tf.int32), exclusive=True)  # [n] at a word start: its word index
     # Inverse CDF: a uniform draw u has length l where cdf[l - 2] <= u < cdf[l - 1]; n draws are enough.
     u = tf.random.stateless_uniform(tf.shape(ids), tf.random.experimental.stateless_fold_in(key, _UNIT_LENGTHS))
-    lengths = 1 + tf.searchsorted(tf.constant(np.cumsum(probs)[:-1], tf.float32), u, side="right",
-                                  out_type=tf.int32)  # [n]
+    # Bucketize: tf.searchsorted(cdf, u, side="right") in one op, the cdf a list of float32s.
+    cdf = [float(c) for c in np.cumsum(probs)[:-1].astype(np.float32)]
+    lengths = 1 + tf.raw_ops.Bucketize(input=u, boundaries=cdf)  # [n]
     starts = tf.cumsum(lengths, exclusive=True)  # [n] word index where each unit begins, ascending
     # starts[k] >= k, so the lookup of any word index w < n lands inside the array.
-    begins = tf.gather(starts, tf.searchsorted(starts, word, out_type=tf.int32)) == word
-    return words & (begins | run_start)
+    begins = tf.gather(starts, _lower_bound(starts, word)) == word
+    return words & (begins | not_after)
+
+
+def _lower_bound(sorted_values, values):
+    """tf.searchsorted(sorted_values, values, out_type=tf.int32) of two vectors, without the reshapes its
+    wrapper adds (a dozen ops, each costly per example inside tf.data)."""
+    return tf.raw_ops.LowerBound(sorted_inputs=tf.expand_dims(sorted_values, 0), values=tf.expand_dims(values, 0),
+                                 out_type=tf.int32)[0]
 
 
 # --- Lexicon units: longest match over words, by a hash of the unit's token ids (units.py) ----------

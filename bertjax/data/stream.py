@@ -8,6 +8,8 @@
     does not grow with N.
   * Masks are drawn from a stateless RNG keyed by (seed, epoch, index in epoch) (bertjax/data/masking.py),
     at the rate of the element's step where a rate schedule has phases (step = element // batch size).
+    Lexicon units (data.masking="units") are found once per corpus, when the stream is built, and read
+    as a mark per token with the tokens (units.corpus_unit_starts).
   * Packing (data.packing) adds a *row plan* per epoch: which examples of the epoch's plan share a row,
     found in numpy by best-fit decreasing over windows of consecutive plan rows (packing.py). Every
     epoch has the rows of epoch 0 (cut or wrapped); an example keeps its own key, so its tokens and mask
@@ -23,12 +25,12 @@ import dataclasses
 import numpy as np
 from absl import logging
 
-from bertjax.data import mapped, objectives
+from bertjax.data import mapped, objectives, units
 from bertjax.data import packing as packer  # `packer`, not `packing`: data.packing is a parameter of the stream
 from bertjax.data.corpus import TokenizedCorpus
 from bertjax.data.instances import make_packed_row, padded_example, pair_ids, rebased_full_sentences
 from bertjax.data.masking import MaskingSpec, example_key
-from bertjax.data.plans import document_separators
+from bertjax.data.plans import A_END, A_START, B_END, B_START, document_separators
 from bertjax.text import tf_cpu
 
 tf = tf_cpu.import_tensorflow()
@@ -79,6 +81,11 @@ class PretrainingStream:
         self.max_seq_length, self.short_seq_prob, self.objective = max_seq_length, short_seq_prob, objective
         self.packing, self.max_sequences_per_row = bool(packing), int(max_sequences_per_row)
         self.packing_window = int(packing_window)
+        # bool [num_tokens]: where a lexicon unit begins; None unless units longer than a word are masked.
+        self.unit_starts = None
+        if spec.grouping == "units" and spec.unit_max_words >= 2:
+            self.unit_starts = units.corpus_unit_starts(corpus, np.asarray(spec.word_start, bool), spec.unit_hashes,
+                                                        spec.unit_max_words)
         # The uncut plans of the last two epochs asked for (tf.data reads epoch e while preparing e + 1).
         self._plans = {0: self._build_plan(0)}
         self.examples_per_epoch = len(self._plans[0])
@@ -136,6 +143,29 @@ class PretrainingStream:
 
         return pair if self._objective.pairs else rebased_full_sentences(read, separators, spec)
 
+    def _unit_starts_fn(self):
+        """plan row -> [n] bool: the row's unit marks laid out as its tokens (at [CLS], [SEP] and document
+        separators any value: they are never candidates); None when there are none to read."""
+        if self.unit_starts is None:
+            return None
+        variable = tf.Variable(self.unit_starts, trainable=False, name="unit_starts")  # captured, not copied
+        spec = self.spec
+
+        def pair(row):  # [CLS] A [SEP] B [SEP], as pair_ids lays out the tokens
+            marks = variable.value()
+            return tf.concat([[False], marks[row[A_START]:row[A_END]], [False], marks[row[B_START]:row[B_END]],
+                              [False]], 0)
+
+        def read(begin, end):
+            return tf.cast(variable.value()[begin:end], tf.int32)
+
+        full_sentences = rebased_full_sentences(read, tf.constant(document_separators(self.corpus), tf.int64), spec)
+
+        def full_sentences_marks(row):  # separators read as [SEP]'s id: true, and never a candidate
+            return tf.cast(full_sentences(row)[0], tf.bool)
+
+        return pair if self._objective.pairs else full_sentences_marks
+
     def _rate_fn(self, batch_size: int | None):
         """(epoch, index in epoch) -> the mask rate of that element's step (a scalar tensor), or None for
         the spec's constant rate."""
@@ -155,20 +185,21 @@ class PretrainingStream:
 
     def _example_fn(self, batch_size: int | None = None):
         """(epoch, index, row) -> example (unpacked), or (epoch, index, members, rows) -> packed row."""
-        sequence_fn = self._sequence_fn()
+        sequence_fn, unit_starts_fn = self._sequence_fn(), self._unit_starts_fn()
         spec, seed, max_seq_length = self.spec, self.seed, self.max_seq_length
         rate_at = self._rate_fn(batch_size)
 
         def example(epoch, index, row):
             return padded_example(*sequence_fn(row), example_key(seed, epoch, index), spec, max_seq_length,
-                                  mask_rate=rate_at(epoch, index))
+                                  mask_rate=rate_at(epoch, index),
+                                  unit_starts=unit_starts_fn(row) if unit_starts_fn else None)
 
         def packed_row(epoch, index, members, rows):
             def key(member):
                 return example_key(seed, epoch, member)
 
             return make_packed_row(sequence_fn, key, members, rows, spec, max_seq_length,
-                                   mask_rate=rate_at(epoch, index))
+                                   mask_rate=rate_at(epoch, index), unit_starts_fn=unit_starts_fn)
 
         return packed_row if self.packing else example
 
