@@ -170,9 +170,11 @@ def exit_without_teardown(code) -> NoReturn:
     if code is not None and not isinstance(code, int):
         print(code, file=sys.stderr)
         code = 1
-    for thread in threading.enumerate():
-        if thread is not threading.main_thread() and not thread.daemon:
-            thread.join()
+    shutdown = getattr(threading, "_shutdown", None)  # what the interpreter's exit calls first
+    if shutdown is None:
+        sys.exit(code)
+    # Stops idle thread pools (concurrent.futures registers that here) and joins every other thread.
+    shutdown()
     atexit._run_exitfuncs()
     for stream in (sys.stdout, sys.stderr):
         try:
