@@ -5,8 +5,8 @@ and the suite starts dozens. One server per test worker imports TensorFlow, JAX 
 then runs each command a test asks for in a forked child of itself: the child takes the command's
 environment, directory, arguments and streams, runs the module as `__main__` (as `python -m` does; or a
 `-c` program as `python -c` does) and exits as the interpreter exits, so its exit code,
-output and at-exit work are those of a fresh process (the teardown of every module, which takes longer
-than most commands with TensorFlow and JAX loaded, is left out).
+output and at-exit work are those of a fresh process (it ends as the programs end, through
+console.exit_without_teardown).
 
 What a fork cannot give, a fresh interpreter still does (the fallback, with no option to ask for it):
 a command whose environment differs from the server's in a variable read when a library is imported
@@ -32,10 +32,11 @@ import threading
 IMPORT_TIME_PREFIXES = ("PYTHON", "TF_", "LD_", "CUDA", "TPU_", "OMP_", "MALLOC", "XLA_PYTHON")
 
 SERVER = textwrap.dedent(r"""
-    import atexit, json, os, runpy, select, signal, sys, tempfile, threading
+    import json, os, runpy, select, signal, sys, tempfile
     import jax
     import bertjax
     from bertjax import environment
+    from bertjax.runs import console
     from bertjax.text import tf_cpu
     tf_cpu.import_tensorflow()
     for name in sys.argv[1:]:
@@ -84,15 +85,12 @@ SERVER = textwrap.dedent(r"""
             sys.path[0] = ""
             exec(compile(job["code"], "<string>", "exec"), {"__name__": "__main__"})
 
-    def exit_code(job) -> int:
-        # The command's exit status, as the interpreter would set it.
+    def exit_code(job):
+        # The command's exit status as sys.exit was given it (console.exit_without_teardown reads it).
         try:
             child(job)
         except SystemExit as stop:
-            if stop.code is None or isinstance(stop.code, int):
-                return stop.code or 0
-            print(stop.code, file=sys.stderr)
-            return 1
+            return stop.code
         except KeyboardInterrupt:
             return -signal.SIGINT
         except BaseException:
@@ -100,20 +98,13 @@ SERVER = textwrap.dedent(r"""
             return 1
         return 0
 
-    def finish(code: int):
-        # The interpreter's exit (threads joined, at-exit functions, streams flushed) without its teardown
-        # of every module, which with TensorFlow and JAX loaded takes longer than most commands.
-        threading._shutdown()
-        atexit._run_exitfuncs()
-        for stream in (sys.stdout, sys.stderr):
-            try:
-                stream.flush()
-            except Exception:
-                pass
+    def finish(code):
+        # A program's own exit (bertjax/runs/console.py), or, after an uncaught Ctrl-C, the signal itself,
+        # as the interpreter ends then.
         if code == -signal.SIGINT:
             signal.signal(signal.SIGINT, signal.SIG_DFL)
             os.kill(os.getpid(), signal.SIGINT)
-        os._exit(code & 0xFF)
+        console.exit_without_teardown(code)
 
     # Requests arrive on stdin, one JSON line each; each is answered at once with the child's pid, and again
     # when the child has ended, with its exit status. Several children may run at once (a test may run a
