@@ -24,6 +24,12 @@ import numpy as np
 from bertjax.models import layers
 from bertjax.models.config import BertConfig, REMAT_POLICIES, alternates, scanned_layout
 
+# Collections a caller makes mutable (apply(..., mutable=[...])) to have BertModel, wherever a head wraps it,
+# record each layer's output (L+1 x [B, S, H], embeddings first) or its attention scores before softmax
+# (L x [B, N, S, S]) for the intermediate-layer distillation losses; unasked, neither is computed.
+HIDDEN_STATES = "hidden_states"
+ATTENTION_SCORES = "attention_scores"
+
 class Encoder(nn.Module):
     """L blocks, either unrolled (params layers_0 ... layers_{L-1}) or scanned (params stacked on axis 0:
     scanned_layout gives the layout).
@@ -31,9 +37,12 @@ class Encoder(nn.Module):
     With `rows` ([B, Q] positions) only those rows of the output are returned. Unrolled, the last block
     computes only them; scanned, every block is the same compiled body, so the rows are taken after it.
     head_mask: None or [L, N] float, layer l's heads multiplied by head_mask[l, :heads_of(l)].
+    Returns (x, hidden, scores): each layer's output (L x [B, S, H], with output_hidden_states) and its
+    attention scores before softmax (L x [B, N, S, S], with output_attention_scores), else empty lists.
     """
 
     config: BertConfig
+    output_attention_scores: bool = False
 
     @nn.compact
     def __call__(self, x, padding, deterministic: bool, output_hidden_states: bool = False, rows=None,
@@ -47,7 +56,13 @@ class Encoder(nn.Module):
             x, layer_outputs = self._unrolled(block, x, padding, deterministic, output_hidden_states, rows, head_mask)
         if cfg.pre_layer_norm or cfg.norm_placement == "pre":
             x = layers.layer_norm(cfg, "final_layer_norm")(x)
-        return x, layer_outputs
+        hidden = [h for h, _ in layer_outputs if h is not None]
+        scores = [a for _, a in layer_outputs if a is not None]
+        return x, hidden, scores
+
+    def _block(self, block, deterministic, output_hidden_states, local, first, heads, name):
+        return block(self.config, deterministic, output_hidden_states, local, first, heads=heads,
+                     output_attention_scores=self.output_attention_scores, name=name)
 
     def _blocks(self):
         """The block as the unrolled layers and as the scanned ones run it: rematerialised as
@@ -70,9 +85,9 @@ class Encoder(nn.Module):
         cfg = self.config
         # ALBERT: layer i runs group i // (L / G)'s parameters; otherwise one group per layer.
         per_group = cfg.num_layers // cfg.num_groups
-        blocks = [block(cfg, deterministic, output_hidden_states, cfg.is_local(g * per_group), g == 0,
-                        heads=cfg.heads_of_group(g), name=f"layers_{g}") for g in range(cfg.num_groups)]
-        layer_outputs = []
+        blocks = [self._block(block, deterministic, output_hidden_states, cfg.is_local(g * per_group), g == 0,
+                              cfg.heads_of_group(g), f"layers_{g}") for g in range(cfg.num_groups)]
+        layer_outputs = []  # L x (hidden or None, scores or None)
         for i in range(cfg.num_layers):
             last_rows = rows if i == cfg.num_layers - 1 else None
             x, out = blocks[i // per_group](x, padding, last_rows, head_mask=self._layer_mask(head_mask, i))
@@ -83,24 +98,26 @@ class Encoder(nn.Module):
         """The first U layers unrolled, then the K stacked parameter sets in one scan (scanned_layout)."""
         cfg = self.config
         unrolled, stacked = scanned_layout(cfg)
-        layer_outputs = []  # L x [B, S, H]
+        layer_outputs = []  # L x (hidden [B, S, H] or None, scores [B, N, S, S] or None)
         for i in range(unrolled):  # layer 0 of norm_placement="pre": it has no attention norm
             last_rows = rows if i == cfg.num_layers - 1 else None
-            x, out = block(cfg, deterministic, output_hidden_states, cfg.is_local(i), i == 0,
-                           heads=cfg.heads_of(i), name=f"layers_{i}")(x, padding, last_rows,
-                                                                      head_mask=self._layer_mask(head_mask, i))
+            x, out = self._block(block, deterministic, output_hidden_states, cfg.is_local(i), i == 0,
+                                 cfg.heads_of(i), f"layers_{i}")(x, padding, last_rows,
+                                                                 head_mask=self._layer_mask(head_mask, i))
             layer_outputs.append(out)
         if cfg.num_layers // cfg.num_groups > 1 or stacked:
-            x, per_layer = self._scan(scanned_block, x, padding, deterministic, output_hidden_states, head_mask)
-        if stacked and output_hidden_states:
-            layer_outputs += list(per_layer)
+            x, (hidden, scores) = self._scan(scanned_block, x, padding, deterministic, output_hidden_states,
+                                             head_mask)
+            count = cfg.num_layers - unrolled
+            layer_outputs += [(None if hidden is None else hidden[i], None if scores is None else scores[i])
+                              for i in range(count)]
         if stacked and rows is not None:
             x = jnp.take_along_axis(x, rows[..., None], axis=1)  # [B, Q, H]
         return x, layer_outputs
 
     def _scan(self, scanned_block, x, padding, deterministic, output_hidden_states, head_mask):
         """The stacked layers as one scan: ALBERT's groups, layers alternating local and global attention,
-        or plain layers. Returns x and the per-layer outputs stacked on axis 0."""
+        or plain layers. Returns x and the per-layer outputs (hidden, scores) stacked on axis 0 (or None)."""
         cfg = self.config
         unrolled, stacked = scanned_layout(cfg)
         per_group = cfg.num_layers // cfg.num_groups
@@ -115,9 +132,8 @@ class Encoder(nn.Module):
             repeat = nn.scan(scanned_block, variable_broadcast="params", split_rngs={"params": False, "dropout": True},
                              in_axes=nn.broadcast, length=per_group)
             x, per_layer = self._stack(repeat, stacked, deterministic, output_hidden_states)(x, padding)
-            if output_hidden_states:  # [G, L/G, B, S, H] -> [L, B, S, H]
-                per_layer = per_layer.reshape((cfg.num_layers, *per_layer.shape[2:]))
-            return x, per_layer
+            # [G, L/G, ...] -> [L, ...]
+            return x, jax.tree_util.tree_map(lambda a: a.reshape((cfg.num_layers, *a.shape[2:])), per_layer)
         if alternates(cfg):
             # Each step reads its layer's kind (scanned over) and selects by it: the band of its mask
             # (XLA), one of two kernel calls (cuDNN), one of the two rotary tables computed here once.
@@ -141,13 +157,18 @@ class Encoder(nn.Module):
         heads = cfg.heads_of(cfg.num_layers - 1)
         return nn.scan(body, variable_axes={"params": 0}, split_rngs={"params": True, "dropout": True},
                        in_axes=in_axes, length=length, metadata_params={nn.PARTITION_NAME: "layers"},
-                       )(cfg, deterministic, output_hidden_states, heads=heads, name="layers")
+                       )(cfg, deterministic, output_hidden_states, heads=heads,
+                         output_attention_scores=self.output_attention_scores, name="layers")
 
 
 class BertModel(nn.Module):
     """Embeddings + encoder + pooler on [CLS]: what BertModel is in every BERT implementation. The pooler
     is BERT's dense + tanh, or with model.pooler="gelu_norm" ModernBERT's dense + GELU + norm (params
-    pooler and pooler_norm), which the per-token heads also apply at every token (`pool`)."""
+    pooler and pooler_norm), which the per-token heads also apply at every token (`pool`).
+
+    With the collection HIDDEN_STATES (ATTENTION_SCORES) mutable, the outputs carry "hidden_states"
+    ("attention_scores") and the collection holds them under "layers": what distillation reads through any
+    head. The scores need model.attention_impl="xla"."""
 
     config: BertConfig
     # ELECTRA's generator: the discriminator's Embeddings (tables and norm, E wide), shared; this model
@@ -160,7 +181,10 @@ class BertModel(nn.Module):
             self.embeddings = layers.Embeddings(cfg)
         elif cfg.embedding_width != cfg.hidden_size:
             self.embeddings_project = layers.dense(cfg, cfg.hidden_size, (None, "embed"), "embeddings_project")
-        self.encoder = Encoder(cfg)
+        scores = self.is_mutable_collection(ATTENTION_SCORES)
+        if scores:
+            layers.check_scores_available(cfg.attention_impl)
+        self.encoder = Encoder(cfg, output_attention_scores=scores)
         self.pooler = layers.dense(cfg, cfg.hidden_size, ("embed", None), "pooler")
         if cfg.pooler == "gelu_norm":
             self.pooler_norm = layers.layer_norm(cfg, "pooler_norm")
@@ -180,9 +204,11 @@ class BertModel(nn.Module):
             expected = (self.config.num_layers, max(self.config.layer_heads or (self.config.num_heads,)))
             if head_mask.shape != expected:
                 raise ValueError(f"head_mask has shape {head_mask.shape}: [layers, heads] = {expected} is expected")
-        if output_rows is not None and output_hidden_states:
-            raise ValueError("output_rows and output_hidden_states exclude each other: the last layer's "
-                             "hidden state would hold only some rows")
+        output_hidden_states = output_hidden_states or self.is_mutable_collection(HIDDEN_STATES)
+        output_scores = self.is_mutable_collection(ATTENTION_SCORES)
+        if output_rows is not None and (output_hidden_states or output_scores):
+            raise ValueError("output_rows and output_hidden_states (or attention scores) exclude each other: the last "
+                             "layer's outputs would hold only some rows")
         packed = sequence_ids is not None
         if packed != (cls_positions is not None):
             raise ValueError("packed rows need both sequence_ids and cls_positions")
@@ -205,7 +231,7 @@ class BertModel(nn.Module):
         rows = None
         if output_rows is not None:
             rows = jnp.concatenate([cls_rows, output_rows], axis=1)  # [B, K+Q]: the [CLS] rows first
-        encoded, layer_outputs = self.encoder(x, padding, deterministic, output_hidden_states, rows, head_mask)
+        encoded, layer_outputs, scores = self.encoder(x, padding, deterministic, output_hidden_states, rows, head_mask)
         num_cls = cls_rows.shape[1]
         cls_hidden = encoded[:, :num_cls] if rows is not None else jnp.take_along_axis(encoded, cls_rows[..., None], 1)
         pooled_output = self.pool(cls_hidden)  # [B, K, H]
@@ -215,6 +241,11 @@ class BertModel(nn.Module):
         outputs = {"sequence_output": sequence_output, "pooled_output": pooled_output}
         if output_hidden_states:
             outputs["hidden_states"] = [x] + layer_outputs  # L+1 x [B, S, H], embeddings first
+            if self.is_mutable_collection(HIDDEN_STATES):
+                self.sow(HIDDEN_STATES, "layers", tuple(outputs["hidden_states"]))
+        if output_scores:
+            outputs["attention_scores"] = scores  # L x [B, N, S, S] float32
+            self.sow(ATTENTION_SCORES, "layers", tuple(scores))
         return outputs
 
     def pool(self, x):

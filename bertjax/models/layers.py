@@ -284,6 +284,14 @@ def local_and_global_rotary_tables(cfg, positions):
     return local, rotary_tables(cfg.global_rotary_theta or cfg.rotary_theta, positions, cfg.head_dim)
 
 
+def check_scores_available(attention_impl: str) -> None:
+    """The scores before softmax exist only where attention is computed by XLA's einsums: the fused kernels
+    never write them out."""
+    if attention_impl != "xla":
+        raise ValueError(f"model.attention_impl={attention_impl!r} never materialises the attention scores: set "
+                         "model.attention_impl=xla for attention distillation")
+
+
 class SelfAttention(nn.Module):
     """Multi-head self-attention with a padding mask and an output projection; optionally rotary
     positions on q and k and a sliding window (`local`: the layer is one of the local ones; or, in a
@@ -293,6 +301,9 @@ class SelfAttention(nn.Module):
     deterministic: bool
     local: bool = False
     heads: int = 0  # N of this layer (fewer where pruning removed heads); 0: config.num_heads
+    # Also return the scores before softmax [B, N, Q, S] (attention distillation): attention_impl="xla" only,
+    # the one path that materialises them; the layer then attends through exactly those scores.
+    output_scores: bool = False
 
     @nn.compact
     def __call__(self, x, padding, queries=None, rows=None, is_local=None, rope_tables=None, head_mask=None):
@@ -309,7 +320,14 @@ class SelfAttention(nn.Module):
                                      or (cfg.position_embedding == "rotary" and rope_tables is None)):
             raise ValueError("SelfAttention: a traced is_local needs every query row, local=False and the "
                              "rope_tables of rotary positions")
+        if self.output_scores:
+            check_scores_available(cfg.attention_impl)
         q, k, v, query_positions, key_positions, mask = self._qkv(x, queries, padding, rows, is_local, rope_tables)
+        if self.output_scores:
+            if self.local or is_local is not None:
+                mask = mask & self._band(query_positions, key_positions, is_local, x.shape[1])[:, None]
+            context, scores = self._attend_with_scores(q, k, v, mask)
+            return self._output(context, head_mask), scores
         if cfg.attention_impl == "splash" and queries is x:
             # Segment ids and a static band, in the kernel's own form.
             from bertjax.models import splash  # Pallas' TPU kernel, slow to load: only splash attention needs it
@@ -404,6 +422,18 @@ class SelfAttention(nn.Module):
         probs = Dropout(cfg.attention_dropout_rate)(probs, deterministic=False)
         return jnp.einsum("bnqk,bknd->bqnd", probs, v)  # [B, Q, N, D]
 
+    def _attend_with_scores(self, q, k, v, mask):
+        """(context [B, Q, N, D], scores [B, N, Q, S] float32): the scaled q.k, the keys a query may not see
+        at float32's lowest value (as _attend's own masking), and the context computed from exactly them."""
+        cfg = self.config
+        scores = jnp.einsum("bqnd,bknd->bnqk", q, k, preferred_element_type=jnp.float32)  # [B, N, Q, S]
+        scores = scores / np.sqrt(cfg.head_dim).astype(np.float32)
+        scores = jnp.where(mask, scores, jnp.finfo(jnp.float32).min)
+        probs = jax.nn.softmax(scores, axis=-1).astype(cfg.dtype)
+        if not self.deterministic and cfg.attention_dropout_rate > 0.0:
+            probs = Dropout(cfg.attention_dropout_rate)(probs, deterministic=False)
+        return jnp.einsum("bnqk,bknd->bqnd", probs, v), scores
+
     def _output(self, context, head_mask):
         cfg = self.config
         if head_mask is not None:  # as transformers' head_mask: a multiplier on each head's attention output
@@ -452,7 +482,8 @@ class TransformerBlock(nn.Module):
     Under nn.scan a stack of alternating local and global layers passes each block its kind as the
     traced `is_local` ([] bool, scanned over) and the rotary tables of both kinds (broadcast).
 
-    Returns (x, x or None) so that nn.scan can stack the per-layer outputs when they are wanted.
+    Returns (x, (x or None, scores or None)) so that nn.scan can stack the per-layer outputs (hidden state
+    [B, S, H], attention scores before softmax [B, N, S, S]) when they are wanted.
     """
 
     config: Any  # the encoder config (see the module docstring)
@@ -461,6 +492,7 @@ class TransformerBlock(nn.Module):
     local: bool = False  # sliding-window attention (model.local_attention_window) in this block
     first: bool = False  # layer 0: with norm_placement="pre", no norm before its attention (ModernBERT)
     heads: int = 0  # attention heads of this layer (pruned models); 0: config.num_heads
+    output_attention_scores: bool = False  # also return the attention scores before softmax [B, N, S, S]
 
     @nn.compact
     def __call__(self, x, padding, rows=None, is_local=None, rope_tables=None, head_mask=None):
@@ -469,9 +501,17 @@ class TransformerBlock(nn.Module):
         # [B, Q, H] with rows.
         cfg = self.config
         at_rows = (lambda y: y) if rows is None else (lambda y: jnp.take_along_axis(y, rows[..., None], axis=1))
-        attention_module = SelfAttention(cfg, self.deterministic, self.local, self.heads, name="attention")
-        attention = lambda y, queries: attention_module(y, padding, queries, rows, is_local, rope_tables,  # noqa: E731
-                                                        head_mask)
+        attention_module = SelfAttention(cfg, self.deterministic, self.local, self.heads,
+                                         output_scores=self.output_attention_scores, name="attention")
+        scores = []  # the attention's scores, where asked for
+
+        def attention(y, queries):
+            out = attention_module(y, padding, queries, rows, is_local, rope_tables, head_mask)
+            if self.output_attention_scores:
+                out, layer_scores = out
+                scores.append(layer_scores)
+            return out
+
         feed_forward = FeedForward(cfg, name="mlp")
         # The embedding norm already normalises layer 0's input in ModernBERT's pre-norm stack.
         skip_first_norm = self.first and cfg.norm_placement == "pre"
@@ -486,4 +526,4 @@ class TransformerBlock(nn.Module):
             x = attention_norm(at_rows(x) + dropout(attention(x, at_rows(x)), deterministic=self.deterministic))
             x = mlp_norm(x + dropout(feed_forward(x), deterministic=self.deterministic))
         x = checkpoint_name(nn.with_logical_constraint(x, ("batch", "length", "hidden")), "block_out")
-        return x, (x if self.output_hidden_states else None)
+        return x, (x if self.output_hidden_states else None, scores[0] if scores else None)
