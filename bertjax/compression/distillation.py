@@ -3,7 +3,9 @@
 General distillation is DistilBERT's recipe (Sanh et al. 2019): the student learns the teacher's masked-LM
 distribution at a temperature, the masked-LM labels, and the direction of the teacher's last hidden
 states. Task distillation (Hinton et al. 2015) mixes a fine-tuned teacher's softened logits with the gold
-labels. Here: the losses, the student made from a subset of the teacher's layers, and the train step
+labels. Either adds the intermediate-layer losses (LayerLosses): TinyBERT's (Jiao et al. 2020) embedding,
+hidden-state and attention-score MSEs, with learned projections where the student is narrower, and
+BERT-PKD's (Sun et al. 2019) normalised [CLS] states. Here: the losses, the student made from a subset of the teacher's layers, and the train step
 that takes the teacher's parameters as an argument of the one jitted step (so they are sharded like the
 student's, never trained and never saved in the student's checkpoints). The programs load the teacher
 (bertjax.interop.pretrained) and pass it in.
@@ -17,10 +19,11 @@ import jax
 import jax.numpy as jnp
 from etils import epath
 
-from bertjax.models import bert
+from bertjax.models import bert, layers as model_layers
+from bertjax.tasks.steps import INPUT_KEYS, LAYER_LOSS_METRICS, PACKED_INPUT_KEYS
 
 from bertjax.models.config import BertConfig, field_names, alternates
-from bertjax.training import pretraining_step, sharding
+from bertjax.training import checkpoint, pretraining_step, sharding
 from bertjax.training import step as steps
 from bertjax.training.state import under_rules
 
@@ -28,6 +31,14 @@ from bertjax.training.state import under_rules
 DISTILL_METRICS = ("ce_loss", "cos_loss")
 # The task kinds task distillation supports: logits over classes (per example, choice or token) and a value.
 TASK_KINDS = ("classification", "multiple_choice", "tagging", "regression")
+# The student's learned projections to the teacher's width (TinyBERT's W_e, W_h): trained with the student,
+# kept in the train state's params under this key, saved beside the optimizer state (ProjectionCheckpointer),
+# never in the `params` item that bertjax.load, train.init_from and export read.
+PROJECTIONS = "distill_projections"
+# What distill.layer_map names: TinyBERT's uniform g(m) = m N / M (= PKD-skip), PKD-last; or a tuple.
+LAYER_MAPS = ("uniform", "skip", "last")
+# TinyBERT's published code zeroes attention scores at or below this before the MSE: the masked keys.
+MASKED_SCORE = -1e2
 
 
 # --------------------------------------------------------------------------------------------------
@@ -62,29 +73,235 @@ def cosine_loss(student_hidden, teacher_hidden, mask, eps: float = 1e-8):
     return _weighted_mean(1.0 - cos, mask.astype(jnp.float32))
 
 
+# Shape legend (the intermediate-layer losses): B batch, S sequence, H the teacher's hidden size, H' the
+# student's, N heads, M student layers, K the layers a loss compares.
+
+
+def hidden_mse(student_hidden, teacher_hidden, mask):
+    """The mean squared difference over the real tokens (mask 1) and the features: TinyBERT's MSE of one
+    pair of layers (the embeddings', or student layer m's against teacher layer g(m)), the student's already
+    projected to the teacher's width. student_hidden, teacher_hidden: [B, S, H]; mask: [B, S]. The published
+    code averages over padding too; here padding, whose states nothing reads, is left out, as the cosine does."""
+    s, t = student_hidden.astype(jnp.float32), teacher_hidden.astype(jnp.float32)
+    per_token = jnp.mean(jnp.square(s - t), axis=-1)  # [B, S]
+    return _weighted_mean(per_token, mask.astype(jnp.float32))
+
+
+def attention_mse(student_scores, teacher_scores):
+    """(1/N) sum over heads of MSE(A_S, A_T) of one pair of layers, on the scores before softmax
+    [B, N, S, S], as TinyBERT: the mean over every entry after zeroing the entries <= -1e2 in each.
+
+    Why zero them, as the published task_distill.py/general_distill.py do: those entries are the keys the
+    mask hides (the model puts float32's lowest value there), the same in both models and never attended,
+    so they must add nothing; their raw difference (-3.4e38 against -3.4e38) would be 0 or, once either is
+    scaled or rounded, inf. Zeroed, each is exactly 0 and the mean keeps the published divisor
+    (B N S S), so the published loss weights carry over."""
+    s = jnp.where(student_scores <= MASKED_SCORE, 0.0, student_scores.astype(jnp.float32))
+    t = jnp.where(teacher_scores <= MASKED_SCORE, 0.0, teacher_scores.astype(jnp.float32))
+    return jnp.mean(jnp.square(s - t))
+
+
+def pkd_loss(student_cls, teacher_cls, weights, eps: float = 1e-12):
+    """BERT-PKD's patient loss: sum over the compared layers of ||h_s/||h_s||_2 - h_t/||h_t||_2||^2 on the
+    [CLS] states, the mean over the weighted examples. student_cls, teacher_cls: [K, B, H]; weights: [B]
+    (1 for a real example, 0 for padding). eps keeps a zero vector's norm finite (torch's normalize)."""
+    s, t = student_cls.astype(jnp.float32), teacher_cls.astype(jnp.float32)
+    s = s / jnp.maximum(jnp.linalg.norm(s, axis=-1, keepdims=True), eps)
+    t = t / jnp.maximum(jnp.linalg.norm(t, axis=-1, keepdims=True), eps)
+    per_example = jnp.sum(jnp.square(s - t), axis=(0, 2))  # [B]: summed over layers and features
+    return _weighted_mean(per_example, weights.astype(jnp.float32))
+
+
+def project(projection, x):
+    """A learned projection (TinyBERT's fit_dense: x W + b) of x [..., H'] -> [..., H]; None: x as it is."""
+    if projection is None:
+        return x
+    return (jnp.einsum("...i,ij->...j", x.astype(jnp.float32), projection["kernel"].astype(jnp.float32))
+            + projection["bias"].astype(jnp.float32))
+
+
+@dataclasses.dataclass(frozen=True)
+class LayerLosses:
+    """The intermediate-layer losses' weights (all 0: none, today's distillation), read from the distill
+    section: alpha_embedding x MSE(E_S W_e, E_T) + alpha_hidden x sum_m MSE(H_S^m W_h, H_T^g(m)) +
+    alpha_attention x sum_m attention_mse(A_S^m, A_T^g(m)) + alpha_pkd x pkd_loss over the student's first
+    M - 1 layers. layer_map names g: "uniform" (TinyBERT: g(m) = m N / M), "skip" (PKD-skip: the same
+    every-k-th layers), "last" (PKD-last: g(m) = N - M + m), or a tuple of M teacher layers (1-indexed)."""
+
+    alpha_embedding: float = 0.0
+    alpha_hidden: float = 0.0
+    alpha_attention: float = 0.0
+    alpha_pkd: float = 0.0
+    layer_map: str | tuple = "uniform"
+
+    def __post_init__(self):
+        negative = [f"distill.{f}={getattr(self, f)}" for f in self.alphas() if getattr(self, f) < 0]
+        if negative:
+            raise ValueError(f"{', '.join(negative)}: the loss weights must be >= 0")
+        if isinstance(self.layer_map, str) and self.layer_map not in LAYER_MAPS:
+            raise ValueError(f"distill.layer_map={self.layer_map!r}: choose {', '.join(LAYER_MAPS)} or a tuple of "
+                             "the teacher's layers (1-indexed), one per student layer")
+
+    @staticmethod
+    def alphas() -> tuple:
+        return ("alpha_embedding", "alpha_hidden", "alpha_attention", "alpha_pkd")
+
+    @classmethod
+    def from_config(cls, section) -> "LayerLosses":
+        """The distill section's keys (absent in an older config: 0, "uniform")."""
+        layer_map = section.get("layer_map", "uniform")
+        layer_map = layer_map if isinstance(layer_map, str) else tuple(int(j) for j in layer_map)
+        return cls(**{k: float(section.get(k, 0.0)) for k in cls.alphas()}, layer_map=layer_map)
+
+    @property
+    def on(self) -> bool:
+        return any(getattr(self, f) > 0 for f in self.alphas())
+
+    def metrics(self) -> tuple:
+        """The logged losses: those weighed."""
+        return tuple(name for name, f in zip(LAYER_LOSS_METRICS, self.alphas()) if getattr(self, f) > 0)
+
+    def collections(self) -> tuple:
+        """What the models must record (bert.HIDDEN_STATES, bert.ATTENTION_SCORES) for these losses."""
+        hidden = self.alpha_embedding > 0 or self.alpha_hidden > 0 or self.alpha_pkd > 0
+        return (bert.HIDDEN_STATES,) * hidden + (bert.ATTENTION_SCORES,) * (self.alpha_attention > 0)
+
+
+def teacher_layer_map(layer_map, student_layers: int, teacher_layers: int) -> tuple:
+    """g(1) .. g(M): the teacher layer (1-indexed; 0 is the embeddings) each student layer learns from.
+    12 -> 6: uniform/skip (2, 4, 6, 8, 10, 12), last (7, 8, 9, 10, 11, 12); PKD reads the first M - 1."""
+    m, n = student_layers, teacher_layers
+    if not isinstance(layer_map, str):
+        layer_map = tuple(layer_map)
+        if len(layer_map) != m or not all(1 <= j <= n for j in layer_map) or list(layer_map) != sorted(set(layer_map)):
+            raise ValueError(f"distill.layer_map={layer_map}: give {m} increasing teacher layers in 1..{n}, one per "
+                             "student layer (or uniform, skip, last)")
+        return layer_map
+    if m > n:
+        raise ValueError(f"distill.layer_map={layer_map!r}: the student has {m} layers, the teacher only {n}: give a "
+                         "tuple of teacher layers, one per student layer")
+    if layer_map == "last":
+        return tuple(n - m + i for i in range(1, m + 1))
+    if n % m:
+        raise ValueError(f"distill.layer_map={layer_map!r} takes every {n}/{m}-th teacher layer, not a whole number: "
+                         f"give a tuple of {m} teacher layers in 1..{n}")
+    return tuple(i * n // m for i in range(1, m + 1))
+
+
+def projection_names(settings: LayerLosses, student: BertConfig, teacher: BertConfig) -> tuple:
+    """The projections a student narrower than its teacher learns: "embedding" (W_e) and "hidden" (W_h,
+    one for every layer, as in the paper), each where its loss is weighed. () at the same width."""
+    if student.hidden_size == teacher.hidden_size:
+        return ()
+    return tuple(name for name, alpha in (("embedding", settings.alpha_embedding), ("hidden", settings.alpha_hidden))
+                 if alpha > 0)
+
+
+def check_layer_losses(settings: LayerLosses, student: BertConfig, teacher: BertConfig,
+                       projections_allowed: bool = True) -> tuple:
+    """The intermediate-layer losses against the two models, one line per thing to change; returns g."""
+    if not settings.on:
+        return ()
+    g = teacher_layer_map(settings.layer_map, student.num_layers, teacher.num_layers)
+    if settings.alpha_attention > 0:
+        model_layers.check_scores_available(student.attention_impl)
+        s_heads = {student.heads_of(i) for i in range(student.num_layers)}
+        t_heads = {teacher.heads_of(j - 1) for j in g}
+        if s_heads != t_heads or len(s_heads) != 1:
+            raise ValueError(f"distill.alpha_attention={settings.alpha_attention} compares heads one to one, but the "
+                             f"student has {sorted(s_heads)} heads and the teacher's layers {sorted(t_heads)}: set "
+                             "model.num_heads to the teacher's, or distill.alpha_attention=0")
+    if settings.alpha_pkd > 0 and student.hidden_size != teacher.hidden_size:
+        raise ValueError(f"distill.alpha_pkd={settings.alpha_pkd} compares [CLS] states of one width, but the student's "
+                         f"hidden_size {student.hidden_size} is not the teacher's {teacher.hidden_size}: set "
+                         "distill.alpha_pkd=0, or distil a student of the teacher's width")
+    if student.hidden_size > teacher.hidden_size and (settings.alpha_embedding > 0 or settings.alpha_hidden > 0):
+        raise ValueError(f"distill.alpha_embedding/alpha_hidden project a narrower student to the teacher's width, but "
+                         f"the student's hidden_size {student.hidden_size} exceeds the teacher's "
+                         f"{teacher.hidden_size}: make the student narrower, or set both to 0")
+    if not projections_allowed and projection_names(settings, student, teacher):
+        raise ValueError(f"task distillation compares hidden states at one width, but the student's hidden_size "
+                         f"{student.hidden_size} is not the teacher's {teacher.hidden_size}: set "
+                         "distill.alpha_embedding=0 and distill.alpha_hidden=0 (general distillation learns projections)")
+    return g
+
+
+def init_projections(rng, names: tuple, student_width: int, teacher_width: int, stddev: float) -> dict:
+    """Fresh projections {name: {kernel [H', H], bias [H]}}, boxed with logical axis names (the student's
+    width sharded as its "embed", the teacher's replicated): BERT's truncated normal, zero bias."""
+    out = {}
+    for i, name in enumerate(names):
+        kernel = model_layers.truncated_normal_init(stddev)(jax.random.fold_in(rng, i), (student_width, teacher_width))
+        out[name] = {"kernel": nn.LogicallyPartitioned(kernel, ("embed", None)),
+                     "bias": nn.LogicallyPartitioned(jnp.zeros((teacher_width,), jnp.float32), (None,))}
+    return out
+
+
+def recorded(variables: dict, collection: str) -> tuple:
+    """The per-layer arrays BertModel recorded in `collection` (wherever a head put it: under "bert")."""
+    if collection not in variables:
+        return ()
+    return variables[collection]["bert"]["layers"][0]
+
+
+def layer_losses(settings: LayerLosses, g: tuple, student: dict, teacher: dict, mask, example_weights,
+                 projections: dict | None):
+    """(the weighted sum, {metric: loss}) of the intermediate-layer losses. student, teacher: the recorded
+    collections ({bert.HIDDEN_STATES: M+1 x [B, S, H'] (N+1 for the teacher), bert.ATTENTION_SCORES: M x
+    [B, N, S, S]}); g: teacher_layer_map's; mask [B, S]; example_weights [B]; projections: {"embedding",
+    "hidden"} where the student is narrower."""
+    projections = projections or {}
+    total, out = jnp.float32(0.0), {}
+    s_hidden, t_hidden = recorded(student, bert.HIDDEN_STATES), recorded(teacher, bert.HIDDEN_STATES)
+    if settings.alpha_embedding > 0:
+        out["embedding_loss"] = hidden_mse(project(projections.get("embedding"), s_hidden[0]), t_hidden[0], mask)
+        total = total + settings.alpha_embedding * out["embedding_loss"]
+    if settings.alpha_hidden > 0:
+        w = projections.get("hidden")
+        out["hidden_loss"] = sum(hidden_mse(project(w, s_hidden[m]), t_hidden[j], mask) for m, j in enumerate(g, 1))
+        total = total + settings.alpha_hidden * out["hidden_loss"]
+    if settings.alpha_attention > 0:
+        s_scores, t_scores = recorded(student, bert.ATTENTION_SCORES), recorded(teacher, bert.ATTENTION_SCORES)
+        out["attention_loss"] = sum(attention_mse(s_scores[m - 1], t_scores[j - 1]) for m, j in enumerate(g, 1))
+        total = total + settings.alpha_attention * out["attention_loss"]
+    if settings.alpha_pkd > 0:
+        pairs = list(enumerate(g[:-1], 1))  # the top layer is the prediction loss's
+        if pairs:
+            s_cls = jnp.stack([s_hidden[m][:, 0] for m, _ in pairs])  # [K, B, H]: [CLS], the first token
+            t_cls = jnp.stack([t_hidden[j][:, 0] for _, j in pairs])
+            out["pkd_loss"] = pkd_loss(s_cls, t_cls, example_weights)
+        else:  # a one-layer student has no intermediate layer
+            out["pkd_loss"] = jnp.float32(0.0)
+        total = total + settings.alpha_pkd * out["pkd_loss"]
+    return total, out
+
+
 @dataclasses.dataclass(frozen=True)
 class LossWeights:
     """General distillation's loss: alpha_ce x soft CE (at temperature) + alpha_mlm x masked LM +
-    alpha_cos x cosine + alpha_nsp x the sentence task (data.objective's)."""
+    alpha_cos x cosine + alpha_nsp x the sentence task (data.objective's) + the intermediate-layer losses
+    (`layers`, TinyBERT's and BERT-PKD's)."""
 
     temperature: float = 2.0
     alpha_ce: float = 5.0
     alpha_mlm: float = 2.0
     alpha_cos: float = 1.0
     alpha_nsp: float = 0.0
+    layers: LayerLosses = LayerLosses()
 
     def __post_init__(self):
         if not self.temperature > 0:
             raise ValueError(f"distill.temperature={self.temperature} must be positive (DistilBERT: 2.0)")
         alphas = {f"distill.{f}": getattr(self, f) for f in ("alpha_ce", "alpha_mlm", "alpha_cos", "alpha_nsp")}
         negative = [f"{k}={v}" for k, v in alphas.items() if v < 0]
-        if negative or not any(alphas.values()):
+        if negative or not (any(alphas.values()) or self.layers.on):
             raise ValueError(f"{', '.join(negative) or 'every distill.alpha_* is 0'}: the loss weights must be >= 0 "
                              "and not all 0")
 
     def mean_metrics(self, objective: str) -> tuple:
         """The metrics the loss returns as means (train_step averages them over microbatches)."""
-        return ("mlm_loss",) + DISTILL_METRICS + ((f"{objective}_loss",) if self.alpha_nsp > 0 else ())
+        return (("mlm_loss",) + DISTILL_METRICS + ((f"{objective}_loss",) if self.alpha_nsp > 0 else ())
+                + self.layers.metrics())
 
 
 def check_objective(weights: LossWeights, objective: str) -> None:
@@ -93,36 +310,57 @@ def check_objective(weights: LossWeights, objective: str) -> None:
                          "has none: set data.objective=nsp (or sop), or distill.alpha_nsp=0")
 
 
+def _forward_recording(net, params, batch, deterministic: bool, rngs, heads_only: bool, collections: tuple):
+    """pretraining_step.forward, and the collections the model recorded ({} when none is asked for)."""
+    if not collections:
+        return pretraining_step.forward(net, params, batch, deterministic, rngs, heads_only=heads_only), {}
+    packed = {key: batch[key] for key in ("sequence_ids", "position_ids", "sentence_positions") if key in batch}
+    return net.apply({"params": params}, batch["input_ids"], batch["segment_ids"], batch["input_mask"],
+                     batch["masked_lm_positions"], deterministic=deterministic, rngs=rngs, heads_only=heads_only,
+                     mutable=list(collections), **packed)
+
+
 def pretraining_distillation_loss(params, batch, dropout_rng, teacher_params, *, net, teacher_net,
-                                  weights: LossWeights, objective: str):
+                                  weights: LossWeights, objective: str, layer_map: tuple = ()):
     """General distillation's loss on a pretraining batch: (loss, metric sums) as step.train_step takes it.
 
     The soft CE is taken where the masked-LM loss is, at the masked positions (DistilBERT's choice; the
-    heads then run at P positions, not S). The cosine reads every real token's last hidden state, so with
-    alpha_cos > 0 both models run their last block at all positions. The teacher runs without dropout."""
-    hidden = weights.alpha_cos > 0
-    student = pretraining_step.forward(net, params, batch, False, {"dropout": dropout_rng}, heads_only=not hidden)
-    teacher = jax.lax.stop_gradient(pretraining_step.forward(teacher_net, teacher_params, batch, True,
-                                                        heads_only=not hidden))
+    heads then run at P positions, not S). The cosine and the intermediate-layer losses read every real
+    token, so with them both models run their last block at all positions. The teacher runs without
+    dropout. params may carry the student's projections (PROJECTIONS); layer_map: check_layer_losses' g."""
+    hidden = weights.alpha_cos > 0 or weights.layers.on
+    collections = weights.layers.collections()
+    projections = params.get(PROJECTIONS)
+    params = {k: v for k, v in params.items() if k != PROJECTIONS}
+    student, s_recorded = _forward_recording(net, params, batch, False, {"dropout": dropout_rng}, not hidden,
+                                             collections)
+    teacher, t_recorded = jax.lax.stop_gradient(_forward_recording(teacher_net, teacher_params, batch, True, None,
+                                                                   not hidden, collections))
     sentence = objective if weights.alpha_nsp > 0 else "none"  # the sentence head is dropped unless weighed
     _, sums = bert.pretraining_loss(student["mlm_logits"], student.get("nsp_logits"), batch["masked_lm_ids"],
                                     batch["masked_lm_weights"], batch["next_sentence_labels"], objective=sentence,
                                     sentence_weights=batch.get("sentence_weights"))
     ce = soft_cross_entropy(student["mlm_logits"], teacher["mlm_logits"], batch["masked_lm_weights"],
                             weights.temperature)
-    cos = (cosine_loss(student["sequence_output"], teacher["sequence_output"], batch["input_mask"]) if hidden
-           else jnp.float32(0.0))
+    cos = (cosine_loss(student["sequence_output"], teacher["sequence_output"], batch["input_mask"])
+           if weights.alpha_cos > 0 else jnp.float32(0.0))
     loss = weights.alpha_ce * ce + weights.alpha_mlm * sums["mlm_loss"] + weights.alpha_cos * cos
     if weights.alpha_nsp > 0:
         loss = loss + weights.alpha_nsp * sums[f"{objective}_loss"]
-    return loss, dict(sums, ce_loss=ce, cos_loss=cos)
+    extra = {}
+    if weights.layers.on:
+        layered, extra = layer_losses(weights.layers, layer_map, s_recorded, t_recorded, batch["input_mask"],
+                                      jnp.ones(batch["input_ids"].shape[:1], jnp.float32), projections)
+        loss = loss + layered
+    return loss, dict(sums, ce_loss=ce, cos_loss=cos, **extra)
 
 
 def summarize(window: dict) -> dict:
-    """A general distillation window's logged line: pretraining's metrics and the two distillation losses."""
+    """A general distillation window's logged line: pretraining's metrics and the distillation losses."""
     out = pretraining_step.summarize(window)
     steps_done = max(float(window["steps"]), 1.0)
-    out.update({name: float(window[name]) / steps_done for name in DISTILL_METRICS})
+    out.update({name: float(window[name]) / steps_done for name in DISTILL_METRICS + LAYER_LOSS_METRICS
+                if name in window})
     return out
 
 
@@ -140,6 +378,32 @@ def task_distillation_loss(logits, labels, weights, teacher_logits, *, gold_loss
     else:
         soft = soft_cross_entropy(logits, teacher_logits, weights, temperature)
     return (1.0 - alpha) * gold + alpha * soft, dict(sums, soft_loss_sum=soft * jnp.sum(weights))
+
+
+def task_layer_distillation_loss(params, batch, dropout_rng, teacher_params, *, net, teacher_net, soft_loss,
+                                 settings: LayerLosses, layer_map: tuple):
+    """Task distillation with the intermediate-layer losses: soft_loss (task_distillation_loss, partially
+    applied) on the logits of one forward pass each, which also records the layers the losses compare
+    (tasks.steps.task_loss's inputs and weights). Returns (loss, sums), the layer losses as means."""
+    weights = batch["example_weight"]  # [B]
+    packed = {k: batch[k] for k in PACKED_INPUT_KEYS if k in batch}
+    if packed:
+        raise ValueError("distill.alpha_embedding/alpha_hidden/alpha_attention/alpha_pkd compare whole rows: set "
+                         "data.packing=False for task distillation with them")
+    if "label_weight" in batch:  # tagging: the tokens that carry a tag, [B, S]
+        weights = batch["label_weight"] if packed else batch["label_weight"] * weights[:, None]
+    inputs = [batch[k] for k in INPUT_KEYS]
+    collections = list(settings.collections())
+    logits, s_recorded = net.apply({"params": params}, *inputs, deterministic=False, rngs={"dropout": dropout_rng},
+                                   mutable=collections, **packed)
+    teacher_logits, t_recorded = jax.lax.stop_gradient(teacher_net.apply(
+        {"params": teacher_params}, *inputs, deterministic=True, mutable=collections, **packed))
+    loss, sums = soft_loss(logits, batch["label"], weights, teacher_logits)
+    mask = batch["input_mask"].reshape(-1, batch["input_mask"].shape[-1])  # [B, S] ([B*C, S] for choices)
+    rows = batch["example_weight"].astype(jnp.float32)
+    rows = jnp.repeat(rows, mask.shape[0] // rows.shape[0])  # each choice row carries its example's weight
+    layered, extra = layer_losses(settings, layer_map, s_recorded, t_recorded, mask * rows[:, None], rows, None)
+    return loss + layered, dict(sums, **extra)
 
 
 def teacher_task_logits(teacher_params, input_ids, segment_ids, input_mask, *, net, **packed):
@@ -263,3 +527,36 @@ def compile_step_with_teacher(setup, loss_fn, teacher_params, data_sharding, gra
                          in_shardings=(setup.state_sharding, data_sharding, None, teacher_sharding),
                          out_shardings=(setup.state_sharding, None), donate_argnums=(0,))
     return lambda state, batch, dropout_key: jitted(state, batch, dropout_key, teacher_params)
+
+
+# --------------------------------------------------------------------------------------------------
+# The student's projections in its checkpoints
+# --------------------------------------------------------------------------------------------------
+
+
+class ProjectionCheckpointer:
+    """A training.checkpoint.Checkpointer for a state whose params carry PROJECTIONS: the checkpoint's
+    `params` item holds the student alone (what bertjax.load, train.init_from and export read, so the
+    workdir reads as any pretraining workdir), and its `opt_state` item {"optimizer": the optimizer's
+    state, PROJECTIONS: the projections}, so that a resumed run goes on exactly. Anything else is the
+    wrapped checkpointer's."""
+
+    def __init__(self, checkpointer: checkpoint.Checkpointer):
+        self._inner = checkpointer
+
+    def __getattr__(self, name):
+        return getattr(self._inner, name)
+
+    def save(self, step: int, params, opt_state, meta, force: bool = False) -> bool:
+        student = {k: v for k, v in params.items() if k != PROJECTIONS}
+        return self._inner.save(step, student, {"optimizer": opt_state, PROJECTIONS: params[PROJECTIONS]}, meta,
+                                force=force)
+
+    def restore_latest(self, abstract_params, abstract_opt_state, check_meta=None):
+        student = {k: v for k, v in abstract_params.items() if k != PROJECTIONS}
+        restored = self._inner.restore_latest(
+            student, {"optimizer": abstract_opt_state, PROJECTIONS: abstract_params[PROJECTIONS]}, check_meta)
+        if restored is None:
+            return None
+        return dataclasses.replace(restored, params=dict(restored.params, **{PROJECTIONS: restored.opt_state[PROJECTIONS]}),
+                                   opt_state=restored.opt_state["optimizer"])

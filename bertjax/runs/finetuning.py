@@ -439,21 +439,33 @@ def distillation_step(config, task, num_labels: int, start_from: TaskStart, setu
         raise ValueError(f"distill.teacher={settings.teacher}: a fine-tuned encoder with its tokenizer is needed "
                          "(not a feature-based tagger)")
     distillation.check_same_vocabulary(start_from.files.vocab_path, teacher.tokenizer.vocab_path, "distill.teacher")
+    layer_losses = distillation.LayerLosses.from_config(settings)
+    layer_map = distillation.check_layer_losses(layer_losses, start_from.bert_config, teacher.config,
+                                                projections_allowed=False)
     say(f"distilling from {settings.teacher} ({teacher.config.num_layers} layers, hidden {teacher.config.hidden_size}): "
-        f"alpha {settings.alpha:g}, temperature {settings.temperature:g}")
+        f"alpha {settings.alpha:g}, temperature {settings.temperature:g}"
+        + "".join(f", {k} {getattr(layer_losses, k):g}" for k in layer_losses.alphas() if getattr(layer_losses, k) > 0))
     teacher_net = heads.network(task.kind, teacher.config, num_labels)
     example = heads.dummy_inputs(task.kind, 1, config.data.max_seq_length, task.num_choices or 1)
     teacher_params = distillation.place_params(teacher_net, example, teacher.params, setup.mesh, setup.rules)
     return task_distillation_step(setup, teacher_net, teacher_params, task.kind, float(settings.temperature),
-                                  float(settings.alpha), data_sharding, config.train.grad_accum_steps)
+                                  float(settings.alpha), data_sharding, config.train.grad_accum_steps,
+                                  layer_losses, layer_map)
 
 
 def task_distillation_step(setup: Setup, teacher_net, teacher_params, kind: str, temperature: float, alpha: float,
-                           data_sharding, grad_accum_steps: int):
+                           data_sharding, grad_accum_steps: int,
+                           layer_losses: distillation.LayerLosses = distillation.LayerLosses(), layer_map: tuple = ()):
     """task_loss with the teacher's logits mixed into the loss (distillation.task_distillation_loss), jitted
-    with the teacher's params as an argument of the step."""
+    with the teacher's params as an argument of the step; with layer_losses on, the intermediate-layer
+    losses added (distillation.task_layer_distillation_loss)."""
     soft = functools.partial(distillation.task_distillation_loss, gold_loss=heads.head(kind).loss, kind=kind,
                              temperature=temperature, alpha=alpha)
+    if layer_losses.on:
+        loss_fn = functools.partial(distillation.task_layer_distillation_loss, net=setup.net, teacher_net=teacher_net,
+                                    soft_loss=soft, settings=layer_losses, layer_map=layer_map)
+        return distillation.compile_step_with_teacher(setup, loss_fn, teacher_params, data_sharding, grad_accum_steps,
+                                                      layer_losses.metrics())
 
     def loss_fn(params, batch, dropout_rng, teacher_params):
         teacher_logits = functools.partial(distillation.teacher_task_logits, teacher_params, net=teacher_net)

@@ -6,12 +6,15 @@
 
 Everything but the teacher is pretraining's (runs/pretraining.py): the stream, the loop and its hooks,
 checkpoints, SIGTERM/Ctrl-C and resume. The teacher runs inside the jitted step as an argument in the
-student's shardings; it is not trained and not saved. The workdir reads as any pretraining workdir.
+student's shardings; it is not trained and not saved. The workdir reads as any pretraining workdir: a
+narrower student's learned projections (TinyBERT's) are saved beside the optimizer state, not with the
+student's params (distillation.ProjectionCheckpointer).
 Task distillation is part of fine-tuning (runs/finetuning.py).
 """
 
 import functools
 
+import jax
 import ml_collections
 
 from bertjax.compression import distillation
@@ -44,7 +47,9 @@ def distill(config, workdir: str, distributed: start.Distributed | None = None) 
 
         # ---------------------------------------------------------------- the student: shapes first
         init_key, dropout_key = root_keys(config.train.seed, config.train.dropout_rng)
-        setup = pretraining_step.setup(one_step(config) if extract_only else config, layout.mesh, layout.rules, init_key)
+        layer_map, projections = check_layer_losses(config, teacher.config, weights)
+        setup = pretraining_step.setup(one_step(config) if extract_only else config, layout.mesh, layout.rules, init_key,
+                                       prepare_params=with_projections(projections, config, teacher.config, init_key))
         student = setup.bert_config
         bert.check_input_shapes(student, config.data.max_seq_length, config.data.max_predictions_per_seq)
         distillation.check_student(teacher.config, student, weights)
@@ -53,6 +58,10 @@ def distill(config, workdir: str, distributed: start.Distributed | None = None) 
 
         # ---------------------------------------------------------------- restore: workdir > init_from > layers > scratch
         checkpointer = pretraining.make_checkpointer(config, workdir, setup.abstract_state)
+        if projections:
+            checkpointer = distillation.ProjectionCheckpointer(checkpointer)
+            say(f"learned projections to the teacher's width ({', '.join(projections)}): saved beside the optimizer "
+                "state, not with the student's params")
         with layout.active():
             state = pretraining.restore(config, setup, checkpointer, init_key)
             if layers and int(state.step) == 0:  # neither resumed nor from train.init_from
@@ -68,7 +77,8 @@ def distill(config, workdir: str, distributed: start.Distributed | None = None) 
         stream = pretraining.open_stream(config, workdir, student, int(state.step), layout.data_sharding)
 
         # ---------------------------------------------------------------- jitted steps, the teacher an argument
-        p_train_step = compile_step(config, setup, teacher_net, teacher_params, weights, layout.data_sharding)
+        p_train_step = compile_step(config, setup, teacher_net, teacher_params, weights, layout.data_sharding,
+                                    layer_map)
         _, p_eval_step = setup.compile_steps(layout.data_sharding, config.train.grad_accum_steps)  # the student's MLM
 
         # ---------------------------------------------------------------- loop
@@ -85,7 +95,8 @@ def distill_settings(config) -> tuple[distillation.LossWeights, tuple[int, ...],
     """The distill section read and checked: the loss weights, the teacher's layers the student starts from
     (distill.student_layers; () for none), and whether the run only saves the student so made."""
     weights = distillation.LossWeights(**{k: float(config.distill[k]) for k in (
-        "temperature", "alpha_ce", "alpha_mlm", "alpha_cos", "alpha_nsp")})
+        "temperature", "alpha_ce", "alpha_mlm", "alpha_cos", "alpha_nsp")},
+        layers=distillation.LayerLosses.from_config(config.distill))
     distillation.check_objective(weights, config.data.objective)
     layers = tuple(int(j) for j in config.distill.student_layers or ())
     if layers and config.train.init_from:
@@ -148,13 +159,39 @@ def place_teacher(config, teacher: pretrained.Pretrained, layout: start.Layout):
     return teacher_net, teacher_params
 
 
-def compile_step(config, setup, teacher_net, teacher_params, weights: distillation.LossWeights, data_sharding):
+def compile_step(config, setup, teacher_net, teacher_params, weights: distillation.LossWeights, data_sharding,
+                 layer_map: tuple = ()):
     """The jitted train step of the student, the teacher's params an argument of it (not trained, not saved)."""
     loss_fn = functools.partial(distillation.pretraining_distillation_loss, net=setup.net,
-                                teacher_net=teacher_net, weights=weights, objective=config.data.objective)
+                                teacher_net=teacher_net, weights=weights, objective=config.data.objective,
+                                layer_map=layer_map)
     return distillation.compile_step_with_teacher(
         setup, loss_fn, teacher_params, data_sharding, config.train.grad_accum_steps,
         weights.mean_metrics(config.data.objective))
+
+
+def check_layer_losses(config, teacher: BertConfig, weights: distillation.LossWeights) -> tuple[tuple, tuple]:
+    """The intermediate-layer losses against the student (the model section as resolved) and the teacher:
+    (g, the teacher layer of each student layer; the projections a narrower student learns)."""
+    if not weights.layers.on:
+        return (), ()
+    student = BertConfig.from_dict(config.model)
+    layer_map = distillation.check_layer_losses(weights.layers, student, teacher)
+    projections = distillation.projection_names(weights.layers, student, teacher)
+    if projections and config.train.init_from:
+        raise ValueError(f"train.init_from with a student narrower than the teacher ({student.hidden_size} < "
+                         f"{teacher.hidden_size}) and distill.alpha_embedding/alpha_hidden: the learned projections "
+                         "start fresh only with the student; unset train.init_from, or set both alphas to 0")
+    return layer_map, projections
+
+
+def with_projections(names: tuple, config, teacher: BertConfig, init_key):
+    """Setup's prepare_params adding the student's fresh projections to the teacher's width (None: none)."""
+    if not names:
+        return None
+    key = jax.random.fold_in(init_key, 1)
+    return lambda params: dict(params, **{distillation.PROJECTIONS: distillation.init_projections(
+        key, names, int(config.model.hidden_size), teacher.hidden_size, float(config.model.initializer_range))})
 
 
 def check_student_vocabulary(config) -> None:

@@ -17,6 +17,11 @@ TRAIN_KEYS = INPUT_KEYS + ("label", "example_weight")
 PACKED_INPUT_KEYS = task_batches.PACKED_INPUT_KEYS  # sequence_ids, position_ids, cls_positions
 
 
+# Distillation's intermediate-layer losses (compression/distillation.py's LayerLosses), returned as means
+# where weighed: TinyBERT's embedding, hidden-state and attention MSEs and BERT-PKD's [CLS] loss.
+LAYER_LOSS_METRICS = ("embedding_loss", "hidden_loss", "attention_loss", "pkd_loss")
+
+
 def task_loss(params, batch: dict, dropout_rng, *, net, loss, teacher=None):
     """The head's loss on a batch of task examples: (loss, metric sums), as step.train_step takes it.
     A packed batch (bertjax/tasks/batches.py) carries sequence_ids, position_ids and cls_positions too.
@@ -44,6 +49,7 @@ def summarize_train(window: dict) -> dict:
         out["accuracy"] = float(window["correct"]) / max(float(window["count"]), 1.0)
     if "soft_loss_sum" in window:  # task distillation's loss toward the teacher
         out["soft_loss"] = float(window["soft_loss_sum"]) / max(float(window["count"]), 1.0)
+    out.update({name: float(window[name]) / steps for name in LAYER_LOSS_METRICS if name in window})
     return out
 
 

@@ -132,15 +132,16 @@ def constant_guess_accuracy(eval_batches: list) -> float | None:
     return float(np.bincount(labels).max() / labels.size) if labels.size else None
 
 
-def setup(config, mesh, rules, init_key, platform: str | None = None) -> PretrainingSetup:
+def setup(config, mesh, rules, init_key, platform: str | None = None, prepare_params=None) -> PretrainingSetup:
     """The pretraining Setup of a configs/<size>.py config. platform resolves the model's "auto" fields
-    (default: the backend JAX runs on); the planner passes "tpu" to lay out a TPU step from a CPU machine."""
+    (default: the backend JAX runs on); the planner passes "tpu" to lay out a TPU step from a CPU machine.
+    prepare_params: as state.Setup.create's (distillation adds the student's projections)."""
     bert_config = BertConfig.from_dict(config.model, platform=platform)
     tx, schedule = optim.optimizer_from_config(config.optimizer, config.schedule, config.train.num_steps)
     shapes = (1, config.data.max_seq_length, config.data.max_predictions_per_seq)
     if config.get("electra") is None:
         return PretrainingSetup.create(bert.BertForPreTraining(bert_config), bert.dummy_batch(*shapes), tx, schedule,
-                                       mesh, rules, init_key, bert_config=bert_config,
+                                       mesh, rules, init_key, prepare_params, bert_config=bert_config,
                                        objective=config.data.objective)
     generator = electra_generator(config.electra, bert_config)
     return PretrainingSetup.create(electra.ElectraForPreTraining(bert_config, generator), electra.dummy_batch(*shapes),

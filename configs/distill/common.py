@@ -18,6 +18,27 @@ from configs import common
 DISTILBERT_LAYERS = (0, 2, 4, 7, 9, 11)
 
 
+def layer_losses() -> dict:
+    """The intermediate-layer losses (all 0: none), the keys general and task distillation share: TinyBERT's
+    (Jiao et al. 2020; configs/distill/tinybert.py) and BERT-PKD's (Sun et al. 2019)."""
+    return dict(
+        # MSE(E_student W_e, E_teacher) of the embedding outputs (real tokens); W_e learned where the student
+        # is narrower (general distillation), the identity at the same width.
+        alpha_embedding=0.0,
+        # sum over student layers m of MSE(H_m W_h, H_teacher g(m)); one W_h for every layer, as W_e.
+        alpha_hidden=0.0,
+        # sum over m of the MSE of the attention scores before softmax (model.attention_impl=xla; the same
+        # head count in both), the masked entries zeroed as TinyBERT's code does.
+        alpha_attention=0.0,
+        # BERT-PKD: sum over the student's first M - 1 layers of ||h/||h|| - h_T/||h_T|| ||^2 on [CLS] (beta).
+        alpha_pkd=0.0,
+        # g(m), the teacher layer student layer m (1..M) learns from (0 = embeddings -> 0): "uniform"
+        # (TinyBERT, m N / M), "skip" (PKD-skip, the same), "last" (PKD-last, N - M + m), or a tuple of M
+        # teacher layers, 1-indexed: --config.distill.layer_map="(3,6,9,12)".
+        layer_map=config_dict.FieldReference("uniform", field_type=object),
+    )
+
+
 def distill_config() -> ml_collections.ConfigDict:
     config = common.base_config()
     config.distill = ml_collections.ConfigDict(dict(
@@ -31,6 +52,7 @@ def distill_config() -> ml_collections.ConfigDict:
         alpha_mlm=2.0,  # the masked-LM loss on the labels
         alpha_cos=1.0,  # 1 - cosine between the student's and the teacher's last hidden states (real tokens)
         alpha_nsp=0.0,  # the sentence task of data.objective (nsp | sop); DistilBERT drops it
+        **layer_losses(),
     ))
     # DistilBERT drops next-sentence prediction: rows of full sentences, masked LM only.
     config.data.objective = "none"

@@ -11,6 +11,7 @@ import ml_collections
 from ml_collections import config_dict
 
 from configs import common
+from configs.distill import common as distill_configs
 
 # The paper's grid for the fine-tuning learning rate (it also tried 4e-5 in appendix A.3).
 PAPER_LEARNING_RATES = (2e-5, 3e-5, 5e-5)
@@ -83,6 +84,10 @@ def finetune_config(task: str) -> ml_collections.ConfigDict:
         teacher=config_dict.placeholder(str),  # unset: plain fine-tuning
         temperature=2.0,
         alpha=0.5,  # the weight of the teacher's soft targets against the gold labels, in [0, 1]
+        # The intermediate-layer losses (configs/distill/common.py's layer_losses: TinyBERT's embedding,
+        # hidden and attention MSEs, BERT-PKD's alpha_pkd; all 0: none), added to the loss above. Here the
+        # student must have the teacher's width (no learned projection) and unpacked rows.
+        **distill_configs.layer_losses(),
     ))
     # python -m bertjax.prune (train.init_from: a model fine-tuned on this task; docs/performance.md, Pruning).
     config.prune = ml_collections.ConfigDict(dict(
