@@ -369,3 +369,174 @@ def test_task_distillation_is_exact_at_alpha_zero_and_follows_the_teacher_above(
     assert "soft_loss_sum" in at_one[2]
     with pytest.raises(ValueError, match="supports classification.*not span"):
         distillation.check_task_distillation("span", 2.0, 0.5)
+
+
+# ---------------------------------------------------------------------------------------------------
+# The intermediate-layer losses (TinyBERT, BERT-PKD): against torch, written from the papers' formulas
+# ---------------------------------------------------------------------------------------------------
+
+
+def _recorded(hidden=None, scores=None):
+    """What BertModel records, as distillation.layer_losses reads it."""
+    out = {}
+    if hidden is not None:
+        out[bert.HIDDEN_STATES] = {"bert": {"layers": (tuple(hidden),)}}
+    if scores is not None:
+        out[bert.ATTENTION_SCORES] = {"bert": {"layers": (tuple(scores),)}}
+    return out
+
+
+@pytest.mark.parametrize("layer_map", ["skip", "last"])
+def test_layer_losses_match_torch(layer_map):
+    """TinyBERT's embedding, hidden (narrower student, learned projections) and attention MSEs and BERT-PKD's
+    normalised [CLS] loss, each against torch on the same random tensors; the student has M=3 layers, the
+    teacher N=6, so skip reads teacher layers 2, 4 (6 for the top) and last 4, 5 (6)."""
+    F = torch.nn.functional
+    rng = np.random.default_rng(0)
+    b, s, n, hs, ht, m, big_n = 3, 5, 2, 4, 6, 3, 6
+    mask = np.array([[1, 1, 1, 0, 0], [1, 1, 1, 1, 1], [1, 1, 0, 0, 0]], np.float32)
+    s_hidden = [rng.normal(size=(b, s, hs)).astype(np.float32) for _ in range(m + 1)]
+    t_hidden = [rng.normal(size=(b, s, ht)).astype(np.float32) for _ in range(big_n + 1)]
+    lowest = np.finfo(np.float32).min  # the model's masked score
+
+    def scores():
+        a = (3 * rng.normal(size=(b, n, s, s))).astype(np.float32)
+        return np.where(mask[:, None, None, :] > 0, a, lowest)
+    s_scores, t_scores = [scores() for _ in range(m)], [scores() for _ in range(big_n)]
+    proj = {name: {"kernel": rng.normal(size=(hs, ht)).astype(np.float32) * 0.5,
+                   "bias": rng.normal(size=(ht,)).astype(np.float32)} for name in ("embedding", "hidden")}
+    example_weights = np.array([1, 1, 0], np.float32)  # the third a padding example
+    settings = distillation.LayerLosses(alpha_embedding=1.0, alpha_hidden=2.0, alpha_attention=3.0,
+                                        layer_map=layer_map)
+    g = distillation.teacher_layer_map(layer_map, m, big_n)
+    total, got = distillation.layer_losses(settings, g, _recorded(s_hidden, s_scores), _recorded(t_hidden, t_scores),
+                                           mask, example_weights, proj)
+    # PKD compares states of one width: a student of the teacher's
+    s_wide = [rng.normal(size=(b, s, ht)).astype(np.float32) for _ in range(m + 1)]
+    pkd_total, pkd = distillation.layer_losses(distillation.LayerLosses(alpha_pkd=0.5, layer_map=layer_map), g,
+                                               _recorded(s_wide), _recorded(t_hidden), mask, example_weights, None)
+    got.update(pkd)
+
+    # torch, from the formulas: the teacher layer of student layer i (1-indexed), the [CLS] layers of PKD
+    k = big_n // m
+    mapped = [k * i for i in range(1, m + 1)] if layer_map == "skip" else list(range(big_n - m + 1, big_n + 1))
+    real = torch.tensor(mask.reshape(-1) > 0)
+
+    def linear(name):
+        layer = torch.nn.Linear(hs, ht)
+        with torch.no_grad():
+            layer.weight.copy_(torch.tensor(proj[name]["kernel"].T))
+            layer.bias.copy_(torch.tensor(proj[name]["bias"]))
+        return layer
+
+    def mse_real(student, teacher):  # over the real tokens' features
+        return F.mse_loss(student.reshape(-1, ht)[real], torch.tensor(teacher).reshape(-1, ht)[real])
+
+    with torch.no_grad():
+        w_e, w_h = linear("embedding"), linear("hidden")
+        want = {"embedding_loss": mse_real(w_e(torch.tensor(s_hidden[0])), t_hidden[0])}
+        want["hidden_loss"] = sum(mse_real(w_h(torch.tensor(s_hidden[i])), t_hidden[j])
+                                  for i, j in zip(range(1, m + 1), mapped))
+        zeroed = lambda a: torch.where(torch.tensor(a) <= -1e2, torch.zeros(()), torch.tensor(a))  # noqa: E731
+        want["attention_loss"] = sum(F.mse_loss(zeroed(s_scores[i - 1]), zeroed(t_scores[j - 1]))
+                                     for i, j in zip(range(1, m + 1), mapped))
+        keep = torch.tensor(example_weights > 0)
+        per_example = sum(((F.normalize(torch.tensor(s_wide[i][:, 0]), dim=-1)
+                            - F.normalize(torch.tensor(t_hidden[j][:, 0]), dim=-1)) ** 2).sum(-1)
+                          for i, j in zip(range(1, m), mapped[:-1]))
+        want["pkd_loss"] = per_example[keep].mean()
+    assert g == tuple(mapped)
+    for name, value in want.items():
+        assert abs(float(got[name]) - float(value)) < 1e-6 * max(1.0, abs(float(value))), (name, float(got[name]),
+                                                                                          float(value))
+    assert float(total) == pytest.approx(sum(a * float(want[k]) for a, k in zip(
+        (1.0, 2.0, 3.0), ("embedding_loss", "hidden_loss", "attention_loss"))), rel=1e-6)
+    assert float(pkd_total) == pytest.approx(0.5 * float(want["pkd_loss"]), rel=1e-6)
+    print({name: abs(float(got[name]) - float(value)) for name, value in want.items()})
+
+
+def test_layer_maps_and_their_checks_say_what_to_change():
+    assert distillation.teacher_layer_map("uniform", 4, 12) == (3, 6, 9, 12)
+    assert distillation.teacher_layer_map("skip", 6, 12)[:-1] == (2, 4, 6, 8, 10)
+    assert distillation.teacher_layer_map("last", 6, 12)[:-1] == (7, 8, 9, 10, 11)
+    assert distillation.teacher_layer_map((1, 5), 2, 6) == (1, 5)
+    with pytest.raises(ValueError, match=r"layer_map=\(1, 5, 6\): give 2 increasing teacher layers in 1..6"):
+        distillation.teacher_layer_map((1, 5, 6), 2, 6)
+    with pytest.raises(ValueError, match="not a whole number"):
+        distillation.teacher_layer_map("uniform", 4, 6)
+    student = BertConfig(**dict(TEACHER, num_layers=1, num_heads=4))
+    with pytest.raises(ValueError, match=r"student has \[4\] heads and the teacher's layers \[2\].*model.num_heads"):
+        distillation.check_layer_losses(distillation.LayerLosses(alpha_attention=1.0), student,
+                                        BertConfig(**TEACHER))
+    with pytest.raises(ValueError, match="set model.attention_impl=xla for attention distillation"):
+        distillation.check_layer_losses(distillation.LayerLosses(alpha_attention=1.0),
+                                        BertConfig(**dict(TEACHER, attention_impl="blockwise", attention_dropout_rate=0.0)),
+                                        BertConfig(**TEACHER))
+    narrow = BertConfig(**dict(TEACHER, hidden_size=16, num_layers=1))
+    with pytest.raises(ValueError, match="alpha_pkd=1.0 compares .CLS. states of one width"):
+        distillation.check_layer_losses(distillation.LayerLosses(alpha_pkd=1.0), narrow, BertConfig(**TEACHER))
+    assert distillation.projection_names(distillation.LayerLosses(alpha_hidden=1.0), narrow,
+                                         BertConfig(**TEACHER)) == ("hidden",)
+
+
+# ---------------------------------------------------------------------------------------------------
+# The model's attention scores
+# ---------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("family", ["bert", "modernbert"])
+def test_attention_scores_are_what_the_layers_attend_with(family):
+    """Attention recomputed from the recorded scores (softmax, then the values) gives each layer's context:
+    the output through the scores equals the fused attention's, and scanned and unrolled record the same
+    scores (ModernBERT: local and global layers alternating, rotary positions)."""
+    import dataclasses
+
+    import flax.linen as nn
+
+    from bertjax.models import layers
+    from bertjax.models.config import BertConfig as Config
+
+    if family == "modernbert":
+        from configs import modernbert_tiny
+        base = Config.from_dict(dict(modernbert_tiny.get_config().model, num_layers=4, vocab_size=64, hidden_size=32,
+                                     num_heads=2, intermediate_size=48, max_position_embeddings=64,
+                                     local_attention_window=4), platform="cpu")
+    else:
+        base = BertConfig(**TEACHER)
+    rng = np.random.default_rng(0)
+    ids = jnp.asarray(rng.integers(5, 60, (2, SEQ)), jnp.int32)
+    mask = jnp.ones_like(ids).at[1, 10:].set(0)
+    unrolled = dataclasses.replace(base, scan_layers=False)
+    params = nn.unbox(bert.BertModel(unrolled).init(jax.random.key(0), ids, ids * 0, mask)["params"])
+    out, recorded = jax.jit(functools.partial(bert.BertModel(unrolled).apply, mutable=[
+        bert.ATTENTION_SCORES, bert.HIDDEN_STATES]))({"params": params}, ids, ids * 0, mask)
+    scores = out["attention_scores"]
+    assert len(scores) == base.num_layers and scores[0].shape == (2, base.num_heads, SEQ, SEQ)
+    assert len(recorded[bert.ATTENTION_SCORES]["layers"][0]) == base.num_layers
+    # Layer 0's attention recomputed from its scores and its own value projection.
+    x = out["hidden_states"][0]
+    layer = params["encoder"]["layers_0"]["attention"]
+    value = jnp.einsum("bsh,hnd->bsnd", x, layer["value"]["kernel"]) + layer["value"].get("bias", 0.0)
+    context = jnp.einsum("bnqk,bknd->bqnd", jax.nn.softmax(scores[0], -1), value)
+    attention = (jnp.einsum("bsnd,ndh->bsh", context, layer["output"]["kernel"]) + layer["output"].get("bias", 0.0))
+    direct = jax.jit(layers.SelfAttention(unrolled, True, unrolled.is_local(0)).apply)({"params": layer}, x,
+                                                                                       _padding(mask))
+    np.testing.assert_allclose(attention, direct, atol=1e-5)
+    # the padding keys masked as the model masks them; scanned records the same numbers
+    assert float(jnp.max(scores[0][1, :, :, 10:])) == float(jnp.finfo(jnp.float32).min)
+    with pytest.raises(ValueError, match="set model.attention_impl=xla for attention distillation"):
+        bert.BertModel(dataclasses.replace(unrolled, attention_impl="blockwise", attention_dropout_rate=0.0)).apply(
+            {"params": params}, ids, ids * 0, mask, mutable=[bert.ATTENTION_SCORES])
+    if family == "bert":
+        return  # the scanned stack's own case: alternating layers
+    scanned = dataclasses.replace(base, scan_layers=True)
+    stacked = dict(params, encoder=bert.stack_layers(dict(params["encoder"]), scanned))
+    again = jax.jit(functools.partial(bert.BertModel(scanned).apply, mutable=[bert.ATTENTION_SCORES]))(
+        {"params": stacked}, ids, ids * 0, mask)[0]
+    for a, b in zip(scores, again["attention_scores"]):
+        np.testing.assert_allclose(a, b, atol=1e-5)
+
+
+def _padding(mask):
+    from bertjax.models import layers
+    return layers.Padding((mask > 0)[:, None, None, :], jnp.sum(mask, -1), None, mask)
