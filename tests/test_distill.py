@@ -559,3 +559,35 @@ def test_attention_scores_are_what_the_layers_attend_with(family):
 def _padding(mask):
     from bertjax.models import layers
     return layers.Padding((mask > 0)[:, None, None, :], jnp.sum(mask, -1), None, mask)
+
+
+@pytest.mark.slow
+def test_task_distillation_with_pkd_runs_and_logs_its_loss():
+    """BERT-PKD's patient loss in task distillation: a 2-layer student of a 2-layer teacher (PKD-skip reads
+    teacher layer 1 for student layer 1), its pkd_loss a logged mean that the steps lower."""
+    config = distill_config()
+    mesh, rules, data_sharding = mesh_and_rules(config)
+    cfg = BertConfig(**dict(TEACHER, num_layers=2, hidden_dropout_rate=0.0, attention_dropout_rate=0.0))
+    net = heads.network("classification", cfg, 3)
+    tx, schedule = optim.optimizer_from_config(config.optimizer, config.schedule, 4)
+    inputs = heads.dummy_inputs("classification", 1, SEQ)
+    setup = Setup.create(net, inputs, tx, schedule, mesh, rules, jax.random.key(0))
+    teacher_params = distillation.place_params(net, inputs, jax.jit(net.init)(jax.random.key(5), **inputs)["params"],
+                                               mesh, rules)
+    host = synthetic.synthetic_batch(0, batch_size=BATCH, max_seq_length=SEQ, max_predictions_per_seq=PREDS,
+                                     vocab_size=64)
+    batch = sharding.global_batch({k: host[k] for k in steps.INPUT_KEYS} | {
+        "label": np.arange(BATCH, dtype=np.int32) % 3, "example_weight": np.ones(BATCH, np.float32)}, data_sharding)
+    settings = distillation.LayerLosses(alpha_pkd=100.0, layer_map="skip")
+    layer_map = distillation.check_layer_losses(settings, cfg, cfg)
+    step = finetuning.task_distillation_step(setup, net, teacher_params, "classification", 2.0, 0.5, data_sharding, 1,
+                                             settings, layer_map)
+    state = setup.init(jax.random.key(0))
+    pkd = []
+    with jax.set_mesh(mesh):
+        for _ in range(4):
+            state, sums = step(state, batch, jax.random.key(0))
+            pkd.append(float(sums["pkd_loss"]))
+    line = steps.summarize_train(jax.device_get(sums))
+    assert line["pkd_loss"] == pytest.approx(pkd[-1]) and "soft_loss" in line
+    assert pkd[-1] < pkd[1], pkd  # step 1's learning rate is 0

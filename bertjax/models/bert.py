@@ -204,11 +204,13 @@ class BertModel(nn.Module):
             expected = (self.config.num_layers, max(self.config.layer_heads or (self.config.num_heads,)))
             if head_mask.shape != expected:
                 raise ValueError(f"head_mask has shape {head_mask.shape}: [layers, heads] = {expected} is expected")
-        output_hidden_states = output_hidden_states or self.is_mutable_collection(HIDDEN_STATES)
+        if output_rows is not None and output_hidden_states:
+            raise ValueError("output_rows and output_hidden_states exclude each other: the last layer's "
+                             "hidden state would hold only some rows")
+        # Recording for distillation (through whichever head): every layer at every row, the rows taken after.
         output_scores = self.is_mutable_collection(ATTENTION_SCORES)
-        if output_rows is not None and (output_hidden_states or output_scores):
-            raise ValueError("output_rows and output_hidden_states (or attention scores) exclude each other: the last "
-                             "layer's outputs would hold only some rows")
+        recording = output_scores or self.is_mutable_collection(HIDDEN_STATES)
+        output_hidden_states = output_hidden_states or self.is_mutable_collection(HIDDEN_STATES)
         packed = sequence_ids is not None
         if packed != (cls_positions is not None):
             raise ValueError("packed rows need both sequence_ids and cls_positions")
@@ -231,7 +233,10 @@ class BertModel(nn.Module):
         rows = None
         if output_rows is not None:
             rows = jnp.concatenate([cls_rows, output_rows], axis=1)  # [B, K+Q]: the [CLS] rows first
-        encoded, layer_outputs, scores = self.encoder(x, padding, deterministic, output_hidden_states, rows, head_mask)
+        encoded, layer_outputs, scores = self.encoder(x, padding, deterministic, output_hidden_states,
+                                                      None if recording else rows, head_mask)
+        if recording and rows is not None:
+            encoded = jnp.take_along_axis(encoded, rows[..., None], axis=1)  # [B, K+Q, H]
         num_cls = cls_rows.shape[1]
         cls_hidden = encoded[:, :num_cls] if rows is not None else jnp.take_along_axis(encoded, cls_rows[..., None], 1)
         pooled_output = self.pool(cls_hidden)  # [B, K, H]
