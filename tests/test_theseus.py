@@ -2,6 +2,7 @@
 against explicitly built models, p = 0 and p = 1 against their references, the draws and the schedule,
 the program's run stopped and resumed exactly, and its successor loaded by bertjax.load."""
 
+import dataclasses
 import functools
 import json
 import pathlib
@@ -190,3 +191,109 @@ def test_the_linear_schedule_and_bad_settings_are_one_line():
     for call, fragment in cases:
         with pytest.raises(ValueError, match=re.escape(fragment)):
             call()
+
+
+# --------------------------------------------------------------------------------------------------
+# The program's run: python -m bertjax.finetune with a theseus section
+# --------------------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def predecessor(pretrained, tmp_path_factory):
+    """A 'fine-tuned' keyword classifier of 4 layers in the vocabulary of conftest's `pretrained` (random
+    weights: these tests check the run's mechanics, not what it learns), and small data files."""
+    from bertjax.training import checkpoint
+    from bertjax.training.checkpoint_meta import CheckpointMeta, TaskRecord, TokenizerRecord
+
+    root = tmp_path_factory.mktemp("theseus")
+    workdir = root / "predecessor"
+    cfg = BertConfig(**{**pretrained["cfg"].__dict__, "num_layers": 4})
+    net = heads.network(KIND, cfg, 2)
+    params = plain(jax.jit(lambda key: net.init(key, **heads.dummy_inputs(KIND, 1, 16))["params"])(jax.random.key(4)))
+    meta = CheckpointMeta(step=1, model=cfg.__dict__, tokenizer=TokenizerRecord("wordpiece", "vocab.txt", True),
+                          task=TaskRecord(KIND, KIND, ("no", "yes"), None, 32))
+    checkpoint.save_params(str(workdir), checkpoint.BEST_DIR, 1, params, meta)
+    shutil.copy(pathlib.Path(pretrained["workdir"]) / "vocab.txt", workdir / "vocab.txt")
+    files = {}
+    for split, lines in (("train", slice(0, 48)), ("validation", slice(0, 16))):
+        source = pathlib.Path(pretrained["files"][split]).read_text().splitlines()
+        files[split] = str(root / f"{split}.jsonl")
+        pathlib.Path(files[split]).write_text("\n".join(source[lines]) + "\n")
+    return dict(workdir=str(workdir), files=files)
+
+
+def theseus_config(pretrained, made, **theseus_settings):
+    """2 epochs of 3 steps (48 examples, batches of 16), 4 -> 2 layers, logging every step."""
+    config = finetune_config(KIND, pretrained, labels=("no", "yes"), **made["files"])
+    config.train.init_from = None
+    config.data.max_seq_length = 32
+    config.train.epochs = 2.0
+    config.logging.log_every = 1
+    config.theseus.update(**{"predecessor": made["workdir"], "successor_layers": 2, **theseus_settings})
+    return config
+
+
+@pytest.fixture(scope="module")
+def compressed(pretrained, predecessor, tmp_path_factory):
+    """The uninterrupted compression run (linear curriculum from 0.3, +0.1 a step): its workdir and summary."""
+    config = theseus_config(pretrained, predecessor, replace_rate_start=0.3, replace_rate_slope=0.1)
+    workdir = tmp_path_factory.mktemp("compressed") / "run"
+    return dict(workdir=workdir, config=config, summary=finetuning.finetune(config, str(workdir)))
+
+
+def test_a_stopped_compression_run_resumes_exactly(compressed, tmp_path, monkeypatch):
+    """Stopped after step 4 (saved, runs.start.Stopped), then re-run: the uninterrupted run's losses and the
+    schedule's rates, step for step."""
+    from bertjax.runs import start
+
+    original = finetuning.hooks
+    monkeypatch.setattr(finetuning, "hooks", lambda run, preemption: dataclasses.replace(
+        original(run, preemption), should_stop=lambda step: step == 4))
+    workdir = tmp_path / "stopped"
+    with pytest.raises(start.Stopped):
+        finetuning.finetune(compressed["config"], str(workdir))
+    monkeypatch.setattr(finetuning, "hooks", original)
+    finetuning.finetune(compressed["config"], str(workdir))
+    expected, got = train_losses(compressed["workdir"]), train_losses(workdir)
+    assert sorted(expected) == list(range(1, 7)) and got == expected
+    lines = [json.loads(line) for line in (compressed["workdir"] / "metrics.jsonl").read_text().splitlines()]
+    rates = {r["step"]: r["replace_rate"] for r in lines if "replace_rate" in r}
+    np.testing.assert_allclose([rates[t] for t in range(1, 7)], [0.3, 0.4, 0.5, 0.6, 0.7, 0.8], rtol=1e-6)
+
+
+def test_the_successor_loads_predicts_and_fine_tunes_alone(compressed, pretrained, predecessor, tmp_path):
+    """WORKDIR's model is the successor alone (2 layers): bertjax.load predicts what its prediction file
+    says, and it is the train.init_from of successor fine-tuning."""
+    import bertjax
+    from bertjax.training import checkpoint
+
+    workdir = compressed["workdir"]
+    params, meta = checkpoint.restore_params(str(workdir / checkpoint.BEST_DIR))
+    assert meta.model["num_layers"] == 2 and set(params["bert"]["encoder"]) == {"layers_0", "layers_1"}
+    texts = [json.loads(line)["text"] for line in pathlib.Path(predecessor["files"]["validation"]).read_text().splitlines()]
+    predicted = [line.split("\t")[1] for line in (workdir / "predictions" / "validation.tsv").read_text().splitlines()[1:]]
+    model = bertjax.load(str(workdir))
+    assert [p["label"] for p in model.predict(texts[:8])] == predicted[:8]
+    config = finetune_config(KIND, pretrained, labels=("no", "yes"), **predecessor["files"])
+    config.train.init_from, config.data.max_seq_length = str(workdir), 32
+    summary = finetuning.finetune(config, str(tmp_path / "successor"))
+    _, meta = checkpoint.restore_params(str(tmp_path / "successor" / checkpoint.BEST_DIR))
+    assert meta.model["num_layers"] == 2 and summary["steps"] == 3
+
+
+def test_bad_theseus_settings_are_one_line(pretrained, predecessor, tmp_path):
+    cases = [(dict(successor_layers=3), "theseus.successor_layers=3 does not divide the predecessor's 4 layers"),
+             (dict(replace_rate=-0.5), "theseus.replace_rate=-0.5 must lie in [0, 1]"),
+             (dict(predecessor=pretrained["workdir"], successor_layers=1), "is not a model fine-tuned on classification"),
+             (dict(predecessor=str(tmp_path / "nowhere")), "theseus.predecessor=" + str(tmp_path / "nowhere"))]
+    for settings, fragment in cases:
+        with pytest.raises((ValueError, FileNotFoundError), match=re.escape(fragment)):
+            finetuning.finetune(theseus_config(pretrained, predecessor, **settings), str(tmp_path / "bad"))
+    config = theseus_config(pretrained, predecessor)
+    config.train.init_from = pretrained["workdir"]
+    with pytest.raises(ValueError, match="unset train.init_from"):
+        finetuning.finetune(config, str(tmp_path / "bad"))
+    config = theseus_config(pretrained, predecessor)
+    config.distill.teacher = predecessor["workdir"]
+    with pytest.raises(ValueError, match="set one of them"):
+        finetuning.finetune(config, str(tmp_path / "bad"))
