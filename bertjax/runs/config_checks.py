@@ -69,6 +69,14 @@ def check_finetuning(config) -> tuple[ml_collections.ConfigDict, list[str]]:
     check_train(config.train)
     for name in ("train", "validation", "test"):  # the user's files first: the likeliest slip
         check_path(config.data.get(name), f"data.{name}")
+    predecessor = config.get("theseus") and config.theseus.predecessor
+    if predecessor:  # module replacing: the successor starts from the predecessor, which stands for init_from
+        check_path(predecessor, "theseus.predecessor")
+        if (config.train.init_from or config.get("init_from")) not in (None, "", predecessor):
+            raise ValueError("theseus.predecessor is where the successor starts (its first theseus.successor_layers "
+                             "layers, the paper's initialisation): unset train.init_from")
+        config = ml_collections.ConfigDict(config.to_dict())
+        config.train.init_from = predecessor
     if not (config.train.init_from or config.get("init_from")):
         raise ValueError("config.train.init_from is required: a bertjax pretraining workdir or checkpoint, a params "
                          "export, or a Hugging Face directory")

@@ -11,7 +11,9 @@ Face directory of any family. WORKDIR gets metrics.jsonl (dev lines with split=<
 metrics), TensorBoard events, config.json, checkpoints/ (to resume), best/ (the best dev checkpoint, what
 bertjax.load reads), predictions/ (every dev and test split, in each benchmark's own form) and
 summary.json. SIGTERM and Ctrl-C save and raise runs.start.Stopped; re-running resumes. With a
-distill.teacher the step is task distillation's (the teacher's logits inside the jitted step). A
+distill.teacher the step is task distillation's (the teacher's logits inside the jitted step). With a
+theseus.predecessor it is module replacing's (bertjax/compression/theseus.py): the model trained, evaluated and
+saved is the successor, the predecessor's layers an argument of the step. A
 contrastive task trains a sentence embedder on its loss over the global batch's embeddings (in cached
 microbatches with train.contrastive_microbatch), and its checkpoints record how it embeds.
 """
@@ -27,7 +29,7 @@ import jax.numpy as jnp
 import optax
 from ml_collections import config_dict
 
-from bertjax.compression import distillation, pruning
+from bertjax.compression import distillation, pruning, theseus
 from bertjax.interop import pretrained as pretrained_models
 from bertjax.models import contrastive_losses, heads
 from bertjax.models.config import BertConfig
@@ -70,7 +72,11 @@ def finetune_in_session(config, workdir: str) -> dict:
     # ---------------------------------------------------------------- task and pretrained model
     task = task_from_config(config)
     num_labels = heads.resolve_num_labels(task.kind, kinds.get(task.kind).num_labels(task.labels))
-    start_from = starting_model(config, task, num_labels)
+    predecessor = None  # module replacing: the fine-tuned model whose modules the successor's layers replace
+    if config.get("theseus") and config.theseus.predecessor:
+        start_from, predecessor = theseus_start(config, task, num_labels)
+    else:
+        start_from = starting_model(config, task, num_labels)
 
     # ---------------------------------------------------------------- data
     data = task_data(config, task, start_from.tokenizer, layout)
@@ -88,7 +94,9 @@ def finetune_in_session(config, workdir: str) -> dict:
     state, best = restore(checkpointer, setup, task, init_key)
 
     # ---------------------------------------------------------------- jitted steps
-    if config.get("distill") and config.distill.teacher:  # task distillation: the teacher inside the step
+    if predecessor is not None:  # module replacing: the predecessor's layers inside the step
+        p_train_step = theseus_step(config, task, num_labels, predecessor, setup, layout.data_sharding)
+    elif config.get("distill") and config.distill.teacher:  # task distillation: the teacher inside the step
         p_train_step = distillation_step(config, task, num_labels, start_from, setup, layout.data_sharding)
     elif embedding is not None:  # contrastive: the loss of the global batch's embeddings
         p_train_step = contrastive_train_step(config, setup, data.settings, layout.data_sharding)
@@ -174,6 +182,60 @@ def starting_model(config, task, num_labels: int) -> TaskStart:
     return start_from
 
 
+def theseus_start(config, task, num_labels: int) -> tuple[TaskStart, pretrained_models.Pretrained]:
+    """Module replacing's start: theseus.predecessor (fine-tuned on this task) checked and loaded, and the
+    successor made of its embeddings, first M layers, pooler and head (the model this run trains and saves)."""
+    settings = config.theseus
+    theseus.replace_rate(settings.replace_rate, settings.replace_rate_start, settings.replace_rate_slope)
+    if config.get("distill") and config.distill.teacher:
+        raise ValueError("theseus.predecessor and distill.teacher are two ways to compress: set one of them")
+    if task.kind not in theseus.TASK_KINDS or config.get("feature_based", {}).get("enabled"):
+        raise ValueError(f"theseus.predecessor: module replacing fine-tunes {', '.join(theseus.TASK_KINDS)} tasks, "
+                         f"not {task.kind}{' (feature-based)' if task.kind in theseus.TASK_KINDS else ''}")
+    what = f"theseus.predecessor={settings.predecessor}"
+    theseus.check_predecessor(pretrained_models.model_config(settings.predecessor, what), settings.successor_layers,
+                              what)  # before any weight is read
+    predecessor = pretrained_models.load(settings.predecessor, what="theseus.predecessor",
+                                         model_overrides=config.model.to_dict(), head=task.kind, num_labels=num_labels)
+    saved = predecessor.task
+    if (predecessor.meta is not None and (saved is None or (saved.kind, list(saved.labels)) != (
+            task.kind, list(task.labels)))) or any(m.startswith("classifier") for m in predecessor.missing):
+        raise ValueError(f"{what} is not a model fine-tuned on {task.name} ({task.kind}, labels {list(task.labels)}): "
+                         "give the workdir of that fine-tuning")
+    if (saved is not None and saved.feature_based) or predecessor.tokenizer is None:
+        raise ValueError(f"{what}: a fine-tuned encoder with its tokenizer is needed (not a feature-based tagger)")
+    tokenizer = predecessor.tokenizer.load()
+    if tokenizer.vocab_size > predecessor.config.vocab_size:
+        raise ValueError(f"the vocabulary of {settings.predecessor} has {tokenizer.vocab_size} tokens but its model "
+                         f"only {predecessor.config.vocab_size}: a checkpoint of another vocabulary size")
+    successor = theseus.successor_config(predecessor.config, settings.successor_layers)
+    params = theseus.successor_params(predecessor.params, predecessor.config, successor)
+    say(f"task {task.name} ({task.kind}); module replacing: {predecessor.config.num_layers} layers of "
+        f"{settings.predecessor} -> {successor.num_layers} (hidden {successor.hidden_size}), each module of "
+        f"{predecessor.config.num_layers // successor.num_layers} replaced with p = " + (
+            f"{settings.replace_rate:g}" if settings.replace_rate_slope is None else
+            f"min(1, {settings.replace_rate_start:g} + {settings.replace_rate_slope:g} x step)"))
+    return TaskStart(successor, params, tokenizer, predecessor.tokenizer, whole_head=True), predecessor
+
+
+def theseus_step(config, task, num_labels: int, predecessor, setup: Setup, data_sharding):
+    """Module replacing's train step: the mixed model's task loss, the predecessor's layers an argument of the
+    step in its own layout's shardings, the draws keyed by train.seed and the step."""
+    settings = config.theseus
+    rate = theseus.replace_rate(settings.replace_rate, settings.replace_rate_start, settings.replace_rate_slope)
+    unrolled = dataclasses.replace(predecessor.config, scan_layers=False)
+    example = heads.dummy_inputs(task.kind, 1, config.data.max_seq_length, task.num_choices or 1)
+    params = dict(predecessor.params, bert=dict(predecessor.params["bert"], encoder=theseus.unrolled_layers(
+        predecessor.params["bert"]["encoder"], predecessor.config)))
+    placed = distillation.place_params(heads.network(task.kind, unrolled, num_labels), example, params, setup.mesh,
+                                       setup.rules)
+    layers = theseus.predecessor_layers(placed, unrolled)
+    loss = functools.partial(theseus.theseus_loss, net=setup.net, loss=heads.head(task.kind).loss,
+                             predecessor=predecessor.config, successor=setup.net.config)
+    return theseus.compile_step(setup, loss, layers, rate, theseus.replacement_key(config.train.seed),
+                                setup.net.config.num_layers, data_sharding, config.train.grad_accum_steps)
+
+
 def task_setup(config, task, start_from: TaskStart, num_labels: int, feature_based: dict | None,
                num_steps: int, layout: start.Layout, init_key, embedding: dict | None = None) -> Setup:
     """The task's network, optimizer and state layout (shapes first, created sharded), its fresh
@@ -192,6 +254,8 @@ def task_setup(config, task, start_from: TaskStart, num_labels: int, feature_bas
         tx = optax.chain(tx, optax.masked(optax.set_to_zero(), heads.encoder_mask))
     if config.get("prune") and config.prune.sparsity:  # a magnitude-pruned model (bertjax.prune): zeros stay zero
         tx = optax.chain(tx, pruning.keep_pruned_zeros())
+    if config.get("theseus") and config.theseus.predecessor:  # module replacing: the successor's layers alone learn
+        tx = theseus.successor_layers_only(tx)
     task_inputs = heads.dummy_inputs(task.kind, 1, config.data.max_seq_length, task.num_choices or 1)
     return Setup.create(net, task_inputs, tx, schedule, layout.mesh, layout.rules, init_key,
                         prepare_params=functools.partial(with_pretrained, start_from=start_from))

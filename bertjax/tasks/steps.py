@@ -50,6 +50,9 @@ def summarize_train(window: dict) -> dict:
     if "soft_loss_sum" in window:  # task distillation's loss toward the teacher
         out["soft_loss"] = float(window["soft_loss_sum"]) / max(float(window["count"]), 1.0)
     out.update({name: float(window[name]) / steps for name in LAYER_LOSS_METRICS if name in window})
+    if "replace_rate_sum" in window:  # module replacing: the mean rate p and modules replaced per step
+        out["replace_rate"] = float(window["replace_rate_sum"]) / steps
+        out["replaced_modules"] = float(window["replaced_sum"]) / steps
     return out
 
 

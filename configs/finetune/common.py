@@ -89,6 +89,17 @@ def finetune_config(task: str) -> ml_collections.ConfigDict:
         # student must have the teacher's width (no learned projection) and unpacked rows.
         **distill_configs.layer_losses(),
     ))
+    # BERT-of-Theseus (Xu et al. 2020; bertjax/compression/theseus.py): the predecessor's modules of N/M layers
+    # are replaced at random by successor layers (started from its first M), which alone train; WORKDIR's model
+    # is the successor (M layers), fine-tuned further by a run with --config.train.init_from=WORKDIR.
+    config.theseus = ml_collections.ConfigDict(dict(
+        predecessor=config_dict.placeholder(str),  # a workdir fine-tuned on this task (train.init_from then unset)
+        successor_layers=6,  # M: divides the predecessor's layers (the paper: 12 -> 6)
+        replace_rate=0.5,  # p, each module replaced with it at each step (the paper's constant rate)
+        # The linear curriculum instead: p_t = min(1, replace_rate_start + replace_rate_slope x step); both or neither.
+        replace_rate_start=config_dict.placeholder(float),
+        replace_rate_slope=config_dict.placeholder(float),
+    ))
     # python -m bertjax.prune (train.init_from: a model fine-tuned on this task; docs/performance.md, Pruning).
     config.prune = ml_collections.ConfigDict(dict(
         heads=0,  # attention heads kept in all, the least important removed (Michel et al. 2019); 0: keep all
