@@ -199,7 +199,8 @@ def _mixed_encoder(predecessor_layers, replaced, predecessor: BertConfig, succes
     the network (embeddings, pooler, head) runs as it is."""
 
     def encode(encoder, x, padding, deterministic, output_hidden_states=False, rows=None, head_mask=None):
-        # x: [B, S, H]; rows: None or [B, Q] int. Returns ([B, S, H] or [B, Q, H], no per-layer outputs).
+        # x: [B, S, H]; rows: None or [B, Q] int. Returns ([B, S, H] or [B, Q, H], no hidden states, no scores),
+        # as Encoder.__call__ returns them.
         if output_hidden_states or head_mask is not None:
             raise ValueError("module replacing runs the task heads' encoder only (no hidden states, no head mask)")
         own = encoder.variables["params"]
@@ -211,7 +212,7 @@ def _mixed_encoder(predecessor_layers, replaced, predecessor: BertConfig, succes
             x = layers.layer_norm(successor, "final_layer_norm").apply({"params": own["final_layer_norm"]}, x)
         if rows is not None:
             x = jnp.take_along_axis(x, rows[..., None], axis=1)  # [B, Q, H]
-        return x, []
+        return x, [], []
 
     def intercept(next_fun, args, kwargs, context):
         if isinstance(context.module, bert.Encoder) and context.method_name == "__call__":
