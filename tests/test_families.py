@@ -283,7 +283,7 @@ def _encoder_grad_and_outputs(cfg: BertConfig):
     and every layer's hidden state."""
 
     def loss(encoder_params, x, padding):
-        y, hidden = bert_model.Encoder(cfg).apply({"params": encoder_params}, x, padding, True, True)
+        y, hidden, _ = bert_model.Encoder(cfg).apply({"params": encoder_params}, x, padding, True, True)
         return jnp.mean(jnp.sin(y)), [y, *hidden]  # sin: the gradient depends on every layer
 
     return jax.jit(jax.grad(loss, has_aux=True), compiler_options=QUICK_COMPILE)
@@ -372,7 +372,7 @@ def test_cudnn_path_sends_windows_as_masks(monkeypatch):
 
     monkeypatch.setattr(layers, "fused_attention", xla_for_cudnn)
     forward = jax.jit(lambda p, x, padding: bert_model.Encoder(scanned_cfg).apply({"params": p}, x, padding, True, True))
-    y, hidden = forward.lower(scanned["bert"]["encoder"], *_encoder_inputs()).compile(QUICK_COMPILE)(
+    y, hidden, _ = forward.lower(scanned["bert"]["encoder"], *_encoder_inputs()).compile(QUICK_COMPILE)(
         scanned["bert"]["encoder"], *_encoder_inputs())
     # Layer 0 (global, unrolled): lengths; the scanned layers, local or global by a traced flag: a mask.
     assert calls == {("cudnn", False), ("cudnn", True)}, calls
