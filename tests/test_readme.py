@@ -29,6 +29,8 @@ import textwrap
 
 import pytest
 
+from conftest import FAST_COMPILE_FLAGS  # tests/ is on sys.path under pytest
+
 REPO = pathlib.Path(__file__).resolve().parents[1]
 README = REPO / "README.md"
 MARK = re.compile(r"<!-- readme: (.+?) -->")
@@ -244,7 +246,9 @@ def forked(jobs: list[dict], cwd, timeout: int = 600) -> list[dict]:
 
 
 def environment() -> dict:
-    return {**os.environ, "PYTHONPATH": str(REPO)}
+    """One CPU device, as a reader runs the commands (not conftest's eight virtual ones, whose sharded
+    steps cost a quarter more CPU here), compiled quickly as every test's programs are."""
+    return {**os.environ, "PYTHONPATH": str(REPO), "XLA_FLAGS": FAST_COMPILE_FLAGS}
 
 
 def parse_jobs(kind: str, mode: str) -> list[tuple[str, dict]]:
