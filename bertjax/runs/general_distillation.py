@@ -14,7 +14,6 @@ Task distillation is part of fine-tuning (runs/finetuning.py).
 
 import functools
 
-import jax
 import ml_collections
 
 from bertjax.compression import distillation
@@ -49,7 +48,9 @@ def distill(config, workdir: str, distributed: start.Distributed | None = None) 
         init_key, dropout_key = root_keys(config.train.seed, config.train.dropout_rng)
         layer_map, projections = check_layer_losses(config, teacher.config, weights)
         setup = pretraining_step.setup(one_step(config) if extract_only else config, layout.mesh, layout.rules, init_key,
-                                       prepare_params=with_projections(projections, config, teacher.config, init_key))
+                                       prepare_params=distillation.adding_projections(
+                                           projections, int(config.model.hidden_size), teacher.config.hidden_size,
+                                           float(config.model.initializer_range), init_key))
         student = setup.bert_config
         bert.check_input_shapes(student, config.data.max_seq_length, config.data.max_predictions_per_seq)
         distillation.check_student(teacher.config, student, weights)
@@ -60,8 +61,7 @@ def distill(config, workdir: str, distributed: start.Distributed | None = None) 
         checkpointer = pretraining.make_checkpointer(config, workdir, setup.abstract_state)
         if projections:
             checkpointer = distillation.ProjectionCheckpointer(checkpointer)
-            say(f"learned projections to the teacher's width ({', '.join(projections)}): saved beside the optimizer "
-                "state, not with the student's params")
+            say(distillation.ProjectionCheckpointer.describe(projections))
         with layout.active():
             state = pretraining.restore(config, setup, checkpointer, init_key)
             if layers and int(state.step) == 0:  # neither resumed nor from train.init_from
@@ -183,15 +183,6 @@ def check_layer_losses(config, teacher: BertConfig, weights: distillation.LossWe
                          f"{teacher.hidden_size}) and distill.alpha_embedding/alpha_hidden: the learned projections "
                          "start fresh only with the student; unset train.init_from, or set both alphas to 0")
     return layer_map, projections
-
-
-def with_projections(names: tuple, config, teacher: BertConfig, init_key):
-    """Setup's prepare_params adding the student's fresh projections to the teacher's width (None: none)."""
-    if not names:
-        return None
-    key = jax.random.fold_in(init_key, 1)
-    return lambda params: dict(params, **{distillation.PROJECTIONS: distillation.init_projections(
-        key, names, int(config.model.hidden_size), teacher.hidden_size, float(config.model.initializer_range))})
 
 
 def check_student_vocabulary(config) -> None:
