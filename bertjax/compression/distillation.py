@@ -564,6 +564,11 @@ class ProjectionCheckpointer:
     def __init__(self, checkpointer: checkpoint.Checkpointer):
         self._inner = checkpointer
 
+    @classmethod
+    def wrap(cls, checkpointer: checkpoint.Checkpointer, names: tuple):
+        """checkpointer, wrapped where the student learns projections (names: projection_names'; () none)."""
+        return cls(checkpointer) if names else checkpointer
+
     @staticmethod
     def describe(names: tuple) -> str:
         """The run's line saying where the projections (projection_names') go."""

@@ -80,8 +80,7 @@ def finetune_in_session(config, workdir: str) -> dict:
         start_from, predecessor = theseus_start(config, task, num_labels)
     else:
         start_from = starting_model(config, task, num_labels)
-        if config.get("distill") and config.distill.teacher:
-            teacher = task_teacher(config, task, num_labels, start_from)
+        teacher = task_teacher(config, task, num_labels, start_from)  # None without distill.teacher
 
     # ---------------------------------------------------------------- data
     data = task_data(config, task, start_from.tokenizer, layout)
@@ -94,11 +93,7 @@ def finetune_in_session(config, workdir: str) -> dict:
                        embedding, teacher)
 
     # ---------------------------------------------------------------- restore: this workdir > init_from
-    checkpointer = checkpoint.Checkpointer(workdir, every_steps=data.steps_per_epoch,
-                                           keep=config.checkpoint.keep, async_save=config.checkpoint.async_save)
-    if teacher is not None and teacher.projections:  # saved beside the optimizer state, never with the model
-        checkpointer = distillation.ProjectionCheckpointer(checkpointer)
-        say(distillation.ProjectionCheckpointer.describe(teacher.projections))
+    checkpointer = task_checkpointer(config, workdir, data.steps_per_epoch, teacher)
     state, best = restore(checkpointer, setup, task, init_key)
 
     # ---------------------------------------------------------------- jitted steps
@@ -112,9 +107,8 @@ def finetune_in_session(config, workdir: str) -> dict:
         loss = functools.partial(task_loss, net=setup.net, loss=heads.head(task.kind).loss)
         p_train_step = setup.compile_train_step(loss, layout.data_sharding, config.train.grad_accum_steps)
     outputs = contrastive_steps.pair_embeddings if embedding is not None else task_logits
-    # The model alone (a student's projections are the run's, not the model's) is what is evaluated and saved.
-    p_logits = setup.compile_eval_step(functools.partial(outputs, net=setup.net), layout.data_sharding,
-                                       distillation.without_projections(setup.state_sharding.params))
+    model_sharding = distillation.without_projections(setup.state_sharding.params)  # not a student's projections
+    p_logits = setup.compile_eval_step(functools.partial(outputs, net=setup.net), layout.data_sharding, model_sharding)
     scorer = Scorer(task, data.settings, p_logits, layout.data_sharding, config.logging.eval_batch_size,
                     kinds.get(task.kind).eval_keys or INPUT_KEYS)
 
@@ -290,6 +284,17 @@ def with_pretrained(params: dict, *, start_from: TaskStart) -> dict:
             lambda box, value: box.replace_boxed(value) if is_box(box) else value, tree,
             start_from.params[name], is_leaf=is_box) for name, tree in params.items()}
     return params
+
+
+def task_checkpointer(config, workdir: str, steps_per_epoch: int, teacher: "TaskTeacher | None"):
+    """checkpoints/, saved every epoch; a narrower student's projections (task distillation's) saved beside the
+    optimizer state, never with the model."""
+    checkpointer = checkpoint.Checkpointer(workdir, every_steps=steps_per_epoch, keep=config.checkpoint.keep,
+                                           async_save=config.checkpoint.async_save)
+    projections = teacher.projections if teacher is not None else ()
+    if projections:
+        say(distillation.ProjectionCheckpointer.describe(projections))
+    return distillation.ProjectionCheckpointer.wrap(checkpointer, projections)
 
 
 def restore(checkpointer, setup: Setup, task, init_key) -> tuple[TrainState, dict]:
@@ -517,9 +522,11 @@ class TaskTeacher:
     projections: tuple  # what a narrower student learns to the teacher's width (distillation.projection_names')
 
 
-def task_teacher(config, task, num_labels: int, start_from: TaskStart) -> TaskTeacher:
-    """distill.teacher loaded and checked against the task and the student (start_from)."""
-    settings = config.distill
+def task_teacher(config, task, num_labels: int, start_from: TaskStart) -> TaskTeacher | None:
+    """distill.teacher loaded and checked against the task and the student (start_from); None without one."""
+    settings = config.get("distill")
+    if not settings or not settings.teacher:
+        return None
     distillation.check_task_distillation(task.kind, settings.temperature, settings.alpha)
     teacher = pretrained_models.load(settings.teacher, what="distill.teacher", model_overrides=config.model.to_dict(),
                                      head=task.kind, num_labels=num_labels)
