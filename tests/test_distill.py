@@ -494,6 +494,12 @@ def test_layer_maps_and_their_checks_say_what_to_change():
         distillation.check_layer_losses(distillation.LayerLosses(alpha_pkd=1.0), narrow, BertConfig(**TEACHER))
     assert distillation.projection_names(distillation.LayerLosses(alpha_hidden=1.0), narrow,
                                          BertConfig(**TEACHER)) == ("hidden",)
+    # A narrower student learns projections (general and task distillation alike); a wider one has none to learn.
+    assert distillation.check_layer_losses(distillation.LayerLosses(alpha_hidden=1.0, alpha_embedding=1.0), narrow,
+                                           BertConfig(**TEACHER)) == (3,)
+    with pytest.raises(ValueError, match="hidden_size 32 exceeds the teacher's 16: make the student narrower"):
+        distillation.check_layer_losses(distillation.LayerLosses(alpha_hidden=1.0),
+                                        BertConfig(**dict(TEACHER, num_layers=1)), BertConfig(**dict(TEACHER, hidden_size=16)))
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -589,3 +595,116 @@ def test_task_distillation_with_pkd_runs_and_logs_its_loss():
     line = steps.summarize_train(jax.device_get(sums))
     assert line["pkd_loss"] == pytest.approx(pkd[-1]) and "soft_loss" in line
     assert pkd[-1] < pkd[1], pkd  # step 1's learning rate is 0
+
+
+# ---------------------------------------------------------------------------------------------------
+# TinyBERT's task stage: a narrower student learns a fine-tuned teacher's layers through projections
+# ---------------------------------------------------------------------------------------------------
+
+TASK_STAGE = dict(alpha=0.5, temperature=2.0, alpha_embedding=1.0, alpha_hidden=1.0, alpha_attention=1.0)
+
+
+def task_stage_config(pretrained, made, **distill):
+    """configs/finetune/classification.py from made's narrower student, distilled from made's teacher: one epoch
+    of 6 steps (96 examples, batches of 16), logging every step."""
+    from conftest import finetune_config
+
+    config = finetune_config("classification", pretrained, labels=("no", "yes"), **made["files"])
+    config.train.init_from = made["student"]
+    config.data.update(max_seq_length=32, packing=False)  # the layer losses compare whole rows
+    config.logging.log_every = 1
+    config.distill.update(teacher=made["teacher"], **{**TASK_STAGE, **distill})
+    return config
+
+
+@pytest.fixture(scope="module")
+def task_stage(pretrained, finetuned, tmp_path_factory):
+    """conftest's `finetuned` (2 layers, hidden 64) as the teacher of a student of one layer half its width (a
+    pretraining workdir of random weights, drawn in NumPy, in the teacher's vocabulary), and the uninterrupted
+    run of TASK_STAGE."""
+    import pathlib
+    import shutil
+
+    import flax.linen as nn
+    from bertjax.training.checkpoint_meta import CheckpointMeta, TokenizerRecord
+
+    root = tmp_path_factory.mktemp("task-stage")
+    cfg = BertConfig(**dict(pretrained["cfg"].__dict__, hidden_size=32, intermediate_size=64,
+                                               num_layers=1))
+    shapes = nn.unbox(jax.eval_shape(lambda key: bert.BertForPreTraining(cfg).init(
+        key, **bert.dummy_batch(1, 16, 2))["params"], jax.random.key(0)))
+    rng = np.random.default_rng(0)
+    params = jax.tree_util.tree_map(lambda a: rng.normal(0.0, 0.02, a.shape).astype(a.dtype), shapes)
+    student = root / "student"
+    saver = checkpoint.Checkpointer(str(student), every_steps=1, keep=1, async_save=False)
+    saver.save(1, params, {"count": np.zeros((), np.int32)},
+               CheckpointMeta(step=1, model=cfg.__dict__, tokenizer=TokenizerRecord("wordpiece", "vocab.txt", True)),
+               force=True)
+    saver.wait()
+    saver.close()
+    shutil.copy(pathlib.Path(pretrained["workdir"]) / "vocab.txt", student / "vocab.txt")
+    made = dict(student=str(student), teacher=finetuned["workdir"], files={})
+    for split, lines in (("train", slice(0, 96)), ("validation", slice(0, 16))):
+        made["files"][split] = str(root / f"{split}.jsonl")
+        pathlib.Path(made["files"][split]).write_text(
+            "\n".join(pathlib.Path(pretrained["files"][split]).read_text().splitlines()[lines]) + "\n")
+    config = task_stage_config(pretrained, made)
+    workdir = root / "run"
+    return dict(made, config=config, workdir=workdir, summary=finetuning.finetune(config, str(workdir)))
+
+
+def test_a_narrower_student_learns_the_fine_tuned_teachers_layers_and_saves_the_student_alone(task_stage):
+    """TinyBERT's task stage (768 -> 312 there, 64 -> 32 here): embedding, hidden and attention losses logged
+    with the soft loss; the projections are in the checkpoints' optimizer-state item, never in best/ or the
+    checkpoints' params (what bertjax.load, export and a later train.init_from read); the student predicts."""
+    import json
+    import pathlib
+
+    import bertjax
+
+    workdir = pathlib.Path(task_stage["workdir"])
+    lines = [json.loads(x) for x in (workdir / "metrics.jsonl").read_text().splitlines()]
+    train_lines = [x for x in lines if "split" not in x]
+    assert [x["step"] for x in train_lines] == list(range(1, 7))
+    for name in ("soft_loss", "embedding_loss", "hidden_loss", "attention_loss"):
+        assert all(np.isfinite(x[name]) and x[name] >= 0 for x in train_lines), name
+    step = max(int(p.name) for p in (workdir / "checkpoints").iterdir() if p.name.isdigit())
+    assert distillation.PROJECTIONS in (workdir / "checkpoints" / str(step) / "opt_state" / "_METADATA").read_text()
+    assert distillation.PROJECTIONS not in (workdir / "checkpoints" / str(step) / "params" / "_METADATA").read_text()
+    for path in (workdir / "checkpoints", workdir / checkpoint.BEST_DIR):
+        params, meta = checkpoint.restore_params(str(path))
+        assert set(params) == {"bert", "classifier"} and meta.model["hidden_size"] == 32
+    start = finetuning.load_pretrained(str(workdir), "classification", 2, {})  # a later train.init_from
+    assert start.whole_head and set(start.params) == {"bert", "classifier"} and start.bert_config.hidden_size == 32
+    texts = [json.loads(x)["text"] for x in pathlib.Path(task_stage["files"]["validation"]).read_text().splitlines()]
+    predicted = [x.split("\t")[1] for x in (workdir / "predictions" / "validation.tsv").read_text().splitlines()[1:]]
+    model = bertjax.load(str(workdir))
+    assert [p["label"] for p in model.predict(texts[:8])] == predicted[:8]
+
+
+def test_a_stopped_task_distillation_with_projections_resumes_exactly(task_stage, tmp_path, monkeypatch):
+    """Stopped after step 4 (saved mid-epoch, runs.start.Stopped), then re-run: the uninterrupted run's losses,
+    the projected hidden losses among them, step for step; the same student at the end."""
+    import dataclasses
+    import json
+
+    from bertjax.runs import start
+
+    original = finetuning.hooks
+    monkeypatch.setattr(finetuning, "hooks", lambda run, preemption: dataclasses.replace(
+        original(run, preemption), should_stop=lambda step: step == 4))
+    workdir = tmp_path / "stopped"
+    with pytest.raises(start.Stopped):
+        finetuning.finetune(task_stage["config"], str(workdir))
+    monkeypatch.setattr(finetuning, "hooks", original)
+    finetuning.finetune(task_stage["config"], str(workdir))
+
+    def losses(path):
+        lines = [json.loads(x) for x in (path / "metrics.jsonl").read_text().splitlines()]
+        return {x["step"]: (x["loss"], x["hidden_loss"], x["embedding_loss"]) for x in lines if "split" not in x}
+
+    expected, got = losses(task_stage["workdir"]), losses(workdir)
+    assert sorted(expected) == list(range(1, 7)) and got == expected
+    final, _ = checkpoint.restore_params(str(task_stage["workdir"]))
+    again, _ = checkpoint.restore_params(str(workdir))
+    jax.tree_util.tree_map(np.testing.assert_array_equal, again, final)

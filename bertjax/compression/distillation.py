@@ -197,8 +197,7 @@ def projection_names(settings: LayerLosses, student: BertConfig, teacher: BertCo
                  if alpha > 0)
 
 
-def check_layer_losses(settings: LayerLosses, student: BertConfig, teacher: BertConfig,
-                       projections_allowed: bool = True) -> tuple:
+def check_layer_losses(settings: LayerLosses, student: BertConfig, teacher: BertConfig) -> tuple:
     """The intermediate-layer losses against the two models, one line per thing to change; returns g."""
     if not settings.on:
         return ()
@@ -219,11 +218,28 @@ def check_layer_losses(settings: LayerLosses, student: BertConfig, teacher: Bert
         raise ValueError(f"distill.alpha_embedding/alpha_hidden project a narrower student to the teacher's width, but "
                          f"the student's hidden_size {student.hidden_size} exceeds the teacher's "
                          f"{teacher.hidden_size}: make the student narrower, or set both to 0")
-    if not projections_allowed and projection_names(settings, student, teacher):
-        raise ValueError(f"task distillation compares hidden states at one width, but the student's hidden_size "
-                         f"{student.hidden_size} is not the teacher's {teacher.hidden_size}: set "
-                         "distill.alpha_embedding=0 and distill.alpha_hidden=0 (general distillation learns projections)")
     return g
+
+
+def adding_projections(names: tuple, student_width: int, teacher_width: int, stddev: float, init_key,
+                       prepare_params=None):
+    """state.Setup's prepare_params: prepare_params' (fine-tuning's pretrained encoder; None: the fresh
+    params), then the student's fresh projections under PROJECTIONS. No names: prepare_params as given."""
+    if not names:
+        return prepare_params
+    key = jax.random.fold_in(init_key, 1)
+
+    def prepare(params):
+        params = prepare_params(params) if prepare_params is not None else params
+        return dict(params, **{PROJECTIONS: init_projections(key, names, student_width, teacher_width, stddev)})
+
+    return prepare
+
+
+def without_projections(params: dict) -> dict:
+    """The student's params alone (or anything of their structure: shapes, shardings): the model a run
+    evaluates, exports and saves where bertjax.load reads."""
+    return {k: v for k, v in params.items() if k != PROJECTIONS}
 
 
 def init_projections(rng, names: tuple, student_width: int, teacher_width: int, stddev: float) -> dict:
@@ -331,7 +347,7 @@ def pretraining_distillation_loss(params, batch, dropout_rng, teacher_params, *,
     hidden = weights.alpha_cos > 0 or weights.layers.on
     collections = weights.layers.collections()
     projections = params.get(PROJECTIONS)
-    params = {k: v for k, v in params.items() if k != PROJECTIONS}
+    params = without_projections(params)
     student, s_recorded = _forward_recording(net, params, batch, False, {"dropout": dropout_rng}, not hidden,
                                              collections)
     teacher, t_recorded = jax.lax.stop_gradient(_forward_recording(teacher_net, teacher_params, batch, True, None,
@@ -384,7 +400,10 @@ def task_layer_distillation_loss(params, batch, dropout_rng, teacher_params, *, 
                                  settings: LayerLosses, layer_map: tuple):
     """Task distillation with the intermediate-layer losses: soft_loss (task_distillation_loss, partially
     applied) on the logits of one forward pass each, which also records the layers the losses compare
-    (tasks.steps.task_loss's inputs and weights). Returns (loss, sums), the layer losses as means."""
+    (tasks.steps.task_loss's inputs and weights). Returns (loss, sums), the layer losses as means. params
+    may carry the student's projections (PROJECTIONS), trained with it."""
+    projections = params.get(PROJECTIONS)
+    params = without_projections(params)
     weights = batch["example_weight"]  # [B]
     packed = {k: batch[k] for k in PACKED_INPUT_KEYS if k in batch}
     if packed:
@@ -402,7 +421,8 @@ def task_layer_distillation_loss(params, batch, dropout_rng, teacher_params, *, 
     mask = batch["input_mask"].reshape(-1, batch["input_mask"].shape[-1])  # [B, S] ([B*C, S] for choices)
     rows = batch["example_weight"].astype(jnp.float32)
     rows = jnp.repeat(rows, mask.shape[0] // rows.shape[0])  # each choice row carries its example's weight
-    layered, extra = layer_losses(settings, layer_map, s_recorded, t_recorded, mask * rows[:, None], rows, None)
+    layered, extra = layer_losses(settings, layer_map, s_recorded, t_recorded, mask * rows[:, None], rows,
+                                  projections)
     return loss + layered, dict(sums, **extra)
 
 
@@ -535,27 +555,37 @@ def compile_step_with_teacher(setup, loss_fn, teacher_params, data_sharding, gra
 
 
 class ProjectionCheckpointer:
-    """A training.checkpoint.Checkpointer for a state whose params carry PROJECTIONS: the checkpoint's
-    `params` item holds the student alone (what bertjax.load, train.init_from and export read, so the
-    workdir reads as any pretraining workdir), and its `opt_state` item {"optimizer": the optimizer's
-    state, PROJECTIONS: the projections}, so that a resumed run goes on exactly. Anything else is the
-    wrapped checkpointer's."""
+    """A training.checkpoint.Checkpointer for a state whose params carry PROJECTIONS, general distillation's
+    and task distillation's alike: the checkpoint's `params` item holds the student alone (what
+    bertjax.load, train.init_from, evaluate and export read, so the workdir reads as any pretraining or
+    fine-tuning workdir), and its `opt_state` item {"optimizer": the optimizer's state, PROJECTIONS: the
+    projections}, so that a resumed run goes on exactly. Anything else is the wrapped checkpointer's."""
 
     def __init__(self, checkpointer: checkpoint.Checkpointer):
         self._inner = checkpointer
+
+    @classmethod
+    def wrap(cls, checkpointer: checkpoint.Checkpointer, names: tuple):
+        """checkpointer, wrapped where the student learns projections (names: projection_names'; () none)."""
+        return cls(checkpointer) if names else checkpointer
+
+    @staticmethod
+    def describe(names: tuple) -> str:
+        """The run's line saying where the projections (projection_names') go."""
+        return (f"learned projections to the teacher's width ({', '.join(names)}): saved beside the optimizer "
+                "state, not with the student's params")
 
     def __getattr__(self, name):
         return getattr(self._inner, name)
 
     def save(self, step: int, params, opt_state, meta, force: bool = False) -> bool:
-        student = {k: v for k, v in params.items() if k != PROJECTIONS}
-        return self._inner.save(step, student, {"optimizer": opt_state, PROJECTIONS: params[PROJECTIONS]}, meta,
-                                force=force)
+        return self._inner.save(step, without_projections(params),
+                                {"optimizer": opt_state, PROJECTIONS: params[PROJECTIONS]}, meta, force=force)
 
     def restore_latest(self, abstract_params, abstract_opt_state, check_meta=None):
-        student = {k: v for k, v in abstract_params.items() if k != PROJECTIONS}
         restored = self._inner.restore_latest(
-            student, {"optimizer": abstract_opt_state, PROJECTIONS: abstract_params[PROJECTIONS]}, check_meta)
+            without_projections(abstract_params),
+            {"optimizer": abstract_opt_state, PROJECTIONS: abstract_params[PROJECTIONS]}, check_meta)
         if restored is None:
             return None
         return dataclasses.replace(restored, params=dict(restored.params, **{PROJECTIONS: restored.opt_state[PROJECTIONS]}),

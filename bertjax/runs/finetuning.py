@@ -11,7 +11,9 @@ Face directory of any family. WORKDIR gets metrics.jsonl (dev lines with split=<
 metrics), TensorBoard events, config.json, checkpoints/ (to resume), best/ (the best dev checkpoint, what
 bertjax.load reads), predictions/ (every dev and test split, in each benchmark's own form) and
 summary.json. SIGTERM and Ctrl-C save and raise runs.start.Stopped; re-running resumes. With a
-distill.teacher the step is task distillation's (the teacher's logits inside the jitted step). With a
+distill.teacher the step is task distillation's (the teacher inside the jitted step; a narrower student's
+projections to the teacher's width trained with it and saved beside the optimizer state, never with the
+model). With a
 theseus.predecessor it is module replacing's (bertjax/compression/theseus.py): the model trained, evaluated and
 saved is the successor, the predecessor's layers an argument of the step. A
 contrastive task trains a sentence embedder on its loss over the global batch's embeddings (in cached
@@ -73,10 +75,12 @@ def finetune_in_session(config, workdir: str) -> dict:
     task = task_from_config(config)
     num_labels = heads.resolve_num_labels(task.kind, kinds.get(task.kind).num_labels(task.labels))
     predecessor = None  # module replacing: the fine-tuned model whose modules the successor's layers replace
+    teacher = None  # task distillation: the fine-tuned model whose logits (and layers) the student learns
     if config.get("theseus") and config.theseus.predecessor:
         start_from, predecessor = theseus_start(config, task, num_labels)
     else:
         start_from = starting_model(config, task, num_labels)
+        teacher = task_teacher(config, task, num_labels, start_from)  # None without distill.teacher
 
     # ---------------------------------------------------------------- data
     data = task_data(config, task, start_from.tokenizer, layout)
@@ -86,25 +90,25 @@ def finetune_in_session(config, workdir: str) -> dict:
     embedding = embedder_settings(task, data, start_from.bert_config)  # contrastive: the embedder's pooling
     init_key, dropout_key = root_keys(config.train.seed, config.train.dropout_rng)
     setup = task_setup(config, task, start_from, num_labels, feature_based, data.num_steps, layout, init_key,
-                       embedding)
+                       embedding, teacher)
 
     # ---------------------------------------------------------------- restore: this workdir > init_from
-    checkpointer = checkpoint.Checkpointer(workdir, every_steps=data.steps_per_epoch,
-                                           keep=config.checkpoint.keep, async_save=config.checkpoint.async_save)
+    checkpointer = task_checkpointer(config, workdir, data.steps_per_epoch, teacher)
     state, best = restore(checkpointer, setup, task, init_key)
 
     # ---------------------------------------------------------------- jitted steps
     if predecessor is not None:  # module replacing: the predecessor's layers inside the step
         p_train_step = theseus_step(config, task, num_labels, predecessor, setup, layout.data_sharding)
-    elif config.get("distill") and config.distill.teacher:  # task distillation: the teacher inside the step
-        p_train_step = distillation_step(config, task, num_labels, start_from, setup, layout.data_sharding)
+    elif teacher is not None:  # task distillation: the teacher inside the step
+        p_train_step = distillation_step(config, task, num_labels, teacher, setup, layout.data_sharding)
     elif embedding is not None:  # contrastive: the loss of the global batch's embeddings
         p_train_step = contrastive_train_step(config, setup, data.settings, layout.data_sharding)
     else:
         loss = functools.partial(task_loss, net=setup.net, loss=heads.head(task.kind).loss)
         p_train_step = setup.compile_train_step(loss, layout.data_sharding, config.train.grad_accum_steps)
     outputs = contrastive_steps.pair_embeddings if embedding is not None else task_logits
-    p_logits = setup.compile_eval_step(functools.partial(outputs, net=setup.net), layout.data_sharding)
+    model_sharding = distillation.without_projections(setup.state_sharding.params)  # not a student's projections
+    p_logits = setup.compile_eval_step(functools.partial(outputs, net=setup.net), layout.data_sharding, model_sharding)
     scorer = Scorer(task, data.settings, p_logits, layout.data_sharding, config.logging.eval_batch_size,
                     kinds.get(task.kind).eval_keys or INPUT_KEYS)
 
@@ -119,7 +123,7 @@ def finetune_in_session(config, workdir: str) -> dict:
         state = train_loop(run, state, p_train_step, dropout_key, layout.data_sharding)
 
         # ------------------------------------------------------------ predictions of the best checkpoint
-        written = predict_splits(run, state, setup.abstract_state.params)
+        written = predict_splits(run, state, distillation.without_projections(setup.abstract_state.params))
     return summarize(run, written)
 
 
@@ -237,9 +241,12 @@ def theseus_step(config, task, num_labels: int, predecessor, setup: Setup, data_
 
 
 def task_setup(config, task, start_from: TaskStart, num_labels: int, feature_based: dict | None,
-               num_steps: int, layout: start.Layout, init_key, embedding: dict | None = None) -> Setup:
+               num_steps: int, layout: start.Layout, init_key, embedding: dict | None = None,
+               teacher: "TaskTeacher | None" = None) -> Setup:
     """The task's network, optimizer and state layout (shapes first, created sharded), its fresh
-    parameters holding the pretrained encoder (and the whole head, continuing this task's fine-tuning)."""
+    parameters holding the pretrained encoder (and the whole head, continuing this task's fine-tuning);
+    a task distillation student narrower than its teacher also trains fresh projections to its width
+    (under distillation.PROJECTIONS, beside the model's params)."""
     net = heads.network(task.kind, start_from.bert_config, num_labels, feature_based=feature_based,
                         embedding=embedding)
     schedule_config = config_dict.ConfigDict(dict(
@@ -257,8 +264,14 @@ def task_setup(config, task, start_from: TaskStart, num_labels: int, feature_bas
     if config.get("theseus") and config.theseus.predecessor:  # module replacing: the successor's layers alone learn
         tx = theseus.successor_layers_only(tx)
     task_inputs = heads.dummy_inputs(task.kind, 1, config.data.max_seq_length, task.num_choices or 1)
+    prepare_params = functools.partial(with_pretrained, start_from=start_from)
+    if teacher is not None:
+        student = start_from.bert_config
+        prepare_params = distillation.adding_projections(teacher.projections, student.hidden_size,
+                                                         teacher.model.config.hidden_size, student.initializer_range,
+                                                         init_key, prepare_params)
     return Setup.create(net, task_inputs, tx, schedule, layout.mesh, layout.rules, init_key,
-                        prepare_params=functools.partial(with_pretrained, start_from=start_from))
+                        prepare_params=prepare_params)
 
 
 def with_pretrained(params: dict, *, start_from: TaskStart) -> dict:
@@ -271,6 +284,17 @@ def with_pretrained(params: dict, *, start_from: TaskStart) -> dict:
             lambda box, value: box.replace_boxed(value) if is_box(box) else value, tree,
             start_from.params[name], is_leaf=is_box) for name, tree in params.items()}
     return params
+
+
+def task_checkpointer(config, workdir: str, steps_per_epoch: int, teacher: "TaskTeacher | None"):
+    """checkpoints/, saved every epoch; a narrower student's projections (task distillation's) saved beside the
+    optimizer state, never with the model."""
+    checkpointer = checkpoint.Checkpointer(workdir, every_steps=steps_per_epoch, keep=config.checkpoint.keep,
+                                           async_save=config.checkpoint.async_save)
+    projections = teacher.projections if teacher is not None else ()
+    if projections:
+        say(distillation.ProjectionCheckpointer.describe(projections))
+    return distillation.ProjectionCheckpointer.wrap(checkpointer, projections)
 
 
 def restore(checkpointer, setup: Setup, task, init_key) -> tuple[TrainState, dict]:
@@ -332,7 +356,8 @@ def hooks(run: Run, preemption: Preemption) -> loop.Hooks:
         writer.write(step, dict(summarize_train(window), learning_rate=float(run.schedule(step - 1)), **speed))
 
     def evaluate(state, step):
-        scores = {split: run.scorer(state.params, split, s).metrics for split, s in run.data.dev.items()}
+        model = distillation.without_projections(state.params)
+        scores = {split: run.scorer(model, split, s).metrics for split, s in run.data.dev.items()}
         for split, values in scores.items():
             writer.write(step, values, split=split)
         # The main metric of the first dev split chooses the best checkpoint (MNLI: matched).
@@ -343,7 +368,7 @@ def hooks(run: Run, preemption: Preemption) -> loop.Hooks:
             # SQuAD v2.0: the no-answer threshold this dev set chose is kept with the model.
             best["null_threshold"] = float(first.get("best_f1_threshold", 0.0))
             task = dataclasses.replace(run.meta.task, null_threshold=best["null_threshold"])
-            checkpoint.save_params(run.workdir, checkpoint.BEST_DIR, step, state.params,
+            checkpoint.save_params(run.workdir, checkpoint.BEST_DIR, step, model,
                                    run.meta.replace(task=task, best=dict(best)))
 
     def save(state, step, force):
@@ -404,7 +429,7 @@ def predict_splits(run: Run, state: TrainState, abstract_params) -> list[str]:
     if run.best["step"] != run.data.num_steps:
         best_params, _ = checkpoint.restore_params(files.join(run.workdir, checkpoint.BEST_DIR), abstract_params)
     else:
-        best_params = state.params
+        best_params = distillation.without_projections(state.params)
     written = []
     for split, s in {**run.data.dev, **run.data.test}.items():
         result = run.scorer(best_params, split, s, null_threshold=run.best.get("null_threshold", 0.0))
@@ -487,10 +512,21 @@ def contrastive_train_step(config, setup: Setup, settings, data_sharding):
                                     mask_keys=contrastive_steps.MASK_KEYS)
 
 
-def distillation_step(config, task, num_labels: int, start_from: TaskStart, setup: Setup, data_sharding):
-    """The train step of task distillation: distill.teacher (fine-tuned on this task, of the same
-    tokenizer) gives its logits on each batch inside the jitted step (an argument, never trained or saved)."""
-    settings = config.distill
+@dataclasses.dataclass
+class TaskTeacher:
+    """Task distillation's teacher (distill.teacher, fine-tuned on this task) and the losses it teaches with."""
+
+    model: pretrained_models.Pretrained
+    layer_losses: distillation.LayerLosses
+    layer_map: tuple  # the teacher layer of each student layer (distillation.teacher_layer_map's g)
+    projections: tuple  # what a narrower student learns to the teacher's width (distillation.projection_names')
+
+
+def task_teacher(config, task, num_labels: int, start_from: TaskStart) -> TaskTeacher | None:
+    """distill.teacher loaded and checked against the task and the student (start_from); None without one."""
+    settings = config.get("distill")
+    if not settings or not settings.teacher:
+        return None
     distillation.check_task_distillation(task.kind, settings.temperature, settings.alpha)
     teacher = pretrained_models.load(settings.teacher, what="distill.teacher", model_overrides=config.model.to_dict(),
                                      head=task.kind, num_labels=num_labels)
@@ -504,17 +540,25 @@ def distillation_step(config, task, num_labels: int, start_from: TaskStart, setu
                          "(not a feature-based tagger)")
     distillation.check_same_vocabulary(start_from.files.vocab_path, teacher.tokenizer.vocab_path, "distill.teacher")
     layer_losses = distillation.LayerLosses.from_config(settings)
-    layer_map = distillation.check_layer_losses(layer_losses, start_from.bert_config, teacher.config,
-                                                projections_allowed=False)
+    student = start_from.bert_config
+    layer_map = distillation.check_layer_losses(layer_losses, student, teacher.config)
+    projections = distillation.projection_names(layer_losses, student, teacher.config)
     say(f"distilling from {settings.teacher} ({teacher.config.num_layers} layers, hidden {teacher.config.hidden_size}): "
         f"alpha {settings.alpha:g}, temperature {settings.temperature:g}"
         + "".join(f", {k} {getattr(layer_losses, k):g}" for k in layer_losses.alphas() if getattr(layer_losses, k) > 0))
-    teacher_net = heads.network(task.kind, teacher.config, num_labels)
+    return TaskTeacher(teacher, layer_losses, layer_map, projections)
+
+
+def distillation_step(config, task, num_labels: int, teacher: TaskTeacher, setup: Setup, data_sharding):
+    """The train step of task distillation: the teacher's logits (and recorded layers) on each batch
+    inside the jitted step (its params an argument, never trained or saved); a narrower student's
+    projections, in the state's params, trained with it."""
+    teacher_net = heads.network(task.kind, teacher.model.config, num_labels)
     example = heads.dummy_inputs(task.kind, 1, config.data.max_seq_length, task.num_choices or 1)
-    teacher_params = distillation.place_params(teacher_net, example, teacher.params, setup.mesh, setup.rules)
-    return task_distillation_step(setup, teacher_net, teacher_params, task.kind, float(settings.temperature),
-                                  float(settings.alpha), data_sharding, config.train.grad_accum_steps,
-                                  layer_losses, layer_map)
+    teacher_params = distillation.place_params(teacher_net, example, teacher.model.params, setup.mesh, setup.rules)
+    return task_distillation_step(setup, teacher_net, teacher_params, task.kind, float(config.distill.temperature),
+                                  float(config.distill.alpha), data_sharding, config.train.grad_accum_steps,
+                                  teacher.layer_losses, teacher.layer_map)
 
 
 def task_distillation_step(setup: Setup, teacher_net, teacher_params, kind: str, temperature: float, alpha: float,

@@ -14,7 +14,6 @@ Task distillation is part of fine-tuning (runs/finetuning.py).
 
 import functools
 
-import jax
 import ml_collections
 
 from bertjax.compression import distillation
@@ -48,8 +47,7 @@ def distill(config, workdir: str, distributed: start.Distributed | None = None) 
         # ---------------------------------------------------------------- the student: shapes first
         init_key, dropout_key = root_keys(config.train.seed, config.train.dropout_rng)
         layer_map, projections = check_layer_losses(config, teacher.config, weights)
-        setup = pretraining_step.setup(one_step(config) if extract_only else config, layout.mesh, layout.rules, init_key,
-                                       prepare_params=with_projections(projections, config, teacher.config, init_key))
+        setup = student_setup(config, layout, teacher.config, projections, init_key, extract_only)
         student = setup.bert_config
         bert.check_input_shapes(student, config.data.max_seq_length, config.data.max_predictions_per_seq)
         distillation.check_student(teacher.config, student, weights)
@@ -57,11 +55,8 @@ def distill(config, workdir: str, distributed: start.Distributed | None = None) 
         say("student " + pretraining.describe_model(student, setup.abstract_state.params).removeprefix("model: "))
 
         # ---------------------------------------------------------------- restore: workdir > init_from > layers > scratch
-        checkpointer = pretraining.make_checkpointer(config, workdir, setup.abstract_state)
-        if projections:
-            checkpointer = distillation.ProjectionCheckpointer(checkpointer)
-            say(f"learned projections to the teacher's width ({', '.join(projections)}): saved beside the optimizer "
-                "state, not with the student's params")
+        checkpointer = distillation.ProjectionCheckpointer.wrap(
+            pretraining.make_checkpointer(config, workdir, setup.abstract_state), projections)
         with layout.active():
             state = pretraining.restore(config, setup, checkpointer, init_key)
             if layers and int(state.step) == 0:  # neither resumed nor from train.init_from
@@ -182,16 +177,19 @@ def check_layer_losses(config, teacher: BertConfig, weights: distillation.LossWe
         raise ValueError(f"train.init_from with a student narrower than the teacher ({student.hidden_size} < "
                          f"{teacher.hidden_size}) and distill.alpha_embedding/alpha_hidden: the learned projections "
                          "start fresh only with the student; unset train.init_from, or set both alphas to 0")
+    if projections:
+        say(distillation.ProjectionCheckpointer.describe(projections))
     return layer_map, projections
 
 
-def with_projections(names: tuple, config, teacher: BertConfig, init_key):
-    """Setup's prepare_params adding the student's fresh projections to the teacher's width (None: none)."""
-    if not names:
-        return None
-    key = jax.random.fold_in(init_key, 1)
-    return lambda params: dict(params, **{distillation.PROJECTIONS: distillation.init_projections(
-        key, names, int(config.model.hidden_size), teacher.hidden_size, float(config.model.initializer_range))})
+def student_setup(config, layout: start.Layout, teacher: BertConfig, projections: tuple, init_key,
+                  extract_only: bool):
+    """The student's network, optimizer and state layout (pretraining's), with fresh projections to the
+    teacher's width where it is narrower (distillation.PROJECTIONS in its params)."""
+    prepare = distillation.adding_projections(projections, int(config.model.hidden_size), teacher.hidden_size,
+                                              float(config.model.initializer_range), init_key)
+    return pretraining_step.setup(one_step(config) if extract_only else config, layout.mesh, layout.rules, init_key,
+                                  prepare_params=prepare)
 
 
 def check_student_vocabulary(config) -> None:

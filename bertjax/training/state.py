@@ -101,7 +101,10 @@ class Setup:
             return jax.jit(under_rules(fn, self.rules), in_shardings=(self.state_sharding, data_sharding, None),
                            out_shardings=(self.state_sharding, None), donate_argnums=(0,))
 
-    def compile_eval_step(self, fn, data_sharding):
-        """fn(params, batch) -> anything, jitted once with the params' and the batch's shardings."""
+    def compile_eval_step(self, fn, data_sharding, params_sharding=None):
+        """fn(params, batch) -> anything, jitted once with the params' and the batch's shardings;
+        params_sharding: those of the params it is given where they are not the state's (the model alone,
+        where the state's params also carry what only training uses)."""
+        params_sharding = self.state_sharding.params if params_sharding is None else params_sharding
         with jax.set_mesh(self.mesh), nn.logical_axis_rules(self.rules):
-            return jax.jit(under_rules(fn, self.rules), in_shardings=(self.state_sharding.params, data_sharding))
+            return jax.jit(under_rules(fn, self.rules), in_shardings=(params_sharding, data_sharding))

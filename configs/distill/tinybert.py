@@ -8,10 +8,23 @@
 The student is fresh; it learns the teacher's embedding outputs and its layers 3, 6, 9 and 12 (g(m) = 3m)
 through learned projections 312 -> 768 (W_e, W_h), and those layers' attention scores before softmax (12
 heads each, head for head). The published general distillation uses only these intermediate losses,
-no prediction loss: the teacher's masked-LM distribution is learned in task distillation, which follows
-on each task (configs/finetune/*.py's distill section, after a fine-tuned teacher; the published recipe
-adds augmented data there). The published run: English Wikipedia, sequences of 128, 3 epochs, batch 256,
-lr 1e-4 (the released general_distill.py's defaults).
+no prediction loss. The published run: English Wikipedia, sequences of 128, 3 epochs, batch 256, lr 1e-4
+(the released general_distill.py's defaults).
+
+Then task distillation on each task (TinyBERT's second stage), from BERT-Base fine-tuned on the task
+(FT_TEACHER, a fine-tuning workdir): the same intermediate losses through fresh projections 312 -> 768,
+trained in the fine-tuning step (saved beside the optimizer state, never with the model), with the
+teacher's soft targets (alpha=1: no gold labels, as published; the published first stage leaves out the
+soft targets, which here are always on), then the prediction layer alone from that run:
+
+  python -m bertjax.finetune --config=configs/finetune/classification.py --config.train.init_from=$WORKDIR \
+      --config.distill.teacher=FT_TEACHER --config.distill.alpha=1 --config.distill.temperature=1 \
+      --config.distill.alpha_hidden=1 --config.distill.alpha_embedding=1 --config.distill.alpha_attention=1 \
+      --config.model.attention_impl=xla --config.data.packing=False \
+      --config.data.train=train.jsonl --config.data.validation=dev.jsonl --workdir=$TASK/layers
+  python -m bertjax.finetune --config=configs/finetune/classification.py --config.train.init_from=$TASK/layers \
+      --config.distill.teacher=FT_TEACHER --config.distill.alpha=1 --config.distill.temperature=1 \
+      --config.data.train=train.jsonl --config.data.validation=dev.jsonl --workdir=$TASK/prediction
 """
 
 from configs.distill import common

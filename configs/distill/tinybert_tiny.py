@@ -10,7 +10,8 @@ the teacher's embedding outputs and layers 2 and 4 (g(m) = m N / M) through lear
 teacher's width, and each mapped layer's attention scores before softmax, with no prediction loss (the
 published general distillation's recipe, configs/distill/tinybert.py). The workdir reads as a pretraining
 workdir (the projections are saved beside the optimizer state): fine-tune it with train.init_from, where
-task distillation (configs/finetune/*.py's distill section) would follow in TinyBERT's recipe.
+task distillation (configs/finetune/*.py's distill section, with --config.distill.alpha_hidden=1 etc.: fresh
+projections again) follows in TinyBERT's recipe (configs/distill/tinybert.py gives the commands).
 """
 
 from configs.distill import common

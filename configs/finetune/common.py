@@ -85,8 +85,9 @@ def finetune_config(task: str) -> ml_collections.ConfigDict:
         temperature=2.0,
         alpha=0.5,  # the weight of the teacher's soft targets against the gold labels, in [0, 1]
         # The intermediate-layer losses (configs/distill/common.py's layer_losses: TinyBERT's embedding,
-        # hidden and attention MSEs, BERT-PKD's alpha_pkd; all 0: none), added to the loss above. Here the
-        # student must have the teacher's width (no learned projection) and unpacked rows.
+        # hidden and attention MSEs, BERT-PKD's alpha_pkd; all 0: none), added to the loss above, on unpacked
+        # rows. A narrower student learns projections to the teacher's width (TinyBERT's W_e, W_h), saved
+        # beside the optimizer state, never with the model; alpha_pkd needs the teacher's width.
         **distill_configs.layer_losses(),
     ))
     # BERT-of-Theseus (Xu et al. 2020; bertjax/compression/theseus.py): the predecessor's modules of N/M layers
