@@ -214,21 +214,8 @@ class BertModel(nn.Module):
         packed = sequence_ids is not None
         if packed != (cls_positions is not None):
             raise ValueError("packed rows need both sequence_ids and cls_positions")
-        if self.shared_embeddings is None:
-            x = self.embeddings(input_ids, segment_ids, deterministic, position_ids)  # [B, S, H]
-        else:
-            x = self.shared_embeddings.embed(input_ids, segment_ids, deterministic, position_ids)  # [B, S, E]
-            if self.config.embedding_width != self.config.hidden_size:
-                x = self.embeddings_project(x)  # [B, S, H]
-        if packed:
-            # Block-diagonal: a token sees the real tokens of its own sequence only.
-            same = sequence_ids[:, :, None] == sequence_ids[:, None, :]  # [B, S, S]
-            mask = (same & (sequence_ids > 0)[:, None, :])[:, None]  # [B, 1, S, S]
-            padding = layers.Padding(mask, None, position_ids, sequence_ids)
-        else:
-            mask = (input_mask > 0)[:, None, None, :]  # [B, 1, 1, S]
-            lengths = jnp.sum(input_mask > 0, axis=-1, dtype=jnp.int32)  # [B]: rows are right-padded
-            padding = layers.Padding(mask, lengths, position_ids, (input_mask > 0).astype(jnp.int32))
+        x = self._embed(input_ids, segment_ids, deterministic, position_ids)  # [B, S, H]
+        padding = self._padding(input_mask, sequence_ids, position_ids)
         cls_rows = cls_positions if packed else jnp.zeros_like(input_ids[:, :1])  # [B, K] (K = 1 unpacked)
         rows = None
         if output_rows is not None:
@@ -252,6 +239,26 @@ class BertModel(nn.Module):
             outputs["attention_scores"] = scores  # L x [B, N, S, S] float32
             self.sow(ATTENTION_SCORES, "layers", tuple(scores))
         return outputs
+
+    def _embed(self, input_ids, segment_ids, deterministic, position_ids):
+        if self.shared_embeddings is None:
+            return self.embeddings(input_ids, segment_ids, deterministic, position_ids)  # [B, S, H]
+        x = self.shared_embeddings.embed(input_ids, segment_ids, deterministic, position_ids)  # [B, S, E]
+        if self.config.embedding_width != self.config.hidden_size:
+            x = self.embeddings_project(x)  # [B, S, H]
+        return x
+
+    @staticmethod
+    def _padding(input_mask, sequence_ids, position_ids) -> layers.Padding:
+        """Which keys each query sees: the real tokens of its row, or (packed rows: sequence_ids given) the
+        real tokens of its own sequence, block-diagonal."""
+        if sequence_ids is not None:
+            same = sequence_ids[:, :, None] == sequence_ids[:, None, :]  # [B, S, S]
+            mask = (same & (sequence_ids > 0)[:, None, :])[:, None]  # [B, 1, S, S]
+            return layers.Padding(mask, None, position_ids, sequence_ids)
+        mask = (input_mask > 0)[:, None, None, :]  # [B, 1, 1, S]
+        lengths = jnp.sum(input_mask > 0, axis=-1, dtype=jnp.int32)  # [B]: rows are right-padded
+        return layers.Padding(mask, lengths, position_ids, (input_mask > 0).astype(jnp.int32))
 
     def pool(self, x):
         """The pooler's transform of hidden states [..., H] -> [..., H]: of [CLS] in __call__, of every
