@@ -332,6 +332,21 @@ def test_group_wise_weights_are_a_numpy_rounding_per_group(classifier, grouped_m
                                rtol=1e-4, atol=1e-4)
 
 
+def test_inputs_that_do_not_split_into_groups_of_g_take_the_largest_group_that_splits_them(
+        classifier, grouped_models, tmp_path, capsys):
+    """int8-g48 on kernels of 64 and 128 inputs: groups of 32, the largest size up to 48 that splits both, so
+    exactly int8-g32's weights (checked against numpy above); the export says so in one line."""
+    model = bertjax.load(classifier["workdir"], quantize="int8-g48")
+    jax.tree_util.tree_map(np.testing.assert_array_equal, jax.device_get(model.params),
+                           jax.device_get(grouped_models["int8-g32"].params))
+    smaller = quantize.smaller_groups(model.params, 48)
+    kernels = [k for k in traverse_util.flatten_dict(classifier["params"], sep="/") if k.endswith("/kernel")]
+    assert sorted(path for path, _ in smaller) == sorted(kernels) and {size for _, size in smaller} == {32}
+    assert quantize.smaller_groups(grouped_models["int8-g32"].params, 32) == []
+    exporting.export(classifier["workdir"], str(tmp_path / "g48"), "params", quantize="int8-g48")
+    assert (f"quantize=int8-g48: {len(kernels)} kernels' inputs do not split into groups of 48" in capsys.readouterr().out)
+
+
 def test_int4_g32_keeps_the_logits_and_the_predictions(classifier, grouped_models):
     feats, labels = classifier["features"], np.array(classifier["labels"])
     reference = classifier["float"].task_logits(feats)

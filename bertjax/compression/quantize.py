@@ -31,7 +31,8 @@ Group-wise low bits (Q-BERT's group-wise quantisation, Shen et al. 2020): `int4-
 int4-g128, int4-g32, int8-g128) give each dense kernel one scale per group of G consecutive input
 elements per output channel (the contracted axes read flattened, row-major, as the matmul reads them:
 the attention output's [N, D, H] kernel groups G of its N x D inputs, spanning heads where G > D; an
-input narrower than G is one group). Symmetric, qwix's bound (qmax + 0.5: 7.5 for int4, 127.5 for int8),
+input narrower than G is one group; inputs that do not split into groups of G take the largest smaller
+group that does). Symmetric, qwix's bound (qmax + 0.5: 7.5 for int4, 127.5 for int8),
 round to nearest, clipped to [-8, 7] or [-128, 127]. The group scales are qwix's sub-channel scales
 (HowToQuantize.tiled_axes), chosen per kernel rather than by a rule's tile_size, which names one tile
 for the last contracted axis of every layer and so cannot group the attention output's heads together
@@ -204,22 +205,50 @@ def group_tiles(shape: tuple, contracted: list[int], group: int) -> dict[int, in
 
 def grouped(abstract: dict, group: int, mode: str) -> dict:
     """qwix's abstract params with each kernel's scales tiled in groups of `group` input elements (fewer
-    where the kernel's inputs are fewer: one group). One line for a kernel whose inputs do not divide."""
+    where the kernel's inputs are fewer: one group). A kernel whose inputs do not split into groups of
+    `group` takes the largest smaller group that splits them (96 for 192 inputs at G = 128): finer, never
+    coarser, than asked; smaller_groups lists them."""
     def tile(path, leaf):
         if not isinstance(leaf, ptq.WithAux):
             return leaf
         shape, how = tuple(leaf.shape), leaf.how
         contracted = [axis for axis in range(len(shape)) if axis not in how.channelwise_axes]
         width = math.prod(shape[axis] for axis in contracted)
-        tiles = group_tiles(shape, contracted, min(group, width))
-        if tiles is None:
-            name = "/".join(str(getattr(k, "key", k)) for k in path)
-            raise ValueError(f"quantize={mode}: {name} has {width} inputs "
-                             f"({' x '.join(str(shape[a]) for a in contracted)}), which do not split into groups "
-                             f"of {group}: choose a G that divides them")
-        return leaf.replace(how=dataclasses.replace(how, tiled_axes=tiles))
+        size = min(group, width)
+        while group_tiles(shape, contracted, size) is None:  # size 1 always tiles: per input element
+            size -= 1
+        return leaf.replace(how=dataclasses.replace(how, tiled_axes=group_tiles(shape, contracted, size)))
 
+    del mode
     return jax.tree_util.tree_map_with_path(tile, abstract, is_leaf=lambda x: isinstance(x, ptq.WithAux))
+
+
+def smaller_groups(stored: dict, group: int) -> list[tuple[str, int]]:
+    """(kernel path, group size) of each stored kernel of a grouped mode whose groups are smaller than
+    `group` while its inputs are more: those grouped() gave the largest size that splits them. A group
+    is the product over the axes of kernel size / scale size (the output channels' ratio is 1; the last
+    axis, packed or not, is an output channel)."""
+    found = []
+
+    def visit(path, tree):
+        if not isinstance(tree, dict):
+            return
+        if set(tree) in (_STORED_KEYS, _PACKED_KEYS):
+            kernel = tree.get("qvalue", tree.get("qpacked"))
+            pairs = [(int(n), int(k)) for n, k in zip(kernel.shape[:-1], tree["scale"].shape[:-1])]
+            size = math.prod(n // k for n, k in pairs)
+            # The contracted axes lead (every kernel here is [inputs..., outputs...]): through the last one the
+            # scale tiles, axis 0 at least. A contracted axis in tiles of 1 keeps its size in the scale.
+            contracted = 1 + max([a for a, (n, k) in enumerate(pairs) if k < n], default=0)
+            inputs = math.prod(n for n, _ in pairs[:contracted])
+            if size < group and size < inputs:
+                found.append(("/".join(path), size))
+            return
+        for key, value in tree.items():
+            visit(path + [str(key)], value)
+
+    visit([], stored)
+    return found
 
 
 def pack_int4(values) -> jax.Array:

@@ -17,6 +17,7 @@ from bertjax.compression import quantize as quantization  # `quantize` is export
 from bertjax.interop import (hf, hf_electra, hf_files, hf_tokenizer, model_card, pretrained, savedmodel,
                              sentence_transformers)
 from bertjax.runs import precision_plan
+from bertjax.runs.console import say
 from bertjax.tasks import embeddings, registry
 from bertjax.text import templates
 from bertjax.models.config import BertConfig, fields_of
@@ -168,6 +169,17 @@ def write_savedmodel(bert, directory: str, max_seq_length: int | None) -> None:
     savedmodel.export_savedmodel(bert, directory, max_seq_length=max_seq_length)
 
 
+def say_smaller_groups(params: dict, mode: str | None) -> None:
+    """A grouped mode's kernels whose inputs do not split into groups of G got the largest group that splits
+    them: said, not silent."""
+    group = quantization.scheme(mode).group if quantization.resolve(mode) not in (None, quantization.MIXED) else None
+    smaller = quantization.smaller_groups(params, group) if group else []
+    if smaller:
+        sizes = sorted({size for _, size in smaller})
+        say(f"quantize={mode}: {len(smaller)} kernels' inputs do not split into groups of {group} ({smaller[0][0]}, ...): "
+            f"they have groups of {', '.join(map(str, sizes))}, the largest that split them")
+
+
 def _check_request(source: str, to: str, export_format: str, quantize: str | None, size_budget: float | None,
                    dev: str | None) -> bool:
     """One line for each flag that cannot be; whether quantize is "mixed", which --size_budget and --dev
@@ -203,6 +215,7 @@ def export(source: str, to: str, export_format: str, *, step: int | None = None,
     chosen = checkpoint_to_export(source, step)
     bert, precision = (precision_plan.plan_from_path(chosen, dev, size_budget) if mixed
                        else (inference.load(chosen, quantize=quantize), None))
+    say_smaller_groups(bert.params, quantize)
     _, meta = checkpoint.restore_params(chosen)
     if step is not None and meta.step != step:
         raise ValueError(f"--step={step}: that checkpoint is unreadable (the newest readable one is step "
