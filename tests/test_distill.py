@@ -547,9 +547,12 @@ def test_attention_scores_are_what_the_layers_attend_with(family):
     np.testing.assert_allclose(attention, direct, atol=1e-5)
     # the padding keys masked as the model masks them; scanned records the same numbers
     assert float(jnp.max(scores[0][1, :, :, 10:])) == float(jnp.finfo(jnp.float32).min)
+    fused = bert.BertModel(dataclasses.replace(unrolled, attention_impl="blockwise", attention_dropout_rate=0.0))
     with pytest.raises(ValueError, match="set model.attention_impl=xla for attention distillation"):
-        bert.BertModel(dataclasses.replace(unrolled, attention_impl="blockwise", attention_dropout_rate=0.0)).apply(
-            {"params": params}, ids, ids * 0, mask, mutable=[bert.ATTENTION_SCORES])
+        fused.apply({"params": params}, ids, ids * 0, mask, mutable=[bert.ATTENTION_SCORES])
+    # init makes every collection mutable, and asks for no recording: a fused-attention model is shaped as usual
+    shaped = jax.eval_shape(lambda: fused.init(jax.random.key(0), ids, ids * 0, mask))
+    assert set(shaped) == {"params"}
     if family == "bert":
         return  # the scanned stack's own case: alternating layers
     scanned = dataclasses.replace(base, scan_layers=True)

@@ -181,7 +181,7 @@ class BertModel(nn.Module):
             self.embeddings = layers.Embeddings(cfg)
         elif cfg.embedding_width != cfg.hidden_size:
             self.embeddings_project = layers.dense(cfg, cfg.hidden_size, (None, "embed"), "embeddings_project")
-        scores = self.is_mutable_collection(ATTENTION_SCORES)
+        scores = self._recording(ATTENTION_SCORES)
         if scores:
             layers.check_scores_available(cfg.attention_impl)
         self.encoder = Encoder(cfg, output_attention_scores=scores)
@@ -208,9 +208,9 @@ class BertModel(nn.Module):
             raise ValueError("output_rows and output_hidden_states exclude each other: the last layer's "
                              "hidden state would hold only some rows")
         # Recording for distillation (through whichever head): every layer at every row, the rows taken after.
-        output_scores = self.is_mutable_collection(ATTENTION_SCORES)
-        recording = output_scores or self.is_mutable_collection(HIDDEN_STATES)
-        output_hidden_states = output_hidden_states or self.is_mutable_collection(HIDDEN_STATES)
+        output_scores = self._recording(ATTENTION_SCORES)
+        recording = output_scores or self._recording(HIDDEN_STATES)
+        output_hidden_states = output_hidden_states or self._recording(HIDDEN_STATES)
         packed = sequence_ids is not None
         if packed != (cls_positions is not None):
             raise ValueError("packed rows need both sequence_ids and cls_positions")
@@ -233,12 +233,17 @@ class BertModel(nn.Module):
         outputs = {"sequence_output": sequence_output, "pooled_output": pooled_output}
         if output_hidden_states:
             outputs["hidden_states"] = [x] + layer_outputs  # L+1 x [B, S, H], embeddings first
-            if self.is_mutable_collection(HIDDEN_STATES):
+            if self._recording(HIDDEN_STATES):
                 self.sow(HIDDEN_STATES, "layers", tuple(outputs["hidden_states"]))
         if output_scores:
             outputs["attention_scores"] = scores  # L x [B, N, S, S] float32
             self.sow(ATTENTION_SCORES, "layers", tuple(scores))
         return outputs
+
+    def _recording(self, collection: str) -> bool:
+        """Whether the caller asked for `collection` (made it mutable in apply). init makes every collection
+        mutable and records nothing: the model is only being shaped."""
+        return self.is_mutable_collection(collection) and not self.is_initializing()
 
     def _embed(self, input_ids, segment_ids, deterministic, position_ids):
         if self.shared_embeddings is None:
