@@ -247,6 +247,25 @@ def train_losses(workdir) -> dict:
     return out
 
 
+
+def finetune_stopped_then_resumed(config, workdir, stop_at: int) -> None:
+    """finetuning.finetune stopped after step `stop_at` (saved, runs.start.Stopped), then run again on its
+    workdir: what a preempted fine-tuning run does, in this process."""
+    import dataclasses
+
+    import pytest
+    from bertjax.runs import finetuning, start
+
+    original = finetuning.hooks
+    finetuning.hooks = lambda run, preemption: dataclasses.replace(
+        original(run, preemption), should_stop=lambda step: step == stop_at)
+    try:
+        with pytest.raises(start.Stopped):
+            finetuning.finetune(config, str(workdir))
+    finally:
+        finetuning.hooks = original
+    finetuning.finetune(config, str(workdir))
+
 WORDS = ("the river city north old museum built century king village church music long bridge water "
          "school road first new large small known several people many early later during because "
          "however although famous station market island mountain forest garden library tower").split()

@@ -685,22 +685,15 @@ def test_a_narrower_student_learns_the_fine_tuned_teachers_layers_and_saves_the_
     assert [p["label"] for p in model.predict(texts[:8])] == predicted[:8]
 
 
-def test_a_stopped_task_distillation_with_projections_resumes_exactly(task_stage, tmp_path, monkeypatch):
+def test_a_stopped_task_distillation_with_projections_resumes_exactly(task_stage, tmp_path):
     """Stopped after step 4 (saved mid-epoch, runs.start.Stopped), then re-run: the uninterrupted run's losses,
     the projected hidden losses among them, step for step; the same student at the end."""
-    import dataclasses
     import json
 
-    from bertjax.runs import start
+    from conftest import finetune_stopped_then_resumed
 
-    original = finetuning.hooks
-    monkeypatch.setattr(finetuning, "hooks", lambda run, preemption: dataclasses.replace(
-        original(run, preemption), should_stop=lambda step: step == 4))
     workdir = tmp_path / "stopped"
-    with pytest.raises(start.Stopped):
-        finetuning.finetune(task_stage["config"], str(workdir))
-    monkeypatch.setattr(finetuning, "hooks", original)
-    finetuning.finetune(task_stage["config"], str(workdir))
+    finetune_stopped_then_resumed(task_stage["config"], workdir, stop_at=4)
 
     def losses(path):
         lines = [json.loads(x) for x in (path / "metrics.jsonl").read_text().splitlines()]

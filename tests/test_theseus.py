@@ -2,7 +2,6 @@
 against explicitly built models, p = 0 and p = 1 against their references, the draws and the schedule,
 the program's run stopped and resumed exactly, and its successor loaded by bertjax.load."""
 
-import dataclasses
 import functools
 import json
 import pathlib
@@ -242,19 +241,13 @@ def compressed(pretrained, predecessor, tmp_path_factory):
     return dict(workdir=workdir, config=config, summary=finetuning.finetune(config, str(workdir)))
 
 
-def test_a_stopped_compression_run_resumes_exactly(compressed, tmp_path, monkeypatch):
+def test_a_stopped_compression_run_resumes_exactly(compressed, tmp_path):
     """Stopped after step 4 (saved, runs.start.Stopped), then re-run: the uninterrupted run's losses and the
     schedule's rates, step for step."""
-    from bertjax.runs import start
+    from conftest import finetune_stopped_then_resumed
 
-    original = finetuning.hooks
-    monkeypatch.setattr(finetuning, "hooks", lambda run, preemption: dataclasses.replace(
-        original(run, preemption), should_stop=lambda step: step == 4))
     workdir = tmp_path / "stopped"
-    with pytest.raises(start.Stopped):
-        finetuning.finetune(compressed["config"], str(workdir))
-    monkeypatch.setattr(finetuning, "hooks", original)
-    finetuning.finetune(compressed["config"], str(workdir))
+    finetune_stopped_then_resumed(compressed["config"], workdir, stop_at=4)
     expected, got = train_losses(compressed["workdir"]), train_losses(workdir)
     assert sorted(expected) == list(range(1, 7)) and got == expected
     lines = [json.loads(line) for line in (compressed["workdir"] / "metrics.jsonl").read_text().splitlines()]

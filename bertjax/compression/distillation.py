@@ -330,10 +330,8 @@ def _forward_recording(net, params, batch, deterministic: bool, rngs, heads_only
     """pretraining_step.forward, and the collections the model recorded ({} when none is asked for)."""
     if not collections:
         return pretraining_step.forward(net, params, batch, deterministic, rngs, heads_only=heads_only), {}
-    packed = {key: batch[key] for key in ("sequence_ids", "position_ids", "sentence_positions") if key in batch}
-    return net.apply({"params": params}, batch["input_ids"], batch["segment_ids"], batch["input_mask"],
-                     batch["masked_lm_positions"], deterministic=deterministic, rngs=rngs, heads_only=heads_only,
-                     mutable=list(collections), **packed)
+    return pretraining_step.forward(net, params, batch, deterministic, rngs, heads_only=heads_only,
+                                    mutable=collections)
 
 
 def pretraining_distillation_loss(params, batch, dropout_rng, teacher_params, *, net, teacher_net,
@@ -405,18 +403,17 @@ def task_layer_distillation_loss(params, batch, dropout_rng, teacher_params, *, 
     projections = params.get(PROJECTIONS)
     params = without_projections(params)
     weights = batch["example_weight"]  # [B]
-    packed = {k: batch[k] for k in PACKED_INPUT_KEYS if k in batch}
-    if packed:
+    if any(k in batch for k in PACKED_INPUT_KEYS):
         raise ValueError("distill.alpha_embedding/alpha_hidden/alpha_attention/alpha_pkd compare whole rows: set "
                          "data.packing=False for task distillation with them")
     if "label_weight" in batch:  # tagging: the tokens that carry a tag, [B, S]
-        weights = batch["label_weight"] if packed else batch["label_weight"] * weights[:, None]
+        weights = batch["label_weight"] * weights[:, None]
     inputs = [batch[k] for k in INPUT_KEYS]
     collections = list(settings.collections())
     logits, s_recorded = net.apply({"params": params}, *inputs, deterministic=False, rngs={"dropout": dropout_rng},
-                                   mutable=collections, **packed)
+                                   mutable=collections)
     teacher_logits, t_recorded = jax.lax.stop_gradient(teacher_net.apply(
-        {"params": teacher_params}, *inputs, deterministic=True, mutable=collections, **packed))
+        {"params": teacher_params}, *inputs, deterministic=True, mutable=collections))
     loss, sums = soft_loss(logits, batch["label"], weights, teacher_logits)
     mask = batch["input_mask"].reshape(-1, batch["input_mask"].shape[-1])  # [B, S] ([B*C, S] for choices)
     rows = batch["example_weight"].astype(jnp.float32)
@@ -485,8 +482,15 @@ def check_student(teacher: BertConfig, student: BertConfig, weights: LossWeights
                          "distill.alpha_cos=0 (a student of another width learns from the soft targets and the labels)")
 
 
-def _encoder_layers(encoder: dict, cfg: BertConfig) -> dict:
-    return bert.unstack_layers(encoder, cfg) if cfg.scan_layers else dict(encoder)
+def with_teacher_layers(teacher_params: dict, teacher: BertConfig, student: BertConfig, layers) -> dict:
+    """The teacher's params with student layer i = teacher layer layers[i], in the student's layout: its
+    embeddings, final norm, pooler and heads as they are."""
+    encoder = bert.unrolled_encoder(teacher_params["bert"]["encoder"], teacher)
+    picked = {k: v for k, v in encoder.items() if not k.startswith("layers_")}  # a final norm, where there is one
+    picked.update({f"layers_{i}": encoder[f"layers_{j}"] for i, j in enumerate(layers)})
+    if student.scan_layers:
+        picked = bert.stack_layers(picked, student)
+    return dict(teacher_params, bert=dict(teacher_params["bert"], encoder=picked))
 
 
 def student_params(teacher_params: dict, teacher: BertConfig, student: BertConfig, layers,
@@ -494,12 +498,7 @@ def student_params(teacher_params: dict, teacher: BertConfig, student: BertConfi
     """BertForPreTraining params of the student: the teacher's embeddings, pooler and heads, and student
     layer i = teacher layer layers[i]; checked against the student's abstract params (shapes) and placed
     in their shardings, as fresh arrays (the step donates the student's, never the teacher's)."""
-    encoder = _encoder_layers(teacher_params["bert"]["encoder"], teacher)
-    picked = {k: v for k, v in encoder.items() if not k.startswith("layers_")}  # a final norm, where there is one
-    picked.update({f"layers_{i}": encoder[f"layers_{j}"] for i, j in enumerate(layers)})
-    if student.scan_layers:
-        picked = bert.stack_layers(picked, student)
-    params = dict(teacher_params, bert=dict(teacher_params["bert"], encoder=picked))
+    params = with_teacher_layers(teacher_params, teacher, student, layers)
     want = jax.tree_util.tree_map(lambda a: (a.shape, a.dtype), abstract_params)
     got = jax.tree_util.tree_map(lambda a: (a.shape, a.dtype), params)
     if want != got:

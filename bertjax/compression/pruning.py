@@ -131,8 +131,7 @@ def _encoder_layers(params: dict, cfg: BertConfig) -> dict:
     """The encoder's params unrolled ({layers_0: ...}, one entry per parameter group), from a task head's or
     pretraining's params."""
     params = nn.meta.unbox(params)
-    encoder = params["bert"]["encoder"]
-    return bert_model.unstack_layers(encoder, cfg) if "layers" in encoder else dict(encoder)
+    return bert_model.unrolled_encoder(params["bert"]["encoder"], cfg)
 
 
 def _with_encoder(params: dict, encoder: dict, cfg: BertConfig) -> dict:

@@ -179,7 +179,7 @@ def quantize(module: nn.Module, params: dict, init_args: tuple, mode: str) -> di
     abstract = QuantizedNetwork(module, mode).abstract_params(*init_args)
     group = scheme(mode).group
     if group:
-        abstract = grouped(abstract, group, mode)
+        abstract = grouped(abstract, group)
     params = jax.tree_util.tree_map(jnp.asarray, params)
     # One compiled function for the whole tree: run op by op, each kernel shape compiles its own dozen.
     return jax.jit(lambda tree: quantize_tables(to_stored(qwix.quantize_params(tree, abstract))))(params)
@@ -203,7 +203,7 @@ def group_tiles(shape: tuple, contracted: list[int], group: int) -> dict[int, in
     return tiles
 
 
-def grouped(abstract: dict, group: int, mode: str) -> dict:
+def grouped(abstract: dict, group: int) -> dict:
     """qwix's abstract params with each kernel's scales tiled in groups of `group` input elements (fewer
     where the kernel's inputs are fewer: one group). A kernel whose inputs do not split into groups of
     `group` takes the largest smaller group that splits them (96 for 192 inputs at G = 128): finer, never
@@ -214,12 +214,11 @@ def grouped(abstract: dict, group: int, mode: str) -> dict:
         shape, how = tuple(leaf.shape), leaf.how
         contracted = [axis for axis in range(len(shape)) if axis not in how.channelwise_axes]
         width = math.prod(shape[axis] for axis in contracted)
-        size = min(group, width)
-        while group_tiles(shape, contracted, size) is None:  # size 1 always tiles: per input element
-            size -= 1
-        return leaf.replace(how=dataclasses.replace(how, tiled_axes=group_tiles(shape, contracted, size)))
+        # The largest size up to G that tiles the inputs (size 1 always does: a scale per input element).
+        tiles = next(t for t in map(lambda size: group_tiles(shape, contracted, size), range(min(group, width), 0, -1))
+                     if t is not None)
+        return leaf.replace(how=dataclasses.replace(how, tiled_axes=tiles))
 
-    del mode
     return jax.tree_util.tree_map_with_path(tile, abstract, is_leaf=lambda x: isinstance(x, ptq.WithAux))
 
 

@@ -31,6 +31,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
+from bertjax.compression import distillation
 from bertjax.models import bert, layers
 from bertjax.models.config import BertConfig
 from bertjax.tasks.steps import task_loss
@@ -97,25 +98,15 @@ def successor_config(predecessor: BertConfig, successor_layers: int) -> BertConf
     return dataclasses.replace(predecessor, num_layers=successor_layers, layer_heads=heads)
 
 
-def unrolled_layers(encoder: dict, cfg: BertConfig) -> dict:
-    """An encoder's params in the unrolled layout {layers_0: ..., ...} (stacked ones unstacked)."""
-    return bert.unstack_layers(encoder, cfg) if "layers" in encoder else dict(encoder)
-
-
 def successor_params(predecessor_params: dict, predecessor: BertConfig, successor: BertConfig) -> dict:
     """The successor's task params: the predecessor's embeddings, pooler and head, and successor layer g =
     predecessor layer g (the authors' initialisation), in the successor's layout."""
-    encoder = unrolled_layers(predecessor_params["bert"]["encoder"], predecessor)
-    picked = {k: v for k, v in encoder.items() if not k.startswith("layers_")}  # a final norm, where there is one
-    picked.update({f"layers_{g}": encoder[f"layers_{g}"] for g in range(successor.num_layers)})
-    if successor.scan_layers:
-        picked = bert.stack_layers(picked, successor)
-    return dict(predecessor_params, bert=dict(predecessor_params["bert"], encoder=picked))
+    return distillation.with_teacher_layers(predecessor_params, predecessor, successor, range(successor.num_layers))
 
 
 def predecessor_layers(predecessor_params: dict, predecessor: BertConfig) -> dict:
     """{layers_i: params of predecessor layer i}, what the step takes as its argument."""
-    encoder = unrolled_layers(predecessor_params["bert"]["encoder"], predecessor)
+    encoder = bert.unrolled_encoder(predecessor_params["bert"]["encoder"], predecessor)
     return {k: v for k, v in encoder.items() if k.startswith("layers_")}
 
 
@@ -205,7 +196,7 @@ def _mixed_encoder(predecessor_layers, replaced, predecessor: BertConfig, succes
             raise ValueError("module replacing runs the task heads' encoder only (no hidden states, no head mask)")
         own = encoder.variables["params"]
         x = mixed_layers(x, padding, predecessor_layers=predecessor_layers,
-                         successor_layers=unrolled_layers(own, successor), replaced=replaced,
+                         successor_layers=bert.unrolled_encoder(own, successor), replaced=replaced,
                          predecessor=predecessor, successor=successor, deterministic=deterministic,
                          rng=None if deterministic else encoder.make_rng("dropout"))
         if successor.pre_layer_norm or successor.norm_placement == "pre":  # the final norm: shared and frozen

@@ -422,6 +422,11 @@ def stack_layers(encoder_params: dict, cfg: BertConfig) -> dict:
     return rest
 
 
+def unrolled_encoder(encoder_params: dict, cfg: BertConfig) -> dict:
+    """An encoder's params in the unrolled layout {layers_0: ..., ...}, whichever layout they are in."""
+    return unstack_layers(encoder_params, cfg) if "layers" in encoder_params else dict(encoder_params)
+
+
 def unstack_layers(encoder_params: dict, cfg: BertConfig) -> dict:
     """The scanned layout of cfg (stack_layers) -> unrolled {layers_0: p0, ...}."""
     unrolled, stacked = scanned_layout(cfg)

@@ -33,7 +33,7 @@ from ml_collections import config_dict
 
 from bertjax.compression import distillation, pruning, theseus
 from bertjax.interop import pretrained as pretrained_models
-from bertjax.models import contrastive_losses, heads
+from bertjax.models import bert, contrastive_losses, heads
 from bertjax.models.config import BertConfig
 from bertjax.runs import config_checks, start
 from bertjax.runs.console import say
@@ -229,7 +229,7 @@ def theseus_step(config, task, num_labels: int, predecessor, setup: Setup, data_
     rate = theseus.replace_rate(settings.replace_rate, settings.replace_rate_start, settings.replace_rate_slope)
     unrolled = dataclasses.replace(predecessor.config, scan_layers=False)
     example = heads.dummy_inputs(task.kind, 1, config.data.max_seq_length, task.num_choices or 1)
-    params = dict(predecessor.params, bert=dict(predecessor.params["bert"], encoder=theseus.unrolled_layers(
+    params = dict(predecessor.params, bert=dict(predecessor.params["bert"], encoder=bert.unrolled_encoder(
         predecessor.params["bert"]["encoder"], predecessor.config)))
     placed = distillation.place_params(heads.network(task.kind, unrolled, num_labels), example, params, setup.mesh,
                                        setup.rules)

@@ -38,20 +38,23 @@ def batch_keys(packing: bool) -> tuple:
     return BATCH_KEYS + (PACKED_KEYS if packing else ())
 
 
-def forward(net, params, batch, deterministic: bool, rngs=None, heads_only: bool = True):
+def forward(net, params, batch, deterministic: bool, rngs=None, heads_only: bool = True, mutable: tuple = ()):
     """BertForPreTraining's (or ElectraForPreTraining's) outputs on a pretraining batch. heads_only
     (training and evaluation): the last block only where the heads read, the same loss for less work;
-    False when a loss reads every token's last hidden state (distillation's cosine loss)."""
+    False when a loss reads every token's last hidden state (distillation's cosine loss). mutable: the
+    collections the model records (distillation's layers); given, (outputs, the collections) as flax returns."""
+    record = {"mutable": list(mutable)} if mutable else {}
     # A packed batch (its keys are static under jit) gives the model each row's sequences.
     packed = {key: batch[key] for key in ("sequence_ids", "position_ids", "sentence_positions") if key in batch}
     if isinstance(net, electra.ElectraForPreTraining):
         return net.apply(
             {"params": params}, batch["input_ids"], batch["segment_ids"], batch["input_mask"],
             batch["masked_lm_positions"], batch["masked_lm_ids"], batch["masked_lm_weights"],
-            deterministic=deterministic, rngs=rngs, heads_only=heads_only, **packed)
+            deterministic=deterministic, rngs=rngs, heads_only=heads_only, **packed, **record)
     return net.apply(
         {"params": params}, batch["input_ids"], batch["segment_ids"], batch["input_mask"],
         batch["masked_lm_positions"], deterministic=deterministic, rngs=rngs, heads_only=heads_only, **packed,
+        **record,
     )
 
 
