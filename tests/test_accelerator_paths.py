@@ -141,6 +141,63 @@ def test_padding_as_lengths_equals_the_mask_outputs_and_gradients(queries):
     np.testing.assert_allclose(np.asarray(moved), np.asarray(with_lengths), atol=1e-6)
 
 
+def cudnn_stand_in(monkeypatch) -> list:
+    """jax.nn.dot_product_attention's XLA form standing in for cuDNN, refusing an odd number of query rows
+    as JAX's cuDNN call does when differentiated; returns the query row counts it is called with."""
+    real, calls = layers.dot_product_attention, []
+
+    def stand_in(q, k, v, *, implementation, **kwargs):
+        if implementation == "cudnn":
+            assert q.shape[1] % 2 == 0, f"cuDNN would refuse {q.shape[1]} query rows"
+        calls.append(q.shape[1])
+        return real(q, k, v, implementation="xla", **kwargs)
+
+    monkeypatch.setattr(layers, "dot_product_attention", stand_in)
+    return calls
+
+
+def test_cudnn_output_rows_are_even_and_change_nothing(monkeypatch):
+    """The last layer attends from its output rows only ([CLS] and the masked positions, 5 here): under
+    cuDNN an odd count gets one query row more, which leaves the loss and every gradient as XLA's."""
+    batch = make_batch(preds=4, lengths=(16, 9, 12, 6))
+    fields = dict(attention_dropout_rate=0.0, hidden_dropout_rate=0.0)
+    net, loss = train_loss(tiny_config(**fields))
+    params = net.init(jax.random.key(0), batch["input_ids"], batch["segment_ids"], batch["input_mask"],
+                      batch["masked_lm_positions"])["params"]
+    expected, expected_grads = jax.value_and_grad(loss)(params, batch, jax.random.key(1))
+    calls = cudnn_stand_in(monkeypatch)
+    _, cudnn_loss = train_loss(tiny_config(attention_impl="cudnn", **fields))
+    value, grads = jax.value_and_grad(cudnn_loss)(params, batch, jax.random.key(1))
+    assert sorted(set(calls)) == [6, 16], calls  # the full rows, then the 5 output rows and one more
+    np.testing.assert_allclose(float(value), float(expected), rtol=1e-6)
+    for a, b in zip(jax.tree_util.tree_leaves(grads), jax.tree_util.tree_leaves(expected_grads)):
+        np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-5, atol=1e-6)
+
+
+def test_cudnn_odd_query_rows_with_a_mask_per_query(monkeypatch):
+    """Packed rows give each query its own mask: the extra row repeats the last one's, and the outputs and
+    gradients of the real rows are the mask form's through XLA."""
+    rng = np.random.default_rng(3)
+    q = jnp.asarray(rng.normal(size=(2, 5, 4, 8)), jnp.float32)
+    k, v = (jnp.asarray(rng.normal(size=(2, 16, 4, 8)), jnp.float32) for _ in range(2))
+    segments = np.repeat(np.array([[1, 2, 2, 3]]), 4, axis=1)  # [1, 16]: three packed sequences
+    rows = np.array([0, 3, 6, 9, 15])
+    mask = jnp.asarray(segments[:, rows, None] == segments[:, None, :])[None].repeat(2, 0)  # [2, 1, 5, 16]
+    weights = jnp.asarray(rng.normal(size=q.shape), jnp.float32)
+
+    def total(implementation):
+        return jax.value_and_grad(lambda q, k, v: jnp.sum(weights * layers.fused_attention(
+            q, k, v, mask=mask, kv_lengths=None, implementation=implementation)), argnums=(0, 1, 2))(q, k, v)
+
+    expected, expected_grads = total("xla")
+    calls = cudnn_stand_in(monkeypatch)
+    value, grads = total("cudnn")
+    assert calls == [6]
+    np.testing.assert_allclose(float(value), float(expected), rtol=1e-6)
+    for a, b in zip(grads, expected_grads):
+        np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-5, atol=1e-6)
+
+
 def test_platform_defaults():
     fields = dict(dtype="auto", attention_impl="auto", word_embedding="auto", attention_dropout_rate=0.1)
     cpu = resolve_platform(fields, "cpu")
@@ -233,3 +290,41 @@ def test_kernel_breakdown_of_a_gpu_trace():
     assert seconds.keys() == expected.keys()
     for k, v in expected.items():
         assert seconds[k] == pytest.approx(v), k
+
+
+def test_gpu_benchmark_runners_take_turns_hf_first():
+    """On a GPU the benchmark's runners run one at a time, HF's first, each releasing its cached memory
+    before the next starts; each figure and peak stays with its own runner. On the CPU they interleave."""
+    events = []
+
+    class Runner:
+        def __init__(self, name):
+            self.name, self.count = name, 0
+
+        def step(self):
+            events.append(("step", self.name))
+            self.count += 1
+            return {"bertjax": 0.5, "HF eager": 1.0, "HF compiled": 0.25}[self.name]
+
+        def loss(self):
+            return 1.0
+
+        def peak_bytes(self):
+            return len(self.name)
+
+        def reset_peak(self):
+            events.append(("reset", self.name))
+
+        def release(self):
+            events.append(("release", self.name))
+
+    runners = [Runner("bertjax"), Runner("HF eager"), Runner("HF compiled")]
+    timings, peaks = step_benchmark.measure_runners(runners, warmup=1, steps=2, one_at_a_time=True)
+    assert [t["seconds"] for t in timings] == [1.0, 2.0, 0.5] and peaks == [7, 8, 11]
+    turns = [("reset", "HF eager"), *[("step", "HF eager")] * 3, ("release", "HF eager"),
+             ("reset", "HF compiled"), *[("step", "HF compiled")] * 3, ("release", "HF compiled"),
+             ("reset", "bertjax"), *[("step", "bertjax")] * 3, ("release", "bertjax")]
+    assert events == turns
+    events.clear()
+    step_benchmark.measure_runners(runners, warmup=1, steps=1, one_at_a_time=False)
+    assert [e for e in events if e[0] == "step"][3:] == [("step", r.name) for r in runners]  # interleaved

@@ -106,5 +106,14 @@ class HFStep:
     def loss(self) -> float:
         return float(self._loss.detach().float())
 
+    def reset_peak(self) -> None:
+        if self.device != "cpu":
+            self.torch.cuda.reset_peak_memory_stats()
+
+    def release(self) -> None:
+        """The memory torch's allocator caches, returned to the device (parameters and optimizer state stay)."""
+        if self.device != "cpu":
+            self.torch.cuda.empty_cache()
+
     def peak_bytes(self) -> int | None:
         return int(self.torch.cuda.max_memory_allocated()) if self.device != "cpu" else None

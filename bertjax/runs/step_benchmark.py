@@ -163,6 +163,23 @@ def _gib(n: int | None) -> str:
     return "-" if n is None else f"{n / 2**30:.1f} GiB"
 
 
+def measure_runners(runners: list, warmup: int, steps: int, one_at_a_time: bool) -> tuple[list, list]:
+    """timing.measure's figures and each runner's peak memory. On a GPU the runners take turns, the HF
+    ones first, each releasing its cached memory after: large's bertjax and two HF peers would not fit
+    in one device's memory together, and a device that runs one program has no load to share out."""
+    if not one_at_a_time:
+        timings = measure(runners, warmup, steps)
+        return timings, [runner.peak_bytes() for runner in runners]
+    timings, peaks = [None] * len(runners), [None] * len(runners)
+    for i in [*range(1, len(runners)), 0]:
+        runner = runners[i]
+        getattr(runner, "reset_peak", lambda: None)()
+        timings[i] = measure([runner], warmup, steps)[0]
+        peaks[i] = runner.peak_bytes()
+        getattr(runner, "release", lambda: None)()
+    return timings, peaks
+
+
 def run_shape(size: str, seq_len: int, batch_size: int, *, steps: int, warmup: int, dtype, overrides: dict,
               dropout_rng: str, hf_variants: list, profile: str | None, peak: float | None,
               memory_only: bool = False) -> list[dict]:
@@ -184,17 +201,18 @@ def run_shape(size: str, seq_len: int, batch_size: int, *, steps: int, warmup: i
     hf_config = hf_peer_config(BertConfig.from_dict(config.model, platform="cpu"))
     for device, compile in hf_variants:
         runners.append(HFStep(hf_config, batches, device=device, compile=compile))
-    timings = measure(runners, warmup, steps)
+    on_gpu = any(device != "cpu" for device, _ in hf_variants)
+    timings, peaks = measure_runners(runners, warmup, steps, one_at_a_time=on_gpu)
     tokens = batch_size * seq_len
     rows = []
-    for runner, t in zip(runners, timings):
+    for runner, t, peak_memory in zip(runners, timings, peaks):
         tps = steps * tokens / t["seconds"]
         memory = runner.memory_bytes if runner.name == "bertjax" else None
         rows.append(dict(size=size, seq_len=seq_len, batch_size=batch_size, runner=runner.name,
                          params=runner.params, tps=tps, best_tps=tokens / t["best"],
                          ms=1e3 * t["seconds"] / steps, tflops=flops_per_token * tps / 1e12, first=t["first_step"],
                          mfu=None if peak is None else flops.mfu(tps, flops_per_token, 1, peak), loss=t["loss"],
-                         memory=memory, peak_memory=runner.peak_bytes(), versions=getattr(runner, "versions", None)))
+                         memory=memory, peak_memory=peak_memory, versions=getattr(runner, "versions", None)))
         label = runner.name + (f" ({runner.architecture})" if hasattr(runner, "architecture") else "")
         print(f"    {label}: {_si(tps)} tok/s ({rows[-1]['ms']:.1f} ms/step, fastest "
               f"{1e3 * t['best']:.1f}, first {t['first_step']:.1f} s, loss {t['loss']:.2f})", flush=True)
