@@ -382,9 +382,10 @@ def benchmark(*, sizes: list[str] | None, seq_len: int, batch_size: int, shape_g
     else:
         sizes, shapes = sizes or ["mini", "small", "base"], ((seq_len, batch_size),)
         hf_variants = [] if no_torch or long_rows else [("cpu", False)]
+    turns = "one runner at a time" if any(device != "cpu" for device, _ in hf_variants) else "interleaved"
     print(f"backend {jax.default_backend()}: {device.device_kind}, {os.cpu_count()} CPUs, load "
           f"{load_average()}; peak bf16 {'unknown' if peak is None else f'{peak / 1e12:.0f} TFLOP/s'}; "
-          f"{warmup} warmup + {steps} timed steps, interleaved; HF: "
+          f"{warmup} warmup + {steps} timed steps, {turns}; HF: "
           f"{', '.join(('compiled' if c else 'eager') + ' on ' + d for d, c in hf_variants) or 'not run'}"
           + (f"; overrides {overrides}" if overrides else ""), flush=True)
     common = dict(steps=steps, warmup=warmup, dtype=dtype, overrides=overrides, dropout_rng=dropout_rng)
