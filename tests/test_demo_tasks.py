@@ -128,3 +128,35 @@ def test_recall_states_the_fact_first_and_asks_for_it_after_the_filler(tmp_path)
     assert "labels: ('red', 'green', 'blue', 'yellow')" in out.stdout
     task = registry.get_task("classification", labels=demo_tasks.LABELS["recall"])
     assert len(readers.read_jsonl(str(tmp_path / "dev.jsonl"), task)) == demo_tasks.RECALL_SIZES["dev"]
+
+
+def test_next_sentence_pairs_follow_or_come_from_another_document(tmp_path):
+    """Each "next" pair is a sentence and its successor, each "random" pair a sentence and one of another
+    document of the same split; dev from the held-out documents, two pairs per first sentence, the classes
+    balanced; the files read as a pair classification task."""
+    examples = demo_tasks.next_sentence_examples(seed=0)
+    documents = [[" ".join(s.split()) for s in d] for d in demo.demo_documents()]
+    held_out = [splits.is_eval_document(d, 0.05) for d in demo.demo_documents()]
+    successors, documents_of = collections.defaultdict(set), collections.defaultdict(set)
+    for n, (doc, h) in enumerate(zip(documents, held_out)):
+        for first, second in zip(doc, doc[1:]):
+            successors[first, h].add(second)
+        for sentence in doc:
+            documents_of[sentence, h].add(n)
+    for split, h in (("train", False), ("dev", True)):
+        for row in examples[split]:
+            first, second = row["text"], row["text_pair"]
+            if row["label"] == "next":
+                assert second in successors[first, h], row
+            else:  # from a document that does not hold the first sentence
+                assert not documents_of[second, h] & documents_of[first, h], row
+    dev = examples["dev"]
+    assert collections.Counter(row["label"] for row in dev) == {"next": len(dev) // 2, "random": len(dev) // 2}
+    assert len(examples["train"]) == demo_tasks.NEXT_SENTENCE_TRAIN
+    assert 0.4 < np.mean([row["label"] == "next" for row in examples["train"]]) < 0.6
+
+    out = run_command([sys.executable, "-m", "bertjax.tasks.demo_tasks", "--task=next_sentence", f"--out={tmp_path}"])
+    assert out.returncode == 0, out.stderr
+    task = registry.get_task("classification", labels=demo_tasks.LABELS["next_sentence"])
+    read = readers.read_jsonl(str(tmp_path / "dev.jsonl"), task)
+    assert len(read) == len(dev) and all(example.text_pair for example in read)

@@ -36,8 +36,14 @@ compression end to end without a download:
   tokens, or only the last, is at chance (a quarter). Filler sentences naming a name or a colour are
   left out; dev documents are made from the documents pretraining holds out.
 
-word_order, keyword and recall are JSON lines of the generic classification task ({"text", "label"};
-bertjax/tasks/readers.py).
+- next_sentence: a pair task, BERT's next-sentence prediction as a fine-tuning task. Does the second
+  sentence follow the first in its document, or was it drawn from another document? Dev pairs come from
+  the documents pretraining holds out, two per first sentence (its successor and one drawn from another
+  held-out document, the classes exactly balanced); training pairs one per first sentence, either way,
+  at most NEXT_SENTENCE_TRAIN. Labels ("random", "next").
+
+word_order, keyword, recall and next_sentence are JSON lines of the generic classification task
+({"text", "label"}, and "text_pair" for next_sentence; bertjax/tasks/readers.py).
 """
 
 import json
@@ -51,13 +57,15 @@ from bertjax.data import demo
 from bertjax.data.splits import is_eval_document
 from bertjax.runs import console
 
-TASKS = ("word_order", "keyword", "retrieval", "recall")
+TASKS = ("word_order", "keyword", "retrieval", "recall", "next_sentence")
 RECALL_NAMES = ("Anna", "Boris", "Clara", "Dmitri")
 RECALL_COLOURS = ("red", "green", "blue", "yellow")
-LABELS = {"word_order": ("shuffled", "original"), "keyword": ("no", "yes"), "recall": RECALL_COLOURS}
+LABELS = {"word_order": ("shuffled", "original"), "keyword": ("no", "yes"), "recall": RECALL_COLOURS,
+          "next_sentence": ("random", "next")}
 RECALL_LENGTH = 4000  # words of filler between the facts and the question
 RECALL_SIZES = {"train": 1000, "dev": 200}
 KEYWORD = "return"
+NEXT_SENTENCE_TRAIN = 6000  # training pairs: enough to learn the task in minutes on a CPU
 _PLAIN_WORD = re.compile(r"[a-z]+")
 # A sentence with fewer movable words than this has too few orders to tell apart from its own.
 MIN_MOVABLE_WORDS = 3
@@ -125,6 +133,46 @@ def word_order_examples(seed: int = 0, eval_fraction: float = 0.05, max_train: i
     rng.shuffle(splits["train"])
     rng.shuffle(splits["dev"])
     return splits
+
+
+def next_sentence_pairs(documents, rng: np.random.Generator, both: bool, min_words: int = 4) -> list[dict]:
+    """{"text", "text_pair", "label"} pairs of the next_sentence task from `documents` (see above): per
+    sentence with a successor, the successor and a sentence of another document (both) or one of the two
+    at random."""
+    documents = [[" ".join(s.split()) for s in doc] for doc in documents]
+    holders = {}  # sentence -> the documents that hold it (boilerplate recurs)
+    for d, sentences in enumerate(documents):
+        for sentence in sentences:
+            holders.setdefault(sentence, set()).add(d)
+    pool = list(holders)
+    pairs = []
+    for sentences in documents:
+        for first, second in zip(sentences, sentences[1:]):
+            if min(len(first.split()), len(second.split())) < min_words:
+                continue
+            k = int(rng.integers(len(pool)))
+            while holders[pool[k]] & holders[first]:  # from a document that does not hold the first sentence
+                k = int(rng.integers(len(pool)))
+            next_pair = {"text": first, "text_pair": second, "label": "next"}
+            other = {"text": first, "text_pair": pool[k], "label": "random"}
+            pairs += [next_pair, other] if both else [next_pair if rng.random() < 0.5 else other]
+    return pairs
+
+
+def next_sentence_examples(seed: int = 0, eval_fraction: float = 0.05,
+                           max_train: int = NEXT_SENTENCE_TRAIN) -> dict[str, list[dict]]:
+    """{"train", "dev"} pairs of the next_sentence task: dev from the documents pretraining holds out."""
+    documents = demo.demo_documents()
+    held_out = [is_eval_document(doc, eval_fraction) for doc in documents]
+    rng = np.random.default_rng(seed)
+    dev = next_sentence_pairs([d for d, h in zip(documents, held_out) if h], rng, both=True)
+    train = next_sentence_pairs([d for d, h in zip(documents, held_out) if not h], rng, both=False)
+    if not dev or not train:
+        raise ValueError(f"the demo corpus gave no {'dev' if not dev else 'training'} pairs for next_sentence: "
+                         f"raise eval_fraction (now {eval_fraction})")
+    rng.shuffle(train)
+    rng.shuffle(dev)
+    return {"train": train[:max_train], "dev": dev}
 
 
 def keyword_examples(seed: int = 0, per_class: int = 330) -> list[tuple[str, str]]:
@@ -229,6 +277,8 @@ def task_examples(task: str, seed: int = 0, dev_fraction: float = 0.25,
         return retrieval_examples(seed)
     if task == "recall":
         return recall_examples(seed, length)
+    if task == "next_sentence":
+        return next_sentence_examples(seed)
     raise ValueError(f"unknown demo task {task!r}: choose one of {TASKS}")
 
 
