@@ -15,7 +15,7 @@ import torch
 from bertjax.runs import finetuning, general_distillation
 from bertjax.runs import pretraining as pretraining_runs
 from bertjax.tasks import steps
-from bertjax.compression import distillation
+from bertjax.compression import distillation, projections
 from bertjax.interop import pretrained as pretrained_models
 from bertjax.models import bert, heads
 from bertjax.models.config import BertConfig
@@ -653,7 +653,8 @@ def task_stage(pretrained, finetuned, tmp_path_factory):
             "\n".join(pathlib.Path(pretrained["files"][split]).read_text().splitlines()[lines]) + "\n")
     config = task_stage_config(pretrained, made)
     workdir = root / "run"
-    return dict(made, config=config, workdir=workdir, summary=finetuning.finetune(config, str(workdir)))
+    return dict(made, config=config, workdir=workdir, made=made, pretrained=pretrained,
+                summary=finetuning.finetune(config, str(workdir)))
 
 
 def test_a_narrower_student_learns_the_fine_tuned_teachers_layers_and_saves_the_student_alone(task_stage):
@@ -672,8 +673,8 @@ def test_a_narrower_student_learns_the_fine_tuned_teachers_layers_and_saves_the_
     for name in ("soft_loss", "embedding_loss", "hidden_loss", "attention_loss"):
         assert all(np.isfinite(x[name]) and x[name] >= 0 for x in train_lines), name
     step = max(int(p.name) for p in (workdir / "checkpoints").iterdir() if p.name.isdigit())
-    assert distillation.PROJECTIONS in (workdir / "checkpoints" / str(step) / "opt_state" / "_METADATA").read_text()
-    assert distillation.PROJECTIONS not in (workdir / "checkpoints" / str(step) / "params" / "_METADATA").read_text()
+    assert projections.PROJECTIONS in (workdir / "checkpoints" / str(step) / "opt_state" / "_METADATA").read_text()
+    assert projections.PROJECTIONS not in (workdir / "checkpoints" / str(step) / "params" / "_METADATA").read_text()
     for path in (workdir / "checkpoints", workdir / checkpoint.BEST_DIR):
         params, meta = checkpoint.restore_params(str(path))
         assert set(params) == {"bert", "classifier"} and meta.model["hidden_size"] == 32
@@ -683,6 +684,41 @@ def test_a_narrower_student_learns_the_fine_tuned_teachers_layers_and_saves_the_
     predicted = [x.split("\t")[1] for x in (workdir / "predictions" / "validation.tsv").read_text().splitlines()[1:]]
     model = bertjax.load(str(workdir))
     assert [p["label"] for p in model.predict(texts[:8])] == predicted[:8]
+
+
+def test_the_task_stage_starts_from_the_projections_its_general_distillation_learned(task_stage, tmp_path, capsys):
+    """A student whose checkpoint carries projections (as general distillation saves them, beside its optimizer
+    state: the task stage starts from them, as TinyBERT's code does (at a learning rate of 1e-12 they come out
+    as they went in); one of another width is not taken, and a student without any starts fresh (task_stage)."""
+    import pathlib
+    import shutil
+
+    from bertjax.training.checkpoint_meta import CheckpointMeta
+
+    student = pathlib.Path(task_stage["made"]["student"])
+    params, meta = checkpoint.restore_params(str(student))
+    rng = np.random.default_rng(1)
+    learned = {name: {"kernel": rng.normal(size=(32, 64)).astype(np.float32),
+                      "bias": rng.normal(size=(64,)).astype(np.float32)} for name in ("embedding", "hidden")}
+    general = tmp_path / "general"
+    saver = projections.ProjectionCheckpointer(checkpoint.Checkpointer(str(general), every_steps=1, keep=1,
+                                                                        async_save=False))
+    saver.save(1, dict(params, **{projections.PROJECTIONS: learned}), {"count": np.zeros((), np.int32)},
+               CheckpointMeta(step=1, model=meta.model, tokenizer=meta.tokenizer), force=True)
+    saver.wait()
+    saver.close()
+    shutil.copy(student / "vocab.txt", general / "vocab.txt")
+    assert projections.saved_projections(str(general), ("hidden",), 32, 128) is None  # another teacher's width
+    assert projections.saved_projections(str(student), ("hidden",), 32, 64) is None  # none saved
+
+    config = task_stage_config(task_stage["pretrained"], dict(task_stage["made"], student=str(general)))
+    config.optimizer.learning_rate = 1e-12  # Adam moves a weight by about the learning rate a step
+    finetuning.finetune(config, str(tmp_path / "run"))
+    assert f"the projections (embedding, hidden) start from those {general} learned" in capsys.readouterr().out
+    after = checkpoint.restore_saved_part(str(tmp_path / "run"), "opt_state", projections.PROJECTIONS)
+    for name in learned:
+        for part in ("kernel", "bias"):
+            np.testing.assert_allclose(np.asarray(after[name][part]), learned[name][part], rtol=0, atol=1e-9)
 
 
 def test_a_stopped_task_distillation_with_projections_resumes_exactly(task_stage, tmp_path):

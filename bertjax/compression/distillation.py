@@ -22,8 +22,9 @@ from etils import epath
 from bertjax.models import bert, layers as model_layers
 from bertjax.tasks.steps import INPUT_KEYS, LAYER_LOSS_METRICS, PACKED_INPUT_KEYS
 
+from bertjax.compression.projections import PROJECTIONS, project, without_projections
 from bertjax.models.config import BertConfig, field_names, alternates
-from bertjax.training import checkpoint, pretraining_step, sharding
+from bertjax.training import pretraining_step, sharding
 from bertjax.training import step as steps
 from bertjax.training.state import under_rules
 
@@ -31,10 +32,6 @@ from bertjax.training.state import under_rules
 DISTILL_METRICS = ("ce_loss", "cos_loss")
 # The task kinds task distillation supports: logits over classes (per example, choice or token) and a value.
 TASK_KINDS = ("classification", "multiple_choice", "tagging", "regression")
-# The student's learned projections to the teacher's width (TinyBERT's W_e, W_h): trained with the student,
-# kept in the train state's params under this key, saved beside the optimizer state (ProjectionCheckpointer),
-# never in the `params` item that bertjax.load, train.init_from and export read.
-PROJECTIONS = "distill_projections"
 # What distill.layer_map names: TinyBERT's uniform g(m) = m N / M (= PKD-skip), PKD-last; or a tuple.
 LAYER_MAPS = ("uniform", "skip", "last")
 # TinyBERT's published code zeroes attention scores at or below this before the MSE: the masked keys.
@@ -110,14 +107,6 @@ def pkd_loss(student_cls, teacher_cls, weights, eps: float = 1e-12):
     t = t / jnp.maximum(jnp.linalg.norm(t, axis=-1, keepdims=True), eps)
     per_example = jnp.sum(jnp.square(s - t), axis=(0, 2))  # [B]: summed over layers and features
     return _weighted_mean(per_example, weights.astype(jnp.float32))
-
-
-def project(projection, x):
-    """A learned projection (TinyBERT's fit_dense: x W + b) of x [..., H'] -> [..., H]; None: x as it is."""
-    if projection is None:
-        return x
-    return (jnp.einsum("...i,ij->...j", x.astype(jnp.float32), projection["kernel"].astype(jnp.float32))
-            + projection["bias"].astype(jnp.float32))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -219,38 +208,6 @@ def check_layer_losses(settings: LayerLosses, student: BertConfig, teacher: Bert
                          f"the student's hidden_size {student.hidden_size} exceeds the teacher's "
                          f"{teacher.hidden_size}: make the student narrower, or set both to 0")
     return g
-
-
-def adding_projections(names: tuple, student_width: int, teacher_width: int, stddev: float, init_key,
-                       prepare_params=None):
-    """state.Setup's prepare_params: prepare_params' (fine-tuning's pretrained encoder; None: the fresh
-    params), then the student's fresh projections under PROJECTIONS. No names: prepare_params as given."""
-    if not names:
-        return prepare_params
-    key = jax.random.fold_in(init_key, 1)
-
-    def prepare(params):
-        params = prepare_params(params) if prepare_params is not None else params
-        return dict(params, **{PROJECTIONS: init_projections(key, names, student_width, teacher_width, stddev)})
-
-    return prepare
-
-
-def without_projections(params: dict) -> dict:
-    """The student's params alone (or anything of their structure: shapes, shardings): the model a run
-    evaluates, exports and saves where bertjax.load reads."""
-    return {k: v for k, v in params.items() if k != PROJECTIONS}
-
-
-def init_projections(rng, names: tuple, student_width: int, teacher_width: int, stddev: float) -> dict:
-    """Fresh projections {name: {kernel [H', H], bias [H]}}, boxed with logical axis names (the student's
-    width sharded as its "embed", the teacher's replicated): BERT's truncated normal, zero bias."""
-    out = {}
-    for i, name in enumerate(names):
-        kernel = model_layers.truncated_normal_init(stddev)(jax.random.fold_in(rng, i), (student_width, teacher_width))
-        out[name] = {"kernel": nn.LogicallyPartitioned(kernel, ("embed", None)),
-                     "bias": nn.LogicallyPartitioned(jnp.zeros((teacher_width,), jnp.float32), (None,))}
-    return out
 
 
 def recorded(variables: dict, collection: str) -> tuple:
@@ -546,46 +503,3 @@ def compile_step_with_teacher(setup, loss_fn, teacher_params, data_sharding, gra
                          in_shardings=(setup.state_sharding, data_sharding, None, teacher_sharding),
                          out_shardings=(setup.state_sharding, None), donate_argnums=(0,))
     return lambda state, batch, dropout_key: jitted(state, batch, dropout_key, teacher_params)
-
-
-# --------------------------------------------------------------------------------------------------
-# The student's projections in its checkpoints
-# --------------------------------------------------------------------------------------------------
-
-
-class ProjectionCheckpointer:
-    """A training.checkpoint.Checkpointer for a state whose params carry PROJECTIONS, general distillation's
-    and task distillation's alike: the checkpoint's `params` item holds the student alone (what
-    bertjax.load, train.init_from, evaluate and export read, so the workdir reads as any pretraining or
-    fine-tuning workdir), and its `opt_state` item {"optimizer": the optimizer's state, PROJECTIONS: the
-    projections}, so that a resumed run goes on exactly. Anything else is the wrapped checkpointer's."""
-
-    def __init__(self, checkpointer: checkpoint.Checkpointer):
-        self._inner = checkpointer
-
-    @classmethod
-    def wrap(cls, checkpointer: checkpoint.Checkpointer, names: tuple):
-        """checkpointer, wrapped where the student learns projections (names: projection_names'; () none)."""
-        return cls(checkpointer) if names else checkpointer
-
-    @staticmethod
-    def describe(names: tuple) -> str:
-        """The run's line saying where the projections (projection_names') go."""
-        return (f"learned projections to the teacher's width ({', '.join(names)}): saved beside the optimizer "
-                "state, not with the student's params")
-
-    def __getattr__(self, name):
-        return getattr(self._inner, name)
-
-    def save(self, step: int, params, opt_state, meta, force: bool = False) -> bool:
-        return self._inner.save(step, without_projections(params),
-                                {"optimizer": opt_state, PROJECTIONS: params[PROJECTIONS]}, meta, force=force)
-
-    def restore_latest(self, abstract_params, abstract_opt_state, check_meta=None):
-        restored = self._inner.restore_latest(
-            without_projections(abstract_params),
-            {"optimizer": abstract_opt_state, PROJECTIONS: abstract_params[PROJECTIONS]}, check_meta)
-        if restored is None:
-            return None
-        return dataclasses.replace(restored, params=dict(restored.params, **{PROJECTIONS: restored.opt_state[PROJECTIONS]}),
-                                   opt_state=restored.opt_state["optimizer"])

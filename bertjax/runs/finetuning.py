@@ -31,7 +31,7 @@ import jax.numpy as jnp
 import optax
 from ml_collections import config_dict
 
-from bertjax.compression import distillation, pruning, theseus
+from bertjax.compression import distillation, projections, pruning, theseus
 from bertjax.interop import pretrained as pretrained_models
 from bertjax.models import bert, contrastive_losses, heads
 from bertjax.models.config import BertConfig
@@ -107,7 +107,7 @@ def finetune_in_session(config, workdir: str) -> dict:
         loss = functools.partial(task_loss, net=setup.net, loss=heads.head(task.kind).loss)
         p_train_step = setup.compile_train_step(loss, layout.data_sharding, config.train.grad_accum_steps)
     outputs = contrastive_steps.pair_embeddings if embedding is not None else task_logits
-    model_sharding = distillation.without_projections(setup.state_sharding.params)  # not a student's projections
+    model_sharding = projections.without_projections(setup.state_sharding.params)  # not a student's projections
     p_logits = setup.compile_eval_step(functools.partial(outputs, net=setup.net), layout.data_sharding, model_sharding)
     scorer = Scorer(task, data.settings, p_logits, layout.data_sharding, config.logging.eval_batch_size,
                     kinds.get(task.kind).eval_keys or INPUT_KEYS)
@@ -123,7 +123,7 @@ def finetune_in_session(config, workdir: str) -> dict:
         state = train_loop(run, state, p_train_step, dropout_key, layout.data_sharding)
 
         # ------------------------------------------------------------ predictions of the best checkpoint
-        written = predict_splits(run, state, distillation.without_projections(setup.abstract_state.params))
+        written = predict_splits(run, state, projections.without_projections(setup.abstract_state.params))
     return summarize(run, written)
 
 
@@ -245,8 +245,8 @@ def task_setup(config, task, start_from: TaskStart, num_labels: int, feature_bas
                teacher: "TaskTeacher | None" = None) -> Setup:
     """The task's network, optimizer and state layout (shapes first, created sharded), its fresh
     parameters holding the pretrained encoder (and the whole head, continuing this task's fine-tuning);
-    a task distillation student narrower than its teacher also trains fresh projections to its width
-    (under distillation.PROJECTIONS, beside the model's params)."""
+    a task distillation student narrower than its teacher also trains projections to its width (under
+    projections.PROJECTIONS, beside the model's params): those init_from's distillation learned, else fresh."""
     net = heads.network(task.kind, start_from.bert_config, num_labels, feature_based=feature_based,
                         embedding=embedding)
     schedule_config = config_dict.ConfigDict(dict(
@@ -266,12 +266,22 @@ def task_setup(config, task, start_from: TaskStart, num_labels: int, feature_bas
     task_inputs = heads.dummy_inputs(task.kind, 1, config.data.max_seq_length, task.num_choices or 1)
     prepare_params = functools.partial(with_pretrained, start_from=start_from)
     if teacher is not None:
-        student = start_from.bert_config
-        prepare_params = distillation.adding_projections(teacher.projections, student.hidden_size,
-                                                         teacher.model.config.hidden_size, student.initializer_range,
-                                                         init_key, prepare_params)
+        prepare_params = with_projections(prepare_params, config, start_from, teacher, init_key)
     return Setup.create(net, task_inputs, tx, schedule, layout.mesh, layout.rules, init_key,
                         prepare_params=prepare_params)
+
+
+def with_projections(prepare_params, config, start_from: TaskStart, teacher: "TaskTeacher", init_key):
+    """prepare_params, then the projections a student narrower than its teacher trains (none at the same
+    width): those init_from's distillation learned (TinyBERT's task stage after its general one), else fresh."""
+    student, width = start_from.bert_config, teacher.model.config.hidden_size
+    source = config.train.init_from or config.get("init_from")  # init_from(config), said once already
+    saved = teacher.projections and projections.saved_projections(source, teacher.projections,
+                                                                   student.hidden_size, width)
+    if saved:
+        say(f"the projections ({', '.join(saved)}) start from those {source} learned")
+    return projections.adding_projections(teacher.projections, student.hidden_size, width,
+                                           student.initializer_range, init_key, prepare_params, start=saved or None)
 
 
 def with_pretrained(params: dict, *, start_from: TaskStart) -> dict:
@@ -291,10 +301,10 @@ def task_checkpointer(config, workdir: str, steps_per_epoch: int, teacher: "Task
     optimizer state, never with the model."""
     checkpointer = checkpoint.Checkpointer(workdir, every_steps=steps_per_epoch, keep=config.checkpoint.keep,
                                            async_save=config.checkpoint.async_save)
-    projections = teacher.projections if teacher is not None else ()
-    if projections:
-        say(distillation.ProjectionCheckpointer.describe(projections))
-    return distillation.ProjectionCheckpointer.wrap(checkpointer, projections)
+    names = teacher.projections if teacher is not None else ()
+    if names:
+        say(projections.ProjectionCheckpointer.describe(names))
+    return projections.ProjectionCheckpointer.wrap(checkpointer, names)
 
 
 def restore(checkpointer, setup: Setup, task, init_key) -> tuple[TrainState, dict]:
@@ -356,7 +366,7 @@ def hooks(run: Run, preemption: Preemption) -> loop.Hooks:
         writer.write(step, dict(summarize_train(window), learning_rate=float(run.schedule(step - 1)), **speed))
 
     def evaluate(state, step):
-        model = distillation.without_projections(state.params)
+        model = projections.without_projections(state.params)
         scores = {split: run.scorer(model, split, s).metrics for split, s in run.data.dev.items()}
         for split, values in scores.items():
             writer.write(step, values, split=split)
@@ -429,7 +439,7 @@ def predict_splits(run: Run, state: TrainState, abstract_params) -> list[str]:
     if run.best["step"] != run.data.num_steps:
         best_params, _ = checkpoint.restore_params(files.join(run.workdir, checkpoint.BEST_DIR), abstract_params)
     else:
-        best_params = distillation.without_projections(state.params)
+        best_params = projections.without_projections(state.params)
     written = []
     for split, s in {**run.data.dev, **run.data.test}.items():
         result = run.scorer(best_params, split, s, null_threshold=run.best.get("null_threshold", 0.0))
@@ -542,11 +552,11 @@ def task_teacher(config, task, num_labels: int, start_from: TaskStart) -> TaskTe
     layer_losses = distillation.LayerLosses.from_config(settings)
     student = start_from.bert_config
     layer_map = distillation.check_layer_losses(layer_losses, student, teacher.config)
-    projections = distillation.projection_names(layer_losses, student, teacher.config)
+    names = distillation.projection_names(layer_losses, student, teacher.config)
     say(f"distilling from {settings.teacher} ({teacher.config.num_layers} layers, hidden {teacher.config.hidden_size}): "
         f"alpha {settings.alpha:g}, temperature {settings.temperature:g}"
         + "".join(f", {k} {getattr(layer_losses, k):g}" for k in layer_losses.alphas() if getattr(layer_losses, k) > 0))
-    return TaskTeacher(teacher, layer_losses, layer_map, projections)
+    return TaskTeacher(teacher, layer_losses, layer_map, names)
 
 
 def distillation_step(config, task, num_labels: int, teacher: TaskTeacher, setup: Setup, data_sharding):

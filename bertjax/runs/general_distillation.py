@@ -8,7 +8,7 @@ Everything but the teacher is pretraining's (runs/pretraining.py): the stream, t
 checkpoints, SIGTERM/Ctrl-C and resume. The teacher runs inside the jitted step as an argument in the
 student's shardings; it is not trained and not saved. The workdir reads as any pretraining workdir: a
 narrower student's learned projections (TinyBERT's) are saved beside the optimizer state, not with the
-student's params (distillation.ProjectionCheckpointer).
+student's params (projections.ProjectionCheckpointer).
 Task distillation is part of fine-tuning (runs/finetuning.py).
 """
 
@@ -16,7 +16,7 @@ import functools
 
 import ml_collections
 
-from bertjax.compression import distillation
+from bertjax.compression import distillation, projections
 from bertjax.interop import pretrained
 from bertjax.models import bert
 from bertjax.models.config import resolve_platform, BertConfig, field_names
@@ -46,8 +46,8 @@ def distill(config, workdir: str, distributed: start.Distributed | None = None) 
 
         # ---------------------------------------------------------------- the student: shapes first
         init_key, dropout_key = root_keys(config.train.seed, config.train.dropout_rng)
-        layer_map, projections = check_layer_losses(config, teacher.config, weights)
-        setup = student_setup(config, layout, teacher.config, projections, init_key, extract_only)
+        layer_map, names = check_layer_losses(config, teacher.config, weights)
+        setup = student_setup(config, layout, teacher.config, names, init_key, extract_only)
         student = setup.bert_config
         bert.check_input_shapes(student, config.data.max_seq_length, config.data.max_predictions_per_seq)
         distillation.check_student(teacher.config, student, weights)
@@ -55,8 +55,8 @@ def distill(config, workdir: str, distributed: start.Distributed | None = None) 
         say("student " + pretraining.describe_model(student, setup.abstract_state.params).removeprefix("model: "))
 
         # ---------------------------------------------------------------- restore: workdir > init_from > layers > scratch
-        checkpointer = distillation.ProjectionCheckpointer.wrap(
-            pretraining.make_checkpointer(config, workdir, setup.abstract_state), projections)
+        checkpointer = projections.ProjectionCheckpointer.wrap(
+            pretraining.make_checkpointer(config, workdir, setup.abstract_state), names)
         with layout.active():
             state = pretraining.restore(config, setup, checkpointer, init_key)
             if layers and int(state.step) == 0:  # neither resumed nor from train.init_from
@@ -172,21 +172,21 @@ def check_layer_losses(config, teacher: BertConfig, weights: distillation.LossWe
         return (), ()
     student = BertConfig.from_dict(config.model)
     layer_map = distillation.check_layer_losses(weights.layers, student, teacher)
-    projections = distillation.projection_names(weights.layers, student, teacher)
-    if projections and config.train.init_from:
+    names = distillation.projection_names(weights.layers, student, teacher)
+    if names and config.train.init_from:
         raise ValueError(f"train.init_from with a student narrower than the teacher ({student.hidden_size} < "
                          f"{teacher.hidden_size}) and distill.alpha_embedding/alpha_hidden: the learned projections "
                          "start fresh only with the student; unset train.init_from, or set both alphas to 0")
-    if projections:
-        say(distillation.ProjectionCheckpointer.describe(projections))
-    return layer_map, projections
+    if names:
+        say(projections.ProjectionCheckpointer.describe(names))
+    return layer_map, names
 
 
-def student_setup(config, layout: start.Layout, teacher: BertConfig, projections: tuple, init_key,
+def student_setup(config, layout: start.Layout, teacher: BertConfig, names: tuple, init_key,
                   extract_only: bool):
     """The student's network, optimizer and state layout (pretraining's), with fresh projections to the
-    teacher's width where it is narrower (distillation.PROJECTIONS in its params)."""
-    prepare = distillation.adding_projections(projections, int(config.model.hidden_size), teacher.hidden_size,
+    teacher's width where it is narrower (projections.PROJECTIONS in its params)."""
+    prepare = projections.adding_projections(names, int(config.model.hidden_size), teacher.hidden_size,
                                               float(config.model.initializer_range), init_key)
     return pretraining_step.setup(one_step(config) if extract_only else config, layout.mesh, layout.rules, init_key,
                                   prepare_params=prepare)

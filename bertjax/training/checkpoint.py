@@ -370,6 +370,30 @@ def restore_opt_state(path: str, abstract_opt_state, what: str = "train.init_fro
         manager.close()
 
 
+def restore_saved_part(path: str, item: str, key: str):
+    """item[key] (e.g. a student's projections, kept in "opt_state" under their key) of the newest checkpoint
+    under `path`, as it was saved, on the default device; None where that checkpoint has no such part."""
+    directory, step = find_checkpoint(path)
+    metadata_file = epath.Path(directory) / str(step) / item / "_METADATA"
+    if not metadata_file.exists() or f'"{key}"' not in metadata_file.read_text():
+        return None
+    manager = ocp.CheckpointManager(directory, item_handlers={item: ocp.PyTreeCheckpointHandler()},
+                                    options=ocp.CheckpointManagerOptions(read_only=True, create=False))
+    try:
+        saved = manager.item_metadata(step)[item]
+        part = getattr(saved, "tree", saved).get(key)
+        if part is None:
+            return None
+        device = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
+        target = jax.tree_util.tree_map(lambda m: jax.ShapeDtypeStruct(m.shape, m.dtype, sharding=device), part)
+        restored = manager.restore(step, args=ocp.args.Composite(**{item: ocp.args.PyTreeRestore(
+            {key: target}, restore_args=jax.tree_util.tree_map(lambda _: ocp.ArrayRestoreArgs(sharding=device),
+                                                               {key: target}), partial_restore=True)}))
+        return restored[item][key]
+    finally:
+        manager.close()
+
+
 def restore_params(path: str, abstract_params=None) -> tuple[Any, CheckpointMeta]:
     """Parameters and meta of the newest readable checkpoint under `path` (an unreadable newer one is
     reported and skipped, as training does, but left in place). With abstract_params (ShapeDtypeStructs
