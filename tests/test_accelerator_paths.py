@@ -164,10 +164,10 @@ def test_cudnn_output_rows_are_even_and_change_nothing(monkeypatch):
     net, loss = train_loss(tiny_config(**fields))
     params = net.init(jax.random.key(0), batch["input_ids"], batch["segment_ids"], batch["input_mask"],
                       batch["masked_lm_positions"])["params"]
-    expected, expected_grads = jax.value_and_grad(loss)(params, batch, jax.random.key(1))
+    expected, expected_grads = jax.jit(jax.value_and_grad(loss))(params, batch, jax.random.key(1))
     calls = cudnn_stand_in(monkeypatch)
     _, cudnn_loss = train_loss(tiny_config(attention_impl="cudnn", **fields))
-    value, grads = jax.value_and_grad(cudnn_loss)(params, batch, jax.random.key(1))
+    value, grads = jax.jit(jax.value_and_grad(cudnn_loss))(params, batch, jax.random.key(1))
     assert sorted(set(calls)) == [6, 16], calls  # the full rows, then the 5 output rows and one more
     np.testing.assert_allclose(float(value), float(expected), rtol=1e-6)
     for a, b in zip(jax.tree_util.tree_leaves(grads), jax.tree_util.tree_leaves(expected_grads)):
@@ -186,8 +186,8 @@ def test_cudnn_odd_query_rows_with_a_mask_per_query(monkeypatch):
     weights = jnp.asarray(rng.normal(size=q.shape), jnp.float32)
 
     def total(implementation):
-        return jax.value_and_grad(lambda q, k, v: jnp.sum(weights * layers.fused_attention(
-            q, k, v, mask=mask, kv_lengths=None, implementation=implementation)), argnums=(0, 1, 2))(q, k, v)
+        return jax.jit(jax.value_and_grad(lambda q, k, v: jnp.sum(weights * layers.fused_attention(
+            q, k, v, mask=mask, kv_lengths=None, implementation=implementation)), argnums=(0, 1, 2)))(q, k, v)
 
     expected, expected_grads = total("xla")
     calls = cudnn_stand_in(monkeypatch)
