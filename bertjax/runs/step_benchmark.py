@@ -135,6 +135,12 @@ class BertjaxStep:
     def loss(self) -> float:
         return float(self.sums["loss_sum"])
 
+    def reset_peak(self) -> None:
+        """Nothing: JAX's peak is the process's; the compiled step's own memory is memory_bytes."""
+
+    def release(self) -> None:
+        """Nothing: the state stays on the device for the profile that may follow."""
+
     def peak_bytes(self) -> int | None:
         stats = jax.devices()[0].memory_stats() or {}
         return stats.get("peak_bytes_in_use")
@@ -163,6 +169,11 @@ def _gib(n: int | None) -> str:
     return "-" if n is None else f"{n / 2**30:.1f} GiB"
 
 
+def hf_on_gpu(hf_variants: list) -> bool:
+    """Whether the HF peers ((device, compile) pairs) share a GPU with bertjax: then runners take turns."""
+    return any(device != "cpu" for device, _ in hf_variants)
+
+
 def measure_runners(runners: list, warmup: int, steps: int, one_at_a_time: bool) -> tuple[list, list]:
     """timing.measure's figures and each runner's peak memory. On a GPU the runners take turns, the HF
     ones first, each releasing its cached memory after: large's bertjax and two HF peers would not fit
@@ -173,10 +184,10 @@ def measure_runners(runners: list, warmup: int, steps: int, one_at_a_time: bool)
     timings, peaks = [None] * len(runners), [None] * len(runners)
     for i in [*range(1, len(runners)), 0]:
         runner = runners[i]
-        getattr(runner, "reset_peak", lambda: None)()
+        runner.reset_peak()
         timings[i] = measure([runner], warmup, steps)[0]
         peaks[i] = runner.peak_bytes()
-        getattr(runner, "release", lambda: None)()
+        runner.release()
     return timings, peaks
 
 
@@ -201,8 +212,7 @@ def run_shape(size: str, seq_len: int, batch_size: int, *, steps: int, warmup: i
     hf_config = hf_peer_config(BertConfig.from_dict(config.model, platform="cpu"))
     for device, compile in hf_variants:
         runners.append(HFStep(hf_config, batches, device=device, compile=compile))
-    on_gpu = any(device != "cpu" for device, _ in hf_variants)
-    timings, peaks = measure_runners(runners, warmup, steps, one_at_a_time=on_gpu)
+    timings, peaks = measure_runners(runners, warmup, steps, one_at_a_time=hf_on_gpu(hf_variants))
     tokens = batch_size * seq_len
     rows = []
     for runner, t, peak_memory in zip(runners, timings, peaks):
@@ -382,7 +392,7 @@ def benchmark(*, sizes: list[str] | None, seq_len: int, batch_size: int, shape_g
     else:
         sizes, shapes = sizes or ["mini", "small", "base"], ((seq_len, batch_size),)
         hf_variants = [] if no_torch or long_rows else [("cpu", False)]
-    turns = "one runner at a time" if any(device != "cpu" for device, _ in hf_variants) else "interleaved"
+    turns = "one runner at a time" if hf_on_gpu(hf_variants) else "interleaved"
     print(f"backend {jax.default_backend()}: {device.device_kind}, {os.cpu_count()} CPUs, load "
           f"{load_average()}; peak bf16 {'unknown' if peak is None else f'{peak / 1e12:.0f} TFLOP/s'}; "
           f"{warmup} warmup + {steps} timed steps, {turns}; HF: "

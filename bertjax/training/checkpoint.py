@@ -370,12 +370,17 @@ def restore_opt_state(path: str, abstract_opt_state, what: str = "train.init_fro
         manager.close()
 
 
+def on_default_device(saved_metadata):
+    """The arrays a checkpoint's metadata describes, as restore targets on this process's first device."""
+    device = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
+    return jax.tree_util.tree_map(lambda m: jax.ShapeDtypeStruct(m.shape, m.dtype, sharding=device), saved_metadata)
+
+
 def restore_saved_part(path: str, item: str, key: str):
     """item[key] (e.g. a student's projections, kept in "opt_state" under their key) of the newest checkpoint
     under `path`, as it was saved, on the default device; None where that checkpoint has no such part."""
     directory, step = find_checkpoint(path)
-    metadata_file = epath.Path(directory) / str(step) / item / "_METADATA"
-    if not metadata_file.exists() or f'"{key}"' not in metadata_file.read_text():
+    if not (epath.Path(directory) / str(step) / item).is_dir():
         return None
     manager = ocp.CheckpointManager(directory, item_handlers={item: ocp.PyTreeCheckpointHandler()},
                                     options=ocp.CheckpointManagerOptions(read_only=True, create=False))
@@ -384,11 +389,10 @@ def restore_saved_part(path: str, item: str, key: str):
         part = getattr(saved, "tree", saved).get(key)
         if part is None:
             return None
-        device = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
-        target = jax.tree_util.tree_map(lambda m: jax.ShapeDtypeStruct(m.shape, m.dtype, sharding=device), part)
+        target = {key: on_default_device(part)}
+        restore_args = jax.tree_util.tree_map(lambda t: ocp.ArrayRestoreArgs(sharding=t.sharding), target)
         restored = manager.restore(step, args=ocp.args.Composite(**{item: ocp.args.PyTreeRestore(
-            {key: target}, restore_args=jax.tree_util.tree_map(lambda _: ocp.ArrayRestoreArgs(sharding=device),
-                                                               {key: target}), partial_restore=True)}))
+            target, restore_args=restore_args, partial_restore=True)}))
         return restored[item][key]
     finally:
         manager.close()
@@ -412,10 +416,7 @@ def restore_params(path: str, abstract_params=None) -> tuple[Any, CheckpointMeta
             try:
                 target = abstract_params
                 if target is None:
-                    saved = manager.item_metadata(step)["params"]
-                    device = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
-                    target = jax.tree_util.tree_map(
-                        lambda m: jax.ShapeDtypeStruct(m.shape, m.dtype, sharding=device), saved)
+                    target = on_default_device(manager.item_metadata(step)["params"])
                 restored = manager.restore(step, args=ocp.args.Composite(
                     params=ocp.args.StandardRestore(target), meta=ocp.args.JsonRestore()))
             except Exception as e:  # noqa: BLE001 -- an unreadable checkpoint: try the one before
