@@ -9,10 +9,13 @@ import tempfile
 
 # The tests' models are tiny and take a few steps each, so compiling is most of their time: without
 # LLVM's optimisation passes a step compiles in about half the time and runs a few times slower, which
-# these shapes never notice. The results agree to float rounding, not bit for bit, so the programs the
-# tests start get these flags too (their ENV): a run compared exactly with another is compiled alike. A
-# test that trains for hundreds of steps asks for full optimisation.
-FAST_COMPILE_FLAGS = "--xla_backend_optimization_level=0 --xla_llvm_disable_expensive_passes=true"
+# these shapes never notice; XLA's older fusion emitters (LLVM IR written directly, not through MLIR)
+# and one codegen thread (both workers already keep both cores busy) halve what is left
+# (docs/performance.md, "The test suite's time"). The results agree to float rounding, not bit for bit,
+# so the programs the tests start get these flags too (their ENV): a run compared exactly with another is
+# compiled alike. A test that trains for hundreds of steps asks for full optimisation.
+FAST_COMPILE_FLAGS = ("--xla_backend_optimization_level=0 --xla_llvm_disable_expensive_passes=true "
+                      "--xla_cpu_use_fusion_emitters=false --xla_cpu_parallel_codegen_split_count=1")
 os.environ["XLA_FLAGS"] = (
     os.environ.get("XLA_FLAGS", "") + f" {FAST_COMPILE_FLAGS} --xla_force_host_platform_device_count=8"
 ).strip()

@@ -10,6 +10,7 @@ import sys
 
 import numpy as np
 import pytest
+from conftest import FAST_COMPILE_FLAGS  # tests/ is on sys.path under pytest
 
 from bertjax.runs import hf_peer, step_benchmark
 from bertjax.models.config import BertConfig
@@ -39,8 +40,8 @@ def test_hf_peer_is_the_family_class(size):
 def test_benchmark_runs_the_tiny_families_beside_hf():
     env = dict(os.environ, PYTHONPATH=str(ROOT), JAX_PLATFORMS="cpu")
     # One CPU device, as a user runs it. Compiling is most of this test's time, and it checks that every
-    # row is there, not how fast: XLA's CPU backend skips its LLVM optimisations (half the CPU time).
-    env["XLA_FLAGS"] = "--xla_backend_optimization_level=0"
+    # row is there, not how fast: the tests' quick compiles.
+    env["XLA_FLAGS"] = FAST_COMPILE_FLAGS
     sizes = ["roberta_tiny", "albert_tiny", "modernbert_tiny"]
     result = subprocess.run(
         [sys.executable, "-m", "bertjax.benchmark", f"--sizes={','.join(sizes)}", "--steps=1", "--warmup=1",
