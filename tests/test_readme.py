@@ -48,7 +48,7 @@ WORDS = {r"\bDIR\b": "runs/elsewhere"}
 # Real runs made short: the Quickstart's 600 steps take minutes; 4 steps make a workdir the rest reads.
 SHORTER = {
     "bertjax.train": ["--config.train.num_steps=4"],
-    "bertjax.finetune": ["--config.train.epochs=0.3"],
+    "bertjax.finetune": ["--config.train.epochs=0.1"],
 }
 # The programs that take a word besides their flags.
 COMMANDS = {"bertjax.evaluate": ["compress"], "bertjax.vocab": ["train"]}
