@@ -155,6 +155,15 @@ def test_next_sentence_pairs_follow_or_come_from_another_document(tmp_path):
     assert len(examples["train"]) == demo_tasks.NEXT_SENTENCE_TRAIN
     assert 0.4 < np.mean([row["label"] == "next" for row in examples["train"]]) < 0.6
 
+    # A sentence of another document is found however few there are, and a corpus with none is an error,
+    # not an endless draw.
+    words = [f"word{i} of the long first document here" for i in range(500)]
+    rng = np.random.default_rng(0)
+    pairs = demo_tasks.next_sentence_pairs([words, ["the one sentence of the other document"]], rng, both=True)
+    assert {row["text_pair"] for row in pairs if row["label"] == "random"} == {"the one sentence of the other document"}
+    with pytest.raises(ValueError, match="needs at least two documents"):
+        demo_tasks.next_sentence_pairs([words], rng, both=True)
+
     out = run_command([sys.executable, "-m", "bertjax.tasks.demo_tasks", "--task=next_sentence", f"--out={tmp_path}"])
     assert out.returncode == 0, out.stderr
     task = registry.get_task("classification", labels=demo_tasks.LABELS["next_sentence"])

@@ -150,13 +150,25 @@ def next_sentence_pairs(documents, rng: np.random.Generator, both: bool, min_wor
         for first, second in zip(sentences, sentences[1:]):
             if min(len(first.split()), len(second.split())) < min_words:
                 continue
-            k = int(rng.integers(len(pool)))
-            while holders[pool[k]] & holders[first]:  # from a document that does not hold the first sentence
-                k = int(rng.integers(len(pool)))
             next_pair = {"text": first, "text_pair": second, "label": "next"}
-            other = {"text": first, "text_pair": pool[k], "label": "random"}
+            other = {"text": first, "text_pair": sentence_elsewhere(pool, holders, first, rng), "label": "random"}
             pairs += [next_pair, other] if both else [next_pair if rng.random() < 0.5 else other]
     return pairs
+
+
+def sentence_elsewhere(pool: list, holders: dict, first: str, rng: np.random.Generator, draws: int = 100) -> str:
+    """A sentence of the pool, at random, that no document holding `first` holds. Random draws first (on a
+    corpus of many documents the first one nearly always serves); then the sentences that qualify, so
+    that a corpus without any is an error rather than an endless loop."""
+    for _ in range(draws):
+        candidate = pool[int(rng.integers(len(pool)))]
+        if not holders[candidate] & holders[first]:
+            return candidate
+    others = [sentence for sentence in pool if not holders[sentence] & holders[first]]
+    if not others:
+        raise ValueError(f"no sentence outside the documents holding {first[:60]!r}: the next_sentence task needs "
+                         "at least two documents with sentences of their own")
+    return others[int(rng.integers(len(others)))]
 
 
 def next_sentence_examples(seed: int = 0, eval_fraction: float = 0.05,
