@@ -53,6 +53,7 @@ def base_config() -> ml_collections.ConfigDict:
             global_rotary_theta=0.0,  # the global layers' RoPE base; 0: rotary_theta
             local_attention_window=0,  # total width of the sliding window of local layers; 0: none
             global_attention_every=1,  # layer i global when i % n == 0
+            global_cls=False,  # [CLS] sees past the local layers' window and is seen past it (Longformer)
             embedding_size=0,  # ALBERT's E; 0: hidden_size
             num_hidden_groups=0,  # ALBERT's shared groups; 0: one per layer
             pooler="tanh",  # tanh (dense, tanh on [CLS]) | gelu_norm (ModernBERT's head: dense, GELU, norm)

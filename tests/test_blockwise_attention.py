@@ -50,10 +50,11 @@ def _rows():
     return jnp.asarray(segments), jnp.asarray(positions)
 
 
-@pytest.mark.parametrize("reach,subset", [(None, False), (5, True)])
-def test_blockwise_attention_equals_the_dense_mask(reach, subset):
+@pytest.mark.parametrize("reach,subset,global_first", [(None, False, False), (5, True, False), (5, False, True)])
+def test_blockwise_attention_equals_the_dense_mask(reach, subset, global_first):
     """Outputs at the real rows (padding's are 0) and the gradients of q, k and v: every query row with
-    full attention, a subset of the rows in a window."""
+    full attention, a subset of the rows in a window, every row in a window that each sequence's first
+    token sees past and is seen past (Longformer's global [CLS])."""
     rng = np.random.default_rng(0)
     q, k, v = (jnp.asarray(rng.standard_normal((2, SEQ, 2, 8)), jnp.float32) for _ in range(3))
     segments, positions = _rows()
@@ -66,14 +67,17 @@ def test_blockwise_attention_equals_the_dense_mask(reach, subset):
         q_seg, q_pos = (jnp.take_along_axis(a, rows, axis=1) for a in (segments, positions))
         allowed = (q_seg[:, :, None] == segments[:, None, :]) & (segments[:, None, :] > 0)
         if reach is not None:
-            allowed &= jnp.abs(q_pos[:, :, None] - positions[:, None, :]) <= reach
+            near = jnp.abs(q_pos[:, :, None] - positions[:, None, :]) <= reach
+            if global_first:
+                near |= (q_pos[:, :, None] == 0) | (positions[:, None, :] == 0)
+            allowed &= near
         return jax.nn.dot_product_attention(jnp.take_along_axis(q, rows[..., None, None], axis=1), k, v,
                                             mask=allowed[:, None], implementation="xla")
 
     def tiled(q, k, v, rows):
         q_seg, q_pos = (jnp.take_along_axis(a, rows, axis=1) for a in (segments, positions))
         return blockwise_attention(jnp.take_along_axis(q, rows[..., None, None], axis=1), k, v, q_seg, segments,
-                                   q_pos, positions, reach=reach, block_size=BLOCK)
+                                   q_pos, positions, reach=reach, block_size=BLOCK, global_first=global_first)
 
     keep = np.take_along_axis(real, np.asarray(rows), axis=1)[..., None, None]  # [2, Q, 1, 1]
 
@@ -120,11 +124,13 @@ def _scanned(params, cfg):
     return {**params, "bert": {**params["bert"], "encoder": bert_model.stack_layers(params["bert"]["encoder"], cfg)}}
 
 
-@pytest.mark.parametrize("family,packed", [("modernbert", True), ("bert", False)])
+@pytest.mark.parametrize("family,packed", [("modernbert", True), ("bert", False), ("modernbert_global_cls", True)])
 def test_a_network_on_blockwise_attention_computes_what_it_computes_on_xla(family, packed):
-    """ModernBERT on packed rows, scanned (its local layers picked by a traced flag); BERT on padded rows,
-    unrolled: the loss and every parameter's gradient, against XLA's unrolled network."""
-    xla = BertConfig(**{**BASE, **(MODERNBERT if family == "modernbert" else {})})
+    """ModernBERT on packed rows, scanned (its local layers picked by a traced flag), also with [CLS] global
+    on the local layers; BERT on padded rows, unrolled: the loss and every parameter's gradient, against
+    XLA's unrolled network."""
+    options = dict(bert={}, modernbert=MODERNBERT, modernbert_global_cls=dict(MODERNBERT, global_cls=True))
+    xla = BertConfig(**{**BASE, **options[family]})
     # Random values of the parameters' shapes: quicker than running the initializers, and no weight is
     # a plain 0 or 1 that could hide a difference.
     shapes = jax.eval_shape(bert_model.BertForPreTraining(xla).init, jax.random.PRNGKey(0),
@@ -137,6 +143,9 @@ def test_a_network_on_blockwise_attention_computes_what_it_computes_on_xla(famil
     both = jax.jit(lambda p, q: (_loss_and_grads(tiled, batch, packed)(q), _loss_and_grads(xla, batch, packed)(p)))
     got, (loss, grads) = both(params, _scanned(params, tiled) if packed else params)  # one program: one compile
     _close(got, (loss, _scanned(grads, tiled)) if packed else (loss, grads))
+    if xla.global_cls:  # the sequences are longer than the window: [CLS]'s reach changes the loss
+        plain = jax.jit(_loss_and_grads(dataclasses.replace(xla, global_cls=False), batch, packed))(params)[0]
+        assert abs(float(plain) - float(loss)) > 1e-4 * abs(float(loss)), (plain, loss)
 
 
 def test_the_gradient_holds_tiles_not_the_score_matrix():

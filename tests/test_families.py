@@ -228,6 +228,9 @@ def test_modernbert_round_trip(modernbert, tmp_path):
     (dict(norm_placement="pre", pre_layer_norm=True), "model.pre_layer_norm=True and model.norm_placement='pre'"),
     (dict(activation="swiglu"), "model.activation='swiglu': choose one of"),
     (dict(position_embedding="rotary", position_offset=2), "model.position_offset is set but"),
+    (dict(global_cls=True), "model.global_cls=True opens the local layers' window to [CLS]: it needs"),
+    (dict(global_cls=True, local_attention_window=4, attention_impl="splash", attention_dropout_rate=0.0),
+     "model.global_cls=True needs model.attention_impl"),
 ])
 def test_incompatible_options_are_one_line_naming_the_keys(fields, keys):
     with pytest.raises(ValueError) as error:
@@ -403,6 +406,8 @@ def test_the_family_of_a_config_is_the_one_whose_options_it_has(tmp_path):
     assert hf.family_of_config(_small(embedding_size=16)) is hf.FAMILIES["albert"]
     assert hf.family_of_config(_small(embedding_size=16, pooler="gelu")) is hf.FAMILIES["electra"]
     assert hf.config_to_hf(_small(pooler="gelu"))["architectures"] == ["ElectraForPreTraining"]
+    with pytest.raises(ValueError, match=r"model options \['global_cls'\] are not ModernBERT's"):  # Longformer's [CLS]
+        hf.family_of_config(_small(**dict(SCANNED_FAMILIES["modernbert"], norm="layernorm"), global_cls=True))
     with pytest.raises(ValueError, match=r"model options \['norm'\] make a network no Hugging Face class has"):
         hf.family_of_config(_small(norm="rmsnorm"))
     with pytest.raises(ValueError, match=r"model options \['activation', 'position_offset'\] make a network no"):

@@ -72,6 +72,11 @@ def test_flops_per_token_local_window():
     per_token = flops.train_flops_per_token(22, 768, 1024, 50368, 320 / 1024, intermediate_size=1152, gated=True,
                                             local_layers=14, local_attention_window=128)
     assert per_token == 827_559_936
+    # With a global [CLS] each local query also sees [CLS], and [CLS] sees all S keys: 131 keys, 2 more
+    # on each of the 14 local layers, 12 * 768 * 14 * 2 = 258,048.
+    assert flops.train_flops_per_token(22, 768, 1024, 50368, 320 / 1024, intermediate_size=1152, gated=True,
+                                       local_layers=14, local_attention_window=128, global_cls=True) == \
+        827_559_936 + 258_048
     # A window wider than the sequence is global attention: min(S, W+1) = S keys.
     assert flops.train_flops_per_token(3, 128, 128, 8192, 0.3, local_layers=2, local_attention_window=128) == \
         flops.train_flops_per_token(3, 128, 128, 8192, 0.3)
@@ -96,6 +101,9 @@ def test_config_flops_per_token_reads_the_family_options():
     assert flops.config_flops_per_token(albert_base.get_config().model, 128, 20 / 128) == 528_045_696
     # ModernBERT-base: GeGLU, and 14 local layers of 22 (i % 3 != 0).
     assert flops.config_flops_per_token(modernbert_base.get_config().model, 1024, 320 / 1024) == 827_559_936
+    with_cls = modernbert_base.get_config().model
+    with_cls.global_cls = True
+    assert flops.config_flops_per_token(with_cls, 1024, 320 / 1024) == 827_559_936 + 258_048
 
 
 def test_mfu_arithmetic():

@@ -45,10 +45,13 @@ def _unblock(x, length: int):
     return x.reshape((x.shape[0], x.shape[1] * x.shape[2]) + x.shape[3:])[:, :length]
 
 
-def _allowed(q_seg, q_pos, k_seg, k_pos, reach):
-    """[B, 1, Bq, Bk] bool: the query's own sequence (not padding) and, in positions, within reach."""
+def _allowed(q_seg, q_pos, k_seg, k_pos, reach, global_first: bool):
+    """[B, 1, Bq, Bk] bool: the query's own sequence (not padding) and, in positions, within reach (or,
+    global_first, either of the two the first of its sequence)."""
     same = (q_seg[:, :, None] == k_seg[:, None, :]) & (k_seg[:, None, :] > 0)
     near = jnp.abs(q_pos[:, :, None] - k_pos[:, None, :]) <= reach
+    if global_first:
+        near = near | (q_pos == 0)[:, :, None] | (k_pos == 0)[:, None, :]
     return (same & near)[:, None]
 
 
@@ -58,7 +61,7 @@ def _logits(qb, kb, allowed):
     return jnp.where(allowed, logits * np.float32(1.0 / np.sqrt(qb.shape[-1])), MASKED)
 
 
-def _forward(q, k, v, q_seg, k_seg, q_pos, k_pos, reach, block_size: int):
+def _forward(q, k, v, q_seg, k_seg, q_pos, k_pos, reach, block_size: int, global_first: bool):
     """(context [B, Q, N, D] in q's dtype, log-sum-exp [B, N, Q] float32; 0 for a query that sees no key)."""
     batch, num_queries, num_heads, head_dim = q.shape
     q_block, k_block = min(block_size, num_queries), min(block_size, k.shape[1])
@@ -72,7 +75,7 @@ def _forward(q, k, v, q_seg, k_seg, q_pos, k_pos, reach, block_size: int):
 
         def key_step(carry, key_rows):
             kb, vb, k_seg, k_pos = key_rows
-            allowed = _allowed(q_seg, q_pos, k_seg, k_pos, reach)
+            allowed = _allowed(q_seg, q_pos, k_seg, k_pos, reach, global_first)
 
             def fold(carry):
                 top, total, acc = carry  # [B, N, Bq], [B, N, Bq], [B, N, Bq, D]: max, sum, weighted values
@@ -98,17 +101,17 @@ def _forward(q, k, v, q_seg, k_seg, q_pos, k_pos, reach, block_size: int):
     return _unblock(context, num_queries), jnp.moveaxis(_unblock(jnp.moveaxis(lse, 3, 2), num_queries), 1, 2)
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(8,))
-def _attention(q, k, v, q_seg, k_seg, q_pos, k_pos, reach, block_size):
-    return _forward(q, k, v, q_seg, k_seg, q_pos, k_pos, reach, block_size)[0]
+@functools.partial(jax.custom_vjp, nondiff_argnums=(8, 9))
+def _attention(q, k, v, q_seg, k_seg, q_pos, k_pos, reach, block_size, global_first):
+    return _forward(q, k, v, q_seg, k_seg, q_pos, k_pos, reach, block_size, global_first)[0]
 
 
-def _attention_fwd(q, k, v, q_seg, k_seg, q_pos, k_pos, reach, block_size):
-    context, lse = _forward(q, k, v, q_seg, k_seg, q_pos, k_pos, reach, block_size)
+def _attention_fwd(q, k, v, q_seg, k_seg, q_pos, k_pos, reach, block_size, global_first):
+    context, lse = _forward(q, k, v, q_seg, k_seg, q_pos, k_pos, reach, block_size, global_first)
     return context, (q, k, v, q_seg, k_seg, q_pos, k_pos, reach, context, lse)
 
 
-def _attention_bwd(block_size, residuals, grad):
+def _attention_bwd(block_size, global_first, residuals, grad):
     """FlashAttention's backward pass: per tile, the probabilities from the saved log-sum-exp, then dv, dp,
     ds = p (dp - rowsum(dO * O)), dq and dk; dq summed over the key blocks, dk and dv over the query blocks."""
     q, k, v, q_seg, k_seg, q_pos, k_pos, reach, context, lse = residuals
@@ -127,7 +130,7 @@ def _attention_bwd(block_size, residuals, grad):
 
         def key_step(dq, key_rows):
             kb, vb, k_seg, k_pos = key_rows
-            allowed = _allowed(q_seg, q_pos, k_seg, k_pos, reach)
+            allowed = _allowed(q_seg, q_pos, k_seg, k_pos, reach, global_first)
 
             def tile(dq):
                 probs = jnp.where(allowed, jnp.exp(_logits(qb, kb, allowed) - lse_b), 0.0)  # [B, N, Bq, Bk]
@@ -154,7 +157,7 @@ _attention.defvjp(_attention_fwd, _attention_bwd)
 
 
 def blockwise_attention(q, k, v, query_segments, key_segments, query_positions, key_positions, *, reach=None,
-                        block_size: int = 512):
+                        block_size: int = 512, global_first: bool = False):
     """softmax(q k^T / sqrt(D)) v over the keys of each query's own sequence (and window), block by block.
 
     q: [B, Q, N, D]; k, v: [B, S, N, D]; query_segments [B, Q], key_segments [B, S] int: the sequence each
@@ -163,8 +166,10 @@ def blockwise_attention(q, k, v, query_segments, key_segments, query_positions, 
     sequences, read only with `reach`; reach: None (no window), or an int or traced [] int, the largest
     |query - key| in positions a query sees (ModernBERT's local layers: window / 2). block_size: the
     rows of a query block and of a key block (Q and S need not be multiples of it). Returns [B, Q, N, D]
-    in q's dtype; the logits, the running statistics and the sums are float32.
+    in q's dtype; the logits, the running statistics and the sums are float32. global_first: the first
+    token of each sequence (position 0) sees its whole sequence and is seen by all of it, whatever the
+    reach (Longformer's global attention for [CLS]).
     """
     reach = jnp.asarray(NO_WINDOW if reach is None else reach, jnp.int32)
     ints = [jnp.asarray(a, jnp.int32) for a in (query_segments, key_segments, query_positions, key_positions)]
-    return _attention(q, k, v, *ints, reach, block_size)
+    return _attention(q, k, v, *ints, reach, block_size, global_first)

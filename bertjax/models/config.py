@@ -166,6 +166,9 @@ class BertConfig:
     local_attention_window: int = _field(0, "architecture", family=True)
     # layer i attends globally when i % n == 0 (ModernBERT: 3)
     global_attention_every: int = _field(1, "architecture")
+    # Longformer's global attention for [CLS] on the local layers: the first token of each sequence sees
+    # its whole sequence and every token of the sequence sees it, the window notwithstanding
+    global_cls: bool = _field(False, "architecture", family=True)
     # ALBERT's factorised embedding width E, projected to H once; 0: hidden_size
     embedding_size: int = _field(0, "architecture", family=True)
     # ALBERT's groups of layers sharing parameters; 0: one per layer (BERT)
@@ -252,6 +255,12 @@ class BertConfig:
                             "set one")
         if self.local_attention_window < 0 or self.local_attention_window % 2:
             problems.append(f"model.local_attention_window={self.local_attention_window} must be an even width >= 0")
+        if self.global_cls and not self.local_attention_window:
+            problems.append("model.global_cls=True opens the local layers' window to [CLS]: it needs "
+                            "model.local_attention_window > 0")
+        if self.global_cls and self.attention_impl == "splash":
+            problems.append("model.global_cls=True needs model.attention_impl xla, cudnn or blockwise: the splash "
+                            "kernel's windows are static bands")
         if self.global_attention_every < 1:
             problems.append(f"model.global_attention_every={self.global_attention_every} must be >= 1")
         groups = self.num_hidden_groups

@@ -401,7 +401,10 @@ class SelfAttention(nn.Module):
         global layers: an iota compare that XLA fuses into the masking."""
         half = self.config.local_attention_window // 2
         reach = half if is_local is None else jnp.where(is_local, half, length)
-        return jnp.abs(query_positions[:, :, None] - key_positions[:, None, :]) <= reach
+        band = jnp.abs(query_positions[:, :, None] - key_positions[:, None, :]) <= reach
+        if self.config.global_cls:  # [CLS] (position 0 of its sequence) sees and is seen across the window
+            band = band | (query_positions == 0)[:, :, None] | (key_positions == 0)[:, None, :]
+        return band
 
     def _attend_blockwise(self, q, k, v, padding, rows, query_positions, key_positions, is_local):
         """The context [B, Q, N, D] by models/blockwise.py: the masks of its tiles from the segment ids and
@@ -414,7 +417,8 @@ class SelfAttention(nn.Module):
         segments = padding.segments  # [B, S]
         query_segments = segments if rows is None else jnp.take_along_axis(segments, rows, axis=1)  # [B, Q]
         return blockwise.blockwise_attention(q, k, v, query_segments, segments, query_positions, key_positions,
-                                             reach=reach, block_size=cfg.attention_block_size)
+                                             reach=reach, block_size=cfg.attention_block_size,
+                                             global_first=cfg.global_cls and reach is not None)
 
     def _attend(self, q, k, v, mask, lengths):
         """The context [B, Q, N, D]: softmax(q k^T / sqrt(D)) v over the keys the mask lets each query see."""

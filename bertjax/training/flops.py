@@ -18,6 +18,7 @@ def train_flops_per_token(
     embedding_size: int | None = None,
     local_layers: int = 0,
     local_attention_window: int = 0,
+    global_cls: bool = False,
 ) -> float:
     """Training FLOPs (forward + backward) per real token of BERT-family pretraining.
 
@@ -43,11 +44,11 @@ def train_flops_per_token(
       head whose transform is H -> E and decoder E*V: 6*p*(H*E + E*V).
     - local_layers of the L layers attend within a sliding window of local_attention_window W in total
       (|query - key| <= W/2): each is charged min(S, W+1) keys instead of S, the span of a query away
-      from the sequence's ends (queries near the ends see fewer; the count is not reduced for them).
-      The model's count, not the kernel's: XLA's attention computes all S keys and masks the rest.
-    Not counted: embedding lookups (gathers, not matmuls), the pooler and NSP head (once per sequence),
-    softmax, LayerNorm, GeGLU's product and other element-wise work. Attention is charged at the padded
-    length S. ALBERT's shared layers are charged once per layer run: sharing saves parameters, not work.
+      from the sequence's ends (not reduced for those near the ends), whatever the kernel computes.
+      global_cls (Longformer's [CLS], seen by and seeing all S): min(S, W+3) keys, two more per query.
+    Not counted: embedding lookups (gathers), the pooler and NSP head (once per sequence), softmax and
+    other element-wise work. Attention is charged at the padded length S. ALBERT's shared layers are
+    charged once per layer run: sharing saves parameters, not work.
 
     Reference values (tested within 1%): BERT-base at S=128, p=20/128: 546 MFLOP/token;
     BERT-large at S=128: 1.88 GFLOP/token; BERT-large at S=512, p=80/512: 1.99 GFLOP/token.
@@ -61,7 +62,7 @@ def train_flops_per_token(
     mlp = H * F * (2 if gated else 1) + F * H
     dense = 6 * L * (4 * H * H + mlp)
     projection = 6 * E * H if E != H else 0
-    local_keys = min(S, local_attention_window + 1)
+    local_keys = min(S, local_attention_window + (3 if global_cls else 1))
     attention = 12 * H * ((L - local_layers) * S + local_layers * local_keys)
     mlm_head = 6 * predicted_fraction * (H * E + E * V)
     return float(dense + projection + attention + mlm_head)
@@ -97,6 +98,7 @@ def config_flops_per_token(model, seq_len: int, predicted_fraction: float) -> fl
         embedding_size=getattr(model, "embedding_size", 0) or None,
         local_layers=local_layers,
         local_attention_window=window if local_layers else 0,
+        global_cls=bool(local_layers) and getattr(model, "global_cls", False),
     )
 
 
