@@ -45,14 +45,20 @@ def _unblock(x, length: int):
     return x.reshape((x.shape[0], x.shape[1] * x.shape[2]) + x.shape[3:])[:, :length]
 
 
-def _allowed(q_seg, q_pos, k_seg, k_pos, reach, global_first: bool):
-    """[B, 1, Bq, Bk] bool: the query's own sequence (not padding) and, in positions, within reach (or,
-    global_first, either of the two the first of its sequence)."""
-    same = (q_seg[:, :, None] == k_seg[:, None, :]) & (k_seg[:, None, :] > 0)
+def within_reach(q_pos, k_pos, reach, global_first: bool):
+    """[B, Q, K] bool: |query - key| <= reach in positions ([B, Q], [B, K] int); with global_first, also
+    wherever either of the two is the first of its sequence (position 0: Longformer's global [CLS]). The
+    one definition of a local layer's window, for the dense masks and for the tiles here alike."""
     near = jnp.abs(q_pos[:, :, None] - k_pos[:, None, :]) <= reach
     if global_first:
         near = near | (q_pos == 0)[:, :, None] | (k_pos == 0)[:, None, :]
-    return (same & near)[:, None]
+    return near
+
+
+def _allowed(q_seg, q_pos, k_seg, k_pos, reach, global_first: bool):
+    """[B, 1, Bq, Bk] bool: the query's own sequence (not padding) and within_reach."""
+    same = (q_seg[:, :, None] == k_seg[:, None, :]) & (k_seg[:, None, :] > 0)
+    return (same & within_reach(q_pos, k_pos, reach, global_first))[:, None]
 
 
 def _logits(qb, kb, allowed):

@@ -396,15 +396,13 @@ class SelfAttention(nn.Module):
         return apply_rotary(q, tables), apply_rotary(k, tables)
 
     def _band(self, query_positions, key_positions, is_local, length: int):
-        """[B, Q, S] bool: |query - key| <= window / 2, in positions (within one sequence they are its
-        offsets; across sequences the mask already says no). A traced is_local widens it to everything on
-        global layers: an iota compare that XLA fuses into the masking."""
+        """[B, Q, S] bool: |query - key| <= window / 2 in positions, and [CLS] with model.global_cls
+        (blockwise.within_reach; within one sequence positions are its offsets, across sequences the mask
+        already says no). A traced is_local widens it to everything on global layers: an iota compare that
+        XLA fuses into the masking."""
         half = self.config.local_attention_window // 2
         reach = half if is_local is None else jnp.where(is_local, half, length)
-        band = jnp.abs(query_positions[:, :, None] - key_positions[:, None, :]) <= reach
-        if self.config.global_cls:  # [CLS] (position 0 of its sequence) sees and is seen across the window
-            band = band | (query_positions == 0)[:, :, None] | (key_positions == 0)[:, None, :]
-        return band
+        return blockwise.within_reach(query_positions, key_positions, reach, self.config.global_cls)
 
     def _attend_blockwise(self, q, k, v, padding, rows, query_positions, key_positions, is_local):
         """The context [B, Q, N, D] by models/blockwise.py: the masks of its tiles from the segment ids and

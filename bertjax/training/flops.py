@@ -98,7 +98,7 @@ def config_flops_per_token(model, seq_len: int, predicted_fraction: float) -> fl
         embedding_size=getattr(model, "embedding_size", 0) or None,
         local_layers=local_layers,
         local_attention_window=window if local_layers else 0,
-        global_cls=bool(local_layers) and getattr(model, "global_cls", False),
+        global_cls=getattr(model, "global_cls", False),
     )
 
 
