@@ -1,11 +1,15 @@
-"""Test setup: eight virtual CPU devices, so that sharding is tested against one device on any machine,
-and XLA's CPU backend told to compile quickly.
+"""Test setup: one CPU device for every test but those of sharding, which run with eight virtual devices
+in a session of their own (tests/mesh_session.py), so that sharding is tested against one device on any
+machine; and XLA's CPU backend told to compile quickly.
 
 XLA reads its flags once, when JAX starts, so they must be set before anything imports jax.
 """
 
 import os
+import re
 import tempfile
+
+import mesh_session  # tests/ is on sys.path under pytest; it imports no JAX
 
 # The tests' models are tiny and take a few steps each, so compiling is most of their time: without
 # LLVM's optimisation passes a step compiles in about half the time and runs a few times slower, which
@@ -16,9 +20,14 @@ import tempfile
 # compiled alike. A test that trains for hundreds of steps asks for full optimisation.
 FAST_COMPILE_FLAGS = ("--xla_backend_optimization_level=0 --xla_llvm_disable_expensive_passes=true "
                       "--xla_cpu_use_fusion_emitters=false --xla_cpu_parallel_codegen_split_count=1")
-os.environ["XLA_FLAGS"] = (
-    os.environ.get("XLA_FLAGS", "") + f" {FAST_COMPILE_FLAGS} --xla_force_host_platform_device_count=8"
-).strip()
+# One device, as a laptop has: a test pays for no sharding it does not test. The tests marked `mesh` run
+# in the mesh session, whose process this variable marks, with eight.
+MESH_RESULTS = os.environ.get(mesh_session.RESULTS_ENV, "")
+NUM_DEVICES = mesh_session.NUM_DEVICES if MESH_RESULTS else 1
+_INHERITED = re.sub(r"--xla_force_host_platform_device_count=\S+", "",
+                    os.environ.get("XLA_FLAGS", "").replace(FAST_COMPILE_FLAGS, ""))  # the mesh session's
+os.environ["XLA_FLAGS"] = " ".join(
+    f"{_INHERITED} {FAST_COMPILE_FLAGS} --xla_force_host_platform_device_count={NUM_DEVICES}".split())
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 # TensorFlow must not grab accelerators or print its start-up banner during the tests.
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
@@ -101,6 +110,8 @@ GROUPS_FILE = "test-groups.json"
 
 
 def test_group(item) -> str | None:
+    if isinstance(item, mesh_session.MeshTest):
+        return "mesh-session"  # one pytest process runs them all
     names = getattr(item, "fixturenames", ())
     group = next((g for name, g in SHARED_RUN_GROUPS.items() if name in names), None)
     info = getattr(item, "_fixtureinfo", None)
@@ -109,7 +120,10 @@ def test_group(item) -> str | None:
     return group
 
 
+@pytest.hookimpl(trylast=True)  # after -k and -m have chosen the items
 def pytest_collection_modifyitems(config, items):
+    if not MESH_RESULTS:
+        items[:] = mesh_session.stand_ins(items, _run_directory(config._tmp_path_factory))
     if os.environ.get("PYTEST_XDIST_WORKER"):  # both workers collect the same items: either file will do
         root = _run_directory(config._tmp_path_factory)
         groups = {item.nodeid: group for item in items if (group := test_group(item))}
@@ -136,6 +150,11 @@ def pytest_xdist_make_scheduler(config, log):
             return self._groups.get(nodeid, nodeid)
 
     return GroupScheduling(config, log)
+
+
+def pytest_runtest_logreport(report):
+    if MESH_RESULTS:  # the mesh session tells the main one each test's outcome
+        mesh_session.record(report, MESH_RESULTS)
 
 
 @pytest.hookimpl(hookwrapper=True)
@@ -187,7 +206,7 @@ def config_flags(settings: dict) -> list[str]:
 
 
 def program_env(**extra) -> dict:
-    """The environment of a program a test starts: this process's (its XLA flags, eight virtual devices
+    """The environment of a program a test starts: this process's (its XLA flags, its device count
     and compilation cache), so that the program compiles what a run in this process compiles and the two
     agree bit for bit; this checkout's packages first."""
     return {**os.environ, "PYTHONPATH": str(REPO), **extra}

@@ -162,6 +162,7 @@ def whole_batch_on_one_device():
     return net, params, batch, on_mesh(1, grad_fn, params, batch)
 
 
+@pytest.mark.mesh
 def test_cached_microbatches_give_the_whole_batchs_gradient():
     """4 microbatches of 2 pairs (GradCache, on a 4-device mesh) against the whole batch at once on one
     device: the same loss and gradient."""
@@ -173,6 +174,7 @@ def test_cached_microbatches_give_the_whole_batchs_gradient():
     assert max(float(np.max(np.abs(g))) for g in jax.tree_util.tree_leaves(grads)) > 1e-3  # not all zero
 
 
+@pytest.mark.mesh
 def test_a_4_device_mesh_sees_the_global_batch():
     """The loss and gradient with the batch sharded over 4 data devices equal one device's: every query
     is scored against every device's passages and negatives."""
@@ -277,6 +279,7 @@ def test_a_packed_batch_has_the_loss_gradient_and_embeddings_of_its_texts_unpack
         np.testing.assert_allclose(np.asarray(found[role])[present], np.asarray(value)[present], atol=2e-5)
 
 
+@pytest.mark.mesh
 def test_packed_gradcache_on_a_4_device_mesh_gives_the_whole_batchs_gradient():
     """The 8 pairs of whole_batch_on_one_device packed (each of 4 microbatches into its own rows) and
     sharded over 4 data devices, all at once and in cached microbatches of 2 pairs: the loss and gradient
@@ -548,6 +551,7 @@ def test_the_program_trains_scores_keeps_the_best_and_resumes_exactly(pretrained
     assert later(metric_lines(preempted)) == later(dev) and later(dev)
 
 
+@pytest.mark.mesh
 def test_scored_pairs_through_the_program(pretrained, tmp_path):
     """cosent on {text, text_pair, score} rows (1 for a sentence's own end, below 0.5 for another's): dev
     lines with spearman and pearson, the best checkpoint chosen by spearman, each pair's cosine written."""

@@ -65,6 +65,7 @@ def stayed(tmp_path_factory):
     (((1, 1, 1), 1), ((8, 1, 1), 8)),   # 1 -> 8
     (((8, 1, 1), 8), ((1, 4, 2), 8)),   # data parallel -> fsdp and tensor
 ])
+@pytest.mark.mesh
 def test_a_checkpoint_resumes_on_another_mesh(stayed, before, after):
     directory, losses_after_ref, never_moved = stayed(*before)
 

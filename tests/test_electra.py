@@ -208,6 +208,7 @@ def run_steps(mesh_shape, devices=None, num_steps: int = 2):
     return np.array(losses), state
 
 
+@pytest.mark.mesh
 @pytest.mark.slow
 def test_a_mesh_of_eight_devices_gives_the_one_device_losses():
     assert jax.device_count() == 8

@@ -127,6 +127,7 @@ def test_task_distillation_from_the_fine_tuned_run_then_load_and_export(classifi
         finetuning.finetune(config, str(tmp_path / "other"))
 
 
+@pytest.mark.mesh
 def test_regression_and_multiple_choice_on_the_users_files(pretrained, tmp_path):
     rng = np.random.default_rng(1)
     sentences = [s for s, _ in keyword_sentences(2)][:96]
@@ -221,6 +222,7 @@ def test_a_missing_data_file_is_said_before_the_model_loads(tmp_path, missing):
 # --------------------------------------------------------------------------------------------------
 
 
+@pytest.mark.mesh
 def test_gradient_accumulation_gives_the_updates_of_the_whole_batch():
     """train.grad_accum_steps=2 through the fine-tuning loss: the same losses and parameters as 1 (no
     dropout: each microbatch draws its own mask)."""

@@ -15,6 +15,9 @@ from bertjax.training import state as train_state
 from bertjax.data import synthetic
 from test_train import small_config  # tests/ is on sys.path under pytest
 
+# The loop on a mesh of two devices: the mesh session (tests/mesh_session.py).
+pytestmark = pytest.mark.mesh
+
 
 @pytest.fixture(scope="module")
 def setup():

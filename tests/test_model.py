@@ -355,10 +355,11 @@ def test_every_parameter_has_logical_axis_names(scan):
             assert leaf.names[0] == "layers"
 
 
+@pytest.mark.mesh
 @pytest.mark.slow
 def test_sharded_model_equals_one_device():
     """The config's rules table lays the model out over a (data, fsdp, tensor) = (2, 2, 2) mesh."""
-    assert jax.device_count() == 8, "tests/conftest.py sets 8 virtual CPU devices"
+    assert jax.device_count() == 8, "the mesh session has 8 virtual CPU devices"
     rules = [tuple(r) for r in load_config("tiny").logical_axis_rules]
     cfg = small_config(scan_layers=True, vocab_size=96)
     batch = make_batch(np.random.default_rng(10), batch=4, lengths=(12, 7, 9, 6), vocab=96)

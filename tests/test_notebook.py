@@ -12,7 +12,7 @@ import pytest
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 NOTEBOOK = REPO / "docs" / "notebooks" / "evaluate.ipynb"
-# As a user runs it: one CPU device (not conftest's eight virtual ones), this checkout's packages, and
+# As a user runs it: one CPU device, this checkout's packages, and
 # XLA's full optimisation: the notebook's fine-tuning runs hundreds of steps, which cost more unoptimised
 # than conftest's quick compiles save.
 ENV = {"PYTHONPATH": str(REPO), "XLA_FLAGS": "", "JAX_PLATFORMS": "cpu"}

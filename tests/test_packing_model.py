@@ -175,6 +175,7 @@ def test_learned_positions_restart_in_each_sequence():
     assert jnp.asarray(out_p["pooled_output"]).shape == (2, SEQUENCES, cfg.hidden_size)
 
 
+@pytest.mark.mesh
 def test_the_packed_train_step_on_a_mesh_gives_the_losses_of_one_device():
     """The training step (pretraining_step.loss_fn through Setup) on packed synthetic batches: data and fsdp
     parallel over 4 devices give the one-device losses. (Gradient accumulation averages its

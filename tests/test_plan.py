@@ -102,6 +102,7 @@ def test_plan_tiny_on_v5e_4():
     assert dp["model_flops"] == pytest.approx(fsdp["model_flops"])
 
 
+@pytest.mark.mesh
 def test_find_max_batch_search(monkeypatch):
     """Doubling then bisection, on a stand-in for the compiler: 1 GiB + 0.3 GiB per sequence, 16 GiB."""
     import jax

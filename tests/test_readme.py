@@ -246,8 +246,7 @@ def forked(jobs: list[dict], cwd, timeout: int = 600) -> list[dict]:
 
 
 def environment() -> dict:
-    """One CPU device, as a reader runs the commands (not conftest's eight virtual ones, whose sharded
-    steps cost a quarter more CPU here), compiled quickly as every test's programs are."""
+    """One CPU device, as a reader runs the commands, compiled quickly as every test's programs are."""
     return {**os.environ, "PYTHONPATH": str(REPO), "XLA_FLAGS": FAST_COMPILE_FLAGS}
 
 

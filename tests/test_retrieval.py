@@ -100,6 +100,7 @@ MESHES = {"one device": ({"data": 1}, 1), "8 devices": ({"data": -1}, 8),
           "2 x 2 x 2": ({"data": 2, "fsdp": 2, "tensor": 2}, 8)}  # the corpus split over all three axes
 
 
+@pytest.mark.mesh
 @pytest.mark.parametrize("similarity", ["cosine", "dot"])
 @pytest.mark.parametrize("mesh", list(MESHES))
 @pytest.mark.parametrize("chunk_size", [7, 100_000])

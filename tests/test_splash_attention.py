@@ -104,6 +104,7 @@ def test_a_network_on_splash_computes_what_it_computes_on_xla():
     _assert_same(got, want)
 
 
+@pytest.mark.mesh
 def test_splash_on_a_mesh_gives_what_one_device_gives():
     """Batch over data x fsdp, heads over tensor (the config's rules): the kernel runs per device."""
     from test_train import small_config

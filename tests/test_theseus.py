@@ -122,6 +122,7 @@ def run_steps(step, state, batches, data_sharding, mesh, before=None):
     return np.array(losses), state, sums_seen
 
 
+@pytest.mark.mesh
 def test_p0_is_the_frozen_predecessor_and_p1_fine_tunes_the_successor_alone(compression):
     c = compression
     setup, data_sharding, pred = c["setup"], c["data_sharding"], c["pred"]
@@ -151,6 +152,7 @@ def test_p0_is_the_frozen_predecessor_and_p1_fine_tunes_the_successor_alone(comp
     assert any(".mu" in m for m in moments) and all("encoder" in m for m in moments if ".mu" in m or ".nu" in m)
 
 
+@pytest.mark.mesh
 def test_each_step_draws_one_bernoulli_per_module_from_its_key(compression):
     """The step's choices are bernoulli(fold_in(key, step), p) per module, the same for the whole batch: its
     loss is the mixed model's with those choices (recomputed outside the step), and over many steps the

@@ -58,6 +58,7 @@ def _sharding_constraints(lowered_text: str) -> int:
     return lowered_text.count("sdy.sharding_constraint") + lowered_text.count("@Sharding")
 
 
+@pytest.mark.mesh
 def test_the_step_keeps_its_activation_shardings_wherever_it_is_lowered():
     """The model's logical activation constraints hold in the compiled step even when the caller (the
     planner, the benchmark) lowers it without entering the logical axis rules itself: without them the
@@ -93,6 +94,7 @@ def one_device_runs():
 
 
 # Each mesh shape once; the layers unrolled (the default) on two of them, scanned on the other two.
+@pytest.mark.mesh
 @pytest.mark.parametrize("mesh_shape,scan_layers", [((8, 1, 1), False), ((1, 8, 1), True), ((2, 2, 2), True),
                                                     ((1, 2, 4), False)])
 def test_meshes_give_the_losses_of_one_device(one_device_runs, mesh_shape, scan_layers):
@@ -117,6 +119,7 @@ def test_meshes_give_the_losses_of_one_device(one_device_runs, mesh_shape, scan_
     assert moments and all(m.sharding.is_equivalent_to(kernel.sharding, kernel.ndim) for m in moments)
 
 
+@pytest.mark.mesh
 def test_gradient_accumulation_equals_a_larger_batch():
     # No dropout: microbatch i draws its own dropout mask, which a single big batch does not.
     def config(k):
@@ -247,11 +250,14 @@ def test_bad_settings_and_nan_get_one_clear_line(small_run, tmp_path):
                                             "data.vocab_path": ""}),  # no corpus to read: diverging is all
                  "NaN or inf between steps")
     assert not list((tmp_path / "d" / "checkpoints").glob("[0-9]*"))  # nothing non-finite was saved
-    # A batch the data-parallel devices cannot split, as the run raises it (the program's line is the
-    # ValueError's, as the mesh's above).
+
+
+@pytest.mark.mesh
+def test_a_batch_the_devices_cannot_split_is_one_value_error(tmp_path):
+    """As the run raises it (the program's line is the ValueError's, as the mesh's in the test above)."""
     assert jax.device_count() == 8
     with pytest.raises(ValueError, match=r"train.batch_size=12.*multiple of 8"):
-        pretraining_runs.pretrain(tiny_config(dict(small_run["settings"], **{"train.batch_size": 12})),
+        pretraining_runs.pretrain(tiny_config({"data.source": "synthetic", "train.batch_size": 12}),
                                   str(tmp_path / "c"))
 
 
