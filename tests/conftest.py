@@ -107,12 +107,11 @@ def copy_of(path, destination) -> pathlib.Path:
 # and the controller's scheduler reads it.)
 SHARED_RUN_GROUPS = {"tiny_run": "tiny-run", "qa_run": "span-and-tagging-runs", "tagging_run": "span-and-tagging-runs"}
 GROUPS_FILE = "test-groups.json"
-MESH_GROUP = "mesh-session"
 
 
 def test_group(item) -> str | None:
     if isinstance(item, mesh_session.MeshTest):
-        return MESH_GROUP  # one pytest process runs them all
+        return "mesh-session"  # one pytest process runs them all
     names = getattr(item, "fixturenames", ())
     group = next((g for name, g in SHARED_RUN_GROUPS.items() if name in names), None)
     info = getattr(item, "_fixtureinfo", None)
@@ -138,8 +137,7 @@ def pytest_collection_modifyitems(config, items):
 @pytest.hookimpl(optionalhook=True)  # xdist's hook: absent under -p no:xdist
 def pytest_xdist_make_scheduler(config, log):
     """With -n (xdist's default "load" mode): whole groups as units of work, each other test alone; the
-    largest groups first, the single tests after them, the mesh session's stand-ins last, each unit to
-    whichever worker is free."""
+    largest groups first, the single tests after them, each unit to whichever worker is free."""
     if config.getoption("dist") != "load":
         return None
     from xdist.scheduler import LoadScopeScheduling
@@ -152,13 +150,6 @@ def pytest_xdist_make_scheduler(config, log):
                 path = _run_directory(config._tmp_path_factory) / GROUPS_FILE
                 self._groups = json.loads(path.read_text()) if path.exists() else {}
             return self._groups.get(nodeid, nodeid)
-
-        def _assign_work_unit(self, node):
-            # The mesh session's stand-ins last: the session runs in the background meanwhile, and by then
-            # they only read its outcomes.
-            if len(self.workqueue) > 1 and next(iter(self.workqueue)) == MESH_GROUP:
-                self.workqueue.move_to_end(MESH_GROUP)
-            super()._assign_work_unit(node)
 
     return GroupScheduling(config, log)
 
