@@ -124,8 +124,6 @@ def test_group(item) -> str | None:
 def pytest_collection_modifyitems(config, items):
     if not MESH_RESULTS:
         items[:] = mesh_session.stand_ins(items, _run_directory(config._tmp_path_factory))
-        if not config.option.collectonly:
-            mesh_session.start(items, _run_directory(config._tmp_path_factory))
     if os.environ.get("PYTEST_XDIST_WORKER"):  # both workers collect the same items: either file will do
         root = _run_directory(config._tmp_path_factory)
         groups = {item.nodeid: group for item in items if (group := test_group(item))}

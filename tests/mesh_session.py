@@ -3,18 +3,16 @@ with eight virtual CPU devices, while every other test runs on one device (tests
 
 XLA fixes a process's device count when JAX starts, so one process cannot offer both, and eight virtual
 devices on two cores make every test that does not need them pay for them (8-way data parallelism, its
-collectives and replicated checkpoints). In the main session each marked test is a stand-in (MeshTest)
-with the same node id, which reports the outcome its test had in the mesh session: a failure with that
-session's own report, a skip with its reason, and a failure if the session never ran it. The session
-starts in the background as soon as the tests are collected, and the stand-ins wait for it; the
-scheduler in conftest keeps them on one worker."""
+collectives and replicated checkpoints). In the main session each marked test is a stand-in (MeshTest) with
+the same node id: the first stand-in to run starts the mesh session on all of them, and each then reports
+the outcome its test had there (a failure with the mesh session's own report, a skip with its reason, and a
+failure if the session never ran it). The scheduler in conftest keeps the stand-ins on one worker."""
 
 import json
 import os
 import pathlib
 import subprocess
 import sys
-import time
 
 import pytest
 
@@ -73,67 +71,31 @@ def record(report, path: str) -> None:
                               "text": text}) + "\n")
 
 
-def _files(root: pathlib.Path) -> dict:
-    return {name: root / f"mesh-session{suffix}" for name, suffix in
-            (("lock", ".lock"), ("started", ".started"), ("results", ".jsonl"), ("log", ".log"), ("done", ".done"))}
+_session: dict = {}  # this process's mesh session: its run directory, then {"records", "exit", "output"}
 
 
-def start(items: list, root: pathlib.Path) -> None:
-    """Starts the mesh session on the stand-ins among items, in the background, once per test run (the
-    first xdist worker to collect starts it; the other finds it started): it runs beside the main session's
-    tests, on the CPU time their single-threaded stretches leave, and the stand-ins wait for it."""
-    import filelock
-
-    nodeids = [i.nodeid for i in items if isinstance(i, MeshTest)]
-    files = _files(root)
-    if not nodeids:
-        return
-    run = os.environ.get("PYTEST_XDIST_TESTRUNUID") or str(os.getpid())  # a --basetemp may hold an old run's
-    with filelock.FileLock(str(files["lock"])):
-        if files["started"].exists() and json.loads(files["started"].read_text())["run"] == run:
-            return
-        for name in ("results", "log", "done"):
-            files[name].unlink(missing_ok=True)
-        files["started"].write_text(json.dumps({"run": run, "nodeids": nodeids}))
+def _run(item: MeshTest, root: pathlib.Path) -> dict:
+    nodeids = [i.nodeid for i in item.session.items if isinstance(i, MeshTest)]
+    results, log = root / "mesh-session.jsonl", root / "mesh-session.log"
+    results.unlink(missing_ok=True)
     # Not an xdist worker: the session is a plain pytest run of its own (the compilation cache is shared).
     env = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST_XDIST_") and k != "PYTEST_CURRENT_TEST"}
-    subprocess.Popen([sys.executable, __file__, str(root)], cwd=REPO, env=env, stdin=subprocess.DEVNULL,
-                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-
-
-def _run(root: pathlib.Path) -> None:
-    """The background process: the mesh session's pytest, then its exit code in the done file."""
-    files = _files(root)
     command = [sys.executable, "-m", "pytest", "-q", "-p", "no:xdist", "-p", "no:cacheprovider",
-               f"--basetemp={root / 'mesh-session'}", *json.loads(files["started"].read_text())["nodeids"]]
-    with open(files["log"], "w") as log:
-        try:
-            code = subprocess.run(command, cwd=REPO, env={**os.environ, RESULTS_ENV: str(files["results"])},
-                                  stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-                                  timeout=TIMEOUT_S).returncode
-        except subprocess.TimeoutExpired:
-            code = f"stopped after {TIMEOUT_S} s"
-    files["done"].write_text(json.dumps(code))
-
-
-_session: dict = {}  # this process's view of the mesh session: its run directory, then its outcomes
-
-
-def _wait(root: pathlib.Path) -> dict:
-    files = _files(root)
-    deadline = time.time() + TIMEOUT_S + 60
-    while not files["done"].exists():
-        if time.time() > deadline:
-            return dict(records=[], exit="never ended", output="")
-        time.sleep(0.5)
-    records = [json.loads(line) for line in files["results"].read_text().splitlines()] \
-        if files["results"].exists() else []
-    return dict(records=records, exit=json.loads(files["done"].read_text()), output=files["log"].read_text())
+               f"--basetemp={root / 'mesh-session'}", *nodeids]
+    try:
+        done = subprocess.run(command, cwd=REPO, env={**env, RESULTS_ENV: str(results)}, capture_output=True,
+                              text=True, timeout=TIMEOUT_S)
+        exit_code, output = done.returncode, done.stdout + done.stderr
+    except subprocess.TimeoutExpired as e:
+        exit_code, output = "timeout", f"{e.stdout or ''}{e.stderr or ''}\nstopped after {TIMEOUT_S} s"
+    log.write_text(output)
+    records = [json.loads(line) for line in results.read_text().splitlines()] if results.exists() else []
+    return dict(records=records, exit=exit_code, output=output)
 
 
 def _outcome(item: MeshTest) -> tuple[str, str]:
     if "records" not in _session:
-        _session.update(_wait(_session["root"]))
+        _session.update(_run(item, _session["root"]))
     reports = [r for r in _session["records"] if r["nodeid"] == item.nodeid]
     failed = [f"[{r['when']}] {r['text']}" for r in reports if r["outcome"] == "failed"]
     if failed:
@@ -145,7 +107,3 @@ def _outcome(item: MeshTest) -> tuple[str, str]:
         return "passed", ""
     return "failed", (f"the mesh session (exit {_session['exit']}) did not run it; its output ends:\n"
                       f"{_session['output'][-4000:]}")
-
-
-if __name__ == "__main__":
-    _run(pathlib.Path(sys.argv[1]))
