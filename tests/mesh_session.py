@@ -90,13 +90,19 @@ def _run(item: MeshTest, root: pathlib.Path) -> dict:
         exit_code, output = "timeout", f"{e.stdout or ''}{e.stderr or ''}\nstopped after {TIMEOUT_S} s"
     log.write_text(output)
     records = [json.loads(line) for line in results.read_text().splitlines()] if results.exists() else []
-    return dict(records=records, exit=exit_code, output=output)
+    return dict(records=records, exit_code=exit_code, output=output)
 
 
 def _outcome(item: MeshTest) -> tuple[str, str]:
     if "records" not in _session:
         _session.update(_run(item, _session["root"]))
-    reports = [r for r in _session["records"] if r["nodeid"] == item.nodeid]
+    return outcome_of(item.nodeid, **_session)
+
+
+def outcome_of(nodeid: str, *, records: list, exit_code, output: str, **_) -> tuple[str, str]:
+    """(passed | failed | skipped, text) of a test from the mesh session's records: passed only if its call
+    passed and no phase failed."""
+    reports = [r for r in records if r["nodeid"] == nodeid]
     failed = [f"[{r['when']}] {r['text']}" for r in reports if r["outcome"] == "failed"]
     if failed:
         return "failed", "\n\n".join(failed)
@@ -105,5 +111,4 @@ def _outcome(item: MeshTest) -> tuple[str, str]:
         return "skipped", skipped[0]
     if any(r["when"] == "call" and r["outcome"] == "passed" for r in reports):
         return "passed", ""
-    return "failed", (f"the mesh session (exit {_session['exit']}) did not run it; its output ends:\n"
-                      f"{_session['output'][-4000:]}")
+    return "failed", f"the mesh session (exit {exit_code}) did not run it; its output ends:\n{output[-4000:]}"
