@@ -19,8 +19,8 @@ def test_every_other_test_has_one_device():
     assert jax.device_count() == 1
 
 
-def report(when, outcome, text="", nodeid="tests/t.py::t"):
-    longrepr = ("tests/t.py", 3, f"Skipped: {text}") if outcome == "skipped" else text
+def report(when, outcome, text="", nodeid="probe.py::t"):
+    longrepr = ("probe.py", 3, f"Skipped: {text}") if outcome == "skipped" else text
     return types.SimpleNamespace(nodeid=nodeid, when=when, outcome=outcome, skipped=outcome == "skipped",
                                  longrepr=longrepr, longreprtext=text)
 
@@ -28,7 +28,7 @@ def report(when, outcome, text="", nodeid="tests/t.py::t"):
 def test_the_session_records_each_outcome_and_not_the_passed_set_ups(tmp_path):
     path = str(tmp_path / "results.jsonl")
     for r in (report("setup", "passed"), report("call", "passed"), report("teardown", "failed", "E boom"),
-              report("setup", "skipped", "no GPU", nodeid="tests/t.py::u")):
+              report("setup", "skipped", "no GPU", nodeid="probe.py::u")):
         mesh_session.record(r, path)
     lines = [json.loads(line) for line in open(path)]
     assert [(r["nodeid"][-1], r["when"], r["outcome"]) for r in lines] == [
