@@ -76,12 +76,14 @@ _session: dict = {}  # this process's mesh session: its run directory, then {"re
 
 def _run(item: MeshTest, root: pathlib.Path) -> dict:
     nodeids = [i.nodeid for i in item.session.items if isinstance(i, MeshTest)]
-    results, log = root / "mesh-session.jsonl", root / "mesh-session.log"
+    # Per worker: with another --dist mode than conftest's, each worker that gets a stand-in runs its own.
+    name = f"mesh-session-{os.environ.get('PYTEST_XDIST_WORKER', 'main')}"
+    results, log = root / f"{name}.jsonl", root / f"{name}.log"
     results.unlink(missing_ok=True)
     # Not an xdist worker: the session is a plain pytest run of its own (the compilation cache is shared).
     env = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST_XDIST_") and k != "PYTEST_CURRENT_TEST"}
     command = [sys.executable, "-m", "pytest", "-q", "-p", "no:xdist", "-p", "no:cacheprovider",
-               f"--basetemp={root / 'mesh-session'}", *nodeids]
+               f"--basetemp={root / name}", *nodeids]
     try:
         done = subprocess.run(command, cwd=REPO, env={**env, RESULTS_ENV: str(results)}, capture_output=True,
                               text=True, timeout=TIMEOUT_S)
