@@ -122,10 +122,10 @@ def test_group(item) -> str | None:
 
 @pytest.hookimpl(trylast=True)  # after -k and -m have chosen the items
 def pytest_collection_modifyitems(config, items):
+    root = _run_directory(config._tmp_path_factory)
     if not MESH_RESULTS:
-        items[:] = mesh_session.stand_ins(items, _run_directory(config._tmp_path_factory))
+        items[:] = mesh_session.stand_ins(items, root)
     if os.environ.get("PYTEST_XDIST_WORKER"):  # both workers collect the same items: either file will do
-        root = _run_directory(config._tmp_path_factory)
         groups = {item.nodeid: group for item in items if (group := test_group(item))}
         written = root / f"{GROUPS_FILE}.{os.environ['PYTEST_XDIST_WORKER']}"
         written.write_text(json.dumps(groups))

@@ -71,7 +71,7 @@ def record(report, path: str) -> None:
                               "text": text}) + "\n")
 
 
-_session: dict = {}  # this process's mesh session: its run directory, then {"records", "exit", "output"}
+_session: dict = {}  # this process's mesh session: its run directory, then {"records", "exit_code", "output"}
 
 
 def _run(item: MeshTest, root: pathlib.Path) -> dict:

@@ -19,7 +19,6 @@ empty: `configs/...` resolves to the installed configs, as for a user outside th
 """
 
 import json
-import os
 import pathlib
 import re
 import shlex
@@ -29,7 +28,7 @@ import textwrap
 
 import pytest
 
-from conftest import FAST_COMPILE_FLAGS  # tests/ is on sys.path under pytest
+from conftest import program_env  # tests/ is on sys.path under pytest
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 README = REPO / "README.md"
@@ -240,14 +239,9 @@ def forked(jobs: list[dict], cwd, timeout: int = 600) -> list[dict]:
         job.setdefault("cwd", str(cwd))
         job.setdefault("words", COMMANDS.get(job.get("module"), []))
     result = subprocess.run([sys.executable, "-c", DRIVER], input=json.dumps(jobs), capture_output=True, text=True,
-                            cwd=cwd, env=environment(), timeout=timeout)
+                            cwd=cwd, env=program_env(), timeout=timeout)
     assert result.returncode == 0, result.stderr[-3000:]
     return json.loads(result.stdout.strip().splitlines()[-1])
-
-
-def environment() -> dict:
-    """One CPU device, as a reader runs the commands, compiled quickly as every test's programs are."""
-    return {**os.environ, "PYTHONPATH": str(REPO), "XLA_FLAGS": FAST_COMPILE_FLAGS}
 
 
 def parse_jobs(kind: str, mode: str) -> list[tuple[str, dict]]:
