@@ -64,6 +64,24 @@ def test_benchmark_runs_the_tiny_families_beside_hf():
         assert f"HF eager ({FAMILY_CLASSES[size]})" in result.stdout
 
 
+def test_long_rows_give_each_attention_the_same_first_loss(monkeypatch, capsys):
+    """--long_rows: each implementation in a fresh process on the same packed rows; the loss of its first
+    step (the same batch at the same initial weights) is the check that they compute the same thing."""
+    monkeypatch.chdir(ROOT)
+    monkeypatch.setenv("PYTHONPATH", str(ROOT))
+    monkeypatch.setenv("XLA_FLAGS", FAST_COMPILE_FLAGS)
+    rows = step_benchmark.run_long_rows("modernbert_tiny", [512], 1, ["xla", "blockwise"], timeout=300, steps=1,
+                                        warmup=1, dtype=None, overrides={"attention_block_size": 128},
+                                        dropout_rng="threefry")
+    assert [r.get("failed") for r in rows] == [None, None], rows
+    xla, blockwise = rows
+    assert (xla["attention"], blockwise["attention"], blockwise["block"]) == ("xla", "blockwise", 128)
+    assert xla["sequences"] > 1  # packed: several documents to keep apart
+    np.testing.assert_allclose(blockwise["first_loss"], xla["first_loss"], rtol=1e-5)
+    step_benchmark.print_long_rows(rows)
+    assert f"{xla['first_loss']:.5f}" in capsys.readouterr().out
+
+
 # A MiniLM-shaped embedder at toy sizes (--model.KEY=VALUE overrides of embedding_benchmark.MINILM_L6).
 TINY_EMBEDDER = dict(num_layers=2, hidden_size=32, num_heads=2, intermediate_size=64, vocab_size=512)
 

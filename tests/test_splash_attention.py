@@ -60,6 +60,29 @@ def test_the_kernel_keeps_segments_apart_as_the_dense_mask_does(half_window):
         np.testing.assert_allclose(np.asarray(g), np.asarray(w), atol=1e-4)
 
 
+@pytest.mark.parametrize("half_window", [0, 64])
+def test_at_8192_tokens_the_kernel_keeps_packed_sequences_and_the_band_as_the_dense_mask_does(half_window):
+    """The `:extend` phase's rows: four sequences of a row of 8,192 tokens, across tile boundaries, and
+    padding; the kernel's own grid of 64 x 64 tiles (what a TPU runs) against the dense mask."""
+    rng = np.random.default_rng(1)
+    q, k, v = (jnp.asarray(rng.standard_normal((1, 8192, 1, 64)), jnp.float32) for _ in range(3))
+    segments = jnp.asarray(np.repeat([1, 2, 3, 4, 0], [3000, 2500, 1800, 592, 300])[None])  # [1, 8192]
+
+    def loss(fn, q, k, v):
+        out = fn(q, k, v)
+        return jnp.sum(jnp.where(segments[..., None, None] > 0, out, 0.0) ** 2), out
+
+    kernel = lambda q, k, v: splash.splash_attention(q, k, v, segments, half_window=half_window)  # noqa: E731
+    dense = lambda q, k, v: _dense_reference(q, k, v, segments, half_window)  # noqa: E731
+    grad = lambda fn: jax.jit(jax.value_and_grad(lambda *a: loss(fn, *a), argnums=(0, 1, 2), has_aux=True))  # noqa: E731
+    (_, got), grads = grad(kernel)(q, k, v)
+    (_, want), want_grads = grad(dense)(q, k, v)
+    real = np.asarray(segments > 0)
+    np.testing.assert_allclose(np.asarray(got)[real], np.asarray(want)[real], atol=1e-5)
+    for g, w in zip(grads, want_grads):
+        np.testing.assert_allclose(np.asarray(g), np.asarray(w), atol=1e-4)
+
+
 def test_a_tpu_needs_sequences_in_whole_tiles():
     with pytest.raises(ValueError, match="multiple of 128"):
         splash.check_length(96)

@@ -291,6 +291,7 @@ def long_row_measurement(size: str, seq_len: int, batch_size: int, attention_imp
     return dict(size=size, seq_len=seq_len, batch_size=batch_size, attention=attention_impl,
                 block=runner.bert_config.attention_block_size, ms=1e3 * t["seconds"] / steps,
                 tps=steps * batch_size * seq_len / t["seconds"], first=t["first_step"], loss=t["loss"],
+                first_loss=t["first_loss"],
                 compile=runner.compile_seconds, temp=None if analysis is None else int(analysis.temp_size_in_bytes),
                 memory=runner.memory_bytes, max_rss=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
                 sequences=float(np.mean([b["sentence_weights"].sum(axis=1).mean() for b in batches])))
@@ -322,7 +323,8 @@ def run_long_rows(size: str, seq_lens: list[int], batch_size: int, attention_imp
             rows.append(row)
             print(f"    {size} {batch_size} x {seq_len} {impl}: "
                   + (row["failed"] if "failed" in row else f"{_si(row['tps'])} tok/s, temporaries "
-                     f"{_mib(row['temp'])}, peak RSS {_mib(row['max_rss'])}"), flush=True)
+                     f"{_mib(row['temp'])}, peak RSS {_mib(row['max_rss'])}, loss at step 1 {row['first_loss']:.5f}"),
+                  flush=True)
     return rows
 
 
@@ -335,17 +337,18 @@ def print_long_rows(rows: list[dict]) -> None:
     for r in rows:
         shape = f"{r['size']} {r['batch_size']} x {r['seq_len']}"
         if "failed" in r:
-            table.append([shape, r["attention"], r["failed"]] + ["-"] * 6)
+            table.append([shape, r["attention"], r["failed"]] + ["-"] * 7)
             continue
         attention = r["attention"] + (f" ({r['block']})" if r["attention"] == "blockwise" else "")
         table.append([shape, attention, f"{r['tps']:,.0f}", f"{r['ms']:,.0f}", _mib(r["temp"]), _mib(r["memory"]),
-                      _mib(r["max_rss"]), f"{r['compile']:.1f}", f"{r['sequences']:.1f}"])
+                      _mib(r["max_rss"]), f"{r['compile']:.1f}", f"{r['sequences']:.1f}", f"{r['first_loss']:.5f}"])
     print()
     print_table(["shape", "attention (block)", "tok/s", "ms/step", "temporaries", "step memory", "peak RSS",
-                 "compile s", "sequences/row"], table)
+                 "compile s", "sequences/row", "loss, step 1"], table)
     print("packed rows of synthetic documents (the seq-512 length quantiles scaled to the row); temporaries: "
           "the compiled step's memory_analysis(); step memory: arguments + outputs + temporaries - donated; "
-          "peak RSS: the fresh process's whole, JAX and compilation included")
+          "peak RSS: the fresh process's whole, JAX and compilation included; loss, step 1: the same batch at the "
+          "same initial weights, which every implementation should give alike")
 
 
 def print_results(rows: list[dict], peak: float | None) -> None:

@@ -9,10 +9,12 @@ import numpy as np
 def measure(runners: list, warmup: int, steps: int) -> list[dict]:
     """Warm every runner up (its first step compiles), then time `steps` steps of each, interleaved
     (one step of each in turn), so that a change in the machine's load falls on all of them alike.
-    Per runner: seconds of the timed steps, the fastest step and the first step's seconds."""
-    firsts = []
+    Per runner: seconds of the timed steps, the fastest step, the first step's seconds and loss (the
+    loss of the same batch at the same initial weights, where runners differ only in how they compute)."""
+    firsts, first_losses = [], []
     for runner in runners:
         firsts.append(runner.step())
+        first_losses.append(runner.loss())
         for _ in range(warmup - 1):
             runner.step()
     times = [[] for _ in runners]
@@ -20,11 +22,12 @@ def measure(runners: list, warmup: int, steps: int) -> list[dict]:
         for runner, t in zip(runners, times):
             t.append(runner.step())
     out = []
-    for runner, t, first in zip(runners, times, firsts):
+    for runner, t, first, first_loss in zip(runners, times, firsts, first_losses):
         loss = runner.loss()
         if not np.isfinite(loss):
             raise FloatingPointError(f"{runner.name} loss is {loss} after {warmup + steps} steps")
-        out.append(dict(seconds=sum(t), best=min(t), median=float(np.median(t)), first_step=first, loss=loss))
+        out.append(dict(seconds=sum(t), best=min(t), median=float(np.median(t)), first_step=first, loss=loss,
+                        first_loss=first_loss))
     return out
 
 
