@@ -159,6 +159,7 @@ class LoadedBert:
         pooling, Dense layer, normalisation and prompts. A model without one (a pretrained or fine-tuned
         workdir, a plain Hugging Face directory) embeds with mean pooling and no normalisation.
 
+        batch_size: rows per batch at most (on CPUs fewer where rows are wide: embeddings.TOKENS_PER_BATCH).
         prompt_name: one of the model's prompts (default: its default_prompt_name, if any); prompt: the
         text itself ("" for none), over prompt_name. pooling: modes of bertjax/models/pooling.py (one, or
         several concatenated) in place of the model's; normalize: L2-normalise (True) or not (False).
@@ -181,7 +182,8 @@ class LoadedBert:
             skipped = len(tok.template.prefix) + len(tok.encode([settings.prompt])[0])
         forward = self._embedder(settings)
         return embeddings.embed_rows(forward, rows, np.full(len(rows), skipped, np.int32), batch_size,
-                                    settings.max_length, tok.pad_id)
+                                    settings.max_length, tok.pad_id,
+                                    embeddings.TOKENS_PER_BATCH.get(jax.default_backend()))
 
     def _embedder(self, settings: embeddings.Settings) -> Callable[[dict], jax.Array]:
         """batch -> embeddings (on the device), with this model's params."""

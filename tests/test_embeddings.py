@@ -269,16 +269,22 @@ def test_packed_and_bucketed_rows_embed_each_text_as_alone(loaded):
     assert max_difference(plain, together) > 1e-3
 
 
-def test_the_plan_takes_every_text_once_in_few_shapes():
+@pytest.mark.parametrize("tokens_per_batch", [None, 1024])
+def test_the_plan_takes_every_text_once_in_few_shapes(tokens_per_batch):
     lengths = np.random.default_rng(0).integers(2, 300, size=1000)
     lengths[:600] = np.random.default_rng(1).integers(2, 40, size=600)  # many short texts: packed
-    batches = embeddings.plan(lengths, 32, 300)
+    batches = embeddings.plan(lengths, 32, 300, tokens_per_batch)
     taken = np.concatenate([members[members >= 0] for members, _ in batches])
     assert sorted(taken.tolist()) == list(range(len(lengths)))
     widths = embeddings.buckets(300)
     assert widths == [16, 32, 48, 64, 80, 96, 112, 128, 160, 192, 224, 256, 300]
+    budget, short_batches = tokens_per_batch or 32 * 300, 0
     for members, width in batches:
         assert width in widths and members.shape[0] in (1, 2, 4, 8, 16, 32)
+        # Within the budget (one row at least), and as many rows as fit it: twice as many would not.
+        size = max(r for r in (1, 2, 4, 8, 16, 32) if r == 1 or r * width <= budget)
+        assert members.shape[0] <= size
+        short_batches += members.shape[0] < size
         row_tokens = np.where(members >= 0, lengths[np.maximum(members, 0)], 0).sum(axis=1)
         assert (row_tokens <= width).all()
         alone = members.shape[1] == 1
@@ -286,6 +292,7 @@ def test_the_plan_takes_every_text_once_in_few_shapes():
         if alone:  # the narrowest width that holds the batch's longest text: padded by at most a quarter
             longest = lengths[members[members >= 0]].max()
             assert widths.index(width) == 0 or widths[widths.index(width) - 1] < longest <= width < 1.25 * longest
+    assert short_batches <= 2  # the last batch of one text a row and the last of packed rows
     assert len({(members.shape, width) for members, width in batches}) <= 16
     assert sum(members.shape[1] > 1 for members, _ in batches) >= 1
 

@@ -19,7 +19,7 @@ contrastive fine-tuning program tokenizes them (queries to data.max_query_length
 data.max_seq_length of configs/finetune/contrastive.py); bertjax's step is the program's (the contrastive
 kind's network, MultipleNegativesRankingLoss over in-batch negatives, the config's AdamW and clipping),
 sentence-transformers' the same loss module trained by torch.optim.AdamW with the same settings; their
-steps interleaved. Printed: real tokens/s of each and their ratio.
+steps timed in alternating blocks (bertjax/runs/timing.py). Printed: real tokens/s of each and their ratio.
 """
 
 import dataclasses
@@ -289,7 +289,7 @@ def benchmark(*, overrides: dict, num_texts: int, max_length: int, batch_size: i
         config = contrastive_config(batch_size)
         print(f"contrastive: MNRL, scale {config.contrastive.scale:g}, {batch_size} pairs a step (in-batch "
               f"negatives), queries to {config.data.max_query_length} tokens, passages to "
-              f"{config.data.max_seq_length}; {warmup} warmup + {steps} timed steps, interleaved", flush=True)
+              f"{config.data.max_seq_length}; {warmup} warmup + {steps} timed steps in alternating blocks", flush=True)
         step_rows = run_contrastive(directory, bert.tokenizer, batch_size, steps, warmup, peer_device)
         table = [[r["side"], f"{r['tokens_per_s']:,.0f}", f"{r['ms']:,.1f}", f"{r['first']:.2f}",
                   f"{r['loss']:.3f}", f"{r['ratio']:.2f}x" if "ratio" in r else "-"] for r in step_rows]

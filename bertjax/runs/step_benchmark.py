@@ -395,7 +395,7 @@ def benchmark(*, sizes: list[str] | None, seq_len: int, batch_size: int, shape_g
     else:
         sizes, shapes = sizes or ["mini", "small", "base"], ((seq_len, batch_size),)
         hf_variants = [] if no_torch or long_rows else [("cpu", False)]
-    turns = "one runner at a time" if hf_on_gpu(hf_variants) else "interleaved"
+    turns = "one runner at a time" if hf_on_gpu(hf_variants) else "alternating blocks"
     print(f"backend {jax.default_backend()}: {device.device_kind}, {os.cpu_count()} CPUs, load "
           f"{load_average()}; peak bf16 {'unknown' if peak is None else f'{peak / 1e12:.0f} TFLOP/s'}; "
           f"{warmup} warmup + {steps} timed steps, {turns}; HF: "

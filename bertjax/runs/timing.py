@@ -1,5 +1,5 @@
 """What both benchmarks share (bertjax/runs/step_benchmark.py, bertjax/runs/embedding_benchmark.py): runners
-timed interleaved, the machine's load, and the printed tables."""
+timed in alternating blocks, the machine's load, and the printed tables."""
 
 import os
 
@@ -7,10 +7,14 @@ import numpy as np
 
 
 def measure(runners: list, warmup: int, steps: int) -> list[dict]:
-    """Warm every runner up (its first step compiles), then time `steps` steps of each, interleaved
-    (one step of each in turn), so that a change in the machine's load falls on all of them alike.
-    Per runner: seconds of the timed steps, the fastest step, the first step's seconds and loss (the
-    loss of the same batch at the same initial weights, where runners differ only in how they compute)."""
+    """Warm every runner up (its first step compiles), then time `steps` steps of each in two blocks per
+    runner, the runners' order reversed in the second round, so that a change in the machine's load falls on
+    all of them alike. Each block starts with one untimed step where another runner ran just before: a
+    step that follows the other library's runs slower (PyTorch's CPU step leaves XLA's next one about a
+    fifth slower, docs/performance.md), which step-by-step interleaving would charge to every step.
+    Per runner: seconds of the timed steps, the fastest step, the median, the first step's seconds and
+    loss (the loss of the same batch at the same initial weights, where runners differ only in how they
+    compute)."""
     firsts, first_losses = [], []
     for runner in runners:
         firsts.append(runner.step())
@@ -18,9 +22,17 @@ def measure(runners: list, warmup: int, steps: int) -> list[dict]:
         for _ in range(warmup - 1):
             runner.step()
     times = [[] for _ in runners]
-    for _ in range(steps):
-        for runner, t in zip(runners, times):
-            t.append(runner.step())
+    blocks = [(steps + 1) // 2, steps // 2]
+    last = runners[-1]
+    for round_, count in enumerate(blocks):
+        order = list(zip(runners, times))
+        for runner, t in (order if round_ == 0 else order[::-1]):
+            if not count:
+                continue
+            if runner is not last:  # another runner ran just before
+                runner.step()
+            t.extend(runner.step() for _ in range(count))
+            last = runner
     out = []
     for runner, t, first, first_loss in zip(runners, times, firsts, first_losses):
         loss = runner.loss()

@@ -6,7 +6,10 @@ text is padded by at most a quarter of its length rather than to the longest, an
 once per bucket rather than once per batch. Texts of at most half the packing width
 share rows as the fine-tuning batches pack them (bertjax/tasks/batches.py: sequence_ids, position_ids,
 cls_positions): attention stays within each text, so each one's embedding is the one it has alone.
-Rows per batch are a power of two up to batch_size, again so that few shapes compile.
+Rows per batch are a power of two up to batch_size, again so that few shapes compile, and on CPUs also
+up to a budget of tokens per batch (row width x rows): XLA's CPU code runs an encoder fastest on about a
+thousand tokens at a time, its intermediates then staying in cache, where PyTorch's kernels keep their
+speed on larger batches (docs/performance.md, "Fewer tokens a batch on CPUs").
 
 Shape legend: N texts, R rows of a batch, S row width (a bucket), K texts per row, D embedding width.
 """
@@ -25,6 +28,8 @@ BUCKETS_PER_DOUBLING = 4  # above that: 64, 80, 96, 112, 128, 160, 192, 224, 256
 PACK_WIDTH = 128  # rows that several short texts share are at most this wide
 MIN_PACKED_TOKENS = 8  # K = width / this: the most texts one packed row holds
 PACK_WINDOW = 4096  # texts the packer places at a time (in length order): its cost stays linear in N
+# Row tokens per batch on CPUs (None elsewhere: accelerators want the whole batch_size).
+TOKENS_PER_BATCH = {"cpu": 1024}
 # A model without an embedding record embeds with sentence-transformers' default Pooling: the mean of
 # its token states, not normalised.
 DEFAULT = EmbeddingRecord()
@@ -95,23 +100,39 @@ def _batch_rows(num_rows: int, batch_size: int) -> int:
     return min(rows, batch_size)
 
 
-def plan(lengths: np.ndarray, batch_size: int, limit: int) -> list[tuple[np.ndarray, int]]:
+def rows_per_batch(batch_size: int, width: int, tokens_per_batch: int | None) -> int:
+    """batch_size, or fewer rows where a budget of tokens says so: the largest power of two whose rows of
+    `width` stay within it (at least one row)."""
+    if tokens_per_batch is None or width * batch_size <= tokens_per_batch:
+        return batch_size
+    rows = 1
+    while rows * 2 * width <= tokens_per_batch:
+        rows *= 2
+    return rows
+
+
+def plan(lengths: np.ndarray, batch_size: int, limit: int,
+         tokens_per_batch: int | None = None) -> list[tuple[np.ndarray, int]]:
     """Batches as (text indices int64 [R, K] with -1 at empty slots, row width S), every text once.
 
     Longer texts (more than half the packing width) go one a row, longest first, each batch as wide as
     the smallest bucket that holds its longest; the shorter ones share rows of the packing width (or of
-    the smallest bucket that holds them all, when they are few)."""
+    the smallest bucket that holds them all, when they are few). tokens_per_batch: None, or the most
+    row tokens (R x S) a batch of more than one row may hold."""
     widths = buckets(limit)
     pack_width = _bucket(min(PACK_WIDTH, limit), widths)
     order = np.argsort(-lengths, kind="stable")
     short = lengths[order] <= pack_width // 2
     alone, shared = order[~short], order[short]
-    batches = []
-    for start in range(0, len(alone), batch_size):
-        members = alone[start:start + batch_size]
-        rows = np.full([_batch_rows(len(members), batch_size), 1], -1, np.int64)
+    batches, start = [], 0
+    while start < len(alone):  # each batch as wide as its first (longest) text's bucket
+        width = _bucket(int(lengths[alone[start]]), widths)
+        size = rows_per_batch(batch_size, width, tokens_per_batch)
+        members = alone[start:start + size]
+        rows = np.full([_batch_rows(len(members), size), 1], -1, np.int64)
         rows[:len(members), 0] = members
-        batches.append((rows, _bucket(int(lengths[members[0]]), widths)))
+        batches.append((rows, width))
+        start += size
     if len(shared):
         total = int(lengths[shared].sum())
         width = pack_width if total >= pack_width else _bucket(total, widths)
@@ -119,9 +140,10 @@ def plan(lengths: np.ndarray, batch_size: int, limit: int) -> list[tuple[np.ndar
         packed = packing.pack_rows(lengths[shared], np.zeros(len(shared), np.int64), max_tokens=width,
                                    max_predictions=1, max_sequences=k, window=PACK_WINDOW)
         packed = np.where(packed >= 0, shared[np.maximum(packed, 0)], -1)  # [rows, K] text indices
-        for start in range(0, len(packed), batch_size):
-            part = packed[start:start + batch_size]
-            rows = np.full([_batch_rows(len(part), batch_size), k], -1, np.int64)
+        size = rows_per_batch(batch_size, width, tokens_per_batch)
+        for start in range(0, len(packed), size):
+            part = packed[start:start + size]
+            rows = np.full([_batch_rows(len(part), size), k], -1, np.int64)
             rows[:len(part)] = part
             batches.append((rows, width))
     return batches
@@ -155,13 +177,13 @@ def assemble(rows: list[list[int]], prompt_lengths: np.ndarray, members: np.ndar
 
 
 def embed_rows(forward: Callable[[dict], object], rows: list[list[int]], prompt_lengths: np.ndarray,
-               batch_size: int, limit: int, pad_id: int) -> np.ndarray:
+               batch_size: int, limit: int, pad_id: int, tokens_per_batch: int | None = None) -> np.ndarray:
     """Embeddings float32 [N, D] of token rows ([CLS] ... [SEP], each at most `limit` long), in their
     order. forward(batch) -> [R, D] for one text a row, [R, K, D] for packed rows: device arrays, read
     back after every batch is dispatched, so that the host lays out the next batch while one computes."""
     lengths = np.array([len(r) for r in rows], np.int64)
     dispatched = [(members, forward(assemble(rows, prompt_lengths, members, width, pad_id)))
-                  for members, width in plan(lengths, batch_size, limit)]
+                  for members, width in plan(lengths, batch_size, limit, tokens_per_batch)]
     out = None
     for members, result in dispatched:
         result = np.asarray(result, np.float32)
