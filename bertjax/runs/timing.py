@@ -9,9 +9,9 @@ import numpy as np
 def measure(runners: list, warmup: int, steps: int) -> list[dict]:
     """Warm every runner up (its first step compiles), then time `steps` steps of each in two blocks per
     runner, the runners' order reversed in the second round, so that a change in the machine's load falls on
-    all of them alike. Each block starts with one untimed step where another runner ran just before: a
-    step that follows the other library's runs slower (PyTorch's CPU step leaves XLA's next one about a
-    fifth slower, docs/performance.md), which step-by-step interleaving would charge to every step.
+    all of them alike. Each block starts with one untimed step where another runner ran just before: on
+    a CPU, XLA's first step after PyTorch's runs slower (docs/performance.md, "Fewer tokens a batch on
+    CPUs"), which step-by-step interleaving would charge to every step.
     Per runner: seconds of the timed steps, the fastest step, the median, the first step's seconds and
     loss (the loss of the same batch at the same initial weights, where runners differ only in how they
     compute)."""
