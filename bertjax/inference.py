@@ -153,7 +153,8 @@ class LoadedBert:
         }
 
     def embed(self, texts: list[str], prompt_name: str | None = None, prompt: str | None = None,
-              batch_size: int = 32, normalize: bool | None = None, pooling=None, task: str | None = None) -> np.ndarray:
+              batch_size: int = 32, normalize: bool | None = None, pooling=None, task: str | None = None,
+              devices: list | None = None) -> np.ndarray:
         """Sentence embeddings float32 [N, D], in the order of `texts`, as the model's embedding record
         says (sentence-transformers' encode computes the same from the directory it was loaded from): its
         pooling, Dense layer, normalisation and prompts. A model without one (a pretrained or fine-tuned
@@ -164,7 +165,9 @@ class LoadedBert:
         text itself ("" for none), over prompt_name. pooling: modes of bertjax/models/pooling.py (one, or
         several concatenated) in place of the model's; normalize: L2-normalise (True) or not (False).
         task="query": the texts are queries, as sentence-transformers' encode_query embeds them (the "query"
-        prompt where none is given, cut to the query length the model was trained with)."""
+        prompt where none is given, cut to the query length the model was trained with). devices: those
+        each batch's rows are split over (default: every local device; on a CPU, XLA_FLAGS=
+        --xla_force_host_platform_device_count=<cores> set before Python starts makes one device a core)."""
         if isinstance(texts, str):
             texts = [texts]
         if not texts:
@@ -180,18 +183,34 @@ class LoadedBert:
         skipped = 0
         if settings.prompt and not settings.include_prompt:  # [CLS] and the prompt's tokens are not pooled
             skipped = len(tok.template.prefix) + len(tok.encode([settings.prompt])[0])
-        forward = self._embedder(settings)
+        forward = self._embedder(settings, jax.local_devices() if devices is None else list(devices))
         return embeddings.embed_rows(forward, rows, np.full(len(rows), skipped, np.int32), batch_size,
                                     settings.max_length, tok.pad_id,
                                     embeddings.TOKENS_PER_BATCH.get(jax.default_backend()))
 
-    def _embedder(self, settings: embeddings.Settings) -> Callable[[dict], jax.Array]:
-        """batch -> embeddings (on the device), with this model's params."""
+    def _embedder(self, settings: embeddings.Settings, devices: list) -> Callable[[dict], jax.Array]:
+        """batch -> embeddings (on the devices), with this model's params. Over several devices each
+        batch's rows are split between them (data parallel; the params copied to each once per call), the
+        rows padded to a multiple of their number with copies of the last, whose outputs are dropped."""
         dense = settings.dense
         apply = _embedding_network(self.config, settings.modes, settings.normalize, self.quantize,
                                    None if dense is None else (dense["features"], dense["bias"], dense["activation"]))
         params = {"bert": self.params["bert"], **({"dense": self.params["dense"]} if dense else {})}
-        return lambda batch: apply(params, batch)
+        if len(devices) == 1:
+            params = jax.device_put(params, devices[0])
+            return lambda batch: apply(params, jax.device_put(batch, devices[0]))
+        mesh = jax.sharding.Mesh(np.array(devices), ("rows",))
+        params = jax.device_put(params, jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec()))
+        rows = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec("rows"))
+
+        def forward(batch):
+            count = len(batch["input_ids"])
+            if count % len(devices):
+                extra = len(devices) - count % len(devices)
+                batch = {k: np.concatenate([v, np.repeat(v[-1:], extra, axis=0)]) for k, v in batch.items()}
+            return apply(params, jax.device_put(batch, rows))[:count]
+
+        return forward
 
     def features(self, texts: list[str], layers=(-1, -2, -3, -4), combine: str = "concat",
                  max_length: int | None = None) -> dict:

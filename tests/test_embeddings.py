@@ -269,6 +269,19 @@ def test_packed_and_bucketed_rows_embed_each_text_as_alone(loaded):
     assert max_difference(plain, together) > 1e-3
 
 
+@pytest.mark.mesh
+def test_batches_split_over_several_devices_embed_as_on_one(tmp_path):
+    """devices: each batch's rows split over eight devices (padded to a multiple of eight: batches of 1,
+    2 and 4 rows, one text a row and packed) give what one device gives."""
+    assert jax.local_device_count() == 8
+    write_sentence_transformer(tmp_path / "bert", "bert")
+    bert = bertjax.load(tmp_path / "bert")
+    texts = held_out_texts(21, seed=5)
+    one = bert.embed(texts, batch_size=4, devices=jax.local_devices()[:1])
+    assert max_difference(bert.embed(texts, batch_size=4), one) < 1e-6
+    assert max_difference(bert.embed(texts[:3], batch_size=4), one[:3]) < 1e-6
+
+
 @pytest.mark.parametrize("tokens_per_batch", [None, 1024])
 def test_the_plan_takes_every_text_once_in_few_shapes(tokens_per_batch):
     lengths = np.random.default_rng(0).integers(2, 300, size=1000)
