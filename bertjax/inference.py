@@ -67,6 +67,8 @@ class LoadedBert:
     # None; params then hold the Dense layer as "dense" where it has one.
     embedding: EmbeddingRecord | None = None
     _forward: Callable = dataclasses.field(init=False, repr=False)
+    # The encoder's params copied to each of several devices, per tuple of devices (embed's data parallel).
+    _replicas: dict = dataclasses.field(init=False, repr=False, default_factory=dict)
 
     def __repr__(self) -> str:
         c = self.config
@@ -190,8 +192,10 @@ class LoadedBert:
 
     def _embedder(self, settings: embeddings.Settings, devices: list) -> Callable[[dict], jax.Array]:
         """batch -> embeddings (on the devices), with this model's params. Over several devices each
-        batch's rows are split between them (data parallel; the params copied to each once per call), the
+        batch's rows are split between them (data parallel; the params copied to each once and kept), the
         rows padded to a multiple of their number with copies of the last, whose outputs are dropped."""
+        if not devices:
+            raise ValueError("embed: devices=[] names no device to embed on")
         dense = settings.dense
         apply = _embedding_network(self.config, settings.modes, settings.normalize, self.quantize,
                                    None if dense is None else (dense["features"], dense["bias"], dense["activation"]))
@@ -200,7 +204,12 @@ class LoadedBert:
             params = jax.device_put(params, devices[0])
             return lambda batch: apply(params, jax.device_put(batch, devices[0]))
         mesh = jax.sharding.Mesh(np.array(devices), ("rows",))
-        params = jax.device_put(params, jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec()))
+        if tuple(devices) not in self._replicas:
+            replicated = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
+            encoder = {k: v for k, v in self.params.items() if k in ("bert", "dense")}
+            self._replicas[tuple(devices)] = jax.device_put(encoder, replicated)
+        replica = self._replicas[tuple(devices)]
+        params = {"bert": replica["bert"], **({"dense": replica["dense"]} if dense else {})}
         rows = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec("rows"))
 
         def forward(batch):

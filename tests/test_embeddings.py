@@ -267,6 +267,8 @@ def test_packed_and_bucketed_rows_embed_each_text_as_alone(loaded):
     plain = bert.embed(texts, **how)
     assert max_difference(plain[:5], np.concatenate([bert.embed([t], **how) for t in texts[:5]])) < 1e-6
     assert max_difference(plain, together) > 1e-3
+    with pytest.raises(ValueError, match="devices"):
+        bert.embed(texts[:1], devices=[])
 
 
 @pytest.mark.mesh
@@ -280,6 +282,7 @@ def test_batches_split_over_several_devices_embed_as_on_one(tmp_path):
     one = bert.embed(texts, batch_size=4, devices=jax.local_devices()[:1])
     assert max_difference(bert.embed(texts, batch_size=4), one) < 1e-6
     assert max_difference(bert.embed(texts[:3], batch_size=4), one[:3]) < 1e-6
+    assert len(bert._replicas) == 1  # the params copied to the eight devices once, for every call
 
 
 @pytest.mark.parametrize("tokens_per_batch", [None, 1024])
