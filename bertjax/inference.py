@@ -67,7 +67,8 @@ class LoadedBert:
     # None; params then hold the Dense layer as "dense" where it has one.
     embedding: EmbeddingRecord | None = None
     _forward: Callable = dataclasses.field(init=False, repr=False)
-    # The encoder's params copied to each of several devices, per tuple of devices (embed's data parallel).
+    # The encoder's params copied to each of several devices, per (devices, with the Dense layer) (embed's
+    # data parallel).
     _replicas: dict = dataclasses.field(init=False, repr=False, default_factory=dict)
 
     def __repr__(self) -> str:
@@ -199,25 +200,25 @@ class LoadedBert:
         dense = settings.dense
         apply = _embedding_network(self.config, settings.modes, settings.normalize, self.quantize,
                                    None if dense is None else (dense["features"], dense["bias"], dense["activation"]))
-        params = {"bert": self.params["bert"], **({"dense": self.params["dense"]} if dense else {})}
-        if len(devices) == 1:
-            params = jax.device_put(params, devices[0])
+        encoder = lambda p: {"bert": p["bert"], **({"dense": p["dense"]} if dense else {})}  # noqa: E731
+        if len(devices) == 1:  # the params as they are now, where they are (a copy only to another device)
+            params = jax.device_put(encoder(self.params), devices[0])
             return lambda batch: apply(params, jax.device_put(batch, devices[0]))
         mesh = jax.sharding.Mesh(np.array(devices), ("rows",))
-        if tuple(devices) not in self._replicas:
-            replicated = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
-            encoder = {k: v for k, v in self.params.items() if k in ("bert", "dense")}
-            self._replicas[tuple(devices)] = jax.device_put(encoder, replicated)
-        replica = self._replicas[tuple(devices)]
-        params = {"bert": replica["bert"], **({"dense": replica["dense"]} if dense else {})}
+        key = (tuple(devices), dense is not None)
+        if key not in self._replicas:
+            self._replicas[key] = jax.device_put(encoder(self.params),
+                                                 jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec()))
+        params = self._replicas[key]
         rows = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec("rows"))
 
         def forward(batch):
             count = len(batch["input_ids"])
-            if count % len(devices):
-                extra = len(devices) - count % len(devices)
+            extra = -count % len(devices)
+            if extra:
                 batch = {k: np.concatenate([v, np.repeat(v[-1:], extra, axis=0)]) for k, v in batch.items()}
-            return apply(params, jax.device_put(batch, rows))[:count]
+            out = apply(params, jax.device_put(batch, rows))
+            return out[:count] if extra else out
 
         return forward
 

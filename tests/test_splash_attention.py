@@ -40,34 +40,9 @@ def _dense_reference(q, k, v, segments, half_window):
     return jnp.einsum("bnqk,bknd->bqnd", probs, v)
 
 
-@pytest.mark.parametrize("half_window", [0, 8])
-def test_the_kernel_keeps_segments_apart_as_the_dense_mask_does(half_window):
-    rng = np.random.default_rng(0)
-    q, k, v = (jnp.asarray(rng.standard_normal((2, SEQ, 2, 16)), jnp.float32) for _ in range(3))
-    segments = jnp.asarray(np.stack([np.repeat([1, 2, 3, 0], [40, 50, 20, 18]), np.repeat([1, 0], [100, 28])]))
-
-    def loss(fn, q, k, v):
-        out = fn(q, k, v)
-        return jnp.sum(jnp.where(segments[..., None, None] > 0, out, 0.0) ** 2), out
-
-    kernel = lambda q, k, v: splash.splash_attention(q, k, v, segments, half_window=half_window)  # noqa: E731
-    dense = lambda q, k, v: _dense_reference(q, k, v, segments, half_window)  # noqa: E731
-    (_, got), grads = jax.value_and_grad(lambda *a: loss(kernel, *a), argnums=(0, 1, 2), has_aux=True)(q, k, v)
-    (_, want), want_grads = jax.value_and_grad(lambda *a: loss(dense, *a), argnums=(0, 1, 2), has_aux=True)(q, k, v)
-    real = np.asarray(segments > 0)
-    np.testing.assert_allclose(np.asarray(got)[real], np.asarray(want)[real], atol=1e-5)
-    for g, w in zip(grads, want_grads):
-        np.testing.assert_allclose(np.asarray(g), np.asarray(w), atol=1e-4)
-
-
-@pytest.mark.parametrize("half_window", [0, 64])
-def test_at_8192_tokens_the_kernel_keeps_packed_sequences_and_the_band_as_the_dense_mask_does(half_window):
-    """The `:extend` phase's rows: four sequences of a row of 8,192 tokens, across tile boundaries, and
-    padding; the kernel's own grid of 64 x 64 tiles (what a TPU runs) against the dense mask."""
-    rng = np.random.default_rng(1)
-    q, k, v = (jnp.asarray(rng.standard_normal((1, 8192, 1, 64)), jnp.float32) for _ in range(3))
-    segments = jnp.asarray(np.repeat([1, 2, 3, 4, 0], [3000, 2500, 1800, 592, 300])[None])  # [1, 8192]
-
+def _assert_kernel_is_dense(q, k, v, segments, half_window):
+    """The kernel's outputs at real tokens and its gradients (of a loss over the real tokens) against the
+    dense mask's."""
     def loss(fn, q, k, v):
         out = fn(q, k, v)
         return jnp.sum(jnp.where(segments[..., None, None] > 0, out, 0.0) ** 2), out
@@ -81,6 +56,24 @@ def test_at_8192_tokens_the_kernel_keeps_packed_sequences_and_the_band_as_the_de
     np.testing.assert_allclose(np.asarray(got)[real], np.asarray(want)[real], atol=1e-5)
     for g, w in zip(grads, want_grads):
         np.testing.assert_allclose(np.asarray(g), np.asarray(w), atol=1e-4)
+
+
+@pytest.mark.parametrize("half_window", [0, 8])
+def test_the_kernel_keeps_segments_apart_as_the_dense_mask_does(half_window):
+    rng = np.random.default_rng(0)
+    q, k, v = (jnp.asarray(rng.standard_normal((2, SEQ, 2, 16)), jnp.float32) for _ in range(3))
+    segments = jnp.asarray(np.stack([np.repeat([1, 2, 3, 0], [40, 50, 20, 18]), np.repeat([1, 0], [100, 28])]))
+    _assert_kernel_is_dense(q, k, v, segments, half_window)
+
+
+@pytest.mark.parametrize("half_window", [0, 64])
+def test_at_8192_tokens_the_kernel_keeps_packed_sequences_and_the_band_as_the_dense_mask_does(half_window):
+    """The `:extend` phase's rows: four sequences of a row of 8,192 tokens, across tile boundaries, and
+    padding; the kernel's own grid of 64 x 64 tiles (what a TPU runs) against the dense mask."""
+    rng = np.random.default_rng(1)
+    q, k, v = (jnp.asarray(rng.standard_normal((1, 8192, 1, 64)), jnp.float32) for _ in range(3))
+    segments = jnp.asarray(np.repeat([1, 2, 3, 4, 0], [3000, 2500, 1800, 592, 300])[None])  # [1, 8192]
+    _assert_kernel_is_dense(q, k, v, segments, half_window)
 
 
 def test_a_tpu_needs_sequences_in_whole_tiles():

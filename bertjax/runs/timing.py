@@ -24,11 +24,9 @@ def measure(runners: list, warmup: int, steps: int) -> list[dict]:
     times = [[] for _ in runners]
     blocks = [(steps + 1) // 2, steps // 2]
     last = runners[-1]
-    for round_, count in enumerate(blocks):
-        order = list(zip(runners, times))
+    order = list(zip(runners, times))
+    for round_, count in enumerate(b for b in blocks if b):
         for runner, t in (order if round_ == 0 else order[::-1]):
-            if not count:
-                continue
             if runner is not last:  # another runner ran just before
                 runner.step()
             t.extend(runner.step() for _ in range(count))
