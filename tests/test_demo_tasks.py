@@ -105,25 +105,39 @@ def test_retrieval_pairs_are_inverse_cloze_and_the_test_set_reads_as_beir(tmp_pa
     assert all(beir.qrels[q] == {c: 1} for q, c in zip(beir.query_ids, beir.corpus_ids))
 
 
-def test_recall_states_the_fact_first_and_asks_for_it_after_the_filler(tmp_path):
-    """recall: four facts open each document, one for each name and colour; `length` words of filler
-    naming none of them; the question last; the label the asked box's colour; dev filler held out."""
-    examples = demo_tasks.recall_examples(seed=0, length=300, sizes={"train": 20, "dev": 8})
-    assert (len(examples["train"]), len(examples["dev"])) == (20, 8)
-    marked = {w.lower() for w in demo_tasks.RECALL_NAMES + demo_tasks.RECALL_COLOURS}
-    for row in examples["train"] + examples["dev"]:
-        *stated, rest = row["text"].split(". ", 4)
-        facts = dict(s.removeprefix("The box of ").split(" is ") for s in stated)
-        assert sorted(facts) == sorted(demo_tasks.RECALL_NAMES)
-        assert sorted(facts.values()) == sorted(demo_tasks.RECALL_COLOURS)
-        filler, question = rest[:rest.rindex("What colour")], rest[rest.rindex("What colour"):]
-        asked = question.removeprefix("What colour is the box of ").rstrip("?")
-        assert question.startswith("What colour is the box of ") and row["label"] == facts[asked]
-        assert len(filler.split()) >= 300 and not marked & set(re.findall(r"[a-z]+", filler.lower()))
+def test_recall_hides_one_fact_in_a_run_of_filler_and_asks_for_it_last(tmp_path):
+    """recall: one fact, "The box is <colour>.", after `depth` words of a run of consecutive filler
+    sentences naming no colour, box or "colour"; the question last; the label the box's colour. Training
+    documents of a tenth of train_length to train_length words, their filler from the documents pretraining
+    reads; dev documents of `length` words from those it holds out."""
+    examples = demo_tasks.recall_examples(seed=0, length=300, train_length=100, sizes={"train": 40, "dev": 8})
+    assert (len(examples["train"]), len(examples["dev"])) == (40, 8)
+    documents = demo.demo_documents()
+    runs = {}  # split -> every filler sentence of its documents, in order, twice (a run may wrap around)
+    for split, keep in (("train", False), ("dev", True)):
+        sentences = [" ".join(s.split()) for d in documents if splits.is_eval_document(d, 0.05) == keep for s in d
+                     if not demo_tasks.RECALL_WORDS & set(re.findall(r"[a-z]+", s.lower()))]
+        runs[split] = " ".join(sentences * 2)
+    lengths = collections.defaultdict(list)
+    for split in ("train", "dev"):
+        for row in examples[split]:
+            before, after = row["text"].split("The box is ")  # the fact once
+            colour, after = after.split(".", 1)
+            assert colour == row["label"] and colour in demo_tasks.RECALL_COLOURS
+            assert after.endswith(" What colour is the box?") and "What colour" not in before
+            filler = " ".join([before, after.removesuffix("What colour is the box?")]).split()
+            assert len(before.split()) == row["depth"]
+            assert " ".join(filler) in runs[split] and " ".join(filler) not in runs["dev" if split == "train" else "train"]
+            assert not demo_tasks.RECALL_WORDS & {w.lower() for w in re.findall(r"[A-Za-z]+", " ".join(filler))}
+            lengths[split].append(len(filler))
+    assert min(lengths["train"]) >= 10 and max(lengths["train"]) < 100 + 60 and len(set(lengths["train"])) > 10
+    assert all(n >= 300 for n in lengths["dev"])
+    depths = [row["depth"] for row in examples["dev"]]
+    assert len(set(depths)) > 4 and max(depths) > 150
     assert len({row["label"] for row in examples["train"]}) > 1
 
     out = run_command([sys.executable, "-m", "bertjax.tasks.demo_tasks", "--task=recall", "--length=50",
-                       f"--out={tmp_path}"])
+                       "--train_length=30", f"--out={tmp_path}"])
     assert out.returncode == 0, out.stderr
     assert "labels: ('red', 'green', 'blue', 'yellow')" in out.stdout
     task = registry.get_task("classification", labels=demo_tasks.LABELS["recall"])

@@ -170,6 +170,32 @@ def test_from_a_hugging_face_directory_and_the_sweep(pretrained, tmp_path):
     assert (tmp_path / "sweep" / "lr-0.001" / "best").is_dir()
 
 
+def test_trained_short_and_evaluated_long(pretrained, tmp_path):
+    """data.eval_max_seq_length: training rows cut at data.max_seq_length, dev and test rows at the eval length;
+    the checkpoint's task records it, so bertjax.load's predict cuts there too and gives the prediction file."""
+    import bertjax
+    from bertjax.runs import task_data
+
+    config = small_config("classification", pretrained, labels=("no", "yes"), **pretrained["files"])
+    config.data.update(max_seq_length=12, eval_max_seq_length=48)
+    task = task_data.task_from_config(config)
+    train, dev, test = task_data.split_features(task, bertjax.load(pretrained["workdir"]).tokenizer, config)
+    assert train.features["input_ids"].shape[1] == 12
+    assert dev["validation"].features["input_ids"].shape[1] == test["test"].features["input_ids"].shape[1] == 48
+    assert dev["validation"].features["input_mask"].sum(1).max() > 12  # dev texts longer than the training rows
+
+    config.train.epochs = 0.25
+    finetuning.finetune(config, str(tmp_path / "run"))
+    model = bertjax.load(tmp_path / "run")
+    assert model.task.max_seq_length == 48
+    dev_tsv = (tmp_path / "run" / "predictions" / "validation.tsv").read_text().splitlines()[1:]
+    assert [p["label"] for p in model.predict(dev_texts(pretrained))] == [line.split("\t")[1] for line in dev_tsv]
+    span = small_config("squad", pretrained, eval_max_seq_length=96)
+    with pytest.raises(ValueError, match=re.escape("data.eval_max_seq_length is for classification, regression, "
+                                                   "multiple_choice, tagging tasks; task squad is span")):
+        finetuning.finetune(span, str(tmp_path / "span"))
+
+
 def test_bad_input_is_one_line(pretrained, tmp_path):
     files = pretrained["files"]
     cases = [

@@ -37,7 +37,7 @@ from bertjax.models import bert, contrastive_losses, heads
 from bertjax.models.config import BertConfig
 from bertjax.runs import config_checks, start
 from bertjax.runs.console import say
-from bertjax.runs.task_data import (TaskData, contrastive_chunks, feature_based_settings, task_data,
+from bertjax.runs.task_data import (TaskData, contrastive_chunks, eval_length, feature_based_settings, task_data,
                                     task_from_config)
 from bertjax.tasks import batches as task_batches
 from bertjax.tasks import contrastive_batches, contrastive_steps, kinds, registry, scoring
@@ -337,7 +337,8 @@ def run_meta(config, workdir: str, task, start_from: TaskStart, feature_based, s
     return CheckpointMeta(
         step=0, model=dataclasses.asdict(start_from.bert_config), optimizer=config.optimizer.to_dict(),
         tokenizer=TokenizerRecord(kind, name, bool(start_from.files.lower_case)),
-        task=TaskRecord(task.name, task.kind, tuple(task.labels), task.num_choices, config.data.max_seq_length,
+        task=TaskRecord(task.name, task.kind, tuple(task.labels), task.num_choices,
+                        eval_length(config, task),
                         task.squad_version, feature_based, dataclasses.asdict(settings) if settings else None),
         embedding=settings.embedding_record() if task.kind == registry.CONTRASTIVE else None)
 

@@ -40,22 +40,44 @@ def feature_based_settings(config, task, num_layers: int) -> dict | None:
     return out
 
 
+# The kinds whose rows are cut at the length featurize is given; span QA's windows and contrastive pairs take
+# their lengths from their own settings.
+EVAL_LENGTH_KINDS = (registry.CLASSIFICATION, registry.REGRESSION, registry.MULTIPLE_CHOICE, registry.TAGGING)
+
+
+def eval_length(config, task) -> int:
+    """The length dev and test rows are cut at, and the one bertjax.load's predict uses:
+    data.eval_max_seq_length (train short, evaluate long), else data.max_seq_length."""
+    data = config.data
+    length = data.get("eval_max_seq_length")
+    if length is None:
+        return data.max_seq_length
+    if not isinstance(length, int) or length < 3:
+        raise ValueError(f"data.eval_max_seq_length={length!r}: a whole number of tokens (at least 3), or unset to "
+                         f"evaluate at data.max_seq_length")
+    if task.kind not in EVAL_LENGTH_KINDS:
+        raise ValueError(f"data.eval_max_seq_length is for {', '.join(EVAL_LENGTH_KINDS)} tasks; task {task.name} "
+                         f"is {task.kind}, whose lengths are its own settings: unset it")
+    return length
+
+
 def split_features(task, tokenizer, config) -> tuple:
     """(train Split, {dev split: Split}, {test split: Split}) of the task (bertjax.tasks.scoring.Split:
     examples and features, by the task's kind), from the user's files where config.data names them, else
-    from TFDS."""
+    from TFDS; dev and test rows at eval_length."""
     data, kind = config.data, kinds.get(task.kind)
+    lengths = {"train": data.max_seq_length, "eval": eval_length(config, task)}
     settings = kind.settings_from_config(config)
 
-    def read(split_name, file, labeled=True):
+    def read(split_name, file, labeled=True, length="eval"):
         examples = kind.read(task, split_name, path=file, data_dir=data.tfds_data_dir, labeled=labeled)
-        features = kind.featurize(task, examples, tokenizer, data.max_seq_length, settings)
+        features = kind.featurize(task, examples, tokenizer, lengths[length], settings)
         return scoring.Split(examples, features, labeled)
 
     if not data.train and task.train_split is None:
         raise ValueError(f"task {task.name} has no training split of its own: set config.data.train to a JSON-lines "
                          "file")
-    train = read("train" if data.train else task.train_split, data.train)
+    train = read("train" if data.train else task.train_split, data.train, length="train")
     if data.validation:
         dev = {"validation": read("validation", data.validation)}
     elif task.tfds_name is not None:

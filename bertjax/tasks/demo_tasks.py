@@ -2,7 +2,7 @@
 compression end to end without a download:
 
     python -m bertjax.tasks.demo_tasks --task=word_order --out=/tmp/word_order
-    python -m bertjax.tasks.demo_tasks --task=recall --length=4000 --out=/tmp/recall
+    python -m bertjax.tasks.demo_tasks --task=recall --out=/tmp/recall
     python -m bertjax.finetune --config=configs/finetune/classification.py --config.train.init_from=RUN \\
         --config.data.train=/tmp/word_order/train.jsonl --config.data.validation=/tmp/word_order/dev.jsonl \\
         --config.data.labels="('shuffled', 'original')"
@@ -28,13 +28,17 @@ compression end to end without a download:
   BEIR's layout: OUT/demo-test/ (corpus.jsonl: every such passage; queries.jsonl; qrels/test.tsv), a set that
   neither pretraining nor the contrastive training nor its choice of checkpoint has seen.
 
-- recall: a long-context check. Each document opens with four facts, "The box of Anna is red.", one
-  colour for each of four names, then runs on for `length` words of demo sentences, and ends with the
-  question "What colour is the box of Clara?": the label is that box's colour. The facts sit within
-  the first tokens and the question thousands of tokens after them; neither alone tells the answer
-  (every colour is stated, for a name chosen at random), so a model that reads only the first 1,024
-  tokens, or only the last, is at chance (a quarter). Filler sentences naming a name or a colour are
-  left out; dev documents are made from the documents pretraining holds out.
+- recall: a long-context check (a needle in a haystack). Each document is demo sentences in order from a
+  random start, with one fact, "The box is blue.", put between two of them at a random place, and ends with
+  the question "What colour is the box?": the label is the box's colour. Training documents run a tenth of
+  `train_length` to `train_length` words (600: within 1,024 tokens); dev documents `length` words (4,000:
+  about 5,500 tokens), so a dev document's fact sits up to thousands of tokens from its question and from
+  [CLS]. Each example also says how many words come before the fact ("depth"). A model fine-tuned on the
+  short documents and evaluated on the long ones (data.eval_max_seq_length=8192) answers only if it uses
+  positions farther apart than any it was fine-tuned on; one that reads only the first 1,024 tokens sees
+  the fact in about one dev document in five, and is at chance (a quarter) on the rest. Filler sentences
+  naming a colour, a box or "colour" are left out; dev documents are made from the documents pretraining
+  holds out.
 
 - next_sentence: a pair task, BERT's next-sentence prediction as a fine-tuning task. Does the second
   sentence follow the first in its document, or was it drawn from another document? Dev pairs come from
@@ -58,12 +62,13 @@ from bertjax.data.splits import is_eval_document
 from bertjax.runs import console
 
 TASKS = ("word_order", "keyword", "retrieval", "recall", "next_sentence")
-RECALL_NAMES = ("Anna", "Boris", "Clara", "Dmitri")
 RECALL_COLOURS = ("red", "green", "blue", "yellow")
+RECALL_WORDS = frozenset({*RECALL_COLOURS, "box", "colour", "color"})  # no filler sentence names one
 LABELS = {"word_order": ("shuffled", "original"), "keyword": ("no", "yes"), "recall": RECALL_COLOURS,
           "next_sentence": ("random", "next")}
-RECALL_LENGTH = 4000  # words of filler between the facts and the question
-RECALL_SIZES = {"train": 1000, "dev": 200}
+RECALL_LENGTH = 4000  # words of filler in a dev document
+RECALL_TRAIN_LENGTH = 600  # the most words of filler in a training document: it fits 1,024 tokens
+RECALL_SIZES = {"train": 6000, "dev": 200}
 KEYWORD = "return"
 NEXT_SENTENCE_TRAIN = 6000  # training pairs: enough to learn the task in minutes on a CPU
 _PLAIN_WORD = re.compile(r"[a-z]+")
@@ -243,42 +248,46 @@ def write_beir(pairs: list[dict], out: str) -> str:
 
 
 def recall_document(filler: list[str], rng: np.random.Generator, length: int) -> dict:
-    """One recall example (see above): {"text", "label"}, its filler drawn from `filler` sentences from a
-    random start on, in order, until `length` words."""
-    colours = rng.permutation(len(RECALL_COLOURS))
-    facts = [f"The box of {name} is {RECALL_COLOURS[c]}." for name, c in zip(RECALL_NAMES, colours)]
-    asked = int(rng.integers(len(RECALL_NAMES)))
+    """One recall example (see above): {"text", "label", "depth"}, its filler drawn from `filler` sentences
+    from a random start on, in order, until `length` words, the fact put before a random one of them (or
+    last)."""
+    colour = RECALL_COLOURS[int(rng.integers(len(RECALL_COLOURS)))]
     words, body, at = 0, [], int(rng.integers(len(filler)))
     while words < length:
         body.append(filler[at % len(filler)])
         words += len(body[-1].split())
         at += 1
-    question = f"What colour is the box of {RECALL_NAMES[asked]}?"
-    return {"text": " ".join([*rng.permutation(facts), *body, question]), "label": RECALL_COLOURS[colours[asked]]}
+    place = int(rng.integers(len(body) + 1))
+    depth = sum(len(sentence.split()) for sentence in body[:place])
+    body.insert(place, f"The box is {colour}.")
+    return {"text": " ".join([*body, "What colour is the box?"]), "label": colour, "depth": depth}
 
 
-def recall_examples(seed: int = 0, length: int = RECALL_LENGTH, eval_fraction: float = 0.05,
-                    sizes: dict | None = None) -> dict[str, list[dict]]:
-    """{"train": [...], "dev": [...]} examples {"text", "label"} of the recall task (see above), about
-    `length` words of filler each."""
-    if length < 1:
-        raise ValueError(f"--length={length} must be a positive number of words")
-    marked = {w.lower() for w in RECALL_NAMES + RECALL_COLOURS}
+def recall_examples(seed: int = 0, length: int = RECALL_LENGTH, train_length: int = RECALL_TRAIN_LENGTH,
+                    eval_fraction: float = 0.05, sizes: dict | None = None) -> dict[str, list[dict]]:
+    """{"train": [...], "dev": [...]} examples {"text", "label", "depth"} of the recall task (see above):
+    training documents of train_length // 10 to train_length words of filler, dev documents of `length`."""
+    for flag, value in (("length", length), ("train_length", train_length)):
+        if value < 1:
+            raise ValueError(f"--{flag}={value} must be a positive number of words")
     documents = demo.demo_documents()
     held_out = [is_eval_document(doc, eval_fraction) for doc in documents]
     rng = np.random.default_rng(seed)
     splits = {}
     for split, keep in (("train", False), ("dev", True)):
         filler = [" ".join(s.split()) for d, h in zip(documents, held_out) if h == keep for s in d
-                  if not marked & set(re.findall(r"[a-z]+", s.lower()))]
-        splits[split] = [recall_document(filler, rng, length) for _ in range((sizes or RECALL_SIZES)[split])]
+                  if not RECALL_WORDS & set(re.findall(r"[a-z]+", s.lower()))]
+        count = (sizes or RECALL_SIZES)[split]
+        lengths = (rng.integers(max(1, train_length // 10), train_length + 1, size=count) if split == "train"
+                   else [length] * count)
+        splits[split] = [recall_document(filler, rng, int(n)) for n in lengths]
     return splits
 
 
-def task_examples(task: str, seed: int = 0, dev_fraction: float = 0.25,
-                  length: int = RECALL_LENGTH) -> dict[str, list[dict]]:
+def task_examples(task: str, seed: int = 0, dev_fraction: float = 0.25, length: int = RECALL_LENGTH,
+                  train_length: int = RECALL_TRAIN_LENGTH) -> dict[str, list[dict]]:
     """{"train", "dev"} examples of a demo task; the keyword task's last dev_fraction is its dev set;
-    `length`: the recall task's words between its facts and its question."""
+    `length` and `train_length`: the recall task's words of filler in its dev and training documents."""
     if task == "word_order":
         return word_order_examples(seed)
     if task == "keyword":
@@ -288,18 +297,19 @@ def task_examples(task: str, seed: int = 0, dev_fraction: float = 0.25,
     if task == "retrieval":
         return retrieval_examples(seed)
     if task == "recall":
-        return recall_examples(seed, length)
+        return recall_examples(seed, length, train_length)
     if task == "next_sentence":
         return next_sentence_examples(seed)
     raise ValueError(f"unknown demo task {task!r}: choose one of {TASKS}")
 
 
-def write_task(task: str, out: str, seed: int = 0, length: int = RECALL_LENGTH) -> dict[str, str]:
+def write_task(task: str, out: str, seed: int = 0, length: int = RECALL_LENGTH,
+               train_length: int = RECALL_TRAIN_LENGTH) -> dict[str, str]:
     """Writes OUT/train.jsonl and OUT/dev.jsonl (retrieval: and the test pairs as OUT/demo-test/); returns
     {split: path}."""
     os.makedirs(out, exist_ok=True)
     paths = {}
-    examples = task_examples(task, seed, length=length)
+    examples = task_examples(task, seed, length=length, train_length=train_length)
     test = examples.pop("test", None)
     for split, rows in examples.items():
         paths[split] = os.path.join(out, f"{split}.jsonl")
@@ -315,8 +325,10 @@ def define_flags() -> dict:
         task=flags.DEFINE_enum("task", None, list(TASKS), "Which demo task to write."),
         out=flags.DEFINE_string("out", None, "Directory for train.jsonl and dev.jsonl (retrieval: and demo-test/)."),
         seed=flags.DEFINE_integer("seed", 0, "Which sentences, and how their words are shuffled."),
-        length=flags.DEFINE_integer("length", RECALL_LENGTH, "recall: words of filler between the facts and the "
-                                    "question (more tokens than words)."),
+        length=flags.DEFINE_integer("length", RECALL_LENGTH, "recall: words of filler in a dev document (more "
+                                    "tokens than words)."),
+        train_length=flags.DEFINE_integer("train_length", RECALL_TRAIN_LENGTH, "recall: the most words of filler "
+                                          "in a training document."),
     )
     flags.mark_flags_as_required(["task", "out"])
     return defined
@@ -326,7 +338,7 @@ def main(argv, args):
     if len(argv) > 1:
         console.fail(f"unexpected arguments: {argv[1:]}")
     try:
-        paths = write_task(args.task, args.out, args.seed, args.length)
+        paths = write_task(args.task, args.out, args.seed, args.length, args.train_length)
     except (OSError, ValueError) as e:
         console.fail(str(e))
     for split, path in paths.items():

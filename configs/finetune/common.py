@@ -32,6 +32,9 @@ def finetune_config(task: str) -> ml_collections.ConfigDict:
 
     config.data = ml_collections.ConfigDict(dict(
         max_seq_length=128,
+        # Dev and test rows (and bertjax.load's predict) cut at this length instead: train short, evaluate long
+        # (classification, regression, multiple choice, tagging). Unset: max_seq_length.
+        eval_max_seq_length=config_dict.placeholder(int),
         tfds_data_dir=config_dict.placeholder(str),  # where TFDS keeps glue/* (default ~/tensorflow_datasets)
         # The user's own JSON-lines files (bertjax/tasks/readers.py); unset: the task's TFDS splits.
         train=config_dict.placeholder(str),
