@@ -107,12 +107,17 @@ def test_embedding_figures_beside_sentence_transformers(capsys):
     for row in (ours, theirs):
         assert math.isfinite(row["texts_per_s"]) and row["texts_per_s"] > 0 and row["tokens_per_s"] > row["texts_per_s"]
     assert theirs["ratio"] == pytest.approx(ours["texts_per_s"] / theirs["texts_per_s"])
-    bertjax_step, st_step = result["contrastive"]
-    assert (bertjax_step["side"], st_step["side"]) == ("bertjax", "sentence-transformers")
-    # In-batch MNRL of 4 pairs from nearly equal random-init embeddings: each near log(4), the two alike.
-    assert bertjax_step["loss"] == pytest.approx(st_step["loss"], rel=0.1)
-    assert st_step["ratio"] == pytest.approx(bertjax_step["tokens_per_s"] / st_step["tokens_per_s"])
+    packed_step, unpacked_step, st_step = result["contrastive"]
+    assert [r["side"] for r in result["contrastive"]] == ["bertjax", "bertjax unpacked", "sentence-transformers"]
+    # In-batch MNRL of 4 pairs from nearly equal random-init embeddings: each near log(4), the three alike.
+    for row in (packed_step, unpacked_step):
+        assert row["loss"] == pytest.approx(st_step["loss"], rel=0.1)
+        assert row["ratio"] == pytest.approx(row["tokens_per_s"] / st_step["tokens_per_s"])
+    # The positions each computes: packed rows of 128; the columns at their full widths (4 x (32 + 128)),
+    # or cut to their longest text.
+    assert packed_step["computed"] % 128 == 0 and st_step["computed"] <= unpacked_step["computed"] == 4 * (32 + 128)
     lines = printed.splitlines()
-    for header in ("embed", "contrastive step"):
-        assert any(line.startswith(header) and line.rstrip().endswith("bertjax / this") for line in lines)
-    assert f"{theirs['ratio']:.2f}x" in printed and f"{st_step['ratio']:.2f}x" in printed
+    assert any(line.startswith("embed") and line.rstrip().endswith("bertjax / this") for line in lines)
+    assert any(line.startswith("contrastive step") and line.rstrip().endswith("this / sentence-transformers")
+               for line in lines)
+    assert f"{theirs['ratio']:.2f}x" in printed and f"{packed_step['ratio']:.2f}x" in printed

@@ -23,6 +23,7 @@ steps timed in alternating blocks (bertjax/runs/timing.py). Printed: real tokens
 """
 
 import dataclasses
+import itertools
 import os
 import shutil
 import tempfile
@@ -40,7 +41,8 @@ from bertjax.models import bert as bert_model
 from bertjax.models.config import BertConfig, resolve_platform
 from bertjax.runs import exporting, finetuning, hf_peer, start, st_peer
 from bertjax.runs.timing import load_average, measure, print_table
-from bertjax.tasks import contrastive_steps, registry
+from bertjax.tasks import batches as task_batches
+from bertjax.tasks import contrastive_batches, contrastive_steps, registry
 from bertjax.tasks.kinds import contrastive as contrastive_kind
 from bertjax.training import checkpoint, sharding
 from bertjax.training import state as train_state
@@ -179,24 +181,24 @@ def contrastive_config(batch_size: int):
 
 class BertjaxContrastiveStep:
     """The contrastive fine-tuning program's network, state and step (finetuning.task_setup and
-    contrastive_train_step) on one device, from the sentence-transformers directory's weights."""
+    contrastive_train_step) on one device, from the sentence-transformers directory's weights, fed `batches`
+    (packed, as the program trains with data.packing, or not)."""
 
-    name = "bertjax"
-
-    def __init__(self, config, directory: str, tokenizer, batches: list[dict]):
+    def __init__(self, config, directory: str, tokenizer, batches: list[dict], name: str = "bertjax"):
         task = registry.get_task(registry.CONTRASTIVE)
         settings = contrastive_kind.settings_from_config(config)
         cfg, params, _ = hf.load_hf_checkpoint(directory, resolve_platform(config.model.to_dict()))
         start_from = finetuning.TaskStart(cfg, {"bert": params["bert"]}, tokenizer, None, whole_head=False)
         layout = start.make_layout(dict.fromkeys(sharding.MESH_AXES, 1), config.logical_axis_rules,
                                    config.train.batch_size, devices=jax.devices()[:1])
-        self.mesh = layout.mesh
+        self.name, self.mesh = name, layout.mesh
         init_key, self.dropout_key = train_state.root_keys(config.train.seed, config.train.dropout_rng)
         setup = finetuning.task_setup(config, task, start_from, None, None, 1000, layout, init_key,
                                       settings.network())
         self.state = setup.init(init_key)
         self.step_fn = finetuning.contrastive_train_step(config, setup, settings, layout.data_sharding)
-        keys = contrastive_steps.batch_keys(batches[0])
+        # A packed batch holds just what goes to the devices (contrastive_batches.batch_keys).
+        keys = tuple(batches[0]) if "input_ids" in batches[0] else contrastive_steps.batch_keys(batches[0])
         self.batches = [sharding.global_batch({k: b[k] for k in keys}, layout.data_sharding) for b in batches]
         self.count, self.sums = 0, None
 
@@ -213,35 +215,57 @@ class BertjaxContrastiveStep:
         return float(self.sums["loss_sum"])
 
 
-def pair_batches(config, tokenizer, num_batches: int) -> list[dict]:
-    """num_batches batches of train.batch_size pairs, featurized as the contrastive kind featurizes them."""
-    size = config.train.batch_size
+def pair_batches(config, tokenizer, num_batches: int) -> tuple[list[dict], list[dict]]:
+    """num_batches steps of train.batch_size pairs, drawn and featurized as the contrastive fine-tuning
+    program draws and featurizes them: (each step's pairs as unpacked features, the same pairs' texts packed
+    into rows as data.packing packs them)."""
+    size, seed = config.train.batch_size, config.train.seed
     settings = contrastive_kind.settings_from_config(config)
     pairs = [contrastive_kind.Pair(i, q, p) for i, (q, p) in enumerate(demo_pairs(size * num_batches))]
     features = contrastive_kind.featurize(registry.get_task(registry.CONTRASTIVE), pairs, tokenizer,
                                           settings.max_seq_length, settings)
-    return [{k: v[b * size:(b + 1) * size] for k, v in features.items()} for b in range(num_batches)]
+    unpacked = [{k: v[task_batches.train_batch_indices(len(pairs), size, seed, step)] for k, v in features.items()}
+                for step in range(num_batches)]
+    k = config.data.max_sequences_per_row
+    rows = contrastive_batches.packed_rows_needed(features, size, seed, num_batches, max_sequences=k)
+    packed = list(itertools.islice(contrastive_batches.packed_train_batches(
+        features, size, seed, num_rows=rows, max_sequences=k), num_batches))
+    return unpacked, packed
 
 
 def run_contrastive(directory: str, tokenizer, batch_size: int, steps: int, warmup: int,
                     device: str | None) -> list[dict]:
-    """bertjax's contrastive step and (device not None) sentence-transformers' on the same batches."""
+    """bertjax's contrastive step on packed rows (as the program trains) and on unpacked ones, and (device
+    not None) sentence-transformers' on the same pairs."""
     config = contrastive_config(batch_size)
-    batches = pair_batches(config, tokenizer, min(warmup + steps, 4))
-    runners = [BertjaxContrastiveStep(config, directory, tokenizer, batches)]
+    unpacked, packed = pair_batches(config, tokenizer, min(warmup + steps, 4))
+    runners = [BertjaxContrastiveStep(config, directory, tokenizer, packed),
+               BertjaxContrastiveStep(config, directory, tokenizer, unpacked, name="bertjax unpacked")]
     if device is not None:
         o = config.optimizer
         runners.append(st_peer.STContrastiveStep(
-            directory, batches, scale=float(config.contrastive.scale), learning_rate=float(o.learning_rate),
+            directory, unpacked, scale=float(config.contrastive.scale), learning_rate=float(o.learning_rate),
             b1=float(o.b1), b2=float(o.b2), eps=float(o.eps), weight_decay=float(o.weight_decay),
             clip_norm=float(o.clip_norm), device=device))
     timings = measure(runners, warmup, steps)
-    real = float(np.mean([b["query_mask"].sum() + b["passage_mask"].sum() for b in batches]))
+    real = float(np.mean([b["query_mask"].sum() + b["passage_mask"].sum() for b in unpacked]))
+    computed = [computed_tokens(packed), computed_tokens(unpacked), computed_tokens(unpacked, to_longest=True)]
     rows = [dict(side=r.name, tokens_per_s=real / t["median"], ms=1e3 * t["median"], first=t["first_step"],
-                 loss=t["loss"]) for r, t in zip(runners, timings)]
-    if len(rows) > 1:
-        rows[1]["ratio"] = rows[0]["tokens_per_s"] / rows[1]["tokens_per_s"]
+                 loss=t["loss"], computed=c) for r, t, c in zip(runners, timings, computed)]
+    if device is not None:
+        for row in rows:
+            row["ratio"] = row["tokens_per_s"] / rows[-1]["tokens_per_s"]
     return rows
+
+
+def computed_tokens(batches: list[dict], to_longest: bool = False) -> float:
+    """The positions a step computes, on average: its packed rows; unpacked, each column at its full width
+    (bertjax's features) or, to_longest, cut to its longest text (as sentence-transformers' collator pads)."""
+    if "input_ids" in batches[0]:
+        return float(np.mean([b["input_ids"].size for b in batches]))
+    masks = [[b[f"{role}_mask"] for role in ("query", "passage")] for b in batches]
+    return float(np.mean([sum(len(m) * (m.sum(-1).max() if to_longest else m.shape[-1]) for m in step)
+                          for step in masks]))
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -289,11 +313,14 @@ def benchmark(*, overrides: dict, num_texts: int, max_length: int, batch_size: i
         config = contrastive_config(batch_size)
         print(f"contrastive: MNRL, scale {config.contrastive.scale:g}, {batch_size} pairs a step (in-batch "
               f"negatives), queries to {config.data.max_query_length} tokens, passages to "
-              f"{config.data.max_seq_length}; {warmup} warmup + {steps} timed steps in alternating blocks", flush=True)
+              f"{config.data.max_seq_length}; bertjax's texts packed into rows of {config.data.max_seq_length} as "
+              f"the program packs them (data.packing), and unpacked; {warmup} warmup + {steps} timed steps in "
+              "alternating blocks", flush=True)
         step_rows = run_contrastive(directory, bert.tokenizer, batch_size, steps, warmup, peer_device)
-        table = [[r["side"], f"{r['tokens_per_s']:,.0f}", f"{r['ms']:,.1f}", f"{r['first']:.2f}",
+        table = [[r["side"], f"{r['tokens_per_s']:,.0f}", f"{r['ms']:,.1f}", f"{r['computed']:,.0f}", f"{r['first']:.2f}",
                   f"{r['loss']:.3f}", f"{r['ratio']:.2f}x" if "ratio" in r else "-"] for r in step_rows]
-        print_table(["contrastive step", "real tok/s", "ms/step", "first step s", "loss", "bertjax / this"], table)
+        print_table(["contrastive step", "real tok/s", "ms/step", "positions", "first step s", "loss",
+                     "this / sentence-transformers"], table)
         print(f"jax {jax.__version__}, XLA_FLAGS={os.environ.get('XLA_FLAGS', '')!r}; load average "
               f"{load_average()}", flush=True)
         return {"embed": embed_rows, "contrastive": step_rows}
