@@ -190,6 +190,10 @@ def test_trained_short_and_evaluated_long(pretrained, tmp_path):
     assert model.task.max_seq_length == 48
     dev_tsv = (tmp_path / "run" / "predictions" / "validation.tsv").read_text().splitlines()[1:]
     assert [p["label"] for p in model.predict(dev_texts(pretrained))] == [line.split("\t")[1] for line in dev_tsv]
+    too_long = small_config("classification", pretrained, labels=("no", "yes"), eval_max_seq_length=96,
+                            **pretrained["files"])
+    with pytest.raises(ValueError, match=re.escape("data.eval_max_seq_length=96 is longer than the 64 positions of the model")):
+        finetuning.finetune(too_long, str(tmp_path / "too-long"))
     span = small_config("squad", pretrained, eval_max_seq_length=96)
     with pytest.raises(ValueError, match=re.escape("data.eval_max_seq_length is for classification, regression, "
                                                    "multiple_choice, tagging tasks; task squad is span")):
