@@ -32,7 +32,7 @@ compression end to end without a download:
   random start, with one fact, "The box is blue.", put between two of them at a random place, and ends with
   the question "What colour is the box?": the label is the box's colour. Training documents run a tenth of
   `train_length` to `train_length` words (600: within 1,024 tokens); dev documents `length` words (4,000:
-  about 5,500 tokens), so a dev document's fact sits up to thousands of tokens from its question and from
+  about 5,600 tokens), so a dev document's fact sits up to thousands of tokens from its question and from
   [CLS]. Each example also says how many words come before the fact ("depth"). A model fine-tuned on the
   short documents and evaluated on the long ones (data.eval_max_seq_length=8192) answers only if it uses
   positions farther apart than any it was fine-tuned on; one that reads only the first 1,024 tokens sees
