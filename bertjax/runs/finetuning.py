@@ -83,8 +83,7 @@ def finetune_in_session(config, workdir: str) -> dict:
         teacher = task_teacher(config, task, num_labels, start_from)  # None without distill.teacher
 
     # ---------------------------------------------------------------- data
-    data = task_data(config, task, start_from.tokenizer, layout)
-    check_lengths(config, task, start_from)
+    data = task_data(config, task, start_from.tokenizer, layout, model=start_from.bert_config)
 
     # ---------------------------------------------------------------- head, optimizer, state: shapes first
     feature_based = feature_based_settings(config, task, start_from.bert_config.num_layers)
@@ -186,16 +185,6 @@ def starting_model(config, task, num_labels: int) -> TaskStart:
                          f"its model only {bert_config.vocab_size}: a checkpoint of another vocabulary size")
     return start_from
 
-
-def check_lengths(config, task, start_from: TaskStart) -> None:
-    """The training and evaluation rows within the model's positions: said before the first step, not at the
-    first evaluation (after the user's data, whose mistakes are said first)."""
-    cfg = start_from.bert_config
-    positions = cfg.max_position_embeddings - cfg.position_offset
-    for key, length in (("max_seq_length", config.data.max_seq_length), ("eval_max_seq_length", eval_length(config, task))):
-        if length > positions:
-            raise ValueError(f"data.{key}={length} is longer than the {positions} positions of the model "
-                             f"(its model.max_position_embeddings): at most {positions}")
 
 
 def theseus_start(config, task, num_labels: int) -> tuple[TaskStart, pretrained_models.Pretrained]:

@@ -158,12 +158,25 @@ def packing_settings(config, task, feature_based: bool) -> tuple[int, int | None
     return k, rows
 
 
-def task_data(config, task, tokenizer, layout: Layout | None = None) -> TaskData:
+def check_lengths(config, task, model) -> None:
+    """The training and evaluation rows within the model's (a BertConfig's) positions: said before the first
+    step, not at the first evaluation."""
+    positions = model.max_position_embeddings - model.position_offset
+    for key, length in (("max_seq_length", config.data.max_seq_length), ("eval_max_seq_length", eval_length(config, task))):
+        if length > positions:
+            raise ValueError(f"data.{key}={length} is longer than the {positions} positions of the model "
+                             f"(its model.max_position_embeddings): at most {positions}")
+
+
+def task_data(config, task, tokenizer, layout: Layout | None = None, model=None) -> TaskData:
     """Every split read and featurized; the steps of config.train.epochs over the training rows; with
     data.packing the rows of a packed step (derived: the most any step of the run needs, rounded up to
-    what the data-parallel devices and processes divide)."""
+    what the data-parallel devices and processes divide). model: the BertConfig whose positions the rows
+    must fit (checked after the data's own mistakes are said), or None."""
     packing = packing_settings(config, task, bool(config.get("feature_based") and config.feature_based.enabled))
     train_split, dev_splits, test_splits = split_features(task, tokenizer, config)
+    if model is not None:
+        check_lengths(config, task, model)
     batch_size = config.train.batch_size
     num_train = task_batches.num_examples(train_split.features)
     num_steps = task_batches.num_train_steps(num_train, batch_size, config.train.epochs)
