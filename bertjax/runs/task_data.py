@@ -66,18 +66,18 @@ def split_features(task, tokenizer, config) -> tuple:
     examples and features, by the task's kind), from the user's files where config.data names them, else
     from TFDS; dev and test rows at eval_length."""
     data, kind = config.data, kinds.get(task.kind)
-    lengths = {"train": data.max_seq_length, "eval": eval_length(config, task)}
+    dev_length = eval_length(config, task)
     settings = kind.settings_from_config(config)
 
-    def read(split_name, file, labeled=True, length="eval"):
+    def read(split_name, file, labeled=True, length=dev_length):
         examples = kind.read(task, split_name, path=file, data_dir=data.tfds_data_dir, labeled=labeled)
-        features = kind.featurize(task, examples, tokenizer, lengths[length], settings)
+        features = kind.featurize(task, examples, tokenizer, length, settings)
         return scoring.Split(examples, features, labeled)
 
     if not data.train and task.train_split is None:
         raise ValueError(f"task {task.name} has no training split of its own: set config.data.train to a JSON-lines "
                          "file")
-    train = read("train" if data.train else task.train_split, data.train, length="train")
+    train = read("train" if data.train else task.train_split, data.train, length=data.max_seq_length)
     if data.validation:
         dev = {"validation": read("validation", data.validation)}
     elif task.tfds_name is not None:
