@@ -8,6 +8,7 @@ import contextlib
 import dataclasses
 import functools
 import json
+import re
 
 import flax.linen as nn
 import jax
@@ -342,3 +343,8 @@ def test_prune_program_writes_a_workdir_that_loads_and_exports(finetuned, tmp_pa
     with torch.no_grad():
         theirs = torch.softmax(exported(**encoded).logits, -1).numpy()
     np.testing.assert_allclose(ours, theirs, atol=ATOL)
+
+    config.data.max_seq_length = 64  # beyond the fine-tuned model's 32 positions: one line, before any pruning
+    with pytest.raises(ValueError, match=re.escape("data.max_seq_length=64 is longer than the 32 positions")):
+        prune_and_recover.prune(config, str(tmp_path / "too-long"))
+    assert not (tmp_path / "too-long" / "pruning.json").exists()
