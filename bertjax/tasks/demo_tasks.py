@@ -31,7 +31,7 @@ compression end to end without a download:
 - recall: a long-context check (a needle in a haystack). Each document is demo sentences in order from a
   random start, with one fact, "The box is blue.", put between two of them at a random place, and ends with
   the question "What colour is the box?": the label is the box's colour. Training documents run a tenth of
-  `train_length` to `train_length` words (600: within 1,024 tokens); dev documents `length` words (4,000:
+  `train_length` to `train_length` words (300: within 512 tokens); dev documents `length` words (4,000:
   about 5,600 tokens), so a dev document's fact sits up to thousands of tokens from its question and from
   [CLS]. Each example also says how many words come before the fact ("depth"). A model fine-tuned on the
   short documents and evaluated on the long ones (data.eval_max_seq_length=8192) answers only if it uses
@@ -67,7 +67,7 @@ RECALL_WORDS = frozenset({*RECALL_COLOURS, "box", "colour", "color"})  # no fill
 LABELS = {"word_order": ("shuffled", "original"), "keyword": ("no", "yes"), "recall": RECALL_COLOURS,
           "next_sentence": ("random", "next")}
 RECALL_LENGTH = 4000  # words of filler in a dev document
-RECALL_TRAIN_LENGTH = 600  # the most words of filler in a training document: it fits 1,024 tokens
+RECALL_TRAIN_LENGTH = 300  # the most words of filler in a training document: it fits 512 tokens
 RECALL_SIZES = {"train": 6000, "dev": 200}
 KEYWORD = "return"
 NEXT_SENTENCE_TRAIN = 6000  # training pairs: enough to learn the task in minutes on a CPU
