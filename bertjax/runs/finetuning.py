@@ -83,7 +83,7 @@ def finetune_in_session(config, workdir: str) -> dict:
         teacher = task_teacher(config, task, num_labels, start_from)  # None without distill.teacher
 
     # ---------------------------------------------------------------- data
-    data = task_data(config, task, start_from.tokenizer, layout, model=start_from.bert_config)
+    data = task_data(config, task, start_from.tokenizer, start_from.bert_config, layout)
 
     # ---------------------------------------------------------------- head, optimizer, state: shapes first
     feature_based = feature_based_settings(config, task, start_from.bert_config.num_layers)

@@ -64,7 +64,7 @@ def prune(config, workdir: str, distributed: start.Distributed | None = None) ->
         if not model.whole_head:
             raise ValueError(f"train.init_from={config.train.init_from} is not a model fine-tuned on task "
                              f"{task.name}: pruning needs the task's own fine-tuned head (run bertjax.finetune first)")
-        data = task_data(config, task, model.tokenizer, layout, model=model.bert_config)
+        data = task_data(config, task, model.tokenizer, model.bert_config, layout)
 
         # ---------------------------------------------------------------- heads by importance, weights by magnitude
         cfg, params, record = prune_model(config, task, num_labels, model, data)

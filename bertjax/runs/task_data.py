@@ -168,15 +168,14 @@ def check_lengths(config, task, model) -> None:
                              f"(its model.max_position_embeddings): at most {positions}")
 
 
-def task_data(config, task, tokenizer, layout: Layout | None = None, model=None) -> TaskData:
+def task_data(config, task, tokenizer, model, layout: Layout | None = None) -> TaskData:
     """Every split read and featurized; the steps of config.train.epochs over the training rows; with
     data.packing the rows of a packed step (derived: the most any step of the run needs, rounded up to
     what the data-parallel devices and processes divide). model: the BertConfig whose positions the rows
-    must fit (checked after the data's own mistakes are said), or None."""
+    must fit (checked after the data's own mistakes are said)."""
     packing = packing_settings(config, task, bool(config.get("feature_based") and config.feature_based.enabled))
     train_split, dev_splits, test_splits = split_features(task, tokenizer, config)
-    if model is not None:
-        check_lengths(config, task, model)
+    check_lengths(config, task, model)
     batch_size = config.train.batch_size
     num_train = task_batches.num_examples(train_split.features)
     num_steps = task_batches.num_train_steps(num_train, batch_size, config.train.epochs)
