@@ -41,6 +41,13 @@ def base_config() -> ml_collections.ConfigDict:
             # and let the last block compute only the rows the heads read.
             # True: one compiled block for all layers, compile time independent of depth (large sets it).
             scan_layers=False,
+            # Accelerator levers (docs/performance.md): the same network computed another way.
+            fused_qkv=False,  # q, k, v as one matmul (the checkpoint keeps the three kernels)
+            norm_kernel="xla",  # xla | pallas: post-LN residual + dropout + LayerNorm as one kernel
+            matmul_dtype="default",  # default | fp8: dense matmuls in float8, delayed scaling (H100 and later)
+            mlm_loss="logits",  # logits | chunked: the vocabulary projection fused with the loss, by chunks
+            mlm_loss_chunk=8192,  # table rows per chunk of mlm_loss=chunked
+            blockwise_from=0,  # rows this long or longer attend blockwise; 0: never (auto sets it on CPUs)
             pre_layer_norm=False,  # original BERT is post-LN
             # Family options (bertjax.models.config.BertConfig); these values are BERT's.
             position_embedding="learned",  # learned | rotary | none

@@ -333,3 +333,129 @@ def test_gpu_benchmark_runners_take_turns_hf_first():
     b, e, c = (("step", r.name) for r in runners)
     assert events == [b, e, c, b, b, b, e, e, e, c, c, c, c, e, e, b, b]
     assert [t["seconds"] for t in timings] == [1.5, 3.0, 0.75]
+
+
+# ----------------------------------------------------------------------------------------------------
+# The second round's levers: each computes the default's network, checked here against it
+# ----------------------------------------------------------------------------------------------------
+
+
+def packed_batch(seq=32, preds=6, slots=3, seed=0):
+    from bertjax.data import synthetic
+
+    return {k: jnp.asarray(v) for k, v in synthetic.synthetic_batch(
+        seed, batch_size=3, max_seq_length=seq, max_predictions_per_seq=preds, vocab_size=VOCAB, packed=True,
+        max_sequences_per_row=slots).items()}
+
+
+def loss_and_grads(cfg, params, batch, deterministic=False):
+    """The pretraining loss and its gradients, heads_only (the last layer attends from its output rows)."""
+    net = bert.BertForPreTraining(cfg)
+    packed = {key: batch[key] for key in ("sequence_ids", "position_ids", "sentence_positions") if key in batch}
+
+    def loss(p):
+        out = net.apply({"params": p}, batch["input_ids"], batch["segment_ids"], batch["input_mask"],
+                        batch["masked_lm_positions"], deterministic=deterministic, rngs={"dropout": jax.random.key(1)},
+                        heads_only=True, **packed)
+        return bert.pretraining_loss(out["mlm_logits"], out["nsp_logits"], batch["masked_lm_ids"],
+                                     batch["masked_lm_weights"], batch["next_sentence_labels"],
+                                     sentence_weights=batch.get("sentence_weights"))[0]
+
+    return jax.jit(jax.value_and_grad(loss))(params)
+
+
+def assert_same(got, expected, rtol=1e-5, atol=1e-6):
+    np.testing.assert_allclose(float(got[0]), float(expected[0]), rtol=rtol)
+    assert jax.tree_util.tree_structure(got[1]) == jax.tree_util.tree_structure(expected[1])
+    for a, b in zip(jax.tree_util.tree_leaves(got[1]), jax.tree_util.tree_leaves(expected[1])):
+        np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=rtol, atol=atol)
+
+
+@pytest.mark.parametrize("family", [dict(), dict(use_bias=False, norm_placement="pre", position_embedding="rotary")])
+def test_fused_qkv_is_the_three_projections(family):
+    """model.fused_qkv: one [H, 3, N, D] matmul (k and v by one where the last layer's queries are its output
+    rows) gives the three projections' loss and gradients, dropout included, from the same params by name."""
+    batch = make_batch()
+    cfg = tiny_config(**family)
+    params = bert.BertForPreTraining(cfg).init(jax.random.key(0), *(batch[k] for k in (
+        "input_ids", "segment_ids", "input_mask", "masked_lm_positions")))["params"]
+    fused = bert.BertForPreTraining(tiny_config(fused_qkv=True, **family)).init(
+        jax.random.key(0), *(batch[k] for k in ("input_ids", "segment_ids", "input_mask", "masked_lm_positions")))
+    assert jax.tree_util.tree_structure(fused["params"]) == jax.tree_util.tree_structure(params)
+    batch = {k: jnp.asarray(v) for k, v in batch.items()}
+    assert_same(loss_and_grads(tiny_config(fused_qkv=True, **family), params, batch),
+                loss_and_grads(cfg, params, batch))
+
+
+def offsets_stand_in(monkeypatch) -> list:
+    """XLA standing in for cuDNN's packed call: the mask is rebuilt from the lengths and starts alone (a token
+    belongs to slot m when starts[m] <= i < starts[m] + lengths[m]), so the test checks that they describe the
+    rows' sequences. Returns the query shapes it was called with."""
+    calls = []
+
+    def stand_in(q, k, v, lengths, starts):
+        calls.append(q.shape)
+        index = jnp.arange(q.shape[1])[None, None, :]  # [1, 1, S]
+        inside = (index >= starts[:, :-1, None]) & (index < starts[:, :-1, None] + lengths[:, :, None]) & (
+            lengths[:, :, None] > 0)  # [B, K, S]
+        mask = jnp.einsum("bks,bkt->bst", inside.astype(jnp.int32), inside.astype(jnp.int32)) > 0  # [B, S, S]
+        return jax.nn.dot_product_attention(q, k, v, mask=mask[:, None], implementation="xla")
+
+    monkeypatch.setattr(layers, "cudnn_packed_attention", stand_in)
+    return calls
+
+
+@pytest.mark.parametrize("scan", [False, True])
+def test_cudnn_packed_offsets_are_the_block_diagonal_mask(monkeypatch, scan):
+    """Packed rows under cuDNN: the global layers attend by sequence offsets (cuDNN skips the tiles that pair
+    two sequences), the local ones by the banded mask (a lax.cond in a scanned alternating stack); the loss
+    and gradients equal XLA's block-diagonal mask. The fused call itself runs only on a GPU."""
+    batch = packed_batch()
+    fields = dict(attention_dropout_rate=0.0, hidden_dropout_rate=0.0, norm_placement="pre", use_bias=False,
+                  position_embedding="rotary", local_attention_window=8, global_attention_every=2,
+                  num_layers=3, scan_layers=scan)
+    cfg = tiny_config(**fields)
+    inputs = [batch[k] for k in ("input_ids", "segment_ids", "input_mask", "masked_lm_positions")]
+    packed = dict(sequence_ids=batch["sequence_ids"], position_ids=batch["position_ids"],
+                  sentence_positions=batch["sentence_positions"])
+    params = bert.BertForPreTraining(cfg).init(jax.random.key(0), *inputs, **packed)["params"]
+    expected = loss_and_grads(cfg, params, batch)
+    calls = offsets_stand_in(monkeypatch)
+    cudnn_stand_in(monkeypatch)
+    got = loss_and_grads(tiny_config(attention_impl="cudnn", **fields), params, batch)
+    assert calls and all(shape[1] == 32 for shape in calls), calls  # every row's tokens, the global layers'
+    assert_same(got, expected)
+
+
+def test_packed_offsets():
+    segments = jnp.asarray([[1, 1, 1, 2, 2, 0, 0, 0], [1, 1, 1, 1, 1, 1, 1, 1]])
+    lengths, starts = layers.packed_offsets(segments, 3)
+    np.testing.assert_array_equal(lengths, [[3, 2, -1], [8, -1, -1]])
+    np.testing.assert_array_equal(starts, [[0, 3, -1, -1], [0, -1, -1, -1]])
+
+
+def test_auto_attention_turns_blockwise_by_row_length():
+    """attention_impl="auto" on a CPU without attention dropout: XLA's dense form below
+    BLOCKWISE_FROM["cpu"] tokens, blockwise from there (the console line says which); with dropout (BERT's
+    0.1) XLA at every length; nothing changes on a GPU. The blockwise rows give XLA's loss."""
+    from bertjax.models.config import BLOCKWISE_FROM, describe_attention
+
+    fields = dict(attention_impl="auto", attention_dropout_rate=0.0)
+    cpu = BertConfig(**resolve_platform(dict(fields, dtype="float32"), "cpu"))
+    assert (cpu.attention_impl, cpu.blockwise_from) == ("xla", BLOCKWISE_FROM["cpu"])
+    assert describe_attention(cpu, 8192).startswith("blockwise attention at rows of 8192")
+    assert describe_attention(cpu, 512).startswith("xla attention at rows of 512")
+    assert resolve_platform(dict(fields, attention_dropout_rate=0.1), "cpu").get("blockwise_from", 0) == 0
+    assert resolve_platform(dict(fields, dtype="bfloat16"), "gpu").get("blockwise_from", 0) == 0
+    with pytest.raises(ValueError, match="blockwise_from"):
+        tiny_config(blockwise_from=16)  # attention dropout 0.1
+    # Rows of 32 tokens with blockwise_from=32 (tiles of 8) give XLA's loss and gradients.
+    batch = packed_batch()
+    quiet = dict(attention_dropout_rate=0.0, hidden_dropout_rate=0.0, attention_block_size=8)
+    cfg = tiny_config(**quiet)
+    inputs = [batch[k] for k in ("input_ids", "segment_ids", "input_mask", "masked_lm_positions")]
+    params = bert.BertForPreTraining(cfg).init(jax.random.key(0), *inputs, sequence_ids=batch["sequence_ids"],
+                                                position_ids=batch["position_ids"],
+                                                sentence_positions=batch["sentence_positions"])["params"]
+    assert_same(loss_and_grads(tiny_config(blockwise_from=32, **quiet), params, batch),
+                loss_and_grads(cfg, params, batch))

@@ -215,7 +215,7 @@ class BertModel(nn.Module):
         if packed != (cls_positions is not None):
             raise ValueError("packed rows need both sequence_ids and cls_positions")
         x = self._embed(input_ids, segment_ids, deterministic, position_ids)  # [B, S, H]
-        padding = self._padding(input_mask, sequence_ids, position_ids)
+        padding = self._padding(input_mask, sequence_ids, position_ids, cls_positions)
         cls_rows = cls_positions if packed else jnp.zeros_like(input_ids[:, :1])  # [B, K] (K = 1 unpacked)
         rows = None
         if output_rows is not None:
@@ -254,13 +254,13 @@ class BertModel(nn.Module):
         return x
 
     @staticmethod
-    def _padding(input_mask, sequence_ids, position_ids) -> layers.Padding:
+    def _padding(input_mask, sequence_ids, position_ids, cls_positions=None) -> layers.Padding:
         """Which keys each query sees: the real tokens of its row, or (packed rows: sequence_ids given) the
         real tokens of its own sequence, block-diagonal."""
         if sequence_ids is not None:
             same = sequence_ids[:, :, None] == sequence_ids[:, None, :]  # [B, S, S]
             mask = (same & (sequence_ids > 0)[:, None, :])[:, None]  # [B, 1, S, S]
-            return layers.Padding(mask, None, position_ids, sequence_ids)
+            return layers.Padding(mask, None, position_ids, sequence_ids, cls_positions)
         mask = (input_mask > 0)[:, None, None, :]  # [B, 1, 1, S]
         lengths = jnp.sum(input_mask > 0, axis=-1, dtype=jnp.int32)  # [B]: rows are right-padded
         return layers.Padding(mask, lengths, position_ids, (input_mask > 0).astype(jnp.int32))

@@ -60,6 +60,9 @@ NORMS = ("layernorm", "rmsnorm")
 # (GELU, then the encoder's norm), which its transformers task classes run before every classifier.
 POOLERS = {"tanh": False, "gelu_norm": True, "gelu": False}
 WORD_EMBEDDINGS = ("gather", "one_hot")
+NORM_KERNELS = ("xla", "pallas")
+MATMUL_DTYPES = ("default", "fp8")
+MLM_LOSSES = ("logits", "chunked")
 
 # What "auto" means per platform (jax.default_backend()), for the fields that are a matter of speed
 # on a given chip and not of the network: bfloat16 compute on accelerators; cuDNN flash attention on
@@ -71,6 +74,11 @@ PLATFORM_DEFAULTS = {
     "tpu": dict(dtype="bfloat16", attention_impl="xla", word_embedding="one_hot"),
     "rocm": dict(dtype="bfloat16", attention_impl="xla", word_embedding="gather"),  # AMD GPUs: no cuDNN
 }
+
+
+# attention_impl="auto" without attention dropout: the row length from which XLA's dense masked attention
+# gives way to blockwise, per platform where blockwise wins there (docs/performance.md, "auto by length").
+BLOCKWISE_FROM = {"cpu": 2048}
 
 
 def current_platform() -> str:
@@ -99,7 +107,19 @@ def resolve_platform(fields: dict, platform: str | None = None) -> dict:
             out["attention_impl"] = "xla"
         else:
             out["attention_dropout_rate"] = 0.0
+    if (auto_attention and out["attention_impl"] == "xla" and platform in BLOCKWISE_FROM
+            and not out.get("attention_dropout_rate", 0.1) and not out.get("blockwise_from")):
+        out["blockwise_from"] = BLOCKWISE_FROM[platform]
     return out
+
+
+def describe_attention(cfg: "BertConfig", row_length: int) -> str:
+    """Which attention rows of `row_length` tokens get, and why: what a run's console line says."""
+    if cfg.blockwise_from:
+        chosen = "blockwise" if row_length >= cfg.blockwise_from else cfg.attention_impl
+        return (f"{chosen} attention at rows of {row_length} (model.blockwise_from={cfg.blockwise_from}: "
+                f"{cfg.attention_impl} below, blockwise from there)")
+    return f"{cfg.attention_impl} attention (dropout {cfg.attention_dropout_rate})"
 
 
 # What each field of BertConfig is, in one place; every list of fields is derived from these tags.
@@ -146,6 +166,23 @@ class BertConfig:
     remat_policy: str = _field("none", "compute")  # a key of REMAT_POLICIES
     # nn.scan over the blocks: one compiled block, params stacked on "layers"
     scan_layers: bool = _field(False, "layout")
+    # The accelerator levers (docs/performance.md, "Accelerator levers"): each computes the same network
+    # another way, so a checkpoint loads under any of them.
+    # q, k and v as one [H, 3, N, D] matmul; the params stay the three kernels query, key, value
+    fused_qkv: bool = _field(False, "compute")
+    # "xla" | "pallas": post-LN blocks' residual + dropout + LayerNorm as one Pallas kernel, forward and
+    # backward, its dropout mask hashed from a counter inside the kernel (models/fused_norm.py)
+    norm_kernel: str = _field("xla", "compute")
+    # "default" (the compute dtype) | "fp8": the dense layers' matmuls in float8 with delayed scaling
+    # (models/fp8.py); master weights and the optimizer stay in param_dtype
+    matmul_dtype: str = _field("default", "compute")
+    # "logits" | "chunked": the masked-LM loss from [P, V] float32 logits, or fused with the vocabulary
+    # projection over chunks of mlm_loss_chunk rows of the table, never holding the whole logits
+    mlm_loss: str = _field("logits", "compute")
+    mlm_loss_chunk: int = _field(8192, "compute")
+    # Rows of this many tokens or more attend blockwise whatever attention_impl says; 0: never. What
+    # attention_impl="auto" sets on CPUs (PLATFORM_DEFAULTS), where XLA's dense masks grow as S^2.
+    blockwise_from: int = _field(0, "compute")
     # LayerNorm before each sub-layer plus a final one (not original BERT)
     pre_layer_norm: bool = _field(False, "architecture", family=True)
     # Family options (RoBERTa, ALBERT, ModernBERT); the defaults are BERT. docs/design.md lists them.
@@ -206,6 +243,15 @@ class BertConfig:
         if not isinstance(self.attention_block_size, int) or self.attention_block_size < 1:
             raise ValueError(f"model.attention_block_size={self.attention_block_size!r} must be a positive whole "
                              "number (512: tiles of 512 x 512 logits per head)")
+        for name, allowed in (("norm_kernel", NORM_KERNELS), ("matmul_dtype", MATMUL_DTYPES), ("mlm_loss", MLM_LOSSES)):
+            if getattr(self, name) not in allowed:
+                raise ValueError(f"model.{name}={getattr(self, name)!r}: choose one of {allowed}")
+        if self.blockwise_from and self.attention_dropout_rate > 0:
+            raise ValueError(f"model.blockwise_from={self.blockwise_from} attends blockwise, which has no attention-"
+                             "probability dropout: set model.attention_dropout_rate=0.0 or model.blockwise_from=0")
+        if self.mlm_loss_chunk < 1 or self.blockwise_from < 0:
+            raise ValueError(f"model.mlm_loss_chunk={self.mlm_loss_chunk} must be >= 1 and model.blockwise_from="
+                             f"{self.blockwise_from} >= 0 (0: never)")
         if self.word_embedding not in WORD_EMBEDDINGS:
             raise ValueError(f"model.word_embedding={self.word_embedding!r}: choose one of {WORD_EMBEDDINGS}")
         if self.remat_policy not in REMAT_POLICIES:

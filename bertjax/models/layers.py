@@ -223,6 +223,25 @@ class HeadProjection(nn.Module):
         return jnp.einsum(self.equation, x, kernel) + bias
 
 
+class HeadParams(nn.Module):
+    """The kernel (and bias) of a HeadProjection, declared alike but not applied: what the fused q/k/v
+    projection stacks (model.fused_qkv), so that its params are the unfused ones by name and shape."""
+
+    config: Any  # the encoder config (see the module docstring)
+    kernel_shape: tuple
+    kernel_names: tuple
+    bias_rank: int
+
+    @nn.compact
+    def __call__(self):
+        cfg = self.config
+        kernel = self.param("kernel", kernel_init(cfg, self.kernel_names), self.kernel_shape, cfg.param_dtype)
+        if not cfg.use_bias:
+            return kernel, None
+        return kernel, self.param("bias", zeros_init(self.kernel_names[-self.bias_rank:]),
+                                  self.kernel_shape[-self.bias_rank:], cfg.param_dtype)
+
+
 def rotary_tables(theta: float, positions, dim: int):
     """(cos, sin) of RoPE's angles position * theta^(-2d/D), each [B, S, 1, D] float32, for positions
     [B, S] int. Separate from rotary() so that a scanned stack computes them once, not per layer."""
@@ -261,6 +280,9 @@ class Padding(NamedTuple):
     lengths: Any
     positions: Any
     segments: Any = None  # [B, S] int: the sequence of each token, 0 at padding (the splash kernel's form)
+    # Packed rows: [B, K] int, each sequence slot's [CLS] position; its static width K bounds the sequences
+    # of a row, which cuDNN's packed form takes as offsets (packed_offsets). None for one sequence a row.
+    slots: Any = None
 
 
 def fused_attention(q, k, v, *, mask, kv_lengths, implementation: str):
@@ -285,6 +307,30 @@ def fused_attention(q, k, v, *, mask, kv_lengths, implementation: str):
     if kv_lengths is not None:
         return dot_product_attention(q, k, v, key_value_seq_lengths=kv_lengths, implementation=implementation)
     return dot_product_attention(q, k, v, mask=mask, implementation=implementation)
+
+
+def packed_offsets(segments, num_slots: int):
+    """(lengths [B, K], starts [B, K + 1]) int32 of the packed sequences 1 .. K of each row, from segments
+    [B, S] (k at the k-th sequence's tokens, contiguous; 0 at padding): the form cuDNN's packed attention
+    takes, -1 for an empty slot and after the last start."""
+    ids = jnp.arange(1, num_slots + 1, dtype=segments.dtype)  # [K]
+    member = segments[:, None, :] == ids[None, :, None]  # [B, K, S]
+    lengths = jnp.sum(member, axis=-1, dtype=jnp.int32)  # [B, K]
+    starts = jnp.argmax(member, axis=-1).astype(jnp.int32)  # [B, K]: the first token of each sequence
+    lengths, starts = jnp.where(lengths > 0, lengths, -1), jnp.where(lengths > 0, starts, -1)
+    return lengths, jnp.pad(starts, ((0, 0), (0, 1)), constant_values=-1)
+
+
+def cudnn_packed_attention(q, k, v, lengths, starts):
+    """Attention within each packed sequence by cuDNN's fused kernel, which skips the tiles that pair two
+    sequences (a mask as a bias cannot). q, k, v: [B, S, N, D]; lengths [B, K], starts [B, K + 1] as
+    packed_offsets gives them. JAX's public dot_product_attention has no packed form; its cuDNN module's
+    own call does (q_offsets / kv_offsets)."""
+    from jax._src.cudnn import fused_attention_stablehlo as cudnn  # GPU-only, and private: loaded where used
+
+    return cudnn.dot_product_attention(q, k, v, q_seqlen=lengths, kv_seqlen=lengths, q_offsets=starts,
+                                       kv_offsets=starts, scale=float(1.0 / np.sqrt(q.shape[-1])),
+                                       mask_type=cudnn.MaskType.PADDING)
 
 
 def local_and_global_rotary_tables(cfg, positions):
@@ -339,21 +385,39 @@ class SelfAttention(nn.Module):
                 mask = mask & self._band(query_positions, key_positions, is_local, x.shape[1])[:, None]
             context, scores = self._attend_with_scores(q, k, v, mask)
             return self._output(context, head_mask), scores
-        if cfg.attention_impl == "splash" and queries is x:
+        impl = self._implementation(x.shape[1])
+        if impl == "splash" and queries is x:
             # Segment ids and a static band, in the kernel's own form.
             from bertjax.models import splash  # Pallas' TPU kernel, slow to load: only splash attention needs it
 
             window = cfg.local_attention_window // 2 if (self.local or is_local is not None) else 0
             context = splash.splash_attention(q, k, v, padding.segments, half_window=window, is_local=is_local)
             return self._output(context, head_mask)
-        if cfg.attention_impl == "blockwise":
+        if impl == "blockwise":
             return self._output(self._attend_blockwise(q, k, v, padding, rows, query_positions, key_positions,
                                                        is_local), head_mask)
         lengths = padding.lengths
+        banded = mask
         if self.local or is_local is not None:
-            mask = mask & self._band(query_positions, key_positions, is_local, x.shape[1])[:, None]  # [B, 1, Q, S]
+            banded = mask & self._band(query_positions, key_positions, is_local, x.shape[1])[:, None]  # [B, 1, Q, S]
             lengths = None  # no longer padding alone
-        return self._output(self._attend(q, k, v, mask, lengths), head_mask)
+        if impl == "cudnn" and padding.slots is not None and queries is x and not self.local:
+            # Packed rows: the global layers attend within each sequence by offsets; cuDNN's window is a left
+            # (causal) one, so the local layers' two-sided band still goes as a mask.
+            packed = lambda: self._attend_packed(q, k, v, padding)  # noqa: E731
+            if is_local is None:
+                return self._output(packed(), head_mask)
+            context = jax.lax.cond(is_local, lambda: self._attend(q, k, v, banded, None, impl), packed)
+            return self._output(context, head_mask)
+        return self._output(self._attend(q, k, v, banded, lengths, impl), head_mask)
+
+    def _implementation(self, length: int) -> str:
+        """The attention kernel for rows of `length` tokens: model.attention_impl, or blockwise from
+        model.blockwise_from tokens on (scores for distillation are XLA's at any length)."""
+        cfg = self.config
+        if cfg.blockwise_from and length >= cfg.blockwise_from and not self.output_scores:
+            return "blockwise"
+        return cfg.attention_impl
 
     def _project(self, name: str, source):
         """source [B, S, H] -> [B, S, N, D] by the projection `name` (query, key or value)."""
@@ -363,12 +427,36 @@ class SelfAttention(nn.Module):
             "bsh,hnd->bsnd", name=name,
         )(source)
 
+    def _project_fused(self, x, queries):
+        """q [B, Q, N, D], k, v [B, S, N, D] by one matmul with the kernels stacked [H, 3, N, D] (k and v by
+        one [H, 2, N, D] where the queries are other rows than x): one kernel launch instead of three, while
+        the params stay the three kernels query, key and value that checkpoints name."""
+        cfg = self.config
+        shape = (cfg.hidden_size, self.heads or cfg.num_heads, cfg.head_dim)
+        kernels, biases = zip(*(HeadParams(cfg, shape, ("embed", "heads", "kv"), 2, name=name)()
+                                for name in ("query", "key", "value")))
+
+        def project(source, which: slice):
+            kernel = jnp.stack(kernels[which], axis=1)  # [H, K, N, D], K of q, k, v
+            source, kernel = nn.dtypes.promote_dtype(source, kernel, dtype=cfg.dtype)
+            out = jnp.einsum("bsh,hknd->bsknd", source, kernel)  # [B, S, K, N, D]
+            if cfg.use_bias:
+                out = out + jnp.stack(biases[which]).astype(out.dtype)  # [K, N, D]
+            return [out[:, :, i] for i in range(out.shape[2])]
+
+        if queries is x:
+            return tuple(project(x, slice(0, 3)))
+        return (*project(queries, slice(0, 1)), *project(x, slice(1, 3)))
+
     def _qkv(self, x, queries, padding, rows, is_local, rope_tables):
         """q [B, Q, N, D] and k, v [B, S, N, D] (rotary positions applied), the positions of the query rows
         [B, Q] and of the keys [B, S], and the mask of the query rows."""
         mask, positions = padding.mask, padding.positions
-        q = self._project("query", queries)  # [B, Q, N, D]
-        k, v = self._project("key", x), self._project("value", x)  # each [B, S, N, D]
+        if self.config.fused_qkv:
+            q, k, v = self._project_fused(x, queries)
+        else:
+            q = self._project("query", queries)  # [B, Q, N, D]
+            k, v = self._project("key", x), self._project("value", x)  # each [B, S, N, D]
         # Each token's position in its own sequence (packed rows restart at 0), at the keys and the queries.
         key_positions = jnp.broadcast_to(jnp.arange(x.shape[1]) if positions is None else positions, x.shape[:2])
         query_positions = key_positions
@@ -418,14 +506,22 @@ class SelfAttention(nn.Module):
                                              reach=reach, block_size=cfg.attention_block_size,
                                              global_first=cfg.global_cls and reach is not None)
 
-    def _attend(self, q, k, v, mask, lengths):
-        """The context [B, Q, N, D]: softmax(q k^T / sqrt(D)) v over the keys the mask lets each query see."""
+    def _attend_packed(self, q, k, v, padding):
+        """The context [B, S, N, D] of packed rows by cuDNN's packed form (cudnn_packed_attention), zero at
+        padding: no sequence owns those rows, and a kernel may leave them unwritten."""
+        lengths, starts = packed_offsets(padding.segments, padding.slots.shape[1])
+        context = cudnn_packed_attention(q, k, v, lengths, starts)
+        return jnp.where((padding.segments > 0)[:, :, None, None], context, 0).astype(q.dtype)
+
+    def _attend(self, q, k, v, mask, lengths, impl: str):
+        """The context [B, Q, N, D]: softmax(q k^T / sqrt(D)) v over the keys the mask lets each query see,
+        by the kernel `impl`."""
         cfg = self.config
         if self.deterministic or cfg.attention_dropout_rate == 0.0:
-            use_lengths = cfg.attention_impl == "cudnn" and lengths is not None
+            use_lengths = impl == "cudnn" and lengths is not None
             # The last layer's few query rows (output_rows) take XLA's form under splash: its tiles need all S.
             return fused_attention(q, k, v, mask=mask, kv_lengths=lengths if use_lengths else None,
-                                   implementation="xla" if cfg.attention_impl == "splash" else cfg.attention_impl)
+                                   implementation="xla" if impl == "splash" else impl)
         # jax.nn.dot_product_attention has no dropout on the attention probabilities, which BERT
         # trains with (rate 0.1); this is the same computation with the dropout in the middle.
         logits = jnp.einsum("bqnd,bknd->bnqk", q, k, preferred_element_type=jnp.float32)  # [B, N, Q, S]

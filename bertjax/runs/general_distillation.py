@@ -52,7 +52,8 @@ def distill(config, workdir: str, distributed: start.Distributed | None = None) 
         bert.check_input_shapes(student, config.data.max_seq_length, config.data.max_predictions_per_seq)
         distillation.check_student(teacher.config, student, weights)
         teacher_net, teacher_params = place_teacher(config, teacher, layout)
-        say("student " + pretraining.describe_model(student, setup.abstract_state.params).removeprefix("model: "))
+        described = pretraining.describe_model(student, setup.abstract_state.params, config.data.max_seq_length)
+        say("student " + described.removeprefix("model: "))
 
         # ---------------------------------------------------------------- restore: workdir > init_from > layers > scratch
         checkpointer = projections.ProjectionCheckpointer.wrap(

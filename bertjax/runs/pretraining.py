@@ -30,7 +30,8 @@ from bertjax.data import synthetic
 from bertjax.data.settings import DataSettings
 from bertjax.interop import hf, hf_electra, pretrained
 from bertjax.models import bert
-from bertjax.models.config import BertConfig, fields_of, ARCHITECTURE_FIELDS, PHASE_FIELDS, RESUME_FIELDS
+from bertjax.models.config import (BertConfig, describe_attention, fields_of, ARCHITECTURE_FIELDS, PHASE_FIELDS,
+                                    RESUME_FIELDS)
 from bertjax.runs import config_checks, start
 from bertjax.runs.console import say
 from bertjax.text import files
@@ -59,7 +60,7 @@ def pretrain(config, workdir: str, distributed: start.Distributed | None = None)
         init_key, dropout_key = root_keys(config.train.seed, config.train.dropout_rng)
         setup = pretraining_step.setup(config, layout.mesh, layout.rules, init_key)
         bert.check_input_shapes(setup.bert_config, config.data.max_seq_length, config.data.max_predictions_per_seq)
-        say(describe_model(setup.bert_config, setup.abstract_state.params))
+        say(describe_model(setup.bert_config, setup.abstract_state.params, config.data.max_seq_length))
         if setup.generator_config is not None:
             gen = setup.generator_config
             say(f"ELECTRA: generator of {gen.num_layers} layers, hidden {gen.hidden_size}, sharing the discriminator's "
@@ -90,11 +91,12 @@ def pretrain(config, workdir: str, distributed: start.Distributed | None = None)
 # ----------------------------------------------------------------------------------------------------
 
 
-def describe_model(bert_config: BertConfig, abstract_params) -> str:
-    """The one line that says which model (and which compute choices) this run trains."""
+def describe_model(bert_config: BertConfig, abstract_params, row_length: int) -> str:
+    """The one line that says which model (and which compute choices) this run trains on rows of
+    row_length tokens."""
     return (f"model: {bert_config.num_layers} layers, hidden {bert_config.hidden_size}, "
             f"{bert.count_params(abstract_params):,} parameters; {bert_config.dtype} compute, "
-            f"{bert_config.attention_impl} attention (dropout {bert_config.attention_dropout_rate}), "
+            f"{describe_attention(bert_config, row_length)}, "
             f"{bert_config.word_embedding} word embedding, remat {bert_config.remat_policy}"
             + (", scanned layers" if bert_config.scan_layers else ""))
 
