@@ -9,6 +9,11 @@ Nothing is allocated: the state and the batch are abstract (shapes and shardings
   python -m bertjax.plan --config=configs/large.py --topology=v5p-128 --config.mesh.fsdp=-1 \
       --config.mesh.data=1 --config.train.batch_size=1024 [--find_max_batch] [--json] [--require_fit]
 
+On a GPU machine, --topology=local plans for the devices the program runs on (their allocator's memory
+limit), and --choose_layout picks the fastest layout of the stack that fits before any batch search:
+
+  python -m bertjax.plan --config=configs/large.py --topology=local --choose_layout --find_max_batch
+
 Topology names are Cloud TPU's: v4-N and v5p-N count TensorCores (2 per chip), v5e-N (or v5litepod-N)
 and v6e-N count chips. "Does not fit" is a result, not an error (exit 0) unless --require_fit.
 """
@@ -33,13 +38,19 @@ def define_flags() -> dict:
         bisect=flags.DEFINE_integer("bisect_steps", 3, "Bisection steps after doubling in --find_max_batch."),
         json=flags.DEFINE_bool("json", False, "Print the plan as one JSON object instead of the table."),
         require_fit=flags.DEFINE_bool("require_fit", False, "Exit 1 when the step does not fit the chip's HBM."),
+        choose_layout=flags.DEFINE_bool("choose_layout", False, "First choose the fastest layout of the stack that "
+                                        "fits (unrolled without remat, then remat and scanned layers), and plan "
+                                        "with it; prints the --config.model overrides."),
+        memory_gib=flags.DEFINE_float("memory_gib", None, "--topology=local: memory per device, where the device "
+                                      "reports none (a CPU); default: the allocator's limit on a GPU."),
     )
 
 
 def main(argv, args):
     console.no_arguments(argv)
     fits = console.finish(tpu_plan.plan_and_print, args.config, args.topology, search=args.find_max_batch,
-                          start_batch=args.start, bisect_steps=args.bisect, as_json=args.json)
+                          start_batch=args.start, bisect_steps=args.bisect, as_json=args.json,
+                          layout=args.choose_layout, memory_gib=args.memory_gib)
     if args.require_fit and not fits:
         print("does not fit (--require_fit)", file=sys.stderr)
         sys.exit(1)

@@ -163,3 +163,41 @@ def test_plan_modernbert_on_v5e_4():
 
     per_token = flops.train_flops_per_token(3, 128, 128, 8192, 40 / 128, intermediate_size=192, gated=True)
     assert p["model_flops"] == pytest.approx(per_token * 8 * 128 / 4)
+
+
+def test_choose_layout_takes_the_fastest_layout_that_fits(monkeypatch, capsys):
+    """--topology=local --choose_layout: the first of LAYOUTS (unrolled without remat first) whose compiled
+    step fits the devices' memory. Each layout's step is compiled for this CPU once; the budget is set just
+    below the first one's memory, so the choice falls to the next layout that fits under it."""
+    from bertjax.runs import tpu_plan
+    from configs import tiny
+
+    config = tiny.get_config()
+    config.data.update(source="synthetic", max_seq_length=64, max_predictions_per_seq=8)
+    config.model.update(vocab_size=512, attention_dropout_rate=0.0)
+    config.train.batch_size = 16
+    real, compiled = tpu_plan.compile_step, {}
+
+    def compile_once(config, topology, devices, batch_size):
+        """The real compile, once per layout; whether it fits judged against this topology's memory."""
+        key = (config.model.scan_layers, config.model.remat_policy)
+        if key not in compiled:
+            compiled[key] = real(config, topology, devices, batch_size)
+        hbm = topology.generation.hbm_bytes
+        return dict(compiled[key], hbm_bytes=hbm, fits=compiled[key]["total_bytes"] <= hbm)
+
+    monkeypatch.setattr(tpu_plan, "compile_step", compile_once)
+    roomy, devices = tpu_plan.local_topology(memory_gib=64)
+    totals = []
+    for layout in tpu_plan.LAYOUTS:
+        trial = config.copy_and_resolve_references()
+        trial.model.update(layout)
+        totals.append(compile_once(trial, roomy, devices, 16)["total_bytes"])
+    budget = totals[0] - 1
+    expected = next((layout for layout, total in zip(tpu_plan.LAYOUTS, totals) if total <= budget), None)
+    assert expected is not None, f"no layout needs less than unrolled without remat here: {totals}"
+    best, tried = tpu_plan.plan(config, "local", layout=True, memory_gib=budget / tpu_plan.GiB)
+    assert best is None and tried[-1]["layout"] == expected and not tried[0]["fits"]
+    tpu_plan.print_plans(best, tried, as_json=False)
+    out = capsys.readouterr().out
+    assert "layout: " + " ".join(f"--config.model.{k}={str(v).lower()}" for k, v in expected.items()) in out

@@ -57,6 +57,7 @@ class Topology:
     generation: Generation
     chips: int
     shape: tuple[int, ...]  # chips along each torus axis
+    platform: str | None = "tpu"  # what the model's "auto" fields resolve for; None: the backend JAX runs on
 
     @property
     def libtpu_name(self) -> str:
@@ -110,6 +111,45 @@ def topology_devices(topology: Topology) -> list:
     return list(desc.devices)
 
 
+# HBM bandwidth per device kind of the GPUs a local plan meets (vendors' data sheets), for the step's floor.
+GPU_BANDWIDTH = {"h200": 4.8e12, "h100": 3.35e12, "a100": 2.0e12}
+
+
+def local_topology(memory_gib: float | None = None) -> tuple[Topology, list]:
+    """The devices this process runs on (a GPU machine's), as a Topology whose memory per device is the
+    allocator's limit (memory_stats' bytes_limit), or memory_gib where given (a CPU has no such limit)."""
+    devices = jax.local_devices()
+    kind = devices[0].device_kind
+    limit = int(memory_gib * GiB) if memory_gib else (devices[0].memory_stats() or {}).get("bytes_limit")
+    if not limit:
+        raise ValueError(f"--topology=local: the {kind} device reports no memory limit: give --memory_gib")
+    bandwidth = next((b for name, b in GPU_BANDWIDTH.items() if name in kind.lower()), 0.0)
+    generation = Generation(kind, int(limit), bandwidth, 1, 1, len(devices), "default")
+    return Topology("local", generation, len(devices), (len(devices),), platform=None), devices
+
+
+# Layouts of the stack from the fastest to the leanest (docs/performance.md): unrolled without remat
+# recomputes nothing; a scanned stack copies its residuals into [L, ...] buffers; remat recomputes.
+LAYOUTS = (dict(scan_layers=False, remat_policy="none"), dict(scan_layers=False, remat_policy="save_named"),
+           dict(scan_layers=True, remat_policy="save_named"), dict(scan_layers=True, remat_policy="save_attention"),
+           dict(scan_layers=True, remat_policy="full"))
+
+
+def choose_layout(config, topology: Topology, devices, batch_size: int) -> tuple[dict | None, list[dict]]:
+    """The first of LAYOUTS whose step fits the devices' memory at this batch (None when none does), and
+    every plan compiled on the way, each with its `layout`."""
+    tried = []
+    for layout in LAYOUTS:
+        trial = config.copy_and_resolve_references()
+        trial.model.update(layout)
+        tried.append(dict(compile_step(trial, topology, devices, batch_size), layout=layout))
+        logging.info("%s: %.2f GiB of %.1f, %s", layout, tried[-1]["total_bytes"] / GiB,
+                     topology.generation.hbm_bytes / GiB, "fits" if tried[-1]["fits"] else "does not fit")
+        if tried[-1]["fits"]:
+            return layout, tried
+    return None, tried
+
+
 def abstract_batch(config, batch_size: int, data_sharding) -> dict:
     """The train step's batch as shapes with the data sharding: [B, S] ids, [B, P] predictions, [B] labels;
     packed rows (data.packing): [B, S] sequence ids and positions, [B, K] labels, [CLS] positions, weights."""
@@ -150,7 +190,7 @@ def compile_step(config, topology: Topology, devices, batch_size: int) -> dict:
     layout = make_layout(config.mesh, config.logical_axis_rules, batch_size, grad_accum, devices)
     mesh, rules, data_sharding = layout.mesh, layout.rules, layout.data_sharding
     init_key, dropout_key = train_state.root_keys(config.train.seed, config.train.dropout_rng)
-    setup = pretraining_step.setup(config, mesh, rules, init_key, platform="tpu")
+    setup = pretraining_step.setup(config, mesh, rules, init_key, platform=topology.platform)
     step_fn, _ = setup.compile_steps(data_sharding, grad_accum)
     replicated = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
     key = jax.ShapeDtypeStruct(dropout_key.shape, dropout_key.dtype, sharding=replicated)
@@ -172,7 +212,7 @@ def compile_step(config, topology: Topology, devices, batch_size: int) -> dict:
         topology=topology.name, libtpu_topology=topology.libtpu_name, device_kind=devices[0].device_kind,
         chips=chips, mesh=dict(mesh.shape), batch_size=batch_size, seq_len=seq, grad_accum_steps=grad_accum,
         batch_per_data_device=batch_size // sharding.data_parallel_size(mesh, rules),
-        dtype=cfg.dtype, remat_policy=cfg.remat_policy,
+        dtype=cfg.dtype, remat_policy=cfg.remat_policy, scan_layers=cfg.scan_layers,
         params_bytes=params, opt_state_bytes=opt_state, batch_bytes=batch_bytes, temp_bytes=temp,
         total_bytes=total, hbm_bytes=hbm, fits=out_of_memory is None and total <= hbm, compiler_error=out_of_memory,
         compiled_flops=compiled_flops, model_flops=model_flops, bytes_accessed=bytes_accessed,
@@ -224,7 +264,8 @@ def _step_time_floor(config, cfg, topology: Topology, devices, batch_size: int, 
     peak = flops.peak_flops_per_device(devices[0].device_kind)
     # The step takes at least its FLOPs at peak and at least its HBM traffic at full bandwidth. XLA's
     # count takes a loop body once (the scanned layers of large), so the larger of the two counts is used.
-    floor = max(max(compiled_flops, model_flops) / peak, bytes_accessed / topology.generation.hbm_bandwidth) if peak else 0.0
+    bandwidth = topology.generation.hbm_bandwidth
+    floor = max(max(compiled_flops, model_flops) / peak, bytes_accessed / bandwidth if bandwidth else 0.0) if peak else 0.0
     return model_flops, compiled_flops, bytes_accessed, peak, floor
 
 
@@ -274,7 +315,8 @@ def format_plan(plan: dict) -> str:
         f"{plan['device_kind']}, {hbm / GiB:.0f} GiB HBM each",
         f"mesh          {mesh}",
         f"batch         {plan['batch_size']} x {plan['seq_len']} ({plan['batch_per_data_device']} per data-parallel "
-        f"device, {plan['grad_accum_steps']} microbatch(es)), {plan['dtype']} compute, remat {plan['remat_policy']}",
+        f"device, {plan['grad_accum_steps']} microbatch(es)), {plan['dtype']} compute, remat {plan['remat_policy']}"
+        + (", scanned layers" if plan.get("scan_layers") else ", unrolled layers"),
         "memory per chip (the compiled step):",
         f"  parameters      {_gib(plan['params_bytes'])}",
         f"  optimizer state {_gib(plan['opt_state_bytes'])}",
@@ -305,17 +347,30 @@ def format_plan(plan: dict) -> str:
 
 
 def plan(config, topology_name: str, *, search: bool = False, start_batch: int | None = None,
-         bisect_steps: int = 3) -> tuple[int | None, list[dict]]:
+         bisect_steps: int = 3, layout: bool = False, memory_gib: float | None = None) -> tuple[int | None, list[dict]]:
     """(the largest batch per data-parallel device that fits, or None when not searched; every compiled
-    plan, the config's batch last when not searched) for the slice named topology_name."""
-    topology = parse_topology(topology_name)
-    devices = topology_devices(topology)
+    plan, the config's batch last when not searched) for the slice named topology_name ("local": this
+    process's devices, memory_gib each where they report none). layout: first choose_layout at the
+    config's batch, then search (or plan) with the layout chosen."""
+    if topology_name == "local":
+        topology, devices = local_topology(memory_gib)
+    else:
+        topology = parse_topology(topology_name)
+        devices = topology_devices(topology)
     sharding.mesh_shape(config.mesh, len(devices))
+    chosen = []
+    if layout:
+        best_layout, chosen = choose_layout(config, topology, devices, config.train.batch_size)
+        if best_layout is None or not search:
+            return (0 if search else None), chosen
+        config = config.copy_and_resolve_references()
+        config.model.update(best_layout)
     if not search:
         return None, [compile_step(config, topology, devices, config.train.batch_size)]
     dp = make_layout(config.mesh, config.logical_axis_rules, devices=devices).data_parallel_size
     first = start_batch or max(1, config.train.batch_size // (dp * config.train.grad_accum_steps))
-    return find_max_batch(config, topology, devices, bisect_steps, first)
+    best, tried = find_max_batch(config, topology, devices, bisect_steps, first)
+    return best, chosen + tried
 
 
 def print_plans(best: int | None, tried: list[dict], as_json: bool) -> bool:
@@ -326,18 +381,33 @@ def print_plans(best: int | None, tried: list[dict], as_json: bool) -> bool:
     else:
         for one in ([tried[-1]] if best is None else tried):
             print(format_plan(one) + "\n")
+        layouts = [p for p in tried if "layout" in p]
+        if layouts:
+            print(describe_layouts(layouts))
         if best is not None:
             print(f"largest batch per data-parallel device that fits: {best} (searched: "
                   f"{', '.join(str(p['batch_per_data_device']) + (' fits' if p['fits'] else ' no') for p in tried)})")
     return (best > 0) if best is not None else tried[-1]["fits"]
 
 
+def describe_layouts(plans: list[dict]) -> str:
+    """The layout choose_layout found, as the config overrides that give it, and what each one tried needs."""
+    fitting = [p["layout"] for p in plans if p["fits"]]
+    tried = ", ".join(f"{'scanned' if p['layout']['scan_layers'] else 'unrolled'}/{p['layout']['remat_policy']} "
+                      f"{p['total_bytes'] / GiB:.2f} GiB" for p in plans)
+    if not fitting:
+        return f"layout: none fits ({tried}): lower train.batch_size"
+    overrides = " ".join(f"--config.model.{k}={str(v).lower()}" for k, v in fitting[0].items())
+    return f"layout: {overrides} (the fastest that fits; tried {tried})"
+
+
 def plan_and_print(config, topology_name: str, *, search: bool, start_batch: int | None, bisect_steps: int,
-                   as_json: bool) -> bool:
+                   as_json: bool, layout: bool = False, memory_gib: float | None = None) -> bool:
     """plan, printed; whether the step fits. A topology or mesh the slice cannot take is one ValueError
     naming the topology."""
     try:
-        best, tried = plan(config, topology_name, search=search, start_batch=start_batch, bisect_steps=bisect_steps)
+        best, tried = plan(config, topology_name, search=search, start_batch=start_batch, bisect_steps=bisect_steps,
+                           layout=layout, memory_gib=memory_gib)
     except ValueError as e:
         if topology_name and not str(e).startswith(("unknown TPU", "topology", "--topology")):
             raise ValueError(f"{topology_name}: {e}") from None
