@@ -8,6 +8,7 @@
     python -m bertjax.benchmark --accelerator --profile=/tmp/prof # and a trace, kernel time by category
     python -m bertjax.benchmark --embeddings                      # embed and contrastive steps vs sentence-transformers
     python -m bertjax.benchmark --long_rows=2048,8192              # one packed row: xla vs blockwise attention
+    python -m bertjax.benchmark --sizes=base --json=rows.jsonl     # each row also as JSON, as it is measured
 
 What is timed is the whole optimizer step as the trainer runs it (training.step.train_step: forward, backward,
 the config's clipping and optimizer, BERT's AdamW for BERT; state donated), built by pretraining_step.setup from
@@ -91,6 +92,12 @@ def define_flags(argv: list[str]) -> dict:
                                             "take before it is reported as not done."),
         memory_only=flags.DEFINE_bool("memory_only", False, "Compile bertjax's step and print its memory; run nothing "
                                        "(e.g. to choose a remat policy for a GPU on a CPU machine)."),
+        json=flags.DEFINE_string("json", None, "Also append each measured row (the step's, --packing's, --long_rows') "
+                                 "to this JSON-lines file as soon as it is measured, so that a run cut off still "
+                                 "reports: tps (tokens/s), mfu, ms (per step), memory (bytes), ratios, and the run's "
+                                 "overrides, XLA_FLAGS and device."),
+        json_label=flags.DEFINE_string("json_label", None, "--json: a name written into each row (e.g. the part of "
+                                       "launch/gpu_check.py that ran it)."),
     )
 
 def with_model_overrides(argv: list[str]) -> list[str]:
@@ -119,7 +126,8 @@ def main(argv, args):
                    profile=args.profile, packing=args.packing, memory_only=args.memory_only,
                    embeddings=args.embeddings, texts=args.texts, max_length=args.max_length,
                    embed_passes=args.embed_passes, long_rows=[int(n) for n in args.long_rows],
-                   attention_impls=args.attention_impls, long_row_timeout=args.long_row_timeout)
+                   attention_impls=args.attention_impls, long_row_timeout=args.long_row_timeout,
+                   json_path=args.json, json_label=args.json_label)
 
 
 def entry():

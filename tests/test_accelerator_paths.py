@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from bertjax.runs import step_benchmark, step_profile
-from bertjax.models import bert, layers
+from bertjax.models import attention, bert, layers
 from bertjax.models.config import resolve_platform, BertConfig
 from bertjax.training import sharding
 
@@ -125,7 +125,7 @@ def test_padding_as_lengths_equals_the_mask_outputs_and_gradients(queries):
 
     def run(form):
         def f(q, k, v):
-            out = layers.fused_attention(q, k, v, mask=mask, implementation="xla",
+            out = attention.fused_attention(q, k, v, mask=mask, implementation="xla",
                                         kv_lengths=jnp.asarray(lengths) if form == "lengths" else None)
             return jnp.sum(out * weights), out
         return jax.jit(jax.value_and_grad(f, argnums=(0, 1, 2), has_aux=True))(q, k, v)
@@ -137,14 +137,14 @@ def test_padding_as_lengths_equals_the_mask_outputs_and_gradients(queries):
         np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=1e-6)
     # Padded keys matter to neither: changing them changes nothing.
     k2 = k.at[1, 9:].set(100.0)
-    moved = layers.fused_attention(q, k2, v, mask=mask, kv_lengths=jnp.asarray(lengths), implementation="xla")
+    moved = attention.fused_attention(q, k2, v, mask=mask, kv_lengths=jnp.asarray(lengths), implementation="xla")
     np.testing.assert_allclose(np.asarray(moved), np.asarray(with_lengths), atol=1e-6)
 
 
 def cudnn_stand_in(monkeypatch) -> list:
     """jax.nn.dot_product_attention's XLA form standing in for cuDNN, refusing an odd number of query rows
     as JAX's cuDNN call does when differentiated; returns the query row counts it is called with."""
-    real, calls = layers.dot_product_attention, []
+    real, calls = attention.dot_product_attention, []
 
     def stand_in(q, k, v, *, implementation, **kwargs):
         if implementation == "cudnn":
@@ -152,7 +152,7 @@ def cudnn_stand_in(monkeypatch) -> list:
         calls.append(q.shape[1])
         return real(q, k, v, implementation="xla", **kwargs)
 
-    monkeypatch.setattr(layers, "dot_product_attention", stand_in)
+    monkeypatch.setattr(attention, "dot_product_attention", stand_in)
     return calls
 
 
@@ -186,7 +186,7 @@ def test_cudnn_odd_query_rows_with_a_mask_per_query(monkeypatch):
     weights = jnp.asarray(rng.normal(size=q.shape), jnp.float32)
 
     def total(implementation):
-        return jax.jit(jax.value_and_grad(lambda q, k, v: jnp.sum(weights * layers.fused_attention(
+        return jax.jit(jax.value_and_grad(lambda q, k, v: jnp.sum(weights * attention.fused_attention(
             q, k, v, mask=mask, kv_lengths=None, implementation=implementation)), argnums=(0, 1, 2)))(q, k, v)
 
     expected, expected_grads = total("xla")
@@ -401,7 +401,7 @@ def offsets_stand_in(monkeypatch) -> list:
         mask = jnp.einsum("bks,bkt->bst", inside.astype(jnp.int32), inside.astype(jnp.int32)) > 0  # [B, S, S]
         return jax.nn.dot_product_attention(q, k, v, mask=mask[:, None], implementation="xla")
 
-    monkeypatch.setattr(layers, "cudnn_packed_attention", stand_in)
+    monkeypatch.setattr(attention, "cudnn_packed_attention", stand_in)
     return calls
 
 
@@ -429,7 +429,7 @@ def test_cudnn_packed_offsets_are_the_block_diagonal_mask(monkeypatch, scan):
 
 def test_packed_offsets():
     segments = jnp.asarray([[1, 1, 1, 2, 2, 0, 0, 0], [1, 1, 1, 1, 1, 1, 1, 1]])
-    lengths, starts = layers.packed_offsets(segments, 3)
+    lengths, starts = attention.packed_offsets(segments, 3)
     np.testing.assert_array_equal(lengths, [[3, 2, -1], [8, -1, -1]])
     np.testing.assert_array_equal(starts, [[0, 3, -1, -1], [0, -1, -1, -1]])
 
@@ -444,7 +444,7 @@ def test_auto_attention_turns_blockwise_by_row_length():
     cpu = BertConfig(**resolve_platform(dict(fields, dtype="float32"), "cpu"))
     assert (cpu.attention_impl, cpu.blockwise_from) == ("xla", BLOCKWISE_FROM["cpu"])
     assert describe_attention(cpu, 8192).startswith("blockwise attention at rows of 8192")
-    assert describe_attention(cpu, 512).startswith("xla attention at rows of 512")
+    assert describe_attention(cpu, 256).startswith("xla attention at rows of 256")
     assert resolve_platform(dict(fields, attention_dropout_rate=0.1), "cpu").get("blockwise_from", 0) == 0
     assert resolve_platform(dict(fields, dtype="bfloat16"), "gpu").get("blockwise_from", 0) == 0
     with pytest.raises(ValueError, match="blockwise_from"):

@@ -516,7 +516,7 @@ def test_attention_scores_are_what_the_layers_attend_with(family):
 
     import flax.linen as nn
 
-    from bertjax.models import layers
+    from bertjax.models import attention as attention_layers
     from bertjax.models.config import BertConfig as Config
 
     if family == "modernbert":
@@ -542,7 +542,7 @@ def test_attention_scores_are_what_the_layers_attend_with(family):
     value = jnp.einsum("bsh,hnd->bsnd", x, layer["value"]["kernel"]) + layer["value"].get("bias", 0.0)
     context = jnp.einsum("bnqk,bknd->bqnd", jax.nn.softmax(scores[0], -1), value)
     attention = (jnp.einsum("bsnd,ndh->bsh", context, layer["output"]["kernel"]) + layer["output"].get("bias", 0.0))
-    direct = jax.jit(layers.SelfAttention(unrolled, True, unrolled.is_local(0)).apply)({"params": layer}, x,
+    direct = jax.jit(attention_layers.SelfAttention(unrolled, True, unrolled.is_local(0)).apply)({"params": layer}, x,
                                                                                        _padding(mask))
     np.testing.assert_allclose(attention, direct, atol=1e-5)
     # the padding keys masked as the model masks them; scanned records the same numbers
@@ -564,8 +564,8 @@ def test_attention_scores_are_what_the_layers_attend_with(family):
 
 
 def _padding(mask):
-    from bertjax.models import layers
-    return layers.Padding((mask > 0)[:, None, None, :], jnp.sum(mask, -1), None, mask)
+    from bertjax.models import attention
+    return attention.Padding((mask > 0)[:, None, None, :], jnp.sum(mask, -1), None, mask)
 
 
 @pytest.mark.slow

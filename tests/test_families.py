@@ -19,7 +19,7 @@ import transformers
 from bertjax.interop import hf, pretrained
 from bertjax.models import bert as bert_model
 from bertjax.models.config import BertConfig
-from bertjax.models import layers
+from bertjax.models import attention
 
 ATOL = 1e-5
 
@@ -296,7 +296,7 @@ def _encoder_inputs():
     """x [B, S, H] and the Padding (mask [B, 1, 1, S], lengths [B], no positions) of SCAN_BATCH."""
     x = np.random.default_rng(1).normal(0, 1, (*SCAN_BATCH["input_ids"].shape, 32)).astype(np.float32)
     mask = SCAN_BATCH["input_mask"] > 0
-    return x, layers.Padding(mask[:, None, None, :], mask.sum(-1).astype(np.int32), None)
+    return x, attention.Padding(mask[:, None, None, :], mask.sum(-1).astype(np.int32), None)
 
 
 def _assert_trees_close(a, b, atol=1e-5):
@@ -365,7 +365,7 @@ def test_cudnn_path_sends_windows_as_masks(monkeypatch):
     cfg, scanned_cfg, params, scanned = _scanned_pair("modernbert", attention_impl="cudnn")
     _, expected = _encoder_grad_and_outputs(cfg)(params["bert"]["encoder"], *_encoder_inputs())
 
-    fused_attention = layers.fused_attention
+    fused_attention = attention.fused_attention
     calls = set()
 
     def xla_for_cudnn(q, k, v, *, implementation, **kwargs):
@@ -373,7 +373,7 @@ def test_cudnn_path_sends_windows_as_masks(monkeypatch):
         calls.add((implementation, kwargs["kv_lengths"] is None))
         return fused_attention(q, k, v, implementation="xla", **kwargs)
 
-    monkeypatch.setattr(layers, "fused_attention", xla_for_cudnn)
+    monkeypatch.setattr(attention, "fused_attention", xla_for_cudnn)
     forward = jax.jit(lambda p, x, padding: bert_model.Encoder(scanned_cfg).apply({"params": p}, x, padding, True, True))
     y, hidden, _ = forward.lower(scanned["bert"]["encoder"], *_encoder_inputs()).compile(QUICK_COMPILE)(
         scanned["bert"]["encoder"], *_encoder_inputs())

@@ -19,7 +19,7 @@ import jax
 import jax.numpy as jnp
 from etils import epath
 
-from bertjax.models import bert, layers as model_layers
+from bertjax.models import attention as model_attention, bert
 from bertjax.tasks.steps import INPUT_KEYS, LAYER_LOSS_METRICS, PACKED_INPUT_KEYS
 
 from bertjax.compression.projections import PROJECTIONS, project, without_projections
@@ -192,7 +192,7 @@ def check_layer_losses(settings: LayerLosses, student: BertConfig, teacher: Bert
         return ()
     g = teacher_layer_map(settings.layer_map, student.num_layers, teacher.num_layers)
     if settings.alpha_attention > 0:
-        model_layers.check_scores_available(student.attention_impl)
+        model_attention.check_scores_available(student.attention_impl)
         s_heads = {student.heads_of(i) for i in range(student.num_layers)}
         t_heads = {teacher.heads_of(j - 1) for j in g}
         if s_heads != t_heads or len(s_heads) != 1:

@@ -109,14 +109,14 @@ class ProjectionCheckpointer:
     def __getattr__(self, name):
         return getattr(self._inner, name)
 
-    def save(self, step: int, params, opt_state, meta, force: bool = False) -> bool:
+    def save(self, step: int, params, opt_state, meta, force: bool = False, fp8=None) -> bool:
         return self._inner.save(step, without_projections(params),
-                                {"optimizer": opt_state, PROJECTIONS: params[PROJECTIONS]}, meta, force=force)
+                                {"optimizer": opt_state, PROJECTIONS: params[PROJECTIONS]}, meta, force=force, fp8=fp8)
 
-    def restore_latest(self, abstract_params, abstract_opt_state, check_meta=None):
+    def restore_latest(self, abstract_params, abstract_opt_state, check_meta=None, abstract_fp8=None):
         restored = self._inner.restore_latest(
             without_projections(abstract_params),
-            {"optimizer": abstract_opt_state, PROJECTIONS: abstract_params[PROJECTIONS]}, check_meta)
+            {"optimizer": abstract_opt_state, PROJECTIONS: abstract_params[PROJECTIONS]}, check_meta, abstract_fp8)
         if restored is None:
             return None
         return dataclasses.replace(restored, params=dict(restored.params, **{PROJECTIONS: restored.opt_state[PROJECTIONS]}),

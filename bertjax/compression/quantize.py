@@ -17,7 +17,7 @@ decoder, which multiplies by the word embeddings, reads them dequantised.) Two m
                 accuracy (docs/performance.md, "int8 quantisation").
 
 qwix intercepts the jnp.einsum / lax.dot_general calls of the flax linen modules as they are written
-(models/layers.py), so the network code is unchanged. The attention's own products (q k^T, the
+(models/layers.py, models/attention.py), so the network code is unchanged. The attention's own products (q k^T, the
 probabilities times v) and the masked-LM decoder are left float: their "weights" are activations or
 the embeddings.
 

@@ -155,7 +155,7 @@ def _frozen_but_layers(params: dict) -> dict:
 
 
 def _block(cfg: BertConfig, index: int, deterministic: bool) -> nn.Module:
-    return layers.TransformerBlock(cfg, deterministic, False, cfg.is_local(index), index == 0, heads=cfg.heads_of(index))
+    return bert.TransformerBlock(cfg, deterministic, False, cfg.is_local(index), index == 0, heads=cfg.heads_of(index))
 
 
 def mixed_layers(x, padding, *, predecessor_layers: dict, successor_layers: dict, replaced, predecessor: BertConfig,

@@ -3,7 +3,8 @@
 Faithful to Devlin et al. 2018 and the original TensorFlow release: summed token + segment + learned
 position embeddings with LayerNorm (eps 1e-12), post-LN Transformer blocks with exact (erf) GELU, a tanh
 pooler on [CLS], and a masked-LM head whose decoder is the transposed word-embedding matrix plus a bias,
-evaluated only at the gathered masked positions. The blocks it is built of are in models/layers.py.
+evaluated only at the gathered masked positions. The block is here; what it is built of is in
+models/layers.py and models/attention.py.
 
 Every parameter carries logical axis names and the key activations carry logical constraints; the
 config's one rules table (configs/common.py) maps them onto the mesh axes (data, fsdp, tensor).
@@ -20,15 +21,88 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax.ad_checkpoint import checkpoint_name
 
-from bertjax.models import layers
+from bertjax.models import attention, fp8, fused_norm, layers
 from bertjax.models.config import BertConfig, REMAT_POLICIES, alternates, scanned_layout
+from bertjax.models.mlm_loss import DecoderInputs, logits_nll
 
 # Collections a caller makes mutable (apply(..., mutable=[...])) to have BertModel, wherever a head wraps it,
 # record each layer's output (L+1 x [B, S, H], embeddings first) or its attention scores before softmax
 # (L x [B, N, S, S]) for the intermediate-layer distillation losses; unasked, neither is computed.
 HIDDEN_STATES = "hidden_states"
 ATTENTION_SCORES = "attention_scores"
+
+class TransformerBlock(nn.Module):
+    """One encoder block. Post-LN as in BERT: x = LN(x + Dropout(SubLayer(x))); pre-LN (pre_layer_norm,
+    or norm_placement="pre"): x = x + Dropout(SubLayer(LN(x))).
+
+    With `rows` ([B, Q] positions) the block computes its output only at those positions: attention
+    still reads keys and values at every position, and everything after it (residual, LayerNorms,
+    feed-forward) is per position. Exactly the rows of the full block's output, for 2 of its 12 H^2
+    per token at the other positions (only the key and value projections).
+
+    Under nn.scan a stack of alternating local and global layers passes each block its kind as the
+    traced `is_local` ([] bool, scanned over) and the rotary tables of both kinds (broadcast).
+
+    Returns (x, (x or None, scores or None)) so that nn.scan can stack the per-layer outputs (hidden state
+    [B, S, H], attention scores before softmax [B, N, S, S]) when they are wanted.
+    """
+
+    config: BertConfig
+    deterministic: bool
+    output_hidden_states: bool = False
+    local: bool = False  # sliding-window attention (model.local_attention_window) in this block
+    first: bool = False  # layer 0: with norm_placement="pre", no norm before its attention (ModernBERT)
+    heads: int = 0  # attention heads of this layer (pruned models); 0: config.num_heads
+    output_attention_scores: bool = False  # also return the attention scores before softmax [B, N, S, S]
+
+    @nn.compact
+    def __call__(self, x, padding, rows=None, is_local=None, rope_tables=None, head_mask=None):
+        # x: [B, S, H]; padding: a Padding, as SelfAttention takes it; rows: None or [B, Q] int.
+        # is_local, rope_tables, head_mask: None, or as SelfAttention takes them. Returns [B, S, H], or
+        # [B, Q, H] with rows.
+        cfg = self.config
+        at_rows = (lambda y: y) if rows is None else (lambda y: jnp.take_along_axis(y, rows[..., None], axis=1))
+        attention_module = attention.SelfAttention(cfg, self.deterministic, self.local, self.heads,
+                                         output_scores=self.output_attention_scores, name="attention")
+        scores = []  # the attention's scores, where asked for
+
+        def attend(y, queries):
+            out = attention_module(y, padding, queries, rows, is_local, rope_tables, head_mask)
+            if self.output_attention_scores:
+                out, layer_scores = out
+                scores.append(layer_scores)
+            return out
+
+        feed_forward = layers.FeedForward(cfg, name="mlp")
+        # The embedding norm already normalises layer 0's input in ModernBERT's pre-norm stack.
+        skip_first_norm = self.first and cfg.norm_placement == "pre"
+        pre_norm = cfg.pre_layer_norm or cfg.norm_placement == "pre"
+        # Post-LN with norm_kernel="pallas": each residual + dropout + LayerNorm is one Pallas kernel
+        # (models/fused_norm.py), under the LayerNorm's name and with its params, so checkpoints load either way.
+        fused = not pre_norm and cfg.norm_kernel == "pallas" and cfg.norm == "layernorm"
+        if fused:
+            norm = lambda name: fused_norm.FusedResidualNorm(  # noqa: E731
+                cfg.layer_norm_eps, cfg.hidden_dropout_rate, cfg.use_bias, cfg.param_dtype, name=name)
+        else:
+            norm = lambda name: layers.layer_norm(cfg, name)  # noqa: E731
+        attention_norm = (lambda y: y) if skip_first_norm else norm("attention_layer_norm")
+        mlp_norm = norm("mlp_layer_norm")
+        dropout = layers.Dropout(cfg.hidden_dropout_rate)
+        if pre_norm:
+            normed = attention_norm(x)
+            x = at_rows(x) + dropout(attend(normed, at_rows(normed)), deterministic=self.deterministic)
+            x = x + dropout(feed_forward(mlp_norm(x)), deterministic=self.deterministic)
+        elif fused:
+            x = attention_norm(attend(x, at_rows(x)), at_rows(x), self.deterministic)  # LN(residual + drop(y))
+            x = mlp_norm(feed_forward(x), x, self.deterministic)
+        else:
+            x = attention_norm(at_rows(x) + dropout(attend(x, at_rows(x)), deterministic=self.deterministic))
+            x = mlp_norm(x + dropout(feed_forward(x), deterministic=self.deterministic))
+        x = checkpoint_name(nn.with_logical_constraint(x, ("batch", "length", "hidden")), "block_out")
+        return x, (x if self.output_hidden_states else None, scores[0] if scores else None)
+
 
 class Encoder(nn.Module):
     """L blocks, either unrolled (params layers_0 ... layers_{L-1}) or scanned (params stacked on axis 0:
@@ -68,7 +142,7 @@ class Encoder(nn.Module):
         """The block as the unrolled layers and as the scanned ones run it: rematerialised as
         model.remat_policy says (under scan without prevent_cse)."""
         cfg = self.config
-        block = scanned_block = layers.TransformerBlock
+        block = scanned_block = TransformerBlock
         if cfg.remat_policy != "none":
             policy = REMAT_POLICIES[cfg.remat_policy]
             block = nn.remat(block, policy=policy, prevent_cse=True)
@@ -141,7 +215,7 @@ class Encoder(nn.Module):
             tables = None
             if cfg.position_embedding == "rotary":
                 positions = jnp.arange(x.shape[1])[None] if padding.positions is None else padding.positions
-                tables = layers.local_and_global_rotary_tables(cfg, positions)
+                tables = attention.local_and_global_rotary_tables(cfg, positions)
             # padding, rows (None), is_local, tables, head_mask
             in_axes = (nn.broadcast, nn.broadcast, 0, nn.broadcast, mask_axis)
             return self._stack(scanned_block, stacked, deterministic, output_hidden_states, in_axes)(
@@ -155,7 +229,8 @@ class Encoder(nn.Module):
         cfg = self.config
         # All the stacked layers have one head count (BertConfig checks it): the last layer's.
         heads = cfg.heads_of(cfg.num_layers - 1)
-        return nn.scan(body, variable_axes={"params": 0}, split_rngs={"params": True, "dropout": True},
+        # The fp8 scaling state (model.matmul_dtype="fp8") is per layer, stacked as the params are.
+        return nn.scan(body, variable_axes={"params": 0, fp8.COLLECTION: 0}, split_rngs={"params": True, "dropout": True},
                        in_axes=in_axes, length=length, metadata_params={nn.PARTITION_NAME: "layers"},
                        )(cfg, deterministic, output_hidden_states, heads=heads,
                          output_attention_scores=self.output_attention_scores, name="layers")
@@ -183,7 +258,7 @@ class BertModel(nn.Module):
             self.embeddings_project = layers.dense(cfg, cfg.hidden_size, (None, "embed"), "embeddings_project")
         scores = self._recording(ATTENTION_SCORES)
         if scores:
-            layers.check_scores_available(cfg.attention_impl)
+            attention.check_scores_available(cfg.attention_impl)
         self.encoder = Encoder(cfg, output_attention_scores=scores)
         self.pooler = layers.dense(cfg, cfg.hidden_size, ("embed", None), "pooler")
         if cfg.pooler == "gelu_norm":
@@ -254,16 +329,16 @@ class BertModel(nn.Module):
         return x
 
     @staticmethod
-    def _padding(input_mask, sequence_ids, position_ids, cls_positions=None) -> layers.Padding:
+    def _padding(input_mask, sequence_ids, position_ids, cls_positions=None) -> attention.Padding:
         """Which keys each query sees: the real tokens of its row, or (packed rows: sequence_ids given) the
         real tokens of its own sequence, block-diagonal."""
         if sequence_ids is not None:
             same = sequence_ids[:, :, None] == sequence_ids[:, None, :]  # [B, S, S]
             mask = (same & (sequence_ids > 0)[:, None, :])[:, None]  # [B, 1, S, S]
-            return layers.Padding(mask, None, position_ids, sequence_ids, cls_positions)
+            return attention.Padding(mask, None, position_ids, sequence_ids, cls_positions)
         mask = (input_mask > 0)[:, None, None, :]  # [B, 1, 1, S]
         lengths = jnp.sum(input_mask > 0, axis=-1, dtype=jnp.int32)  # [B]: rows are right-padded
-        return layers.Padding(mask, lengths, position_ids, (input_mask > 0).astype(jnp.int32))
+        return attention.Padding(mask, lengths, position_ids, (input_mask > 0).astype(jnp.int32))
 
     def pool(self, x):
         """The pooler's transform of hidden states [..., H] -> [..., H]: of [CLS] in __call__, of every
@@ -287,23 +362,29 @@ class MaskedLMHead(nn.Module):
     config: BertConfig
 
     @nn.compact
-    def __call__(self, x, word_embeddings):
+    def __call__(self, x, word_embeddings, project: bool = True):
         # x: [B, P, H] hidden states at the masked positions; word_embeddings: [V, E]
+        # project=False (model.mlm_loss="chunked"): the decoder's inputs, a DecoderInputs, instead
+        # of the [B, P, V] logits; the loss projects them chunk by chunk. The params are the same.
         cfg = self.config
         x = layers.dense(cfg, cfg.embedding_width, ("embed", None), "transform")(x)  # [B, P, E]
         x = layers.activation(cfg.activation)(x)
         x = layers.layer_norm(cfg, "layer_norm")(x)
+        bias = self.param("output_bias", layers.zeros_init(("vocab",)), (cfg.vocab_size,), cfg.param_dtype)
+        if not project:
+            return DecoderInputs(x, word_embeddings, bias, cfg.mlm_loss_chunk)
         # Accumulate in float32: the softmax over V = 30k entries is where bf16 loses most.
         logits = jnp.einsum(
             "bph,vh->bpv", x, word_embeddings.astype(cfg.dtype), preferred_element_type=jnp.float32
         )  # [B, P, V]
-        bias = self.param("output_bias", layers.zeros_init(("vocab",)), (cfg.vocab_size,), cfg.param_dtype)
         logits = logits + bias.astype(jnp.float32)
         return nn.with_logical_constraint(logits, ("batch", None, "vocab"))
 
 
 class BertForPreTraining(nn.Module):
-    """BertModel with the masked-LM head (at gathered positions) and the next-sentence head."""
+    """BertModel with the masked-LM head (at gathered positions) and the next-sentence head. Its outputs
+    hold "mlm_logits" [B, P, V] float32, or with model.mlm_loss="chunked" "mlm_decoder" (what
+    pretraining_loss projects chunk by chunk, models/mlm_loss.py) in their place."""
 
     config: BertConfig
 
@@ -331,16 +412,28 @@ class BertForPreTraining(nn.Module):
         else:
             outputs = self.bert(input_ids, segment_ids, input_mask, deterministic, **packing)
             gathered = jnp.take_along_axis(outputs["sequence_output"], masked_lm_positions[..., None], axis=1)
-        outputs["mlm_logits"] = self.mlm_head(gathered, self.bert.word_embedding_table())  # [B, P, V] f32
+        table = self.bert.word_embedding_table()  # [V, E]
+        if self.config.mlm_loss == "chunked":
+            outputs["mlm_decoder"] = self.mlm_head(gathered, table, project=False)
+        else:
+            outputs["mlm_logits"] = self.mlm_head(gathered, table)  # [B, P, V] f32
         outputs["nsp_logits"] = self.nsp_head(outputs["pooled_output"]).astype(jnp.float32)  # [B, 2] or [B, K, 2]
         return outputs
 
 
-def pretraining_loss(mlm_logits, nsp_logits, masked_lm_ids, masked_lm_weights, next_sentence_labels,
+def mlm_output(outputs: dict):
+    """What pretraining_loss's first argument is of BertForPreTraining's outputs: the logits, or under
+    model.mlm_loss="chunked" the decoder's inputs."""
+    return outputs["mlm_decoder"] if "mlm_decoder" in outputs else outputs["mlm_logits"]
+
+
+def pretraining_loss(mlm, nsp_logits, masked_lm_ids, masked_lm_weights, next_sentence_labels,
                      objective: str = "nsp", sentence_weights=None):
     """BERT's loss: weighted masked-LM NLL over the real predictions plus mean NSP cross-entropy.
 
-    mlm_logits: [B, P, V]; nsp_logits: [B, 2]; masked_lm_ids: [B, P] int; masked_lm_weights: [B, P] float
+    mlm: the logits [B, P, V], or a DecoderInputs (model.mlm_loss="chunked": the same NLL and
+    argmax computed by chunks of the vocabulary, never holding [B, P, V] logits); nsp_logits: [B, 2];
+    masked_lm_ids: [B, P] int; masked_lm_weights: [B, P] float
     (1 for a real prediction, 0 for padding); next_sentence_labels: [B] int (0 IsNext, 1 NotNext).
     objective: "nsp"; "sop" (ALBERT: the same 2-way head on 0 in order / 1 swapped, metrics sop_*);
     "none" (RoBERTa, ModernBERT: masked LM only, no sentence metrics; nsp_logits may be None).
@@ -353,18 +446,15 @@ def pretraining_loss(mlm_logits, nsp_logits, masked_lm_ids, masked_lm_weights, n
     if objective not in ("nsp", "sop", "none"):
         raise ValueError(f"data.objective={objective!r}: choose nsp, sop or none")
     weights = masked_lm_weights.astype(jnp.float32)
-    logits = mlm_logits.astype(jnp.float32)
-    # NLL = logsumexp(logits) - logit[label], the label's logit picked by a one-hot select rather than
-    # a gather: the gradient (softmax - one-hot) is then one fused element-wise pass over [B, P, V]
-    # instead of a zero-filled [B, P, V] buffer plus a scatter.
-    is_label = jnp.arange(logits.shape[-1]) == masked_lm_ids[..., None]  # [B, P, V] bool
-    label_logit = jnp.sum(jnp.where(is_label, logits, 0.0), axis=-1)  # [B, P]
-    mlm_nll = jax.nn.logsumexp(logits, axis=-1) - label_logit  # [B, P]
+    if isinstance(mlm, DecoderInputs):
+        mlm_nll, correct = mlm.nll(masked_lm_ids)  # [B, P] each
+    else:
+        mlm_nll, correct = logits_nll(mlm, masked_lm_ids)
     # The 1e-5 keeps a batch without predictions finite, as in the original.
     mlm_loss = jnp.sum(weights * mlm_nll) / (jnp.sum(weights) + 1e-5)
     metrics = {
         "mlm_loss": mlm_loss,
-        "mlm_correct": jnp.sum(weights * (jnp.argmax(mlm_logits, -1) == masked_lm_ids)),
+        "mlm_correct": jnp.sum(weights * correct),
         "mlm_count": jnp.sum(weights),
     }
     if objective == "none":  # the label of a FULL-SENTENCES row means nothing

@@ -78,7 +78,7 @@ PLATFORM_DEFAULTS = {
 
 # attention_impl="auto" without attention dropout: the row length from which XLA's dense masked attention
 # gives way to blockwise, per platform where blockwise wins there (docs/performance.md, "auto by length").
-BLOCKWISE_FROM = {"cpu": 2048}
+BLOCKWISE_FROM = {"cpu": 512}
 
 
 def current_platform() -> str:

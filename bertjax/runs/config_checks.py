@@ -144,6 +144,9 @@ def check_model_overrides(model) -> None:
     """A fine-tuning config's model section sets how the pretrained network computes: each value checked
     on a default network (the architecture comes from the starting model)."""
     BertConfig.from_dict(dict(model), platform="cpu")
+    if model.get("matmul_dtype") == "fp8":  # the task steps apply params alone; no scaling state reaches them
+        raise ValueError("model.matmul_dtype=fp8 trains in pretraining only: set model.matmul_dtype=default "
+                         "(a checkpoint pretrained in fp8 fine-tunes as it is)")
 
 
 def check_path(path: str | None, key: str) -> None:

@@ -111,6 +111,9 @@ def check(config):
         raise ValueError("config.distill.teacher is required: a bertjax pretraining workdir or a Hugging Face "
                          "directory (with its masked-LM head where distill.alpha_ce > 0)")
     config_checks.check_path(config.distill.teacher, "distill.teacher")
+    if config.model.get("mlm_loss") == "chunked":
+        raise ValueError("model.mlm_loss='chunked' does not apply to general distillation, whose soft targets read "
+                         "the student's and the teacher's whole logits: set model.mlm_loss=logits")
     if config.train.get("batch_warmup_start", 0):
         raise ValueError(f"train.batch_warmup_start={config.train.batch_warmup_start}: general distillation takes the "
                          "whole batch from its first step; set train.batch_warmup_start=0")

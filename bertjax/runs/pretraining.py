@@ -98,7 +98,13 @@ def describe_model(bert_config: BertConfig, abstract_params, row_length: int) ->
             f"{bert.count_params(abstract_params):,} parameters; {bert_config.dtype} compute, "
             f"{describe_attention(bert_config, row_length)}, "
             f"{bert_config.word_embedding} word embedding, remat {bert_config.remat_policy}"
-            + (", scanned layers" if bert_config.scan_layers else ""))
+            + (", scanned layers" if bert_config.scan_layers else "")
+            + "".join(f", {name}={getattr(bert_config, name)}" for name, default in LEVER_DEFAULTS.items()
+                      if getattr(bert_config, name) != default))
+
+
+# The accelerator levers (docs/performance.md) the model line names where a run turns them on.
+LEVER_DEFAULTS = dict(fused_qkv=False, norm_kernel="xla", matmul_dtype="default", mlm_loss="logits")
 
 
 def make_checkpointer(config, workdir: str, abstract_state) -> checkpoint.Checkpointer:
@@ -116,7 +122,8 @@ def restore(config, setup, checkpointer: checkpoint.Checkpointer, init_key) -> T
     bert_config, abstract_state = setup.bert_config, setup.abstract_state
     restored = checkpointer.restore_latest(abstract_state.params, abstract_state.opt_state,
                                            check_meta=functools.partial(check_same_run, config=config,
-                                                                        bert_config=bert_config))
+                                                                        bert_config=bert_config),
+                                           abstract_fp8=abstract_state.fp8)
     if restored is not None:
         check_same_stream(restored.meta, config, jax.process_count())
         say(f"resumed from step {restored.step} ({checkpointer.directory})")
@@ -124,7 +131,10 @@ def restore(config, setup, checkpointer: checkpoint.Checkpointer, init_key) -> T
         if changed:
             say(f"the learning-rate schedule differs from the checkpoint's ({changed}): from step {restored.step} "
                 f"on it follows the config's, {float(setup.schedule(restored.step)):.2e} now")
-        return TrainState(jnp.int32(restored.step), restored.params, restored.opt_state)
+        fp8 = restored.fp8
+        if fp8 is None and abstract_state.fp8 is not None:  # model.matmul_dtype=fp8 from a checkpoint without it
+            fp8 = setup.init_fp8(init_key)
+        return TrainState(jnp.int32(restored.step), restored.params, restored.opt_state, fp8)
     init_from = config.train.init_from
     if init_from:  # every check of the parent before anything is created
         check_parent(init_from, config, bert_config, electra=setup.generator_config is not None)
@@ -505,7 +515,7 @@ class Run:
                               config=self.config.to_dict())
 
     def save(self, state, step: int, force: bool) -> None:
-        self.checkpointer.save(step, state.params, state.opt_state, self.meta(step), force=force)
+        self.checkpointer.save(step, state.params, state.opt_state, self.meta(step), force=force, fp8=state.fp8)
 
 
 def hooks(run: Run, writer: writers.MetricWriter, preemption: Preemption) -> loop.Hooks:

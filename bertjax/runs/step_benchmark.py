@@ -8,6 +8,7 @@ import resource
 import subprocess
 import sys
 import time
+from typing import Callable
 
 import jax
 import numpy as np
@@ -158,6 +159,24 @@ def compiled_memory(compiled) -> int | None:
     return int(m.argument_size_in_bytes + m.output_size_in_bytes + m.temp_size_in_bytes - m.alias_size_in_bytes)
 
 
+def row_writer(path: str | None, **context) -> Callable[[dict], None]:
+    """A function that appends a measured row, with `context` (what every row of this run shares), to the
+    JSON-lines file `path` and closes it at once, so that a run cut off later still leaves what it measured;
+    one that does nothing without a path."""
+    def write(row: dict) -> None:
+        if path:
+            with open(path, "a") as f:
+                f.write(json.dumps({**context, **row}, default=_plain) + "\n")
+    return write
+
+
+def _plain(value):
+    """numpy scalars as the Python numbers json writes."""
+    if hasattr(value, "item"):
+        return value.item()
+    raise TypeError(f"{type(value).__name__} in a benchmark row is not JSON")
+
+
 def _si(x: float) -> str:
     for unit, scale in (("M", 1e6), ("k", 1e3)):
         if abs(x) >= scale:
@@ -174,27 +193,36 @@ def hf_on_gpu(hf_variants: list) -> bool:
     return any(device != "cpu" for device, _ in hf_variants)
 
 
-def measure_runners(runners: list, warmup: int, steps: int, one_at_a_time: bool) -> tuple[list, list]:
+def measure_runners(runners: list, warmup: int, steps: int, one_at_a_time: bool,
+                    done: Callable[[int, dict, int | None], None] = lambda i, timing, peak: None) -> tuple[list, list]:
     """timing.measure's figures and each runner's peak memory. On a GPU the runners take turns, the HF
     ones first, each releasing its cached memory after: large's bertjax and two HF peers would not fit
-    in one device's memory together, and a device that runs one program has no load to share out."""
+    in one device's memory together, and a device that runs one program has no load to share out.
+    done(i, timing, peak) is called as each runner's figures are known, the HF ones first, so that a
+    run cut off later still reports them."""
+    order = [*range(1, len(runners)), 0]
     if not one_at_a_time:
         timings = measure(runners, warmup, steps)
-        return timings, [runner.peak_bytes() for runner in runners]
+        peaks = [runner.peak_bytes() for runner in runners]
+        for i in order:
+            done(i, timings[i], peaks[i])
+        return timings, peaks
     timings, peaks = [None] * len(runners), [None] * len(runners)
-    for i in [*range(1, len(runners)), 0]:
+    for i in order:
         runner = runners[i]
         runner.reset_peak()
         timings[i] = measure([runner], warmup, steps)[0]
         peaks[i] = runner.peak_bytes()
         runner.release()
+        done(i, timings[i], peaks[i])
     return timings, peaks
 
 
 def run_shape(size: str, seq_len: int, batch_size: int, *, steps: int, warmup: int, dtype, overrides: dict,
               dropout_rng: str, hf_variants: list, profile: str | None, peak: float | None,
-              memory_only: bool = False) -> list[dict]:
-    """bertjax and the HF variants ((device, compile) pairs) on one shape; one result row per runner."""
+              memory_only: bool = False, record: Callable[[dict], None] = lambda row: None) -> list[dict]:
+    """bertjax and the HF variants ((device, compile) pairs) on one shape; one result row per runner, each
+    passed to `record` as soon as it is measured."""
     num_predictions = max_predictions(seq_len)
     config = benchmark_config(load_config(size), dtype, overrides, seq_len, num_predictions,
                               dropout_rng)
@@ -212,20 +240,29 @@ def run_shape(size: str, seq_len: int, batch_size: int, *, steps: int, warmup: i
     hf_config = hf_peer_config(BertConfig.from_dict(config.model, platform="cpu"))
     for device, compile in hf_variants:
         runners.append(HFStep(hf_config, batches, device=device, compile=compile))
-    timings, peaks = measure_runners(runners, warmup, steps, one_at_a_time=hf_on_gpu(hf_variants))
     tokens = batch_size * seq_len
-    rows = []
-    for runner, t, peak_memory in zip(runners, timings, peaks):
+    rows = [None] * len(runners)
+
+    def done(i: int, t: dict, peak_memory: int | None) -> None:
+        runner = runners[i]
         tps = steps * tokens / t["seconds"]
         memory = runner.memory_bytes if runner.name == "bertjax" else None
-        rows.append(dict(size=size, seq_len=seq_len, batch_size=batch_size, runner=runner.name,
-                         params=runner.params, tps=tps, best_tps=tokens / t["best"],
-                         ms=1e3 * t["seconds"] / steps, tflops=flops_per_token * tps / 1e12, first=t["first_step"],
-                         mfu=None if peak is None else flops.mfu(tps, flops_per_token, 1, peak), loss=t["loss"],
-                         memory=memory, peak_memory=peak_memory, versions=getattr(runner, "versions", None)))
+        rows[i] = dict(kind="step", size=size, seq_len=seq_len, batch_size=batch_size,
+                       shape=f"{batch_size}x{seq_len}", runner=runner.name, params=runner.params, tps=tps,
+                       best_tps=tokens / t["best"], ms=1e3 * t["seconds"] / steps,
+                       tflops=flops_per_token * tps / 1e12, first=t["first_step"],
+                       mfu=None if peak is None else flops.mfu(tps, flops_per_token, 1, peak), loss=t["loss"],
+                       memory=memory, peak_memory=peak_memory, versions=getattr(runner, "versions", None))
+        if i == 0:  # measured last: bertjax's tokens/s over each HF runner's, and what its step was
+            rows[0].update(ratios={r["runner"]: tps / r["tps"] for r in rows[1:]}, dtype=cfg.dtype,
+                           attention=cfg.attention_impl, remat_policy=cfg.remat_policy, scan_layers=cfg.scan_layers,
+                           compile_seconds=runner.compile_seconds)
+        record(rows[i])
         label = runner.name + (f" ({runner.architecture})" if hasattr(runner, "architecture") else "")
-        print(f"    {label}: {_si(tps)} tok/s ({rows[-1]['ms']:.1f} ms/step, fastest "
+        print(f"    {label}: {_si(tps)} tok/s ({rows[i]['ms']:.1f} ms/step, fastest "
               f"{1e3 * t['best']:.1f}, first {t['first_step']:.1f} s, loss {t['loss']:.2f})", flush=True)
+
+    measure_runners(runners, warmup, steps, one_at_a_time=hf_on_gpu(hf_variants), done=done)
     if profile:
         print_profile(f"{size} {batch_size} x {seq_len} bertjax",
                       profile_steps(runners[0], os.path.join(profile, f"{size}_{batch_size}x{seq_len}")))
@@ -235,7 +272,7 @@ def run_shape(size: str, seq_len: int, batch_size: int, *, steps: int, warmup: i
 
 
 def run_packing(size: str, seq_len: int, batch_size: int, *, steps: int, warmup: int, dtype, overrides: dict,
-                dropout_rng: str) -> list[dict]:
+                dropout_rng: str, record: Callable[[dict], None] = lambda row: None) -> list[dict]:
     """bertjax on rows of one example each, padded at the right, and on packed rows, the examples of
     both drawn with the demo corpus's lengths (synthetic.synthetic_lengths): real tokens/s of each."""
     num_predictions = max_predictions(seq_len)
@@ -255,10 +292,12 @@ def run_packing(size: str, seq_len: int, batch_size: int, *, steps: int, warmup:
     timings = measure(runners, warmup, steps)
     rows = []
     for runner, t, tokens in zip(runners, timings, real):
-        rows.append(dict(size=size, seq_len=seq_len, batch_size=batch_size, rows=runner.name,
-                         share=tokens / (batch_size * seq_len), real_tps=steps * tokens / t["seconds"],
-                         ms=1e3 * t["seconds"] / steps))
+        rows.append(dict(kind="packing", size=size, seq_len=seq_len, batch_size=batch_size,
+                         shape=f"{batch_size}x{seq_len}", rows=runner.name, share=tokens / (batch_size * seq_len),
+                         real_tps=steps * tokens / t["seconds"], ms=1e3 * t["seconds"] / steps))
     rows[1]["ratio"] = rows[1]["real_tps"] / rows[0]["real_tps"]
+    for row in rows:
+        record(row)
     return rows
 
 
@@ -288,26 +327,32 @@ def long_row_measurement(size: str, seq_len: int, batch_size: int, attention_imp
     runner = BertjaxStep(config, batches)
     t = measure([runner], warmup, steps)[0]
     analysis = runner.compiled.memory_analysis()
-    return dict(size=size, seq_len=seq_len, batch_size=batch_size, attention=attention_impl,
-                block=runner.bert_config.attention_block_size, ms=1e3 * t["seconds"] / steps,
-                tps=steps * batch_size * seq_len / t["seconds"], first=t["first_step"], loss=t["loss"],
-                first_loss=t["first_loss"],
+    tps = steps * batch_size * seq_len / t["seconds"]
+    flops_per_token = flops.config_flops_per_token(runner.bert_config, seq_len, num_predictions / seq_len)
+    peak = flops.peak_flops_per_device(jax.devices()[0].device_kind)
+    return dict(kind="long_rows", size=size, seq_len=seq_len, batch_size=batch_size,
+                shape=f"{batch_size}x{seq_len}", runner="bertjax", attention=attention_impl,
+                block=runner.bert_config.attention_block_size, ms=1e3 * t["seconds"] / steps, tps=tps,
+                tflops=flops_per_token * tps / 1e12,
+                mfu=None if peak is None else flops.mfu(tps, flops_per_token, 1, peak), first=t["first_step"],
+                loss=t["loss"], first_loss=t["first_loss"],
                 compile=runner.compile_seconds, temp=None if analysis is None else int(analysis.temp_size_in_bytes),
                 memory=runner.memory_bytes, max_rss=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
                 sequences=float(np.mean([b["sentence_weights"].sum(axis=1).mean() for b in batches])))
 
 
 def run_long_rows(size: str, seq_lens: list[int], batch_size: int, attention_impls: list[str], *, timeout: float,
-                  **common) -> list[dict]:
+                  record: Callable[[dict], None] = lambda row: None, **common) -> list[dict]:
     """long_row_measurement of each length and implementation, each in a fresh Python process; one that
-    runs out of memory or past `timeout` seconds is a row saying so."""
+    runs out of memory or past `timeout` seconds is a row saying so. Each row goes to `record` as it comes."""
     rows = []
     for seq_len in seq_lens:
         for impl in attention_impls:
             args = dict(size=size, seq_len=seq_len, batch_size=batch_size, attention_impl=impl, **common)
             code = ("import json, sys; from bertjax.runs import step_benchmark as b; "
                     "print('RESULT', json.dumps(b.long_row_measurement(**json.loads(sys.argv[1]))))")
-            row = dict(size=size, seq_len=seq_len, batch_size=batch_size, attention=impl)
+            row = dict(kind="long_rows", size=size, seq_len=seq_len, batch_size=batch_size,
+                       shape=f"{batch_size}x{seq_len}", runner="bertjax", attention=impl)
             try:
                 done = subprocess.run([sys.executable, "-c", code, json.dumps(args)], capture_output=True, text=True,
                                       timeout=timeout)
@@ -321,6 +366,7 @@ def run_long_rows(size: str, seq_lens: list[int], batch_size: int, attention_imp
                     last = (done.stderr.strip().splitlines() or [f"exit status {done.returncode}"])[-1]
                     row["failed"] = f"exit status {done.returncode}: {last[-160:]}"
             rows.append(row)
+            record(row)
             print(f"    {size} {batch_size} x {seq_len} {impl}: "
                   + (row["failed"] if "failed" in row else f"{_si(row['tps'])} tok/s, temporaries "
                      f"{_mib(row['temp'])}, peak RSS {_mib(row['max_rss'])}, loss at step 1 {row['first_loss']:.5f}"),
@@ -367,14 +413,28 @@ def print_results(rows: list[dict], peak: float | None) -> None:
           + ("" if peak else "; MFU needs a known accelerator peak"))
 
 
+def what_to_run(accelerator: bool, sizes: list[str] | None, shape: tuple[int, int], shape_given: bool,
+                no_torch: bool, no_torch_compile: bool, long_rows: bool) -> tuple[list[str], tuple, list]:
+    """(sizes, (seq_len, batch_size) shapes, HF variants as (device, compiled)): on an accelerator base and
+    large at ACCELERATOR_SHAPES beside HF eager and compiled on CUDA; on a CPU mini, small and base beside
+    HF eager."""
+    if accelerator:
+        cuda = not no_torch and torch_cuda_available()
+        hf_variants = [("cuda", False)] + ([] if no_torch_compile else [("cuda", True)]) if cuda else []
+        return sizes or ["base", "large"], ((shape,) if shape_given else ACCELERATOR_SHAPES), hf_variants
+    return sizes or ["mini", "small", "base"], (shape,), [] if no_torch or long_rows else [("cpu", False)]
+
+
 def benchmark(*, sizes: list[str] | None, seq_len: int, batch_size: int, shape_given: bool, steps: int, warmup: int,
               dtype: str | None, overrides: dict, dropout_rng: str, accelerator: bool | None, no_torch: bool,
               no_torch_compile: bool, profile: str | None, packing: bool, memory_only: bool,
               embeddings: bool | None = False, texts: int = 2048, max_length: int = 256,
               embed_passes: int = 3, long_rows: list[int] = (), attention_impls: list[str] = ("xla", "blockwise"),
-              long_row_timeout: float = 1200.0) -> dict | None:
-    """The benchmark the flags ask for (python -m bertjax.benchmark --help), printed; --embeddings' rows
-    returned (embedding_benchmark.benchmark's)."""
+              long_row_timeout: float = 1200.0, json_path: str | None = None,
+              json_label: str | None = None) -> dict | None:
+    """The benchmark the flags ask for (python -m bertjax.benchmark --help), printed; each measured row
+    of the step, --packing and --long_rows also appended to `json_path` as it is measured (row_writer);
+    --embeddings' rows returned (embedding_benchmark.benchmark's)."""
     if steps < 1 or warmup < 1:
         raise ValueError("--steps and --warmup must be at least 1 (the first warmup step compiles)")
     if accelerator is None:
@@ -387,21 +447,19 @@ def benchmark(*, sizes: list[str] | None, seq_len: int, batch_size: int, shape_g
     device = jax.devices()[0]
     peak = flops.peak_flops_per_device(device.device_kind)
     requested = sizes
-    if accelerator:
-        sizes = sizes or ["base", "large"]
-        shapes = ((seq_len, batch_size),) if shape_given else ACCELERATOR_SHAPES
-        cuda = not no_torch and torch_cuda_available()
-        hf_variants = [("cuda", False)] + ([] if no_torch_compile else [("cuda", True)]) if cuda else []
-    else:
-        sizes, shapes = sizes or ["mini", "small", "base"], ((seq_len, batch_size),)
-        hf_variants = [] if no_torch or long_rows else [("cpu", False)]
+    sizes, shapes, hf_variants = what_to_run(accelerator, sizes, (seq_len, batch_size), shape_given, no_torch,
+                                             no_torch_compile, bool(long_rows))
     turns = "one runner at a time" if hf_on_gpu(hf_variants) else "alternating blocks"
     print(f"backend {jax.default_backend()}: {device.device_kind}, {os.cpu_count()} CPUs, load "
           f"{load_average()}; peak bf16 {'unknown' if peak is None else f'{peak / 1e12:.0f} TFLOP/s'}; "
           f"{warmup} warmup + {steps} timed steps, {turns}; HF: "
           f"{', '.join(('compiled' if c else 'eager') + ' on ' + d for d, c in hf_variants) or 'not run'}"
           + (f"; overrides {overrides}" if overrides else ""), flush=True)
-    common = dict(steps=steps, warmup=warmup, dtype=dtype, overrides=overrides, dropout_rng=dropout_rng)
+    record = row_writer(json_path, label=json_label, device=device.device_kind, jax=jax.__version__,
+                        xla_flags=os.environ.get("XLA_FLAGS", ""), overrides=overrides,
+                        dropout_rng=dropout_rng, steps=steps, warmup=warmup)
+    common = dict(steps=steps, warmup=warmup, dtype=dtype, overrides=overrides, dropout_rng=dropout_rng,
+                  record=record)
     if long_rows:
         print_long_rows([row for size in requested or ["modernbert_tiny"]
                          for row in run_long_rows(size, long_rows, batch_size if shape_given else 1, attention_impls,

@@ -1,8 +1,9 @@
 """Orbax checkpoints of a run: parameters, optimizer state, and what the data stream needs to resume.
 
-Layout: WORKDIR/checkpoints/<step>/{params, opt_state, meta}. `params` alone is what `init_from` and
-`bertjax.load` read (a new phase with train.init_from_optimizer reads `opt_state` too); `meta` (JSON)
-holds the step, the model config, the data position and the run's config.
+Layout: WORKDIR/checkpoints/<step>/{params, opt_state, meta}, and `fp8` in a model.matmul_dtype=fp8 run
+(its scaling state: amax histories and scales). `params` alone is what `init_from` and `bertjax.load` read
+(a new phase with train.init_from_optimizer reads `opt_state` too); `meta` (JSON) holds the step, the
+model config, the data position and the run's config.
 
 The one restore order (train.py follows it):
   1. this workdir's latest readable checkpoint (a run that was stopped or preempted resumes);
@@ -28,6 +29,7 @@ from bertjax.text import files
 from bertjax.training.checkpoint_meta import CheckpointMeta
 
 ITEMS = ("params", "opt_state", "meta")
+FP8_ITEM = "fp8"  # an fp8 run's scaling state (TrainState.fp8), beside the items every run saves
 CHECKPOINT_DIR = "checkpoints"
 BEST_DIR = "best"  # a fine-tuning run's best dev checkpoint: params and meta only
 
@@ -98,6 +100,7 @@ class Restored:
     params: Any
     opt_state: Any
     meta: CheckpointMeta
+    fp8: Any = None  # the saved fp8 scaling state, where asked for and saved
 
 
 class Checkpointer:
@@ -116,13 +119,16 @@ class Checkpointer:
         # Handlers named up front, so that item_metadata() describes the arrays before any restore.
         self.manager = ocp.CheckpointManager(self.directory, options=options, item_handlers={
             "params": ocp.StandardCheckpointHandler(), "opt_state": ocp.StandardCheckpointHandler(),
-            "meta": ocp.JsonCheckpointHandler()})
+            "meta": ocp.JsonCheckpointHandler(), FP8_ITEM: ocp.StandardCheckpointHandler()})
 
-    def save(self, step: int, params, opt_state, meta: CheckpointMeta, force: bool = False) -> bool:
+    def save(self, step: int, params, opt_state, meta: CheckpointMeta, force: bool = False, fp8=None) -> bool:
+        """fp8: TrainState.fp8; None (every run but model.matmul_dtype=fp8's) saves no such item."""
+        items = {} if fp8 is None else {FP8_ITEM: ocp.args.StandardSave(fp8)}
         args = ocp.args.Composite(
             params=ocp.args.StandardSave(params),
             opt_state=ocp.args.StandardSave(opt_state),
             meta=ocp.args.JsonSave(meta.replace(step=step).to_json()),
+            **items,
         )
         try:
             return self.manager.save(step, args=args, force=force)
@@ -130,12 +136,17 @@ class Checkpointer:
             raise self._save_failed(e) from None
 
     def restore_latest(self, abstract_params, abstract_opt_state,
-                       check_meta: Callable[[int, CheckpointMeta], None] | None = None) -> Restored | None:
+                       check_meta: Callable[[int, CheckpointMeta], None] | None = None,
+                       abstract_fp8=None) -> Restored | None:
         """The newest checkpoint that reads back whole, restored straight into the target shardings
         (the abstract trees are jax.ShapeDtypeStructs carrying them). Its meta is read first and given
         to check_meta(step, meta), which raises ValueError when the checkpoint does not fit the config:
         that stops the run and leaves every checkpoint as it is. Only a checkpoint that cannot be read
-        is reported and moved aside (kept, for a post-mortem), and the one before it is used."""
+        is reported and moved aside (kept, for a post-mortem), and the one before it is used.
+
+        abstract_fp8 (an fp8 run's): its saved scaling state is restored too, as Restored.fp8; a
+        checkpoint saved without one (a run with model.matmul_dtype=default) gives None, and the run
+        starts its scaling state afresh."""
         for step in sorted(self.manager.all_steps(), reverse=True):
             try:
                 meta = CheckpointMeta.from_json(
@@ -145,25 +156,25 @@ class Checkpointer:
                 continue
             if check_meta is not None:
                 check_meta(step, meta)
+            items = {"params": abstract_params, "opt_state": abstract_opt_state}
+            if abstract_fp8 is not None and (epath.Path(self.directory) / str(step) / FP8_ITEM).is_dir():
+                items[FP8_ITEM] = abstract_fp8
             try:
                 saved = self.manager.item_metadata(step)
-                saved_shapes = {item: leaf_shapes(getattr(saved[item], "tree", saved[item]))
-                                for item in ("params", "opt_state")}
+                saved_shapes = {item: leaf_shapes(getattr(saved[item], "tree", saved[item])) for item in items}
             except Exception as e:  # noqa: BLE001 -- array metadata that cannot be read: unreadable
                 self._unreadable(step, e)
                 continue
             # Readable but of other shapes: the config's model or optimizer is not the checkpoint's.
-            check_same_arrays(step, saved_shapes, {"params": leaf_shapes(abstract_params),
-                                                   "opt_state": leaf_shapes(abstract_opt_state)})
+            check_same_arrays(step, saved_shapes, {item: leaf_shapes(tree) for item, tree in items.items()})
             try:
                 restored = self.manager.restore(step, args=ocp.args.Composite(
-                    params=ocp.args.StandardRestore(abstract_params),
-                    opt_state=ocp.args.StandardRestore(abstract_opt_state),
-                ))
+                    **{item: ocp.args.StandardRestore(tree) for item, tree in items.items()}))
             except Exception as e:  # noqa: BLE001
                 self._unreadable(step, e)
                 continue
-            return Restored(step, restored.params, restored.opt_state, meta)
+            return Restored(step, restored.params, restored.opt_state, meta,
+                            restored[FP8_ITEM] if FP8_ITEM in items else None)
         return None
 
     def _unreadable(self, step: int, error: Exception) -> None:

@@ -25,6 +25,7 @@ from typing import Any, Callable, NamedTuple, Optional, Union
 import jax
 import jax.numpy as jnp
 import optax
+from flax.linen.fp8_ops import OVERWRITE_WITH_GRADIENT
 
 # The original's exclude_from_weight_decay: a parameter whose full name contains any of these
 # (re.search on e.g. "bert/encoder/layer_0/attention/output/LayerNorm/gamma") does not decay.
@@ -516,8 +517,17 @@ def accumulate_gradients(loss_and_grad_fn, params, batch, num_microbatches: int,
     (loss_shape, _), grad_shape = out_shape
     divisor = k if count is None else count.astype(jnp.float32)
     loss = (loss_sum / divisor).astype(loss_shape.dtype)
-    grads = jax.tree_util.tree_map(lambda g, s: (g / divisor).astype(s.dtype), grad_sum, grad_shape)
-    return (loss, metrics), grads
+    divide = lambda g, s: (g / divisor).astype(s.dtype)  # noqa: E731
+    if _overwrites(grad_sum):  # new values, combined by max: nothing to average
+        return (loss, metrics), {"params": jax.tree_util.tree_map(divide, grad_sum["params"], grad_shape["params"]),
+                                 OVERWRITE_WITH_GRADIENT: grad_sum[OVERWRITE_WITH_GRADIENT]}
+    return (loss, metrics), jax.tree_util.tree_map(divide, grad_sum, grad_shape)
+
+
+def _overwrites(grads) -> bool:
+    """Gradients of {"params", OVERWRITE_WITH_GRADIENT} (an fp8 run, training/step.py), whose second part
+    is new values (amax histories, scales), not gradients."""
+    return isinstance(grads, dict) and OVERWRITE_WITH_GRADIENT in grads
 
 
 def _strided_microbatches(batch, k: int):
@@ -550,10 +560,20 @@ def _summed_over_microbatches(loss_and_grad_fn, params, microbatches, rngs, coun
     out_shape = jax.eval_shape(loss_and_grad_fn, params, first, None if rngs is None else rngs[0])
     zeros = jax.tree_util.tree_map(lambda s: jnp.zeros(s.shape, acc_dtype(s.dtype)), out_shape)
 
+    add = lambda t, o: t + o.astype(t.dtype)  # noqa: E731
+
     def body(total, xs):
         microbatch, key = xs
-        out = loss_and_grad_fn(params, microbatch, key)
-        return jax.tree_util.tree_map(lambda t, o: t + o.astype(t.dtype), total, out), None
+        (aux, grads), (aux_total, grads_total) = loss_and_grad_fn(params, microbatch, key), total
+        if not _overwrites(grads):
+            return jax.tree_util.tree_map(add, total, (aux, grads)), None
+        # An fp8 run's new amax histories and scales: their max over the microbatches is the history of
+        # the whole step's amax (each microbatch starts from the same state, so the scales agree). All
+        # are non-negative, so the zeros they start from are neutral.
+        return (jax.tree_util.tree_map(add, aux_total, aux), {
+            "params": jax.tree_util.tree_map(add, grads_total["params"], grads["params"]),
+            OVERWRITE_WITH_GRADIENT: jax.tree_util.tree_map(jnp.maximum, grads_total[OVERWRITE_WITH_GRADIENT],
+                                                            grads[OVERWRITE_WITH_GRADIENT])}), None
 
     if count is None:
         return jax.lax.scan(body, zeros, (microbatches, rngs))[0], out_shape

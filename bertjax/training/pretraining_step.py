@@ -11,7 +11,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from bertjax.models import bert, electra
+from bertjax.models import bert, electra, fp8
 
 from bertjax.models.config import BertConfig
 from bertjax.training import optim
@@ -48,11 +48,11 @@ def forward(net, params, batch, deterministic: bool, rngs=None, heads_only: bool
     packed = {key: batch[key] for key in ("sequence_ids", "position_ids", "sentence_positions") if key in batch}
     if isinstance(net, electra.ElectraForPreTraining):
         return net.apply(
-            {"params": params}, batch["input_ids"], batch["segment_ids"], batch["input_mask"],
+            fp8.variables(params), batch["input_ids"], batch["segment_ids"], batch["input_mask"],
             batch["masked_lm_positions"], batch["masked_lm_ids"], batch["masked_lm_weights"],
             deterministic=deterministic, rngs=rngs, heads_only=heads_only, **packed, **record)
     return net.apply(
-        {"params": params}, batch["input_ids"], batch["segment_ids"], batch["input_mask"],
+        fp8.variables(params), batch["input_ids"], batch["segment_ids"], batch["input_mask"],
         batch["masked_lm_positions"], deterministic=deterministic, rngs=rngs, heads_only=heads_only, **packed,
         **record,
     )
@@ -62,7 +62,7 @@ def _loss(out, batch, objective: str, discriminator_weight: float | None = None)
     if discriminator_weight is not None:  # ELECTRA
         return electra.electra_loss(out["mlm_logits"], out["disc_logits"], out["disc_labels"], batch["masked_lm_ids"],
                                     batch["masked_lm_weights"], batch["input_mask"], discriminator_weight)
-    return bert.pretraining_loss(out["mlm_logits"], out.get("nsp_logits"), batch["masked_lm_ids"],
+    return bert.pretraining_loss(bert.mlm_output(out), out.get("nsp_logits"), batch["masked_lm_ids"],
                                  batch["masked_lm_weights"], batch["next_sentence_labels"], objective=objective,
                                  sentence_weights=batch.get("sentence_weights"))
 
@@ -140,6 +140,9 @@ def setup(config, mesh, rules, init_key, platform: str | None = None, prepare_pa
     (default: the backend JAX runs on); the planner passes "tpu" to lay out a TPU step from a CPU machine.
     prepare_params: as state.Setup.create's (distillation adds the student's projections)."""
     bert_config = BertConfig.from_dict(config.model, platform=platform)
+    if config.get("electra") is not None and bert_config.mlm_loss == "chunked":
+        raise ValueError("model.mlm_loss='chunked' does not apply to ELECTRA, whose generator samples from its "
+                         "whole logits: set model.mlm_loss=logits")
     tx, schedule = optim.optimizer_from_config(config.optimizer, config.schedule, config.train.num_steps)
     shapes = (1, config.data.max_seq_length, config.data.max_predictions_per_seq)
     if config.get("electra") is None:

@@ -11,6 +11,7 @@ import flax.struct
 import jax
 import jax.numpy as jnp
 import optax
+from flax.linen.fp8_ops import OVERWRITE_WITH_GRADIENT
 
 from bertjax.training import sharding
 from bertjax.training import step as steps
@@ -35,6 +36,9 @@ class TrainState:
     step: jax.Array  # completed steps
     params: Any
     opt_state: Any
+    # model.matmul_dtype=fp8: the scaling state (amax histories, scales; flax's OVERWRITE_WITH_GRADIENT
+    # collection), which the step overwrites and never optimizes (step.train_step); None otherwise.
+    fp8: Any = None
 
 
 def under_rules(fn, rules):
@@ -70,10 +74,12 @@ class Setup:
         the traced init, so the state is still created directly in its shards. fields: a subclass's own."""
 
         def init_state(rng):
-            params = net.init({"params": rng}, **example)["params"]  # boxed with logical axis names
+            variables = net.init({"params": rng}, **example)
+            params = variables["params"]  # boxed with logical axis names
             if prepare_params is not None:
                 params = prepare_params(params)
-            return TrainState(step=jnp.int32(0), params=params, opt_state=tx.init(params))
+            return TrainState(step=jnp.int32(0), params=params, opt_state=tx.init(params),
+                              fp8=variables.get(OVERWRITE_WITH_GRADIENT))
 
         abstract_boxed = jax.eval_shape(init_state, init_key)
         state_sharding = sharding.tree_shardings(abstract_boxed, mesh, rules)
@@ -85,6 +91,12 @@ class Setup:
         """A fresh state, each array created directly in its shards (never whole on one device)."""
         with jax.set_mesh(self.mesh), nn.logical_axis_rules(self.rules):
             return jax.jit(lambda r: nn.unbox(self.init_state(r)), out_shardings=self.state_sharding)(rng)
+
+    def init_fp8(self, rng):
+        """A fresh fp8 scaling state alone, in its shardings: a run with model.matmul_dtype=fp8 resumed from
+        a checkpoint saved without one. XLA drops the parameters' initialisation, whose values it does not return."""
+        with jax.set_mesh(self.mesh), nn.logical_axis_rules(self.rules):
+            return jax.jit(lambda r: nn.unbox(self.init_state(r)).fp8, out_shardings=self.state_sharding.fp8)(rng)
 
     def compile_train_step(self, loss_fn, data_sharding, grad_accum_steps: int, mean_metrics: tuple = (),
                            loss_and_grad_fn=None, mask_keys: tuple = ("input_mask",), batch_warmup=None):
