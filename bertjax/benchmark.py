@@ -9,6 +9,7 @@
     python -m bertjax.benchmark --embeddings                      # embed and contrastive steps vs sentence-transformers
     python -m bertjax.benchmark --long_rows=2048,8192              # one packed row: xla vs blockwise attention
     python -m bertjax.benchmark --sizes=base --json=rows.jsonl     # each row also as JSON, as it is measured
+    python -m bertjax.benchmark --accelerator --hlo=step.hlo.txt  # and the compiled step as optimized HLO
 
 What is timed is the whole optimizer step as the trainer runs it (training.step.train_step: forward, backward,
 the config's clipping and optimizer, BERT's AdamW for BERT; state donated), built by pretraining_step.setup from
@@ -98,6 +99,9 @@ def define_flags(argv: list[str]) -> dict:
                                  "overrides, XLA_FLAGS and device."),
         json_label=flags.DEFINE_string("json_label", None, "--json: a name written into each row (e.g. the part of "
                                        "launch/gpu_check.py that ran it)."),
+        hlo=flags.DEFINE_string("hlo", None, "Write bertjax's compiled step to this file as optimized HLO text "
+                                "(the layouts around the attention kernel, readable on any machine); with several "
+                                "sizes or shapes the last one's."),
     )
 
 def with_model_overrides(argv: list[str]) -> list[str]:
@@ -127,7 +131,7 @@ def main(argv, args):
                    embeddings=args.embeddings, texts=args.texts, max_length=args.max_length,
                    embed_passes=args.embed_passes, long_rows=[int(n) for n in args.long_rows],
                    attention_impls=args.attention_impls, long_row_timeout=args.long_row_timeout,
-                   json_path=args.json, json_label=args.json_label)
+                   json_path=args.json, json_label=args.json_label, hlo_path=args.hlo)
 
 
 def entry():

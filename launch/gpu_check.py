@@ -21,7 +21,8 @@ passed ("not started"), a part's cap shortened to what is left. Every figure is 
 as it is measured (the benchmark's --json, labelled with the part), so a run cut off still reports; at the
 end one table (part, shape, runner or lever, tok/s, MFU, ratio to HF torch.compile and to main's default
 step) is printed and written beside it. Files, in $OUT when no --out is given: gpu_check.jsonl (rows),
-gpu_check_parts.jsonl (each part's status), gpu_check.log (the parts' output), gpu_check.txt (the table).
+gpu_check_parts.jsonl (each part's status), gpu_check.log (the parts' output), gpu_check.txt (the table),
+base_256x128.hlo.txt (main's base step as the GPU compiler optimized it: the copies around cuDNN's call).
 
 The parts share one persistent JAX compilation cache (and with it XLA's autotuning results), so a step
 compiled once, main's base step say, loads in seconds in a later part. docs/performance.md ("The device
@@ -61,7 +62,7 @@ def part(name: str, lever: str, args: list[str], cap: float, xla_flags: str = ""
 # In priority order; caps in seconds, each covering the process's start, its compiles and its steps.
 PLAN = [
     # 1. Main's step against HF eager and torch.compile, at the shapes of the last figures.
-    part("1.base", "default", [*STEP, *BASE], 150),
+    part("1.base", "default", [*STEP, *BASE, "--hlo={out}/base_256x128.hlo.txt"], 150),
     part("1.large", "default", [*STEP, *LARGE], 210),
     # 2. Each lever on, against main's default step (its compile cached by 1.base), at base 256 x 128.
     part("2.default", "default", [*ALONE, *BASE], 60),
@@ -163,8 +164,9 @@ def _kill(proc: subprocess.Popen) -> None:
 
 def run_part(p: dict, cap: float, *, rows_path: str, log_path: str, env: dict) -> tuple[str, str]:
     """The part's benchmark, its output appended to the log: its status and what it printed."""
-    command = [sys.executable, "-m", "bertjax.benchmark", *p["args"], f"--json={rows_path}",
-               f"--json_label={p['name']}"]
+    # "{out}" in an argument is the output folder (1.base writes its compiled step's HLO there).
+    args = [a.replace("{out}", os.path.dirname(os.path.abspath(rows_path))) for a in p["args"]]
+    command = [sys.executable, "-m", "bertjax.benchmark", *args, f"--json={rows_path}", f"--json_label={p['name']}"]
     part_env = dict(env, XLA_FLAGS=" ".join(f"{env.get('XLA_FLAGS', '')} {p['xla_flags']}".split()))
     with open(log_path, "a") as log:
         log.write(f"\n=== {p['name']} (cap {cap:.0f} s): XLA_FLAGS={part_env['XLA_FLAGS']!r} {' '.join(command)}\n")

@@ -24,7 +24,8 @@ def gpu_check(tmp_path: pathlib.Path, plan: list[dict], *flags: str) -> tuple[su
 
 
 def test_gpu_check_records_each_row_a_cut_off_and_the_budget(tmp_path):
-    done, parts = gpu_check(tmp_path, [dict(name="1.tiny", lever="default", args=TINY, cap=240),
+    done, parts = gpu_check(tmp_path, [dict(name="1.tiny", lever="default", args=[*TINY, "--hlo={out}/tiny.hlo.txt"],
+                                            cap=240),
                                        dict(name="2.slow", lever="scan_layers=true", cap=1,
                                             args=[*TINY, "--model_overrides=scan_layers=true"])])
     assert parts["1.tiny"] == "done" and parts["2.slow"] == "cut off at 1 s"
@@ -34,6 +35,7 @@ def test_gpu_check_records_each_row_a_cut_off_and_the_budget(tmp_path):
     assert (row["label"], row["runner"], row["size"], row["shape"], row["overrides"]) == (
         "1.tiny", "bertjax", "tiny", "4x32", {})
     assert row["tps"] > 0 and row["ms"] > 0 and row["memory"] > 0 and row["mfu"] is None  # no CPU peak
+    assert (parts["out"] / "tiny.hlo.txt").read_text().startswith("HloModule")  # the compiled step, in the out folder
     table = (parts["out"] / "gpu_check.txt").read_text()
     assert table in done.stdout
     lines = {line.split()[0]: line for line in table.splitlines()[2:]}

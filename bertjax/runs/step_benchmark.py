@@ -220,14 +220,19 @@ def measure_runners(runners: list, warmup: int, steps: int, one_at_a_time: bool,
 
 def run_shape(size: str, seq_len: int, batch_size: int, *, steps: int, warmup: int, dtype, overrides: dict,
               dropout_rng: str, hf_variants: list, profile: str | None, peak: float | None,
-              memory_only: bool = False, record: Callable[[dict], None] = lambda row: None) -> list[dict]:
+              memory_only: bool = False, record: Callable[[dict], None] = lambda row: None,
+              hlo_path: str | None = None) -> list[dict]:
     """bertjax and the HF variants ((device, compile) pairs) on one shape; one result row per runner, each
-    passed to `record` as soon as it is measured."""
+    passed to `record` as soon as it is measured. hlo_path: where bertjax's compiled step is written as
+    optimized HLO text (the layouts around the attention kernel are read there)."""
     num_predictions = max_predictions(seq_len)
     config = benchmark_config(load_config(size), dtype, overrides, seq_len, num_predictions,
                               dropout_rng)
     batches = make_batches(min(warmup + steps, 8), batch_size, seq_len, num_predictions)
     runners = [BertjaxStep(config, batches)]
+    if hlo_path:
+        with open(hlo_path, "w") as f:
+            f.write(runners[0].compiled.as_text())
     cfg = runners[0].bert_config
     flops_per_token = flops.config_flops_per_token(cfg, seq_len, num_predictions / seq_len)
     print(f"  {size} {batch_size} x {seq_len}: bertjax {cfg.dtype}, {cfg.attention_impl} attention, "
@@ -431,7 +436,7 @@ def benchmark(*, sizes: list[str] | None, seq_len: int, batch_size: int, shape_g
               embeddings: bool | None = False, texts: int = 2048, max_length: int = 256,
               embed_passes: int = 3, long_rows: list[int] = (), attention_impls: list[str] = ("xla", "blockwise"),
               long_row_timeout: float = 1200.0, json_path: str | None = None,
-              json_label: str | None = None) -> dict | None:
+              json_label: str | None = None, hlo_path: str | None = None) -> dict | None:
     """The benchmark the flags ask for (python -m bertjax.benchmark --help), printed; each measured row
     of the step, --packing and --long_rows also appended to `json_path` as it is measured (row_writer);
     --embeddings' rows returned (embedding_benchmark.benchmark's)."""
@@ -470,7 +475,7 @@ def benchmark(*, sizes: list[str] | None, seq_len: int, batch_size: int, shape_g
                        for row in run_packing(size, seq, batch, **common)])
         return
     rows = [row for size in sizes for seq, batch in shapes
-            for row in run_shape(size, seq, batch, hf_variants=hf_variants, profile=profile, peak=peak,
+            for row in run_shape(size, seq, batch, hf_variants=hf_variants, profile=profile, peak=peak, hlo_path=hlo_path,
                                  memory_only=memory_only, **common)]
     if rows:
         print_results(rows, peak)
