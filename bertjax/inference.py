@@ -364,8 +364,10 @@ def load(path: str | os.PathLike, dtype: str = "float32", quantize: str | None =
     path = str(path) if files.is_remote(str(path)) else str(Path(path).expanduser())
     if not epath.Path(path).exists():
         raise ValueError(f"bertjax.load: {path} does not exist")
-    # mlm_loss="logits": fill_mask reads the masked-LM logits, however the loss was computed in training.
-    overrides = dict(dtype=dtype, attention_impl="auto", word_embedding="auto", remat_policy="none", mlm_loss="logits")
+    # mlm_loss="logits": fill_mask reads the masked-LM logits, however the loss was computed in training. No
+    # attention dropout (nothing here trains), so that auto may attend blockwise on long rows on a CPU.
+    overrides = dict(dtype=dtype, attention_impl="auto", word_embedding="auto", remat_policy="none", mlm_loss="logits",
+                     attention_dropout_rate=0.0)
     if pretrained.kind_of(path) is None:
         raise ValueError(f"bertjax.load: {path} is not a model directory it can read: expected a bertjax training "
                          f"or fine-tuning workdir, its checkpoints/ (or best/) directory or one step's directory; "

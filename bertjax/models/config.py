@@ -107,9 +107,9 @@ def resolve_platform(fields: dict, platform: str | None = None) -> dict:
             out["attention_impl"] = "xla"
         else:
             out["attention_dropout_rate"] = 0.0
-    if (auto_attention and out["attention_impl"] == "xla" and platform in BLOCKWISE_FROM
-            and not out.get("attention_dropout_rate", 0.1) and not out.get("blockwise_from")):
-        out["blockwise_from"] = BLOCKWISE_FROM[platform]
+    if auto_attention:  # auto decides the length rule too, for this platform (not the one a checkpoint came from)
+        no_dropout = out.get("attention_dropout_rate", 0.1) == 0  # blockwise has none; unknown counts as some
+        out["blockwise_from"] = BLOCKWISE_FROM.get(platform, 0) if out["attention_impl"] == "xla" and no_dropout else 0
     return out
 
 
