@@ -25,7 +25,7 @@ step's memory (bertjax: the compiled step's memory_analysis(); HF: torch's peak 
 ratio to each HF variant.
 --embeddings times sentence embeddings and the contrastive training step instead, beside
 sentence-transformers on one model of MiniLM-L6's shape (--model.KEY=VALUE changes it) and the same
-texts (bertjax/runs/embedding_benchmark.py says what is timed); an accelerator run (--accelerator) adds
+texts (bertjax/bench/embedding_speed.py says what is timed); an accelerator run (--accelerator) adds
 these figures after its step table unless --noembeddings. docs/performance.md records the figures. No
 TensorFlow is imported on the step benchmark's path (the embedding figures tokenize with bertjax's
 tokenizer, which is TensorFlow ops).
@@ -41,7 +41,8 @@ from absl import flags
 from ml_collections import config_flags
 
 import configs.base
-from bertjax.runs import console, step_benchmark
+from bertjax.bench import step_speed
+from bertjax.runs import console
 
 
 def define_flags(argv: list[str]) -> dict:
@@ -122,7 +123,7 @@ def with_model_overrides(argv: list[str]) -> list[str]:
 
 def main(argv, args):
     console.no_arguments(argv)
-    console.finish(step_benchmark.benchmark, sizes=args.sizes, seq_len=args.seq, batch_size=args.batch,
+    console.finish(step_speed.benchmark, sizes=args.sizes, seq_len=args.seq, batch_size=args.batch,
                    shape_given=flags.FLAGS["seq_len"].present or flags.FLAGS["batch_size"].present,
                    steps=args.steps, warmup=args.warmup, dtype=args.dtype,
                    overrides=config_flags.get_override_values(flags.FLAGS["model"]), dropout_rng=args.dropout_rng,

@@ -5,7 +5,7 @@
     out["sequence_output"]  # [B, S, H] numpy, one row per text, right-padded
 
 `load` reads every kind of saved model (a bertjax workdir or checkpoint, a params export, a Hugging Face
-directory of any family) through the one init-from (bertjax/interop/pretrained.py), as training,
+directory of any family) through the one init-from (bertjax/init_from.py), as training,
 fine-tuning and export do.
 `load(path, quantize="int8")` runs every dense layer with int8 weights (quantize="int4-g128": int4 with a
 scale per 128 inputs; bertjax/compression/quantize.py).
@@ -25,17 +25,17 @@ import jax
 import numpy as np
 from etils import epath
 
+from bertjax import embeddings, init_from
 from bertjax.compression import quantize as quantization  # `quantize` is load's argument
-from bertjax.interop import pretrained
 from bertjax.models import bert as bert_model
 from bertjax.models import heads, pooling
 from bertjax.models.config import BertConfig
-from bertjax.tasks import embeddings, kinds
+from bertjax.tasks import kinds
 from bertjax.text import files, tf_cpu
 from bertjax.training.checkpoint_meta import EmbeddingRecord, TaskRecord
 
 
-def _make_tokenizer(files: pretrained.TokenizerFiles):
+def _make_tokenizer(files: init_from.TokenizerFiles):
     """The project's tokenizer (WordPiece, SentencePiece or byte-level BPE), with TensorFlow kept off the
     accelerators.
 
@@ -368,7 +368,7 @@ def load(path: str | os.PathLike, dtype: str = "float32", quantize: str | None =
     # attention dropout (nothing here trains), so that auto may attend blockwise on long rows on a CPU.
     overrides = dict(dtype=dtype, attention_impl="auto", word_embedding="auto", remat_policy="none", mlm_loss="logits",
                      attention_dropout_rate=0.0)
-    if pretrained.kind_of(path) is None:
+    if init_from.kind_of(path) is None:
         raise ValueError(f"bertjax.load: {path} is not a model directory it can read: expected a bertjax training "
                          f"or fine-tuning workdir, its checkpoints/ (or best/) directory or one step's directory; "
                          f"a params export (params.npz, config.json); or a Hugging Face BERT directory of any "
@@ -376,7 +376,7 @@ def load(path: str | os.PathLike, dtype: str = "float32", quantize: str | None =
                          f"pytorch_model.bin, and its tokenizer's files); or a sentence-transformers directory "
                          f"(modules.json)")
     # How it was computed in training (cuDNN attention on a GPU, say) is chosen anew for this machine.
-    model = pretrained.load(path, what="bertjax.load", model_overrides=overrides, quantized=True)
+    model = init_from.load(init_from.resolve(path, "bertjax.load"), model_overrides=overrides, quantized=True)
     stored = model.meta.quantize if model.meta is not None else None
     if mode and stored and not quantization.same_weights(stored, mode):
         raise ValueError(f"bertjax.load: {path} was exported as {stored}, whose weights do not run as {mode}: load it "

@@ -94,7 +94,7 @@ def base_config() -> ml_collections.ConfigDict:
             # over this section's; the recipe below is shared. (): no mixture, data.source alone.
             mixture=(),
             mixture_block_size=100,  # every block of this many elements holds each source's weighted count
-            prepared_dir=config_dict.placeholder(str),  # written by python -m bertjax.data.prepare
+            prepared_dir=config_dict.placeholder(str),  # written by python -m bertjax.prepare
             eval_fraction=0.01,  # share of documents held out (chosen by a stable hash of their text)
             tokenizer="wordpiece",  # wordpiece | sentencepiece
             vocab_path=config_dict.placeholder(str),  # unset: learned from the corpus, cached in the workdir

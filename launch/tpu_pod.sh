@@ -48,7 +48,7 @@ CONFIG="${CONFIG:-configs/base.py}"
 # plain file I/O by worker 0: with a gs:// workdir they land in ~/$REMOTE_DIR/gs:/... on worker 0
 # (copy them out, or use a Cloud Storage FUSE mount as the workdir).
 WORKDIR="${WORKDIR:-gs://FILL_IN_BUCKET/bertjax/base}"
-# More flags for bertjax.train, e.g. the data: a corpus prepared once with python -m bertjax.data.prepare
+# More flags for bertjax.train, e.g. the data: a corpus prepared once with python -m bertjax.prepare
 # into a bucket carries its vocabulary and is read by every worker with tf.io.gfile:
 #   EXTRA_FLAGS="--config.data.source=prepared --config.data.prepared_dir=gs://<bucket>/corpus-prepared"
 # (source=text reads local files: each worker would need its own copy of the corpus.)

@@ -214,8 +214,8 @@ def program_env(**extra) -> dict:
 
 # What the program server imports once for all the commands of a worker (tests/program_server.py).
 SERVED_PROGRAMS = ("bertjax.train", "bertjax.finetune", "bertjax.export", "bertjax.evaluate", "bertjax.distill",
-                   "bertjax.prune", "bertjax.benchmark", "bertjax.data.prepare", "bertjax.data.preview",
-                   "bertjax.data.inputs", "bertjax.tasks.demo_tasks")
+                   "bertjax.prune", "bertjax.benchmark", "bertjax.prepare", "bertjax.preview", "bertjax.data.inputs",
+                   "bertjax.demo_task")
 _server = None
 
 

@@ -10,7 +10,7 @@ console.exit_without_teardown).
 
 What a fork cannot give, a fresh interpreter still does (the fallback, with no option to ask for it):
 a command whose environment differs from the server's in a variable read when a library is imported
-(TensorFlow's, Python's, the loader's, the accelerators'; JAX's own are set again in the child). Tests of
+(TensorFlow's, JAX's, Python's, the loader's, the accelerators'). Tests of
 what happens at import (which libraries a program imports, what a start-up prints) start their own
 interpreter.
 """
@@ -27,9 +27,10 @@ import tempfile
 import textwrap
 import threading
 
-# Variables read when Python, TensorFlow or an accelerator runtime starts: a command that changes one of
-# these gets a fresh interpreter. (JAX reads its JAX_* ones at import too; the child sets them again.)
-IMPORT_TIME_PREFIXES = ("PYTHON", "TF_", "LD_", "CUDA", "TPU_", "OMP_", "MALLOC", "XLA_PYTHON")
+# Variables read when Python, TensorFlow, JAX or an accelerator runtime starts: a command that changes one of
+# these gets a fresh interpreter (JAX reads its JAX_* ones when imported, and has no public way to read
+# them again).
+IMPORT_TIME_PREFIXES = ("PYTHON", "TF_", "JAX_", "LD_", "CUDA", "TPU_", "OMP_", "MALLOC", "XLA_PYTHON")
 
 SERVER = textwrap.dedent(r"""
     import json, os, runpy, select, signal, sys, tempfile
@@ -41,27 +42,6 @@ SERVER = textwrap.dedent(r"""
     tf_cpu.import_tensorflow()
     for name in sys.argv[1:]:
         __import__(name)
-    STARTED_WITH = dict(os.environ)
-    TRUE = ("1", "t", "true", "y", "yes", "on")
-
-    def jax_options_as_in(env):
-        # JAX read its JAX_* variables when the server imported it: the command's own, set again.
-        for var in set(env) | set(STARTED_WITH):
-            if not var.startswith("JAX_") or env.get(var) == STARTED_WITH.get(var):
-                continue
-            holder = jax.config._value_holders.get(var.lower())
-            if holder is None:
-                continue
-            text, default = env.get(var), holder.value
-            if text is None:
-                value = None if not isinstance(default, (bool, int, float)) else type(default)()
-            elif isinstance(default, bool):
-                value = text.lower() in TRUE
-            elif isinstance(default, (int, float)):
-                value = type(default)(text)
-            else:
-                value = text
-            jax.config.update(var.lower(), value)
 
     def child(job):
         stdin = os.open(os.devnull, os.O_RDONLY)
@@ -74,7 +54,6 @@ SERVER = textwrap.dedent(r"""
         os.environ.update(job["env"])
         tempfile.tempdir = None  # found again from the command's TMPDIR
         environment.quiet_start_up()  # what `import bertjax` does in a fresh interpreter
-        jax_options_as_in(job["env"])
         if job["module"]:
             sys.argv = [job["module"], *job["args"]]
             sys.modules.pop(job["module"], None)  # run as __main__ alone, as in a fresh interpreter

@@ -10,7 +10,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from bertjax.runs import step_benchmark, step_profile
+from bertjax.bench import step_profile, step_speed
 from bertjax.models import attention, bert, layers
 from bertjax.models.config import resolve_platform, BertConfig
 from bertjax.training import sharding
@@ -220,7 +220,7 @@ def test_platform_defaults():
 
 @pytest.mark.parametrize("size", ["base", "large"])
 def test_size_configs_choose_per_platform(size):
-    config = step_benchmark.load_config(size)
+    config = step_speed.load_config(size)
     cpu = BertConfig.from_dict(config.model, platform="cpu")
     gpu = BertConfig.from_dict(config.model, platform="gpu")
     tpu = BertConfig.from_dict(config.model, platform="tpu")
@@ -320,14 +320,14 @@ def test_gpu_benchmark_runners_take_turns_hf_first():
             events.append(("release", self.name))
 
     runners = [Runner("bertjax"), Runner("HF eager"), Runner("HF compiled")]
-    timings, peaks = step_benchmark.measure_runners(runners, warmup=1, steps=2, one_at_a_time=True)
+    timings, peaks = step_speed.measure_runners(runners, warmup=1, steps=2, one_at_a_time=True)
     assert [t["seconds"] for t in timings] == [1.0, 2.0, 0.5] and peaks == [7, 8, 11]
     turns = [("reset", "HF eager"), *[("step", "HF eager")] * 3, ("release", "HF eager"),
              ("reset", "HF compiled"), *[("step", "HF compiled")] * 3, ("release", "HF compiled"),
              ("reset", "bertjax"), *[("step", "bertjax")] * 3, ("release", "bertjax")]
     assert events == turns
     events.clear()
-    timings, _ = step_benchmark.measure_runners(runners, warmup=1, steps=3, one_at_a_time=False)
+    timings, _ = step_speed.measure_runners(runners, warmup=1, steps=3, one_at_a_time=False)
     # On the CPU: blocks of 2 and 1 steps, the second round in reverse order; a block that follows another
     # runner's starts with one untimed step (b, e, c: bertjax, HF eager, HF compiled).
     b, e, c = (("step", r.name) for r in runners)

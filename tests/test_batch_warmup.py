@@ -78,7 +78,7 @@ class CountingStream:
 
 
 def test_the_preview_shows_each_step_s_examples_as_training_takes_them():
-    """data.preview --start_step=N with a warmup: the examples of step N are microbatches P(N) .. P(N) + k(N) - 1."""
+    """bertjax.preview --start_step=N with a warmup: the examples of step N are microbatches P(N) .. P(N) + k(N) - 1."""
     warmup = BatchWarmup(microbatch=2, start_microbatches=1, max_microbatches=3, steps=4)  # k: 1 1 2 2 3 3 ...
     for start in (0, 3):
         got = itertools.islice(batches_by_step(CountingStream(), 6, warmup, start), 4)

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 from conftest import FAST_COMPILE_FLAGS  # tests/ is on sys.path under pytest
 
-from bertjax.runs import hf_peer, step_benchmark
+from bertjax.bench import hf_peer, step_speed
 from bertjax.models.config import BertConfig
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
@@ -24,12 +24,12 @@ FAMILY_CLASSES = {"roberta_tiny": "RobertaForMaskedLM", "albert_tiny": "AlbertFo
 
 def test_every_pretraining_config_is_a_size():
     configs = {p.stem for p in (ROOT / "configs").glob("*.py")} - {"__init__", "common"}
-    assert set(step_benchmark.SIZES) == configs
+    assert set(step_speed.SIZES) == configs
 
 
 @pytest.mark.parametrize("size", sorted(FAMILY_CLASSES))
 def test_hf_peer_is_the_family_class(size):
-    config = step_benchmark.benchmark_config(step_benchmark.load_config(size), None, {}, 512, 80)
+    config = step_speed.benchmark_config(step_speed.load_config(size), None, {}, 512, 80)
     hf_config = hf_peer.hf_peer_config(BertConfig.from_dict(config.model, platform="cpu"))
     assert hf_config["architectures"] == [FAMILY_CLASSES[size]]
     # The position range is widened to the benchmark's sequence (roberta_tiny has 130 rows).
@@ -70,7 +70,7 @@ def test_long_rows_give_each_attention_the_same_first_loss(monkeypatch, capsys):
     monkeypatch.chdir(ROOT)
     monkeypatch.setenv("PYTHONPATH", str(ROOT))
     monkeypatch.setenv("XLA_FLAGS", FAST_COMPILE_FLAGS)
-    rows = step_benchmark.run_long_rows("modernbert_tiny", [512], 1, ["xla", "blockwise"], timeout=300, steps=1,
+    rows = step_speed.run_long_rows("modernbert_tiny", [512], 1, ["xla", "blockwise"], timeout=300, steps=1,
                                         warmup=1, dtype=None, overrides={"attention_block_size": 128},
                                         dropout_rng="threefry")
     assert [r.get("failed") for r in rows] == [None, None], rows
@@ -78,11 +78,11 @@ def test_long_rows_give_each_attention_the_same_first_loss(monkeypatch, capsys):
     assert (xla["attention"], blockwise["attention"], blockwise["block"]) == ("xla", "blockwise", 128)
     assert xla["sequences"] > 1  # packed: several documents to keep apart
     np.testing.assert_allclose(blockwise["first_loss"], xla["first_loss"], rtol=1e-5)
-    step_benchmark.print_long_rows(rows)
+    step_speed.print_long_rows(rows)
     assert f"{xla['first_loss']:.5f}" in capsys.readouterr().out
 
 
-# A MiniLM-shaped embedder at toy sizes (--model.KEY=VALUE overrides of embedding_benchmark.MINILM_L6).
+# A MiniLM-shaped embedder at toy sizes (--model.KEY=VALUE overrides of embedding_speed.MINILM_L6).
 TINY_EMBEDDER = dict(num_layers=2, hidden_size=32, num_heads=2, intermediate_size=64, vocab_size=512)
 
 
@@ -90,7 +90,7 @@ TINY_EMBEDDER = dict(num_layers=2, hidden_size=32, num_heads=2, intermediate_siz
 def test_embedding_figures_beside_sentence_transformers(capsys):
     """--embeddings at toy sizes: both sides load the one exported directory and embed the same texts to the
     same vectors; the contrastive step of each trains the same loss; the figures are printed."""
-    result = step_benchmark.benchmark(
+    result = step_speed.benchmark(
         sizes=None, seq_len=128, batch_size=4, shape_given=False, steps=1, warmup=1, dtype=None,
         overrides=TINY_EMBEDDER, dropout_rng="threefry", accelerator=False, no_torch=False, no_torch_compile=True,
         profile=None, packing=False, memory_only=False, embeddings=True, texts=12, max_length=48, embed_passes=1)

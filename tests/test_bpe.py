@@ -19,7 +19,7 @@ import transformers
 from conftest import BPE_HELD_OUT, BPE_PAIRS, WORDS, copy_of
 
 import bertjax
-from bertjax.interop import pretrained
+from bertjax import init_from
 from bertjax.runs import exporting, finetuning
 from bertjax.tasks import features, registry
 from configs.finetune import common as finetune_configs
@@ -107,7 +107,7 @@ def test_fine_tuned_pairs_export_with_their_tokenizer(bpe_directories, tmp_path)
     config.logging.update(log_every=2, eval_batch_size=8)
     workdir = tmp_path / "run"
     assert finetuning.finetune(config, str(workdir))["steps"] == 2
-    kept = pretrained.tokenizer_files(str(workdir))
+    kept = init_from.resolve(str(workdir)).tokenizer
     assert kept.kind == "bpe" and kept.vocab_path.endswith("tokenizer.json")
 
     directory = exporting.export(str(workdir), str(tmp_path / "hf"), "hf")

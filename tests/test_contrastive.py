@@ -24,7 +24,7 @@ from sentence_transformers.sentence_transformer.modules import Pooling, Transfor
 import bertjax
 from bertjax.data import demo
 from bertjax.interop import hf
-from bertjax.interop import pretrained as pretrained_models
+from bertjax import init_from as pretrained_models
 from bertjax.models import contrastive_losses, heads
 from bertjax.models.config import BertConfig
 from bertjax.runs import exporting, finetuning, start
@@ -652,7 +652,7 @@ def test_features_tokenize_each_text_alone_after_its_prompt(pretrained, tmp_path
     config.contrastive.update(max_negatives=2)
     settings = contrastive_kind.settings_from_config(config)
     task = registry.get_task("contrastive")
-    tokenizer = pretrained_models.tokenizer_files(pretrained["workdir"]).load()
+    tokenizer = pretrained_models.resolve(pretrained["workdir"]).tokenizer.load()
     features = contrastive_kind.featurize(task, contrastive_kind.read(task, "train", path), tokenizer, 32, settings)
 
     def row(text, length):

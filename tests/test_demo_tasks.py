@@ -66,7 +66,7 @@ def test_word_order_dev_comes_from_the_held_out_documents_only(word_order):
 
 
 def test_the_program_writes_files_the_classification_task_reads(tmp_path):
-    out = run_command([sys.executable, "-m", "bertjax.tasks.demo_tasks", "--task=keyword", f"--out={tmp_path}"])
+    out = run_command([sys.executable, "-m", "bertjax.demo_task", "--task=keyword", f"--out={tmp_path}"])
     assert out.returncode == 0, out.stderr
     assert "labels: ('no', 'yes')" in out.stdout
     task = registry.get_task("classification", labels=demo_tasks.LABELS["keyword"])
@@ -76,7 +76,7 @@ def test_the_program_writes_files_the_classification_task_reads(tmp_path):
     rows = [json.loads(line) for line in (tmp_path / "train.jsonl").read_text().splitlines()]
     assert all((demo_tasks.KEYWORD in row["text"].lower()) == (row["label"] == "yes") for row in rows)
 
-    bad = run_command([sys.executable, "-m", "bertjax.tasks.demo_tasks", "--task=sentiment", f"--out={tmp_path}"])
+    bad = run_command([sys.executable, "-m", "bertjax.demo_task", "--task=sentiment", f"--out={tmp_path}"])
     assert bad.returncode == 2 and len(bad.stderr.strip().splitlines()) == 1 and "word_order" in bad.stderr
 
 
@@ -136,7 +136,7 @@ def test_recall_hides_one_fact_in_a_run_of_filler_and_asks_for_it_last(tmp_path)
     assert len(set(depths)) > 4 and max(depths) > 150
     assert len({row["label"] for row in examples["train"]}) > 1
 
-    out = run_command([sys.executable, "-m", "bertjax.tasks.demo_tasks", "--task=recall", "--length=50",
+    out = run_command([sys.executable, "-m", "bertjax.demo_task", "--task=recall", "--length=50",
                        "--train_length=30", f"--out={tmp_path}"])
     assert out.returncode == 0, out.stderr
     assert "labels: ('red', 'green', 'blue', 'yellow')" in out.stdout
@@ -178,7 +178,7 @@ def test_next_sentence_pairs_follow_or_come_from_another_document(tmp_path):
     with pytest.raises(ValueError, match="needs at least two documents"):
         demo_tasks.next_sentence_pairs([words], rng, both=True)
 
-    out = run_command([sys.executable, "-m", "bertjax.tasks.demo_tasks", "--task=next_sentence", f"--out={tmp_path}"])
+    out = run_command([sys.executable, "-m", "bertjax.demo_task", "--task=next_sentence", f"--out={tmp_path}"])
     assert out.returncode == 0, out.stderr
     task = registry.get_task("classification", labels=demo_tasks.LABELS["next_sentence"])
     read = readers.read_jsonl(str(tmp_path / "dev.jsonl"), task)

@@ -16,7 +16,7 @@ from bertjax.runs import finetuning, general_distillation
 from bertjax.runs import pretraining as pretraining_runs
 from bertjax.tasks import steps
 from bertjax.compression import distillation, projections
-from bertjax.interop import pretrained as pretrained_models
+from bertjax import init_from as pretrained_models
 from bertjax.models import bert, heads
 from bertjax.models.config import BertConfig
 from bertjax.training import checkpoint, optim, pretraining_step, sharding
@@ -243,7 +243,7 @@ def test_the_program_writes_a_pretraining_workdir_and_resumes_exactly_after_sigk
     assert meta.distill == {"teacher": teacher["workdir"], "student_layers": []}
     assert set(final) == {"bert", "mlm_head", "nsp_head"}  # no projection among the student's params
     assert set(final["bert"]["encoder"]) == {"layers_0", "layers_1"}
-    model = pretrained_models.load(uninterrupted)
+    model = pretrained_models.load(pretrained_models.resolve(uninterrupted))
     assert (model.config.num_layers, model.config.hidden_size) == (2, 16) and model.task is None
     jax.tree_util.tree_map(np.testing.assert_array_equal, model.params, final)
 
@@ -296,7 +296,7 @@ def test_a_teacher_without_a_head_gives_its_layers_and_refuses_only_the_soft_tar
     config = distill_config(**{"distill.teacher": headless_teacher["directory"], "train.num_steps": 0})
     weights, layers, extract_only = general_distillation.distill_settings(config)
     assert extract_only and weights.alpha_ce > 0  # the recipe's soft-target loss, which extraction never runs
-    teacher = general_distillation.load_teacher(config, weights, extract_only)
+    teacher = general_distillation.load_teacher(config, general_distillation.read_starts(config)[0], weights, extract_only)
     assert any(m.startswith("mlm_head") for m in teacher.missing)
     config = general_distillation.with_model(config, distillation.student_config_from_teacher(
         teacher.config, layers, {}))
@@ -319,9 +319,10 @@ def test_a_teacher_without_a_head_gives_its_layers_and_refuses_only_the_soft_tar
                                   state["embeddings.word_embeddings.weight"])
     # Training without the soft targets (the masked-LM labels and the hidden-state cosine) needs no head;
     # with them, one line names the loss and the head.
-    general_distillation.load_teacher(config, distillation.LossWeights(alpha_ce=0.0), False)
+    teacher_start = general_distillation.read_starts(config)[0]
+    general_distillation.load_teacher(config, teacher_start, distillation.LossWeights(alpha_ce=0.0), False)
     with pytest.raises(ValueError) as raised:
-        general_distillation.load_teacher(config, weights, False)
+        general_distillation.load_teacher(config, teacher_start, weights, False)
     message = str(raised.value)
     assert "\n" not in message and message.startswith(
         f"distill.alpha_ce=5.0 (the soft-target masked-LM loss) reads the teacher's masked-LM head, and "
@@ -376,7 +377,7 @@ def test_task_distillation_is_exact_at_alpha_zero_and_follows_the_teacher_above(
 
     plain = run(setup.compile_train_step(functools.partial(steps.task_loss, net=net,
                                                            loss=heads.classification_loss), data_sharding, 1))
-    hook = functools.partial(finetuning.task_distillation_step, setup, teacher_net, teacher_params, "classification",
+    hook = functools.partial(distillation.task_distillation_step, setup, teacher_net, teacher_params, "classification",
                              2.0, data_sharding=data_sharding, grad_accum_steps=1)
     at_zero = run(hook(alpha=0.0))
     jax.tree_util.tree_map(functools.partial(np.testing.assert_allclose, rtol=1e-5, atol=1e-7), at_zero[0], plain[0])
@@ -587,8 +588,8 @@ def test_task_distillation_with_pkd_runs_and_logs_its_loss():
         "label": np.arange(BATCH, dtype=np.int32) % 3, "example_weight": np.ones(BATCH, np.float32)}, data_sharding)
     settings = distillation.LayerLosses(alpha_pkd=100.0, layer_map="skip")
     layer_map = distillation.check_layer_losses(settings, cfg, cfg)
-    step = finetuning.task_distillation_step(setup, net, teacher_params, "classification", 2.0, 0.5, data_sharding, 1,
-                                             settings, layer_map)
+    step = distillation.task_distillation_step(setup, net, teacher_params, "classification", 2.0, 0.5, data_sharding, 1,
+                                               settings, layer_map)
     state = setup.init(jax.random.key(0))
     pkd = []
     with jax.set_mesh(mesh):

@@ -17,10 +17,11 @@ import transformers
 from conftest import copy_of, run_program, tiny_config, train_losses
 
 from bertjax.data import synthetic
-from bertjax.interop import hf, hf_electra, pretrained
+from bertjax import init_from
+from bertjax.interop import hf, hf_electra
 from bertjax.models import electra
 from bertjax.models.config import BertConfig
-from bertjax.runs import pretraining, start
+from bertjax.runs import phases, pretraining, start
 from bertjax.training import checkpoint, pretraining_step, sharding
 
 ATOL = 1e-5
@@ -234,7 +235,7 @@ def test_a_resumed_run_equals_the_uninterrupted_one_and_readers_get_the_discrimi
     pretraining.pretrain(config, str(resumed))
     assert "resumed from step 2" in capsys.readouterr().out
     assert train_losses(resumed) == train_losses(whole)
-    a, b = pretrained.load(str(whole), tokenizer=False), pretrained.load(str(resumed), tokenizer=False)
+    a, b = init_from.load(init_from.resolve(str(whole), tokenizer=False)), init_from.load(init_from.resolve(str(resumed), tokenizer=False))
     assert set(a.params) == {"bert"}  # the generator left out, said in one line
     assert "its discriminator is read, the generator left out" in capsys.readouterr().out
     jax.tree_util.tree_map(np.testing.assert_array_equal, a.params, b.params)
@@ -247,7 +248,8 @@ def test_a_resumed_run_equals_the_uninterrupted_one_and_readers_get_the_discrimi
     hf_electra.save_pair(tmp_path / "pair", setup.bert_config, setup.generator_config, trained)
     flat = lambda tree: traverse_util.flatten_dict(jax.device_get(tree), sep="/")  # noqa: E731
     for path, generator_from in ((tmp_path / "pair", trained), (tmp_path / "pair" / "discriminator", fresh)):
-        params = flat(pretraining.electra_initial_params(str(path), setup, setup.init(jax.random.key(5)).params))
+        parent = phases.read_parent(str(path), config, "train.init_from")
+        params = flat(phases.electra_initial_params(str(path), parent, setup, setup.init(jax.random.key(5)).params))
         for name, x in params.items():  # the poolers: no ElectraForPreTraining tensor, fresh
             source = fresh if "pooler" in name else generator_from if name.startswith("generator") else trained
             np.testing.assert_array_equal(x, flat(source)[name], err_msg=name)

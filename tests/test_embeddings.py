@@ -29,10 +29,10 @@ from sentence_transformers.base.modules import Dense, Normalize, Transformer
 from sentence_transformers.sentence_transformer.modules import Pooling
 
 import bertjax
+from bertjax import embeddings
 from bertjax.interop import sentence_transformers as st_directories
 from bertjax.models import heads
 from bertjax.runs import exporting
-from bertjax.tasks import embeddings
 from bertjax.text import files
 from bertjax.training import checkpoint
 from bertjax.training.checkpoint_meta import CheckpointMeta, TaskRecord

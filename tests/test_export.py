@@ -277,25 +277,26 @@ np.savez(out, mlm=np.asarray(o["mlm_logits"]), nsp=np.asarray(o["nsp_logits"]))
 
 
 def test_a_params_export_is_read_by_the_one_init_from(exported, pretrained, tmp_path):  # noqa: F811
-    """pretrained.load reads a params export as bertjax.load does (the same config, params and tokenizer,
-    tokenizer_files agreeing); pretraining and fine-tuning start from it, in the layout their run asks
-    for; an int8 export is for inference only."""
-    from bertjax.interop import pretrained as pretrained_models
+    """The one init-from reads a params export as bertjax.load does (the same config, params and tokenizer);
+    pretraining and fine-tuning start from it, in the layout their run asks for; an int8 export is for
+    inference only."""
+    from bertjax import init_from
 
     path = exported["params"]
-    assert pretrained_models.kind_of(path) == pretrained_models.PARAMS_EXPORT
-    model = pretrained_models.load(path, model_overrides=dict(dtype="float32", attention_impl="auto",
-                                                              word_embedding="auto", remat_policy="none"))
+    start = init_from.resolve(path)
+    assert start.kind == init_from.PARAMS_EXPORT
+    model = init_from.load(start, model_overrides=dict(dtype="float32", attention_impl="auto", attention_dropout_rate=0.0,
+                                                       word_embedding="auto", remat_policy="none"))
     loaded = bertjax.load(path)
     assert model.config == loaded.config and model.meta.step == 1 and model.missing == []
     jax.tree_util.tree_map(np.testing.assert_array_equal, model.params, jax.device_get(loaded.params))
-    assert pretrained_models.tokenizer_files(path) == model.tokenizer
+    assert start.tokenizer == model.tokenizer
     assert model.tokenizer.vocab_path == loaded.vocab_path == os.path.join(path, "vocab.txt")
     # Pretraining's train.init_from, into a run that scans its layers: stacked, placed as the state is.
     import dataclasses
 
     import flax.linen as nn
-    from bertjax.runs import pretraining
+    from bertjax.runs import phases
 
     scanned = dataclasses.replace(pretrained["cfg"], scan_layers=True)
     shapes = jax.eval_shape(bert_model.BertForPreTraining(scanned).init, jax.random.key(0),
@@ -303,7 +304,7 @@ def test_a_params_export_is_read_by_the_one_init_from(exported, pretrained, tmp_
     device = jax.sharding.SingleDeviceSharding(jax.devices()[0])
     abstract = jax.tree_util.tree_map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=device),
                                       nn.unbox(shapes))
-    params = pretraining.initial_params(path, scanned, abstract)
+    params = phases.initial_params(init_from.resolve(path, tokenizer=False), scanned, abstract)
     np.testing.assert_array_equal(params["bert"]["encoder"]["layers"]["mlp"]["output"]["kernel"][1],
                                   model.params["bert"]["encoder"]["layers_1"]["mlp"]["output"]["kernel"])
 
@@ -320,8 +321,8 @@ def test_a_params_export_is_read_by_the_one_init_from(exported, pretrained, tmp_
 
     int8 = exporting.export(pretrained["workdir"], str(tmp_path / "int8"), "params", quantize="int8")
     with pytest.raises(ValueError, match=r"train.init_from=.* is an int8 params export \(int8-dynamic\): start from"):
-        pretrained_models.load(int8, what="train.init_from")
-    assert pretrained_models.load(int8, quantized=True).meta.quantize == "int8-dynamic"
+        init_from.load(init_from.resolve(int8, what="train.init_from"))
+    assert init_from.load(init_from.resolve(int8), quantized=True).meta.quantize == "int8-dynamic"
 
 
 def test_the_model_card_says_what_the_model_is(exported, pretrained):  # noqa: F811

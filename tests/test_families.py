@@ -16,7 +16,8 @@ import pytest
 import torch
 import transformers
 
-from bertjax.interop import hf, pretrained
+from bertjax import init_from
+from bertjax.interop import hf
 from bertjax.models import bert as bert_model
 from bertjax.models.config import BertConfig
 from bertjax.models import attention
@@ -122,7 +123,7 @@ def roberta(tmp_path_factory):
 
 def test_roberta_parity_with_transformers(roberta):
     hf_model, directory = roberta
-    loaded = pretrained.load(str(directory), tokenizer=False)
+    loaded = init_from.load(init_from.resolve(str(directory), tokenizer=False))
     cfg, params = loaded.config, loaded.params
     assert (cfg.position_offset, cfg.type_vocab_size, cfg.max_position_embeddings) == (2, 1, 20)
     assert sorted(loaded.missing) == ["bert/pooler/bias", "bert/pooler/kernel", "nsp_head/bias", "nsp_head/kernel"]
@@ -157,7 +158,7 @@ def albert(tmp_path_factory):
 
 def test_albert_parity_with_transformers(albert):
     hf_model, directory = albert
-    loaded = pretrained.load(str(directory), tokenizer=False)
+    loaded = init_from.load(init_from.resolve(str(directory), tokenizer=False))
     cfg, params = loaded.config, loaded.params
     assert loaded.missing == []
     assert (cfg.embedding_width, cfg.num_groups, cfg.activation) == (24, 2, "gelu_tanh")
@@ -203,7 +204,7 @@ def modernbert(tmp_path_factory):
 
 def test_modernbert_parity_with_transformers(modernbert):
     hf_model, directory = modernbert
-    loaded = pretrained.load(str(directory), tokenizer=False)
+    loaded = init_from.load(init_from.resolve(str(directory), tokenizer=False))
     cfg, params = loaded.config, loaded.params
     assert (cfg.local_attention_window, cfg.global_attention_every, cfg.global_rotary_theta) == (4, 2, 160000.0)
     assert "attention_layer_norm" not in params["bert"]["encoder"]["layers_0"]  # HF's Identity

@@ -16,7 +16,8 @@ import pytest
 import torch
 import transformers
 
-from bertjax.interop import hf, pretrained
+from bertjax import init_from
+from bertjax.interop import hf
 from bertjax.models.config import BertConfig
 from bertjax.models import heads
 
@@ -158,7 +159,7 @@ def test_a_transformers_task_model_imports_and_exports_bit_for_bit(family, kind,
     torch.manual_seed(0)
     hf_model = randomize(task_class(family, kind)(hf_config(family, kind)), seed=1)
     hf_model.save_pretrained(tmp_path)
-    loaded = pretrained.load(str(tmp_path), head=kind, num_labels=NUM_LABELS[kind], tokenizer=False)
+    loaded = init_from.load(init_from.resolve(str(tmp_path), tokenizer=False), head=kind, num_labels=NUM_LABELS[kind])
     family_record = hf.FAMILIES[family]
     # A class without the pooler (RoBERTa's and ALBERT's span and tagging): bertjax's is fresh, and unused.
     pooler = [] if family_record.task_classes[kind].pooler else ["bert/pooler/bias", "bert/pooler/kernel"]
@@ -198,10 +199,10 @@ def test_a_pretraining_directory_loads_as_a_head_with_a_fresh_classifier(family,
     torch.manual_seed(0)
     hf_model = randomize(PRETRAINING_CLASSES[family](hf_config(family)), seed=2)
     hf_model.save_pretrained(tmp_path)
-    head = pretrained.load(str(tmp_path), head="tagging", num_labels=4, tokenizer=False)
+    head = init_from.load(init_from.resolve(str(tmp_path), tokenizer=False), head="tagging", num_labels=4)
     assert sorted(head.missing) == sorted(FRESH[family] + ["classifier/bias", "classifier/kernel"])
     assert head.params["classifier"]["kernel"].shape == (32, 4)
-    whole = pretrained.load(str(tmp_path), tokenizer=False)
+    whole = init_from.load(init_from.resolve(str(tmp_path), tokenizer=False))
     jax.tree_util.tree_map(np.testing.assert_array_equal, head.params["bert"]["encoder"],
                            whole.params["bert"]["encoder"])
     if family == "modernbert":
@@ -220,7 +221,7 @@ def test_what_a_family_head_cannot_be_is_one_line(tmp_path):
     written = json.loads((tmp_path / "mean" / "config.json").read_text())
     (tmp_path / "mean" / "config.json").write_text(json.dumps({**written, "classifier_pooling": "mean"}))
     with pytest.raises(ValueError, match=r"classifier_pooling='mean': bertjax's heads pool \[CLS\] only"):
-        pretrained.load(str(tmp_path / "mean"), head="classification", num_labels=3, tokenizer=False)
+        init_from.load(init_from.resolve(str(tmp_path / "mean"), tokenizer=False), head="classification", num_labels=3)
     with pytest.raises(ValueError, match=r"model options \['pooler'\] make a network no Hugging Face class has"):
         hf.family_of_config(BertConfig(pooler="gelu_norm"))
 
@@ -308,43 +309,41 @@ def test_a_sentencepiece_tokenizer_feeds_the_exported_model(family, sentencepiec
         assert transformers.AutoModelForSequenceClassification.from_pretrained(tmp_path).eval()(**batch).logits.shape == (2, 3)
 
 
-def _tokenizer_errors(directory) -> list[str]:
-    """What tokenizer_files and load say of a directory without a tokenizer bertjax reads."""
-    messages = []
-    for read in (pretrained.tokenizer_files, pretrained.load):
-        with pytest.raises(ValueError) as error:
-            read(str(directory))
-        messages.append(str(error.value))
-    return messages
+def _tokenizer_error(directory) -> str:
+    """What the one init-from says of a directory without a tokenizer bertjax reads."""
+    with pytest.raises(ValueError) as error:
+        init_from.resolve(str(directory))
+    return str(error.value)
 
 
 @pytest.mark.parametrize("family", FAMILIES)
 def test_a_directory_tokenizer_is_its_family_s_file_for_both_readers(family, vocabulary, sentencepiece, tmp_path):
-    """pretrained.tokenizer_files and pretrained.load find the same tokenizer in a family's directory, by
+    """init_from.resolve finds the tokenizer in a family's directory (and load hands it on), by
     the files the family reads: a WordPiece vocab.txt, for ALBERT also a SentencePiece spiece.model (byte-level
-    BPE: tests/test_bpe.py); where there is none, the same line from both."""
+    BPE: tests/test_bpe.py); where there is none, one line saying what it looked for."""
     import bertjax
 
     torch.manual_seed(0)
     PRETRAINING_CLASSES[family](hf_config(family)).save_pretrained(tmp_path)
     (tmp_path / "vocab.json").write_text("{}")  # half a BPE tokenizer (no merges.txt): not one bertjax reads
-    messages = _tokenizer_errors(tmp_path)
+    message = _tokenizer_error(tmp_path)
     looked_for = "vocab.txt (WordPiece) or spiece.model (SentencePiece)" if family == "albert" else "vocab.txt (WordPiece)"
     name = hf.FAMILIES[family].name
-    assert messages[0] == messages[1] == (f"init_from={tmp_path} has {name} weights but no {looked_for}, "
+    assert message == (f"init_from={tmp_path} has {name} weights but no {looked_for}, "
                                           "tokenizer.json, or vocab.json and merges.txt (byte-level BPE), the "
                                           "tokenizers bertjax reads there: copy the tokenizer the model was "
                                           "trained with into it")
     if family == "albert":  # its SentencePiece model, with bertjax's special pieces
         path, ours = sentencepiece
         (tmp_path / "spiece.model").write_bytes(pathlib.Path(path).read_bytes())
-        expected = pretrained.TokenizerFiles("sentencepiece", str(tmp_path / "spiece.model"), True)
+        expected = init_from.TokenizerFiles("sentencepiece", str(tmp_path / "spiece.model"), True)
     else:
         (tmp_path / "vocab.txt").write_text(pathlib.Path(vocabulary).read_text(encoding="utf-8"))
         (tmp_path / "tokenizer_config.json").write_text(json.dumps({"do_lower_case": False}))
         ours = None
-        expected = pretrained.TokenizerFiles("wordpiece", str(tmp_path / "vocab.txt"), False)
-    assert pretrained.tokenizer_files(str(tmp_path)) == pretrained.load(str(tmp_path)).tokenizer == expected
+        expected = init_from.TokenizerFiles("wordpiece", str(tmp_path / "vocab.txt"), False)
+    start = init_from.resolve(str(tmp_path))
+    assert start.tokenizer == init_from.load(start).tokenizer == expected
     if ours is not None:  # and bertjax.load tokenizes with it
         model = bertjax.load(tmp_path)
         ids = model.tokenize(["A list of lines."])["input_ids"][0].tolist()

@@ -11,7 +11,7 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from bertjax.data import inputs, splits
+from bertjax.data import inputs, preparing, splits
 from bertjax.data.settings import DataSettings
 from bertjax.text import vocab_learning as vocabularies
 from conftest import run_command  # tests/ is on sys.path under pytest
@@ -100,8 +100,8 @@ def config_flags(corpus_dir, **overrides):
 
 
 def prepare(corpus_dir, out, input_pattern, num_shards=2):
-    """python -m bertjax.data.prepare, as a user runs it (its pool of worker processes)."""
-    result = run_module("bertjax.data.prepare", *config_flags(corpus_dir, input_pattern=input_pattern),
+    """python -m bertjax.prepare, as a user runs it (its pool of worker processes)."""
+    result = run_module("bertjax.prepare", *config_flags(corpus_dir, input_pattern=input_pattern),
                         f"--output_dir={out}", f"--num_shards={num_shards}", "--num_workers=2")
     assert result.returncode == 0, result.stderr[-2000:]
     check_prepared(out, num_shards)
@@ -110,10 +110,8 @@ def prepare(corpus_dir, out, input_pattern, num_shards=2):
 
 
 def prepare_here(corpus_dir, out, input_pattern, num_shards=2):
-    """The same shards, prepared in this process (the program's run without its worker pool)."""
-    from bertjax.data import prepare as prepare_program
-
-    prepare_program.run(DataSettings.from_config(data_config(corpus_dir, input_pattern=input_pattern)), str(out),
+    """The same shards, prepared in this process (the program's work without its worker pool)."""
+    preparing.run(DataSettings.from_config(data_config(corpus_dir, input_pattern=input_pattern)), str(out),
                         num_shards=num_shards, num_workers=0)
     check_prepared(out, num_shards)
     return data_config(corpus_dir, source="prepared", prepared_dir=str(out), input_pattern=None, vocab_path=None)
@@ -159,8 +157,8 @@ def test_prepared_file_shards_are_disjoint_and_complete(corpus_dir, tmp_path):
 
 
 def preview_here(config, **flags):
-    """python -m bertjax.data.preview's run, in this process, with these flag values (the rest its defaults)."""
-    from bertjax.data import preview
+    """python -m bertjax.preview's run, in this process, with these flag values (the rest its defaults)."""
+    from bertjax import preview
 
     args = dict(config=config, workdir=None, split="train", start_step=0, num_examples=5, format="text")
     preview.main(["preview"], SimpleNamespace(**{**args, **flags}))
@@ -174,7 +172,7 @@ def test_preview_text_and_jsonl(corpus_dir, tmp_path, capsys):
     assert text.startswith("legend: ⟦seen→original⟧") and "=== step 0: 32 examples of 64" in text
     assert text.count("--- example") == 3 and "⟦[MASK]→" in text and "A: [CLS]" in text
     # The program, as a tool reads it.
-    jsonl = run_module("bertjax.data.preview", *config_flags(corpus_dir), "--num_examples=4", "--format=jsonl",
+    jsonl = run_module("bertjax.preview", *config_flags(corpus_dir), "--num_examples=4", "--format=jsonl",
                        "--start_step=7", "--config.train.batch_size=4")
     assert jsonl.returncode == 0, jsonl.stderr[-2000:]
     records = [json.loads(line) for line in jsonl.stdout.splitlines()]
@@ -199,7 +197,7 @@ def test_preview_shows_packing_from_its_first_lines_and_keeps_its_vocabulary(cor
            "TMPDIR": str(tmp_path / "tmp")}
     (tmp_path / "tmp").mkdir()
     flags = [f for f in config_flags(corpus_dir, vocab_size=400) if "vocab_path" not in f] + ["--num_examples=2"]
-    runs = [run_command([sys.executable, "-m", "bertjax.data.preview", *flags], env=env) for _ in range(2)]
+    runs = [run_command([sys.executable, "-m", "bertjax.preview", *flags], env=env) for _ in range(2)]
     for run in runs:
         assert run.returncode == 0, run.stderr[-2000:]
     learned = list((tmp_path / "cache" / "vocabularies").glob("*/vocab.txt"))
@@ -258,7 +256,7 @@ def test_bad_input_gets_one_clear_line(corpus_dir, tmp_path, capsys):
     bad = tmp_path / "bad.txt"
     bad.write_bytes(b"A fine sentence.\nAnother one \xff\xfe here.\n")
     # The program itself, for one of them (and for a flag it does not have, below).
-    expect_cli_error(run_module("bertjax.data.preview", *config_flags(corpus_dir, input_pattern=bad)),
+    expect_cli_error(run_module("bertjax.preview", *config_flags(corpus_dir, input_pattern=bad)),
                      "bad.txt", "line 2", "UTF-8")
     preview_error("bad.txt", "line 2", "UTF-8", input_pattern=str(bad))
     preview_error("nope", input_pattern=str(tmp_path / "nope*.txt"))
@@ -269,7 +267,7 @@ def test_bad_input_gets_one_clear_line(corpus_dir, tmp_path, capsys):
     preview_error("data.masking='spans' is not one of", masking="spans")
     preview_error("data.units_lexicon=", "does not exist", masking="units", units_lexicon=str(tmp_path / "nope.txt"))
     preview_error("data.span_p=0", "must lie in (0, 1)", masking="span", span_p=0.0)
-    expect_cli_error(run_module("bertjax.data.preview", *config_flags(corpus_dir), "--config.data.bogus=1"),
+    expect_cli_error(run_module("bertjax.preview", *config_flags(corpus_dir), "--config.data.bogus=1"),
                      "bogus")
 
 

@@ -133,12 +133,16 @@ LAYERS = (
     ("tasks", ("tasks",)),
     ("compression", ("compression",)),
     ("interop", ("interop",)),
-    ("inference", ("inference", "")),
+    # bertjax.load, the one init-from it and every run read starting models through, and the batches it
+    # embeds many texts in.
+    ("inference", ("inference", "init_from", "embeddings", "")),
     # What a run is, once (start-up, console, each kind of run's story), over the whole library.
     ("runs", ("runs",)),
-    # The programs: flags and one call into runs/. By contract some live beside the library they drive.
+    # Benchmarks, their peers (HF, sentence-transformers), profiles and timing: above runs/, never below.
+    ("bench", ("bench",)),
+    # The programs: flags and one call into runs/ or bench/.
     ("programs", ("train", "finetune", "distill", "prune", "evaluate", "export", "plan", "benchmark", "summary",
-                  "vocab", "data.preview", "data.prepare", "data.throughput", "tasks.demo_tasks")),
+                  "vocab", "prepare", "preview", "throughput", "demo_task")),
 )
 PROGRAMS = frozenset(LAYERS[-1][1])
 # Loading a config is `import configs.<name>` (configs/ is an installed package), never these.
@@ -234,7 +238,7 @@ def test_layer_checker_catches_upward_imports(tmp_path):
     write("runs/__init__.py")
     write("text/vocab.py", "import os\n\n\ndef entry():\n    from bertjax import train\n")  # a program
     write("data/stream.py", "import json\n\n\ndef f():\n    from bertjax.training import workdir as w\n")
-    write("data/preview.py", "from bertjax.training import workdir\nimport bertjax.runs.console\n")  # fine
+    write("preview.py", "from bertjax.training import workdir\nimport bertjax.runs.console\n")  # a program: fine
     write("runs/console.py", "import runpy\n")
     write("train.py", "from bertjax.runs import console\n")  # a program: fine
     write("distill.py", "from bertjax import train\n")  # a program importing a program

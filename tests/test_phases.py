@@ -11,7 +11,7 @@ import optax
 import pytest
 from conftest import REPO, copy_of, shared_directory, small_run_settings, write_word_corpus
 
-from bertjax.runs import config_checks, pretraining, start
+from bertjax.runs import config_checks, phases, pretraining, start
 from bertjax.training import checkpoint, pretraining_step
 from bertjax.training.checkpoint_meta import CheckpointMeta
 from bertjax.training.state import root_keys
@@ -35,7 +35,8 @@ def starting_state(config, workdir):
     checkpointer = pretraining.make_checkpointer(config, str(workdir), setup.abstract_state)
     try:
         with layout.active():
-            return pretraining.restore(config, setup, checkpointer, init_key), setup
+            parent = phases.read_parent(config.train.init_from, config, "train.init_from")
+            return pretraining.restore(config, setup, checkpointer, init_key, parent), setup
     finally:
         checkpointer.close()
 
@@ -151,7 +152,7 @@ def test_a_phase_says_its_changes_and_starts_from_the_parent_s_moments(modernber
         s, is_leaf=lambda n: isinstance(n, optax.ScaleByScheduleState)) if isinstance(n, optax.ScaleByScheduleState)]
     assert [int(n.count) for n in schedules(parent_state.opt_state)] == [3]
     assert [int(n.count) for n in schedules(state.opt_state)] == [0]  # the new phase's schedule from its start
-    restarted = pretraining.restarted_schedule(parent_state.opt_state)
+    restarted = phases.restarted_schedule(parent_state.opt_state)
     jax.tree_util.tree_map(np.testing.assert_array_equal, state.opt_state, restarted)  # moments and their count
     moments = [leaf for leaf in jax.tree_util.tree_leaves(state.opt_state) if leaf.ndim]
     assert moments and any(np.abs(np.asarray(m)).max() > 0 for m in moments)
@@ -212,7 +213,7 @@ def test_extend_positions_copy_tiles_the_learned_table(bert_parent, tmp_path):
 
 def test_copied_positions_keep_the_offset_rows():
     table = np.arange(12, dtype=np.float32).reshape(6, 2)  # 2 offset rows (RoBERTa's), 4 positions
-    out = pretraining.copied_positions(table, 12, offset=2)
+    out = phases.copied_positions(table, 12, offset=2)
     assert out.shape == (12, 2)
     np.testing.assert_array_equal(out[:6], table)
     np.testing.assert_array_equal(out[6:10], table[2:])
@@ -224,6 +225,6 @@ def test_config_changes_name_each_key_from_the_parent_s_json():
               "model": {"global_rotary_theta": 10000.0},
               "optimizer": {"learning_rate": 8e-4}, "train": {"init_from": None}}
     config = recipe_config("configs/modernbert_base.py", "extend", {"train.init_from": "runs/a"})
-    assert pretraining.config_changes(parent, config) == [
+    assert phases.config_changes(parent, config) == [
         "data.max_seq_length 1024 -> 8192", "model.global_rotary_theta 10000 -> 160000",
         "optimizer.learning_rate 0.0008 -> 0.0003"]

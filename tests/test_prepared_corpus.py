@@ -8,7 +8,7 @@ import runpy
 import numpy as np
 import pytest
 
-from bertjax.data import prepare, prepared
+from bertjax.data import prepared, preparing
 from bertjax.data.corpus import TokenizedCorpus, corpus_from_token_lists
 from bertjax.data.masking import MaskingSpec
 from bertjax.data.settings import DataSettings
@@ -146,7 +146,7 @@ def test_one_uint32_map_gives_the_in_memory_batches(tmp_path):
 def test_old_tfrecord_directories_and_missing_shards_are_refused(tmp_path):
     (tmp_path / "metadata.json").write_text(json.dumps(dict(tokenizer="wordpiece", vocab="vocab.txt", num_shards=2)))
     (tmp_path / "train-00000-of-00002.tfrecord").write_bytes(b"")
-    with pytest.raises(ValueError, match="older format .* run python -m bertjax.data.prepare again"):
+    with pytest.raises(ValueError, match="older format .* run python -m bertjax.prepare again"):
         prepared.load_corpus(str(tmp_path), "train", 0, 1)
     write_prepared(tmp_path, [random_documents(3, seed=2)] * 2)
     os.remove(prepared.array_path(str(tmp_path), "eval", 1, 2, "doc_starts"))
@@ -193,8 +193,8 @@ def test_prepare_resumes_to_the_bytes_of_an_uninterrupted_run(text_corpus, tmp_p
     from bertjax.data import inputs
 
     lines = []
-    monkeypatch.setattr(prepare.logging, "info", lambda message, *args: lines.append(message % args))
-    whole = prepare.run(data_config(text_corpus), str(tmp_path / "whole"), num_shards=4, num_workers=0,
+    monkeypatch.setattr(preparing.logging, "info", lambda message, *args: lines.append(message % args))
+    whole = preparing.run(data_config(text_corpus), str(tmp_path / "whole"), num_shards=4, num_workers=0,
                         progress_seconds=0.0)
     # Progress: documents, tokens, megabytes, rate and, the files' sizes being known, the time left.
     assert lines and all("documents" in s and "tokens" in s and "MB/s" in s and "ETA" in s for s in lines)
@@ -203,7 +203,7 @@ def test_prepare_resumes_to_the_bytes_of_an_uninterrupted_run(text_corpus, tmp_p
     # A run killed part-way: one shard's files never got renamed in, another has only some of its files,
     # a third a half-written temporary, and metadata.json has no counts yet.
     cut = tmp_path / "cut"
-    prepare.run(data_config(text_corpus), str(cut), num_shards=4, num_workers=0)
+    preparing.run(data_config(text_corpus), str(cut), num_shards=4, num_workers=0)
     for name in os.listdir(cut):
         if name.startswith(("train-00001", "eval-00001")) or name == "eval-00002-of-00004.doc_starts.npy":
             os.remove(cut / name)
@@ -211,7 +211,7 @@ def test_prepare_resumes_to_the_bytes_of_an_uninterrupted_run(text_corpus, tmp_p
     meta = json.loads((cut / "metadata.json").read_text())
     del meta["counts"]
     prepared.write_metadata(str(cut), meta)
-    resumed = prepare.run(data_config(text_corpus), str(cut), num_shards=4, num_workers=0)
+    resumed = preparing.run(data_config(text_corpus), str(cut), num_shards=4, num_workers=0)
     assert resumed["skipped"] == 2 and resumed["train"] == whole["train"] and resumed["eval"] == whole["eval"]
     os.remove(cut / "train-00003-of-00004.tokens.npy.tmp")  # a stray temporary is never read
     assert file_bytes(cut) == file_bytes(tmp_path / "whole")
@@ -240,18 +240,18 @@ def documents_of(corpus):
 
 def test_prepare_refuses_other_settings_and_empty_corpora(text_corpus, tmp_path):
     out = str(tmp_path / "out")
-    prepare.run(data_config(text_corpus), out, num_shards=2, num_workers=0)
+    preparing.run(data_config(text_corpus), out, num_shards=2, num_workers=0)
     with pytest.raises(ValueError, match=r"num_shards=2 \(now 4\).*use a fresh --output_dir"):
-        prepare.run(data_config(text_corpus), out, num_shards=4, num_workers=0)
+        preparing.run(data_config(text_corpus), out, num_shards=4, num_workers=0)
     other_vocab = tmp_path / "vocab.txt"
     other_vocab.write_text((text_corpus / "vocab.txt").read_text() + "extra\n")
     with pytest.raises(ValueError, match="the vocabulary vocab.txt.*use a fresh --output_dir"):
-        prepare.run(data_config(text_corpus, vocab_path=str(other_vocab)), out, num_shards=2, num_workers=0)
+        preparing.run(data_config(text_corpus, vocab_path=str(other_vocab)), out, num_shards=2, num_workers=0)
     empty = tmp_path / "empty"
     empty.mkdir()
     (empty / "a.txt").write_text("\n\n")
     with pytest.raises(ValueError, match="holds no document"):
-        prepare.run(data_config(text_corpus, input_pattern=str(empty / "*.txt")), str(tmp_path / "e"), num_shards=2,
+        preparing.run(data_config(text_corpus, input_pattern=str(empty / "*.txt")), str(tmp_path / "e"), num_shards=2,
                     num_workers=0)
 
 
@@ -262,7 +262,7 @@ def test_prepare_counts_bad_rows_by_file_and_row(text_corpus, tmp_path):
     # A file per shard: each shard reads only its own file's rows.
     pq.write_table(pa.table({"text": ["the river city . the old museum ."] * 5 + [None]}), tmp_path / "a.parquet")
     pq.write_table(pa.table({"text": ["the king village .", None, "a bridge ."]}), tmp_path / "b.parquet")
-    summary = prepare.run(data_config(text_corpus, source="parquet", input_pattern=str(tmp_path / "*.parquet")),
+    summary = preparing.run(data_config(text_corpus, source="parquet", input_pattern=str(tmp_path / "*.parquet")),
                           str(tmp_path / "out"), num_shards=2, num_workers=0)
     assert summary["bad_rows"].count == 2
     assert "a.parquet:5" in summary["bad_rows"].summary() and "b.parquet:1" in summary["bad_rows"].summary()

@@ -22,7 +22,7 @@ import pytest
 import bertjax
 from bertjax.compression import quantize
 from bertjax.runs import exporting
-from bertjax.interop import pretrained as pretrained_files
+from bertjax import init_from as pretrained_files
 from bertjax.models import bert as bert_model
 from bertjax.models.config import BertConfig
 from bertjax.models import heads

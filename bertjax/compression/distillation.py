@@ -8,7 +8,7 @@ hidden-state and attention-score MSEs, with learned projections where the studen
 BERT-PKD's (Sun et al. 2019) normalised [CLS] states. Here: the losses, the student made from a subset of the teacher's layers, and the train step
 that takes the teacher's parameters as an argument of the one jitted step (so they are sharded like the
 student's, never trained and never saved in the student's checkpoints). The programs load the teacher
-(bertjax.interop.pretrained) and pass it in.
+(bertjax.init_from) and pass it in.
 """
 
 import dataclasses
@@ -19,8 +19,8 @@ import jax
 import jax.numpy as jnp
 from etils import epath
 
-from bertjax.models import attention as model_attention, bert
-from bertjax.tasks.steps import INPUT_KEYS, LAYER_LOSS_METRICS, PACKED_INPUT_KEYS
+from bertjax.models import attention as model_attention, bert, heads
+from bertjax.tasks.steps import INPUT_KEYS, LAYER_LOSS_METRICS, PACKED_INPUT_KEYS, task_loss
 
 from bertjax.compression.projections import PROJECTIONS, project, without_projections
 from bertjax.models.config import BertConfig, field_names, alternates
@@ -49,12 +49,17 @@ def _weighted_mean(values, weights):
 
 
 def soft_cross_entropy(student_logits, teacher_logits, weights, temperature: float):
-    """T^2 x KL(softmax(teacher / T) || softmax(student / T)), the mean over the weighted rows.
+    """T^2 x KL(softmax(teacher / T) || softmax(student / T)), the mean over the weighted rows; T = temperature.
 
-    student_logits, teacher_logits: [..., V]; weights: [...] (1 for a real row, 0 for padding). The KL is
-    the soft cross-entropy less the teacher's entropy, which does not depend on the student: the same
-    gradient, and 0 where the student matches (DistilBERT's loss_ce, torch's kl_div "batchmean" over the
-    selected rows). T^2 keeps the gradient's scale independent of T (Hinton et al. 2015)."""
+    input           shape / dtype    meaning
+    student_logits  [..., V] float   the student's logits (V: the vocabulary, or the task's classes)
+    teacher_logits  [..., V] float   the teacher's, at the same rows
+    weights         [...] float      1 for a real row, 0 for padding
+    Returns a float32 scalar. The KL is the soft cross-entropy less the teacher's entropy, which does not
+    depend on the student: the same gradient, and 0 where the student matches (DistilBERT's loss_ce, torch's
+    kl_div "batchmean" over the selected rows). T^2 keeps the gradient's scale independent of T (Hinton et al.).
+    Example: ce = soft_cross_entropy(student_logits, teacher_logits, batch["masked_lm_weights"], 2.0)
+    """
     t = jax.nn.log_softmax(teacher_logits.astype(jnp.float32) / temperature, axis=-1)
     s = jax.nn.log_softmax(student_logits.astype(jnp.float32) / temperature, axis=-1)
     kl = jnp.sum(jnp.exp(t) * (t - s), axis=-1)  # [...]
@@ -62,9 +67,16 @@ def soft_cross_entropy(student_logits, teacher_logits, weights, temperature: flo
 
 
 def cosine_loss(student_hidden, teacher_hidden, mask, eps: float = 1e-8):
-    """1 - cos(student, teacher) per token, the mean over the real tokens (mask 1): DistilBERT's
-    CosineEmbeddingLoss with target 1. student_hidden, teacher_hidden: [B, S, H]; mask: [B, S].
-    eps as torch's: cos = x.y / sqrt((|x|^2 + eps)(|y|^2 + eps))."""
+    """1 - cos(student, teacher) per token, the mean over the real tokens: DistilBERT's CosineEmbeddingLoss
+    with target 1; eps as torch's: cos = x.y / sqrt((|x|^2 + eps)(|y|^2 + eps)).
+
+    input           shape / dtype     meaning
+    student_hidden  [B, S, H] float   the student's last hidden states (sequence_output), the teacher's width
+    teacher_hidden  [B, S, H] float   the teacher's
+    mask            [B, S] int        1 for a real token, 0 for padding (input_mask)
+    Returns a float32 scalar.
+    Example: cos = cosine_loss(student["sequence_output"], teacher["sequence_output"], batch["input_mask"])
+    """
     s, t = student_hidden.astype(jnp.float32), teacher_hidden.astype(jnp.float32)
     cos = jnp.sum(s * t, -1) / jnp.sqrt((jnp.sum(s * s, -1) + eps) * (jnp.sum(t * t, -1) + eps))  # [B, S]
     return _weighted_mean(1.0 - cos, mask.astype(jnp.float32))
@@ -75,18 +87,31 @@ def cosine_loss(student_hidden, teacher_hidden, mask, eps: float = 1e-8):
 
 
 def hidden_mse(student_hidden, teacher_hidden, mask):
-    """The mean squared difference over the real tokens (mask 1) and the features: TinyBERT's MSE of one
-    pair of layers (the embeddings', or student layer m's against teacher layer g(m)), the student's already
-    projected to the teacher's width. student_hidden, teacher_hidden: [B, S, H]; mask: [B, S]. The published
-    code averages over padding too; here padding, whose states nothing reads, is left out, as the cosine does."""
+    """The mean squared difference over the real tokens and the features: TinyBERT's MSE of one pair of
+    layers (the embeddings', or student layer m's against teacher layer g(m)). The published code averages
+    over padding too; here padding, whose states nothing reads, is left out, as the cosine does.
+
+    input           shape / dtype     meaning
+    student_hidden  [B, S, H] float   the student's states, already projected to the teacher's width H
+    teacher_hidden  [B, S, H] float   the teacher's
+    mask            [B, S]            1 for a real token, 0 for padding
+    Returns a float32 scalar.
+    Example: mse = hidden_mse(project(w_h, student_states[m]), teacher_states[g[m - 1]], batch["input_mask"])
+    """
     s, t = student_hidden.astype(jnp.float32), teacher_hidden.astype(jnp.float32)
     per_token = jnp.mean(jnp.square(s - t), axis=-1)  # [B, S]
     return _weighted_mean(per_token, mask.astype(jnp.float32))
 
 
 def attention_mse(student_scores, teacher_scores):
-    """(1/N) sum over heads of MSE(A_S, A_T) of one pair of layers, on the scores before softmax
-    [B, N, S, S], as TinyBERT: the mean over every entry after zeroing the entries <= -1e2 in each.
+    """(1/N) sum over heads of MSE(A_S, A_T) of one pair of layers, on the scores before softmax, as
+    TinyBERT: the mean over every entry after zeroing the entries <= -1e2 in each.
+
+    input           shape / dtype         meaning
+    student_scores  [B, N, S, S] float    student layer m's attention scores before softmax
+    teacher_scores  [B, N, S, S] float    teacher layer g(m)'s (the same N heads)
+    Returns a float32 scalar.
+    Example: mse = attention_mse(student_scores[m - 1], teacher_scores[g[m - 1] - 1])
 
     Why zero them, as the published task_distill.py/general_distill.py do: those entries are the keys the
     mask hides (the model puts float32's lowest value there), the same in both models and never attended,
@@ -100,8 +125,15 @@ def attention_mse(student_scores, teacher_scores):
 
 def pkd_loss(student_cls, teacher_cls, weights, eps: float = 1e-12):
     """BERT-PKD's patient loss: sum over the compared layers of ||h_s/||h_s||_2 - h_t/||h_t||_2||^2 on the
-    [CLS] states, the mean over the weighted examples. student_cls, teacher_cls: [K, B, H]; weights: [B]
-    (1 for a real example, 0 for padding). eps keeps a zero vector's norm finite (torch's normalize)."""
+    [CLS] states, the mean over the weighted examples; eps keeps a zero vector's norm finite (torch's normalize).
+
+    input        shape / dtype     meaning
+    student_cls  [K, B, H] float   the student's [CLS] state at each of the K compared layers
+    teacher_cls  [K, B, H] float   the teacher's, at the layers g maps them to
+    weights      [B] float         1 for a real example, 0 for padding
+    Returns a float32 scalar.
+    Example: loss = pkd_loss(student_cls, teacher_cls, batch["example_weight"])
+    """
     s, t = student_cls.astype(jnp.float32), teacher_cls.astype(jnp.float32)
     s = s / jnp.maximum(jnp.linalg.norm(s, axis=-1, keepdims=True), eps)
     t = t / jnp.maximum(jnp.linalg.norm(t, axis=-1, keepdims=True), eps)
@@ -295,10 +327,18 @@ def pretraining_distillation_loss(params, batch, dropout_rng, teacher_params, *,
                                   weights: LossWeights, objective: str, layer_map: tuple = ()):
     """General distillation's loss on a pretraining batch: (loss, metric sums) as step.train_step takes it.
 
+    input           shape / dtype   meaning
+    params          pytree          the student's params (with its PROJECTIONS where it is narrower)
+    batch           dict            input_ids, segment_ids, input_mask [B, S]; masked_lm_positions,
+                                    masked_lm_ids, masked_lm_weights [B, P]; next_sentence_labels [B]
+    teacher_params  pytree          the teacher's params (no gradient, no dropout)
+    weights         LossWeights     the alphas and the temperature (layer_map: check_layer_losses' g)
+    Returns (loss: a float32 scalar, metrics): pretraining_loss's (the sentence task's only where alpha_nsp
+    > 0) plus ce_loss, cos_loss and the weighed layer losses (means).
+    Example: loss, m = pretraining_distillation_loss(p, b, key, tp, net=s, teacher_net=t, weights=w, objective="nsp")
     The soft CE is taken where the masked-LM loss is, at the masked positions (DistilBERT's choice; the
     heads then run at P positions, not S). The cosine and the intermediate-layer losses read every real
-    token, so with them both models run their last block at all positions. The teacher runs without
-    dropout. params may carry the student's projections (PROJECTIONS); layer_map: check_layer_losses' g."""
+    token, so with them both models run their last block at all positions."""
     hidden = weights.alpha_cos > 0 or weights.layers.on
     collections = weights.layers.collections()
     projections = params.get(PROJECTIONS)
@@ -339,8 +379,16 @@ def task_distillation_loss(logits, labels, weights, teacher_logits, *, gold_loss
                            alpha: float):
     """(1 - alpha) x the task's own loss on the gold labels + alpha x the soft loss toward the teacher:
     T^2 x KL of the softened distributions for class logits (per example, choice or token), the squared
-    difference of the predicted values for regression. Returns (loss, sums), the sums the gold loss's plus
-    soft_loss_sum (the soft loss summed over the weighted rows)."""
+    difference of the predicted values for regression (task distillation).
+
+    input           shape / dtype          meaning
+    logits          float, the head's      the student's: [B, K], [B, C], [B, S, K] or [B, 1] (regression)
+    labels          as gold_loss takes     the gold labels; gold_loss: HEADS[kind].loss
+    weights         [B] float ([B, S])     1 for a real example (tagging: a tagged token), 0 for padding
+    teacher_logits  as logits              the fine-tuned teacher's, on the same inputs (no gradient)
+    Returns (loss, sums): gold_loss's sums plus soft_loss_sum (the soft loss summed over the weighted rows).
+    Example: loss, sums = task_distillation_loss(logits, y, w, t_logits, gold_loss=g, kind=k, temperature=2, alpha=0.5)
+    """
     gold, sums = gold_loss(logits, labels, weights)
     weights = weights.astype(jnp.float32)
     teacher_logits = jax.lax.stop_gradient(teacher_logits)
@@ -503,3 +551,25 @@ def compile_step_with_teacher(setup, loss_fn, teacher_params, data_sharding, gra
                          in_shardings=(setup.state_sharding, data_sharding, None, teacher_sharding),
                          out_shardings=(setup.state_sharding, None), donate_argnums=(0,))
     return lambda state, batch, dropout_key: jitted(state, batch, dropout_key, teacher_params)
+
+
+def task_distillation_step(setup, teacher_net, teacher_params, kind: str, temperature: float, alpha: float,
+                           data_sharding, grad_accum_steps: int, settings: LayerLosses = LayerLosses(),
+                           layer_map: tuple = ()):
+    """Task distillation's train step: task_loss with the teacher's logits mixed into the loss
+    (task_distillation_loss), jitted with the teacher's params as an argument of the step; with the layer
+    losses of settings on, those added (task_layer_distillation_loss, teacher layer layer_map[i] for student
+    layer i)."""
+    soft = functools.partial(task_distillation_loss, gold_loss=heads.head(kind).loss, kind=kind,
+                             temperature=temperature, alpha=alpha)
+    if settings.on:
+        loss_fn = functools.partial(task_layer_distillation_loss, net=setup.net, teacher_net=teacher_net,
+                                    soft_loss=soft, settings=settings, layer_map=layer_map)
+        return compile_step_with_teacher(setup, loss_fn, teacher_params, data_sharding, grad_accum_steps,
+                                         settings.metrics())
+
+    def loss_fn(params, batch, dropout_rng, teacher_params):
+        teacher_logits = functools.partial(teacher_task_logits, teacher_params, net=teacher_net)
+        return task_loss(params, batch, dropout_rng, net=setup.net, loss=soft, teacher=teacher_logits)
+
+    return compile_step_with_teacher(setup, loss_fn, teacher_params, data_sharding, grad_accum_steps)

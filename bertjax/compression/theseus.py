@@ -15,9 +15,9 @@ successor alone: embeddings + M layers + pooler + head, which `python -m bertjax
 --config.train.init_from=WORKDIR` then fine-tunes on its own (the paper's successor fine-tuning; that run
 trains every parameter, where the authors' p = 1 phase kept training the layers only).
 
-The run is fine-tuning's (bertjax/runs/finetuning.py, the `theseus` section); here: the settings' checks,
-the replacement rate and draws, the successor made from the predecessor, the mixed forward, the loss and
-the jitted step.
+The run is fine-tuning's (bertjax/runs/finetuning.py, its start and step from
+bertjax/runs/finetuning_compression.py); here: the settings' checks, the replacement rate and draws, the
+successor made from the predecessor, the mixed forward, the loss and the jitted step.
 
 Shape legend (as in bertjax/models/bert.py): B batch, S sequence, H hidden, N predecessor layers,
 M successor layers (modules), Q rows kept ([CLS] and any asked for).
@@ -32,7 +32,7 @@ import jax.numpy as jnp
 import optax
 
 from bertjax.compression import distillation
-from bertjax.models import bert, layers
+from bertjax.models import bert, heads, layers
 from bertjax.models.config import BertConfig
 from bertjax.tasks.steps import task_loss
 from bertjax.training import step as steps
@@ -94,8 +94,8 @@ def check_predecessor(predecessor: BertConfig, successor_layers: int, what: str)
 
 def successor_config(predecessor: BertConfig, successor_layers: int) -> BertConfig:
     """The predecessor's architecture with M layers (their head counts: those of its first M)."""
-    heads = tuple(predecessor.layer_heads[:successor_layers]) if predecessor.layer_heads else ()
-    return dataclasses.replace(predecessor, num_layers=successor_layers, layer_heads=heads)
+    kept = tuple(predecessor.layer_heads[:successor_layers]) if predecessor.layer_heads else ()
+    return dataclasses.replace(predecessor, num_layers=successor_layers, layer_heads=kept)
 
 
 def successor_params(predecessor_params: dict, predecessor: BertConfig, successor: BertConfig) -> dict:
@@ -249,3 +249,19 @@ def compile_step(setup, loss_fn, predecessor_layers: dict, rate: ReplaceRate, ke
     # The rate's numbers are arguments too: one program for any p (and the same one after a resume).
     rate_args = ReplaceRate(jnp.float32(rate.start), jnp.float32(rate.slope))
     return lambda state, batch, dropout_key: jitted(state, batch, dropout_key, predecessor_layers, key, rate_args)
+
+
+def task_step(setup, predecessor_params: dict, predecessor: BertConfig, kind: str, num_labels: int, example: dict,
+              rate: ReplaceRate, seed: int, data_sharding, grad_accum_steps: int):
+    """Module replacing's train step on a task of `kind`: the mixed model's task loss, the predecessor's
+    layers (unrolled) an argument of the step in the shardings its own network's axes give, the draws keyed
+    by seed and the step. example: heads.dummy_inputs of the task, for the predecessor's layout."""
+    unrolled = dataclasses.replace(predecessor, scan_layers=False)
+    encoder = bert.unrolled_encoder(predecessor_params["bert"]["encoder"], predecessor)
+    params = dict(predecessor_params, bert=dict(predecessor_params["bert"], encoder=encoder))
+    placed = distillation.place_params(heads.network(kind, unrolled, num_labels), example, params, setup.mesh,
+                                       setup.rules)
+    loss = functools.partial(theseus_loss, net=setup.net, loss=heads.head(kind).loss, predecessor=predecessor,
+                             successor=setup.net.config)
+    return compile_step(setup, loss, predecessor_layers(placed, unrolled), rate, replacement_key(seed),
+                        setup.net.config.num_layers, data_sharding, grad_accum_steps)

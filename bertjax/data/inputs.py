@@ -6,10 +6,10 @@
       -> tokenizer                              (data.vocab_path, or learned once and cached in the workdir)
       -> TokenizedCorpus -> PretrainingStream   (train and eval; data.objective: nsp | sop | none;
                                                  data.packing: several examples per row)
-    or a host's corpora tokenized already (data.source=prepared: the shards of bertjax.data.prepare)
+    or a host's corpora tokenized already (data.source=prepared: the shards of bertjax.prepare)
       data.mixture: each source its own corpus and stream, interleaved by weight (bertjax.data.mixture)
 
-Entry programs (train, data.preview) call build_inputs(config.data, ...); the section is read into a
+Entry programs (train, preview) call build_inputs(config.data, ...); the section is read into a
 DataSettings (bertjax/data/settings.py) there, and everything below takes the record.
 """
 

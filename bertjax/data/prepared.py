@@ -91,12 +91,12 @@ def read_metadata(directory: str) -> dict:
                          f"a local (or mounted, e.g. gcsfuse) file system: copy the directory to the host")
     path = os.path.join(directory, METADATA)
     if not os.path.exists(path):
-        raise FileNotFoundError(f"{path} is missing: is data.prepared_dir a directory written by bertjax.data.prepare?")
+        raise FileNotFoundError(f"{path} is missing: is data.prepared_dir a directory written by bertjax.prepare?")
     with open(path) as f:
         meta = json.load(f)
     if meta.get("format_version") != FORMAT_VERSION:
         raise ValueError(f"{directory} holds prepared shards of an older format (TFRecord): run python -m "
-                         f"bertjax.data.prepare again into a fresh --output_dir (the new shards are memory-mapped)")
+                         f"bertjax.prepare again into a fresh --output_dir (the new shards are memory-mapped)")
     return meta
 
 

@@ -292,7 +292,7 @@ class PretrainingStream:
             return elements.skip(skip)
 
         # Written in TensorFlow's own control flow (tf.while_loop, tf.cond), so AutoGraph has nothing to
-        # convert: skipping it saves seconds of tracing at every start (data.preview's and training's).
+        # convert: skipping it saves seconds of tracing at every start (the preview's and training's).
         plain = tf.autograph.experimental.do_not_convert
         epochs = tf.data.Dataset.range(first_epoch, np.iinfo(np.int64).max)
         ds = epochs.flat_map(plain(epoch_elements))

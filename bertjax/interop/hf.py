@@ -14,6 +14,7 @@ RobertaForQuestionAnswering, ModernBertForTokenClassification, ...): the encoder
 the head's own, labels and problem_type in config.json as transformers' save_pretrained writes them.
 """
 
+import hashlib
 import json
 import logging
 import os
@@ -21,12 +22,15 @@ from pathlib import Path
 
 import flax.linen as nn
 import numpy as np
+from etils import epath
 from flax import traverse_util
 
-from bertjax.interop import hf_albert, hf_bert, hf_convert, hf_electra, hf_files, hf_modernbert, hf_roberta
+from bertjax.interop import (hf_albert, hf_bert, hf_convert, hf_electra, hf_files, hf_modernbert, hf_roberta,
+                             hf_tokenizer)
 from bertjax.interop.hf_family import HF_HEADS, Family, HFHead, TaskClass, changed_options  # noqa: F401
 from bertjax.models.config import BertConfig, ARCHITECTURE_FIELDS
 from bertjax.models import heads
+from bertjax.text import files
 
 log = logging.getLogger(__name__)
 
@@ -309,3 +313,54 @@ def _check_vocabulary(cfg: BertConfig, vocab_path) -> None:
             log.warning("model.position_offset=%d makes pad_token_id %d, which is %r in %s: transformers will "
                         "number positions wrongly after it; train with position_offset = [PAD]'s id + 1",
                         cfg.position_offset, pad, tokens[pad], vocab_path)
+
+
+# --------------------------------------------------------------------------------------------------
+# The tokenizer of a Hugging Face directory
+# --------------------------------------------------------------------------------------------------
+
+_TOKENIZER_KINDS = {"wordpiece": "WordPiece", "sentencepiece": "SentencePiece"}
+
+
+def tokenizer_of(path: str, what: str, lower_case: bool = False) -> tuple[str, str, bool]:
+    """(kind, local file, lower-cases) of a directory's tokenizer: the first of the family's tokenizer files
+    (hf_family.Family.tokenizer_files) it has, else its tokenizer.json (transformers 5 saves no vocab.txt:
+    WordPiece's vocabulary, or byte-level BPE as it is), else RoBERTa's vocab.json and merges.txt as a
+    tokenizer.json. Unless its tokenizer config says otherwise WordPiece lower-cases, as the original
+    releases; lower_case: a sentence-transformers module that lower-cases the text itself."""
+    directory = epath.Path(path)
+    family = family_of(json.loads((directory / "config.json").read_text()))
+    settings = {}
+    if (directory / "tokenizer_config.json").exists():
+        settings = json.loads((directory / "tokenizer_config.json").read_text())
+    for name, kind in family.tokenizer_files:
+        if (directory / name).exists():
+            return kind, str(directory / name), lower_case or bool(settings.get("do_lower_case", True))
+    if (directory / "tokenizer.json").exists():
+        found = str(directory / "tokenizer.json")
+        if hf_tokenizer.model_type(found) == "BPE":
+            return "bpe", found, lower_case
+        tokens, lowers = hf_tokenizer.read_wordpiece_tokenizer(found)
+        return ("wordpiece", _cached_file("vocab.txt", "".join(token + "\n" for token in tokens)),
+                lower_case or bool(settings.get("do_lower_case", lowers)))
+    if (directory / "vocab.json").exists() and (directory / "merges.txt").exists():
+        text = hf_tokenizer.roberta_tokenizer_json(str(directory / "vocab.json"), str(directory / "merges.txt"),
+                                                   settings)
+        return "bpe", _cached_file("tokenizer.json", text), lower_case
+    looked_for = " or ".join(f"{name} ({_TOKENIZER_KINDS[kind]})" for name, kind in family.tokenizer_files)
+    raise ValueError(f"{what}={path} has {family.name} weights but no {looked_for}, tokenizer.json, or vocab.json "
+                     "and merges.txt (byte-level BPE), the tokenizers bertjax reads there: copy the tokenizer the "
+                     "model was trained with into it")
+
+
+def _cached_file(name: str, text: str) -> str:
+    """`text` as the file `name` in bertjax's cache directory, keyed by its contents (the model's own
+    directory is left as it is)."""
+    key = hashlib.sha256(text.encode("utf-8")).hexdigest()[:20]
+    path = epath.Path(files.cache_dir("vocabularies", key)) / name
+    if not path.exists():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        partial = path.parent / f"{name}.tmp-{os.getpid()}"
+        partial.write_text(text, encoding="utf-8")
+        partial.rename(path)  # whole or not at all, whoever else writes it
+    return str(path)

@@ -431,17 +431,22 @@ def pretraining_loss(mlm, nsp_logits, masked_lm_ids, masked_lm_weights, next_sen
                      objective: str = "nsp", sentence_weights=None):
     """BERT's loss: weighted masked-LM NLL over the real predictions plus mean NSP cross-entropy.
 
-    mlm: the logits [B, P, V], or a DecoderInputs (model.mlm_loss="chunked": the same NLL and
-    argmax computed by chunks of the vocabulary, never holding [B, P, V] logits); nsp_logits: [B, 2];
-    masked_lm_ids: [B, P] int; masked_lm_weights: [B, P] float
-    (1 for a real prediction, 0 for padding); next_sentence_labels: [B] int (0 IsNext, 1 NotNext).
-    objective: "nsp"; "sop" (ALBERT: the same 2-way head on 0 in order / 1 swapped, metrics sop_*);
-    "none" (RoBERTa, ModernBERT: masked LM only, no sentence metrics; nsp_logits may be None).
-    Packed rows: nsp_logits [B, K, 2], next_sentence_labels [B, K], sentence_weights [B, K] (1 for a
-    sequence, 0 for an empty slot). Either way the masked-LM loss is the mean over the batch's
+    input                 shape / dtype        meaning
+    mlm                   [B, P, V] float      the masked-LM logits, or a DecoderInputs (model.mlm_loss="chunked":
+                                               the same NLL and argmax by chunks of the vocabulary)
+    nsp_logits            [B, 2] float         the sentence head's logits (None with objective="none")
+    masked_lm_ids         [B, P] int           the original tokens at the masked positions
+    masked_lm_weights     [B, P] float         1 for a real prediction, 0 for padding
+    next_sentence_labels  [B] int              0 IsNext, 1 NotNext (sop: 0 in order, 1 swapped)
+    sentence_weights      [B] float or None    1 for a sequence, 0 for an empty slot (None: all 1)
+    objective: "nsp"; "sop" (ALBERT: the same 2-way head, metrics sop_*); "none" (RoBERTa, ModernBERT:
+    masked LM only, no sentence metrics). Packed rows: nsp_logits [B, K, 2], next_sentence_labels and
+    sentence_weights [B, K] (K sequence slots). Either way the masked-LM loss is the mean over the batch's
     predictions and the sentence loss the mean over its sequences: a packed batch's loss is the same
     number as the loss of its sequences unpacked.
-    Returns (loss, metrics) with metrics holding sums and counts so that they add across microbatches.
+    Returns (loss: a float32 scalar, metrics): mlm_loss, and <objective>_loss unless "none", as means;
+    mlm_correct, mlm_count, <objective>_correct, <objective>_count as sums that add across microbatches.
+    Example: loss, metrics = pretraining_loss(mlm_logits, nsp_logits, ids, weights, labels, objective="nsp")
     """
     if objective not in ("nsp", "sop", "none"):
         raise ValueError(f"data.objective={objective!r}: choose nsp, sop or none")

@@ -42,9 +42,17 @@ def _cross_entropy_diagonal(logits):
 
 def mnrl_loss(queries, positives, negatives=None, negative_mask=None, *, scale: float = 20.0,
               symmetric: bool = False):
-    """MultipleNegativesRankingLoss. queries, positives [B, D]; negatives [B, G, D] or None with
-    negative_mask [B, G] (1 where row b has its g-th negative). Returns (loss, {"correct", "count"}):
-    "correct" counts the queries that rank their own positive above every other candidate."""
+    """MultipleNegativesRankingLoss: each query's cross-entropy over the C candidates, the target its own
+    positive; symmetric=True averages in each positive's cross-entropy over the B queries.
+
+    input          shape / dtype        meaning
+    queries        [B, D] float         the queries' embeddings (normalised here: logit = scale x cosine)
+    positives      [B, D] float         row b is query b's positive and every other query's negative
+    negatives      [B, G, D] or None    hard negatives, every one a candidate of every query
+    negative_mask  [B, G] float         1 where row b has its g-th negative (given with negatives)
+    Returns (loss: a scalar, {"correct": queries ranking their own positive first, "count": B}).
+    Example: loss, sums = mnrl_loss(queries, positives, negatives, negative_mask, scale=20.0)
+    """
     candidates = positives
     valid = jnp.ones(positives.shape[0], bool)  # [C]
     if negatives is not None and negatives.shape[1] > 0:
@@ -61,7 +69,14 @@ def mnrl_loss(queries, positives, negatives=None, negative_mask=None, *, scale: 
 
 
 def cosent_loss(a, b, scores, *, scale: float = 20.0):
-    """CoSENTLoss: a, b [B, D], scores [B] (any range: only their order counts)."""
+    """CoSENTLoss: every pair scored lower than another should have the lower cosine.
+
+    input   shape / dtype   meaning
+    a, b    [B, D] float    the two texts' embeddings (text, text_pair), row by row
+    scores  [B] float       the pairs' scores, any range: only their order counts
+    Returns (loss: a scalar, {"count": B}).
+    Example: loss, sums = cosent_loss(a, b, scores, scale=20.0)
+    """
     cos = scale * jnp.sum(normalize(a) * normalize(b), axis=-1)  # [B]
     differences = cos[:, None] - cos[None, :]  # [B, B]: (i, j) = s_i - s_j, penalised where score_i < score_j
     lower = scores[:, None] < scores[None, :]
@@ -71,15 +86,29 @@ def cosent_loss(a, b, scores, *, scale: float = 20.0):
 
 
 def cosine_mse_loss(a, b, scores, *, scale: float = 20.0):
-    """CosineSimilarityLoss: the mean of (cos(a_i, b_i) - score_i)^2; scores [B] target cosines in [-1, 1].
-    (scale is not used: a cosine is compared with the score as it is.)"""
+    """CosineSimilarityLoss: the mean of (cos(a_i, b_i) - score_i)^2 (scale is not used: a cosine is
+    compared with the score as it is).
+
+    input   shape / dtype   meaning
+    a, b    [B, D] float    the two texts' embeddings (text, text_pair), row by row
+    scores  [B] float       the target cosines, in [-1, 1]
+    Returns (loss: a scalar, {"count": B}).
+    Example: loss, sums = cosine_mse_loss(a, b, scores)
+    """
     cos = jnp.sum(normalize(a) * normalize(b), axis=-1)
     return jnp.mean(jnp.square(cos - scores)), {"count": jnp.float32(a.shape[0])}
 
 
 def distill_mse_loss(student, target):
-    """MSELoss: the mean over examples of the mean squared difference of student [B, D] and target [B, D]
-    (nn.MSELoss's mean over every element: the same when every row has D features)."""
+    """MSELoss: the mean over examples of the mean squared difference of student and target
+    (nn.MSELoss's mean over every element: the same when every row has D features).
+
+    input    shape / dtype   meaning
+    student  [B, D] float    the student's embeddings of the texts
+    target   [B, D] float    the teacher's embeddings of the same texts (or their target_text), computed beforehand
+    Returns (loss: a scalar, {"count": B}).
+    Example: loss, sums = distill_mse_loss(student, target)
+    """
     return jnp.mean(jnp.square(student - target)), {"count": jnp.float32(student.shape[0])}
 
 
@@ -90,10 +119,19 @@ def truncated(x, width: int):
 
 def embedding_loss(embeddings: dict, batch: dict, *, loss: str, scale: float, symmetric: bool = False,
                    matryoshka_dims: tuple = (), matryoshka_weights: tuple = ()):
-    """The configured loss of a batch's embeddings {"query" [B, D], "passage" [B, D], "negative" [B, G, D]
-    (mnrl with hard negatives)}: batch gives negative_mask [B, G], score [B] and target [B, D] (distill_mse:
-    the teacher's embeddings). Matryoshka: summed over matryoshka_dims with their weights (1 each where
-    none are given). Returns (loss, sums)."""
+    """The configured loss (`loss`, one of LOSSES) of a batch's embeddings; Matryoshka: summed over
+    matryoshka_dims with their weights (1 each where none are given).
+
+    input                  shape / dtype    meaning
+    embeddings["query"]    [B, D] float     queries, or the texts (scored pairs: text; distill_mse: the student's)
+    embeddings["passage"]  [B, D] float     positives, or text_pair (scored pairs); none for distill_mse
+    embeddings["negative"] [B, G, D] float  hard negatives (mnrl, where the batch has them)
+    batch["negative_mask"] [B, G] float     mnrl: 1 where row b has its g-th negative (the batch's negative_present)
+    batch["score"]         [B] float        cosent, cosine_mse: each pair's score
+    batch["target"]        [B, D] float     distill_mse: the teacher's embeddings
+    Returns (loss: a scalar, the chosen loss's sums ("count"; mnrl adds "correct") at the first width listed).
+    Example: loss, sums = embedding_loss({"query": q, "passage": p}, {}, loss="mnrl", scale=20.0)
+    """
     widths = tuple(matryoshka_dims) or (None,)
     weights = tuple(matryoshka_weights) or (1.0,) * len(widths)
     total, sums = 0.0, None

@@ -123,7 +123,19 @@ def electra_loss(mlm_logits, disc_logits, disc_labels, masked_lm_ids, masked_lm_
                  discriminator_weight: float):
     """Generator masked-LM NLL (the mean over the real predictions) + discriminator_weight x the
     discriminator's binary cross-entropy (the mean over the real tokens: input_mask 1, packed rows'
-    padding excluded). disc_logits, disc_labels, input_mask: [B, S]. Returns (loss, metric sums)."""
+    padding excluded).
+
+    input              shape / dtype     meaning
+    mlm_logits         [B, P, V] float   the generator's logits at the masked positions
+    disc_logits        [B, S] float      the discriminator's replaced-token logits
+    disc_labels        [B, S] float      1 where the token was replaced (replace_tokens' labels)
+    masked_lm_ids      [B, P] int        the original tokens at the masked positions
+    masked_lm_weights  [B, P] float      1 for a real prediction, 0 for padding
+    input_mask         [B, S] int        1 for a real token, 0 for padding
+    Returns (loss: a float32 scalar, metrics): pretraining_loss's mlm_* (objective "none"), disc_loss (a
+    mean), and disc_correct, disc_count and replaced (sums over the real tokens).
+    Example: loss, metrics = electra_loss(mlm_logits, disc_logits, disc_labels, ids, weights, input_mask, 50.0)
+    """
     mlm_loss, metrics = bert.pretraining_loss(mlm_logits, None, masked_lm_ids, masked_lm_weights, None,
                                               objective="none")
     real = (input_mask > 0).astype(jnp.float32)

@@ -216,9 +216,13 @@ def _softmax_nll(logits, labels):
 def classification_loss(logits, labels, weights):
     """Softmax cross-entropy, the mean over the real examples (classification and multiple choice).
 
-    logits: [B, K] (or [B, C]); labels: [B] int; weights: [B], 1 for a real example and 0 for the
-    padding that fills a final partial batch (packed: [B, Q, K], [B, Q], [B, Q], 0 at empty slots).
-    Returns (loss, {nll_sum, correct, count}).
+    input    shape / dtype     meaning
+    logits   [B, K] float      the classifier's logits ([B, C]: multiple choice; packed rows [B, Q, K])
+    labels   [B] int           the class index, in [0, K) (packed: [B, Q])
+    weights  [B] float         1 for a real example, 0 for the padding that fills a final partial batch
+                               (packed: [B, Q], 0 at empty slots)
+    Returns (loss: a float32 scalar, {nll_sum, correct, count}: sums over the real examples).
+    Example: loss, sums = classification_loss(logits, batch["label"], batch["example_weight"])
     """
     weights = weights.astype(jnp.float32)
     nll = _softmax_nll(logits, labels)  # [B]
@@ -228,9 +232,15 @@ def classification_loss(logits, labels, weights):
 
 
 def regression_loss(logits, labels, weights):
-    """Mean squared error over the real examples (STS-B). logits: [B, 1]; labels: [B] float;
-    weights: [B] as in classification_loss (packed: [B, Q, 1], [B, Q], [B, Q]).
-    Returns (loss, {squared_error_sum, count})."""
+    """Mean squared error over the real examples (STS-B).
+
+    input    shape / dtype     meaning
+    logits   [B, 1] float      the predicted value (packed rows: [B, Q, 1])
+    labels   [B] float         the gold value (packed: [B, Q])
+    weights  [B] float         1 for a real example, 0 for padding (packed: [B, Q], 0 at empty slots)
+    Returns (loss: a float32 scalar, {squared_error_sum, count}: sums over the real examples).
+    Example: loss, sums = regression_loss(logits, batch["label"], batch["example_weight"])
+    """
     weights = weights.astype(jnp.float32)
     squared_error = jnp.square(logits[..., 0].astype(jnp.float32) - labels.astype(jnp.float32))  # [B]
     loss, count = _weighted_mean(squared_error, weights)
@@ -239,8 +249,16 @@ def regression_loss(logits, labels, weights):
 
 def span_loss(logits, labels, weights):
     """The mean of the start and end positions' cross-entropies over the S positions, the mean over the
-    real examples. logits: [B, S, 2]; labels: [B, 2] int (start, end); weights: [B].
-    Returns (loss, {nll_sum, correct (both ends right), count})."""
+    real examples (SQuAD).
+
+    input    shape / dtype     meaning
+    logits   [B, S, 2] float   the start and end logit at every position
+    labels   [B, 2] int        the answer's first and last token positions; (0, 0), [CLS], where the
+                               window holds no answer
+    weights  [B] float         1 for a real window, 0 for padding
+    Returns (loss: a float32 scalar, {nll_sum, correct (both ends right), count}: sums over the real windows).
+    Example: loss, sums = span_loss(logits, batch["label"], batch["example_weight"])
+    """
     weights = weights.astype(jnp.float32)
     per_end = jnp.moveaxis(logits, -1, 1)  # [B, 2, S]
     nll = jnp.mean(_softmax_nll(per_end, labels), axis=-1)  # [B]
@@ -251,14 +269,29 @@ def span_loss(logits, labels, weights):
 
 def multiple_choice_loss(logits, labels, weights):
     """Softmax cross-entropy over the C choices' scores, the mean over the real examples: a C-way
-    classification_loss. logits: [B, C]; labels: [B] int, the right choice; weights: [B]."""
+    classification_loss.
+
+    input    shape / dtype     meaning
+    logits   [B, C] float      one score per (context, choice) pair
+    labels   [B] int           the right choice's index, in [0, C)
+    weights  [B] float         1 for a real example, 0 for padding
+    Returns (loss: a float32 scalar, {nll_sum, correct, count}: sums over the real examples).
+    Example: loss, sums = multiple_choice_loss(logits, batch["label"], batch["example_weight"])
+    """
     return classification_loss(logits, labels, weights)
 
 
 def tagging_loss(logits, labels, weights):
-    """Softmax cross-entropy per token, the mean over the weighted tokens. logits: [B, S, K]; labels:
-    [B, S] int; weights: [B, S], 1 at the tokens that carry a tag (typically a word's first piece),
-    0 elsewhere (other pieces, [CLS], [SEP], padding). Returns (loss, {nll_sum, correct, count})."""
+    """Softmax cross-entropy per token, the mean over the weighted tokens.
+
+    input    shape / dtype     meaning
+    logits   [B, S, K] float   the tag logits at every position
+    labels   [B, S] int        the tag index at every position (read only where weights are 1)
+    weights  [B, S] float      1 at the tokens that carry a tag (a word's first piece), 0 elsewhere (other
+                               pieces, [CLS], [SEP], padding): label_weight (x example_weight)
+    Returns (loss: a float32 scalar, {nll_sum, correct, count}: sums over the weighted tokens).
+    Example: loss, sums = tagging_loss(logits, batch["label"], batch["label_weight"])
+    """
     return classification_loss(logits, labels, weights)
 
 
@@ -294,7 +327,18 @@ def _embedder(cfg: BertConfig, num_labels: int = 0, **embedding) -> nn.Module:
 
 @dataclasses.dataclass(frozen=True)
 class Head:
-    """One kind of task: how to build its network, its loss, and its predictions from logits."""
+    """One kind of task: how to build its network, its loss, and its predictions from logits.
+
+    HEADS at a glance (unpacked shapes; weights 1 for a real example or tagged token, 0 for padding):
+    kind             logits      loss's labels  weights   predictions
+    classification   [B, K]      [B] int        [B]       [B] int32, the class
+    regression       [B, 1]      [B] float      [B]       [B] float32, the value
+    multiple_choice  [B, C]      [B] int        [B]       [B] int32, the choice
+    span             [B, S, 2]   [B, 2] int     [B]       [B, 2] int32, (start, end)
+    tagging          [B, S, K]   [B, S] int     [B, S]    [B, S] int32, the tag
+    contrastive: embeddings, not logits; its loss is embedding_loss(embeddings, batch, loss=..., scale=...).
+    Example: loss, sums = HEADS["classification"].loss(logits, batch["label"], batch["example_weight"])
+    """
 
     network: Callable[[BertConfig, int], nn.Module]  # (config, num_labels) -> the flax module
     loss: Callable  # (logits, labels, weights) -> (loss, sums)

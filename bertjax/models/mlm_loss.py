@@ -37,7 +37,14 @@ class DecoderInputs:
 
 
 def logits_nll(logits, labels):
-    """(NLL [B, P] float32, whether the argmax is the label [B, P] bool) from logits [B, P, V]."""
+    """The masked-LM loss per prediction from the logits (model.mlm_loss="logits").
+
+    input   shape / dtype       meaning
+    logits  [B, P, V] float     the head's logits at the P predicted positions (cast to float32 here)
+    labels  [B, P] int          the original token ids (masked_lm_ids)
+    Returns (NLL [B, P] float32, whether the argmax is the label [B, P] bool); unweighted.
+    Example: nll, correct = logits_nll(mlm_logits, batch["masked_lm_ids"])
+    """
     logits = logits.astype(jnp.float32)
     # The label's logit picked by a one-hot select rather than a gather: the gradient (softmax - one-hot)
     # is then one fused element-wise pass over [B, P, V] instead of a zero-filled buffer plus a scatter.
@@ -47,11 +54,17 @@ def logits_nll(logits, labels):
 
 
 def chunked_nll(x, table, bias, labels, chunk: int):
-    """logits_nll of the logits x @ table.T + bias, computed C table rows at a time.
+    """logits_nll of the logits x @ table.T + bias, computed C table rows at a time (model.mlm_loss="chunked").
 
-    x: [B, P, E] (the compute dtype: the table is cast to it, chunk by chunk, and the products accumulate in
-    float32, as MaskedLMHead's einsum does); table: [V, E]; bias: [V]; labels: [B, P] int in [0, V).
+    input   shape / dtype         meaning
+    x       [B, P, E] compute     the head's hidden states; the table is cast to their dtype, chunk by
+                                  chunk, and the products accumulate in float32, as MaskedLMHead's einsum
+    table   [V, E] as stored      the tied word table (the decoder's weights)
+    bias    [V]                   the decoder's output_bias
+    labels  [B, P] int            the original token ids, in [0, V)
+    chunk   int                   C, table rows per step (model.mlm_loss_chunk); more than V is taken as V
     Returns (NLL [B, P] float32, argmax == label [B, P] bool; a tie goes to the first index, as jnp.argmax).
+    Example: nll, correct = chunked_nll(hidden, table, bias, batch["masked_lm_ids"], chunk=8192)
     The backward pass recomputes each chunk's logits rather than keeping them.
     """
     vocab = table.shape[0]

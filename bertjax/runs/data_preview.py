@@ -1,4 +1,4 @@
-"""What the model is fed, read from the stream training reads: python -m bertjax.data.preview's run.
+"""What the model is fed, read from the stream training reads: python -m bertjax.preview's run.
 
 The text form starts with a legend, then gives each batch a line saying what its rows hold (packed: how
 many rows hold one, two, ... sequences) before its rows, so packing shows from the first lines even

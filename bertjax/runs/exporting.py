@@ -12,16 +12,15 @@ import numpy as np
 from etils import epath
 from flax import traverse_util
 
-from bertjax import inference
+from bertjax import embeddings, inference
 from bertjax.compression import quantize as quantization  # `quantize` is export's argument
-from bertjax.interop import (hf, hf_electra, hf_files, hf_tokenizer, model_card, pretrained, savedmodel,
-                             sentence_transformers)
+from bertjax.interop import hf, hf_electra, hf_files, hf_tokenizer, model_card, savedmodel, sentence_transformers
 from bertjax.runs import precision_plan
 from bertjax.runs.console import say
-from bertjax.tasks import embeddings, registry
+from bertjax.tasks import registry
 from bertjax.text import templates
 from bertjax.models.config import BertConfig, fields_of
-from bertjax.training import checkpoint
+from bertjax.training import checkpoint, saved_models
 from bertjax.training.checkpoint_meta import CheckpointMeta
 
 FORMATS = ("hf", "savedmodel", "params", "sentence-transformers")
@@ -33,7 +32,7 @@ def checkpoint_to_export(path: str, step: int | None) -> str:
     if not p.exists():
         raise ValueError(f"--from={path} does not exist")
     if step is None:
-        chosen = pretrained.model_checkpoint(path)
+        chosen = saved_models.chosen_checkpoint(path)
         if chosen is None:
             raise ValueError(f"--from={path} has no checkpoint (an empty workdir, or one whose first save did not "
                              "finish): train it further, or point --from at a workdir with checkpoints/")

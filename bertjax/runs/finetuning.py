@@ -11,12 +11,9 @@ Face directory of any family. WORKDIR gets metrics.jsonl (dev lines with split=<
 metrics), TensorBoard events, config.json, checkpoints/ (to resume), best/ (the best dev checkpoint, what
 bertjax.load reads), predictions/ (every dev and test split, in each benchmark's own form) and
 summary.json. SIGTERM and Ctrl-C save and raise runs.start.Stopped; re-running resumes. With a
-distill.teacher the step is task distillation's (the teacher inside the jitted step; a narrower student's
-projections to the teacher's width trained with it and saved beside the optimizer state, never with the
-model). With a
-theseus.predecessor it is module replacing's (bertjax/compression/theseus.py): the model trained, evaluated and
-saved is the successor, the predecessor's layers an argument of the step. A
-contrastive task trains a sentence embedder on its loss over the global batch's embeddings (in cached
+theseus.predecessor (module replacing) or a distill.teacher (task distillation) the run compresses: its
+start and step come from bertjax/runs/finetuning_compression.py. A contrastive task trains a sentence
+embedder on its loss over the global batch's embeddings (bertjax/tasks/contrastive_steps.py; in cached
 microbatches with train.contrastive_microbatch), and its checkpoints record how it embeds.
 """
 
@@ -31,14 +28,15 @@ import jax.numpy as jnp
 import optax
 from ml_collections import config_dict
 
-from bertjax.compression import distillation, projections, pruning, theseus
-from bertjax.interop import pretrained as pretrained_models
-from bertjax.models import bert, contrastive_losses, heads
-from bertjax.models.config import BertConfig
+from bertjax.compression import projections, pruning, theseus
+from bertjax import init_from
+from bertjax.models import heads
 from bertjax.runs import config_checks, start
 from bertjax.runs.console import say
-from bertjax.runs.task_data import (TaskData, contrastive_chunks, eval_length, feature_based_settings, task_data,
-                                    task_from_config)
+from bertjax.runs.finetuning_compression import (TaskTeacher, distillation_step, replaces_modules, task_teacher,
+                                                 theseus_start, theseus_step, with_projections)
+from bertjax.runs.task_data import (TaskData, TaskStart, contrastive_chunks, eval_length, feature_based_settings,
+                                    task_data, task_from_config)
 from bertjax.tasks import batches as task_batches
 from bertjax.tasks import contrastive_batches, contrastive_steps, kinds, registry, scoring
 from bertjax.tasks.steps import (INPUT_KEYS, PACKED_INPUT_KEYS, TRAIN_KEYS, Scorer, task_logits, task_loss,
@@ -74,9 +72,8 @@ def finetune_in_session(config, workdir: str) -> dict:
     # ---------------------------------------------------------------- task and pretrained model
     task = task_from_config(config)
     num_labels = heads.resolve_num_labels(task.kind, kinds.get(task.kind).num_labels(task.labels))
-    predecessor = None  # module replacing: the fine-tuned model whose modules the successor's layers replace
-    teacher = None  # task distillation: the fine-tuned model whose logits (and layers) the student learns
-    if config.get("theseus") and config.theseus.predecessor:
+    predecessor = teacher = None  # module replacing's or task distillation's model fine-tuned on the task
+    if replaces_modules(config):
         start_from, predecessor = theseus_start(config, task, num_labels)
     else:
         start_from = starting_model(config, task, num_labels)
@@ -87,7 +84,8 @@ def finetune_in_session(config, workdir: str) -> dict:
 
     # ---------------------------------------------------------------- head, optimizer, state: shapes first
     feature_based = feature_based_settings(config, task, start_from.bert_config.num_layers)
-    embedding = embedder_settings(task, data, start_from.bert_config)  # contrastive: the embedder's pooling
+    embedding = (contrastive_steps.embedder(data.settings, data.train.features, start_from.bert_config.hidden_size)
+                 if task.kind == registry.CONTRASTIVE else None)  # contrastive: the embedder's pooling
     init_key, dropout_key = root_keys(config.train.seed, config.train.dropout_rng)
     setup = task_setup(config, task, start_from, num_labels, feature_based, data.num_steps, layout, init_key,
                        embedding, teacher)
@@ -127,19 +125,7 @@ def finetune_in_session(config, workdir: str) -> dict:
     return summarize(run, written)
 
 
-@dataclasses.dataclass
-class TaskStart:
-    """What init_from gives a task: the encoder's config and params (or a whole head of this task's
-    shape, from a fine-tuning checkpoint or the task's Hugging Face class), and the tokenizer."""
-
-    bert_config: BertConfig
-    params: dict  # {"bert": ...} at least
-    tokenizer: object
-    files: pretrained_models.TokenizerFiles
-    whole_head: bool  # params carry a classifier of this task (continue fine-tuning)
-
-
-def init_from(config) -> str:
+def init_from_path(config) -> str:
     """train.init_from; the older top-level init_from is still read, with a line saying so."""
     if config.get("init_from"):
         say("config.init_from is the older name of config.train.init_from: read as train.init_from")
@@ -156,8 +142,8 @@ def init_from(config) -> str:
 def load_pretrained(path: str, kind: str, num_labels: int, model_overrides: dict) -> TaskStart:
     """The encoder (and tokenizer) of a task, through the one init-from."""
     has_class = kinds.get(kind).hf_class is not None  # contrastive: a Hugging Face directory's encoder alone
-    model = pretrained_models.load(path, what="train.init_from", model_overrides=model_overrides,
-                                   head=kind if has_class else None, num_labels=num_labels)
+    model = init_from.load(init_from.resolve(path, "train.init_from"), model_overrides=model_overrides,
+                           head=kind if has_class else None, num_labels=num_labels)
     if model.tokenizer is None:
         raise ValueError(f"train.init_from={path} was pretrained on synthetic data and has no tokenizer: "
                          "fine-tune a checkpoint trained on text")
@@ -171,7 +157,7 @@ def load_pretrained(path: str, kind: str, num_labels: int, model_overrides: dict
 
 def starting_model(config, task, num_labels: int) -> TaskStart:
     """init_from loaded for the task's head, said in one line, its vocabulary checked against the model."""
-    source = init_from(config)
+    source = init_from_path(config)
     start_from = load_pretrained(source, task.kind, num_labels, config.model.to_dict())
     bert_config = start_from.bert_config
     say(f"task {task.name} ({task.kind}{', labels ' + ', '.join(task.labels) if task.labels else ''}); "
@@ -186,64 +172,9 @@ def starting_model(config, task, num_labels: int) -> TaskStart:
     return start_from
 
 
-
-def theseus_start(config, task, num_labels: int) -> tuple[TaskStart, pretrained_models.Pretrained]:
-    """Module replacing's start: theseus.predecessor (fine-tuned on this task) checked and loaded, and the
-    successor made of its embeddings, first M layers, pooler and head (the model this run trains and saves)."""
-    settings = config.theseus
-    theseus.replace_rate(settings.replace_rate, settings.replace_rate_start, settings.replace_rate_slope)
-    if config.get("distill") and config.distill.teacher:
-        raise ValueError("theseus.predecessor and distill.teacher are two ways to compress: set one of them")
-    if task.kind not in theseus.TASK_KINDS or config.get("feature_based", {}).get("enabled"):
-        raise ValueError(f"theseus.predecessor: module replacing fine-tunes {', '.join(theseus.TASK_KINDS)} tasks, "
-                         f"not {task.kind}{' (feature-based)' if task.kind in theseus.TASK_KINDS else ''}")
-    what = f"theseus.predecessor={settings.predecessor}"
-    theseus.check_predecessor(pretrained_models.model_config(settings.predecessor, what), settings.successor_layers,
-                              what)  # before any weight is read
-    predecessor = pretrained_models.load(settings.predecessor, what="theseus.predecessor",
-                                         model_overrides=config.model.to_dict(), head=task.kind, num_labels=num_labels)
-    saved = predecessor.task
-    if (predecessor.meta is not None and (saved is None or (saved.kind, list(saved.labels)) != (
-            task.kind, list(task.labels)))) or any(m.startswith("classifier") for m in predecessor.missing):
-        raise ValueError(f"{what} is not a model fine-tuned on {task.name} ({task.kind}, labels {list(task.labels)}): "
-                         "give the workdir of that fine-tuning")
-    if (saved is not None and saved.feature_based) or predecessor.tokenizer is None:
-        raise ValueError(f"{what}: a fine-tuned encoder with its tokenizer is needed (not a feature-based tagger)")
-    tokenizer = predecessor.tokenizer.load()
-    if tokenizer.vocab_size > predecessor.config.vocab_size:
-        raise ValueError(f"the vocabulary of {settings.predecessor} has {tokenizer.vocab_size} tokens but its model "
-                         f"only {predecessor.config.vocab_size}: a checkpoint of another vocabulary size")
-    successor = theseus.successor_config(predecessor.config, settings.successor_layers)
-    params = theseus.successor_params(predecessor.params, predecessor.config, successor)
-    say(f"task {task.name} ({task.kind}); module replacing: {predecessor.config.num_layers} layers of "
-        f"{settings.predecessor} -> {successor.num_layers} (hidden {successor.hidden_size}), each module of "
-        f"{predecessor.config.num_layers // successor.num_layers} replaced with p = " + (
-            f"{settings.replace_rate:g}" if settings.replace_rate_slope is None else
-            f"min(1, {settings.replace_rate_start:g} + {settings.replace_rate_slope:g} x step)"))
-    return TaskStart(successor, params, tokenizer, predecessor.tokenizer, whole_head=True), predecessor
-
-
-def theseus_step(config, task, num_labels: int, predecessor, setup: Setup, data_sharding):
-    """Module replacing's train step: the mixed model's task loss, the predecessor's layers an argument of the
-    step in its own layout's shardings, the draws keyed by train.seed and the step."""
-    settings = config.theseus
-    rate = theseus.replace_rate(settings.replace_rate, settings.replace_rate_start, settings.replace_rate_slope)
-    unrolled = dataclasses.replace(predecessor.config, scan_layers=False)
-    example = heads.dummy_inputs(task.kind, 1, config.data.max_seq_length, task.num_choices or 1)
-    params = dict(predecessor.params, bert=dict(predecessor.params["bert"], encoder=bert.unrolled_encoder(
-        predecessor.params["bert"]["encoder"], predecessor.config)))
-    placed = distillation.place_params(heads.network(task.kind, unrolled, num_labels), example, params, setup.mesh,
-                                       setup.rules)
-    layers = theseus.predecessor_layers(placed, unrolled)
-    loss = functools.partial(theseus.theseus_loss, net=setup.net, loss=heads.head(task.kind).loss,
-                             predecessor=predecessor.config, successor=setup.net.config)
-    return theseus.compile_step(setup, loss, layers, rate, theseus.replacement_key(config.train.seed),
-                                setup.net.config.num_layers, data_sharding, config.train.grad_accum_steps)
-
-
 def task_setup(config, task, start_from: TaskStart, num_labels: int, feature_based: dict | None,
                num_steps: int, layout: start.Layout, init_key, embedding: dict | None = None,
-               teacher: "TaskTeacher | None" = None) -> Setup:
+               teacher: TaskTeacher | None = None) -> Setup:
     """The task's network, optimizer and state layout (shapes first, created sharded), its fresh
     parameters holding the pretrained encoder (and the whole head, continuing this task's fine-tuning);
     a task distillation student narrower than its teacher also trains projections to its width (under
@@ -262,7 +193,7 @@ def task_setup(config, task, start_from: TaskStart, num_labels: int, feature_bas
         tx = optax.chain(tx, optax.masked(optax.set_to_zero(), heads.encoder_mask))
     if config.get("prune") and config.prune.sparsity:  # a magnitude-pruned model (bertjax.prune): zeros stay zero
         tx = optax.chain(tx, pruning.keep_pruned_zeros())
-    if config.get("theseus") and config.theseus.predecessor:  # module replacing: the successor's layers alone learn
+    if replaces_modules(config):  # module replacing: the successor's layers alone learn
         tx = theseus.successor_layers_only(tx)
     task_inputs = heads.dummy_inputs(task.kind, 1, config.data.max_seq_length, task.num_choices or 1)
     prepare_params = functools.partial(with_pretrained, start_from=start_from)
@@ -270,19 +201,6 @@ def task_setup(config, task, start_from: TaskStart, num_labels: int, feature_bas
         prepare_params = with_projections(prepare_params, config, start_from, teacher, init_key)
     return Setup.create(net, task_inputs, tx, schedule, layout.mesh, layout.rules, init_key,
                         prepare_params=prepare_params)
-
-
-def with_projections(prepare_params, config, start_from: TaskStart, teacher: "TaskTeacher", init_key):
-    """prepare_params, then the projections a student narrower than its teacher trains (none at the same
-    width): those init_from's distillation learned (TinyBERT's task stage after its general one), else fresh."""
-    student, width = start_from.bert_config, teacher.model.config.hidden_size
-    source = config.train.init_from or config.get("init_from")  # init_from(config), said once already
-    saved = teacher.projections and projections.saved_projections(source, teacher.projections,
-                                                                   student.hidden_size, width)
-    if saved:
-        say(f"the projections ({', '.join(saved)}) start from those {source} learned")
-    return projections.adding_projections(teacher.projections, student.hidden_size, width,
-                                           student.initializer_range, init_key, prepare_params, start=saved or None)
 
 
 def with_pretrained(params: dict, *, start_from: TaskStart) -> dict:
@@ -297,7 +215,7 @@ def with_pretrained(params: dict, *, start_from: TaskStart) -> dict:
     return params
 
 
-def task_checkpointer(config, workdir: str, steps_per_epoch: int, teacher: "TaskTeacher | None"):
+def task_checkpointer(config, workdir: str, steps_per_epoch: int, teacher: TaskTeacher | None):
     """checkpoints/, saved every epoch; a narrower student's projections (task distillation's) saved beside the
     optimizer state, never with the model."""
     checkpointer = checkpoint.Checkpointer(workdir, every_steps=steps_per_epoch, keep=config.checkpoint.keep,
@@ -327,6 +245,17 @@ def check_same_task(step: int, meta: CheckpointMeta, *, task) -> None:
         raise checkpoint.CheckpointMismatch(
             f"the workdir's checkpoint at step {step} fine-tunes task {saved.name} ({saved.kind}, labels "
             f"{list(saved.labels)}), not {task.name}: use a new workdir")
+
+
+def contrastive_train_step(config, setup: Setup, settings, data_sharding):
+    """A contrastive task's train step (contrastive_steps.compile_train_step), the whole batch's loss in
+    train.contrastive_microbatch pairs at a time where that is set."""
+    if config.train.grad_accum_steps != 1:
+        raise ValueError(f"train.grad_accum_steps={config.train.grad_accum_steps} would split the in-batch negatives"
+                         ": set train.contrastive_microbatch instead (the whole batch's loss, in less memory)")
+    chunks = contrastive_chunks(config)  # train.contrastive_microbatch checked
+    return contrastive_steps.compile_train_step(setup, settings, data_sharding,
+                                                config.train.batch_size // chunks if chunks > 1 else 0)
 
 
 def run_meta(config, workdir: str, task, start_from: TaskStart, feature_based, settings) -> CheckpointMeta:
@@ -485,110 +414,3 @@ def sweep(config, workdir: str, distributed: start.Distributed | None = None) ->
     if jax.process_index() == 0:
         files.write_bytes(files.join(workdir, "sweep.json"), json.dumps(out, indent=1).encode())
     return out
-
-
-def embedder_settings(task, data, bert_config) -> dict | None:
-    """A contrastive task's pooling.SentenceEmbedder settings (None for other kinds); distill_mse's student
-    checked to embed at the teacher's width."""
-    if task.kind != registry.CONTRASTIVE:
-        return None
-    settings = data.settings
-    if "target" in data.train.features:
-        teacher_width = data.train.features["target"].shape[-1]
-        width = settings.dense_features or bert_config.hidden_size * len(settings.pooling)
-        if width != teacher_width:
-            raise ValueError(f"contrastive.teacher={settings.teacher} embeds in {teacher_width} features, the student "
-                             f"in {width}: set contrastive.dense_features={teacher_width} (a Dense projection "
-                             "to the teacher's width)")
-    return settings.network()
-
-
-def contrastive_train_step(config, setup: Setup, settings, data_sharding):
-    """The train step of a contrastive task: its loss on the embeddings of the whole global batch, all at
-    once or in cached microbatches of train.contrastive_microbatch pairs (GradCache: the same gradient)."""
-    if config.train.grad_accum_steps != 1:
-        raise ValueError(f"train.grad_accum_steps={config.train.grad_accum_steps} would split the in-batch negatives"
-                         ": set train.contrastive_microbatch instead (the whole batch's loss, in less memory)")
-    chunks = contrastive_chunks(config)  # train.contrastive_microbatch checked
-    microbatch = config.train.batch_size // chunks if chunks > 1 else 0
-    width = settings.dense_features or setup.net.config.hidden_size * len(settings.pooling)  # the embeddings'
-    contrastive_losses.check_settings(settings.loss, settings.scale, settings.matryoshka_dims,
-                                      settings.matryoshka_weights, width)
-    loss_settings = settings.loss_settings()
-    loss = functools.partial(contrastive_steps.contrastive_loss, net=setup.net, settings=loss_settings)
-    loss_and_grad = None
-    if microbatch:
-        loss_and_grad = functools.partial(contrastive_steps.cached_loss_and_grad, net=setup.net,
-                                          settings=loss_settings, microbatch=microbatch)
-    return setup.compile_train_step(loss, data_sharding, 1, loss_and_grad_fn=loss_and_grad,
-                                    mask_keys=contrastive_steps.MASK_KEYS)
-
-
-@dataclasses.dataclass
-class TaskTeacher:
-    """Task distillation's teacher (distill.teacher, fine-tuned on this task) and the losses it teaches with."""
-
-    model: pretrained_models.Pretrained
-    layer_losses: distillation.LayerLosses
-    layer_map: tuple  # the teacher layer of each student layer (distillation.teacher_layer_map's g)
-    projections: tuple  # what a narrower student learns to the teacher's width (distillation.projection_names')
-
-
-def task_teacher(config, task, num_labels: int, start_from: TaskStart) -> TaskTeacher | None:
-    """distill.teacher loaded and checked against the task and the student (start_from); None without one."""
-    settings = config.get("distill")
-    if not settings or not settings.teacher:
-        return None
-    distillation.check_task_distillation(task.kind, settings.temperature, settings.alpha)
-    teacher = pretrained_models.load(settings.teacher, what="distill.teacher", model_overrides=config.model.to_dict(),
-                                     head=task.kind, num_labels=num_labels)
-    teacher_task = teacher.task
-    if (teacher.meta is not None and (teacher_task is None or (teacher_task.kind, list(teacher_task.labels)) != (
-            task.kind, list(task.labels)))) or any(m.startswith("classifier") for m in teacher.missing):
-        raise ValueError(f"distill.teacher={settings.teacher} is not a model fine-tuned on {task.name} ({task.kind}, "
-                         f"labels {list(task.labels)}): give the workdir of that fine-tuning")
-    if (teacher_task is not None and teacher_task.feature_based) or teacher.tokenizer is None:
-        raise ValueError(f"distill.teacher={settings.teacher}: a fine-tuned encoder with its tokenizer is needed "
-                         "(not a feature-based tagger)")
-    distillation.check_same_vocabulary(start_from.files.vocab_path, teacher.tokenizer.vocab_path, "distill.teacher")
-    layer_losses = distillation.LayerLosses.from_config(settings)
-    student = start_from.bert_config
-    layer_map = distillation.check_layer_losses(layer_losses, student, teacher.config)
-    names = distillation.projection_names(layer_losses, student, teacher.config)
-    say(f"distilling from {settings.teacher} ({teacher.config.num_layers} layers, hidden {teacher.config.hidden_size}): "
-        f"alpha {settings.alpha:g}, temperature {settings.temperature:g}"
-        + "".join(f", {k} {getattr(layer_losses, k):g}" for k in layer_losses.alphas() if getattr(layer_losses, k) > 0))
-    return TaskTeacher(teacher, layer_losses, layer_map, names)
-
-
-def distillation_step(config, task, num_labels: int, teacher: TaskTeacher, setup: Setup, data_sharding):
-    """The train step of task distillation: the teacher's logits (and recorded layers) on each batch
-    inside the jitted step (its params an argument, never trained or saved); a narrower student's
-    projections, in the state's params, trained with it."""
-    teacher_net = heads.network(task.kind, teacher.model.config, num_labels)
-    example = heads.dummy_inputs(task.kind, 1, config.data.max_seq_length, task.num_choices or 1)
-    teacher_params = distillation.place_params(teacher_net, example, teacher.model.params, setup.mesh, setup.rules)
-    return task_distillation_step(setup, teacher_net, teacher_params, task.kind, float(config.distill.temperature),
-                                  float(config.distill.alpha), data_sharding, config.train.grad_accum_steps,
-                                  teacher.layer_losses, teacher.layer_map)
-
-
-def task_distillation_step(setup: Setup, teacher_net, teacher_params, kind: str, temperature: float, alpha: float,
-                           data_sharding, grad_accum_steps: int,
-                           layer_losses: distillation.LayerLosses = distillation.LayerLosses(), layer_map: tuple = ()):
-    """task_loss with the teacher's logits mixed into the loss (distillation.task_distillation_loss), jitted
-    with the teacher's params as an argument of the step; with layer_losses on, the intermediate-layer
-    losses added (distillation.task_layer_distillation_loss)."""
-    soft = functools.partial(distillation.task_distillation_loss, gold_loss=heads.head(kind).loss, kind=kind,
-                             temperature=temperature, alpha=alpha)
-    if layer_losses.on:
-        loss_fn = functools.partial(distillation.task_layer_distillation_loss, net=setup.net, teacher_net=teacher_net,
-                                    soft_loss=soft, settings=layer_losses, layer_map=layer_map)
-        return distillation.compile_step_with_teacher(setup, loss_fn, teacher_params, data_sharding, grad_accum_steps,
-                                                      layer_losses.metrics())
-
-    def loss_fn(params, batch, dropout_rng, teacher_params):
-        teacher_logits = functools.partial(distillation.teacher_task_logits, teacher_params, net=teacher_net)
-        return task_loss(params, batch, dropout_rng, net=setup.net, loss=soft, teacher=teacher_logits)
-
-    return distillation.compile_step_with_teacher(setup, loss_fn, teacher_params, data_sharding, grad_accum_steps)

@@ -9,18 +9,18 @@ checkpoints, SIGTERM/Ctrl-C and resume. The teacher runs inside the jitted step 
 student's shardings; it is not trained and not saved. The workdir reads as any pretraining workdir: a
 narrower student's learned projections (TinyBERT's) are saved beside the optimizer state, not with the
 student's params (projections.ProjectionCheckpointer).
-Task distillation is part of fine-tuning (runs/finetuning.py).
+Task distillation is part of fine-tuning (runs/finetuning.py; its start and step in runs/finetuning_compression.py).
 """
 
 import functools
 
 import ml_collections
 
+from bertjax import init_from
 from bertjax.compression import distillation, projections
-from bertjax.interop import pretrained
 from bertjax.models import bert
 from bertjax.models.config import resolve_platform, BertConfig, field_names
-from bertjax.runs import config_checks, pretraining, start
+from bertjax.runs import config_checks, phases, pretraining, start
 from bertjax.runs.console import say
 from bertjax.training import pretraining_step
 from bertjax.training.state import root_keys
@@ -39,7 +39,8 @@ def distill(config, workdir: str, distributed: start.Distributed | None = None) 
             say(note)
 
         # ---------------------------------------------------------------- the teacher
-        teacher = load_teacher(config, weights, extract_only)
+        teacher_start, parent = read_starts(config)  # distill.teacher and train.init_from, each read once
+        teacher = load_teacher(config, teacher_start, weights, extract_only)
         if layers:  # the student is the teacher's architecture with fewer layers
             own = resolve_platform({k: config.model[k] for k in field_names("layout", "compute", "training")})
             config = with_model(config, distillation.student_config_from_teacher(teacher.config, layers, own))
@@ -59,7 +60,7 @@ def distill(config, workdir: str, distributed: start.Distributed | None = None) 
         checkpointer = projections.ProjectionCheckpointer.wrap(
             pretraining.make_checkpointer(config, workdir, setup.abstract_state), names)
         with layout.active():
-            state = pretraining.restore(config, setup, checkpointer, init_key)
+            state = pretraining.restore(config, setup, checkpointer, init_key, parent)
             if layers and int(state.step) == 0:  # neither resumed nor from train.init_from
                 state = state.replace(params=distillation.student_params(teacher.params, teacher.config, student,
                                                                          layers, setup.abstract_state.params))
@@ -68,8 +69,8 @@ def distill(config, workdir: str, distributed: start.Distributed | None = None) 
             return
 
         # ---------------------------------------------------------------- data: the teacher's vocabulary
-        check_student_vocabulary(config)
-        config = pretraining.with_model_vocabulary(config, config.distill.teacher, "distill.teacher")
+        check_student_vocabulary(parent, teacher_start)
+        config = phases.with_model_vocabulary(config, teacher_start)
         stream = pretraining.open_stream(config, workdir, student, int(state.step), layout.data_sharding)
 
         # ---------------------------------------------------------------- jitted steps, the teacher an argument
@@ -120,18 +121,26 @@ def check(config):
     return config_checks.check_pretraining(config, steps_may_be_zero=True)
 
 
-def load_teacher(config, weights: distillation.LossWeights, extract_only: bool = False) -> pretrained.Pretrained:
+def read_starts(config) -> tuple[init_from.Start, init_from.Start | None]:
+    """distill.teacher's Start (required) and train.init_from's (None without one), tokenizers included:
+    the student must read the teacher's token ids."""
+    if not config.distill.teacher:
+        raise ValueError("config.distill.teacher is required: a bertjax pretraining workdir or a Hugging Face "
+                         "directory (with its masked-LM head where distill.alpha_ce > 0)")
+    teacher = phases.read_parent(config.distill.teacher, config, "distill.teacher", tokenizer=True)
+    return teacher, phases.read_parent(config.train.init_from, config, "train.init_from", tokenizer=True)
+
+
+def load_teacher(config, start: init_from.Start, weights: distillation.LossWeights,
+                 extract_only: bool = False) -> init_from.Pretrained:
     """distill.teacher through the one init-from, computing as the student does. Any encoder serves (a
     sentence-transformers BERT, a Hugging Face BertModel): its masked-LM head must be trained only where a
     loss reads it, the soft-target loss (distill.alpha_ce > 0, and not train.num_steps=0, which only copies
     layers); the masked-LM labels and the hidden-state cosine need none. A head it lacks is freshly
     initialised, and a student made from its layers starts with that head."""
-    path = config.distill.teacher
-    if not path:
-        raise ValueError("config.distill.teacher is required: a bertjax pretraining workdir or a Hugging Face "
-                         "directory (with its masked-LM head where distill.alpha_ce > 0)")
+    path = start.path
     compute = {k: config.model[k] for k in field_names("compute")}
-    teacher = pretrained.load(path, what="distill.teacher", model_overrides=compute, tokenizer=False)
+    teacher = init_from.load(start, model_overrides=compute)
     if teacher.task:
         raise ValueError(f"distill.teacher={path} is a fine-tuned {teacher.task.kind} model: general "
                          "distillation needs a pretrained one (task distillation is python -m bertjax.finetune's "
@@ -148,7 +157,7 @@ def load_teacher(config, weights: distillation.LossWeights, extract_only: bool =
     return teacher
 
 
-def place_teacher(config, teacher: pretrained.Pretrained, layout: start.Layout):
+def place_teacher(config, teacher: init_from.Pretrained, layout: start.Layout):
     """The teacher's network, and its params placed on the mesh as the student's rules shard them."""
     teacher_net = bert.BertForPreTraining(teacher.config)
     example = bert.dummy_batch(1, config.data.max_seq_length, config.data.max_predictions_per_seq)
@@ -196,12 +205,11 @@ def student_setup(config, layout: start.Layout, teacher: BertConfig, names: tupl
                                   prepare_params=prepare)
 
 
-def check_student_vocabulary(config) -> None:
-    """A student pretrained on its own (train.init_from) must read the teacher's token ids."""
-    if not config.train.init_from:
+def check_student_vocabulary(parent: init_from.Start | None, teacher: init_from.Start) -> None:
+    """A student pretrained on its own (train.init_from, `parent`) must read the teacher's token ids."""
+    if parent is None:
         return
-    own = pretrained.tokenizer_files(config.train.init_from, what="train.init_from")
-    theirs = pretrained.tokenizer_files(config.distill.teacher, what="distill.teacher")
+    own, theirs = parent.tokenizer, teacher.tokenizer
     if own is not None and theirs is not None:
         distillation.check_same_vocabulary(own.vocab_path, theirs.vocab_path, "train.init_from")
 

@@ -14,25 +14,20 @@ The model, the step and the synthetic data path import no TensorFlow: only the r
 
 import dataclasses
 import functools
-import json
 from typing import Callable
 
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import ml_collections
-import numpy as np
-import optax
 from absl import logging
-from flax import traverse_util
 
 from bertjax.data import synthetic
 from bertjax.data.settings import DataSettings
-from bertjax.interop import hf, hf_electra, pretrained
+from bertjax import init_from
 from bertjax.models import bert
-from bertjax.models.config import (BertConfig, describe_attention, fields_of, ARCHITECTURE_FIELDS, PHASE_FIELDS,
-                                    RESUME_FIELDS)
-from bertjax.runs import config_checks, start
+from bertjax.models.config import RESUME_FIELDS, BertConfig, describe_attention
+from bertjax.runs import config_checks, phases, start
 from bertjax.runs.console import say
 from bertjax.text import files
 from bertjax.training import checkpoint, flops, loop, sharding, writers
@@ -67,14 +62,15 @@ def pretrain(config, workdir: str, distributed: start.Distributed | None = None)
                 f"embeddings; loss = generator MLM + {setup.discriminator_weight:g} x discriminator BCE")
 
         # ---------------------------------------------------------------- restore: workdir > init_from > scratch
+        parent = phases.read_parent(config.train.init_from, config, "train.init_from")  # what it names, read once
         checkpointer = make_checkpointer(config, workdir, setup.abstract_state)
         with layout.active():
-            state = restore(config, setup, checkpointer, init_key)
+            state = restore(config, setup, checkpointer, init_key, parent)
         if finished(state, config.train.num_steps, checkpointer):
             return
 
         # ---------------------------------------------------------------- data
-        config = with_model_vocabulary(config, config.train.init_from, "train.init_from")
+        config = phases.with_model_vocabulary(config, parent)
         stream = open_stream(config, workdir, setup.bert_config, int(state.step), layout.data_sharding)
 
         # ---------------------------------------------------------------- jitted steps
@@ -115,8 +111,9 @@ def make_checkpointer(config, workdir: str, abstract_state) -> checkpoint.Checkp
         bytes_per_checkpoint=sum(x.size * x.dtype.itemsize for x in jax.tree_util.tree_leaves(abstract_state)))
 
 
-def restore(config, setup, checkpointer: checkpoint.Checkpointer, init_key) -> TrainState:
-    """The one restore order: this workdir's latest checkpoint > train.init_from (a new phase: its
+def restore(config, setup, checkpointer: checkpoint.Checkpointer, init_key,
+            parent: init_from.Start | None) -> TrainState:
+    """The one restore order: this workdir's latest checkpoint > train.init_from (`parent`; a new phase: its
     parameters, and its optimizer state with train.init_from_optimizer) > scratch. Runs under the mesh and
     its logical rules, so that what it creates is sharded."""
     bert_config, abstract_state = setup.bert_config, setup.abstract_state
@@ -135,24 +132,23 @@ def restore(config, setup, checkpointer: checkpoint.Checkpointer, init_key) -> T
         if fp8 is None and abstract_state.fp8 is not None:  # model.matmul_dtype=fp8 from a checkpoint without it
             fp8 = setup.init_fp8(init_key)
         return TrainState(jnp.int32(restored.step), restored.params, restored.opt_state, fp8)
-    init_from = config.train.init_from
-    if init_from:  # every check of the parent before anything is created
-        check_parent(init_from, config, bert_config, electra=setup.generator_config is not None)
-        line = phase_line(init_from, config)
+    path = config.train.init_from
+    if parent is not None:  # every check of the parent before anything is created
+        phases.check_parent(parent, config, bert_config, electra=setup.generator_config is not None)
+        line = phases.phase_line(parent, config)
         if line:
             say(line)
     state = setup.init(init_key)
-    if init_from and setup.generator_config is not None:
-        state = state.replace(params=electra_initial_params(init_from, setup, state.params))
-    elif init_from:
-        state = state.replace(params=initial_params(init_from, bert_config, abstract_state.params,
+    if parent is not None and setup.generator_config is not None:
+        state = state.replace(params=phases.electra_initial_params(path, parent, setup, state.params))
+    elif parent is not None:
+        state = state.replace(params=phases.initial_params(parent, bert_config, abstract_state.params,
                                                     config.train.get("extend_positions", "none")))
-        say(f"parameters from {init_from}")
-    if init_from and config.train.get("init_from_optimizer"):
-        opt_state, step = checkpoint.restore_opt_state(pretrained.model_checkpoint(init_from),
-                                                       abstract_state.opt_state)
-        state = state.replace(opt_state=restarted_schedule(opt_state))
-        say(f"optimizer state from {init_from} (step {step}): its moments and their count carried over; the step "
+        say(f"parameters from {path}")
+    if parent is not None and config.train.get("init_from_optimizer"):
+        opt_state, step = checkpoint.restore_opt_state(parent.checkpoint, abstract_state.opt_state)
+        state = state.replace(opt_state=phases.restarted_schedule(opt_state))
+        say(f"optimizer state from {path} (step {step}): its moments and their count carried over; the step "
             "and the learning-rate schedule start again at 0")
     return state
 
@@ -235,185 +231,6 @@ def check_same_stream(meta: CheckpointMeta, config, process_count: int) -> None:
     if changed:
         logging.warning("resuming with a different data stream than the checkpoint's (%s): "
                         "the examples after the checkpoint differ from an uninterrupted run", changed)
-
-
-# ----------------------------------------------------------------------------------------------------
-# A new phase: train.init_from's parameters (and optimizer state), and what changed from its run
-# ----------------------------------------------------------------------------------------------------
-
-
-def optimizer_kind(name: str | None) -> str | None:
-    """What an optimizer's state holds: decoupled weight decay changes the step, not the state."""
-    return name.removeprefix("decoupled_") if name else name
-
-
-def check_parent(path: str, config, bert_config: BertConfig, electra: bool = False) -> None:
-    """Everything about train.init_from that can be checked from its config alone, each a one-line error:
-    the architecture this config's (a phase may change PHASE_FIELDS), a learned position table of this
-    length or train.extend_positions=copy, and for train.init_from_optimizer a bertjax run whose
-    optimizer is of this config's kind."""
-    kind = pretrained.kind_of(path)
-    if kind is not None:  # (ELECTRA's pair of Hugging Face directories is checked where it is read)
-        parent = pretrained.model_config(path, what="train.init_from")
-        differ = [f"{field}={getattr(parent, field)!r} but the config has model.{field}="
-                  f"{getattr(bert_config, field)!r}" for field in ARCHITECTURE_FIELDS
-                  if field not in PHASE_FIELDS and getattr(parent, field) != getattr(bert_config, field)]
-        if differ:
-            raise ValueError(f"train.init_from={path} has {'; '.join(differ)}")
-        rows, extend = parent.max_position_embeddings, config.train.get("extend_positions", "none")
-        if bert_config.position_embedding == "learned" and rows != bert_config.max_position_embeddings and (
-                extend == "none" or electra):
-            copy = "" if electra else ", or train.extend_positions=copy to tile its rows over the new table"
-            raise ValueError(f"train.init_from={path} has a learned position table of {rows} rows, the config "
-                             f"model.max_position_embeddings={bert_config.max_position_embeddings}: set "
-                             f"model.max_position_embeddings={rows}{copy}")
-    if config.train.get("init_from_optimizer"):
-        if kind != pretrained.BERTJAX:
-            raise ValueError(f"train.init_from={path} is not a bertjax run, so it has no optimizer state to carry: set "
-                             "train.init_from_optimizer=False")
-        saved = (checkpoint.read_meta(pretrained.model_checkpoint(path)).optimizer or {}).get("name")
-        if optimizer_kind(saved) != optimizer_kind(config.optimizer.name):
-            raise ValueError(f"train.init_from={path} trained with optimizer.name={saved!r}, whose state is not "
-                             f"{config.optimizer.name!r}'s: set optimizer.name={saved!r}, or "
-                             "train.init_from_optimizer=False for the parameters only")
-
-
-def parent_config(path: str) -> dict | None:
-    """The config the bertjax run at `path` (train.init_from) ran with: its checkpoint's record, else its
-    workdir's config.json (older checkpoints); None where neither is."""
-    chosen = pretrained.model_checkpoint(path)
-    recorded = checkpoint.read_meta(chosen).config
-    if recorded is not None:
-        return recorded
-    written = files.path(files.join(checkpoint.workdir_of(chosen), workdirs.CONFIG_FILE))
-    return json.loads(written.read_text()) if written.exists() else None
-
-
-def flat_values(config: dict, prefix: str = "") -> dict:
-    """{"data": {"seed": 0}} -> {"data.seed": 0}."""
-    flat = {}
-    for key, value in config.items():
-        if isinstance(value, dict):
-            flat.update(flat_values(value, f"{prefix}{key}."))
-        else:
-            flat[f"{prefix}{key}"] = value
-    return flat
-
-
-def config_changes(parent: dict, config) -> list[str]:
-    """"data.max_seq_length 1024 -> 8192" for each key whose value differs from the parent run's (keys the
-    parent's version did not have, train.init_from itself, and data.vocab_path left unset, which then reads
-    the parent's vocabulary: with_model_vocabulary, left out)."""
-    def shown(value):
-        return f"{value:g}" if isinstance(value, float) else "''" if value == "" else str(value)
-
-    before = flat_values(parent)
-    now = flat_values(json.loads(json.dumps(config.to_dict(), default=str)))  # as the parent's came back from JSON
-    return [f"{key} {shown(before[key])} -> {shown(value)}" for key, value in sorted(now.items())
-            if key in before and key != "train.init_from" and before[key] != value
-            and not (key == "data.vocab_path" and value is None)]
-
-
-def phase_line(path: str, config) -> str | None:
-    """The start's one line about a bertjax run's train.init_from: every config change from its run."""
-    if pretrained.kind_of(path) != pretrained.BERTJAX:
-        return None
-    parent = parent_config(path)
-    if parent is None:
-        return f"phase from {path}: its run recorded no config to compare with"
-    changes = config_changes(parent, config)
-    return f"phase from {path}: " + (", ".join(changes) if changes else "the config is its run's")
-
-
-def initial_params(path: str, bert_config: BertConfig, abstract_params, extend_positions: str = "none"):
-    """Parameters only, through the one init-from, restored straight into the state's shardings; their
-    architecture is this config's (check_parent), how they are stored and computed may differ. A learned
-    position table of another length is tiled over this config's (extend_positions="copy")."""
-    overrides = fields_of(bert_config, "layout", "compute")
-    resized = (bert_config.position_embedding == "learned" and extend_positions == "copy"
-               and pretrained.model_config(path, "train.init_from").max_position_embeddings
-               != bert_config.max_position_embeddings)
-    model = pretrained.load(path, what="train.init_from", model_overrides=overrides,
-                            abstract_params=None if resized else abstract_params, tokenizer=False)
-    if model.missing:
-        logging.info("initialised fresh (not in %s): %s", path, model.missing)
-    if not resized:
-        return model.params
-    params = traverse_util.flatten_dict(jax.device_get(model.params))
-    for key, table in params.items():
-        if key[-2:] == ("position_embeddings", "embedding"):
-            params[key] = copied_positions(table, bert_config.max_position_embeddings, bert_config.position_offset)
-            say(f"position table of {path}: its {table.shape[0]} rows tiled over {params[key].shape[0]} "
-                "(train.extend_positions=copy)")
-    return jax.device_put(traverse_util.unflatten_dict(params),
-                          jax.tree_util.tree_map(lambda a: a.sharding, abstract_params))
-
-
-def copied_positions(table: np.ndarray, rows: int, offset: int = 0) -> np.ndarray:
-    """A learned position table [P, E] made `rows` long: its first `offset` rows (RoBERTa's, before the
-    first position) kept, then the positions it learned repeated (Longformer's copy: each block of
-    positions starts as the trained ones, so the model reads the first tokens of a long row as before)."""
-    learned = table[offset:]
-    repeats = -(-(rows - offset) // len(learned))
-    return np.concatenate([table[:offset], np.tile(learned, (repeats, 1))[:rows - offset]]).astype(table.dtype)
-
-
-def restarted_schedule(opt_state):
-    """opt_state with every learning-rate schedule's count (optax's ScaleByScheduleState) at 0: a new
-    phase runs its own schedule from its start. The moments' own count stays: it is their bias
-    correction (StableAdamW's debiased betas would discard the carried moments at a count of 0)."""
-    def restart(node):
-        if isinstance(node, optax.ScaleByScheduleState):
-            return node._replace(count=jnp.zeros_like(node.count))
-        return node
-
-    return jax.tree_util.tree_map(restart, opt_state, is_leaf=lambda n: isinstance(n, optax.ScaleByScheduleState))
-
-
-def electra_initial_params(path: str, setup, fresh):
-    """ELECTRA's continued pretraining: from an ELECTRA run's workdir or checkpoint (both networks), a pair
-    of Hugging Face directories (discriminator/ and generator/, as the hf export writes them) or an
-    ELECTRA discriminator's directory alone (the generator then starts fresh, said in one line)."""
-    if pretrained.kind_of(path) == pretrained.BERTJAX:
-        chosen = pretrained.model_checkpoint(path)
-        if checkpoint.read_meta(chosen).electra is None:
-            raise ValueError(f"train.init_from={path} is not an ELECTRA run: start ELECTRA from one, from an ELECTRA "
-                             "discriminator's Hugging Face directory, or from scratch")
-        return checkpoint.restore_params(chosen, setup.abstract_state.params)[0]
-    disc_state, gen_state, disc_hf, gen_hf = hf_electra.read_pair(path)
-    differ = [f"{k}={v!r} but the config has model.{k}={getattr(setup.bert_config, k)!r}"
-              for k, v in fields_of(hf.config_from_hf(disc_hf), "architecture").items()
-              if v != getattr(setup.bert_config, k)]
-    if gen_hf is not None:
-        own = lambda key: getattr(setup.generator_config, key.removeprefix("generator_"))  # noqa: E731
-        differ += [f"the generator's {k.removeprefix('generator_')}={v!r} but the config has electra.{k}={own(k)!r}"
-                   for k, v in hf_electra.generator_fields(gen_hf).items() if v != own(k)]
-    if differ:
-        raise ValueError(f"train.init_from={path} has {'; '.join(differ)}")
-    if gen_state is None:
-        say(f"train.init_from={path} is a discriminator alone: the generator starts fresh")
-    params, _ = hf_electra.pair_from_hf(disc_state, gen_state, setup.bert_config, setup.generator_config,
-                                        jax.device_get(fresh))
-    return jax.device_put(params, jax.tree_util.tree_map(lambda a: a.sharding, setup.abstract_state.params))
-
-
-def with_model_vocabulary(config, path: str | None, what: str):
-    """config with the vocabulary of the model at `path` (setting `what`) as data.vocab_path, where that is
-    unset and the data is text; as it is otherwise. Continued pretraining (and a distilled student) must
-    read text with the starting model's own tokenizer: a vocabulary learned anew would give its
-    embeddings other tokens' ids."""
-    data = config.data
-    if not path or data.vocab_path or data.source in ("synthetic", "prepared"):
-        return config
-    if hf_electra.is_pair(path):  # ELECTRA's pair: both directories hold the same tokenizer
-        path = str(hf_electra.Path(path) / hf_electra.DISCRIMINATOR_DIR)
-    tokenizer = pretrained.tokenizer_files(path, what=what)
-    if tokenizer is None:
-        return config
-    say(f"tokenizer: the vocabulary of {path} ({tokenizer.kind})")
-    config = ml_collections.ConfigDict(config.to_dict())
-    config.data.update(vocab_path=tokenizer.vocab_path, tokenizer=tokenizer.kind, lower_case=tokenizer.lower_case)
-    return config
 
 
 @dataclasses.dataclass

@@ -24,7 +24,7 @@ from bertjax.compression import pruning
 from bertjax.models import bert, heads
 from bertjax.runs import config_checks, finetuning, start
 from bertjax.runs.console import say
-from bertjax.runs.task_data import task_data, task_from_config
+from bertjax.runs.task_data import TaskStart, task_data, task_from_config
 from bertjax.tasks import batches as task_batches
 from bertjax.tasks import kinds
 from bertjax.tasks.steps import INPUT_KEYS, TRAIN_KEYS, Scorer, task_logits
@@ -94,7 +94,7 @@ def prune(config, workdir: str, distributed: start.Distributed | None = None) ->
         return record
 
 
-def prune_model(config, task, num_labels: int, model: finetuning.TaskStart, data) -> tuple:
+def prune_model(config, task, num_labels: int, model: TaskStart, data) -> tuple:
     """(pruned config, pruned params, the record so far): prune.heads kept by importance over
     prune.importance_batches training batches, then prune.sparsity of the dense weights zeroed."""
     settings = config.prune

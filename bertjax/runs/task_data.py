@@ -1,5 +1,6 @@
-"""A fine-tuning run's task and data, read from its config: the task, its splits as features (the
-user's JSON-lines files or TFDS), the run's length in steps, and how training steps are packed."""
+"""A fine-tuning run's task and data, read from its config: the task, the record of the model it starts
+from (TaskStart), its splits as features (the user's JSON-lines files or TFDS), the run's length in steps,
+and how training steps are packed."""
 
 import dataclasses
 import math
@@ -8,7 +9,9 @@ import jax
 import numpy as np
 
 from bertjax import inference
+from bertjax import init_from
 from bertjax.models import heads
+from bertjax.models.config import BertConfig
 from bertjax.runs.console import say
 from bertjax.runs.start import Layout
 from bertjax.tasks import batches as task_batches
@@ -21,6 +24,18 @@ def task_from_config(config):
     return registry.get_task(config.task, labels=labels, num_choices=config.data.num_choices,
                              squad_version=config.data.get("squad_version"),
                              contrastive_loss=contrastive.loss if contrastive else None)
+
+
+@dataclasses.dataclass
+class TaskStart:
+    """What init_from gives a task: the encoder's config and params (or a whole head of this task's
+    shape, from a fine-tuning checkpoint or the task's Hugging Face class), and the tokenizer."""
+
+    bert_config: BertConfig
+    params: dict  # {"bert": ...} at least
+    tokenizer: object
+    files: init_from.TokenizerFiles
+    whole_head: bool  # params carry a classifier of this task (continue fine-tuning)
 
 
 def feature_based_settings(config, task, num_layers: int) -> dict | None:

@@ -1,6 +1,6 @@
 """What contrastive fine-tuning puts into the one train step: the embeddings of a batch's texts and their
-loss (bertjax/models/contrastive_losses.py), whole or in cached microbatches (GradCache), and the
-(query, passage) embeddings the dev evaluation scores.
+loss (bertjax/models/contrastive_losses.py), whole or in cached microbatches (GradCache), the (query,
+passage) embeddings the dev evaluation scores, and the embedder and the jitted step a run builds from them.
 
 An unpacked batch (bertjax/tasks/kinds/contrastive.py's features) holds each pair's texts tokenized apart:
   query_ids, query_mask [B, Sq]   passage_ids, passage_mask [B, Sp]   score [B] (scored pairs)
@@ -29,6 +29,8 @@ Shape legend: B batch (pairs), G hard negatives per pair, Sq / Sp query / passag
 width, k microbatches, m pairs per microbatch (B = k m); packed: R rows, W row width, K texts per row.
 """
 
+import functools
+
 import jax
 import jax.numpy as jnp
 
@@ -54,6 +56,19 @@ def batch_keys(features: dict) -> tuple:
         return TEXT_KEYS + skips + ("target", "example_weight")
     keys = PAIR_KEYS + skips + ("score", "example_weight")
     return keys + (NEGATIVE_KEYS if "negative_ids" in features else ())
+
+
+def embedder(settings, features: dict, hidden_size: int) -> dict:
+    """heads.network's embedding (pooling.SentenceEmbedder's settings) of a contrastive task whose kind settings
+    are `settings`; where the training features carry distill_mse's teacher embeddings (target [N, Dt]), the
+    student checked to embed at the teacher's width."""
+    if "target" in features:
+        teacher_width, width = features["target"].shape[-1], settings.width(hidden_size)
+        if width != teacher_width:
+            raise ValueError(f"contrastive.teacher={settings.teacher} embeds in {teacher_width} features, the student "
+                             f"in {width}: set contrastive.dense_features={teacher_width} (a Dense projection "
+                             "to the teacher's width)")
+    return settings.network()
 
 
 def embed(params, ids, mask, rng, *, net, deterministic: bool = False, skip=None):
@@ -184,3 +199,24 @@ def cached_loss_and_grad(params, batch: dict, dropout_rng, *, net, settings: dic
     zeros = jax.tree_util.tree_map(jnp.zeros_like, params)
     grads, _ = jax.lax.scan(add_chunk, zeros, (chunks, chunk_grads, jnp.arange(k)))
     return (loss, sums), grads
+
+
+# --------------------------------------------------------------------------------------------------
+# The jitted step
+# --------------------------------------------------------------------------------------------------
+
+
+def compile_train_step(setup, settings, data_sharding, microbatch: int = 0):
+    """The train step of a contrastive task (setup: training.state.Setup of its embedder; settings: the kind's):
+    its loss on the embeddings of the whole global batch, all at once (microbatch 0) or in cached
+    microbatches of `microbatch` pairs (GradCache: the same gradient). Returns (state, batch, dropout_key)
+    -> (state, sums)."""
+    contrastive_losses.check_settings(settings.loss, settings.scale, settings.matryoshka_dims,
+                                      settings.matryoshka_weights, settings.width(setup.net.config.hidden_size))
+    loss_settings = settings.loss_settings()
+    loss = functools.partial(contrastive_loss, net=setup.net, settings=loss_settings)
+    loss_and_grad = None
+    if microbatch:
+        loss_and_grad = functools.partial(cached_loss_and_grad, net=setup.net, settings=loss_settings,
+                                          microbatch=microbatch)
+    return setup.compile_train_step(loss, data_sharding, 1, loss_and_grad_fn=loss_and_grad, mask_keys=MASK_KEYS)

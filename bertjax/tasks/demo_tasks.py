@@ -1,8 +1,8 @@
 """Fine-tuning tasks made from the built-in demo corpus (bertjax/data/demo.py), for trying fine-tuning and
 compression end to end without a download:
 
-    python -m bertjax.tasks.demo_tasks --task=word_order --out=/tmp/word_order
-    python -m bertjax.tasks.demo_tasks --task=recall --out=/tmp/recall
+    python -m bertjax.demo_task --task=word_order --out=/tmp/word_order
+    python -m bertjax.demo_task --task=recall --out=/tmp/recall
     python -m bertjax.finetune --config=configs/finetune/classification.py --config.train.init_from=RUN \\
         --config.data.train=/tmp/word_order/train.jsonl --config.data.validation=/tmp/word_order/dev.jsonl \\
         --config.data.labels="('shuffled', 'original')"
@@ -55,11 +55,9 @@ import os
 import re
 
 import numpy as np
-from absl import flags
 
 from bertjax.data import demo
 from bertjax.data.splits import is_eval_document
-from bertjax.runs import console
 
 TASKS = ("word_order", "keyword", "retrieval", "recall", "next_sentence")
 RECALL_COLOURS = ("red", "green", "blue", "yellow")
@@ -318,42 +316,3 @@ def write_task(task: str, out: str, seed: int = 0, length: int = RECALL_LENGTH,
     if task == "retrieval":
         paths["beir"] = write_beir(test, os.path.join(out, "demo-test"))
     return paths
-
-
-def define_flags() -> dict:
-    defined = dict(
-        task=flags.DEFINE_enum("task", None, list(TASKS), "Which demo task to write."),
-        out=flags.DEFINE_string("out", None, "Directory for train.jsonl and dev.jsonl (retrieval: and demo-test/)."),
-        seed=flags.DEFINE_integer("seed", 0, "Which sentences, and how their words are shuffled."),
-        length=flags.DEFINE_integer("length", RECALL_LENGTH, "recall: words of filler in a dev document (more "
-                                    "tokens than words)."),
-        train_length=flags.DEFINE_integer("train_length", RECALL_TRAIN_LENGTH, "recall: the most words of filler "
-                                          "in a training document."),
-    )
-    flags.mark_flags_as_required(["task", "out"])
-    return defined
-
-
-def main(argv, args):
-    if len(argv) > 1:
-        console.fail(f"unexpected arguments: {argv[1:]}")
-    try:
-        paths = write_task(args.task, args.out, args.seed, args.length, args.train_length)
-    except (OSError, ValueError) as e:
-        console.fail(str(e))
-    for split, path in paths.items():
-        if split == "beir":
-            print(f"test set (BEIR layout) from the documents pretraining holds out: {path}")
-            continue
-        with open(path, encoding="utf-8") as f:
-            print(f"{split}: {sum(1 for _ in f)} examples in {path}")
-    if args.task in LABELS:
-        print(f"labels: {LABELS[args.task]} (--config.data.labels=\"{LABELS[args.task]}\")")
-
-
-def entry():
-    console.run_program(main, define_flags)
-
-
-if __name__ == "__main__":
-    entry()

@@ -18,7 +18,7 @@ import os
 
 from bertjax.tasks import registry
 from bertjax.tasks.examples import ChoiceExample, Example
-from bertjax.text import tf_cpu
+from bertjax.text import files, tf_cpu
 
 
 def read_split(task: registry.Task, split: str, *, path: str | None = None, data_dir: str | None = None,
@@ -92,23 +92,18 @@ def read_tfds(task: registry.Task, split: str, data_dir: str | None = None) -> l
 # ----------------------------------------------------------------------------------------------------
 
 
-def _json_lines(path: str):
-    """(line number from 1, decoded object) for every non-blank line; errors name path:line."""
-    if not os.path.exists(path):
-        raise ValueError(f"{path}: no such file")
-    if os.path.isdir(path):
-        raise ValueError(f"{path}: is a directory, expected a JSON-lines file")
-    with open(path, "rb") as f:
-        data = f.read()
+def json_lines(path: str):
+    """(line number from 1, decoded object) for every non-blank line of a JSON-lines file; errors name
+    path:line."""
+    text = files.read_text(path, "a JSON-lines file")
     found = False
-    for number, raw in enumerate(data.split(b"\n"), start=1):
-        if not raw.strip():
+    # Lines end at "\n" only: str.splitlines() would also end one at U+2028 inside a string.
+    for number, line in enumerate(text.split("\n"), start=1):
+        if not line.strip():
             continue
         found = True
         try:
-            obj = json.loads(raw.decode("utf-8-sig"))  # -sig: a byte-order mark some editors write
-        except UnicodeDecodeError as e:
-            raise ValueError(f"{path}:{number}: invalid UTF-8 ({e.reason})") from None
+            obj = json.loads(line)
         except json.JSONDecodeError as e:
             raise ValueError(f"{path}:{number}: invalid JSON ({e.msg} at column {e.colno})") from None
         if not isinstance(obj, dict):
@@ -167,7 +162,7 @@ def read_jsonl(path: str, task: registry.Task, labeled: bool = True) -> list:
     if task.kind not in registry.JSONL_KINDS:
         raise ValueError(f"task {task.name} ({task.kind}) has no JSON-lines reader")
     examples = []
-    for number, obj in _json_lines(path):
+    for number, obj in json_lines(path):
         where = f"{path}:{number}"
         label = _label(task, obj, where, labeled)
         if task.kind == registry.MULTIPLE_CHOICE:
@@ -193,7 +188,7 @@ def read_scored_pairs(path: str) -> list:
     whose label is the score, in file order."""
     path = os.fspath(path)
     examples = []
-    for number, obj in _json_lines(path):
+    for number, obj in json_lines(path):
         where = f"{path}:{number}"
         text, pair = _string_field(obj, "text", where), _string_field(obj, "text_pair", where)
         if obj.get("score") is None:

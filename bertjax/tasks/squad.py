@@ -42,7 +42,7 @@ import unicodedata
 
 import numpy as np
 
-from bertjax.text import tf_cpu
+from bertjax.text import files, tf_cpu
 
 
 V1 = "v1.1"
@@ -112,17 +112,7 @@ def read_squad_json(path: str, version: str, labeled: bool = True) -> list[Squad
     "is_impossible" with no answers. Problems are one ValueError line naming the file and line.
     """
     path = os.fspath(path)
-    if not os.path.exists(path):
-        raise ValueError(f"{path}: no such file")
-    if os.path.isdir(path):
-        raise ValueError(f"{path}: is a directory, expected a SQuAD-format JSON file")
-    with open(path, "rb") as f:
-        raw = f.read()
-    try:
-        text = raw.decode("utf-8-sig")
-    except UnicodeDecodeError as e:
-        line = raw[:e.start].count(b"\n") + 1
-        raise ValueError(f"{path}:{line}: invalid UTF-8 ({e.reason})") from None
+    text = files.read_text(path, "a SQuAD-format JSON file")
     if not text.strip():
         raise ValueError(f"{path}: empty file: expected SQuAD-format JSON")
     try:

@@ -30,7 +30,7 @@ import re
 import numpy as np
 
 from bertjax.tasks.registry import CONLL2003_TAGS  # TFDS conll2003's ClassLabel order, as BIO
-from bertjax.text import tf_cpu
+from bertjax.text import files, tf_cpu
 
 __all__ = ["CONLL2003_TAGS", "TagExample", "to_bio", "read_conll", "read_tfds_conll", "featurize_tagging",
            "tags_from_predictions"]
@@ -87,27 +87,13 @@ def read_conll(path: str, labels: tuple[str, ...] | None, labeled: bool = True) 
     """
     path = os.fspath(path)
     examples = []
-    for words, tags, numbers in _sentences(path, _read_utf8(path), labeled):
+    for words, tags, numbers in _sentences(path, files.read_text(path, "a CoNLL column file"), labeled):
         bio = _checked_tags(path, tags, numbers, labels) if tags else None
         examples.append(TagExample(len(examples), tuple(words), bio))
     if not examples:
         raise ValueError(f"{path}: no sentences: expected a word and its tag per line, a blank line between "
                          "sentences")
     return examples
-
-
-def _read_utf8(path: str) -> str:
-    if not os.path.exists(path):
-        raise ValueError(f"{path}: no such file")
-    if os.path.isdir(path):
-        raise ValueError(f"{path}: is a directory, expected a CoNLL column file")
-    with open(path, "rb") as f:
-        raw = f.read()
-    try:
-        return raw.decode("utf-8-sig")  # -sig: a byte-order mark some editors write
-    except UnicodeDecodeError as e:
-        line = raw[:e.start].count(b"\n") + 1
-        raise ValueError(f"{path}:{line}: invalid UTF-8 ({e.reason})") from None
 
 
 def _sentences(path: str, text: str, labeled: bool):

@@ -1,7 +1,8 @@
 """Files: local text files as lines, and paths that are local or on an object store.
 
 Text files: glob expansion, gzip, strict UTF-8. What both the corpus backends (bertjax.data.backends) and
-vocabulary learning (bertjax.text.vocab_learning) read text files with, so that both see the same text. A bad
+vocabulary learning (bertjax.text.vocab_learning) read text files with, so that both see the same text, and
+what the task readers (JSON lines, SQuAD JSON, CoNLL columns) read a whole data file with (read_text). A bad
 byte is an error naming file and line, never a silent U+FFFD that would teach the model a character the
 text never had.
 
@@ -107,6 +108,24 @@ def _open_binary(path: str):
     if magic == _GZIP_MAGIC or path.endswith(".gz"):
         return gzip.open(path, "rb")
     return open(path, "rb")
+
+
+def read_text(path, expected: str) -> str:
+    """A whole local text file decoded strictly as UTF-8, a byte-order mark dropped (some editors write one).
+    A missing file, a directory (expected: what the file should be, e.g. "a JSON-lines file") or a bad byte
+    is one ValueError line naming the file, file:line for the byte."""
+    path = os.fspath(path)
+    if not os.path.exists(path):
+        raise ValueError(f"{path}: no such file")
+    if os.path.isdir(path):
+        raise ValueError(f"{path}: is a directory, expected {expected}")
+    with open(path, "rb") as f:
+        raw = f.read()
+    try:
+        return raw.decode("utf-8-sig")
+    except UnicodeDecodeError as e:
+        line = raw[:e.start].count(b"\n") + 1
+        raise ValueError(f"{path}:{line}: invalid UTF-8 ({e.reason})") from None
 
 
 # ---------------------------------------------------------------------------------------------------

@@ -93,7 +93,7 @@ def warmup_batches(microbatches, warmup: BatchWarmup, start_step: int):
 
 def batches_by_step(stream, batch_size: int, warmup: BatchWarmup | None, start_step: int):
     """(number of the batch's first example in the stream, batch) of each step from start_step on, the
-    examples in stream order (what data.preview shows): stream.dataset(batch, start_step) batched by
+    examples in stream order (what bertjax.preview shows): stream.dataset(batch, start_step) batched by
     train.batch_size, or, with a warmup, the k(N) microbatches of each step put end to end."""
     if warmup is None:
         for step, batch in enumerate(stream.dataset(batch_size, start_step=start_step).as_numpy_iterator(),

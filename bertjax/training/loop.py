@@ -55,7 +55,7 @@ def check_finite(window: dict, first: int, last: int) -> None:
         raise FloatingPointError(
             f"the loss or the gradients became NaN or inf between steps {first} and {last}: resume from the "
             f"last checkpoint with a lower optimizer.learning_rate, or inspect those batches (python -m "
-            f"bertjax.data.preview --start_step={first - 1} for pretraining)")
+            f"bertjax.preview --start_step={first - 1} for pretraining)")
 
 
 def run_loop(state, step_fn, batches: Iterator, dropout_key, steps: LoopSteps, hooks: Hooks,

@@ -24,7 +24,7 @@ BACKENDS: dict[str, Backend] = {backend.name: backend for backend in (
     prepared_shards.BACKEND,
     synthetic_batches.BACKEND,
 )}
-# The sources of raw documents: what a data.mixture entry and python -m bertjax.data.prepare may read.
+# The sources of raw documents: what a data.mixture entry and python -m bertjax.prepare may read.
 DOCUMENT_SOURCES = tuple(name for name, backend in BACKENDS.items() if backend.documents is not None)
 
 
@@ -52,7 +52,7 @@ def read_documents(settings, bad_rows: BadRows | None = None) -> Iterator[list[s
 
 
 def shard_documents(settings, shard: int, num_shards: int, bad_rows: BadRows | None = None) -> list[list[str]]:
-    """The documents of python -m bertjax.data.prepare's output shard `shard` of `num_shards`, in a
+    """The documents of python -m bertjax.prepare's output shard `shard` of `num_shards`, in a
     deterministic order (each backend says how it splits: whole files, row groups, or documents).
     Table rows that are not text are skipped into `bad_rows`."""
     backend = get(settings.source)

@@ -2,7 +2,7 @@
 table rows skipped as not text (`BadRows`) and the check that a source gave any document.
 
 A backend gives one of three things, and its record says which by the functions it fills in:
-raw documents (`documents`, and `shard` for python -m bertjax.data.prepare), a host's corpora tokenized
+raw documents (`documents`, and `shard` for python -m bertjax.prepare), a host's corpora tokenized
 already (`corpora`: prepared shards), or nothing at all (synthetic batches, made without a corpus).
 A document is a `list[str]` of sentences, each non-empty, stripped, whitespace runs collapsed.
 """

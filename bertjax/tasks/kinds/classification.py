@@ -3,6 +3,21 @@
 The two kinds share everything but the loss, the output and transformers' problem_type: features
 (bertjax/tasks/features.py), one prediction per example scored by the task's metrics and written as a
 GLUE submission TSV, and the SavedModel's predict / predict_pair signatures.
+
+Data: a benchmark task's TFDS splits, or JSON lines of yours (data.train, data.validation, data.test),
+one object per line, as bertjax/tasks/readers.py reads them:
+  data field  required?  meaning
+  text        yes        the text (segment A)
+  text_pair   per task   the second text (segment B): required by GLUE's pair tasks, refused by CoLA and
+                         SST-2, optional for the generic classification and regression tasks
+  label       yes        classification: a class of the task (data.labels) by name or by index (0, 1, ...);
+                         regression: a number. A test set (data.test) may leave it out
+Example, a line of train.jsonl and the run that fine-tunes on it:
+  {"text": "A fine film.", "text_pair": "I would see it again.", "label": "positive"}
+  python -m bertjax.finetune --config=configs/finetune/classification.py --config.train.init_from=PATH \
+      --config.data.train=train.jsonl --config.data.validation=dev.jsonl \
+      --config.data.labels="('negative', 'positive')" --workdir=DIR
+Regression: configs/finetune/regression.py, a number as each label and no data.labels.
 """
 
 import functools

@@ -1,17 +1,24 @@
 """Contrastive fine-tuning: a sentence embedder (bertjax/models/pooling.py) trained on pairs, its losses
 in bertjax/models/contrastive_losses.py, its step in bertjax/tasks/contrastive_steps.py.
 
-JSON lines, one pair per line (blank lines skipped), the loss deciding which form:
-  pairs (loss mnrl):          {"query", "positive", "negatives": [...] (optional)}
-      sentence-transformers' column names are read too: "anchor" for query, "negative" (one text) for
-      negatives. Each row's first contrastive.max_negatives negatives join the candidates.
-  scored pairs (cosent, cosine_mse): {"text", "text_pair", "score"}
-      cosent uses only the order of the scores (any range); cosine_mse takes them as target cosines,
-      so they must lie in [-1, 1] (STS-B's 0-5 divided by 5).
-  texts (distill_mse):        {"text", "target_text" (optional: the text the teacher embeds, e.g. a
-      translation; default text)}. The student learns contrastive.teacher's embedding of target_text from
-      text; the run layer (bertjax/runs/task_data.py) adds the teacher's embeddings as the feature target.
+Data: JSON lines of yours (data.train, data.validation), one row per line (blank lines skipped), the
+fields decided by contrastive.loss:
+  data field       required?                 meaning
+  query            mnrl: yes                 the query ("anchor", sentence-transformers' name, is read too)
+  positive         mnrl: yes                 its relevant passage (and a candidate for every other query)
+  negatives        mnrl: no                  hard negatives, a list of texts or one text ("negative" is read
+                                             too); each row's first contrastive.max_negatives are candidates
+  text, text_pair  cosent, cosine_mse: both  the pair; distill_mse: text alone, the text the student embeds
+  score            cosent, cosine_mse: yes   cosent: any range (only the order counts); cosine_mse: the
+                                             target cosine, in [-1, 1] (STS-B's 0-5 divided by 5)
+  target_text      distill_mse: no           the text contrastive.teacher embeds (e.g. a translation; default
+                                             text); the run layer (bertjax/runs/task_data.py) adds the
+                                             teacher's embeddings as the feature target
 Every problem (a missing field, an empty text, an empty file) is one ValueError line naming file:line.
+Example, a line of pairs.jsonl and the run that fine-tunes on it (scored pairs: --config.contrastive.loss=cosent):
+  {"query": "sort a list", "positive": "sorted(xs) returns a sorted copy.", "negatives": ["A list keeps order."]}
+  python -m bertjax.finetune --config=configs/finetune/contrastive.py --config.train.init_from=PATH \
+      --config.data.train=pairs.jsonl --config.data.validation=dev_pairs.jsonl --workdir=DIR
 
 Each text is tokenized alone as [CLS] text [SEP]: the query (or text) after contrastive.query_prompt, cut
 to data.max_query_length tokens (scored pairs: data.max_seq_length); the passage (text_pair) and the
@@ -86,6 +93,10 @@ class Settings:
         """contrastive_losses.embedding_loss's keywords."""
         return dict(loss=self.loss, scale=float(self.scale), symmetric=bool(self.symmetric),
                     matryoshka_dims=tuple(self.matryoshka_dims), matryoshka_weights=tuple(self.matryoshka_weights))
+
+    def width(self, hidden_size: int) -> int:
+        """The embeddings' width on an encoder of hidden_size: the Dense projection's, else the pooled modes'."""
+        return self.dense_features or hidden_size * len(self.pooling)
 
     def network(self) -> dict:
         """pooling.SentenceEmbedder's settings (heads.network's embedding)."""
@@ -201,7 +212,7 @@ def read_pairs(path: str, loss: str) -> list:
     teacher's text as the positive) -> Pairs, in file order."""
     scored = loss in contrastive_losses.SCORED
     pairs = []
-    for number, obj in readers._json_lines(path):
+    for number, obj in readers.json_lines(path):
         where = f"{path}:{number}"
         if loss == contrastive_losses.DISTILL:  # the text, and the teacher's text as the positive
             text = _text(obj, ("text",), where)

@@ -1,5 +1,18 @@
 """Multiple choice (SWAG, HellaSwag): a context paired with each of C choices, [C, S] per example,
-one score per pair and a softmax over the C. Features and scoring are classification's."""
+one score per pair and a softmax over the C. Features and scoring are classification's.
+
+Data: HellaSwag's TFDS splits, or JSON lines of yours (data.train, data.validation, data.test), one
+object per line, as bertjax/tasks/readers.py reads them:
+  data field  required?  meaning
+  context     yes        the context, segment A of each of its C pairs
+  choices     yes        a list of exactly C strings (data.num_choices; HellaSwag: 4), each a segment B
+  label       yes        the right choice's index, 0 .. C - 1. A test set (data.test) may leave it out
+Example, a line of train.jsonl and the run that fine-tunes on it:
+  {"context": "She opened the jar", "choices": ["and ate the jam.", "and it sang."], "label": 0}
+  python -m bertjax.finetune --config=configs/finetune/multiple_choice.py --config.train.init_from=PATH \
+      --config.data.train=train.jsonl --config.data.validation=dev.jsonl --config.data.num_choices=2 \
+      --workdir=DIR
+"""
 
 import numpy as np
 

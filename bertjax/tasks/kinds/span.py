@@ -4,6 +4,21 @@ The windows, the token characters and the answer decoding of run_squad.py are be
 this module is what the rest of bertjax asks of the kind. Prediction files are the JSON files the
 official SQuAD scripts read: <split>_predictions.json (id -> answer), <split>_nbest_predictions.json
 and, v2.0, <split>_null_odds.json (their na_prob file).
+
+Data: the TFDS squad splits, or SQuAD-format JSON files of yours (data.train, data.validation, data.test),
+{"data": [{"paragraphs": [{"context", "qas": [...]}]}]}, as squad.read_squad_json reads them:
+  field          required?            meaning
+  context        yes                  the paragraph (a string) its questions are asked of
+  id, question   yes                  each question's id (unique in the file) and its text
+  answers        labelled sets: yes   [{"text", "answer_start"}], the text found at that character offset
+                                      of the context; the first is the training label, EM/F1 take all
+  is_impossible  no (v2.0 only)       true: the context holds no answer (answers may then be empty)
+Example, a file of one question and the run that fine-tunes on such files:
+  {"data": [{"paragraphs": [{"context": "Paris is in France.", "qas": [{"id": "q1", "question":
+  "Where is Paris?", "answers": [{"text": "France", "answer_start": 12}]}]}]}]}
+  python -m bertjax.finetune --config=configs/finetune/span.py --config.train.init_from=PATH \
+      --config.data.train=train.json --config.data.validation=dev.json [--config.data.squad_version=v2.0] \
+      --workdir=DIR
 """
 
 import json

@@ -3,6 +3,19 @@
 The CoNLL columns, BIO and the rows split at word boundaries are bertjax/tasks/tag_sequences.py; this module
 is what the rest of bertjax asks of the kind. Its prediction file is <split>_predictions.txt in
 conlleval's input form (word, gold tag, predicted tag; a blank line between sentences).
+
+Data: TFDS conll2003, or CoNLL column files of yours (data.train, data.validation, data.test), one word
+per line, a blank line between sentences, -DOCSTART- lines skipped, as tag_sequences.read_conll reads them:
+  column          required?  meaning
+  word (first)    yes        the word, as the sentence spells it
+  middle columns  no         read past (CoNLL-2003's POS and chunk tags); every line has the first's count
+  tag (last)      yes        a tag of data.labels ("O" among them) once read as BIO: BIO or IOB1 files.
+                             A test set (data.test) may be the words alone
+Example, a sentence of train.txt and the run that fine-tunes on it:
+  "Alice B-PER", "visited O", "Paris B-LOC", ". O": one line each, then a blank line
+  python -m bertjax.finetune --config=configs/finetune/tagging.py --config.train.init_from=PATH \
+      --config.data.train=train.txt --config.data.validation=dev.txt \
+      --config.data.labels="('O', 'B-PER', 'I-PER', 'B-LOC', 'I-LOC')" --workdir=DIR
 """
 
 import numpy as np

@@ -1,4 +1,4 @@
-"""What both benchmarks share (bertjax/runs/step_benchmark.py, bertjax/runs/embedding_benchmark.py): runners
+"""What both benchmarks share (bertjax/bench/step_speed.py, bertjax/bench/embedding_speed.py): runners
 timed in alternating blocks, the machine's load, and the printed tables."""
 
 import os

@@ -19,7 +19,7 @@ contrastive fine-tuning program tokenizes them (queries to data.max_query_length
 data.max_seq_length of configs/finetune/contrastive.py); bertjax's step is the program's (the contrastive
 kind's network, MultipleNegativesRankingLoss over in-batch negatives, the config's AdamW and clipping),
 sentence-transformers' the same loss module trained by torch.optim.AdamW with the same settings; their
-steps timed in alternating blocks (bertjax/runs/timing.py). Printed: real tokens/s of each and their ratio.
+steps timed in alternating blocks (bertjax/bench/timing.py). Printed: real tokens/s of each and their ratio.
 """
 
 import dataclasses
@@ -35,12 +35,13 @@ import numpy as np
 
 import configs.base
 import configs.finetune.contrastive
+from bertjax.bench import hf_peer, st_peer
+from bertjax.bench.timing import load_average, measure, print_table
 from bertjax.data import demo
 from bertjax.interop import hf
 from bertjax.models import bert as bert_model
 from bertjax.models.config import BertConfig, resolve_platform
-from bertjax.runs import exporting, finetuning, hf_peer, start, st_peer
-from bertjax.runs.timing import load_average, measure, print_table
+from bertjax.runs import exporting, finetuning, start
 from bertjax.tasks import batches as task_batches
 from bertjax.tasks import contrastive_batches, contrastive_steps, registry
 from bertjax.tasks.kinds import contrastive as contrastive_kind

@@ -1,7 +1,7 @@
-"""python -m bertjax.data.preview: see exactly what the model will be fed.
+"""python -m bertjax.preview: see exactly what the model will be fed.
 
-    python -m bertjax.data.preview --config=configs/tiny.py --num_examples=3
-    python -m bertjax.data.preview --config=configs/tiny.py --num_examples=100 --format=jsonl > examples.jsonl
+    python -m bertjax.preview --config=configs/tiny.py --num_examples=3
+    python -m bertjax.preview --config=configs/tiny.py --num_examples=100 --format=jsonl > examples.jsonl
 
 The text form opens with a legend of its marks, says for each training batch what its rows hold, and
 shows each example (with data.packing, each packed row and its sequences); the jsonl form writes one
@@ -39,7 +39,7 @@ def main(argv, args):
 
 
 def entry():
-    """The console program `bertjax-preview`, as `python -m bertjax.data.preview`."""
+    """The console program `bertjax-preview`, as `python -m bertjax.preview`."""
     console.run_program(main, define_flags)
 
 

@@ -30,14 +30,15 @@ import configs.roberta_tiny
 import configs.small
 import configs.tiny
 
+from bertjax.bench import embedding_speed
+from bertjax.bench.hf_peer import HFStep, hf_peer_config, torch_cuda_available
+from bertjax.bench.step_profile import print_profile, profile_steps
+from bertjax.bench.timing import load_average, measure, print_table
 from bertjax.data import synthetic
 from bertjax.data.settings import DataSettings
 from bertjax.models import bert
 from bertjax.models.config import BertConfig
-from bertjax.runs import embedding_benchmark, start
-from bertjax.runs.hf_peer import HFStep, hf_peer_config, torch_cuda_available
-from bertjax.runs.step_profile import print_profile, profile_steps
-from bertjax.runs.timing import load_average, measure, print_table
+from bertjax.runs import start
 from bertjax.training import flops, pretraining_step, sharding
 from bertjax.training import state as train_state
 
@@ -354,7 +355,7 @@ def run_long_rows(size: str, seq_lens: list[int], batch_size: int, attention_imp
     for seq_len in seq_lens:
         for impl in attention_impls:
             args = dict(size=size, seq_len=seq_len, batch_size=batch_size, attention_impl=impl, **common)
-            code = ("import json, sys; from bertjax.runs import step_benchmark as b; "
+            code = ("import json, sys; from bertjax.bench import step_speed as b; "
                     "print('RESULT', json.dumps(b.long_row_measurement(**json.loads(sys.argv[1]))))")
             row = dict(kind="long_rows", size=size, seq_len=seq_len, batch_size=batch_size,
                        shape=f"{batch_size}x{seq_len}", runner="bertjax", attention=impl)
@@ -439,13 +440,13 @@ def benchmark(*, sizes: list[str] | None, seq_len: int, batch_size: int, shape_g
               json_label: str | None = None, hlo_path: str | None = None) -> dict | None:
     """The benchmark the flags ask for (python -m bertjax.benchmark --help), printed; each measured row
     of the step, --packing and --long_rows also appended to `json_path` as it is measured (row_writer);
-    --embeddings' rows returned (embedding_benchmark.benchmark's)."""
+    --embeddings' rows returned (embedding_speed.benchmark's)."""
     if steps < 1 or warmup < 1:
         raise ValueError("--steps and --warmup must be at least 1 (the first warmup step compiles)")
     if accelerator is None:
         accelerator = jax.default_backend() != "cpu"
     embedding_figures = functools.partial(
-        embedding_benchmark.benchmark, overrides=overrides, num_texts=texts, max_length=max_length,
+        embedding_speed.benchmark, overrides=overrides, num_texts=texts, max_length=max_length,
         batch_size=batch_size, passes=embed_passes, steps=steps, warmup=warmup, no_torch=no_torch)
     if embeddings:
         return embedding_figures()

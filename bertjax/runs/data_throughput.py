@@ -1,33 +1,9 @@
-"""python -m bertjax.data.throughput: examples per second of the input pipeline, per CPU core, and how
-much of each row is real tokens, unpacked and packed.
-
-    python -m bertjax.data.throughput                       # the demo corpus, a vocabulary learned once
-    python -m bertjax.data.throughput --input_pattern='/data/wiki/*.txt' --vocab_path=vocab.txt
-
-For seq 128 and 512 it measures, on one tf.data thread (one core) and on all of them:
-  prepared: from a prepared shard, mapped (plan, pair, mask, batch) -- the training path for large corpora;
-  raw text: from documents of sentence strings, tokenization included -- the in-memory path;
-  packed:   prepared shards with data.packing (several pairs per row; rows/s and examples/s differ).
-"per cpu-s" is examples per second of the process's CPU time. Then the packing efficiency (share of
-positions that are real tokens) of each stream's first batches. Figures are printed as tables;
-docs/data.md records them.
-
-    python -m bertjax.data.throughput --memory              # the memory-mapped prepared corpus
-    python -m bertjax.data.throughput --masking             # masking strategies against token masking
-
---masking times the prepared stream at seq 128 on one tf.data thread with each data.masking strategy,
-in rounds that visit every strategy once (token first), and prints each one's examples per CPU second
-as a ratio to token masking's in the same round (the median over --masking_rounds rounds): ratios within
-one run, so that a shared machine's load changes cancel. units matches a lexicon of the corpus's most frequent word
-pairs and triples (--masking_lexicon_size).
-
---memory writes a prepared corpus of --memory_tokens (200M) tokens by repeating the demo corpus's
-tokenized documents, and one of 1M (also as four shards), and measures, each in a fresh process: the
-peak resident memory of building a stream on it and drawing --memory_batches batches, and its
-examples/s; and the same for the 1M corpus loaded into RAM (the in-memory path). It prints
-RSS(200M) - RSS(1M) and mapped against in-memory examples/s (--objective: nsp, sop or none).
+"""The input pipeline's examples per second, per CPU core, its real-token shares, a mapped corpus's memory
+and the masking strategies' cost: python -m bertjax.throughput's run (the program's docstring says what
+each measurement reads and prints; docs/data.md records the figures).
 """
 
+import dataclasses
 import json
 import os
 import resource
@@ -38,7 +14,6 @@ import tempfile
 import time
 
 import numpy as np
-from absl import app, flags
 
 from bertjax.data import demo, prepared, units
 from bertjax.data.backends import text_files
@@ -54,23 +29,54 @@ from bertjax.text import vocab_learning as vocabularies
 SHAPES = ((128, 20, 8), (512, 80, 16))
 
 
-def define_flags() -> dict:
-    """The flags, defined when the program is entered: importing it defines none."""
-    return dict(
-        input=flags.DEFINE_string("input_pattern", None, "Text files (sentence per line); the demo corpus if unset."),
-        vocab=flags.DEFINE_string("vocab_path", None, "A WordPiece vocab.txt; learned from the corpus if unset."),
-        num_examples=flags.DEFINE_integer("num_examples", 20_000, "Examples (packed: rows) to time per measurement."),
-        batch=flags.DEFINE_integer("batch_size", 256, "Examples (packed: rows) per batch."),
-        efficiency_batches=flags.DEFINE_integer("efficiency_batches", 100, "Batches the real-token share is "
-                                                "taken over (at most one epoch)."),
-        memory=flags.DEFINE_bool("memory", False, "Measure the memory of mapped prepared corpora instead."),
-        memory_tokens=flags.DEFINE_integer("memory_tokens", 200_000_000, "Tokens of the large mapped corpus."),
-        memory_batches=flags.DEFINE_integer("memory_batches", 100, "Batches each memory run draws."),
-        objective=flags.DEFINE_enum("objective", "nsp", ["nsp", "sop", "none"], "The memory runs' objective."),
-        masking=flags.DEFINE_bool("masking", False, "Measure the masking strategies against token masking instead."),
-        masking_rounds=flags.DEFINE_integer("masking_rounds", 5, "Rounds of the masking comparison."),
-        masking_lexicon_size=flags.DEFINE_integer("masking_lexicon_size", 2000, "Units in the lexicon of units."),
-    )
+@dataclasses.dataclass(frozen=True)
+class Options:
+    """How much each measurement reads: the program's flags of the same names."""
+    num_examples: int = 20_000  # examples (packed: rows) timed per measurement
+    batch_size: int = 256
+    efficiency_batches: int = 100  # batches the real-token share is taken over (at most one epoch)
+    memory_tokens: int = 200_000_000  # tokens of the large mapped corpus
+    memory_batches: int = 100  # batches each memory run draws
+    objective: str = "nsp"  # the memory runs' objective
+    masking_rounds: int = 5
+    masking_lexicon_size: int = 2000  # units in the lexicon of units masking
+
+
+def throughput(input_pattern: str | None = None, vocab_path: str | None = None, options: Options = Options(), *,
+               memory: bool = False, masking: bool = False) -> None:
+    """Print the tables of the text files' corpus (the demo corpus without input_pattern): the streams'
+    throughput and real-token shares and the resume timings; or the memory comparison (memory); or the
+    masking strategies against token masking (masking). Without vocab_path, a vocabulary is learned first."""
+    if input_pattern:
+        documents = list(text_files.read_text_documents(files.expand_pattern(input_pattern), "sentences"))
+    else:
+        documents = demo.demo_documents()
+    tmp = tempfile.mkdtemp(prefix="bertjax-data-benchmark-")
+    try:
+        if not vocab_path:
+            vocab_path = vocabularies.learn_wordpiece_vocab(
+                (s for d in documents for s in d), 8192, True, os.path.join(tmp, "vocab.txt"))
+        tokenizer = tokenizers.load_tokenizer("wordpiece", vocab_path)
+        num_sentences = sum(len(d) for d in documents)
+        print(f"corpus: {len(documents)} documents, {num_sentences} sentences; cores: {os.cpu_count()}")
+        start = time.perf_counter()
+        corpus = tokenize_documents(documents, tokenizer)
+        tokenize_s = time.perf_counter() - start
+        print(f"tokenization: {num_sentences / tokenize_s:,.0f} sentences/s ({len(corpus.tokens):,} tokens in "
+              f"{tokenize_s:.1f}s, all cores)")
+        if memory:
+            memory_benchmark(corpus, vocab_path, tokenizer.vocab_size, options)
+            return
+        # Once, as python -m bertjax.prepare writes it: the prepared stream reads these shards.
+        write_repeated(tmp, corpus, len(corpus.tokens), vocab_path, tokenizer.vocab_size)
+        if masking:
+            masking_table(documents, tokenizer, tmp, options)
+            return
+        throughput_table(documents, tokenizer, tmp, options)
+        efficiency_table(tokenizer, tmp, options)
+        resume_timings(tokenizer, tmp, options.batch_size)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -91,9 +97,9 @@ def frequent_phrases(documents, size: int) -> list[str]:
     return [phrase for phrase, _ in sorted(counts.items(), key=lambda item: -item[1])[:size]]
 
 
-def masking_table(documents, tokenizer, directory: str, args) -> None:
+def masking_table(documents, tokenizer, directory: str, options: Options) -> None:
     """Examples/s of the prepared stream at seq 128, one thread, per masking strategy, against token's."""
-    phrases = frequent_phrases(documents, args.masking_lexicon_size)
+    phrases = frequent_phrases(documents, options.masking_lexicon_size)
     unit_hashes, unit_max_words = units.lexicon_units(tokenizer.encode_arrays(phrases),
                                                       np.asarray(tokenizer.word_start, bool), units.MAX_UNIT_WORDS)
     corpus = prepared.load_corpus(directory, "train", 0, 1)
@@ -104,15 +110,15 @@ def masking_table(documents, tokenizer, directory: str, args) -> None:
         streams[name] = PretrainingStream(corpus, spec, seed=0, max_seq_length=128)
     ratios = {name: [] for name in streams}
     rates = {name: [] for name in streams}
-    for _ in range(args.masking_rounds):
+    for _ in range(options.masking_rounds):
         token_rate = None
         for name, stream in streams.items():
-            _, _, rate = measure(stream, args.num_examples, args.batch, 1)  # per CPU second: load cancels
+            _, _, rate = measure(stream, options.num_examples, options.batch_size, 1)  # per CPU second: load cancels
             token_rate = token_rate or rate
             ratios[name].append(rate / token_rate)
             rates[name].append(rate)
-    print(f"masking strategies, seq 128, one thread, {args.masking_rounds} rounds of {args.num_examples:,} examples "
-          f"({len(phrases):,} lexicon units, up to {unit_max_words} words):")
+    print(f"masking strategies, seq 128, one thread, {options.masking_rounds} rounds of {options.num_examples:,} "
+          f"examples ({len(phrases):,} lexicon units, up to {unit_max_words} words):")
     print(f"{'masking':>10} {'per cpu-s':>11} {'/ token (median)':>17} {'min':>6} {'max':>6}")
     for name in streams:
         print(f"{name:>10} {np.median(rates[name]):>11,.0f} {np.median(ratios[name]):>17.2f} "
@@ -186,12 +192,12 @@ def memory_run(directory: str, in_memory: bool, objective: str, batch_size: int,
                 tokens=len(corpus.tokens), sentences=corpus.num_sentences, in_memory=corpus.in_memory)
 
 
-def memory_benchmark(corpus, vocab_path: str, vocab_size: int, args) -> None:
+def memory_benchmark(corpus, vocab_path: str, vocab_size: int, options: Options) -> None:
     """--memory: write the two corpora, measure each in a fresh process, print the comparison."""
     tmp = tempfile.mkdtemp(prefix="bertjax-memory-benchmark-")
     try:
         start = time.perf_counter()
-        large = write_repeated(os.path.join(tmp, "large"), corpus, args.memory_tokens, vocab_path, vocab_size)
+        large = write_repeated(os.path.join(tmp, "large"), corpus, options.memory_tokens, vocab_path, vocab_size)
         small = write_repeated(os.path.join(tmp, "small"), corpus, 1_000_000, vocab_path, vocab_size)
         write_repeated(os.path.join(tmp, "sharded"), corpus, 1_000_000, vocab_path, vocab_size, num_shards=4)
         print(f"wrote prepared corpora of {large:,} and {small:,} tokens (the second also as 4 shards) in "
@@ -199,10 +205,10 @@ def memory_benchmark(corpus, vocab_path: str, vocab_size: int, args) -> None:
         results = {}
         for name, directory, in_memory in (("mapped, large", "large", False), ("mapped, 1M", "small", False),
                                            ("4 maps, 1M", "sharded", False), ("in memory, 1M", "small", True)):
-            code = ("import json, sys; from bertjax.data import throughput; "
-                    "print(json.dumps(throughput.memory_run(*json.loads(sys.argv[1]))))")
-            argv = json.dumps([os.path.join(tmp, directory), in_memory, args.objective, args.batch,
-                               args.memory_batches])
+            code = ("import json, sys; from bertjax.runs import data_throughput; "
+                    "print(json.dumps(data_throughput.memory_run(*json.loads(sys.argv[1]))))")
+            argv = json.dumps([os.path.join(tmp, directory), in_memory, options.objective, options.batch_size,
+                               options.memory_batches])
             done = subprocess.run([sys.executable, "-c", code, argv], capture_output=True, text=True)
             if done.returncode:
                 console.fail(f"the {name} run failed: {done.stderr.strip().splitlines()[-1]}")
@@ -211,7 +217,7 @@ def memory_benchmark(corpus, vocab_path: str, vocab_size: int, args) -> None:
                   f"{r['built_rss_mb']:>6,.0f} MB with the plan, {r['peak_rss_mb']:>6,.0f} MB after the batches, "
                   f"{r['examples_per_s']:>6,.0f} examples/s "
                   f"({r['examples_per_cpu_s']:,.0f} per CPU-s), {r['setup_s']:.1f}s to the first batch")
-        print(f"objective {args.objective}, {args.memory_batches} batches of {args.batch}, seq 128")
+        print(f"objective {options.objective}, {options.memory_batches} batches of {options.batch_size}, seq 128")
         for key, when in (("built_rss_mb", "with the plan built"), ("peak_rss_mb", "after the batches")):
             grown = results["mapped, large"][key] - results["mapped, 1M"][key]
             print(f"RSS(large) - RSS(1M), mapped, peak {when}: {grown:,.0f} MB (target < 1,024 MB)")
@@ -246,41 +252,7 @@ def real_token_share(stream, batch_size: int, num_batches: int) -> float:
     return stream.real_token_share(min(num_batches * batch_size, stream.rows_per_epoch))
 
 
-def main(argv, args):
-    if len(argv) > 1:
-        raise app.UsageError(f"unexpected arguments: {argv[1:]}")
-    if args.input:
-        documents = list(text_files.read_text_documents(files.expand_pattern(args.input), "sentences"))
-    else:
-        documents = demo.demo_documents()
-    tmp = tempfile.mkdtemp(prefix="bertjax-data-benchmark-")
-    vocab_path = args.vocab
-    if not vocab_path:
-        vocab_path = vocabularies.learn_wordpiece_vocab(
-            (s for d in documents for s in d), 8192, True, os.path.join(tmp, "vocab.txt"))
-    tokenizer = tokenizers.load_tokenizer("wordpiece", vocab_path)
-    num_sentences = sum(len(d) for d in documents)
-    print(f"corpus: {len(documents)} documents, {num_sentences} sentences; cores: {os.cpu_count()}")
-
-    start = time.perf_counter()
-    corpus = tokenize_documents(documents, tokenizer)
-    tokenize_s = time.perf_counter() - start
-    print(f"tokenization: {num_sentences / tokenize_s:,.0f} sentences/s ({len(corpus.tokens):,} tokens in "
-          f"{tokenize_s:.1f}s, all cores)")
-    if args.memory:
-        memory_benchmark(corpus, vocab_path, tokenizer.vocab_size, args)
-        return
-    write_repeated(tmp, corpus, len(corpus.tokens), vocab_path, tokenizer.vocab_size)  # once, as prepare writes it
-    if args.masking:
-        masking_table(documents, tokenizer, tmp, args)
-        return
-
-    throughput_table(documents, tokenizer, tmp, args)
-    efficiency_table(tokenizer, tmp, args)
-    resume_timings(tokenizer, tmp, args.batch)
-
-
-def throughput_table(documents, tokenizer, directory: str, args) -> None:
+def throughput_table(documents, tokenizer, directory: str, options: Options) -> None:
     """Examples/s of the prepared, raw-text and packed streams at each shape, on one thread and on all."""
     print(f"{'seq':>4} {'source':>9} {'threads':>8} {'examples/s':>11} {'per core':>9} {'rows/s':>8} "
           f"{'per cpu-s':>10}  plan build")
@@ -296,16 +268,16 @@ def throughput_table(documents, tokenizer, directory: str, args) -> None:
                                        packing=source == "packed", max_sequences_per_row=per_row)
             setup_s = time.perf_counter() - start
             for threads in (1, os.cpu_count()):
-                rate, rows, per_cpu = measure(stream, args.num_examples, args.batch, threads)
+                rate, rows, per_cpu = measure(stream, options.num_examples, options.batch_size, threads)
                 print(f"{seq:>4} {source:>9} {threads:>8} {rate:>11,.0f} {rate / threads:>9,.0f} {rows:>8,.0f} "
                       f"{per_cpu:>10,.0f}  "
                       f"{setup_s:.2f}s to examples ({stream.examples_per_epoch:,} examples, "
                       f"{stream.rows_per_epoch:,} rows/epoch)")
 
 
-def efficiency_table(tokenizer, directory: str, args) -> None:
+def efficiency_table(tokenizer, directory: str, options: Options) -> None:
     """Packing efficiency: the share of positions that are real tokens, unpacked and packed, by objective."""
-    print(f"\nreal tokens / positions over the first {args.efficiency_batches} batches of {args.batch} "
+    print(f"\nreal tokens / positions over the first {options.efficiency_batches} batches of {options.batch_size} "
           f"(or one epoch, if shorter):")
     print(f"{'seq':>4} {'objective':>9} {'unpacked':>9} {'packed':>7} {'rows':>7} {'examples':>9}")
     corpus = prepared.load_corpus(directory, "train", 0, 1)
@@ -316,7 +288,7 @@ def efficiency_table(tokenizer, directory: str, args) -> None:
             for packing in (False, True):
                 stream = PretrainingStream(corpus, spec, seed=0, max_seq_length=seq, objective=objective,
                                            packing=packing, max_sequences_per_row=per_row)
-                shares.append(real_token_share(stream, args.batch, args.efficiency_batches))
+                shares.append(real_token_share(stream, options.batch_size, options.efficiency_batches))
             print(f"{seq:>4} {objective:>9} {shares[0]:>9.1%} {shares[1]:>7.1%} {stream.rows_per_epoch:>7,} "
                   f"{stream.examples_per_epoch:>9,}")
 
@@ -334,12 +306,3 @@ def resume_timings(tokenizer, directory: str, batch_size: int) -> None:
             epoch, _ = stream.locate(step * batch_size)
             print(f"first batch at step {step:>9,} (epoch {epoch:,}, packing={packing}): "
                   f"{time.perf_counter() - start:.2f}s")
-
-
-def entry():
-    """python -m bertjax.data.throughput."""
-    console.run_program(main, define_flags)
-
-
-if __name__ == "__main__":
-    entry()

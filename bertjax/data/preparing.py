@@ -1,26 +1,20 @@
-"""python -m bertjax.data.prepare: tokenize and index a corpus once, into memory-mappable shards.
-
-    python -m bertjax.data.prepare --config=configs/base.py \\
-        --config.data.source=text --config.data.input_pattern='/data/wiki/*.txt' \\
-        --config.data.vocab_path=/data/vocab.txt --output_dir=/data/wiki-prepared --num_shards=64
-
-Then train with --config.data.source=prepared --config.data.prepared_dir=/data/wiki-prepared.
+"""Tokenize and index a corpus once, into memory-mappable shards: what python -m bertjax.prepare does
+(its run: bertjax/runs/corpus_preparation.py), a library that tests and notebooks call too.
 
 Output shard k holds the documents of input files j with j % num_shards == k (or, with fewer files
 than shards, of documents i with i % num_shards == k; each backend of bertjax/data/backends says how it
 splits: Parquet by row groups where it can, TFDS by the k-th of num_shards even splits),
 divided into train and eval by the same stable hash as the in-memory path. The shards are written by a
-pool of worker processes (--num_workers=0: in this process); on many hosts each host writes the shards k
+pool of worker processes (num_workers=0: in this process); on many hosts each host writes the shards k
 with k % process_count == process_index, which are the shards it reads when training.
 
 Progress (documents, tokens, MB of raw text, MB/s, ETA where the input's size is known) is logged every
---progress_seconds. A rerun with the same settings skips the shards that are complete (their files are
+progress_seconds. A rerun with the same settings skips the shards that are complete (their files are
 written beside and renamed), so a run killed at any point and started again ends with the files an
 uninterrupted run writes.
 """
 
 import concurrent.futures
-import gzip
 import multiprocessing
 import os
 import queue
@@ -28,34 +22,18 @@ import shutil
 import time
 
 import numpy as np
-from absl import app, flags, logging
-from ml_collections import config_flags
+from absl import logging
 
 from bertjax.data import backends, prepared, splits
 from bertjax.data.backends.backend import BadRows
 from bertjax.data.corpus import corpus_from_lengths
 from bertjax.data.settings import DataSettings
-from bertjax.runs import console
 from bertjax.text import files, sentences, tokenizers
 
 # Sentences tokenized per TensorFlow call in a worker, and so per progress report.
 BATCH_SENTENCES = 4096
 # A worker's progress reports go here: the pool's queue in a worker, a local one in this process.
 _progress = None
-
-
-def define_flags() -> dict:
-    """The flags, defined when the program is entered: importing it defines none."""
-    return dict(
-        config=config_flags.DEFINE_config_file("config", None, "A configs/<size>.py file (its data section is used)."),
-        output_dir=flags.DEFINE_string("output_dir", None, "Where the shards and metadata.json go."),
-        num_shards=flags.DEFINE_integer("num_shards", 16, "Output shards per split; a multiple of the training hosts."),
-        num_workers=flags.DEFINE_integer("num_workers", os.cpu_count() or 1,
-                                         "Worker processes on this host; 0 prepares in this process."),
-        process_index=flags.DEFINE_integer("process_index", 0, "This host's index, when several hosts prepare."),
-        process_count=flags.DEFINE_integer("process_count", 1, "How many hosts prepare (and will train)."),
-        progress_seconds=flags.DEFINE_float("progress_seconds", 5.0, "Seconds between progress lines."),
-    )
 
 
 def _set_progress_queue(q) -> None:
@@ -304,33 +282,3 @@ def _write_counts(output_dir: str, num_shards: int, meta: dict) -> None:
                 counts[split][key] += n
     prepared.write_metadata(output_dir, {**meta, "counts": counts})
 
-
-def main(argv, args):
-    if len(argv) > 1:
-        raise app.UsageError(f"unexpected arguments: {argv[1:]}")
-    try:
-        summary = run(DataSettings.from_config(args.config.data), args.output_dir, num_shards=args.num_shards,
-                      num_workers=args.num_workers, process_index=args.process_index,
-                      process_count=args.process_count, progress_seconds=args.progress_seconds)
-    except (ValueError, FileNotFoundError, UnicodeDecodeError, gzip.BadGzipFile) as e:
-        console.fail(str(e).splitlines()[0] if str(e) else type(e).__name__)
-    for split in ("train", "eval"):
-        documents, sentence_count, tokens = summary[split]
-        print(f"{split}: {documents} documents, {sentence_count} sentences, {tokens} tokens in {summary['shards']} "
-              f"shards")
-    if summary["bad_rows"].count:
-        print(summary["bad_rows"].summary())
-    if summary["skipped"]:
-        print(f"{summary['skipped']} of {summary['shards']} shards were complete already and kept")
-    megabytes, workers = summary["bytes"] / 1e6, summary["worker_seconds"]
-    print(f"prepared {args.output_dir} in {summary['seconds']:.1f}s: {megabytes:.1f} MB of raw text, "
-          f"{megabytes / workers if workers else 0:.2f} MB/s per worker process")
-
-
-def entry():
-    """The console program `bertjax-prepare`, as `python -m bertjax.data.prepare`."""
-    console.run_program(main, define_flags)
-
-
-if __name__ == "__main__":
-    entry()

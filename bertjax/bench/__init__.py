@@ -1,0 +1,1 @@
+"""Benchmarks and their peers (Hugging Face, sentence-transformers), step profiles and timing."""
