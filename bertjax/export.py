@@ -50,14 +50,16 @@ from bertjax.runs import console, exporting
 def define_flags() -> dict:
     """The flags, defined when the program is entered: importing it defines none."""
     return dict(
-        source=flags.DEFINE_string("from", None, "A bertjax workdir (pretraining or fine-tuning) or checkpoint directory."),
+        source=flags.DEFINE_string("from", None,
+                                   "A bertjax workdir (pretraining or fine-tuning) or checkpoint directory."),
         to=flags.DEFINE_string("to", None, "The directory to write (refused if it exists and is not empty)."),
         format=flags.DEFINE_string("format", "hf", f"One of {', '.join(exporting.FORMATS)}."),
         step=flags.DEFINE_integer("step", None, "This step of the workdir's checkpoints/ (default: the newest; "
                                   "a fine-tuning workdir: its best dev checkpoint)."),
         overwrite=flags.DEFINE_bool("overwrite", False, "Replace a non-empty --to."),
         max_seq_length=flags.DEFINE_integer("max_seq_length", None, "savedmodel: the fixed length texts are padded "
-                                            "or cut to inside the graph (default: a fine-tuned model's own, else 128)."),
+                                            "or cut to inside the graph (default: a fine-tuned model's own, "
+                                            "else 128)."),
         hf_class=flags.DEFINE_enum("hf_class", "pretraining", ["pretraining", "masked_lm"],
                                    "hf, a pretraining checkpoint: BertForPreTraining's weights (the pooler and NSP "
                                    "head kept), or BertForMaskedLM's alone (fill-mask loads it with nothing unused); "

@@ -21,7 +21,8 @@ def define_flags() -> dict:
     """The flags, defined when the program is entered: importing it defines none."""
     return dict(
         config=config_flags.DEFINE_config_file("config", None, "A configs/finetune/<task>.py file.", lock_config=True),
-        workdir=flags.DEFINE_string("workdir", None, "Checkpoints, metrics.jsonl, predictions and the summary go here."),
+        workdir=flags.DEFINE_string("workdir", None,
+                                    "Checkpoints, metrics.jsonl, predictions and the summary go here."),
         **console.define_dry_run_flag(),
         **console.define_distributed_flags(),
     )

@@ -36,7 +36,8 @@ def base_config() -> ml_collections.ConfigDict:
             attention_impl="auto",  # or xla | cudnn | splash | blockwise (memory linear in the sequence)
             attention_block_size=512,  # blockwise: query and key rows per tile of logits
             word_embedding="auto",  # gather | one_hot; auto: one_hot on TPUs, gather elsewhere
-            remat_policy="none",  # a key of models.config.REMAT_POLICIES: none | full | save_named | save_attention | ...
+            # A key of models.config.REMAT_POLICIES: none | full | save_named | save_attention | ...
+            remat_policy="none",
             # Unrolled layers run faster (a scanned stack copies every residual into an [L, ...] buffer)
             # and let the last block compute only the rows the heads read.
             # True: one compiled block for all layers, compile time independent of depth (large sets it).

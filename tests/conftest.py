@@ -37,9 +37,42 @@ os.environ.setdefault("CUDA_VISIBLE_DEVICES", "")
 # compile the same programs, and compiling is most of their time. Every program, however quick to compile:
 # a program's first checkpoint alone compiles about a hundred small slicing programs.
 _RUN = os.environ.get("PYTEST_XDIST_TESTRUNUID") or str(os.getpid())
-os.environ.setdefault("JAX_COMPILATION_CACHE_DIR", os.path.join(tempfile.gettempdir(), f"bertjax-tests-jax-cache-{_RUN}"))
+os.environ.setdefault("JAX_COMPILATION_CACHE_DIR",
+                      os.path.join(tempfile.gettempdir(), f"bertjax-tests-jax-cache-{_RUN}"))
 os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
 os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES", "0")
+
+
+# ----------------------------------------------------------------------------------------------------
+# The quick tier: `pytest -m quick`, the edit-test loop (README, "Tests")
+# ----------------------------------------------------------------------------------------------------
+
+# Test modules by the package (or concern) they test: at least one for each package of bertjax, chosen by
+# their time in the full suite (docs/performance.md, "The test suite's time"). Every test of a listed
+# module is in the tier (tests/test_layout.py checks that each package has one).
+QUICK_MODULES = {
+    "text": ("test_tokenizer", "test_sentences", "test_bpe"),
+    "data": ("test_masking_strategies", "test_packing_data", "test_mixture", "test_settings", "test_sources",
+             "test_demo"),
+    "models": ("test_model", "test_heads", "test_pooling", "test_chunked_mlm_loss", "test_fused_norm",
+               "test_blockwise_attention"),
+    "training": ("test_optim", "test_flops", "test_writers", "test_batch_warmup"),
+    "tasks": ("test_metrics", "test_squad", "test_tagging", "test_tasks", "test_kinds", "test_retrieval",
+              "test_demo_tasks"),
+    "compression": ("test_compression_report", "test_quantize"),
+    "interop": ("test_hf", "test_families"),
+    "inference": ("test_api", "test_embeddings"),
+    "runs": ("test_configs", "test_phases", "test_pretraining"),
+    "bench": ("test_gpu_check",),
+    "programs": ("test_layout", "test_named_paths", "test_program_server"),
+}
+_QUICK = frozenset(name for names in QUICK_MODULES.values() for name in names)
+
+
+def pytest_itemcollected(item):
+    """Marks the quick tier as each test is collected, before -m chooses."""
+    if item.path.stem in _QUICK:
+        item.add_marker(pytest.mark.quick)
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -230,16 +263,27 @@ def _program_server():
     return _server
 
 
+# Debugging a test that runs a program: BERTJAX_TESTS_NO_FORK=1 runs every command as its own interpreter,
+# exactly as a shell would (a few seconds more per command), so a failure can be read without the server.
+NO_FORK = bool(os.environ.get("BERTJAX_TESTS_NO_FORK"))
+
+
 def run_command(argv: list, *, env=None, cwd=REPO, timeout=300) -> subprocess.CompletedProcess:
     """subprocess.run(argv, capture_output=True, text=True, ...) for a test: `python -m ...` and
     `python -c ...` in a fork of this worker's program server (tests/program_server.py) rather than a new
     interpreter; any other command as itself."""
+    if NO_FORK:
+        return subprocess.run(list(map(str, argv)), env=env or program_env(), cwd=cwd, timeout=timeout,
+                              capture_output=True, text=True)
     return _program_server().run(list(argv), env=env or program_env(), cwd=cwd, timeout=timeout)
 
 
 def start_command(argv: list, *, env=None, cwd=REPO):
     """subprocess.Popen(argv, stdout=PIPE, stderr=PIPE, text=True, ...) likewise: what a test that signals
     a running program starts it with."""
+    if NO_FORK:
+        return subprocess.Popen(list(map(str, argv)), env=env or program_env(), cwd=cwd, stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, text=True)
     return _program_server().start(list(argv), env=env or program_env(), cwd=cwd)
 
 
@@ -394,8 +438,9 @@ def pretrained(tmp_path_factory):
         vocabularies.learn_wordpiece_vocab(iter(sentences), 1000, True, str(workdir / "vocab.txt"))
         vocab_size = len((workdir / "vocab.txt").read_text(encoding="utf-8").splitlines())
         cfg = BertConfig(vocab_size=vocab_size, hidden_size=64, num_layers=2, num_heads=2,
-                                    intermediate_size=128, max_position_embeddings=64)
-        params = bert_model.BertForPreTraining(cfg).init(jax.random.key(0), **bert_model.dummy_batch(1, 16, 2))["params"]
+                         intermediate_size=128, max_position_embeddings=64)
+        params = bert_model.BertForPreTraining(cfg).init(jax.random.key(0),
+                                                         **bert_model.dummy_batch(1, 16, 2))["params"]
         params = jax.tree_util.tree_map(np.asarray, jax.device_get(nn.unbox(params)))
         meta = {"step": 1, "model": cfg.__dict__,
                 "tokenizer": {"kind": "wordpiece", "path": "vocab.txt", "lower_case": True}}
@@ -410,7 +455,8 @@ def pretrained(tmp_path_factory):
 
     root = shared_directory(tmp_path_factory, "pretrained", build)
     params, meta = checkpoint.restore_params(str(root / "pretrained"))
-    files = {"train": str(root / "train.jsonl"), "validation": str(root / "dev.jsonl"), "test": str(root / "test.jsonl")}
+    files = {"train": str(root / "train.jsonl"), "validation": str(root / "dev.jsonl"),
+             "test": str(root / "test.jsonl")}
     dev_labels = [json.loads(line)["label"] for line in (root / "dev.jsonl").read_text(encoding="utf-8").splitlines()]
     return dict(workdir=str(root / "pretrained"), cfg=BertConfig.from_dict(meta.model),
                 params=jax.tree_util.tree_map(np.asarray, params), files=files, dev_labels=dev_labels)

@@ -6,7 +6,12 @@ devices on two cores make every test that does not need them pay for them (8-way
 collectives and replicated checkpoints). In the main session each marked test is a stand-in (MeshTest) with
 the same node id: the first stand-in to run starts the mesh session on all of them, and each then reports
 the outcome its test had there (a failure with the mesh session's own report, a skip with its reason, and a
-failure if the session never ran it). The scheduler in conftest keeps the stand-ins on one worker."""
+failure if the session never ran it). The scheduler in conftest keeps the stand-ins on one worker.
+
+Debugging a mesh test: its failure shows the mesh session's own report, and the session's whole output is
+in the run directory's mesh-session-<worker>.log. To run it as the session does, alone and in the
+foreground: `BERTJAX_TEST_MESH_RESULTS=/tmp/mesh.jsonl python -m pytest -p no:xdist tests/FILE::TEST` (the
+variable gives the process its eight devices, tests/conftest.py)."""
 
 import json
 import os

@@ -13,6 +13,11 @@ a command whose environment differs from the server's in a variable read when a 
 (TensorFlow's, JAX's, Python's, the loader's, the accelerators'). Tests of
 what happens at import (which libraries a program imports, what a start-up prints) start their own
 interpreter.
+
+Debugging a test through it: a command's stdout, stderr and exit code come back as subprocess's would; the
+server's own errors are in its log (bertjax-program-server-<run>-<pid>.log in the temporary directory,
+kept when it failed). BERTJAX_TESTS_NO_FORK=1 runs every command as its own interpreter instead
+(tests/conftest.py), which tells a fault of the fork from one of the program.
 """
 
 import contextlib

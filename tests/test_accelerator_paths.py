@@ -107,7 +107,7 @@ def test_embedding_forms_give_the_same_outputs_and_gradients():
     weights = jax.random.normal(jax.random.key(5), (4, 16, HIDDEN))
     ref_out, ref_grad = jax.value_and_grad(lambda p: jnp.sum(reference(p) * weights))(params)
     for form in ("gather", "one_hot"):
-        out, grads = jax.jit(jax.value_and_grad(lambda p: jnp.sum(ours(p, form) * weights)))(params)
+        out, grads = jax.jit(jax.value_and_grad(lambda p, form=form: jnp.sum(ours(p, form) * weights)))(params)
         np.testing.assert_allclose(float(out), float(ref_out), rtol=1e-6)
         for a, b in zip(jax.tree_util.tree_leaves(grads), jax.tree_util.tree_leaves(ref_grad)):
             np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=2e-5, atol=1e-4)

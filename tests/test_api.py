@@ -88,7 +88,8 @@ def test_truncation_and_lower_case_setting(hf_dir, loaded, tmp_path):
 def test_load_rejects_what_it_cannot_read(hf_dir, tmp_path):
     with pytest.raises(ValueError, match="does not exist"):
         bertjax.load(tmp_path / "nowhere")
-    with pytest.raises(ValueError, match="expected a bertjax training or fine-tuning workdir.*or a Hugging Face BERT directory"):
+    with pytest.raises(ValueError,
+                       match="expected a bertjax training or fine-tuning workdir.*or a Hugging Face BERT directory"):
         bertjax.load(tmp_path)
     shutil.copytree(hf_dir, tmp_path / "no_vocab")
     (tmp_path / "no_vocab" / "vocab.txt").unlink()

@@ -84,7 +84,8 @@ def test_the_preview_shows_each_step_s_examples_as_training_takes_them():
         got = itertools.islice(batches_by_step(CountingStream(), 6, warmup, start), 4)
         for step, (first, batch) in enumerate(got, start):
             begin = 2 * warmup.position(step)
-            assert first == begin and batch["input_mask"][:, 0].tolist() == list(range(begin, begin + warmup.batch_size(step)))
+            assert first == begin and batch["input_mask"][:, 0].tolist() == list(
+                range(begin, begin + warmup.batch_size(step)))
 
 
 @pytest.mark.parametrize("settings,message", [
@@ -118,7 +119,8 @@ def test_modernbert_configs_hold_the_paper_s_token_counts(module, start, warmup_
     assert tokens(warmup.steps) == pytest.approx(warmup_tokens, rel=0.002)
     assert tokens(config.schedule.warmup_steps) == pytest.approx(3e9, rel=0.002)
     assert tokens(config.train.num_steps) == pytest.approx(1.7e12, rel=0.002)
-    assert config.optimizer.name == "decoupled_stable_adamw" and (config.optimizer.b1, config.optimizer.b2) == (0.9, 0.98)
+    assert config.optimizer.name == "decoupled_stable_adamw"
+    assert (config.optimizer.b1, config.optimizer.b2) == (0.9, 0.98)
 
 
 WARMUP = {"train.batch_size": 24, "train.grad_accum_steps": 3, "train.batch_warmup_start": 8,

@@ -85,7 +85,7 @@ def test_blockwise_attention_equals_the_dense_mask(reach, subset, global_first):
         out = fn(q, k, v, rows)
         return jnp.sum(jnp.where(keep, out, 0.0) * jnp.cos(out)), out
 
-    both = jax.jit(lambda *a: [jax.value_and_grad(lambda *a: loss(fn, *a), (0, 1, 2), has_aux=True)(*a)
+    both = jax.jit(lambda *a: [jax.value_and_grad(lambda *a, fn=fn: loss(fn, *a), (0, 1, 2), has_aux=True)(*a)
                                for fn in (tiled, dense)])  # one program: one compile
     ((_, got), grads), ((_, want), wanted) = both(q, k, v)
     _close(np.where(keep, got, 0.0), np.where(keep, want, 0.0))

@@ -68,8 +68,8 @@ def test_the_table_of_a_teacher_and_its_int8_variant(classifier, measured):  # n
     assert cells(int8)[11] == f"{speed_up:.2f}x"
 
 
-def test_the_command_line_reads_variants_and_says_what_is_wrong(classifier, dev_file, measured, tmp_path, capsys,
-                                                               monkeypatch):  # noqa: F811
+def test_the_command_line_reads_variants_and_says_what_is_wrong(classifier, dev_file, measured, tmp_path,  # noqa: F811
+                                                               capsys, monkeypatch):
     assert suite_evaluation.parse_variant("q=runs/x+int8") == report.Model("q", "runs/x", "int8")
     assert suite_evaluation.parse_variant("q=runs/x+int8-dynamic") == report.Model("q", "runs/x", "int8-dynamic")
     assert suite_evaluation.parse_variant("q=runs/x+int4-g128") == report.Model("q", "runs/x", "int4-g128")

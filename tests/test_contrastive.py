@@ -27,7 +27,7 @@ from bertjax.interop import hf
 from bertjax import init_from as pretrained_models
 from bertjax.models import contrastive_losses, heads
 from bertjax.models.config import BertConfig
-from bertjax.runs import exporting, finetuning, start
+from bertjax.runs import exporting, finetuning
 from bertjax.tasks import batches, contrastive_batches, contrastive_steps, registry, scoring
 from bertjax.tasks.kinds import contrastive as contrastive_kind
 from bertjax.training import checkpoint, optim, sharding
@@ -205,7 +205,8 @@ def test_cached_dropout_draws_the_same_masks_in_both_passes():
     (_, _), grads = cached(params, batch, key)
     assert_trees_close(grads, expected, rtol=1e-4, atol=1e-5)
     (_, _), other = cached(params, batch, jax.random.key(8))  # other masks, another gradient: dropout is on
-    assert not np.allclose(np.asarray(jax.tree_util.tree_leaves(other)[0]), np.asarray(jax.tree_util.tree_leaves(grads)[0]))
+    assert not np.allclose(np.asarray(jax.tree_util.tree_leaves(other)[0]),
+                           np.asarray(jax.tree_util.tree_leaves(grads)[0]))
 
 
 # --------------------------------------------------------------------------------------------------
@@ -323,12 +324,12 @@ def test_the_packing_plan_takes_every_text_once_and_refuses_rows_too_few():
         taken = [int(place) for _, place, _ in texts]
         assert len(set(taken)) == len(taken) and batch["input_mask"].sum() == sum(
             int(np.sum(ids > 0)) for _, _, ids in texts)
-        for role, place, ids in texts:  # its tokens at its [CLS], positions from 0, its sequence id
+        for _role, place, ids in texts:  # its tokens at its [CLS], positions from 0, its sequence id
             r, slot = divmod(int(place), 5)
-            start, n = batch["cls_positions"][r, slot], int(np.sum(ids > 0))
-            np.testing.assert_array_equal(batch["input_ids"][r, start:start + n], ids[:n])
-            np.testing.assert_array_equal(batch["position_ids"][r, start:start + n], np.arange(n))
-            assert (batch["sequence_ids"][r, start:start + n] == slot + 1).all()
+            first, n = batch["cls_positions"][r, slot], int(np.sum(ids > 0))
+            np.testing.assert_array_equal(batch["input_ids"][r, first:first + n], ids[:n])
+            np.testing.assert_array_equal(batch["position_ids"][r, first:first + n], np.arange(n))
+            assert (batch["sequence_ids"][r, first:first + n] == slot + 1).all()
     assert batch["input_ids"].shape == (2 * rows, 12) and batch["cls_positions"].shape == (2 * rows, 5)
     with pytest.raises(ValueError, match=r"step 0: the \d+ texts of 4 pairs need \d+ packed rows, data.packed_rows=2"):
         contrastive_batches.packed_step_plan(features, lengths, 8, 1, 0, num_rows=2, max_sequences=5, num_chunks=2)
@@ -476,7 +477,8 @@ def demo_pairs(root: pathlib.Path) -> dict:
     rows = [{"query": " ".join(words[:4]), "positive": " ".join(words[4:])} for words in sentences]
     for n, row in enumerate(rows[:160:2]):
         row["negatives"] = [rows[n * 2 + 1]["positive"]]
-    return {"train": write_jsonl(root / "pairs.jsonl", rows[:160]), "validation": write_jsonl(root / "dev.jsonl", rows[160:])}
+    return {"train": write_jsonl(root / "pairs.jsonl", rows[:160]),
+            "validation": write_jsonl(root / "dev.jsonl", rows[160:])}
 
 
 def run_settings(pretrained, files: dict) -> dict:
@@ -578,7 +580,8 @@ def test_a_bad_pairs_file_is_one_line(pretrained, tmp_path):
     cases = [
         ([{"query": "a b", "positive": "c d"}, {"query": "e f"}], "bad.jsonl:2: missing field 'positive'"),
         ([{"anchor": "a b", "positive": " "}], "bad.jsonl:1: field 'positive' is an empty text"),
-        ([{"query": "a b", "positive": "c", "negatives": "x"}, {"positive": "d"}], "bad.jsonl:2: missing field 'query'"),
+        ([{"query": "a b", "positive": "c", "negatives": "x"}, {"positive": "d"}],
+         "bad.jsonl:2: missing field 'query'"),
         ([], "bad.jsonl: empty file"),
     ]
     for rows, fragment in cases:
@@ -590,9 +593,11 @@ def test_a_bad_pairs_file_is_one_line(pretrained, tmp_path):
     with pytest.raises(ValueError, match=re.escape("pairs.jsonl:1: missing field 'text'")):
         finetuning.finetune(scored, str(tmp_path / "bad"))
     out_of_range = write_jsonl(tmp_path / "scored.jsonl", [{"text": "a", "text_pair": "b", "score": 4.0}])
-    settings = [({"contrastive.loss": "cosine_mse", "data.train": out_of_range}, "scored.jsonl:1: score 4.0 is outside [-1, 1]"),
+    settings = [({"contrastive.loss": "cosine_mse", "data.train": out_of_range},
+                 "scored.jsonl:1: score 4.0 is outside [-1, 1]"),
                 ({"contrastive.matryoshka_dims": (128, 32)}, "the embeddings have 64 features"),
-                ({"contrastive.loss": "infonce"}, "contrastive.loss='infonce': choose one of mnrl, cosent, cosine_mse, distill_mse"),
+                ({"contrastive.loss": "infonce"},
+                 "contrastive.loss='infonce': choose one of mnrl, cosent, cosine_mse, distill_mse"),
                 ({"train.grad_accum_steps": 2}, "would split the in-batch negatives"),
                 ({"data.packed_rows": 2}, "data.packed_rows=2: some step's texts need"),
                 ({"data.packed_rows": 3}, "data.packed_rows=3 is not divisible by the 2 microbatches")]

@@ -127,7 +127,8 @@ def test_recall_hides_one_fact_in_a_run_of_filler_and_asks_for_it_last(tmp_path)
             assert after.endswith(" What colour is the box?") and "What colour" not in before
             filler = " ".join([before, after.removesuffix("What colour is the box?")]).split()
             assert len(before.split()) == row["depth"]
-            assert " ".join(filler) in runs[split] and " ".join(filler) not in runs["dev" if split == "train" else "train"]
+            assert (" ".join(filler) in runs[split]
+                    and " ".join(filler) not in runs["dev" if split == "train" else "train"])
             assert not demo_tasks.RECALL_WORDS & {w.lower() for w in re.findall(r"[A-Za-z]+", " ".join(filler))}
             lengths[split].append(len(filler))
     assert min(lengths["train"]) >= 10 and max(lengths["train"]) < 100 + 60 and len(set(lengths["train"])) > 10

@@ -154,8 +154,9 @@ def test_a_student_of_another_width_needs_alpha_cos_zero(teacher):
 
 
 def test_steps_lower_the_loss_and_leave_the_teacher_alone(teacher):
-    config = general_distillation.with_model(distill_config(**{"train.num_steps": 100}), distillation.student_config_from_teacher(
-        teacher["config"], LAYERS, dict(hidden_dropout_rate=0.0, attention_dropout_rate=0.0)))
+    config = general_distillation.with_model(
+        distill_config(**{"train.num_steps": 100}), distillation.student_config_from_teacher(
+            teacher["config"], LAYERS, dict(hidden_dropout_rate=0.0, attention_dropout_rate=0.0)))
     mesh, rules, data_sharding = mesh_and_rules(config)
     setup = pretraining_step.setup(config, mesh, rules, jax.random.key(0))
     teacher_net = bert.BertForPreTraining(teacher["config"])
@@ -168,7 +169,8 @@ def test_steps_lower_the_loss_and_leave_the_teacher_alone(teacher):
                                                   weights.mean_metrics("none"))
     state = setup.init(jax.random.key(0))
     batch = sharding.global_batch(synthetic.synthetic_batch(0, batch_size=BATCH, max_seq_length=SEQ,
-                                                            max_predictions_per_seq=PREDS, vocab_size=64), data_sharding)
+                                                            max_predictions_per_seq=PREDS, vocab_size=64),
+                                  data_sharding)
     keys = pretraining_step.batch_keys(False)
     losses = []
     with jax.set_mesh(mesh):
@@ -267,7 +269,8 @@ def headless_teacher(tmp_path_factory):
     h, f = TEACHER["hidden_size"], TEACHER["intermediate_size"]
     shapes = {"embeddings.word_embeddings.weight": (TEACHER["vocab_size"], h),
               "embeddings.position_embeddings.weight": (TEACHER["max_position_embeddings"], h),
-              "embeddings.token_type_embeddings.weight": (2, h), "pooler.dense.weight": (h, h), "pooler.dense.bias": (h,),
+              "embeddings.token_type_embeddings.weight": (2, h), "pooler.dense.weight": (h, h),
+              "pooler.dense.bias": (h,),
               "embeddings.LayerNorm.weight": (h,), "embeddings.LayerNorm.bias": (h,)}
     for j in range(TEACHER["num_layers"]):
         layer = f"encoder.layer.{j}."
@@ -296,7 +299,8 @@ def test_a_teacher_without_a_head_gives_its_layers_and_refuses_only_the_soft_tar
     config = distill_config(**{"distill.teacher": headless_teacher["directory"], "train.num_steps": 0})
     weights, layers, extract_only = general_distillation.distill_settings(config)
     assert extract_only and weights.alpha_ce > 0  # the recipe's soft-target loss, which extraction never runs
-    teacher = general_distillation.load_teacher(config, general_distillation.read_starts(config)[0], weights, extract_only)
+    teacher = general_distillation.load_teacher(config, general_distillation.read_starts(config)[0], weights,
+                                                extract_only)
     assert any(m.startswith("mlm_head") for m in teacher.missing)
     config = general_distillation.with_model(config, distillation.student_config_from_teacher(
         teacher.config, layers, {}))
@@ -488,7 +492,8 @@ def test_layer_maps_and_their_checks_say_what_to_change():
                                         BertConfig(**TEACHER))
     with pytest.raises(ValueError, match="set model.attention_impl=xla for attention distillation"):
         distillation.check_layer_losses(distillation.LayerLosses(alpha_attention=1.0),
-                                        BertConfig(**dict(TEACHER, attention_impl="blockwise", attention_dropout_rate=0.0)),
+                                        BertConfig(**dict(TEACHER, attention_impl="blockwise",
+                                                          attention_dropout_rate=0.0)),
                                         BertConfig(**TEACHER))
     narrow = BertConfig(**dict(TEACHER, hidden_size=16, num_layers=1))
     with pytest.raises(ValueError, match="alpha_pkd=1.0 compares .CLS. states of one width"):
@@ -500,7 +505,8 @@ def test_layer_maps_and_their_checks_say_what_to_change():
                                            BertConfig(**TEACHER)) == (3,)
     with pytest.raises(ValueError, match="hidden_size 32 exceeds the teacher's 16: make the student narrower"):
         distillation.check_layer_losses(distillation.LayerLosses(alpha_hidden=1.0),
-                                        BertConfig(**dict(TEACHER, num_layers=1)), BertConfig(**dict(TEACHER, hidden_size=16)))
+                                        BertConfig(**dict(TEACHER, num_layers=1)),
+                                        BertConfig(**dict(TEACHER, hidden_size=16)))
 
 
 # ---------------------------------------------------------------------------------------------------

@@ -235,7 +235,8 @@ def test_a_resumed_run_equals_the_uninterrupted_one_and_readers_get_the_discrimi
     pretraining.pretrain(config, str(resumed))
     assert "resumed from step 2" in capsys.readouterr().out
     assert train_losses(resumed) == train_losses(whole)
-    a, b = init_from.load(init_from.resolve(str(whole), tokenizer=False)), init_from.load(init_from.resolve(str(resumed), tokenizer=False))
+    a, b = (init_from.load(init_from.resolve(str(whole), tokenizer=False)),
+            init_from.load(init_from.resolve(str(resumed), tokenizer=False)))
     assert set(a.params) == {"bert"}  # the generator left out, said in one line
     assert "its discriminator is read, the generator left out" in capsys.readouterr().out
     jax.tree_util.tree_map(np.testing.assert_array_equal, a.params, b.params)

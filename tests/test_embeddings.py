@@ -235,7 +235,8 @@ def test_a_query_length_cuts_queries_as_encode_query(loaded, tmp_path):
     reference, model, texts = SentenceTransformer(exported, device="cpu"), bertjax.load(workdir), held_out_texts()
     queries = model.embed(texts, task="query")
     assert max_difference(queries, reference.encode_query(texts)) < ATOL
-    assert max_difference(model.embed(texts, prompt_name="passage"), reference.encode(texts, prompt_name="passage")) < ATOL
+    assert max_difference(model.embed(texts, prompt_name="passage"),
+                          reference.encode(texts, prompt_name="passage")) < ATOL
     assert max_difference(queries, model.embed(texts, prompt_name="query")) > 1e-2  # cut: other embeddings
     with pytest.raises(ValueError, match="task='document': None, or 'query'"):
         model.embed(texts, task="document")

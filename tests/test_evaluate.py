@@ -20,7 +20,8 @@ from test_finetune_spans import qa_articles, tagged_sentence, _sentences
 
 def test_the_glue_table_of_the_tasks_with_data(pretrained, tmp_path, monkeypatch, capsys):  # noqa: F811
     ready = {"stsb"}
-    monkeypatch.setattr(suite_evaluation, "available", lambda task, data_dir: None if task in ready else f"{task} not prepared")
+    monkeypatch.setattr(suite_evaluation, "available",
+                        lambda task, data_dir: None if task in ready else f"{task} not prepared")
     # Mocked TFDS draws its idx feature at random; GLUE's are unique, as the prediction files need.
     read_tfds = readers.read_tfds
     monkeypatch.setattr(readers, "read_tfds", lambda *a, **k: [dataclasses.replace(e, idx=i)
@@ -48,7 +49,8 @@ def test_the_glue_table_of_the_tasks_with_data(pretrained, tmp_path, monkeypatch
 def _squad_and_conll(self, split, **kwargs):
     """TFDS rows of squad/v1.1 and conll2003 built from the demo corpus (the mock's as_dataset)."""
     if self.name == "squad":
-        paragraphs = qa_articles(40 if split == "train" else 12, seed=7 if split == "train" else 8)["data"][0]["paragraphs"]
+        paragraphs = qa_articles(40 if split == "train" else 12,
+                                 seed=7 if split == "train" else 8)["data"][0]["paragraphs"]
         rows = [{"id": p["qas"][0]["id"], "title": "demo", "context": p["context"], "question": p["qas"][0]["question"],
                  "answers": {"text": [a["text"] for a in p["qas"][0]["answers"]],
                              "answer_start": [a["answer_start"] for a in p["qas"][0]["answers"]]}} for p in paragraphs]
@@ -68,10 +70,11 @@ def _squad_and_conll(self, split, **kwargs):
 
 
 def test_the_squad_and_conll_tables(pretrained, tmp_path, monkeypatch, capsys):  # noqa: F811
-    monkeypatch.setattr(suite_evaluation, "available", lambda task, data_dir: None if task in ("squad", "conll2003") else "no")
+    monkeypatch.setattr(suite_evaluation, "available",
+                        lambda task, data_dir: None if task in ("squad", "conll2003") else "no")
     with tfds.testing.mock_data(as_dataset_fn=_squad_and_conll):
-        out = suite_evaluation.evaluate(pretrained["workdir"], "all", str(tmp_path / "all"), tasks=["squad", "conll2003"],
-                                epochs=1.0, batch_size=8, max_seq_length=64)
+        out = suite_evaluation.evaluate(pretrained["workdir"], "all", str(tmp_path / "all"),
+                                        tasks=["squad", "conll2003"], epochs=1.0, batch_size=8, max_seq_length=64)
     squad, conll = out["suites"]["squad"], out["suites"]["conll"]
     assert squad["table"][0] == "| SQuAD 1.1 (EM/F1) | SQuAD 2.0 (EM/F1) |"
     v1 = squad["scores"]["squad"]["validation"]
@@ -150,7 +153,8 @@ def test_the_sts_table_equals_scipy_on_sentence_transformers_cosines(exported_em
         ours = retrieval.sts_similarities(lambda texts, kind: model.embed(texts), pairs)
         assert np.abs(ours - cosines).max() < 1e-5
         gold = [p[2] for p in pairs]
-        assert out["scores"][name]["spearman"] == pytest.approx(scipy.stats.spearmanr(cosines, gold).statistic, abs=1e-6)
+        assert out["scores"][name]["spearman"] == pytest.approx(scipy.stats.spearmanr(cosines, gold).statistic,
+                                                                abs=1e-6)
         assert out["scores"][name]["pearson"] == pytest.approx(scipy.stats.pearsonr(cosines, gold).statistic, abs=1e-5)
         assert out["scores"][name]["pairs"] == len(pairs)
     heading, rule, first_row, second_row, average = out["table"]

@@ -23,7 +23,8 @@ from test_finetune import small_config
 from test_finetune_spans import qa_run, tagging_run  # noqa: F401  (the span reader and the tagger, made once per run)
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
-ENV = {**os.environ, "PYTHONPATH": str(REPO), "XLA_FLAGS": FAST_COMPILE_FLAGS, "JAX_PLATFORMS": "cpu", "CUDA_VISIBLE_DEVICES": ""}
+ENV = {**os.environ, "PYTHONPATH": str(REPO), "XLA_FLAGS": FAST_COMPILE_FLAGS, "JAX_PLATFORMS": "cpu",
+       "CUDA_VISIBLE_DEVICES": ""}
 TEXTS = ["The function returns a list of the lines in the file.", "Naïve café — «quoted» text, résumé!",
          "short"]
 MASKED = ["The function [MASK] a list.", "If the key is not found, a [MASK] is raised."]
@@ -114,7 +115,8 @@ SIGNATURE_ARGS = {  # what each signature is called with
 def run_savedmodels(models: dict, root, args=None) -> dict:
     """Each SavedModel {name: directory} loaded and called (SIGNATURE_ARGS, updated by args[name]) in one fresh
     process that imports TensorFlow and tensorflow_text alone: {name: {"signature/output": array}}."""
-    jobs = [{"path": str(path), "out": str(root / f"{name}.npz"), "args": {**SIGNATURE_ARGS, **(args or {}).get(name, {})}}
+    jobs = [{"path": str(path), "out": str(root / f"{name}.npz"),
+             "args": {**SIGNATURE_ARGS, **(args or {}).get(name, {})}}
             for name, path in models.items()]
     (root / "jobs.json").write_text(json.dumps(jobs), encoding="utf-8")
     done = subprocess.run([sys.executable, "-c", TF_SCRIPT, str(root / "jobs.json")], env=ENV, capture_output=True,
@@ -258,7 +260,8 @@ import numpy as np
 from flax import traverse_util
 from bertjax.models import bert as bert_model
 from bertjax.models.config import BertConfig
-directory, out, ids, mask = sys.argv[1], sys.argv[2], np.array(json.loads(sys.argv[3])), np.array(json.loads(sys.argv[4]))
+directory, out = sys.argv[1], sys.argv[2]
+ids, mask = np.array(json.loads(sys.argv[3])), np.array(json.loads(sys.argv[4]))
 config = json.load(open(f"{directory}/config.json"))
 params = traverse_util.unflatten_dict(dict(np.load(f"{directory}/params.npz")), sep="/")
 net = bert_model.BertForPreTraining(BertConfig.from_dict(config["model"]))
@@ -285,8 +288,9 @@ def test_a_params_export_is_read_by_the_one_init_from(exported, pretrained, tmp_
     path = exported["params"]
     start = init_from.resolve(path)
     assert start.kind == init_from.PARAMS_EXPORT
-    model = init_from.load(start, model_overrides=dict(dtype="float32", attention_impl="auto", attention_dropout_rate=0.0,
-                                                       word_embedding="auto", remat_policy="none"))
+    model = init_from.load(start, model_overrides=dict(dtype="float32", attention_impl="auto",
+                                                       attention_dropout_rate=0.0, word_embedding="auto",
+                                                       remat_policy="none"))
     loaded = bertjax.load(path)
     assert model.config == loaded.config and model.meta.step == 1 and model.missing == []
     jax.tree_util.tree_map(np.testing.assert_array_equal, model.params, jax.device_get(loaded.params))
@@ -398,12 +402,13 @@ def test_a_sentencepiece_model_exports_a_tokenizer_with_the_same_ids(tmp_path):
         vocabularies.learn_sentencepiece_model(iter(sentences), 800, str(workdir / "sp.model"), lower_case)
         cfg = BertConfig(vocab_size=800, hidden_size=32, num_layers=1, num_heads=2, intermediate_size=64,
                                     max_position_embeddings=64)
-        params = bert_model.BertForPreTraining(cfg).init(jax.random.key(0), **bert_model.dummy_batch(1, 16, 2))["params"]
+        params = bert_model.BertForPreTraining(cfg).init(jax.random.key(0),
+                                                         **bert_model.dummy_batch(1, 16, 2))["params"]
         meta = {"step": 1, "model": cfg.__dict__,
                 "tokenizer": {"kind": "sentencepiece", "path": "sp.model", "lower_case": lower_case}}
         saver = checkpoint.Checkpointer(str(workdir), every_steps=1, keep=1, async_save=False)
-        saver.save(1, jax.device_get(nn.unbox(params)), {"count": np.zeros((), np.int32)}, CheckpointMeta.from_json(meta),
-                   force=True)
+        saver.save(1, jax.device_get(nn.unbox(params)), {"count": np.zeros((), np.int32)},
+                   CheckpointMeta.from_json(meta), force=True)
         saver.wait()
         saver.close()
         directory = exporting.export(str(workdir), str(tmp_path / f"hf-{lower_case}"), "hf")

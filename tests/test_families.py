@@ -270,7 +270,8 @@ def _scanned_pair(family: str, **compute):
     shapes = jax.eval_shape(bert_model.BertForPreTraining(cfg).init, jax.random.PRNGKey(0), **SCAN_BATCH)
     rng = np.random.default_rng(0)
     params = jax.tree_util.tree_map_with_path(
-        lambda path, x: (1.0 if "scale" in jax.tree_util.keystr(path) else 0.0) + rng.normal(0, 0.1, x.shape).astype(x.dtype),
+        lambda path, x: ((1.0 if "scale" in jax.tree_util.keystr(path) else 0.0)
+                         + rng.normal(0, 0.1, x.shape).astype(x.dtype)),
         nn.meta.unbox(shapes["params"]))
     encoder = bert_model.stack_layers(params["bert"]["encoder"], scanned_cfg)
     return cfg, scanned_cfg, params, dict(params, bert=dict(params["bert"], encoder=encoder))
@@ -315,7 +316,8 @@ def test_options_under_scan_and_remat_compute_the_unrolled_network(family, remat
     init = jax.eval_shape(bert_model.BertForPreTraining(scanned_cfg).init, jax.random.PRNGKey(0), **SCAN_BATCH)
     _assert_trees_close(jax.tree_util.tree_map(lambda x: x.shape, nn.meta.unbox(init["params"])),
                         jax.tree_util.tree_map(lambda x: x.shape, scanned))
-    _assert_trees_close(bert_model.unstack_layers(scanned["bert"]["encoder"], scanned_cfg), params["bert"]["encoder"], 0)
+    _assert_trees_close(bert_model.unstack_layers(scanned["bert"]["encoder"], scanned_cfg),
+                        params["bert"]["encoder"], 0)
 
     grads, outputs = _encoder_grad_and_outputs(cfg)(params["bert"]["encoder"], *_encoder_inputs())
     scanned_grads, scanned_outputs = _encoder_grad_and_outputs(scanned_cfg)(scanned["bert"]["encoder"],
@@ -375,7 +377,8 @@ def test_cudnn_path_sends_windows_as_masks(monkeypatch):
         return fused_attention(q, k, v, implementation="xla", **kwargs)
 
     monkeypatch.setattr(attention, "fused_attention", xla_for_cudnn)
-    forward = jax.jit(lambda p, x, padding: bert_model.Encoder(scanned_cfg).apply({"params": p}, x, padding, True, True))
+    forward = jax.jit(
+        lambda p, x, padding: bert_model.Encoder(scanned_cfg).apply({"params": p}, x, padding, True, True))
     y, hidden, _ = forward.lower(scanned["bert"]["encoder"], *_encoder_inputs()).compile(QUICK_COMPILE)(
         scanned["bert"]["encoder"], *_encoder_inputs())
     # Layer 0 (global, unrolled): lengths; the scanned layers, local or global by a traced flag: a mask.

@@ -1,5 +1,5 @@
-"""Task heads of the model families (RoBERTa, ALBERT, ModernBERT; ELECTRA's heads too) to and from their transformers task
-classes, for every task kind: random bertjax heads exported and loaded with nothing missing, logits equal
+"""Task heads of the model families (RoBERTa, ALBERT, ModernBERT; ELECTRA's heads too) to and from their transformers
+task classes, for every task kind: random bertjax heads exported and loaded with nothing missing, logits equal
 within 1e-5 (float32, eval mode, right-padded rows); HF's own randomly initialised task models imported
 and written back bit for bit; a pretraining directory as a head's start; the exported tokenizer
 (WordPiece or SentencePiece) through AutoTokenizer straight into the exported model; and a fine-tuning
@@ -306,7 +306,8 @@ def test_a_sentencepiece_tokenizer_feeds_the_exported_model(family, sentencepiec
     batch = theirs(texts, texts[::-1], padding=True, return_tensors="pt")
     assert ("token_type_ids" in batch) == (cfg.type_vocab_size >= 2)
     with torch.no_grad():
-        assert transformers.AutoModelForSequenceClassification.from_pretrained(tmp_path).eval()(**batch).logits.shape == (2, 3)
+        model = transformers.AutoModelForSequenceClassification.from_pretrained(tmp_path).eval()
+        assert model(**batch).logits.shape == (2, 3)
 
 
 def _tokenizer_error(directory) -> str:
@@ -327,7 +328,8 @@ def test_a_directory_tokenizer_is_its_family_s_file_for_both_readers(family, voc
     PRETRAINING_CLASSES[family](hf_config(family)).save_pretrained(tmp_path)
     (tmp_path / "vocab.json").write_text("{}")  # half a BPE tokenizer (no merges.txt): not one bertjax reads
     message = _tokenizer_error(tmp_path)
-    looked_for = "vocab.txt (WordPiece) or spiece.model (SentencePiece)" if family == "albert" else "vocab.txt (WordPiece)"
+    looked_for = ("vocab.txt (WordPiece) or spiece.model (SentencePiece)" if family == "albert"
+                  else "vocab.txt (WordPiece)")
     name = hf.FAMILIES[family].name
     assert message == (f"init_from={tmp_path} has {name} weights but no {looked_for}, "
                                           "tokenizer.json, or vocab.json and merges.txt (byte-level BPE), the "

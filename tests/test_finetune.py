@@ -91,7 +91,8 @@ def test_outputs_of_a_run(classification_run, pretrained):
 
 
 def dev_texts(pretrained) -> list[str]:
-    return [json.loads(line)["text"] for line in pathlib.Path(pretrained["files"]["validation"]).read_text().splitlines()]
+    return [json.loads(line)["text"]
+            for line in pathlib.Path(pretrained["files"]["validation"]).read_text().splitlines()]
 
 
 def test_a_finished_run_rerun_resumes_at_its_end(classification_run, tmp_path):
@@ -117,7 +118,8 @@ def test_task_distillation_from_the_fine_tuned_run_then_load_and_export(classifi
     params, meta = checkpoint.restore_params(str(workdir / checkpoint.BEST_DIR))
     assert set(params) == {"bert", "classifier"} and meta.step == summary["best"]["step"]
     # The student predicts what its prediction file says, loaded from the workdir and from a params export.
-    predicted = [line.split("\t")[1] for line in (workdir / "predictions" / "validation.tsv").read_text().splitlines()[1:]]
+    predicted = [line.split("\t")[1]
+                 for line in (workdir / "predictions" / "validation.tsv").read_text().splitlines()[1:]]
     exported = exporting.export(str(workdir), str(tmp_path / "exported"), "params")
     for model in (bertjax.load(str(workdir)), bertjax.load(exported)):
         assert [p["label"] for p in model.predict(dev_texts(pretrained)[:8])] == predicted[:8]
@@ -192,7 +194,8 @@ def test_trained_short_and_evaluated_long(pretrained, tmp_path):
     assert [p["label"] for p in model.predict(dev_texts(pretrained))] == [line.split("\t")[1] for line in dev_tsv]
     too_long = small_config("classification", pretrained, labels=("no", "yes"), eval_max_seq_length=96,
                             **pretrained["files"])
-    with pytest.raises(ValueError, match=re.escape("data.eval_max_seq_length=96 is longer than the 64 positions of the model")):
+    with pytest.raises(ValueError,
+                       match=re.escape("data.eval_max_seq_length=96 is longer than the 64 positions of the model")):
         finetuning.finetune(too_long, str(tmp_path / "too-long"))
     span = small_config("squad", pretrained, eval_max_seq_length=96)
     with pytest.raises(ValueError, match=re.escape("data.eval_max_seq_length is for classification, regression, "
@@ -205,7 +208,8 @@ def test_bad_input_is_one_line(pretrained, tmp_path):
     cases = [
         (small_config("sst3", pretrained), "unknown task 'sst3'"),
         (small_config("classification", pretrained, labels=("neg", "pos"), train=files["train"],
-                      validation=files["validation"]), 'train.jsonl:1: label "yes" is not a class of task classification'),
+                      validation=files["validation"]),
+         'train.jsonl:1: label "yes" is not a class of task classification'),
         (small_config("classification", pretrained, labels=("no", "yes"),
                       train=write_jsonl(tmp_path / "empty.jsonl", []), validation=files["validation"]), "empty"),
     ]
@@ -241,8 +245,8 @@ def test_a_missing_data_file_is_said_before_the_model_loads(tmp_path, missing):
     config = finetune_configs.finetune_config("classification")
     config.train.init_from = str(tmp_path / "no-model")
     config.data.update(labels=("no", "yes"), **data)
-    with pytest.raises(FileNotFoundError, match=r"^" + re.escape(f"data.{missing}={tmp_path / 'nowhere.jsonl'} does not "
-                                                                 "exist") + "$"):
+    with pytest.raises(FileNotFoundError,
+                       match=r"^" + re.escape(f"data.{missing}={tmp_path / 'nowhere.jsonl'} does not exist") + "$"):
         finetuning.finetune(config, str(tmp_path / "run"))
     assert not (tmp_path / "run").exists()
 

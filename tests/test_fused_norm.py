@@ -150,7 +150,7 @@ def model_loss(cfg, params, batch, deterministic, rngs=None, heads_only=False):
 
 def test_model_pallas_matches_xla(batch):
     xla, pallas = tiny_config("xla"), tiny_config("pallas")
-    shapes = [jax.eval_shape(lambda: bert.BertForPreTraining(c).init(jax.random.key(0), **batch))["params"]
+    shapes = [jax.eval_shape(lambda c=c: bert.BertForPreTraining(c).init(jax.random.key(0), **batch))["params"]
               for c in (xla, pallas)]
     # The same tree: names, shapes, dtypes and logical axis names (checkpoints load under either kernel).
     assert jax.tree_util.tree_structure(shapes[0]) == jax.tree_util.tree_structure(shapes[1])

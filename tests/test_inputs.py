@@ -137,7 +137,8 @@ def test_prepared_shards_give_each_host_the_in_memory_stream(corpus_dir, tmp_pat
             np.testing.assert_array_equal(a.tokens, b.tokens)
             np.testing.assert_array_equal(a.sentence_starts, b.sentence_starts)
             np.testing.assert_array_equal(a.doc_starts, b.doc_starts)
-        for x, y in zip(in_memory.train.dataset(16, start_step=5).take(2), from_shards.train.dataset(16, start_step=5).take(2)):
+        for x, y in zip(in_memory.train.dataset(16, start_step=5).take(2),
+                        from_shards.train.dataset(16, start_step=5).take(2)):
             for key in x:
                 np.testing.assert_array_equal(x[key].numpy(), y[key].numpy())
     # More hosts than shards cannot be served.

@@ -260,7 +260,8 @@ def test_importing_every_module_defines_no_flags():
     names = sorted(n for n in package_modules() if not n.endswith("__main__"))
     code = ("import importlib\n" + "".join(f"importlib.import_module({n!r})\n" for n in names)
             + "from absl import flags\n"
-            + "defined = {m: [f.name for f in fs] for m, fs in flags.FLAGS.flags_by_module_dict().items() if 'bertjax' in m}\n"
+            + "defined = {m: [f.name for f in fs] for m, fs in flags.FLAGS.flags_by_module_dict().items()"
+              " if 'bertjax' in m}\n"
             + "assert not defined, defined\n")
     env = dict(os.environ, PYTHONPATH=str(REPO), JAX_PLATFORMS="cpu", CUDA_VISIBLE_DEVICES="")
     result = subprocess.run([sys.executable, "-c", code], env=env, cwd=REPO, capture_output=True, text=True,
@@ -281,7 +282,8 @@ TENSORFLOW_GATE = "text/tf_cpu.py"
 
 def package_files(root: pathlib.Path, package: str = "bertjax") -> list[tuple[pathlib.Path, str]]:
     """(path relative to root, source) of every module of the package."""
-    return [(path.relative_to(root), path.read_text(encoding="utf-8")) for path in sorted((root / package).rglob("*.py"))]
+    return [(path.relative_to(root), path.read_text(encoding="utf-8"))
+            for path in sorted((root / package).rglob("*.py"))]
 
 
 def size_problems(root: pathlib.Path, package: str = "bertjax") -> list[str]:
@@ -446,7 +448,8 @@ def test_tensorflow_checker_finds_imports_past_tf_cpu(tmp_path):
         "data/reader.py": "import tensorflow as tf\n",
         "data/tfds.py": "def read():\n    import tensorflow_datasets as tfds  # slow\n    return tfds\n",
         "models/__init__.py": "",
-        "models/export.py": "from tensorflow.python.ops import array_ops\nimport tensorflowish\nfrom . import tensorflow\n",
+        "models/export.py": ("from tensorflow.python.ops import array_ops\nimport tensorflowish\n"
+                             "from . import tensorflow\n"),
         "tasks/__init__.py": "",
         "tasks/span.py": "from bertjax.text import tf_cpu\n\ntf = tf_cpu.import_tensorflow()\n",  # the right way
     })
@@ -454,3 +457,16 @@ def test_tensorflow_checker_finds_imports_past_tf_cpu(tmp_path):
     assert [p.split(": ")[0] for p in problems] == [
         "bertjax/data/reader.py:1", "bertjax/data/tfds.py:2", "bertjax/models/export.py:1"], problems
     assert "imports tensorflow.python.ops: get it through bertjax/text/tf_cpu.py" in problems[2]
+
+
+def test_the_quick_tier_has_a_module_for_every_package():
+    """`pytest -m quick` (tests/conftest.py's QUICK_MODULES) tests every package of bertjax and the programs,
+    and names only test modules that exist."""
+    from conftest import QUICK_MODULES
+
+    packages = {p.name for p in PACKAGE.iterdir() if (p / "__init__.py").exists()}
+    missing = sorted(packages - set(QUICK_MODULES))
+    assert not missing, f"packages with no module in the quick tier: {missing}"
+    absent = sorted(m for names in QUICK_MODULES.values() for m in names if not (REPO / "tests" / f"{m}.py").exists())
+    assert not absent, f"QUICK_MODULES names missing test modules: {absent}"
+    assert "programs" in QUICK_MODULES

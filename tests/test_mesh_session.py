@@ -38,7 +38,8 @@ def test_the_session_records_each_outcome_and_not_the_passed_set_ups(tmp_path):
 
 def test_a_stand_in_passes_only_when_its_call_passed_and_nothing_failed():
     def outcome(*records):
-        return mesh_session.outcome_of("a", records=[dict(nodeid="a", when=w, outcome=o, text=t) for w, o, t in records],
+        return mesh_session.outcome_of("a",
+                                       records=[dict(nodeid="a", when=w, outcome=o, text=t) for w, o, t in records],
                                        exit_code=1, output="the session's last words")
 
     assert outcome(("call", "passed", "")) == ("passed", "")

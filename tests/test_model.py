@@ -241,7 +241,7 @@ def test_hidden_states_are_embeddings_then_every_layer():
         batch = make_batch(np.random.default_rng(7))
         params = init(cfg, batch)["bert"]
         out = jax.jit(
-            lambda p, b: bert.BertModel(cfg).apply(
+            lambda p, b, cfg=cfg: bert.BertModel(cfg).apply(
                 {"params": p}, b["input_ids"], b["segment_ids"], b["input_mask"], output_hidden_states=True
             )
         )(params, batch)

@@ -240,7 +240,8 @@ def test_launcher_gives_each_process_its_rank_and_prefixes_its_output(tmp_path):
     assert [e[:4] for e in envs] == [["[0]", "env", "0", "3"], ["[1]", "env", "1", "3"], ["[2]", "env", "2", "3"]]
     assert len({e[4] for e in envs}) == 1 and envs[0][4].startswith("127.0.0.1:")  # one coordinator
     # --cpu replaces an inherited device count (conftest sets 8) rather than adding a second one.
-    assert all(e[5] == "cpu" and [f for f in e[6:] if "device_count" in f] == ["--xla_force_host_platform_device_count=2"]
+    assert all(e[5] == "cpu"
+               and [f for f in e[6:] if "device_count" in f] == ["--xla_force_host_platform_device_count=2"]
                for e in envs), envs
     assert {f"[{i}] to stderr {i}" for i in range(3)} <= set(out.splitlines())
 

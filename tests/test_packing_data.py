@@ -335,7 +335,8 @@ def test_synthetic_batches_from_the_data_settings():
     inputs = synthetic.from_settings(settings, vocab_size=VOCAB, shard=1)
     kwargs = dict(batch_size=8, max_seq_length=128, max_predictions_per_seq=40, vocab_size=VOCAB, seed=5, shard=1,
                   packed=True, max_sequences_per_row=6, mask_rate=0.3)
-    expected = {"train": synthetic.synthetic_batch(7, **kwargs), "eval": synthetic.synthetic_batch(1, split=1, **kwargs)}
+    expected = {"train": synthetic.synthetic_batch(7, **kwargs),
+                "eval": synthetic.synthetic_batch(1, split=1, **kwargs)}
     got = {"train": next(inputs.train_batches(8, start_step=7)), "eval": inputs.eval_batches(8, 2)[1]}
     for split in expected:
         for key in expected[split]:

@@ -566,6 +566,7 @@ def test_objective_none_gives_the_sentence_head_no_gradient():
     params = params["params"]
     for objective, moved in (("nsp", True), ("none", False)):
         # Jitted: op by op, a gradient of the whole network is many times slower than compiling it.
-        grad = jax.jit(lambda p, b, k: jax.grad(training.loss_fn, has_aux=True)(p, b, k, net=net, objective=objective))
+        grad = jax.jit(lambda p, b, k, objective=objective: jax.grad(training.loss_fn, has_aux=True)(
+            p, b, k, net=net, objective=objective))
         grads, _ = grad(params, batch, jax.random.key(1))
         assert bool(np.abs(grads["nsp_head"]["kernel"]).max() > 0) == moved

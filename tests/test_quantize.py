@@ -59,7 +59,8 @@ def keyword_classifier(root, rows, max_seq_length: int = 48) -> str:
     design = np.concatenate([pooled, np.ones((len(pooled), 1), np.float32)], axis=1)
     solution = np.linalg.solve(design.T @ design + 0.01 * len(design) * np.eye(design.shape[1]), design.T @ targets)
     params["classifier"] = {"kernel": solution[:-1].astype(np.float32), "bias": solution[-1].astype(np.float32)}
-    meta = {"step": 1, "model": cfg.__dict__, "tokenizer": {"kind": "wordpiece", "path": "vocab.txt", "lower_case": True},
+    meta = {"step": 1, "model": cfg.__dict__,
+            "tokenizer": {"kind": "wordpiece", "path": "vocab.txt", "lower_case": True},
             "task": {"name": "classification", "kind": "classification", "labels": LABELS, "num_choices": None,
                      "max_seq_length": max_seq_length}}
     checkpoint.save_params(str(workdir), checkpoint.BEST_DIR, 1, params, CheckpointMeta.from_json(meta))
@@ -344,7 +345,8 @@ def test_inputs_that_do_not_split_into_groups_of_g_take_the_largest_group_that_s
     assert sorted(path for path, _ in smaller) == sorted(kernels) and {size for _, size in smaller} == {32}
     assert quantize.smaller_groups(grouped_models["int8-g32"].params, 32) == []
     exporting.export(classifier["workdir"], str(tmp_path / "g48"), "params", quantize="int8-g48")
-    assert (f"quantize=int8-g48: {len(kernels)} kernels' inputs do not split into groups of 48" in capsys.readouterr().out)
+    assert (f"quantize=int8-g48: {len(kernels)} kernels' inputs do not split into groups of 48"
+            in capsys.readouterr().out)
 
 
 def test_int4_g32_keeps_the_logits_and_the_predictions(classifier, grouped_models):

@@ -30,8 +30,8 @@ from bertjax.tasks import features
 from bertjax.training.checkpoint_meta import TaskRecord
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
-ENV = {**os.environ, "PYTHONPATH": str(REPO), "XLA_FLAGS": FAST_COMPILE_FLAGS, "JAX_PLATFORMS": "cpu", "CUDA_VISIBLE_DEVICES": "",
-       "TF_CPP_MIN_LOG_LEVEL": "2"}
+ENV = {**os.environ, "PYTHONPATH": str(REPO), "XLA_FLAGS": FAST_COMPILE_FLAGS, "JAX_PLATFORMS": "cpu",
+       "CUDA_VISIBLE_DEVICES": "", "TF_CPP_MIN_LOG_LEVEL": "2"}
 S = 32  # the fixed length of the served graph
 
 LONG = " ".join(["A long sentence that the graph must cut at the fixed length."] * 8)  # > S tokens

@@ -187,7 +187,8 @@ def test_expand_pattern(tmp_path):
         expand_pattern(f"{tmp_path}/*.txt,{tmp_path}/*.csv")
     with pytest.raises(ValueError, match="only local files"):
         expand_pattern("gs://bucket/*.txt")
-    with pytest.raises(FileNotFoundError, match=r"'.*sub' is a directory; give a glob of its files, e.g. '.*sub/\*\.txt'"):
+    with pytest.raises(FileNotFoundError,
+                       match=r"'.*sub' is a directory; give a glob of its files, e.g. '.*sub/\*\.txt'"):
         expand_pattern(f"{tmp_path}/sub")
 
 

@@ -263,7 +263,8 @@ def test_long_sentences_split_at_word_boundaries_and_reassemble(tokenizer, max_s
         assert next_word == len(e.words)
     predicted = tag_sequences.tags_from_predictions(f, f["label"], TAGS, examples)
     assert predicted == {e.idx: list(e.tags) for e in examples}
-    assert tag_sequences.tags_from_predictions(f, f["label"], TAGS, {e.idx: len(e.words) for e in examples}) == predicted
+    assert (tag_sequences.tags_from_predictions(f, f["label"], TAGS, {e.idx: len(e.words) for e in examples})
+            == predicted)
 
 
 def test_a_word_longer_than_a_row_keeps_its_first_pieces(tokenizer):
@@ -282,7 +283,8 @@ def test_predictions_ignore_padding_rows_and_refuse_foreign_features(tokenizer):
     padded = {k: np.concatenate([v, v[:1]]) for k, v in f.items()}  # as eval batching pads: row 0, weight 0
     padded["example_weight"][-1] = 0
     predicted = np.concatenate([f["label"], np.full_like(f["label"][:1], TAGS.index("I-MISC"))])
-    assert tag_sequences.tags_from_predictions(padded, predicted, TAGS, examples) == {0: ["B-PER", "O"], 1: ["O", "B-LOC"]}
+    assert (tag_sequences.tags_from_predictions(padded, predicted, TAGS, examples)
+            == {0: ["B-PER", "O"], 1: ["O", "B-LOC"]})
     with pytest.raises(ValueError, match="sentence 2: word 0 has no row"):
         tag_sequences.tags_from_predictions(f, f["label"], TAGS, {0: 2, 1: 2, 2: 1})
     with pytest.raises(ValueError, match="word 1 of sentence 1, which the set does not have"):

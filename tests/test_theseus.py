@@ -266,8 +266,10 @@ def test_the_successor_loads_predicts_and_is_an_init_from(compressed, predecesso
     workdir = compressed["workdir"]
     params, meta = checkpoint.restore_params(str(workdir / checkpoint.BEST_DIR))
     assert meta.model["num_layers"] == 2 and set(params["bert"]["encoder"]) == {"layers_0", "layers_1"}
-    texts = [json.loads(line)["text"] for line in pathlib.Path(predecessor["files"]["validation"]).read_text().splitlines()]
-    predicted = [line.split("\t")[1] for line in (workdir / "predictions" / "validation.tsv").read_text().splitlines()[1:]]
+    texts = [json.loads(line)["text"]
+             for line in pathlib.Path(predecessor["files"]["validation"]).read_text().splitlines()]
+    predicted = [line.split("\t")[1]
+                 for line in (workdir / "predictions" / "validation.tsv").read_text().splitlines()[1:]]
     model = bertjax.load(str(workdir))
     assert [p["label"] for p in model.predict(texts[:8])] == predicted[:8]
     # Successor fine-tuning reads it as train.init_from: a fine-tuning workdir of this task (its whole head).
@@ -278,7 +280,8 @@ def test_the_successor_loads_predicts_and_is_an_init_from(compressed, predecesso
 def test_bad_theseus_settings_are_one_line(pretrained, predecessor, tmp_path):
     cases = [(dict(successor_layers=3), "theseus.successor_layers=3 does not divide the predecessor's 4 layers"),
              (dict(replace_rate=-0.5), "theseus.replace_rate=-0.5 must lie in [0, 1]"),
-             (dict(predecessor=pretrained["workdir"], successor_layers=1), "is not a model fine-tuned on classification"),
+             (dict(predecessor=pretrained["workdir"], successor_layers=1),
+              "is not a model fine-tuned on classification"),
              (dict(predecessor=str(tmp_path / "nowhere")), "theseus.predecessor=" + str(tmp_path / "nowhere"))]
     for settings, fragment in cases:
         with pytest.raises((ValueError, FileNotFoundError), match=re.escape(fragment)):

@@ -14,7 +14,8 @@ import sentencepiece
 import tensorflow as tf
 
 from bertjax.text import vocab_learning as vocab
-from bertjax.text.tokenizers import SPECIAL_TOKENS, SentencePieceTokenizer, WordPieceTokenizer, load_tokenizer, load_vocab
+from bertjax.text.tokenizers import (SPECIAL_TOKENS, SentencePieceTokenizer, WordPieceTokenizer, load_tokenizer,
+                                     load_vocab)
 from conftest import start_command  # tests/ is on sys.path under pytest
 
 REPO = Path(__file__).resolve().parents[1]

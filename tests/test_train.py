@@ -152,7 +152,7 @@ def train_command(workdir, settings):
 
 def test_a_run_logs_evaluates_and_checkpoints(small_run):
     workdir = small_run["workdir"]
-    records = [json.loads(l) for l in (workdir / "metrics.jsonl").read_text().splitlines()]
+    records = [json.loads(line) for line in (workdir / "metrics.jsonl").read_text().splitlines()]
     train_records = [r for r in records if "split" not in r]
     assert [r["step"] for r in train_records] == list(range(1, 13))
     for key in ("loss", "mlm_loss", "mlm_accuracy", "nsp_accuracy", "learning_rate", "grad_norm"):
@@ -264,7 +264,7 @@ def test_a_batch_the_devices_cannot_split_is_one_value_error(tmp_path):
 def test_tiny_config_learns_on_the_demo_corpus(tiny_run):
     """Held-out masked-LM accuracy far above always guessing the most frequent token (conftest's tiny_run:
     the README's tiny config, 400 steps of 32 x 64)."""
-    evals = [json.loads(l) for l in (tiny_run / "metrics.jsonl").read_text().splitlines() if '"split"' in l]
+    evals = [json.loads(line) for line in (tiny_run / "metrics.jsonl").read_text().splitlines() if '"split"' in line]
     assert [e["step"] for e in evals] == [200, 400]
     accuracy = evals[-1]["mlm_accuracy"]
 
@@ -310,7 +310,8 @@ def test_continued_pretraining_from_hugging_face(tmp_path, capsys):
     rows = np.arange(8)[:, None].repeat(5, axis=1)
     labels[rows, batch["masked_lm_positions"]] = torch.as_tensor(batch["masked_lm_ids"], dtype=torch.long)
     with torch.no_grad():
-        expected = float(masked_lm(input_ids=ids, token_type_ids=torch.as_tensor(batch["segment_ids"], dtype=torch.long),
+        expected = float(masked_lm(input_ids=ids,
+                                   token_type_ids=torch.as_tensor(batch["segment_ids"], dtype=torch.long),
                                    attention_mask=torch.as_tensor(batch["input_mask"], dtype=torch.long),
                                    labels=labels).loss)
     assert abs(first["mlm_loss"] - expected) < 1e-4 * expected, (first["mlm_loss"], expected)
@@ -323,7 +324,8 @@ def test_constant_guess_accuracy_is_the_most_frequent_masked_label_share():
     from bertjax.training import pretraining_step as pretraining_lib
 
     rng = np.random.default_rng(0)
-    batches = [{"masked_lm_ids": rng.integers(0, 6, (4, 5)), "masked_lm_weights": (rng.random((4, 5)) < 0.7).astype(np.float32)}
+    batches = [{"masked_lm_ids": rng.integers(0, 6, (4, 5)),
+                "masked_lm_weights": (rng.random((4, 5)) < 0.7).astype(np.float32)}
                for _ in range(3)]
     labels = [int(i) for b in batches for i, w in zip(b["masked_lm_ids"].ravel(), b["masked_lm_weights"].ravel()) if w]
     expected = collections.Counter(labels).most_common(1)[0][1] / len(labels)

@@ -98,8 +98,8 @@ def test_metrics_jsonl_and_events_on_an_object_store(gcs, tmp_path):
         writer.write_config({"train": {"num_steps": 3}})
         for step in (1, 2, 3):
             writer.write(step, {"loss": 4.0 - step})
-    lines = [json.loads(l) for l in epath.Path(workdir, "metrics.jsonl").read_text().splitlines()]
-    assert [l["step"] for l in lines] == [1, 2, 3]
+    lines = [json.loads(line) for line in epath.Path(workdir, "metrics.jsonl").read_text().splitlines()]
+    assert [record["step"] for record in lines] == [1, 2, 3]
     assert json.loads(epath.Path(workdir, "config.json").read_text()) == {"train": {"num_steps": 3}}
     (events,) = epath.Path(workdir, "tensorboard").glob("events.out.tfevents.*")
     local = tmp_path / events.name
@@ -111,8 +111,8 @@ def test_metrics_jsonl_and_events_on_an_object_store(gcs, tmp_path):
     with writers.MetricWriter(workdir, console=False) as writer:  # resumed from step 1's checkpoint
         writer.resumed(1)
         writer.write(2, {"loss": 2.5})
-    lines = [json.loads(l) for l in epath.Path(workdir, "metrics.jsonl").read_text().splitlines()]
-    assert [(l["step"], l.get("resumed_from")) for l in lines] == [(1, None), (2, 1)]
+    lines = [json.loads(line) for line in epath.Path(workdir, "metrics.jsonl").read_text().splitlines()]
+    assert [(record["step"], record.get("resumed_from")) for record in lines] == [(1, None), (2, 1)]
     assert not pathlib.Path("gs:").exists()
 
 
@@ -156,7 +156,7 @@ def _corpus(root: pathlib.Path) -> pathlib.Path:
             lines.append(" ".join(rng.choice(WORDS, size=rng.integers(4, 14))).capitalize() + ".")
         lines.append("")
     (root / "corpus.txt").write_text("\n".join(lines))
-    vocab.learn_wordpiece_vocab((l for l in lines if l), 150, True, str(root / "vocab.txt"))
+    vocab.learn_wordpiece_vocab((line for line in lines if line), 150, True, str(root / "vocab.txt"))
     return root
 
 
@@ -184,7 +184,7 @@ def test_train_resume_load_on_gcs_then_copy_the_workdir(gcs, tmp_path, capsys, m
     remote = epath.Path(workdir)
 
     def metrics():
-        return [json.loads(l) for l in (remote / "metrics.jsonl").read_text().splitlines()]
+        return [json.loads(line) for line in (remote / "metrics.jsonl").read_text().splitlines()]
 
     monkeypatch.chdir(tmp_path)  # where a gs:// path taken for a local one would land
     _train(corpus, workdir)

@@ -318,8 +318,9 @@ def benchmark(*, overrides: dict, num_texts: int, max_length: int, batch_size: i
               f"the program packs them (data.packing), and unpacked; {warmup} warmup + {steps} timed steps in "
               "alternating blocks", flush=True)
         step_rows = run_contrastive(directory, bert.tokenizer, batch_size, steps, warmup, peer_device)
-        table = [[r["side"], f"{r['tokens_per_s']:,.0f}", f"{r['ms']:,.1f}", f"{r['computed']:,.0f}", f"{r['first']:.2f}",
-                  f"{r['loss']:.3f}", f"{r['ratio']:.2f}x" if "ratio" in r else "-"] for r in step_rows]
+        table = [[r["side"], f"{r['tokens_per_s']:,.0f}", f"{r['ms']:,.1f}", f"{r['computed']:,.0f}",
+                  f"{r['first']:.2f}", f"{r['loss']:.3f}", f"{r['ratio']:.2f}x" if "ratio" in r else "-"]
+                 for r in step_rows]
         print_table(["contrastive step", "real tok/s", "ms/step", "positions", "first step s", "loss",
                      "this / sentence-transformers"], table)
         print(f"jax {jax.__version__}, XLA_FLAGS={os.environ.get('XLA_FLAGS', '')!r}; load average "

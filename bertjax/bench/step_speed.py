@@ -476,8 +476,8 @@ def benchmark(*, sizes: list[str] | None, seq_len: int, batch_size: int, shape_g
                        for row in run_packing(size, seq, batch, **common)])
         return
     rows = [row for size in sizes for seq, batch in shapes
-            for row in run_shape(size, seq, batch, hf_variants=hf_variants, profile=profile, peak=peak, hlo_path=hlo_path,
-                                 memory_only=memory_only, **common)]
+            for row in run_shape(size, seq, batch, hf_variants=hf_variants, profile=profile, peak=peak,
+                                 hlo_path=hlo_path, memory_only=memory_only, **common)]
     if rows:
         print_results(rows, peak)
     versions = {row["versions"] for row in rows if row.get("versions")}

@@ -5,7 +5,8 @@ distribution at a temperature, the masked-LM labels, and the direction of the te
 states. Task distillation (Hinton et al. 2015) mixes a fine-tuned teacher's softened logits with the gold
 labels. Either adds the intermediate-layer losses (LayerLosses): TinyBERT's (Jiao et al. 2020) embedding,
 hidden-state and attention-score MSEs, with learned projections where the student is narrower, and
-BERT-PKD's (Sun et al. 2019) normalised [CLS] states. Here: the losses, the student made from a subset of the teacher's layers, and the train step
+BERT-PKD's (Sun et al. 2019) normalised [CLS] states. Here: the losses, the student made from a subset of
+the teacher's layers, and the train step
 that takes the teacher's parameters as an argument of the one jitted step (so they are sharded like the
 student's, never trained and never saved in the student's checkpoints). The programs load the teacher
 (bertjax.init_from) and pass it in.
@@ -232,8 +233,8 @@ def check_layer_losses(settings: LayerLosses, student: BertConfig, teacher: Bert
                              f"student has {sorted(s_heads)} heads and the teacher's layers {sorted(t_heads)}: set "
                              "model.num_heads to the teacher's, or distill.alpha_attention=0")
     if settings.alpha_pkd > 0 and student.hidden_size != teacher.hidden_size:
-        raise ValueError(f"distill.alpha_pkd={settings.alpha_pkd} compares [CLS] states of one width, but the student's "
-                         f"hidden_size {student.hidden_size} is not the teacher's {teacher.hidden_size}: set "
+        raise ValueError(f"distill.alpha_pkd={settings.alpha_pkd} compares [CLS] states of one width, but the "
+                         f"student's hidden_size {student.hidden_size} is not the teacher's {teacher.hidden_size}: set "
                          "distill.alpha_pkd=0, or distil a student of the teacher's width")
     if student.hidden_size > teacher.hidden_size and (settings.alpha_embedding > 0 or settings.alpha_hidden > 0):
         raise ValueError(f"distill.alpha_embedding/alpha_hidden project a narrower student to the teacher's width, but "
@@ -463,8 +464,8 @@ def student_config_from_teacher(teacher: BertConfig, layers, own: dict) -> BertC
 def check_layers(teacher: BertConfig, layers) -> None:
     layers = list(layers)
     if not layers or len(set(layers)) != len(layers) or not all(0 <= j < teacher.num_layers for j in layers):
-        raise ValueError(f"distill.student_layers={layers}: distinct layers of the teacher's 0..{teacher.num_layers - 1}"
-                         " (DistilBERT's 12 -> 6: [0, 2, 4, 7, 9, 11])")
+        raise ValueError(f"distill.student_layers={layers}: distinct layers of the teacher's "
+                         f"0..{teacher.num_layers - 1} (DistilBERT's 12 -> 6: [0, 2, 4, 7, 9, 11])")
     if teacher.num_hidden_groups and teacher.num_hidden_groups != teacher.num_layers:
         raise ValueError("distill.student_layers: an ALBERT teacher shares one set of parameters across its layers, "
                          "there are none to pick: set distill.student_layers=() for a fresh student")

@@ -73,7 +73,8 @@ def init_projections(rng, names: tuple, student_width: int, teacher_width: int, 
     """Fresh projections {name: {kernel [H', H], bias [H]}}, boxed (boxed_projections): BERT's truncated
     normal, zero bias."""
     return boxed_projections({name: {
-        "kernel": model_layers.truncated_normal_init(stddev)(jax.random.fold_in(rng, i), (student_width, teacher_width)),
+        "kernel": model_layers.truncated_normal_init(stddev)(jax.random.fold_in(rng, i),
+                                                            (student_width, teacher_width)),
         "bias": jnp.zeros((teacher_width,), jnp.float32)} for i, name in enumerate(names)})
 
 
@@ -119,5 +120,6 @@ class ProjectionCheckpointer:
             {"optimizer": abstract_opt_state, PROJECTIONS: abstract_params[PROJECTIONS]}, check_meta, abstract_fp8)
         if restored is None:
             return None
-        return dataclasses.replace(restored, params=dict(restored.params, **{PROJECTIONS: restored.opt_state[PROJECTIONS]}),
+        return dataclasses.replace(restored,
+                                   params=dict(restored.params, **{PROJECTIONS: restored.opt_state[PROJECTIONS]}),
                                    opt_state=restored.opt_state["optimizer"])

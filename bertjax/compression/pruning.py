@@ -167,7 +167,8 @@ def prune_heads(params: dict, cfg: BertConfig, keep: list[list[int]]):
         if sorted(set(heads)) != sorted(heads) or not all(0 <= h < cfg.heads_of_group(i) for h in heads):
             raise ValueError(f"layer (group) {i} has heads 0..{cfg.heads_of_group(i) - 1}: cannot keep {heads}")
         index = jnp.asarray(sorted(heads))
-        encoder[f"layers_{i}"] = _map_head_axes(encoder[f"layers_{i}"], lambda x, axis: jnp.take(x, index, axis=axis))
+        encoder[f"layers_{i}"] = _map_head_axes(encoder[f"layers_{i}"],
+                                                lambda x, axis, index=index: jnp.take(x, index, axis=axis))
     counts = tuple(len(k) for k in keep)
     pruned = dataclasses.replace(cfg, layer_heads=counts, head_size=cfg.head_dim,
                                  scan_layers=cfg.scan_layers and len(set(counts)) == 1)

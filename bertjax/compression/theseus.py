@@ -162,7 +162,8 @@ def mixed_layers(x, padding, *, predecessor_layers: dict, successor_layers: dict
                  successor: BertConfig, deterministic: bool, rng=None):
     """Module g of the predecessor (its layers g r .. g r + r - 1, r = N / M) or successor layer g, as
     replaced[g] ([M] bool) says; x: [B, S, H] -> [B, S, H]. A lax.cond per module: only the chosen branch
-    runs. Its blocks are not rematerialised (model.remat_policy applies to the successor's evaluation only). Dropout keys: fold_in(rng, 0) then the predecessor layer's index; fold_in(rng, 1) then the
+    runs. Its blocks are not rematerialised (model.remat_policy applies to the successor's evaluation only).
+    Dropout keys: fold_in(rng, 0) then the predecessor layer's index; fold_in(rng, 1) then the
     successor layer's."""
     per_module = predecessor.num_layers // successor.num_layers
     keys = (None, None) if deterministic else (jax.random.fold_in(rng, 0), jax.random.fold_in(rng, 1))

@@ -121,7 +121,8 @@ class Progress:
         rate = self.bytes / 1e6 / max(now - self.start, 1e-9)
         eta = ""
         if self.total_bytes and rate > 0:
-            eta = f", ETA {max(self.total_bytes - self.bytes, 0) / 1e6 / rate:,.0f}s of {self.total_bytes / 1e6:,.1f} MB"
+            eta = (f", ETA {max(self.total_bytes - self.bytes, 0) / 1e6 / rate:,.0f}s"
+                   f" of {self.total_bytes / 1e6:,.1f} MB")
         logging.info("prepare: %s documents, %s tokens, %.1f MB of raw text read, %.2f MB/s%s",
                      f"{self.documents:,}", f"{self.tokens:,}", self.bytes / 1e6, rate, eta)
 

@@ -24,7 +24,7 @@ import numpy as np
 from flax import traverse_util
 
 from bertjax.interop import hf_bert, hf_convert, hf_family, hf_files
-from bertjax.interop.hf_family import COPY, LINEAR, Family, linear
+from bertjax.interop.hf_family import COPY, Family, linear
 from bertjax.models.config import BertConfig
 
 log = logging.getLogger(__name__)

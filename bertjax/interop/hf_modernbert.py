@@ -56,7 +56,8 @@ def _from_hf(hf_config: dict) -> dict:
 
 
 def _to_hf(cfg: BertConfig) -> dict:
-    if (cfg.position_embedding, cfg.activation, cfg.norm_placement, cfg.type_vocab_size) != ("rotary", "geglu", "pre", 0):
+    if ((cfg.position_embedding, cfg.activation, cfg.norm_placement, cfg.type_vocab_size)
+            != ("rotary", "geglu", "pre", 0)):
         raise ValueError("a ModernBERT checkpoint needs model.position_embedding='rotary', activation='geglu', "
                          "norm_placement='pre' and type_vocab_size=0")
     layer_types = ["sliding_attention" if cfg.is_local(i) else "full_attention" for i in range(cfg.num_layers)]

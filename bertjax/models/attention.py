@@ -42,7 +42,8 @@ class HeadProjection(nn.Module):
             x, kernel = nn.dtypes.promote_dtype(x, kernel, dtype=cfg.dtype)
             return einsum(self.equation, x, kernel)
         bias = self.param(
-            "bias", zeros_init(self.kernel_names[-self.bias_rank:]), self.kernel_shape[-self.bias_rank:], cfg.param_dtype
+            "bias", zeros_init(self.kernel_names[-self.bias_rank:]), self.kernel_shape[-self.bias_rank:],
+            cfg.param_dtype
         )
         x, kernel, bias = nn.dtypes.promote_dtype(x, kernel, bias, dtype=cfg.dtype)
         return einsum(self.equation, x, kernel) + bias

@@ -230,7 +230,8 @@ class Encoder(nn.Module):
         # All the stacked layers have one head count (BertConfig checks it): the last layer's.
         heads = cfg.heads_of(cfg.num_layers - 1)
         # The fp8 scaling state (model.matmul_dtype="fp8") is per layer, stacked as the params are.
-        return nn.scan(body, variable_axes={"params": 0, fp8.COLLECTION: 0}, split_rngs={"params": True, "dropout": True},
+        return nn.scan(body, variable_axes={"params": 0, fp8.COLLECTION: 0},
+                       split_rngs={"params": True, "dropout": True},
                        in_axes=in_axes, length=length, metadata_params={nn.PARTITION_NAME: "layers"},
                        )(cfg, deterministic, output_hidden_states, heads=heads,
                          output_attention_scores=self.output_attention_scores, name="layers")

@@ -165,7 +165,8 @@ class BertFeatureTagger(nn.Module):
     def __call__(self, input_ids, segment_ids, input_mask, deterministic: bool = True):
         # input_ids, segment_ids, input_mask: [B, S] int. Returns float32 logits [B, S, K].
         cfg = self.config
-        encoded = bert_model.BertModel(cfg, name="bert")(input_ids, segment_ids, input_mask, True, output_hidden_states=True)
+        encoded = bert_model.BertModel(cfg, name="bert")(input_ids, segment_ids, input_mask, True,
+                                                         output_hidden_states=True)
         hidden = encoded["hidden_states"]  # L+1 x [B, S, H], embeddings first
         x = jnp.concatenate([hidden[layer] for layer in self.layers], axis=-1).astype(jnp.float32)  # [B, S, H*n]
         x = jax.lax.stop_gradient(x)
@@ -190,7 +191,7 @@ def encoder_mask(params: dict) -> dict:
     """True for every param of the `bert` subtree, False elsewhere: the mask that freezes the encoder
     (optax.masked(optax.set_to_zero(), encoder_mask) after the optimizer: its updates, weight decay
     included, become zero)."""
-    return {name: jax.tree_util.tree_map(lambda _: name == "bert", tree) for name, tree in params.items()}
+    return {name: jax.tree_util.tree_map(lambda _, name=name: name == "bert", tree) for name, tree in params.items()}
 
 
 # --------------------------------------------------------------------------------------------------

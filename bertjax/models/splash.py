@@ -72,7 +72,8 @@ def splash_attention(q, k, v, segments, *, half_window: int = 0, is_local=None, 
     over the batch and heads as the logical rules shard them. interpret: default off TPUs."""
     mesh = jax.sharding.get_abstract_mesh()
     if interpret is None:  # the mesh's devices, not this host's backend: plan compiles for TPUs on a CPU
-        platform = jax.default_backend() if mesh.empty or mesh.abstract_device is None else mesh.abstract_device.platform
+        platform = (jax.default_backend() if mesh.empty or mesh.abstract_device is None
+                    else mesh.abstract_device.platform)
         interpret = platform != "tpu"
     if not interpret:
         check_length(q.shape[1])

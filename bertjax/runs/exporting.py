@@ -175,8 +175,8 @@ def say_smaller_groups(params: dict, mode: str | None) -> None:
     smaller = quantization.smaller_groups(params, group) if group else []
     if smaller:
         sizes = sorted({size for _, size in smaller})
-        say(f"quantize={mode}: {len(smaller)} kernels' inputs do not split into groups of {group} ({smaller[0][0]}, ...): "
-            f"they have groups of {', '.join(map(str, sizes))}, the largest that split them")
+        say(f"quantize={mode}: {len(smaller)} kernels' inputs do not split into groups of {group} "
+            f"({smaller[0][0]}, ...): they have groups of {', '.join(map(str, sizes))}, the largest that split them")
 
 
 def _check_request(source: str, to: str, export_format: str, quantize: str | None, size_budget: float | None,
@@ -188,8 +188,8 @@ def _check_request(source: str, to: str, export_format: str, quantize: str | Non
     if not source or not to:
         raise ValueError("--from and --to are required")
     if quantize and export_format in ("hf", "sentence-transformers"):
-        raise ValueError(f"--format={export_format} --quantize: transformers reads no int8 BERT format without extra packages "
-                         "(its int8 loaders need bitsandbytes, quanto, torchao or compressed-tensors); export "
+        raise ValueError(f"--format={export_format} --quantize: transformers reads no int8 BERT format without extra "
+                         "packages (its int8 loaders need bitsandbytes, quanto, torchao or compressed-tensors); export "
                          f"int8 as --format=params or --format=savedmodel, or {export_format} without --quantize")
     mixed = quantization.resolve(quantize) == quantization.MIXED
     if mixed and (size_budget is None or not dev):
@@ -204,7 +204,8 @@ def _check_request(source: str, to: str, export_format: str, quantize: str | Non
 def export(source: str, to: str, export_format: str, *, step: int | None = None, overwrite: bool = False,
            max_seq_length: int | None = None, hf_class: str = "pretraining", quantize: str | None = None,
            size_budget: float | None = None, dev: str | None = None) -> str:
-    """Writes the export; returns its directory (and says where it is, and how to load it). A temporary directory beside `to` is renamed into place
+    """Writes the export; returns its directory (and says where it is, and how to load it). A temporary
+    directory beside `to` is renamed into place
     at the end, so nothing is half-written if anything fails. quantize="mixed": int4 or int8 per encoder
     layer, chosen on the dev set `dev` within size_budget (bertjax/runs/precision_plan.py)."""
     mixed = _check_request(source, to, export_format, quantize, size_budget, dev)

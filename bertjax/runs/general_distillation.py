@@ -56,7 +56,7 @@ def distill(config, workdir: str, distributed: start.Distributed | None = None) 
         described = pretraining.describe_model(student, setup.abstract_state.params, config.data.max_seq_length)
         say("student " + described.removeprefix("model: "))
 
-        # ---------------------------------------------------------------- restore: workdir > init_from > layers > scratch
+        # -------------------------------------------------------------- restore: workdir > init_from > layers > scratch
         checkpointer = projections.ProjectionCheckpointer.wrap(
             pretraining.make_checkpointer(config, workdir, setup.abstract_state), names)
         with layout.active():
@@ -152,8 +152,8 @@ def load_teacher(config, start: init_from.Start, weights: distillation.LossWeigh
     if untrained and weights.alpha_ce > 0 and not extract_only:
         raise ValueError(f"distill.alpha_ce={weights.alpha_ce} (the soft-target masked-LM loss) reads the teacher's "
                          f"masked-LM head, and distill.teacher={path} has none ({untrained[0]}, ...): set "
-                         "distill.alpha_ce=0 (the masked-LM labels and the hidden-state cosine need no head), or give a "
-                         "checkpoint with its pretraining heads (BertForPreTraining / BertForMaskedLM)")
+                         "distill.alpha_ce=0 (the masked-LM labels and the hidden-state cosine need no head), or "
+                         "give a checkpoint with its pretraining heads (BertForPreTraining / BertForMaskedLM)")
     return teacher
 
 

@@ -81,7 +81,8 @@ def available(task_name: str, data_dir: str | None) -> str | None:
     name = registry.TASKS[task_name].tfds_name
     if tfds.builder(name, data_dir=data_dir).is_prepared():
         return None
-    return f"{name} is not prepared in {data_dir or 'the default TFDS directory'}: `tfds build {name}` (downloads) to include it"
+    return (f"{name} is not prepared in {data_dir or 'the default TFDS directory'}: `tfds build {name}` (downloads) "
+            "to include it")
 
 
 def task_config(task_name: str, init_from: str, data_dir: str | None, *, epochs=None, batch_size=None,
@@ -139,7 +140,8 @@ def evaluate(init_from: str, suite: str, workdir: str, *, tasks=None, data_dir=N
             print(f"skipped {task}: {reason}", flush=True)
     chosen = [t for t in (tasks or known) if t not in skipped]
     if not chosen:
-        raise ValueError(f"no task of suite {suite} has its data prepared in {data_dir or 'the default TFDS directory'}: "
+        raise ValueError(f"no task of suite {suite} has its data prepared in "
+                         f"{data_dir or 'the default TFDS directory'}: "
                          f"prepare some with `tfds build <dataset>` ({', '.join(skipped)}), or pass --tfds_data_dir")
     files.make(workdir)
     scores = {}

@@ -177,7 +177,8 @@ def check_lengths(config, task, model) -> None:
     """The training and evaluation rows within the model's (a BertConfig's) positions: said before the first
     step, not at the first evaluation."""
     positions = model.max_position_embeddings - model.position_offset
-    for key, length in (("max_seq_length", config.data.max_seq_length), ("eval_max_seq_length", eval_length(config, task))):
+    for key, length in (("max_seq_length", config.data.max_seq_length),
+                        ("eval_max_seq_length", eval_length(config, task))):
         if length > positions:
             raise ValueError(f"data.{key}={length} is longer than the {positions} positions of the model "
                              f"(its model.max_position_embeddings): at most {positions}")

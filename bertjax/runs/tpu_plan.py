@@ -166,7 +166,8 @@ def abstract_batch(config, batch_size: int, data_sharding) -> dict:
 
 def bytes_per_device(tree) -> int:
     """Bytes of one device's shards of an abstract tree (shapes carrying their shardings)."""
-    return int(sum(np.prod(x.sharding.shard_shape(x.shape)) * x.dtype.itemsize for x in jax.tree_util.tree_leaves(tree)))
+    return int(sum(np.prod(x.sharding.shard_shape(x.shape)) * x.dtype.itemsize
+                   for x in jax.tree_util.tree_leaves(tree)))
 
 
 def count_collectives(hlo_text: str) -> dict[str, int]:
@@ -265,7 +266,8 @@ def _step_time_floor(config, cfg, topology: Topology, devices, batch_size: int, 
     # The step takes at least its FLOPs at peak and at least its HBM traffic at full bandwidth. XLA's
     # count takes a loop body once (the scanned layers of large), so the larger of the two counts is used.
     bandwidth = topology.generation.hbm_bandwidth
-    floor = max(max(compiled_flops, model_flops) / peak, bytes_accessed / bandwidth if bandwidth else 0.0) if peak else 0.0
+    floor = (max(max(compiled_flops, model_flops) / peak, bytes_accessed / bandwidth if bandwidth else 0.0)
+             if peak else 0.0)
     return model_flops, compiled_flops, bytes_accessed, peak, floor
 
 
@@ -328,7 +330,8 @@ def format_plan(plan: dict) -> str:
            if plan["compiler_error"] else ""),
     ]
     if plan["compiler_error"]:
-        lines.append(f"FLOPs/step    {plan['model_flops'] / 1e12:.3f} TFLOP per chip by the model formula (not compiled)")
+        lines.append(f"FLOPs/step    {plan['model_flops'] / 1e12:.3f} TFLOP per chip by the model formula "
+                     "(not compiled)")
     else:
         lines += [
             f"FLOPs/step    {plan['compiled_flops'] / 1e12:.3f} TFLOP per chip compiled (XLA's count; a loop body "
@@ -339,7 +342,8 @@ def format_plan(plan: dict) -> str:
     if plan["mfu_bound"] is not None:
         lines.append(
             f"MFU bound     {plan['mfu_bound']:.0%}: a bound, not a measurement. The step takes at least "
-            f"{plan['step_time_floor'] * 1e3:.1f} ms per chip (its {max(plan['compiled_flops'], plan['model_flops']) / 1e12:.2f} TFLOP at the "
+            f"{plan['step_time_floor'] * 1e3:.1f} ms per chip "
+            f"(its {max(plan['compiled_flops'], plan['model_flops']) / 1e12:.2f} TFLOP at the "
             f"{plan['peak_flops'] / 1e12:.0f} TFLOP/s peak, or its {plan['bytes_accessed'] / GiB:.1f} GiB of HBM "
             f"traffic at {plan['hbm_bandwidth'] / 1e9:.0f} GB/s, whichever is longer); communication would lower it")
     lines.append(f"compile       {plan['compile_seconds']:.1f} s on this machine")

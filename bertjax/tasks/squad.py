@@ -451,7 +451,7 @@ def decode_answers(examples: list[SquadExample], features: dict[str, np.ndarray]
                 score = float(starts[0] + ends[0])
                 if null is None or score < null[0]:
                     null = (score, float(starts[0]), float(ends[0]))
-            token_start, token_end, best = features["token_start"][f], features["token_end"][f], features["max_context"][f]
+            token_start, token_end, best = (features[key][f] for key in ("token_start", "token_end", "max_context"))
             for s in _top(starts, settings.n_best):
                 if token_start[s] < 0 or not best[s]:
                     continue
@@ -464,13 +464,14 @@ def decode_answers(examples: list[SquadExample], features: dict[str, np.ndarray]
             candidates.append((null[0], null[1], null[2], None, None))
         candidates.sort(key=lambda c: -c[0])
         entries, seen = [], set()
-        for score, s_logit, e_logit, start_char, end_char in candidates:
+        for _score, s_logit, e_logit, start_char, end_char in candidates:
             answer = "" if start_char is None else example.context[start_char:end_char]
             if answer in seen:
                 continue
             seen.add(answer)
             entries.append({"text": answer, "start_logit": s_logit, "end_logit": e_logit,
-                            "start": -1 if start_char is None else start_char, "end": -1 if end_char is None else end_char})
+                            "start": -1 if start_char is None else start_char,
+                            "end": -1 if end_char is None else end_char})
             if len(entries) == settings.n_best:
                 break
         if null is not None and "" not in seen:

@@ -123,7 +123,8 @@ def _next_word(paragraph: str, start: int) -> str:
 
 # Terminators of scripts that need no space after a sentence: full-width (Chinese, Japanese) and
 # half-width ideographic stops, and the Devanagari danda and double danda (Hindi, Marathi, Nepali).
-_SCRIPT_END = re.compile(r"[\u3002\uff01\uff1f\uff61\u0964\u0965]+[\"'\u201d\u2019\u00bb)\]\u300d\u300f\uff09\u3011\u300b]* ?")
+_SCRIPT_END = re.compile(r"[\u3002\uff01\uff1f\uff61\u0964\u0965]+"
+                         r"[\"'\u201d\u2019\u00bb)\]\u300d\u300f\uff09\u3011\u300b]* ?")
 # Closing quotes and brackets: a piece that starts with them continues the previous sentence. Straight
 # quotes are left out: they open sentences as often as they close them.
 _CLOSING = "\u201d\u2019\u00bb)]\u300d\u300f\uff09\u3011\u300b"

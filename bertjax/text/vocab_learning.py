@@ -240,7 +240,8 @@ def learn_sentencepiece_model(sentences: Iterable[str], vocab_size: int, out_pat
     """Trains a SentencePiece unigram model; writes it to out_path and returns out_path.
 
     A .vocab listing (piece, score) is written beside it: out_path with ".model" replaced by
-    ".vocab", or with ".vocab" appended if out_path does not end in ".model". The pieces bertjax needs are placed first: [PAD] (pad, id 0),
+    ".vocab", or with ".vocab" appended if out_path does not end in ".model". The pieces bertjax needs are
+    placed first: [PAD] (pad, id 0),
     [UNK] (unknown, id 1), then [CLS] [SEP] [MASK]. Those three are control symbols, not the
     user-defined symbols often used: control pieces are never produced from text, so a corpus line
     containing "[MASK]" cannot inject a mask (as with WordPiece). No BOS/EOS: pair building adds

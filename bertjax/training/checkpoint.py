@@ -203,12 +203,13 @@ class Checkpointer:
         except OSError as e:
             removed, stuck = [], f"; {e}"
         good = [s for s in self.manager.all_steps() if (epath.Path(self.directory) / str(s)).exists()]
-        size = "" if self.bytes_per_checkpoint is None else f"; a checkpoint needs about {_size(self.bytes_per_checkpoint)}"
+        size = ("" if self.bytes_per_checkpoint is None
+                else f"; a checkpoint needs about {_size(self.bytes_per_checkpoint)}")
         last = f"the last good checkpoint is step {max(good)}" if good else "no checkpoint was completed"
         reason = "no space left on device" if "No space left on device" in str(error) else first_line(error)
         return SaveFailed(f"saving a checkpoint to {self.directory} failed ({reason}){size}; {last}"
-                          f"{' (partial files removed)' if removed else ''}{stuck}: free space or choose another workdir, "
-                          f"then re-run the same command to resume")
+                          f"{' (partial files removed)' if removed else ''}{stuck}: free space or choose another "
+                          f"workdir, then re-run the same command to resume")
 
     def _set_aside(self, step: int) -> None:
         """Rename a broken checkpoint so that it is neither restored nor overwritten by a later save."""
@@ -324,7 +325,8 @@ def find_checkpoint(path: str) -> tuple[str, int]:
         return str(p.parent), int(p.name)
     steps = sorted(int(c.name) for c in p.iterdir() if c.name.isdigit()) if p.is_dir() else []
     if not steps:
-        raise FileNotFoundError(f"no bertjax checkpoint in {path}: expected a workdir, its checkpoints/ or a step directory")
+        raise FileNotFoundError(f"no bertjax checkpoint in {path}: expected a workdir, its checkpoints/ "
+                                "or a step directory")
     return str(p), steps[-1]
 
 
@@ -334,7 +336,8 @@ def read_meta(path: str) -> CheckpointMeta:
     manager = ocp.CheckpointManager(directory, item_handlers={"meta": ocp.JsonCheckpointHandler()},
                                     options=ocp.CheckpointManagerOptions(read_only=True, create=False))
     try:
-        return CheckpointMeta.from_json(manager.restore(step, args=ocp.args.Composite(meta=ocp.args.JsonRestore())).meta)
+        restored = manager.restore(step, args=ocp.args.Composite(meta=ocp.args.JsonRestore()))
+        return CheckpointMeta.from_json(restored.meta)
     finally:
         manager.close()
 

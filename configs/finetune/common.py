@@ -168,7 +168,8 @@ def contrastive_config(task: str = "contrastive") -> ml_collections.ConfigDict:
         # Matryoshka: the loss summed over these widths, each embedding truncated and re-normalised; (): off.
         matryoshka_dims=(),
         matryoshka_weights=(),  # one per width; (): 1 each
-        pooling=("mean",),  # sentence-transformers' modes: cls, mean, max, mean_sqrt_len_tokens, weightedmean, lasttoken
+        # sentence-transformers' modes: cls, mean, max, mean_sqrt_len_tokens, weightedmean, lasttoken
+        pooling=("mean",),
         normalize=True,  # L2-normalised embeddings (what the checkpoint's embedding record says)
         dense_features=config_dict.placeholder(int),  # a Dense projection after pooling to this width; unset: none
         dense_activation="tanh",  # the Dense's activation (sentence-transformers' default): tanh | identity

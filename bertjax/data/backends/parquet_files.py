@@ -104,5 +104,6 @@ def documents(settings, split, bad_rows: BadRows) -> Iterator[list[str]]:
 BACKEND = Backend(
     name="parquet", reads="Parquet files, local or gs://, one row per document",
     keys=("input_pattern", "text_column", "sentences_column", "sentence_splitter"),
-    documents=documents, shard=shard_documents, locate=lambda settings: tables.table_files(settings.input_pattern or ""),
+    documents=documents, shard=shard_documents,
+    locate=lambda settings: tables.table_files(settings.input_pattern or ""),
 )

@@ -240,7 +240,8 @@ def read(task, split: str, path: str | None = None, data_dir: str | None = None,
 
 
 def _encoded(tokenizer, texts: list, length: int) -> tuple:
-    """[CLS] text [SEP] (the tokenizer's template) for each text, cut and padded to `length`: ids, mask int32 [N, length]."""
+    """[CLS] text [SEP] (the tokenizer's template) for each text, cut and padded to `length`: ids, mask int32
+    [N, length]."""
     special = dict(template=tokenizer.template, pad_id=tokenizer.pad_id)
     rows = [features.encode_pair(ids, None, length, **special) for ids in tokenizer.encode_arrays(texts)]
     return (np.stack([r["input_ids"] for r in rows]).astype(np.int32),
