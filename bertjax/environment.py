@@ -19,7 +19,7 @@ import os
 
 from absl import logging as absl_logging  # light; and it must make the "absl" logger itself (its caller lookup)
 
-# What the TPU planner (runs/tpu_plan.py) sets too: no metadata server, one local worker.
+# What the TPU planner (bench/tpu_plan.py) sets too: no metadata server, one local worker.
 _NO_TPU_PROBE = {"TPU_SKIP_MDS_QUERY": "1", "TPU_ACCELERATOR_TYPE": "v4-8", "TPU_WORKER_HOSTNAMES": "localhost"}
 _ORBAX_UNASKED = ("was found in the checkpoint, but could not be restored",
                   # bertjax's own read-only checkpoint managers (bertjax.load, init_from, export) say what they are

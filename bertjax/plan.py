@@ -23,7 +23,8 @@ import sys
 from absl import flags
 from ml_collections import config_flags
 
-from bertjax.runs import console, tpu_plan
+from bertjax.bench import tpu_plan
+from bertjax.runs import console
 
 
 def define_flags() -> dict:

@@ -13,7 +13,8 @@ that device holds (parameters, optimizer state, batch, activations and temporari
 from absl import flags
 from ml_collections import config_flags
 
-from bertjax.runs import console, model_summary
+from bertjax.bench import model_summary
+from bertjax.runs import console
 
 
 def define_flags() -> dict:

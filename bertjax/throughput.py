@@ -26,12 +26,13 @@ tokenized documents, and one of 1M (also as four shards), and measures, each in 
 peak resident memory of building a stream on it and drawing --memory_batches batches, and its
 examples/s; and the same for the 1M corpus loaded into RAM (the in-memory path). It prints
 RSS(200M) - RSS(1M) and mapped against in-memory examples/s (--objective: nsp, sop or none). The run is
-bertjax/runs/data_throughput.py.
+bertjax/bench/input_speed.py.
 """
 
 from absl import flags
 
-from bertjax.runs import console, data_throughput
+from bertjax.bench import input_speed
+from bertjax.runs import console
 
 
 def define_flags() -> dict:
@@ -56,11 +57,11 @@ def define_flags() -> dict:
 
 def main(argv, args):
     console.no_arguments(argv)
-    options = data_throughput.Options(
+    options = input_speed.Options(
         num_examples=args.num_examples, batch_size=args.batch_size, efficiency_batches=args.efficiency_batches,
         memory_tokens=args.memory_tokens, memory_batches=args.memory_batches, objective=args.objective,
         masking_rounds=args.masking_rounds, masking_lexicon_size=args.masking_lexicon_size)
-    console.finish(data_throughput.throughput, args.input_pattern, args.vocab_path, options, memory=args.memory,
+    console.finish(input_speed.throughput, args.input_pattern, args.vocab_path, options, memory=args.memory,
                    masking=args.masking)
 
 

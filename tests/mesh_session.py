@@ -10,7 +10,7 @@ failure if the session never ran it). The scheduler in conftest keeps the stand-
 
 Debugging a mesh test: its failure shows the mesh session's own report, and the session's whole output is
 in the run directory's mesh-session-<worker>.log. To run it as the session does, alone and in the
-foreground: `BERTJAX_TEST_MESH_RESULTS=/tmp/mesh.jsonl python -m pytest -p no:xdist tests/FILE::TEST` (the
+foreground: `BERTJAX_TEST_MESH_RESULTS=/tmp/mesh.jsonl python -m pytest -p no:xdist tests/test_elastic_resume.py` (the
 variable gives the process its eight devices, tests/conftest.py)."""
 
 import json

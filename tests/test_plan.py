@@ -33,7 +33,7 @@ def _finish(proc, timeout=600):
 
 
 def test_parse_topology_names():
-    from bertjax.runs import tpu_plan
+    from bertjax.bench import tpu_plan
 
     assert tpu_plan.parse_topology("v4-32").libtpu_name == "v4:2x2x4"  # 32 TensorCores = 16 chips
     assert tpu_plan.parse_topology("v5p-128").libtpu_name == "v5p:4x4x4"
@@ -47,7 +47,7 @@ def test_parse_topology_names():
 
 
 def test_count_collectives():
-    from bertjax.runs import tpu_plan
+    from bertjax.bench import tpu_plan
 
     hlo = """
   %all-reduce.1 = f32[4]{0} all-reduce(f32[4]{0} %p), replica_groups={{0,1}}, to_apply=%add
@@ -107,7 +107,7 @@ def test_find_max_batch_search(monkeypatch):
     """Doubling then bisection, on a stand-in for the compiler: 1 GiB + 0.3 GiB per sequence, 16 GiB."""
     import jax
 
-    from bertjax.runs import tpu_plan
+    from bertjax.bench import tpu_plan
     from configs import tiny
 
     config = tiny.get_config()
@@ -129,7 +129,7 @@ def test_find_max_batch_search(monkeypatch):
 
 
 def test_format_plan_of_a_step_the_compiler_refused():
-    from bertjax.runs import tpu_plan
+    from bertjax.bench import tpu_plan
 
     p = dict(topology="v5e-4", libtpu_topology="v5e:2x2", chips=4, device_kind="TPU v5 lite", hbm_bytes=16 * 2**30,
              mesh={"data": 4, "fsdp": 1, "tensor": 1}, batch_size=4096, seq_len=128, batch_per_data_device=1024,
@@ -169,7 +169,7 @@ def test_choose_layout_takes_the_fastest_layout_that_fits(monkeypatch, capsys):
     """--topology=local --choose_layout: the first of LAYOUTS (unrolled without remat first) whose compiled
     step fits the devices' memory. Each layout's step is compiled for this CPU once; the budget is set just
     below the first one's memory, so the choice falls to the next layout that fits under it."""
-    from bertjax.runs import tpu_plan
+    from bertjax.bench import tpu_plan
     from configs import tiny
 
     config = tiny.get_config()

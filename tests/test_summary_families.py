@@ -11,7 +11,7 @@ import pytest
 import torch
 import transformers
 
-from bertjax.runs import model_summary
+from bertjax.bench import model_summary
 from bertjax.interop import hf
 from bertjax.models import bert
 from bertjax.models.config import BertConfig

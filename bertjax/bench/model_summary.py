@@ -14,7 +14,7 @@ import numpy as np
 from bertjax.interop import hf
 from bertjax.models import bert
 from bertjax.models.config import BertConfig
-from bertjax.runs import tpu_plan
+from bertjax.bench import tpu_plan
 from bertjax.runs.start import make_layout
 from bertjax.training import pretraining_step
 from bertjax.training import state as train_state

@@ -205,8 +205,8 @@ def memory_benchmark(corpus, vocab_path: str, vocab_size: int, options: Options)
         results = {}
         for name, directory, in_memory in (("mapped, large", "large", False), ("mapped, 1M", "small", False),
                                            ("4 maps, 1M", "sharded", False), ("in memory, 1M", "small", True)):
-            code = ("import json, sys; from bertjax.runs import data_throughput; "
-                    "print(json.dumps(data_throughput.memory_run(*json.loads(sys.argv[1]))))")
+            code = ("import json, sys; from bertjax.bench import input_speed; "
+                    "print(json.dumps(input_speed.memory_run(*json.loads(sys.argv[1]))))")
             argv = json.dumps([os.path.join(tmp, directory), in_memory, options.objective, options.batch_size,
                                options.memory_batches])
             done = subprocess.run([sys.executable, "-c", code, argv], capture_output=True, text=True)
