@@ -41,6 +41,8 @@ import sys
 import tempfile
 import time
 
+from local import parent_death_signal  # launch/local.py, beside this file: the kernel kills a part with the driver
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PROGRAM = "launch/gpu_check.py"
 
@@ -134,19 +136,6 @@ def load_plan(path: str | None, selected: list[str]) -> list[dict]:
     return plan
 
 
-def _parent_death_signal():
-    """A preexec_fn (Linux) after which the kernel kills the part when this driver dies, however it dies."""
-    if not sys.platform.startswith("linux"):
-        return None
-    try:
-        import ctypes
-
-        prctl = ctypes.CDLL(None, use_errno=True).prctl
-    except (OSError, AttributeError):
-        return None
-    return lambda: prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-
-
 def _kill(proc: subprocess.Popen) -> None:
     """SIGTERM to the part's whole process group (its own long-row processes too), then SIGKILL."""
     for sig in (signal.SIGTERM, signal.SIGKILL):
@@ -173,7 +162,7 @@ def run_part(p: dict, cap: float, *, rows_path: str, log_path: str, env: dict) -
         log.flush()
         start = log.tell()
         proc = subprocess.Popen(command, cwd=ROOT, env=part_env, stdin=subprocess.DEVNULL, stdout=log,
-                                stderr=subprocess.STDOUT, start_new_session=True, preexec_fn=_parent_death_signal())
+                                stderr=subprocess.STDOUT, start_new_session=True, preexec_fn=parent_death_signal())
         RUNNING.append(proc)
         try:
             status = "done" if proc.wait(timeout=cap) == 0 else None

@@ -80,7 +80,7 @@ def child_env(base: dict, *, process_id: int, num_processes: int, coordinator: s
     return env
 
 
-def _parent_death_signal():
+def parent_death_signal():
     """A preexec_fn (Linux) after which the kernel sends the child SIGKILL when the launcher dies, even
     by SIGKILL, so that no orphan keeps training or holding the port; None where there is no prctl.
     prctl is looked up here, before any fork: the child of a threaded process should run as little
@@ -117,7 +117,7 @@ class Job:
         self.procs: list[subprocess.Popen] = []
         self.relays: list[threading.Thread] = []
         lock = threading.Lock()
-        preexec = _parent_death_signal()
+        preexec = parent_death_signal()
         for i in range(num_processes):
             env = child_env(os.environ, process_id=i, num_processes=num_processes, coordinator=coordinator,
                             cpu=cpu, devices_per_process=devices_per_process)
