@@ -142,7 +142,7 @@ LAYERS = (
     ("bench", ("bench",)),
     # The programs: flags and one call into runs/ or bench/.
     ("programs", ("train", "finetune", "distill", "prune", "evaluate", "export", "plan", "benchmark", "summary",
-                  "vocab", "prepare", "preview", "throughput", "demo_task")),
+                  "vocab", "prepare", "preview", "throughput", "demo_task", "mine")),
 )
 PROGRAMS = frozenset(LAYERS[-1][1])
 # Loading a config is `import configs.<name>` (configs/ is an installed package), never these.

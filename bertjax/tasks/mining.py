@@ -1,0 +1,108 @@
+"""Hard negatives for (query, positive) pairs: the passages an embedder ranks close to a query that are not
+its positives, chosen as sentence-transformers' `mine_hard_negatives` chooses them (version 6.3).
+
+    negatives = mine_negatives(queries, corpus, positive_ids, relative_margin=0.05, num_negatives=5)
+
+Each query's candidates are its exact top `range_max + most positives + 1` corpus rows by cosine
+(retrieval.search: chunked, split over a mesh, never [queries, corpus] at once). Its positives and its own
+row (`exclude`) are dropped, then every candidate the filters reject: absolute_margin drops a score s with
+s + margin > p, relative_margin one with s > p - |p| x margin, p being the query's lowest positive score
+(NV-Retriever's TopK-PercPos 95% is relative_margin=0.05); max_score drops s > max_score, min_score
+s < min_score. The survivors keep their order; ranks range_min to range_max - 1 of them are the
+candidates, and sampling="top" takes the first num_negatives, "random" num_negatives of them at random
+(returned best first). A query with fewer candidates gets fewer negatives.
+
+Shape legend: Q queries, N corpus rows, D embedding width, K candidates retrieved per query.
+"""
+
+import numpy as np
+
+from bertjax.tasks import retrieval
+
+SAMPLINGS = ("top", "random")
+
+
+def default_range_max(range_min: int, num_negatives: int, most_positives: int, filtered: bool) -> int:
+    """sentence-transformers' range_max when none is given: room for the positives and num_negatives
+    candidates after range_min, ten times as many candidates where a margin or max_score may drop some."""
+    return range_min + num_negatives * (10 if filtered else 1) + most_positives
+
+
+def _check(num_queries: int, num_rows: int, positive_ids, range_min: int, range_max: int, num_negatives: int,
+           sampling: str) -> None:
+    if sampling not in SAMPLINGS:
+        raise ValueError(f"sampling={sampling!r}: choose one of {', '.join(SAMPLINGS)}")
+    if num_negatives < 1:
+        raise ValueError(f"num_negatives={num_negatives}: at least 1")
+    if range_min < 0:
+        raise ValueError(f"range_min={range_min}: the number of best candidates to skip, 0 or more")
+    if range_max <= range_min:
+        raise ValueError(f"range_max={range_max} must be above range_min={range_min}")
+    if num_negatives > range_max - range_min:
+        raise ValueError(f"num_negatives={num_negatives} does not fit in the {range_max - range_min} ranks from "
+                         f"range_min={range_min} to range_max={range_max}: lower it or raise range_max")
+    if len(positive_ids) != num_queries:
+        raise ValueError(f"positive_ids lists {len(positive_ids)} queries' positives for {num_queries} queries")
+    for q, ids in enumerate(positive_ids):
+        if not ids:
+            raise ValueError(f"query {q} has no positive: every query needs at least one corpus row")
+        bad = [i for i in ids if not 0 <= int(i) < num_rows]
+        if bad:
+            raise ValueError(f"query {q}'s positive {bad[0]} is not a row of the corpus of {num_rows}")
+
+
+def mine_negatives(query_embeddings, corpus_embeddings, positive_ids, *, range_min: int = 0,
+                   range_max: int | None = None, max_score: float | None = None, min_score: float | None = None,
+                   absolute_margin: float | None = None, relative_margin: float | None = None,
+                   num_negatives: int = 3, sampling: str = "top", seed: int = 0, exclude=None,
+                   chunk_size: int = retrieval.CHUNK_SIZE, mesh=None) -> list[list[int]]:
+    """Each query's hard negatives as corpus rows, best first (the module docstring says which).
+    query_embeddings [Q, D], corpus_embeddings [N, D]; positive_ids: each query's positives' corpus rows
+    (at least one); exclude [Q] (optional): a corpus row each query may not have as a negative besides its
+    positives (its own text's), -1 for none. range_max: default_range_max's where None. seed: the random
+    sampling's. mesh: the corpus split over its devices (retrieval.search's)."""
+    queries = np.asarray(query_embeddings, np.float32)
+    corpus = np.asarray(corpus_embeddings, np.float32)
+    positive_ids = [[int(i) for i in dict.fromkeys(ids)] for ids in positive_ids]
+    most_positives = max((len(ids) for ids in positive_ids), default=0)
+    filtered = absolute_margin is not None or relative_margin is not None or max_score is not None
+    if range_max is None:
+        range_max = default_range_max(range_min, num_negatives, most_positives, filtered)
+    _check(len(queries), len(corpus), positive_ids, range_min, range_max, num_negatives, sampling)
+    own = np.full(len(queries), -1, np.int64) if exclude is None else np.asarray(exclude, np.int64)
+    if own.shape != (len(queries),):
+        raise ValueError(f"exclude has the shape {own.shape}: one corpus row (or -1) per query, {len(queries)}")
+
+    # The positives and the own row are dropped after the search, among range_max + most_positives + 1
+    # candidates, as sentence-transformers drops them: the search's exclude would bring one more candidate.
+    scores, rows = retrieval.search(queries, corpus, range_max + most_positives + 1, similarity="cosine",
+                                    mesh=mesh, chunk_size=chunk_size)  # [Q, K] each
+    scores = scores.copy()
+    dropped = (rows < 0) | (rows == own[:, None])
+    for q, ids in enumerate(positive_ids):
+        dropped[q] |= np.isin(rows[q], ids)
+    scores[dropped] = -np.inf
+
+    if absolute_margin is not None or relative_margin is not None:
+        unit_queries, unit_corpus = retrieval.normalized(queries), retrieval.normalized(corpus)
+        # The lowest positive score of each query: the margin keeps clear of its hardest positive.
+        lowest = np.array([min(float(np.dot(unit_queries[q], unit_corpus[i])) for i in ids)
+                           for q, ids in enumerate(positive_ids)], np.float32)[:, None]  # [Q, 1]
+        if absolute_margin is not None:
+            scores[scores + np.float32(absolute_margin) > lowest] = -np.inf
+        if relative_margin is not None:
+            scores[scores > lowest - np.abs(lowest) * np.float32(relative_margin)] = -np.inf
+    if max_score is not None:
+        scores[scores > np.float32(max_score)] = -np.inf
+    if min_score is not None:
+        scores[scores < np.float32(min_score)] = -np.inf
+
+    rng = np.random.default_rng(seed)
+    negatives = []
+    for q in range(len(queries)):
+        kept = np.flatnonzero(np.isfinite(scores[q]))  # the survivors, best first (the search's order)
+        candidates = kept[range_min:range_max]
+        if sampling == "random" and len(candidates) > num_negatives:
+            candidates = np.sort(rng.choice(candidates, num_negatives, replace=False))
+        negatives.append([int(rows[q, c]) for c in candidates[:num_negatives]])
+    return negatives

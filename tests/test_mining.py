@@ -1,0 +1,199 @@
+"""Hard-negative mining: the same negatives as sentence-transformers' mine_hard_negatives for the same
+embeddings and settings, the random sampling's guarantees, and python -m bertjax.mine's run."""
+
+import json
+
+import numpy as np
+import pytest
+
+from bertjax.runs import console
+from bertjax.runs import mining as mining_run
+from bertjax.tasks import mining
+from bertjax.training import sharding
+
+D = 16
+
+
+class FixedEmbedder:
+    """A stand-in for a SentenceTransformer whose embeddings are given: what mine_hard_negatives calls."""
+
+    device = "cpu"
+
+    def __init__(self, table: dict):
+        self.table = table
+
+    def _encode(self, texts, **_):
+        return np.stack([self.table[t] for t in texts]).astype(np.float32)
+
+    encode_query = encode_document = _encode
+
+    def similarity(self, a, b):
+        from sentence_transformers.util import cos_sim
+        return cos_sim(a, b)
+
+    def similarity_pairwise(self, a, b):
+        from sentence_transformers.util import pairwise_cos_sim
+        return pairwise_cos_sim(a, b)
+
+
+@pytest.fixture(scope="module")
+def data():
+    """24 queries, two of them given twice (two positives each), one of them also a corpus text; a corpus of
+    80 texts besides the positives. Each query is near its positive and near a few corpus texts."""
+    rng = np.random.default_rng(0)
+    corpus = [f"passage {i}" for i in range(80)]
+    table = {t: rng.normal(size=D) for t in corpus}
+    anchors, positives = [], []
+    for q in range(24):
+        query, positive = f"query {q}", f"answer {q}"
+        base = rng.normal(size=D)
+        table[query] = base
+        table[positive] = base + rng.normal(scale=0.8, size=D)
+        for i in rng.choice(80, 6, replace=False):  # hard candidates
+            table[corpus[i]] = base + rng.normal(scale=1.0 + 0.2 * rng.random(), size=D)
+        anchors.append(query)
+        positives.append(positive)
+    for q in (3, 7):  # a second positive
+        anchors.append(f"query {q}")
+        positives.append(f"answer {q} again")
+        table[f"answer {q} again"] = table[f"query {q}"] + rng.normal(scale=0.9, size=D)
+    corpus.append("query 5")  # a query's own text in the corpus is never its negative
+    table = {t: (v / np.linalg.norm(v)).astype(np.float32) for t, v in table.items()}
+    return dict(anchors=anchors, positives=positives, corpus=corpus, table=table)
+
+
+def ours(data, **settings):
+    """mine_negatives on the data's embeddings, laid out as sentence-transformers lays them out: the
+    queries once each, the corpus with the positives after it, once each. (queries, corpus, positive
+    rows, negative rows)."""
+    corpus = list(dict.fromkeys(data["corpus"] + data["positives"]))
+    row = {t: i for i, t in enumerate(corpus)}
+    queries = list(dict.fromkeys(data["anchors"]))
+    positive_ids = {q: [] for q in queries}
+    for a, p in zip(data["anchors"], data["positives"]):
+        positive_ids[a].append(row[p])
+    table = data["table"]
+    negatives = mining.mine_negatives(
+        np.stack([table[q] for q in queries]), np.stack([table[t] for t in corpus]),
+        [positive_ids[q] for q in queries], exclude=[row.get(q, -1) for q in queries], chunk_size=7,
+        mesh=sharding.make_mesh({"data": -1}), **settings)
+    return queries, corpus, [positive_ids[q] for q in queries], negatives
+
+
+def theirs(data, output_format, **settings):
+    from datasets import Dataset
+    from sentence_transformers.util import mine_hard_negatives
+
+    dataset = Dataset.from_dict({"anchor": data["anchors"], "positive": data["positives"]})
+    return mine_hard_negatives(dataset, FixedEmbedder(data["table"]), corpus=data["corpus"],
+                               output_format=output_format, verbose=False, **settings).to_list()
+
+
+def expected_rows(data, output_format, num_negatives, **settings):
+    """Our negatives in the rows sentence-transformers' output_format makes of them."""
+    queries, corpus, positive_ids, negatives = ours(data, num_negatives=num_negatives, **settings)
+    rows = []
+    for query, positives, found in zip(queries, positive_ids, negatives):
+        for p in positives:
+            if output_format == "triplet":
+                rows += [{"anchor": query, "positive": corpus[p], "negative": corpus[n]} for n in found]
+            elif len(found) == num_negatives:  # n-tuple: a row only where all were found
+                rows.append({"anchor": query, "positive": corpus[p],
+                             **{f"negative_{i}": corpus[n] for i, n in enumerate(found, 1)}})
+    return rows
+
+
+CASES = [
+    ("triplet", dict(num_negatives=1)),
+    ("triplet", dict(num_negatives=3, range_min=2, range_max=12)),
+    ("n-tuple", dict(num_negatives=3, range_min=1, range_max=8)),
+    ("triplet", dict(num_negatives=2, absolute_margin=0.05)),
+    ("n-tuple", dict(num_negatives=4, relative_margin=0.05)),  # NV-Retriever's TopK-PercPos (95%)
+    ("triplet", dict(num_negatives=3, max_score=0.5, range_max=20)),
+    ("n-tuple", dict(num_negatives=2, min_score=0.3, absolute_margin=0.0, range_min=1)),
+]
+
+
+@pytest.mark.parametrize("output_format,settings", CASES, ids=[str(s) for _, s in CASES])
+def test_the_negatives_of_sentence_transformers(data, output_format, settings):
+    want = theirs(data, output_format, sampling_strategy="top", **settings)
+    got = expected_rows(data, output_format, **settings)
+    assert want, "a case that mines nothing compares nothing"
+    assert got == want
+
+
+def test_filters_leave_some_queries_short(data):
+    """A tight filter leaves queries with fewer negatives, which n-tuple drops and both count alike."""
+    settings = dict(num_negatives=5, relative_margin=0.3, range_max=12)
+    _, _, _, negatives = ours(data, **settings)
+    assert any(len(n) < 5 for n in negatives) and any(len(n) == 5 for n in negatives)
+    assert expected_rows(data, "n-tuple", **settings) == theirs(data, "n-tuple", **settings)
+
+
+def test_random_sampling_draws_distinct_candidates_inside_the_filters(data):
+    settings = dict(range_min=1, range_max=10, relative_margin=0.05)
+    _, _, positive_ids, every = ours(data, num_negatives=9, **settings)  # the whole candidate window, in order
+    seen = set()
+    for seed in (0, 1):
+        _, _, _, drawn = ours(data, num_negatives=3, sampling="random", seed=seed, **settings)
+        for candidates, positives, found in zip(every, positive_ids, drawn):
+            assert len(found) == min(3, len(candidates)) and len(set(found)) == len(found)
+            assert set(found) <= set(candidates) and not set(found) & set(positives)
+            assert found == sorted(found, key=candidates.index)  # best first
+            seen |= {(q, n) for q, n in enumerate(found)}
+        assert drawn != ours(data, num_negatives=3, sampling="random", seed=seed + 2, **settings)[3]
+    assert len(seen) > 3 * len(every)  # not always the same three
+
+
+@pytest.mark.parametrize("settings,message", [
+    (dict(num_negatives=0), "num_negatives=0"),
+    (dict(range_min=5, range_max=5), "range_max=5 must be above"),
+    (dict(num_negatives=4, range_min=2, range_max=5), "does not fit"),
+    (dict(sampling="best"), "sampling='best'"),
+])
+def test_bad_settings_are_one_line(data, settings, message):
+    with pytest.raises(ValueError, match=message):
+        ours(data, **settings)
+
+
+def write_jsonl(path, rows):
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
+
+
+def test_the_program_adds_negatives_to_a_pairs_file(pretrained, tmp_path):
+    texts = [json.loads(line)["text"] for line in open(pretrained["files"]["train"], encoding="utf-8")][:40]
+    pairs = [{"query": texts[i], "positive": texts[i + 1], "id": i} for i in range(0, 20, 2)]
+    pairs[0]["negatives"] = ["a given negative"]
+    write_jsonl(tmp_path / "pairs.jsonl", pairs)
+    write_jsonl(tmp_path / "corpus.jsonl", [{"_id": str(i), "title": "", "text": t} for i, t in enumerate(texts[20:])])
+    out = tmp_path / "mined.jsonl"
+    report = mining_run.mine(pretrained["workdir"], str(tmp_path / "pairs.jsonl"), str(out),
+                             corpus_path=str(tmp_path / "corpus.jsonl"), num_negatives=2, batch_size=8)
+    written = [json.loads(line) for line in out.read_text(encoding="utf-8").splitlines()]
+    assert report == {"pairs": 10, "queries": 10, "corpus": 30, "negatives": 20, "short": 0}
+    assert [w["id"] for w in written] == list(range(0, 20, 2))
+    assert written[0]["negatives"][0] == "a given negative" and len(written[0]["negatives"]) == 3
+    positives = {p["positive"] for p in pairs}
+    for w in written:
+        mined = w["negatives"][-2:]
+        assert len(set(mined)) == 2 and w["positive"] not in mined and w["query"] not in mined
+        assert set(mined) <= set(texts[20:]) | positives
+    assert [p.name for p in tmp_path.iterdir() if p.name.startswith("mined")] == ["mined.jsonl"]
+
+
+def test_bad_pairs_are_one_line_and_write_nothing(tmp_path, capsys):
+    write_jsonl(tmp_path / "pairs.jsonl", [{"query": "a", "positive": "b"}, {"query": "c"}])
+    out = tmp_path / "mined.jsonl"
+    with pytest.raises(SystemExit) as stop:
+        console.finish(mining_run.mine, "no-model", str(tmp_path / "pairs.jsonl"), str(out))
+    assert stop.value.code == 2
+    assert "pairs.jsonl:2: missing field 'positive'" in capsys.readouterr().err
+    with pytest.raises(ValueError, match="no such file"):
+        mining_run.mine("no-model", str(tmp_path / "missing.jsonl"), str(out))
+    write_jsonl(tmp_path / "pairs.jsonl", [{"query": "a", "positive": "b"}])
+    write_jsonl(tmp_path / "corpus.jsonl", [{"title": "no text"}])
+    with pytest.raises(ValueError, match="corpus.jsonl:1: expected a non-empty string field 'text'"):
+        mining_run.mine("no-model", str(tmp_path / "pairs.jsonl"), str(out), corpus_path=str(tmp_path / "corpus.jsonl"))
+    with pytest.raises(ValueError, match="the corpus holds 1 text"):  # the one positive alone
+        mining_run.mine("no-model", str(tmp_path / "pairs.jsonl"), str(out))
+    assert not out.exists()
