@@ -129,9 +129,9 @@ def resolve(path: str, what: str = "init_from", tokenizer: bool = True) -> Start
         raise ValueError(f"{what} is empty: give {KINDS_READ}")
     if not epath.Path(path).exists():
         raise FileNotFoundError(f"{what}={path} does not exist")
-    kind = kind_of(path)
+    chosen = saved_models.chosen_checkpoint(path)
+    kind = BERTJAX if chosen is not None else kind_of(path)
     if kind == BERTJAX:
-        chosen = saved_models.chosen_checkpoint(path)
         meta = checkpoint.read_meta(chosen)
         vocabulary = _recorded_tokenizer(meta, checkpoint.workdir_of(chosen), chosen, what)
         return Start(path, what, kind, BertConfig.from_dict(meta.model), vocabulary, chosen, meta)

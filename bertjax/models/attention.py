@@ -36,17 +36,23 @@ class HeadProjection(nn.Module):
     @nn.compact
     def __call__(self, x):
         cfg = self.config
-        kernel = self.param("kernel", kernel_init(cfg, self.kernel_names), self.kernel_shape, cfg.param_dtype)
+        kernel, bias = head_params(self, cfg, self.kernel_shape, self.kernel_names, self.bias_rank)
         einsum = fp8.einsum if cfg.matmul_dtype == "fp8" else jnp.einsum
-        if not cfg.use_bias:
+        if bias is None:
             x, kernel = nn.dtypes.promote_dtype(x, kernel, dtype=cfg.dtype)
             return einsum(self.equation, x, kernel)
-        bias = self.param(
-            "bias", zeros_init(self.kernel_names[-self.bias_rank:]), self.kernel_shape[-self.bias_rank:],
-            cfg.param_dtype
-        )
         x, kernel, bias = nn.dtypes.promote_dtype(x, kernel, bias, dtype=cfg.dtype)
         return einsum(self.equation, x, kernel) + bias
+
+
+def head_params(module: nn.Module, cfg, kernel_shape: tuple, kernel_names: tuple, bias_rank: int):
+    """(kernel, bias or None) declared in `module`'s scope: a head projection's params, the one place they
+    are named and initialised (HeadProjection applies them, HeadParams hands them to the fused q/k/v)."""
+    kernel = module.param("kernel", kernel_init(cfg, kernel_names), kernel_shape, cfg.param_dtype)
+    if not cfg.use_bias:
+        return kernel, None
+    return kernel, module.param("bias", zeros_init(kernel_names[-bias_rank:]), kernel_shape[-bias_rank:],
+                                cfg.param_dtype)
 
 
 class HeadParams(nn.Module):
@@ -60,12 +66,7 @@ class HeadParams(nn.Module):
 
     @nn.compact
     def __call__(self):
-        cfg = self.config
-        kernel = self.param("kernel", kernel_init(cfg, self.kernel_names), self.kernel_shape, cfg.param_dtype)
-        if not cfg.use_bias:
-            return kernel, None
-        return kernel, self.param("bias", zeros_init(self.kernel_names[-self.bias_rank:]),
-                                  self.kernel_shape[-self.bias_rank:], cfg.param_dtype)
+        return head_params(self, self.config, self.kernel_shape, self.kernel_names, self.bias_rank)
 
 
 def rotary_tables(theta: float, positions, dim: int):

@@ -95,12 +95,12 @@ def describe_model(bert_config: BertConfig, abstract_params, row_length: int) ->
             f"{describe_attention(bert_config, row_length)}, "
             f"{bert_config.word_embedding} word embedding, remat {bert_config.remat_policy}"
             + (", scanned layers" if bert_config.scan_layers else "")
-            + "".join(f", {name}={getattr(bert_config, name)}" for name, default in LEVER_DEFAULTS.items()
-                      if getattr(bert_config, name) != default))
+            + "".join(f", {name}={getattr(bert_config, name)}" for name in LEVERS
+                      if getattr(bert_config, name) != BertConfig.__dataclass_fields__[name].default))
 
 
 # The accelerator levers (docs/performance.md) the model line names where a run turns them on.
-LEVER_DEFAULTS = dict(fused_qkv=False, norm_kernel="xla", matmul_dtype="default", mlm_loss="logits")
+LEVERS = ("fused_qkv", "norm_kernel", "matmul_dtype", "mlm_loss")
 
 
 def make_checkpointer(config, workdir: str, abstract_state) -> checkpoint.Checkpointer:
