@@ -36,7 +36,7 @@ import jax
 import jax.numpy as jnp
 
 from bertjax.models import bert as bert_model
-from bertjax.models import contrastive_losses, pooling
+from bertjax.models import contrastive_losses, pooling, rerank_losses
 from bertjax.models.config import POOLERS, BertConfig
 from bertjax.models.layers import Dropout, dense
 
@@ -91,6 +91,34 @@ class BertForSequenceClassification(nn.Module):
         pooled = Dropout(cfg.hidden_dropout_rate)(pooled, deterministic)
         logits = _classifier(cfg, self.num_labels)(pooled).astype(jnp.float32)  # [B, K] or [B, Q, K]
         return nn.with_logical_constraint(logits, axes)
+
+
+class BertForReranking(nn.Module):
+    """A cross-encoder: each (query, candidate) pair ([CLS] query [SEP] candidate [SEP]) -> one score from the
+    pooled [CLS] output, the classifier a regression's (so transformers reads it as sequence classification
+    with one label, sentence-transformers as a CrossEncoder). Inputs [..., S]: training's [B, C, S] (C
+    candidates of a query), or one pair per row [B, S]; scores [...]."""
+
+    config: BertConfig
+
+    @nn.compact
+    def __call__(self, input_ids, segment_ids, input_mask, deterministic: bool = True, sequence_ids=None,
+                 position_ids=None, cls_positions=None):
+        # Packed rows (sequence_ids, position_ids [R, S], cls_positions [R, Q]): scores [R, Q], one per slot.
+        cfg = self.config
+        if sequence_ids is None:
+            lead, seq_len = input_ids.shape[:-1], input_ids.shape[-1]
+            flat = lambda x: x.reshape(-1, seq_len)  # noqa: E731  [B*C, S]: one row per pair
+            pooled = _pooled_output(cfg, flat(input_ids), flat(segment_ids), flat(input_mask), deterministic)
+        else:
+            bert = bert_model.BertModel(cfg, name="bert")
+            lead = cls_positions.shape
+            pooled = bert(input_ids, segment_ids, input_mask, deterministic, output_rows=cls_positions[:, :1],
+                          sequence_ids=sequence_ids, position_ids=position_ids,
+                          cls_positions=cls_positions)["pooled_output"]  # [R, Q, H]
+        pooled = Dropout(cfg.hidden_dropout_rate)(pooled, deterministic)
+        scores = _classifier(cfg, 1)(pooled).astype(jnp.float32)  # [B*C, 1] or [R, Q, 1]
+        return scores.reshape(lead)
 
 
 class BertForMultipleChoice(nn.Module):
@@ -315,6 +343,10 @@ def _value(logits):
     return logits[..., 0]
 
 
+def _value_of_scores(scores):
+    return scores
+
+
 def _embedder(cfg: BertConfig, num_labels: int = 0, **embedding) -> nn.Module:
     """The contrastive kind's network: embedding = SentenceEmbedder's settings (modes, dense_features,
     normalize, ...); none gives mean pooling."""
@@ -337,7 +369,9 @@ class Head:
     multiple_choice  [B, C]      [B] int        [B]       [B] int32, the choice
     span             [B, S, 2]   [B, 2] int     [B]       [B, 2] int32, (start, end)
     tagging          [B, S, K]   [B, S] int     [B, S]    [B, S] int32, the tag
+    rerank           [B, C]      [B, C] float   [B, C]    [B, C] float32, each candidate's score
     contrastive: embeddings, not logits; its loss is embedding_loss(embeddings, batch, loss=..., scale=...).
+    rerank: its loss is rerank_losses.rerank_loss with the run's rerank.loss (name=...) and settings.
     Example: loss, sums = HEADS["classification"].loss(logits, batch["label"], batch["example_weight"])
     """
 
@@ -361,6 +395,10 @@ HEADS = {
     # Embeddings [B, D] are its outputs; its loss takes the embeddings of a batch's texts (embedding_loss).
     "contrastive": Head(_embedder, contrastive_losses.embedding_loss, lambda embeddings: embeddings, 0,
                         packable=True),  # its texts packed: bertjax/tasks/contrastive_batches.py
+    # A query's C candidates scored; its loss over them (bertjax/models/rerank_losses.py). Packed rows score
+    # every pair of the step's queries; the step gathers them back to [B, C] (bertjax/tasks/rerank_batches.py).
+    "rerank": Head(lambda cfg, _: BertForReranking(cfg), rerank_losses.rerank_loss, _value_of_scores, 1,
+                   choices=True),  # [B, C] float
 }
 
 

@@ -113,7 +113,7 @@ def _write_tokenizer_files(bert, directory: str) -> None:
 def write_sentence_transformers(bert, directory: str) -> None:
     """A SentenceTransformer directory (the family's encoder class as Hugging Face's AutoModel loads it,
     then the embedder's modules as its embedding record says, or mean pooling where it has none); a
-    fine-tuned classifier or regression of text pairs as a CrossEncoder directory."""
+    fine-tuned classifier, regression or reranker of text pairs as a CrossEncoder directory."""
     if bert.task is not None:
         _check_cross_encoder(bert.task)
         write_hf(bert, directory)
@@ -136,9 +136,10 @@ def write_sentence_transformers(bert, directory: str) -> None:
 
 def _check_cross_encoder(task) -> None:
     """A fine-tuned model exports as a CrossEncoder where it scores text pairs: one line otherwise."""
-    if task.kind not in ("classification", "regression") or task.feature_based:
+    if task.kind not in ("classification", "regression", "rerank") or task.feature_based:
         raise ValueError(f"--format=sentence-transformers: a fine-tuned {task.kind} model is no SentenceTransformer "
-                         "nor CrossEncoder (a classifier or regression of text pairs is); export it with --format=hf")
+                         "nor CrossEncoder (a classifier, regression or reranker of text pairs is); export it with "
+                         "--format=hf")
     known = registry.TASKS.get(task.name)
     if known is not None and len(known.text_features) == 1:
         raise ValueError(f"--format=sentence-transformers: {task.name} classifies single sentences, and a CrossEncoder "

@@ -39,7 +39,7 @@ from bertjax.runs.task_data import (TaskData, TaskStart, contrastive_chunks, eva
                                     task_data, task_from_config)
 from bertjax.tasks import batches as task_batches
 from bertjax.tasks import contrastive_batches, contrastive_steps, kinds, registry, scoring
-from bertjax.tasks.steps import (INPUT_KEYS, PACKED_INPUT_KEYS, TRAIN_KEYS, Scorer, task_logits, task_loss,
+from bertjax.tasks.steps import (INPUT_KEYS, PACKED_INPUT_KEYS, TRAIN_KEYS, Scorer, head_loss, task_logits, task_loss,
                                  summarize_train)
 from bertjax.text import files
 from bertjax.training import checkpoint, loop, optim, sharding, writers
@@ -102,7 +102,7 @@ def finetune_in_session(config, workdir: str) -> dict:
     elif embedding is not None:  # contrastive: the loss of the global batch's embeddings
         p_train_step = contrastive_train_step(config, setup, data.settings, layout.data_sharding)
     else:
-        loss = functools.partial(task_loss, net=setup.net, loss=heads.head(task.kind).loss)
+        loss = functools.partial(task_loss, net=setup.net, loss=head_loss(task, data.settings))
         p_train_step = setup.compile_train_step(loss, layout.data_sharding, config.train.grad_accum_steps)
     outputs = contrastive_steps.pair_embeddings if embedding is not None else task_logits
     model_sharding = projections.without_projections(setup.state_sharding.params)  # not a student's projections

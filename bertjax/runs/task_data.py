@@ -20,10 +20,11 @@ from bertjax.tasks import contrastive_batches, kinds, registry, scoring
 
 def task_from_config(config):
     labels = list(config.data.labels) if config.data.labels else None
-    contrastive = config.get("contrastive")
+    contrastive, rerank = config.get("contrastive"), config.get("rerank")
     return registry.get_task(config.task, labels=labels, num_choices=config.data.num_choices,
                              squad_version=config.data.get("squad_version"),
-                             contrastive_loss=contrastive.loss if contrastive else None)
+                             contrastive_loss=contrastive.loss if contrastive else None,
+                             rerank_loss=rerank.loss if rerank else None)
 
 
 @dataclasses.dataclass

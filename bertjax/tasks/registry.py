@@ -18,10 +18,14 @@ MULTIPLE_CHOICE = "multiple_choice"
 SPAN = "span"
 TAGGING = "tagging"
 CONTRASTIVE = "contrastive"
-KINDS = (CLASSIFICATION, REGRESSION, MULTIPLE_CHOICE, SPAN, TAGGING, CONTRASTIVE)
+RERANK = "rerank"
+KINDS = (CLASSIFICATION, REGRESSION, MULTIPLE_CHOICE, SPAN, TAGGING, CONTRASTIVE, RERANK)
 # The contrastive losses of scored pairs: bertjax/models/contrastive_losses.py's SCORED, repeated so that the
 # task table stays plain data without JAX (tests/test_kinds.py holds the two equal).
 SCORED_CONTRASTIVE_LOSSES = ("cosent", "cosine_mse")
+# The reranking losses (bertjax/models/rerank_losses.py's LOSSES and TEACHER_LOSSES), plain data here as well.
+RERANK_LOSSES = ("bce", "listnet", "lambdaloss", "ranknet", "margin_mse", "kl")
+RERANK_TEACHER_LOSSES = ("margin_mse", "kl")
 # Kinds whose examples are one per row of a JSON-lines file (bertjax/tasks/readers.py).
 JSONL_KINDS = (CLASSIFICATION, REGRESSION, MULTIPLE_CHOICE)
 
@@ -51,6 +55,8 @@ class Task:
     submission_labels: what the submission file writes for each class index; () writes floats
     squad_version:   "v1.1" or "v2.0" (span: whether questions may have no answer)
     contrastive_loss: contrastive: the loss, which decides the data's form (pairs or scored pairs)
+    rerank_loss:     rerank: the loss, which decides what the training rows' targets are (labels or a
+                     teacher's scores)
     """
 
     name: str
@@ -69,6 +75,7 @@ class Task:
     submission_labels: tuple[str, ...] = ()
     squad_version: str | None = None
     contrastive_loss: str | None = None
+    rerank_loss: str | None = None
 
     @property
     def num_labels(self) -> int:
@@ -161,19 +168,53 @@ def _contrastive_task(loss: str) -> Task:
                 train_split=None, eval_splits=(), test_splits=(), contrastive_loss=loss)
 
 
+def _classification_task(labels) -> Task:
+    labels = tuple(str(label) for label in (labels or ()))
+    if len(labels) < 2:
+        raise ValueError("task classification needs at least two class names: set data.labels, "
+                         "e.g. ['negative', 'positive']")
+    if len(set(labels)) != len(labels):
+        raise ValueError(f"task classification: data.labels lists a class twice: {list(labels)}")
+    binary = len(labels) == 2
+    return Task(name=CLASSIFICATION, kind=CLASSIFICATION, labels=labels, metrics=_ACC_F1 if binary else _ACC,
+                main_metric="accuracy", train_split=None, eval_splits=(), test_splits=(),
+                positive_label=labels[1] if binary else None)
+
+
+def _tagging_task(labels) -> Task:
+    labels = tuple(str(label) for label in (labels or ()))
+    if "O" not in labels or len(labels) < 2:
+        raise ValueError("task tagging needs its tags, 'O' and the entity tags (BIO), in data.labels, e.g. "
+                         "['O', 'B-PER', 'I-PER']")
+    if len(set(labels)) != len(labels):
+        raise ValueError(f"task tagging: data.labels lists a tag twice: {list(labels)}")
+    return Task(name=TAGGING, kind=TAGGING, labels=labels, metrics=_ENTITIES, main_metric="f1", train_split=None,
+                eval_splits=(), test_splits=())
+
+
+def _rerank_task(loss: str) -> Task:
+    """A reranker of each query's candidates, scored by reranking the dev set's: nDCG@10 chooses the checkpoint."""
+    if loss not in RERANK_LOSSES:
+        raise ValueError(f"rerank.loss={loss!r}: choose one of {', '.join(RERANK_LOSSES)}")
+    metrics = ("ndcg_at_10", "mrr_at_10", "map_at_10", "recall_at_10")
+    return Task(name=RERANK, kind=RERANK, labels=(), metrics=metrics, main_metric=metrics[0], train_split=None,
+                eval_splits=(), test_splits=(), rerank_loss=loss)
+
+
 # Tasks on the user's own JSON-lines files; their classes / choice count come from the config.
 GENERIC_TASKS = KINDS
 
 
 def get_task(name: str, labels=None, num_choices: int | None = None, squad_version: str | None = None,
-             contrastive_loss: str | None = None) -> Task:
+             contrastive_loss: str | None = None, rerank_loss: str | None = None) -> Task:
     """The task called `name`: a row of TASKS, or a generic kind built from the given labels.
 
     "classification" needs `labels` (class names, index order; two labels also get F1 with the
     second as the positive class, GLUE's convention); "multiple_choice" needs `num_choices`;
     "regression" needs neither; "tagging" needs `labels` (the tags, "O" among them: BIO or IOB1);
     "span" takes `squad_version` (v1.1 default); "contrastive" its `contrastive_loss` (mnrl default: query /
-    positive pairs scored by retrieval in the dev set; cosent, cosine_mse: scored pairs, by Spearman).
+    positive pairs scored by retrieval in the dev set; cosent, cosine_mse: scored pairs, by Spearman); "rerank"
+    its `rerank_loss` (bce default).
     Benchmark tasks take none of them.
     """
     if name in TASKS:
@@ -183,16 +224,7 @@ def get_task(name: str, labels=None, num_choices: int | None = None, squad_versi
                              " multiple_choice)")
         return TASKS[name]
     if name == CLASSIFICATION:
-        labels = tuple(str(label) for label in (labels or ()))
-        if len(labels) < 2:
-            raise ValueError("task classification needs at least two class names: set data.labels, "
-                             "e.g. ['negative', 'positive']")
-        if len(set(labels)) != len(labels):
-            raise ValueError(f"task classification: data.labels lists a class twice: {list(labels)}")
-        binary = len(labels) == 2
-        return Task(name=name, kind=CLASSIFICATION, labels=labels, metrics=_ACC_F1 if binary else _ACC,
-                    main_metric="accuracy", train_split=None, eval_splits=(), test_splits=(),
-                    positive_label=labels[1] if binary else None)
+        return _classification_task(labels)
     if name == REGRESSION:
         if labels:
             raise ValueError("task regression predicts a number: leave data.labels unset")
@@ -213,15 +245,10 @@ def get_task(name: str, labels=None, num_choices: int | None = None, squad_versi
                     main_metric="best_f1" if v2 else "f1", train_split=None, eval_splits=(), test_splits=(),
                     squad_version=version)
     if name == TAGGING:
-        labels = tuple(str(label) for label in (labels or ()))
-        if "O" not in labels or len(labels) < 2:
-            raise ValueError("task tagging needs its tags, 'O' and the entity tags (BIO), in data.labels, e.g. "
-                             "['O', 'B-PER', 'I-PER']")
-        if len(set(labels)) != len(labels):
-            raise ValueError(f"task tagging: data.labels lists a tag twice: {list(labels)}")
-        return Task(name=name, kind=TAGGING, labels=labels, metrics=_ENTITIES, main_metric="f1", train_split=None,
-                    eval_splits=(), test_splits=())
+        return _tagging_task(labels)
     if name == CONTRASTIVE:
         return _contrastive_task(contrastive_loss or "mnrl")
+    if name == RERANK:
+        return _rerank_task(rerank_loss or "bce")
     known = ", ".join(list(TASKS) + list(GENERIC_TASKS))
     raise ValueError(f"unknown task {name!r}: known tasks are {known}")

@@ -3,13 +3,15 @@ logits on a batch, the logged training metrics, and the Scorer that runs the jit
 and scores it by the task's kind. Shared by fine-tuning, pruning and the compression report."""
 
 import dataclasses
+import functools
 
 import jax
 import numpy as np
 from jax.experimental import multihost_utils
 
+from bertjax.models import heads
 from bertjax.tasks import batches as task_batches
-from bertjax.tasks import scoring
+from bertjax.tasks import registry, scoring
 from bertjax.training import sharding
 
 INPUT_KEYS = ("input_ids", "segment_ids", "input_mask")
@@ -36,6 +38,15 @@ def task_loss(params, batch: dict, dropout_rng, *, net, loss, teacher=None):
     if teacher is not None:
         return loss(logits, batch["label"], weights, teacher(*(batch[k] for k in INPUT_KEYS), **packed))
     return loss(logits, batch["label"], weights)
+
+
+def head_loss(task, settings):
+    """The head's loss (logits, labels, weights) -> (loss, sums) of a task: heads.HEADS[kind].loss, with the
+    run's loss and its settings where the kind has several (rerank)."""
+    loss = heads.head(task.kind).loss
+    if task.kind == registry.RERANK:
+        return functools.partial(loss, **settings.loss_settings())
+    return loss
 
 
 def task_logits(params, batch: dict, *, net):

@@ -183,3 +183,25 @@ def contrastive_config(task: str = "contrastive") -> ml_collections.ConfigDict:
         teacher="",
     ))
     return config
+
+
+def rerank_config(task: str = "rerank") -> ml_collections.ConfigDict:
+    """A reranker (cross-encoder) trained on each query's candidates (bertjax/tasks/kinds/rerank.py), with
+    sentence-transformers' CrossEncoder defaults: learning rate 2e-5 with torch's AdamW bias correction."""
+    config = finetune_config(task)
+    config.data.max_seq_length = 256  # [CLS] query [SEP] passage [SEP]; the query is cut last
+    config.optimizer.bias_correction = True
+    config.train.batch_size = 16  # queries a step, each with its rerank.candidates pairs
+    config.train.epochs = 1.0
+    config.rerank = ml_collections.ConfigDict(dict(
+        # bce: relevance labels in [0, 1], pair by pair; listnet, lambdaloss, ranknet: each query's list of
+        # graded labels; margin_mse, kl: a teacher's scores (a "scores" list per row; margin_mse: the first
+        # candidate is the positive). bertjax/models/rerank_losses.py has each formula.
+        loss="bce",
+        candidates=8,  # C: the most candidates a query has (the slots of each query in a step)
+        k=config_dict.placeholder(int),  # lambdaloss, ranknet: pairs with either candidate in the top k; unset: all
+        sigma=1.0,  # lambdaloss, ranknet: the score difference's scale inside the sigmoid
+        mu=10.0,  # lambdaloss: the NDCG-Loss2++ weight of NDCG-Loss2 against LambdaRank
+        temperature=1.0,  # kl: both softmaxes' temperature
+    ))
+    return config

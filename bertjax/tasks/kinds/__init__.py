@@ -9,11 +9,12 @@ from bertjax.tasks.kinds.base import Kind
 from bertjax.tasks.kinds.classification import CLASSIFICATION, REGRESSION
 from bertjax.tasks.kinds.contrastive import CONTRASTIVE
 from bertjax.tasks.kinds.multiple_choice import MULTIPLE_CHOICE
+from bertjax.tasks.kinds.rerank import RERANK
 from bertjax.tasks.kinds.span import SPAN
 from bertjax.tasks.kinds.tagging import TAGGING
 
 KINDS: dict[str, Kind] = {kind.name: kind for kind in (CLASSIFICATION, REGRESSION, MULTIPLE_CHOICE, SPAN, TAGGING,
-                                                      CONTRASTIVE)}
+                                                      CONTRASTIVE, RERANK)}
 
 
 def get(name: str) -> Kind:
