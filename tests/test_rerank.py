@@ -296,7 +296,7 @@ def rerank_run_config(pretrained, files, **rerank):
     config.data.update(max_seq_length=64, train=files["train"], validation=files["validation"])
     config.train.update(batch_size=16, epochs=2.0)
     config.optimizer.learning_rate = 1e-3
-    config.rerank.update(candidates=4, **rerank)
+    config.rerank.update({"candidates": 4, **rerank})
     config.logging.update(log_every=1, eval_batch_size=8)
     return config
 
@@ -335,3 +335,73 @@ def test_the_program_trains_a_reranker_scored_as_pytrec_eval_and_exported_as_a_c
     cross = CrossEncoder(exported, device="cpu")
     theirs = cross.predict([(r["query"], p) for r in rows for p in r["passages"]])
     np.testing.assert_allclose(theirs, scores, atol=1e-5)
+
+
+@pytest.mark.parametrize("name", ["listnet", "lambdaloss"])
+def test_a_packed_step_has_the_loss_and_gradient_of_its_queries_unpacked(cross_encoder_directory, name):
+    """The pairs of a step's queries (3, 1 and 2 candidates of C = 3 slots) packed into rows give the unpacked
+    batch's loss and every gradient."""
+    from bertjax.interop import hf
+    from bertjax.models import heads
+    from bertjax.tasks import batches, registry, rerank_batches, steps as task_steps
+    from bertjax.tasks.kinds import rerank
+    from bertjax.text import tokenizers
+
+    cfg, params, _ = hf.load_hf_head(cross_encoder_directory, "rerank", model_config_overrides=dict(
+        hidden_dropout_rate=0.0, attention_dropout_rate=0.0))
+    net = heads.network("rerank", cfg)
+    tokenizer = tokenizers.load_tokenizer("wordpiece", str(cross_encoder_directory / "vocab.txt"), lower_case=True)
+    task = registry.get_task("rerank", rerank_loss=name)
+    settings = rerank.Settings(name, 3, None, 1.0, 10.0, 1.0)
+    step = word_lists(seed=2, steps=1, queries=6)[0]
+    examples = [rerank.RerankExample(i, q, docs[:1 + i % 3], ["a", "b", "c"][:1 + i % 3], ys[:1 + i % 3])
+                for i, (q, docs, ys) in enumerate(step)]
+    features = rerank.featurize(task, examples, tokenizer, 32, settings)
+    loss = functools.partial(task_steps.task_loss, net=net, loss=task_steps.head_loss(task, settings))
+    grad = jax.jit(jax.value_and_grad(lambda p, b: loss(p, b, jax.random.key(0))[0]))
+
+    chosen = batches.train_batch_indices(6, 4, 0, 1)  # the 4 queries of step 1
+    unpacked = {k: features[k][chosen] for k in ("input_ids", "segment_ids", "input_mask", "label",
+                                                 "label_weight", "example_weight")}
+    packed = rerank_batches.packed_step(features, rerank_batches.pair_lengths(features), 4, 0, 1, num_rows=4,
+                                        max_sequences=3)
+    assert packed["input_ids"].shape == (4, 32) and packed["pair_slots"].shape == (4, 3)
+    want, want_grads = grad(params, unpacked)
+    got, got_grads = grad(params, packed)
+    np.testing.assert_allclose(got, want, rtol=1e-5)
+    for a, b in zip(jax.tree_util.tree_leaves(got_grads), jax.tree_util.tree_leaves(want_grads)):
+        np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6)
+
+
+def test_bad_rerank_input_is_one_line_and_writes_nothing(pretrained, rerank_files, tmp_path):
+    import re
+
+    from bertjax.runs import finetuning
+
+    cases = [
+        ([{"query": "q", "passages": ["a", "b"], "labels": [1, 0]}, {"query": "r", "passages": ["c"]}], {},
+         "bad.jsonl:2: missing field 'labels': a list of numbers, one per passage"),
+        ([{"query": "q", "passages": ["a", "b"], "labels": [1]}], {},
+         "bad.jsonl:1: field 'labels' must be a list of 2 numbers"),
+        ([{"query": "q", "passages": ["a", "b"], "labels": [1, 0]}], {"rerank.loss": "margin_mse"},
+         "bad.jsonl:1: missing field 'scores' (rerank.loss=margin_mse trains on a teacher's scores)"),
+        ([{"query": "q", "passage": "a", "label": 1}, {"query": "q", "passage": "b"}], {"rerank.loss": "bce"},
+         "bad.jsonl:2: missing field 'label'"),
+        ([{"query": "q", "passages": list("abcdef"), "labels": [1, 0, 0, 0, 0, 0]}], {},
+         "has 6 candidates, more than rerank.candidates=4: raise rerank.candidates to 6"),
+        ([], {}, "bad.jsonl: empty file"),
+    ]
+    for rows, changes, fragment in cases:
+        config = rerank_run_config(pretrained, {**rerank_files, "train": write_jsonl(tmp_path / "bad.jsonl", rows)},
+                                   **{k.split(".")[1]: v for k, v in changes.items()})
+        with pytest.raises(ValueError, match=re.escape(fragment)) as error:
+            finetuning.finetune(config, str(tmp_path / "bad"))
+        assert "\n" not in str(error.value) and not (tmp_path / "bad").exists()
+    graded = write_jsonl(tmp_path / "dev.jsonl", [{"query": "q", "passages": ["a"], "labels": [0.5]}])
+    settings = [({"validation": graded}, {}, "a dev set's labels are whole-number grades"),
+                ({}, {"loss": "softmax"}, "rerank.loss='softmax': choose one of bce, listnet, lambdaloss"),
+                ({}, {"candidates": 0}, "rerank.candidates=0: the most candidates a query has")]
+    for data, rerank, fragment in settings:
+        with pytest.raises(ValueError, match=re.escape(fragment)):
+            finetuning.finetune(rerank_run_config(pretrained, {**rerank_files, **data}, **rerank), str(tmp_path / "bad"))
+        assert not (tmp_path / "bad").exists()

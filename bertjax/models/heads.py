@@ -398,7 +398,7 @@ HEADS = {
     # A query's C candidates scored; its loss over them (bertjax/models/rerank_losses.py). Packed rows score
     # every pair of the step's queries; the step gathers them back to [B, C] (bertjax/tasks/rerank_batches.py).
     "rerank": Head(lambda cfg, _: BertForReranking(cfg), rerank_losses.rerank_loss, _value_of_scores, 1,
-                   choices=True),  # [B, C] float
+                   choices=True, packable=True),  # [B, C] float
 }
 
 

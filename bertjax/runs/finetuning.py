@@ -38,7 +38,7 @@ from bertjax.runs.finetuning_compression import (TaskTeacher, distillation_step,
 from bertjax.runs.task_data import (TaskData, TaskStart, contrastive_chunks, eval_length, feature_based_settings,
                                     task_data, task_from_config)
 from bertjax.tasks import batches as task_batches
-from bertjax.tasks import contrastive_batches, contrastive_steps, kinds, registry, scoring
+from bertjax.tasks import contrastive_batches, contrastive_steps, kinds, registry, rerank_batches, scoring
 from bertjax.tasks.steps import (INPUT_KEYS, PACKED_INPUT_KEYS, TRAIN_KEYS, Scorer, head_loss, task_logits, task_loss,
                                  summarize_train)
 from bertjax.text import files
@@ -344,6 +344,12 @@ def train_loop(run: Run, state: TrainState, p_train_step, dropout_key, data_shar
             num_chunks=contrastive_chunks(config), process_index=jax.process_index(),
             process_count=jax.process_count())
         train_keys = contrastive_batches.batch_keys(train_features)
+    elif run.task.kind == registry.RERANK:  # the pairs of its queries share rows
+        batches = rerank_batches.packed_train_batches(
+            train_features, config.train.batch_size, config.train.seed, int(state.step),
+            num_rows=data.packing.num_rows, max_sequences=data.packing.max_sequences,
+            process_index=jax.process_index(), process_count=jax.process_count())
+        train_keys = rerank_batches.BATCH_KEYS
     else:
         batches = task_batches.packed_train_batches(
             train_features, config.train.batch_size, config.train.seed, int(state.step), keys=train_keys,

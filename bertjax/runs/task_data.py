@@ -15,7 +15,7 @@ from bertjax.models.config import BertConfig
 from bertjax.runs.console import say
 from bertjax.runs.start import Layout
 from bertjax.tasks import batches as task_batches
-from bertjax.tasks import contrastive_batches, kinds, registry, scoring
+from bertjax.tasks import contrastive_batches, kinds, registry, rerank_batches, scoring
 
 
 def task_from_config(config):
@@ -202,7 +202,8 @@ def task_data(config, task, tokenizer, model, layout: Layout | None = None) -> T
         f"({config.train.epochs:g} epochs)")
     packed = None
     if packing:
-        rows_of = packed_text_rows if task.kind == registry.CONTRASTIVE else packed_rows
+        rows_of = {registry.CONTRASTIVE: packed_text_rows, registry.RERANK: packed_pair_rows}.get(task.kind,
+                                                                                               packed_rows)
         packed = rows_of(config, train_split.features, num_steps, *packing, layout=layout)
     return TaskData(train_split, dev_splits, test_splits, kinds.get(task.kind).settings_from_config(config),
                     num_steps, math.ceil(num_train / batch_size), packed)
@@ -243,6 +244,30 @@ def packed_text_rows(config, features: dict, num_steps: int, max_sequences: int,
             f"{100 * real / (rows * width):.0f}% real tokens; unpacked {100 * real / unpacked:.0f}%)")
     if layout is not None:
         layout.check_batch(rows, k)
+    return Packing(rows, max_sequences)
+
+
+def packed_pair_rows(config, features: dict, num_steps: int, max_sequences: int, rows: int | None, *,
+                     layout: Layout | None = None) -> Packing:
+    """A rerank run's Packing (the pairs of its queries share rows: bertjax/tasks/rerank_batches.py):
+    data.packed_rows as set, or derived and said in one line."""
+    batch_size, width = config.train.batch_size, config.data.max_seq_length
+    if config.train.grad_accum_steps != 1:
+        raise ValueError("a rerank task packs the pairs of a step's queries together: set train.grad_accum_steps=1 "
+                         "(or data.packing=False)")
+    if rows is None:
+        needed = rerank_batches.packed_rows_needed(features, batch_size, config.train.seed, num_steps,
+                                                   max_sequences=max_sequences)
+        unit = math.lcm(layout.data_parallel_size if layout is not None else 1, jax.process_count())
+        rows = -(-needed // unit) * unit
+        lengths = rerank_batches.pair_lengths(features)
+        real = float(np.sum(lengths * features["label_weight"].reshape(-1))) / len(features["input_ids"]) * batch_size
+        unpacked = batch_size * features["label_weight"].shape[1] * width
+        say(f"packing: the pairs of {batch_size} queries a step in {rows} rows of {width} (about "
+            f"{100 * real / (rows * width):.0f}% real tokens; unpacked {100 * real / unpacked:.0f}%)")
+    if layout is not None:
+        layout.check_batch(rows, 1)
+        layout.check_batch(batch_size, 1)
     return Packing(rows, max_sequences)
 
 

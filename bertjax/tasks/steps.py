@@ -35,6 +35,8 @@ def task_loss(params, batch: dict, dropout_rng, *, net, loss, teacher=None):
         weights = batch["label_weight"] if packed else batch["label_weight"] * weights[:, None]
     logits = net.apply({"params": params}, *(batch[k] for k in INPUT_KEYS), deterministic=False,
                        rngs={"dropout": dropout_rng}, **packed)
+    if "pair_slots" in batch:  # rerank's packed pairs: each query's candidates' scores back to [B, C]
+        logits = logits.reshape(-1)[batch["pair_slots"]]
     if teacher is not None:
         return loss(logits, batch["label"], weights, teacher(*(batch[k] for k in INPUT_KEYS), **packed))
     return loss(logits, batch["label"], weights)

@@ -42,7 +42,7 @@ def finetune_config(task: str) -> ml_collections.ConfigDict:
         test=config_dict.placeholder(str),  # predicted for the submission / predictions file
         labels=config_dict.placeholder(tuple),  # class names, for task=classification: "('neg', 'pos')"
         num_choices=config_dict.placeholder(int),  # for task=multiple_choice
-        # Training batches of several examples per row (classification, regression, tagging; docs/data.md
+        # Training batches of several examples per row (classification, regression, tagging, rerank; docs/data.md
         # "Packing in fine-tuning"): a step still takes train.batch_size examples, in packed_rows rows, and
         # has their loss and gradients. Unset: on for those kinds, off for multiple choice, span and the
         # feature-based tagger, which cannot pack; True asks for it (an error where it cannot apply).

@@ -19,7 +19,8 @@ Examples, a line of each form:
       --config.data.train=train.jsonl --config.data.validation=dev.jsonl --config.rerank.loss=listnet --workdir=DIR
 
 Each query holds at most rerank.candidates candidates (C): a training step takes train.batch_size queries, so
-every listwise loss sees a query's whole list. Dev sets are scored by nDCG@10, MRR@10, MAP@10 and Recall@10 of
+every listwise loss sees a query's whole list; with data.packing (the default) their pairs share rows
+(bertjax/tasks/rerank_batches.py). Dev sets are scored by nDCG@10, MRR@10, MAP@10 and Recall@10 of
 each query's candidates reranked (trec_eval's definitions, bertjax/tasks/retrieval_metrics.py); nDCG@10 chooses
 the best checkpoint. The model exports as a sentence-transformers CrossEncoder, its score the raw logit.
 """
