@@ -8,6 +8,7 @@
     python -m bertjax.benchmark --accelerator --profile=/tmp/prof # and a trace, kernel time by category
     python -m bertjax.benchmark --embeddings                      # embed and contrastive steps vs sentence-transformers
     python -m bertjax.benchmark --long_rows=2048,8192              # one packed row: xla vs blockwise attention
+    python -m bertjax.benchmark --mining=100000,1000000            # hard-negative mining at two corpus sizes
     python -m bertjax.benchmark --sizes=base --json=rows.jsonl     # each row also as JSON, as it is measured
     python -m bertjax.benchmark --accelerator --hlo=step.hlo.txt  # and the compiled step as optimized HLO
 
@@ -32,6 +33,8 @@ tokenizer, which is TensorFlow ops).
 --long_rows times the step on packed rows of each given length (default modernbert_tiny, one row) under
 each of --attention_impls, each in a fresh process: tokens/s, the compiled step's temporaries and the
 process's peak resident memory, to show what attention without an [S, S] matrix buys on long rows.
+--mining times hard-negative mining (search and selection) on synthetic embeddings at each corpus size,
+each in a fresh process: seconds, queries/s and peak resident memory (bertjax/bench/mining_speed.py).
 """
 
 import os
@@ -41,7 +44,7 @@ from absl import flags
 from ml_collections import config_flags
 
 import configs.base
-from bertjax.bench import step_speed
+from bertjax.bench import mining_speed, step_speed
 from bertjax.runs import console
 
 
@@ -92,6 +95,12 @@ def define_flags(argv: list[str]) -> dict:
                                           "model.attention_impl values compared (attention dropout off for all)."),
         long_row_timeout=flags.DEFINE_float("long_row_timeout", 1200.0, "--long_rows: seconds one measurement may "
                                             "take before it is reported as not done."),
+        mining=flags.DEFINE_list("mining", [], "Corpus sizes (e.g. 100000,1000000): time mining hard negatives "
+                                 "(the search and the selection) on synthetic embeddings at each, in a fresh process "
+                                 "(seconds, queries/s, peak RSS); nothing else runs."),
+        mining_queries=flags.DEFINE_integer("mining_queries", mining_speed.QUERIES, "--mining: queries mined."),
+        mining_dim=flags.DEFINE_integer("mining_dim", mining_speed.DIM, "--mining: the embeddings' width "
+                                        "(all-MiniLM-L6-v2's)."),
         memory_only=flags.DEFINE_bool("memory_only", False, "Compile bertjax's step and print its memory; run nothing "
                                        "(e.g. to choose a remat policy for a GPU on a CPU machine)."),
         json=flags.DEFINE_string("json", None, "Also append each measured row (the step's, --packing's, --long_rows') "
@@ -123,6 +132,13 @@ def with_model_overrides(argv: list[str]) -> list[str]:
 
 def main(argv, args):
     console.no_arguments(argv)
+    if args.mining:
+        try:
+            passages = [int(n) for n in args.mining]
+        except ValueError:
+            console.fail(f"--mining={','.join(args.mining)}: give corpus sizes as whole numbers, e.g. 100000,1000000")
+        console.finish(mining_speed.benchmark, passages, num_queries=args.mining_queries, dim=args.mining_dim)
+        return
     console.finish(step_speed.benchmark, sizes=args.sizes, seq_len=args.seq, batch_size=args.batch,
                    shape_given=flags.FLAGS["seq_len"].present or flags.FLAGS["batch_size"].present,
                    steps=args.steps, warmup=args.warmup, dtype=args.dtype,

@@ -53,7 +53,7 @@ def resolve(record: EmbeddingRecord | None, model_limit: int, *, prompt_name: st
     """The settings of one call; a prompt name the model lacks, or pooling its Dense cannot take, is one
     line. model_limit: the most tokens the encoder's positions allow. task="query" (sentence-transformers'
     encode_query): the "query" prompt where none is given and the model has one, and texts cut to the
-    record's max_query_length where it has one."""
+    record's max_query_length where it has one (shorter or longer than max_seq_length, as training cut them)."""
     record = record or DEFAULT
     if task not in (None, QUERY):
         raise ValueError(f"task={task!r}: None, or 'query' (the texts are queries)")
@@ -70,8 +70,8 @@ def resolve(record: EmbeddingRecord | None, model_limit: int, *, prompt_name: st
         raise ValueError(f"pooling={list(modes)}: the model's Dense layer takes the width of {len(record.modes)} "
                          f"pooling mode(s) ({', '.join(record.modes)}); pass as many")
     limit = min(record.max_seq_length or model_limit, model_limit)
-    if task == QUERY and record.max_query_length is not None:  # Transformer.query_length
-        limit = min(record.max_query_length, limit)
+    if task == QUERY and record.max_query_length is not None:  # Transformer.query_length, in place of max_seq_length
+        limit = min(record.max_query_length, model_limit)
     return Settings(tuple(modes), record.normalize if normalize is None else bool(normalize), record.dense, prompt,
                     record.include_prompt, limit)
 

@@ -7,7 +7,9 @@
 Each line of the pairs file ({"query", "positive"}) gets a `negatives` list: passages the model ranks close
 to its query that are not its positives, chosen as sentence-transformers' mine_hard_negatives chooses
 them (relative_margin=0.05 is NV-Retriever's TopK-PercPos 95%). The corpus (JSON lines with `text`, or
-BEIR's corpus.jsonl) defaults to the pairs' own positives. The run is bertjax/runs/mining.py.
+BEIR's corpus.jsonl) defaults to the pairs' own positives. A run stopped by Ctrl-C, SIGTERM or a crash
+continues where it stopped when the same command is run again: the finished work (embeddings, searched
+queries) is kept in OUT.partial/ until OUT is written. The run is bertjax/runs/mining.py.
 """
 
 from absl import flags

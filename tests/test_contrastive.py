@@ -1,9 +1,13 @@
 """Contrastive fine-tuning: the losses against sentence-transformers' (MNRL, symmetric, hard negatives,
 CoSENT, Matryoshka), 20 training steps against sentence-transformers' model and loss trained by torch's
 AdamW, GradCache's gradient against the whole batch's, a 4-device mesh against one device, and the
-fine-tuning program on pairs from the demo corpus (metrics, best checkpoint, exact resume, bad files)."""
+fine-tuning program on pairs from the demo corpus (metrics, best checkpoint, exact resume after SIGTERM, bad
+files; without a dev set, its step loss against one computed from sentence-transformers' embeddings with the
+prompts left out of pooling, its export against embed)."""
 
+import contextlib
 import functools
+import io
 import json
 import pathlib
 import re
@@ -534,7 +538,7 @@ def test_the_program_trains_scores_keeps_the_best_and_resumes_exactly(pretrained
         exporting.export(str(whole), str(tmp_path / "hf"), "hf")
 
     # The program sent SIGTERM once it has logged 3 steps: it saves that step's checkpoint, exits 0 as a
-    # preempted run does, and the same run again ends with the uninterrupted run's metrics, bit for bit.
+    # preempted run does, and the same run again ends with the uninterrupted run's metrics and params, bit for bit.
     preempted = tmp_path / "preempted"
     proc = start_command([sys.executable, "-m", "bertjax.finetune", "--config=configs/finetune/contrastive.py",
                           f"--workdir={preempted}", *config_flags(run_settings(pretrained, files))])
@@ -548,9 +552,96 @@ def test_the_program_trains_scores_keeps_the_best_and_resumes_exactly(pretrained
     finetuning.finetune(config, str(preempted))
     assert f"resumed from step {saved}" in capsys.readouterr().out
     assert train_losses(preempted) == train_losses(whole) and len(train_losses(whole)) == 20
+    for kept in ("checkpoints", "best"):  # the last step's params and the best dev model, bit for bit
+        assert_trees_close(checkpoint.restore_params(str(preempted / kept))[0],
+                           checkpoint.restore_params(str(whole / kept))[0], rtol=0, atol=0)
     later = lambda lines: [{k: v for k, v in r.items() if k != "wall_time"} for r in lines  # noqa: E731
                            if r.get("split") == "validation" and r["step"] > saved]
     assert later(metric_lines(preempted)) == later(dev) and later(dev)
+
+
+@pytest.fixture(scope="module")
+def no_dev_run(pretrained, tmp_path_factory):
+    """run_settings without a dev set (data.validation unset), on 64 of demo_pairs' training pairs in 4 steps of
+    16, without dropout (step 1's loss is then a function of the pretrained model alone), in process as the
+    program runs it: {"workdir", "config", "out"} (the console)."""
+    root = tmp_path_factory.mktemp("no-dev")
+    rows = pathlib.Path(demo_pairs(root)["train"]).read_text().splitlines()[:64]
+    train = root / "train64.jsonl"
+    train.write_text("\n".join(rows) + "\n")
+    config = contrastive_run_config(pretrained, {"train": str(train), "validation": ""}, **{
+        "train.epochs": 1.0, "train.contrastive_microbatch": 0, "model.hidden_dropout_rate": 0.0,
+        "model.attention_dropout_rate": 0.0})
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        finetuning.finetune(config, str(root / "run"))
+    return {"workdir": root / "run", "config": config, "out": out.getvalue()}
+
+
+def test_without_a_dev_set_the_last_step_is_the_model(no_dev_run, pretrained, tmp_path):
+    """Contrastive fine-tuning without data.validation trains every step, says so once, keeps the last step's
+    model as best/ (what bertjax.load and the export read); the other kinds, and a sweep, still need a dev set."""
+    workdir, out = no_dev_run["workdir"], no_dev_run["out"]
+    assert out.count("no dev set") == 2  # the line at the start and the run's last line
+    assert "no dev set (data.validation unset): training all 4 steps, the last step's model kept as the model" in out
+    assert "contrastive: no dev set; the model is step 4's" in out
+    lines = metric_lines(workdir)
+    assert [r["step"] for r in lines if "loss" in r] == [1, 2, 3, 4] and not any("split" in r for r in lines)
+    summary = json.loads((workdir / "summary.json").read_text())
+    assert summary["steps"] == 4 and summary["best"] == {"step": 4, "value": None, "metrics": {}}
+    best, meta = checkpoint.restore_params(str(workdir / "best"))
+    last, _ = checkpoint.restore_params(str(workdir / "checkpoints"))
+    assert meta.step == 4 and meta.embedding.prompts == {"query": "query: ", "passage": "passage: "}
+    assert_trees_close(best, last, rtol=0, atol=0)
+    model = bertjax.load(str(workdir))
+    assert_trees_close(model.params["bert"], last["bert"], rtol=0, atol=0)
+    exported = exporting.export(str(workdir), str(tmp_path / "st"), "sentence-transformers")
+    assert SentenceTransformer(exported, device="cpu").encode(["a sentence"]).shape == (1, 64)
+    dev_less = dict(pretrained["files"], validation="")
+    classification = contrastive_run_config(pretrained, dev_less)
+    classification.task, classification.data.labels = "classification", ("no", "yes")
+    with pytest.raises(ValueError, match="task classification needs a dev set to evaluate on: set "
+                                         "config.data.validation"):
+        finetuning.finetune(classification, str(tmp_path / "classification"))
+    sweep = contrastive_run_config(pretrained, {"train": dev_less["train"], "validation": ""})
+    sweep.sweep = True
+    with pytest.raises(ValueError, match="config.sweep chooses the learning rate on the dev set"):
+        finetuning.finetune_or_sweep(sweep, str(tmp_path / "sweep"))
+    assert not (tmp_path / "classification").exists() and not (tmp_path / "sweep").exists()
+
+
+def test_training_pools_without_the_prompts_as_its_sentence_transformers_export(no_dev_run, pretrained, tmp_path):
+    """contrastive.include_prompt=False in training: step 1's logged loss is Matryoshka MNRL computed here from
+    sentence-transformers' embeddings of the step's texts by the pretrained model under
+    Pooling(include_prompt=False); the trained model's export encodes as bertjax.load's embed, prompts and all."""
+    config = no_dev_run["config"]
+    start = SentenceTransformer(exporting.export(pretrained["workdir"], str(tmp_path / "start"),
+                                                 "sentence-transformers"), device="cpu")
+    start[1].include_prompt = False
+    pairs = [json.loads(line) for line in pathlib.Path(config.data.train).read_text().splitlines()]
+    chosen = batches.train_batch_indices(len(pairs), 16, config.train.seed, 0)
+    start.max_seq_length = 16  # data.max_query_length
+    queries = start.encode([pairs[i]["query"] for i in chosen], prompt="query: ")
+    start.max_seq_length = 32
+    candidates = start.encode([pairs[i]["positive"] for i in chosen] + [
+        pairs[i]["negatives"][0] for i in chosen if "negatives" in pairs[i]], prompt="passage: ")
+    unit = lambda x: x / np.linalg.norm(x, axis=-1, keepdims=True)  # noqa: E731
+    expected = 0.0
+    for width in (64, 32):  # contrastive.matryoshka_dims, each of weight 1
+        logits = 20.0 * unit(queries[:, :width].astype(np.float64)) @ unit(candidates[:, :width].astype(np.float64)).T
+        top = logits.max(-1)
+        expected += np.mean(top + np.log(np.exp(logits - top[:, None]).sum(-1)) - np.diagonal(logits))
+    assert train_losses(no_dev_run["workdir"])[1] == pytest.approx(expected, rel=1e-5)
+
+    workdir = no_dev_run["workdir"]
+    model = bertjax.load(str(workdir))
+    exported = SentenceTransformer(exporting.export(str(workdir), str(tmp_path / "st"), "sentence-transformers"),
+                                   device="cpu")
+    texts = [pairs[i]["positive"] for i in range(10)] + ["", "music " * 40]  # the last cut at 32 (16 as a query)
+    for how in (dict(prompt_name="query"), dict(prompt_name="passage"), dict(prompt="")):
+        difference = np.abs(model.embed(texts, **how) - exported.encode(texts, **how)).max()
+        assert difference < 1e-5, (how, difference)
+    assert np.abs(model.embed(texts, task="query") - exported.encode_query(texts)).max() < 1e-5
 
 
 @pytest.mark.mesh
@@ -600,7 +691,8 @@ def test_a_bad_pairs_file_is_one_line(pretrained, tmp_path):
                  "contrastive.loss='infonce': choose one of mnrl, cosent, cosine_mse, distill_mse"),
                 ({"train.grad_accum_steps": 2}, "would split the in-batch negatives"),
                 ({"data.packed_rows": 2}, "data.packed_rows=2: some step's texts need"),
-                ({"data.packed_rows": 3}, "data.packed_rows=3 is not divisible by the 2 microbatches")]
+                ({"data.packed_rows": 3}, "data.packed_rows=3 is not divisible by the 2 microbatches"),
+                ({"data.max_query_length": 65}, "data.max_query_length=65 is longer than the 64 positions")]
     for changes, fragment in settings:
         with pytest.raises(ValueError, match=re.escape(fragment)):
             finetuning.finetune(contrastive_run_config(pretrained, good, **changes), str(tmp_path / "bad"))

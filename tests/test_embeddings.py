@@ -204,40 +204,56 @@ def test_a_sentence_transformers_directory_embeds_as_sentence_transformers(famil
 @pytest.mark.parametrize("name", ["roberta", "modernbert"])
 def test_a_byte_level_bpe_sentence_transformer_embeds_and_exports_as_sentence_transformers(name, bpe_directories,
                                                                                           tmp_path):
-    """conftest's byte-level BPE directories under Pooling and Normalize: bertjax embeds as
-    SentenceTransformer.encode, and its sentence-transformers export loads back with the same embeddings."""
+    """conftest's byte-level BPE directories (a BPE the tokenizers library learned, beside a random RobertaModel
+    or ModernBertModel) under Pooling, the prompts' tokens left out (a prompt ending in a space, which
+    byte-level BPE merges into the next word: "query: The" -> query, :, ĠThe), and Normalize, saved by
+    sentence-transformers: bertjax embeds as SentenceTransformer.encode with every prompt, and its
+    sentence-transformers export loads back with the same embeddings."""
     modes = ("mean",) if name == "roberta" else ("cls", "mean")
+    default = None if name == "roberta" else "query"
     st = SentenceTransformer(modules=[Transformer(str(bpe_directories[name]), max_seq_length=MAX_SEQ_LENGTH),
-                                      Pooling(H, pooling_mode=modes), Normalize()], device="cpu")
+                                      Pooling(H, pooling_mode=modes, include_prompt=False), Normalize()],
+                             prompts=PROMPTS, default_prompt_name=default, device="cpu")
     st.save(str(tmp_path / "st"))
     texts = BPE_HELD_OUT + held_out_texts(6)  # the longest cut at MAX_SEQ_LENGTH tokens
-    expected = SentenceTransformer(str(tmp_path / "st"), device="cpu").encode(texts, batch_size=4)
+    reference = SentenceTransformer(str(tmp_path / "st"), device="cpu")
+    hows = {"default": dict(), "query": dict(prompt_name="query"), "passage": dict(prompt_name="passage"),
+            "none": dict(prompt="")}
+    expected = {how: reference.encode(texts, batch_size=4, **kwargs) for how, kwargs in hows.items()}
     bert = bertjax.load(tmp_path / "st")
-    assert bert.tokenizer.kind == "bpe"
-    difference = max_difference(bert.embed(texts, batch_size=8), expected)
-    print(f"{name} (byte-level BPE): max |embedding difference| vs sentence-transformers {difference:.2e}")
-    assert difference < ATOL
+    assert bert.tokenizer.kind == "bpe" and not bert.embedding.include_prompt
+    differences = {how: max_difference(bert.embed(texts, batch_size=8, **kwargs), expected[how])
+                   for how, kwargs in hows.items()}
+    print(f"{name} (byte-level BPE): max |embedding difference| vs sentence-transformers "
+          f"{max(differences.values()):.2e}")
+    assert max(differences.values()) < ATOL, differences
+    assert max_difference(expected["query"], expected["none"]) > 1e-2  # the prompt changes what is pooled
     workdir = save_workdir(tmp_path / "run", bert, bert.vocab_path, embedding=bert.embedding, kind="bpe")
-    exported = exporting.export(str(workdir), str(tmp_path / "export"), "sentence-transformers")
-    assert max_difference(SentenceTransformer(exported, device="cpu").encode(texts), expected) < ATOL
+    exported = SentenceTransformer(exporting.export(str(workdir), str(tmp_path / "export"), "sentence-transformers"),
+                                   device="cpu")
+    for how in ("default", "passage"):
+        assert max_difference(exported.encode(texts, **hows[how]), expected[how]) < ATOL
 
 
-def test_a_query_length_cuts_queries_as_encode_query(loaded, tmp_path):
-    """A record's max_query_length (what contrastive training writes from data.max_query_length):
-    embed(task="query") embeds as sentence-transformers' encode_query on the export (the query prompt, the
-    Transformer's query_length); the other texts keep max_seq_length."""
+@pytest.mark.parametrize("query_length", [6, 48])
+def test_a_query_length_cuts_queries_as_encode_query(query_length, loaded, tmp_path):
+    """A record's max_query_length (what contrastive training writes from data.max_query_length), shorter or
+    longer than its max_seq_length (32): embed(task="query") embeds as sentence-transformers' encode_query on
+    the export (the query prompt, the Transformer's query_length); the other texts keep max_seq_length. The
+    record round-trips through the checkpoint, the export and bertjax.load of the export."""
     bert = loaded("bert")
-    record = dataclasses.replace(bert.embedding, max_query_length=6)
+    record = dataclasses.replace(bert.embedding, max_query_length=query_length)
     workdir = save_workdir(tmp_path / "run", bert, bert.vocab_path, embedding=record)
+    assert checkpoint.restore_params(str(workdir))[1].embedding == record
     exported = exporting.export(str(workdir), str(tmp_path / "st"), "sentence-transformers")
-    assert json.loads((tmp_path / "st" / "sentence_bert_config.json").read_text())["query_length"] == 6
-    assert bertjax.load(exported).embedding.max_query_length == 6  # read back
+    assert json.loads((tmp_path / "st" / "sentence_bert_config.json").read_text())["query_length"] == query_length
+    assert bertjax.load(exported).embedding == record  # read back
     reference, model, texts = SentenceTransformer(exported, device="cpu"), bertjax.load(workdir), held_out_texts()
     queries = model.embed(texts, task="query")
     assert max_difference(queries, reference.encode_query(texts)) < ATOL
     assert max_difference(model.embed(texts, prompt_name="passage"),
                           reference.encode(texts, prompt_name="passage")) < ATOL
-    assert max_difference(queries, model.embed(texts, prompt_name="query")) > 1e-2  # cut: other embeddings
+    assert max_difference(queries, model.embed(texts, prompt_name="query")) > 1e-2  # cut elsewhere: other embeddings
     with pytest.raises(ValueError, match="task='document': None, or 'query'"):
         model.embed(texts, task="document")
 

@@ -2,13 +2,15 @@
 embeddings and settings, the random sampling's guarantees, and python -m bertjax.mine's run."""
 
 import json
+import signal
 
 import numpy as np
 import pytest
 
-from bertjax.runs import console
+from bertjax.bench import mining_speed
+from bertjax.runs import console, start
 from bertjax.runs import mining as mining_run
-from bertjax.tasks import mining
+from bertjax.tasks import mining, retrieval
 from bertjax.training import sharding
 
 D = 16
@@ -156,21 +158,62 @@ def test_bad_settings_are_one_line(data, settings, message):
         ours(data, **settings)
 
 
+def test_search_by_corpus_blocks_is_one_search():
+    """Blocks of 4 rows, merged: the same scores and rows as one search, ties included (each passage is
+    there twice, the copy a block later)."""
+    rng = np.random.default_rng(1)
+    queries, half = rng.normal(size=(6, D)).astype(np.float32), rng.normal(size=(9, D)).astype(np.float32)
+    corpus = np.concatenate([half, half])
+    want = retrieval.search(queries, corpus, 7, chunk_size=3)
+    got = mining.search(queries, corpus, 7, chunk_size=3, block_size=4)
+    np.testing.assert_array_equal(got[0], want[0])
+    np.testing.assert_array_equal(got[1], want[1])
+    assert (got[1][:, 1] == got[1][:, 0] + 9).all()  # the tie: the earlier copy first
+
+
+def test_queries_searched_in_chunks_and_kept_in_a_store(data):
+    settings = dict(num_negatives=3, range_min=1, relative_margin=0.05)
+    whole = ours(data, **settings)[3]
+    store, calls = {}, []
+    chunked = ours(data, query_chunk_size=5, block_size=10, searched=store, on_chunk=lambda *done: calls.append(done),
+                   **settings)[3]
+    assert chunked == whole and sorted(store) == [0, 5, 10, 15, 20]
+    assert calls == [(5, 24), (10, 24), (15, 24), (20, 24), (24, 24)]
+    assert [len(scores) for scores, _ in store.values()] == [5, 5, 5, 5, 4]
+
+    def searched_again(*_):
+        raise AssertionError("a chunk in the store was searched again")
+    assert ours(data, query_chunk_size=5, searched=store, on_chunk=searched_again, **settings)[3] == whole
+
+
 def write_jsonl(path, rows):
     path.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
 
 
-def test_the_program_adds_negatives_to_a_pairs_file(pretrained, tmp_path):
+# The program's settings in these tests: parts of 8 texts and chunks of 4 queries, so that an interrupted
+# run keeps several parts of each stage.
+PROGRAM = dict(num_negatives=2, batch_size=8, shard_size=8, query_chunk_size=4)
+
+
+@pytest.fixture(scope="module")
+def program_files(pretrained, tmp_path_factory):
+    """A pairs file of 10 pairs (the first with a given negative), a BEIR corpus of 20 more texts, and the
+    output of one uninterrupted run over them: {"pairs", "corpus", "texts", "out", "report"}."""
+    root = tmp_path_factory.mktemp("program")
     texts = [json.loads(line)["text"] for line in open(pretrained["files"]["train"], encoding="utf-8")][:40]
     pairs = [{"query": texts[i], "positive": texts[i + 1], "id": i} for i in range(0, 20, 2)]
     pairs[0]["negatives"] = ["a given negative"]
-    write_jsonl(tmp_path / "pairs.jsonl", pairs)
-    write_jsonl(tmp_path / "corpus.jsonl", [{"_id": str(i), "title": "", "text": t} for i, t in enumerate(texts[20:])])
-    out = tmp_path / "mined.jsonl"
-    report = mining_run.mine(pretrained["workdir"], str(tmp_path / "pairs.jsonl"), str(out),
-                             corpus_path=str(tmp_path / "corpus.jsonl"), num_negatives=2, batch_size=8)
+    write_jsonl(root / "pairs.jsonl", pairs)
+    write_jsonl(root / "corpus.jsonl", [{"_id": str(i), "title": "", "text": t} for i, t in enumerate(texts[20:])])
+    report = mining_run.mine(pretrained["workdir"], str(root / "pairs.jsonl"), str(root / "mined.jsonl"),
+                             corpus_path=str(root / "corpus.jsonl"), **PROGRAM)
+    return dict(pairs=pairs, corpus=root / "corpus.jsonl", texts=texts, out=root / "mined.jsonl", report=report)
+
+
+def test_the_program_adds_negatives_to_a_pairs_file(program_files):
+    out, pairs, texts = program_files["out"], program_files["pairs"], program_files["texts"]
     written = [json.loads(line) for line in out.read_text(encoding="utf-8").splitlines()]
-    assert report == {"pairs": 10, "queries": 10, "corpus": 30, "negatives": 20, "short": 0}
+    assert program_files["report"] == {"pairs": 10, "queries": 10, "corpus": 30, "negatives": 20, "short": 0}
     assert [w["id"] for w in written] == list(range(0, 20, 2))
     assert written[0]["negatives"][0] == "a given negative" and len(written[0]["negatives"]) == 3
     positives = {p["positive"] for p in pairs}
@@ -178,7 +221,57 @@ def test_the_program_adds_negatives_to_a_pairs_file(pretrained, tmp_path):
         mined = w["negatives"][-2:]
         assert len(set(mined)) == 2 and w["positive"] not in mined and w["query"] not in mined
         assert set(mined) <= set(texts[20:]) | positives
-    assert [p.name for p in tmp_path.iterdir() if p.name.startswith("mined")] == ["mined.jsonl"]
+    assert sorted(p.name for p in out.parent.iterdir()) == ["corpus.jsonl", "mined.jsonl", "pairs.jsonl"]
+
+
+def test_an_interrupted_run_continues_to_the_same_output(pretrained, program_files, tmp_path, capsys):
+    """A crash after two corpus parts, then SIGTERM after the first searched chunk, then a run to the end:
+    each run takes up what the one before kept, and the output is the uninterrupted run's, byte for byte."""
+    out, partial = tmp_path / "mined.jsonl", tmp_path / "mined.jsonl.partial"
+    parts = []
+
+    def run(stop_at=None, **changed):
+        def on_part(stage, done, total):
+            parts.append((stage, done))
+            if (stage, done) == stop_at == ("corpus", 16):
+                raise RuntimeError("a crash")
+            if (stage, done) == stop_at:
+                signal.raise_signal(signal.SIGTERM)
+        return mining_run.mine(pretrained["workdir"], str(program_files["out"].with_name("pairs.jsonl")), str(out),
+                               corpus_path=str(program_files["corpus"]), on_part=on_part, **{**PROGRAM, **changed})
+
+    with pytest.raises(RuntimeError, match="a crash"):
+        run(stop_at=("corpus", 16))
+    assert parts == [("query", 8), ("query", 10), ("corpus", 8), ("corpus", 16)] and not out.exists()
+    assert sorted(p.name for p in partial.iterdir()) == ["corpus-000000.npz", "corpus-000001.npz", "manifest.json",
+                                                         "query-000000.npz", "query-000001.npz"]
+    with pytest.raises(ValueError, match="done with another batch_size, shard_size"):
+        run(batch_size=16)
+
+    parts.clear()
+    with pytest.raises(start.Stopped) as stopped:
+        run(stop_at=("search", 4))
+    assert stopped.value.exit_code == 0 and not out.exists()
+    assert parts == [("corpus", 24), ("corpus", 30), ("search", 4)]  # the kept parts not made again
+    said = capsys.readouterr().out
+    assert "mining: corpus texts embedded 16/30 kept from the interrupted run" in said
+    assert f"mining: SIGTERM: stopped; the finished work is kept in {partial}" in said
+
+    parts.clear()
+    assert run() == program_files["report"]
+    assert parts == [("search", 8), ("search", 10)]
+    assert out.read_bytes() == program_files["out"].read_bytes()
+    assert not partial.exists()
+
+
+def test_progress_is_a_line_a_tenth(capsys):
+    progress = mining_run.Progress("texts embedded", 1000, done=100)
+    for done in range(101, 1001):
+        progress.advance_to(done)
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0] == "mining: texts embedded 100/1,000 kept from the interrupted run"
+    assert [line.split(" (")[0] for line in lines[1:]] == [f"mining: texts embedded {n:,}/1,000"
+                                                           for n in range(200, 1001, 100)]
 
 
 def test_bad_pairs_are_one_line_and_write_nothing(tmp_path, capsys):
@@ -197,3 +290,14 @@ def test_bad_pairs_are_one_line_and_write_nothing(tmp_path, capsys):
     with pytest.raises(ValueError, match="the corpus holds 1 text"):  # the one positive alone
         mining_run.mine("no-model", str(tmp_path / "pairs.jsonl"), str(out))
     assert not out.exists()
+
+
+def test_the_mining_benchmark_at_a_tiny_size(capsys):
+    queries, corpus, positives = mining_speed.synthetic(300, 20, 32)
+    np.testing.assert_allclose(np.linalg.norm(np.concatenate([queries, corpus]), axis=1), 1, rtol=1e-5)
+    assert 0.5 < np.mean(np.sum(queries * corpus[positives], axis=1)) < 0.9  # near their positives, not on them
+    [row] = mining_speed.benchmark([300], num_queries=20, dim=32)
+    assert row["passages"] == 300 and row["negatives"] == 20 * mining_speed.SETTINGS["num_negatives"]
+    assert row["queries_per_second"] == pytest.approx(20 / row["seconds"])
+    assert row["corpus_bytes"] == 300 * 32 * 4 and row["peak_rss"] >= row["rss_before"] > row["corpus_bytes"]
+    assert "300 passages:" in capsys.readouterr().out

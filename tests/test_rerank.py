@@ -403,5 +403,6 @@ def test_bad_rerank_input_is_one_line_and_writes_nothing(pretrained, rerank_file
                 ({}, {"candidates": 0}, "rerank.candidates=0: the most candidates a query has")]
     for data, rerank, fragment in settings:
         with pytest.raises(ValueError, match=re.escape(fragment)):
-            finetuning.finetune(rerank_run_config(pretrained, {**rerank_files, **data}, **rerank), str(tmp_path / "bad"))
+            config = rerank_run_config(pretrained, {**rerank_files, **data}, **rerank)
+            finetuning.finetune(config, str(tmp_path / "bad"))
         assert not (tmp_path / "bad").exists()

@@ -143,6 +143,9 @@ def test_savedmodel_equals_bertjax_in_a_fresh_process(workdir, tmp_path):
     assert "predict_pair" in savedmodel.export_savedmodel(task, str(tmp_path / "task-written"), max_seq_length=S)
     regression = classifier(bert, "regression", ())
     savedmodel.export_savedmodel(regression, str(tmp_path / "regression-written"), max_seq_length=S)
+    reranker = classifier(bert, "rerank", ())
+    assert savedmodel.export_savedmodel(reranker, str(tmp_path / "reranker-written"), max_seq_length=S) == ["encode",
+        "predict_pair"]
 
     # The weights are variables, not constants: no constant in the graph is near the word embeddings'
     # size (the largest is the tokenizer's WordPiece model).
@@ -153,7 +156,7 @@ def test_savedmodel_equals_bertjax_in_a_fresh_process(workdir, tmp_path):
     # Self-contained: moved elsewhere, and the vocabulary it was made from out of reach.
     (tmp_path / "elsewhere").mkdir()
     served = {name: shutil.move(str(tmp_path / f"{name}-written"), str(tmp_path / "elsewhere" / name))
-              for name in ("task", "regression")}
+              for name in ("task", "regression", "reranker")}
     served["pretrained"] = shutil.move(str(written), str(tmp_path / "elsewhere" / "pretrained"))
     (workdir / "vocab.txt").rename(workdir / "vocab.hidden")
     try:
@@ -167,6 +170,8 @@ def test_savedmodel_equals_bertjax_in_a_fresh_process(workdir, tmp_path):
             {"tag": "pair", "dir": served["task"], "signature": "predict_pair",
              "args": {"texts": pairs_a, "text_pairs": pairs_b}},
             {"tag": "regression", "dir": served["regression"], "signature": "predict_pair",
+             "args": {"texts": pairs_a, "text_pairs": pairs_b}},
+            {"tag": "reranker", "dir": served["reranker"], "signature": "predict_pair",
              "args": {"texts": pairs_a, "text_pairs": pairs_b}},
         ], tmp_path)
     finally:
@@ -215,6 +220,8 @@ def test_savedmodel_equals_bertjax_in_a_fresh_process(workdir, tmp_path):
         diffs[tag] = np.abs(theirs[f"{tag}/probabilities"] - probabilities).max()
     ours = regression.predict(pairs_a, text_pairs=pairs_b)
     diffs["regression"] = np.abs(theirs["regression/score"] - [p["score"] for p in ours]).max()
+    ours = reranker.predict(pairs_a, text_pairs=pairs_b)
+    diffs["reranker"] = np.abs(theirs["reranker/score"] - [p["score"] for p in ours]).max()
     print("max |served - bertjax|:", {k: float(v) for k, v in diffs.items()})
     assert max(diffs.values()) < 1e-5, diffs
 

@@ -272,7 +272,7 @@ def save_hf_encoder(path: str | os.PathLike, cfg: BertConfig, params: dict,
     tensors of the pretraining class, without its prefix; the pretraining heads are left out."""
     family = family_of_config(cfg)
     _check_vocabulary(cfg, vocab_path)
-    state = hf_convert.to_state(family, params, cfg)
+    state = hf_convert.to_state(family, params, cfg, encoder_only=True)
     # The encoder class's pooler where the pretraining class has none (RoBERTa's): its multiple-choice
     # class has it under the encoder's name.
     flat = traverse_util.flatten_dict(nn.meta.unbox(params), sep="/")

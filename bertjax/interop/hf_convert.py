@@ -60,11 +60,13 @@ def to_params(family: Family, state: dict[str, np.ndarray], cfg: BertConfig, see
     return (_stack(params, cfg) if cfg.scan_layers else params), missing
 
 
-def to_state(family: Family, params: dict, cfg: BertConfig, kind: str | None = None) -> dict:
+def to_state(family: Family, params: dict, cfg: BertConfig, kind: str | None = None,
+             encoder_only: bool = False) -> dict:
     """bertjax params (boxed or plain, unrolled or scanned; BertForPreTraining's, or the `kind` head's)
     -> the family's HF state dict. Params its class has no name for are left out where the class lacks
     them (the pooler and NSP head of a masked-LM class, the pooler of a per-token class); tied copies are
-    not written, as transformers' own save_pretrained does."""
+    not written, as transformers' own save_pretrained does. encoder_only: the encoder's tensors alone
+    (those under the family's base prefix), from params that may have no pretraining heads (an embedder's)."""
     params = nn.meta.unbox(params)
     params = params.get("params", params)  # a whole variables dict
     # Pruned heads (model.layer_heads): no transformers class has pruned_heads, so they are written at
@@ -78,6 +80,8 @@ def to_state(family: Family, params: dict, cfg: BertConfig, kind: str | None = N
     num_labels = None if kind is None else _classifier_width(flat, kind)
     shapes = _param_shapes(cfg, kind, num_labels)
     rows = _rows(family, cfg, shapes, kind)
+    if encoder_only:
+        rows = [row for row in rows if row[0].startswith(family.base)]
     droppable = _OPTIONAL if kind is None else ("bert/pooler",)
     unmapped = sorted(path for path in set(flat) - {path for _, path, _ in rows} if not path.startswith(droppable))
     if unmapped:

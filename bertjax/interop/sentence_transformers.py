@@ -235,7 +235,12 @@ def write_embedder(directory: str, record: EmbeddingRecord, dense: dict | None, 
     (the Transformer module, at the root as sentence-transformers 6.x saves it): modules.json, the
     Pooling, Dense and Normalize folders, config_sentence_transformers.json, sentence_bert_config.json,
     and the tokenizer's model_max_length set to max_seq_length; do_lower_case: sentence-transformers lower-cases
-    the text before its tokenizer (a cased tokenizer's module that lower-cases)."""
+    the text before its tokenizer (a cased tokenizer's module that lower-cases).
+
+    What sentence-transformers cannot express: before 6.x it has no query_length, so its encode_query cuts
+    queries at max_seq_length, not at the record's max_query_length (bertjax's embed(task="query") and 6.x
+    agree); and in every version the query length holds for encode_query alone, as it does for
+    embed(task="query") alone: encode(prompt_name="query") cuts queries at max_seq_length in both."""
     root = Path(directory)
     names = [("Transformer", ""), ("Pooling", "1_Pooling")]
     modes = list(record.modes) if len(record.modes) > 1 else record.modes[0]  # one mode: a string, as 6.x writes it
@@ -255,8 +260,9 @@ def write_embedder(directory: str, record: EmbeddingRecord, dense: dict | None, 
                                     "default_prompt_name": record.default_prompt_name,
                                     "similarity_fn_name": record.similarity})
     # max_seq_length for sentence-transformers before 6.x; 6.x reads the tokenizer's model_max_length.
-    # query_length: 6.x cuts the texts of encode_query (task "query") to it, as training cut the queries.
-    query = {} if record.max_query_length is None else {"query_length": min(record.max_query_length, max_seq_length)}
+    # query_length: 6.x cuts the texts of encode_query (task "query") to it, shorter or longer than
+    # max_seq_length, as training cut the queries.
+    query = {} if record.max_query_length is None else {"query_length": record.max_query_length}
     _write_json(root / TRANSFORMER_FILE, {"max_seq_length": max_seq_length, "do_lower_case": do_lower_case,
                                           "transformer_task": "feature-extraction", "modality_config": _FEATURES,
                                           "module_output_name": "token_embeddings", **query})

@@ -114,7 +114,7 @@ def write_sentence_transformers(bert, directory: str) -> None:
     """A SentenceTransformer directory (the family's encoder class as Hugging Face's AutoModel loads it,
     then the embedder's modules as its embedding record says, or mean pooling where it has none); a
     fine-tuned classifier, regression or reranker of text pairs as a CrossEncoder directory."""
-    if bert.task is not None:
+    if bert.task is not None and bert.task.kind != registry.CONTRASTIVE:  # an embedder's task is its training
         _check_cross_encoder(bert.task)
         write_hf(bert, directory)
         sentence_transformers.write_cross_encoder(directory)

@@ -312,6 +312,14 @@ def hooks(run: Run, preemption: Preemption) -> loop.Hooks:
             checkpoint.save_params(run.workdir, checkpoint.BEST_DIR, step, model,
                                    run.meta.replace(task=task, best=dict(best)))
 
+    def keep_last(state, step):
+        # No dev set (a contrastive task): the last step's model is the model, as sentence-transformers keeps
+        # its last without an evaluator.
+        if step == run.data.num_steps:
+            best.update(step=step, value=None, metrics={})
+            model = projections.without_projections(state.params)
+            checkpoint.save_params(run.workdir, checkpoint.BEST_DIR, step, model, run.meta.replace(best=dict(best)))
+
     def save(state, step, force):
         run.checkpointer.save(step, state.params, state.opt_state, run.meta.replace(best=dict(best)), force=force)
 
@@ -319,7 +327,8 @@ def hooks(run: Run, preemption: Preemption) -> loop.Hooks:
     if config.logging.profile_first_step:
         after_step.append(loop.Profiler(files.join(run.workdir, "profile"), config.logging.profile_first_step,
                                         config.logging.profile_steps))
-    return loop.Hooks(log=log, evaluate=evaluate, save=save, preemption=preemption, after_step=after_step)
+    return loop.Hooks(log=log, evaluate=evaluate if run.data.dev else keep_last, save=save, preemption=preemption,
+                      after_step=after_step)
 
 
 def train_loop(run: Run, state: TrainState, p_train_step, dropout_key, data_sharding) -> TrainState:
@@ -393,6 +402,10 @@ def summarize(run: Run, written: list[str]) -> dict:
     run.writer.close()
     if jax.process_index() == 0:
         files.write_bytes(files.join(run.workdir, "summary.json"), json.dumps(summary, indent=1).encode())
+    if not run.data.dev:
+        say(f"{task.name}: no dev set; the model is step {best['step']}'s, in "
+            f"{files.join(run.workdir, checkpoint.BEST_DIR)}")
+        return summary
     shown = "; ".join(f"{split} " + ", ".join(f"{k} {v:.4f}" for k, v in m.items() if not k.startswith("f1_"))
                       for split, m in best["metrics"].items())
     say(f"{task.name}: best dev {task.main_metric} {best['value']:.4f} at step {best['step']} of {num_steps} "
@@ -402,6 +415,9 @@ def summarize(run: Run, written: list[str]) -> dict:
 
 def sweep(config, workdir: str, distributed: start.Distributed | None = None) -> dict:
     """The paper's model selection: one run per learning rate, the best on the dev set's main metric."""
+    if not config.data.validation and task_from_config(config).kind == registry.CONTRASTIVE:
+        raise ValueError("config.sweep chooses the learning rate on the dev set: set config.data.validation to a "
+                         "JSON-lines file")
     results = {}
     for rate in config.sweep_learning_rates:
         run_config = config_dict.ConfigDict(config.to_dict())

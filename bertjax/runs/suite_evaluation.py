@@ -4,24 +4,31 @@
                                            # configs/finetune/<task>.py in WORKDIR/<task>; one table
     retrieval_suite(init_from, [dir, ...], workdir)  # retrieval data sets searched with the model's
                                                      # embeddings, no fine-tuning; one table
+    retrieval_suite(init_from, [dir], workdir, rerank_with=cross_encoder, rerank_top=100)  # then reranked
+    mteb_suite(init_from, ["SciFact", ...], workdir)  # MTEB's tasks run by mteb itself; one table
     sts_suite(init_from, ["stsb", file, ...], workdir)  # zero-shot STS: pairs' similarities against gold
                                                         # scores (Spearman, Pearson); one table
     compress(task, teacher, variants)      # runs/compression_report.py's table of a teacher and its variants
 
 The suite tables have the layout of the BERT paper's (Devlin et al. 2018: GLUE table 1, SQuAD tables 2 and
 3, CoNLL-2003 table 7), printed and written to WORKDIR/<suite>.md and <suite>.json; retrieval's has a row
-per data set and BEIR's columns, written to WORKDIR/retrieval.md and retrieval.json; STS's a row per set,
-written to WORKDIR/sts.md and sts.json.
+per data set and BEIR's columns, written to WORKDIR/retrieval.md and retrieval.json (reranked: a row per
+data set and stage); STS's a row per set, written to WORKDIR/sts.md and sts.json; MTEB's a row per task
+(its main score), written to WORKDIR/mteb.md and mteb.json.
 """
 
 import dataclasses
 import json
 import os
 
+import numpy as np
+
 from bertjax import inference
 from bertjax.compression import quantize
+from bertjax.interop import mteb as bertjax_mteb
 from bertjax.runs import compression_report, finetuning
 from bertjax.tasks import readers, registry, retrieval, retrieval_data, retrieval_metrics
+from bertjax.tasks.kinds import classification
 from bertjax.text import files, tf_cpu
 from bertjax.training import sharding
 from configs.finetune import cola, conll2003, mnli, mrpc, qnli, qqp, rte, squad, squad_v2, sst2, stsb
@@ -70,8 +77,15 @@ ALL = ("glue", "squad", "conll")
 # --suite=retrieval's columns (heading, metric), as BEIR's papers report them; every k's figures go to the JSON.
 RETRIEVAL = "retrieval"
 RETRIEVAL_COLUMNS = (("nDCG@10", "ndcg@10"), ("Recall@100", "recall@100"), ("MRR@10", "mrr@10"), ("MAP@100", "map@100"))
+# --rerank_with: the reranked table's columns, each query's passages rescored by default, and the fine-tuned
+# kinds whose head gives a (query, passage) pair one score (a two-class classifier is taken too: pair_scorer).
+RERANK_COLUMNS = (("nDCG@10", "ndcg@10"), ("MRR@10", "mrr@10"), ("Recall@100", "recall@100"))
+RERANK_TOP = 100
+PAIR_SCORING_KINDS = ("rerank", "regression")
 # --suite=sts: zero-shot similarity of embeddings; "stsb" among its --tasks is GLUE's STS-B.
 STS, STS_B = "sts", "stsb"
+# --suite=mteb: MTEB's tasks, run by mteb itself (interop/mteb.py); its result files go to WORKDIR/MTEB_RESULTS.
+MTEB, MTEB_RESULTS = "mteb", "mteb_results"
 
 
 def available(task_name: str, data_dir: str | None) -> str | None:
@@ -125,7 +139,7 @@ def evaluate(init_from: str, suite: str, workdir: str, *, tasks=None, data_dir=N
     if suite == RETRIEVAL:
         raise ValueError("--suite=retrieval reads data sets of yours: give their directories as --tasks=DIR,...")
     if suite not in SUITES:
-        raise ValueError(f"--suite={suite}: choose one of {', '.join(SUITES)}, all, {RETRIEVAL} or {STS}")
+        raise ValueError(f"--suite={suite}: choose one of {', '.join(SUITES)}, all, {RETRIEVAL}, {STS} or {MTEB}")
     columns = SUITES[suite]
     known = [c.task for c in columns]
     if tasks:
@@ -201,46 +215,187 @@ def retrieval_table(scores: dict[str, dict]) -> tuple[list[str], dict[str, float
 
 
 def retrieval_suite(init_from: str, directories: list[str], workdir: str, *, split: str = "test",
-                       similarity: str | None = None, batch_size: int | None = None, ignore_identical_ids: bool = False,
-                       k_values=retrieval_metrics.K_VALUES) -> dict:
+                    similarity: str | None = None, batch_size: int | None = None, ignore_identical_ids: bool = False,
+                    k_values=retrieval_metrics.K_VALUES, rerank_with: str | None = None,
+                    rerank_top: int | None = None) -> dict:
     """Each data set's split (a BEIR directory or save_to_disk datasets: tasks/retrieval_data.py) searched
     with the model's query and passage embeddings over all devices; one table, printed and written to
-    WORKDIR/retrieval.md and retrieval.json. Every data set is read and checked before the model loads."""
-    if not directories:
-        raise ValueError("--suite=retrieval needs --tasks=DIR,...: BEIR directories (corpus.jsonl, queries.jsonl, "
-                         "qrels/) or save_to_disk ones (corpus/, queries/, qrels/)")
-    if similarity is not None and similarity not in retrieval.SIMILARITIES:
-        raise ValueError(f"--similarity={similarity}: choose one of {', '.join(retrieval.SIMILARITIES)}")
+    WORKDIR/retrieval.md and retrieval.json. rerank_with: a model scoring (query, passage) pairs
+    (pair_scorer) rescoring each query's top rerank_top (default 100) passages, BEIR's Rerank; the table then
+    has a row per data set and stage. Every data set, and the reranker, is read and checked before the
+    embedder loads."""
+    rerank_top = check_retrieval_flags(directories, similarity, rerank_with, rerank_top)
     batch_size = batch_size or 32
     data_sets = [retrieval_data.read_retrieval(d, split) for d in directories]
     names = [d.name for d in data_sets]
     if len(set(names)) != len(names):
         raise ValueError(f"--tasks: two data sets in directories of the same name ({', '.join(names)}): "
                          f"their rows in the table would be confused")
+    reranker = pair_scorer(inference.load(rerank_with), rerank_with, batch_size) if rerank_with else None
     model = inference.load(init_from)
-    prompts = model.embedding.prompts if model.embedding else {}
+    # Passages get the model's passage prompt, as sentence-transformers' encode_document picks it.
+    passage_prompt = bertjax_mteb.document_prompt_name(model.embedding.prompts if model.embedding else {})
     # The model's own similarity unless asked for another; cosine for a model without an embedding record.
     similarity = similarity or (model.embedding.similarity if model.embedding else "cosine")
 
-    def embed(texts, kind):  # kind: "query" | "passage": the model's prompt of that name, where it has one
-        if kind == "query":  # and the query length it was trained with (sentence-transformers' encode_query)
+    def embed(texts, kind):  # kind: "query" | "passage"; a query gets the model's "query" prompt and the
+        if kind == "query":  # query length it was trained with (sentence-transformers' encode_query)
             return model.embed(texts, task="query", batch_size=batch_size)
-        return model.embed(texts, prompt_name=kind if kind in prompts else None, batch_size=batch_size)
+        return model.embed(texts, prompt_name=passage_prompt, batch_size=batch_size)
 
-    mesh = sharding.make_mesh({"data": -1})  # the corpus split over every device
+    search = dict(k_values=k_values, similarity=similarity, batch_size=batch_size,
+                  mesh=sharding.make_mesh({"data": -1}),  # the corpus split over every device
+                  ignore_identical_ids=ignore_identical_ids)
     files.make(workdir)
-    scores = {}
+    scores, reranked = {}, {}
     for data in data_sets:
         print(f"--- {data.name}: {len(data.queries)} queries, {len(data.passages)} passages ({split})", flush=True)
-        scores[data.name] = retrieval.evaluate_retrieval(embed, data, k_values, similarity, batch_size, mesh=mesh,
-                                                         ignore_identical_ids=ignore_identical_ids)
-    lines, average = retrieval_table(scores)
-    print("\n".join(lines), flush=True)
+        if reranker is None:
+            scores[data.name] = retrieval.evaluate_retrieval(embed, data, **search)
+        else:
+            scores[data.name], reranked[data.name] = retrieve_and_rerank(embed, reranker[0], data, rerank_top,
+                                                                         **search)
     out = {"suite": RETRIEVAL, "init_from": init_from, "split": split, "similarity": similarity,
-           "ignore_identical_ids": ignore_identical_ids, "directories": list(map(str, directories)), "scores": scores,
-           "average": average, "table": lines}
+           "ignore_identical_ids": ignore_identical_ids, "directories": list(map(str, directories)), "scores": scores}
+    if reranker is None:
+        out["table"], out["average"] = retrieval_table(scores)
+    else:
+        out["table"], out["average"], out["average_reranked"] = rerank_table(scores, reranked, rerank_top)
+        out.update(reranked=reranked, rerank_with=rerank_with, rerank_top=rerank_top, rerank_score=reranker[1])
+    print("\n".join(out["table"]), flush=True)
     files.write_bytes(files.join(workdir, f"{RETRIEVAL}.json"), json.dumps(out, indent=1).encode())
-    files.write_bytes(files.join(workdir, f"{RETRIEVAL}.md"), ("\n".join(lines) + "\n").encode())
+    files.write_bytes(files.join(workdir, f"{RETRIEVAL}.md"), ("\n".join(out["table"]) + "\n").encode())
+    return out
+
+
+def check_retrieval_flags(directories, similarity: str | None, rerank_with: str | None, rerank_top: int | None) -> int:
+    """One line for what --suite=retrieval cannot run; the passages reranked per query."""
+    if not directories:
+        raise ValueError("--suite=retrieval needs --tasks=DIR,...: BEIR directories (corpus.jsonl, queries.jsonl, "
+                         "qrels/) or save_to_disk ones (corpus/, queries/, qrels/)")
+    if similarity is not None and similarity not in retrieval.SIMILARITIES:
+        raise ValueError(f"--similarity={similarity}: choose one of {', '.join(retrieval.SIMILARITIES)}")
+    if rerank_top is not None and not rerank_with:
+        raise ValueError(f"--rerank_top={rerank_top}: how many passages --rerank_with's model rescores; give it too")
+    rerank_top = RERANK_TOP if rerank_top is None else int(rerank_top)
+    if rerank_top < 1:
+        raise ValueError(f"--rerank_top={rerank_top}: rerank at least the first passage of each query")
+    return rerank_top
+
+
+def relevant_label(labels) -> int:
+    """A two-class pair classifier's class that means relevant: its second (GLUE's and most sets' order:
+    "not_duplicate", "duplicate"; "no", "yes"), or its first where the second's name is a negation (QNLI's
+    and RTE's "entailment", "not_entailment")."""
+    return 0 if str(labels[1]).lower().startswith(("not_", "not ", "non_", "non-")) else 1
+
+
+def pair_scorer(model, source: str, batch_size: int):
+    """(score_pairs(queries, passages) -> [n], what the score is) of a fine-tuned model that scores a text
+    pair with one value: a rerank or regression head's logit; a two-class classifier's log-odds of its
+    relevant class (relevant_label), which orders pairs as its probability does. The pairs are cut and
+    padded as in fine-tuning (query as segment A), in batches of batch_size rows (the last padded: one
+    compiled shape). Any other model is one line."""
+    task = model.task
+    if task is not None and task.kind in PAIR_SCORING_KINDS:
+        column, what = (lambda logits: logits[:, 0]), f"the {task.kind} head's logit"
+    elif task is not None and task.kind == "classification" and len(task.labels) == 2:
+        yes = relevant_label(task.labels)
+        column = lambda logits: logits[:, yes] - logits[:, 1 - yes]
+        what = f"logit[{task.labels[yes]}] - logit[{task.labels[1 - yes]}]"
+    else:
+        found = f"a fine-tuned {task.kind} model" + (f" of {len(task.labels)} classes" if task.labels else "") \
+            if task is not None else "no fine-tuned model"
+        raise ValueError(f"--rerank_with={source} is {found}: rerank with a model fine-tuned on (query, passage) "
+                         f"pairs with one score each (kind {', '.join(PAIR_SCORING_KINDS)}), or a two-class pair "
+                         f"classifier")
+
+    def score_pairs(queries, passages):
+        features = classification.encode_texts(model, list(queries), list(passages))
+        count = len(features["input_ids"])
+        extra = -count % batch_size
+        if extra:
+            features = {k: np.concatenate([v, np.repeat(v[:1], extra, axis=0)]) for k, v in features.items()}
+        return column(model.task_logits(features, batch_size))[:count]
+
+    return score_pairs, what
+
+
+def retrieve_and_rerank(embed, score_pairs, data, rerank_top: int, *, k_values, similarity, batch_size, mesh,
+                        ignore_identical_ids) -> tuple[dict, dict]:
+    """(first-stage metrics, reranked metrics) of one data set: the exact search's ranking, as
+    evaluate_retrieval finds it (to max(k_values, rerank_top)), then its top rerank_top rescored
+    (retrieval.rerank) and ranked as trec_eval ranks a run."""
+    queries = retrieval.embed_texts(embed, data.queries, "query", batch_size)
+    passages = retrieval.embed_texts(embed, data.passages, "passage", batch_size)
+    exclude = None
+    if ignore_identical_ids:
+        position = {corpus_id: i for i, corpus_id in enumerate(data.corpus_ids)}
+        exclude = np.array([position.get(query_id, -1) for query_id in data.query_ids], np.int32)
+    _, indices = retrieval.search(queries, passages, max(*k_values, rerank_top), similarity=similarity, mesh=mesh,
+                                  exclude=exclude)
+    run = {query_id: [data.corpus_ids[i] for i in row if i >= 0] for query_id, row in zip(data.query_ids, indices)}
+    rescored = retrieval.rerank(score_pairs, dict(zip(data.query_ids, data.queries)),
+                                dict(zip(data.corpus_ids, data.passages)), run, rerank_top)
+    ranked = {query_id: retrieval_metrics.trec_ranking(found) for query_id, found in rescored.items()}
+    counts = {"queries": len(data.queries), "passages": len(data.passages)}
+    return ({**retrieval_metrics.retrieval_scores(data.qrels, run, k_values), **counts},
+            {**retrieval_metrics.retrieval_scores(data.qrels, ranked, k_values), **counts})
+
+
+def rerank_table(first: dict[str, dict], reranked: dict[str, dict], rerank_top: int) -> tuple[list[str], dict, dict]:
+    """The markdown table (a row per data set and stage, then each stage's average) and the two stages'
+    averages; first, reranked: data set -> retrieval_scores' metrics."""
+    stages = (("first stage", first), (f"reranked (top {rerank_top})", reranked))
+    row = lambda name, stage, metrics: (f"| {name} | {stage} | "
+                                        + " | ".join(f"{100 * metrics[m]:.1f}" for _, m in RERANK_COLUMNS) + " |")
+    lines = ["| Data set | Stage | " + " | ".join(h for h, _ in RERANK_COLUMNS) + " |",
+             "|" + "---|" * (len(RERANK_COLUMNS) + 2)]
+    lines += [row(name, stage, scores[name]) for name in first for stage, scores in stages]
+    averages = [{m: sum(s[m] for s in scores.values()) / len(scores) for _, m in RERANK_COLUMNS}
+                for _, scores in stages]
+    lines += [row("Average", stage, average) for (stage, _), average in zip(stages, averages)]
+    return lines, averages[0], averages[1]
+
+
+# ----------------------------------------------------------------------------------------------------
+# MTEB: the model's embeddings on MTEB's tasks, evaluated by mteb
+# ----------------------------------------------------------------------------------------------------
+
+
+def mteb_table(results: dict[str, dict]) -> tuple[list[str], float]:
+    """The markdown table (a row per task: its type, main score's name and value times 100, then their
+    average) and the average; results: interop/mteb.py's evaluate."""
+    lines = ["| Task | Type | Main score | Value |", "|---|---|---|---|"]
+    lines += [f"| {name} | {r['type']} | {r['main_score']} | {100 * r['value']:.2f} |" for name, r in results.items()]
+    average = sum(r["value"] for r in results.values()) / len(results)
+    lines.append(f"| Average | | | {100 * average:.2f} |")
+    return lines, average
+
+
+def mteb_suite(init_from: str, tasks: list, workdir: str, *, batch_size: int | None = None) -> dict:
+    """MTEB's tasks (names, as mteb.get_task takes them, or task objects of yours) evaluated by mteb.evaluate
+    on the model (interop/mteb.py's Encoder: its prompts and similarity); one table of each task's main
+    score, printed and written to WORKDIR/mteb.md and mteb.json, mteb's own result files under
+    WORKDIR/mteb_results. The task names are checked before the model loads; mteb fetches each task's
+    data from the Hugging Face Hub (or its cache) as it runs it."""
+    if not tasks:
+        raise ValueError("--suite=mteb needs --tasks=NAME,...: MTEB's task names (SciFact, STSBenchmark, "
+                         "Banking77Classification, ...)")
+    if files.is_remote(workdir):
+        raise ValueError(f"--workdir={workdir}: mteb writes its result files on a local disk; give a local --workdir")
+    chosen = bertjax_mteb.get_tasks(tasks)
+    model = inference.load(init_from)
+    encoder = bertjax_mteb.Encoder(model, name=f"bertjax/{os.path.basename(os.path.normpath(init_from))}")
+    files.make(workdir)
+    print(f"--- {len(chosen)} MTEB task(s): {', '.join(t.metadata.name for t in chosen)}", flush=True)
+    results = bertjax_mteb.evaluate(encoder, chosen, files.join(workdir, MTEB_RESULTS), batch_size=batch_size or 32)
+    lines, average = mteb_table(results)
+    print("\n".join(lines), flush=True)
+    out = {"suite": MTEB, "init_from": init_from, "model": encoder.mteb_model_meta.name, "tasks": results,
+           "average": average, "results": files.join(workdir, MTEB_RESULTS), "table": lines}
+    files.write_bytes(files.join(workdir, f"{MTEB}.json"), json.dumps(out, indent=1).encode())
+    files.write_bytes(files.join(workdir, f"{MTEB}.md"), ("\n".join(lines) + "\n").encode())
     return out
 
 

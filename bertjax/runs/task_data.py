@@ -80,7 +80,8 @@ def eval_length(config, task) -> int:
 def split_features(task, tokenizer, config) -> tuple:
     """(train Split, {dev split: Split}, {test split: Split}) of the task (bertjax.tasks.scoring.Split:
     examples and features, by the task's kind), from the user's files where config.data names them, else
-    from TFDS; dev and test rows at eval_length."""
+    from TFDS; dev and test rows at eval_length. A contrastive task may have no dev split (its last step's
+    model is then the model); every other kind needs one."""
     data, kind = config.data, kinds.get(task.kind)
     dev_length = eval_length(config, task)
     settings = kind.settings_from_config(config)
@@ -98,6 +99,8 @@ def split_features(task, tokenizer, config) -> tuple:
         dev = {"validation": read("validation", data.validation)}
     elif task.tfds_name is not None:
         dev = {split: read(split, None) for split in task.eval_splits}
+    elif task.kind == registry.CONTRASTIVE:  # as sentence-transformers without an evaluator: the last step's model
+        dev = {}
     else:
         raise ValueError(f"task {task.name} needs a dev set to evaluate on: set config.data.validation to a "
                          "JSON-lines file")
@@ -196,10 +199,13 @@ def task_data(config, task, tokenizer, model, layout: Layout | None = None) -> T
     batch_size = config.train.batch_size
     num_train = task_batches.num_examples(train_split.features)
     num_steps = task_batches.num_train_steps(num_train, batch_size, config.train.epochs)
-    dev_sizes = ", ".join(f"{len(s.examples)} {split}" for split, s in dev_splits.items())
+    dev_sizes = "".join(f", {len(s.examples)} {split}" for split, s in dev_splits.items())
     rows = "" if num_train == len(train_split.examples) else f" in {num_train} rows"
-    say(f"{len(train_split.examples)} training examples{rows}, {dev_sizes}; {num_steps} steps of {batch_size} "
+    say(f"{len(train_split.examples)} training examples{rows}{dev_sizes}; {num_steps} steps of {batch_size} "
         f"({config.train.epochs:g} epochs)")
+    if not dev_splits:
+        say(f"no dev set (data.validation unset): training all {num_steps} steps, the last step's model kept as the "
+            "model (best/), as sentence-transformers keeps its last without an evaluator")
     packed = None
     if packing:
         rows_of = {registry.CONTRASTIVE: packed_text_rows, registry.RERANK: packed_pair_rows}.get(task.kind,

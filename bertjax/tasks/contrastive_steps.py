@@ -213,6 +213,11 @@ def compile_train_step(setup, settings, data_sharding, microbatch: int = 0):
     -> (state, sums)."""
     contrastive_losses.check_settings(settings.loss, settings.scale, settings.matryoshka_dims,
                                       settings.matryoshka_weights, settings.width(setup.net.config.hidden_size))
+    # Queries may be longer than passages (the run checks data.max_seq_length against the positions itself).
+    positions = setup.net.config.max_position_embeddings - setup.net.config.position_offset
+    if not (settings.scored or settings.distill) and settings.max_query_length > positions:
+        raise ValueError(f"data.max_query_length={settings.max_query_length} is longer than the {positions} positions "
+                         f"of the model (its model.max_position_embeddings): at most {positions}")
     loss_settings = settings.loss_settings()
     loss = functools.partial(contrastive_loss, net=setup.net, settings=loss_settings)
     loss_and_grad = None

@@ -3,6 +3,7 @@
     embed = lambda texts, kind: model.embed(texts, prompt_name=kind)   # kind: "query" | "passage"
     evaluate_retrieval(embed, read_retrieval("scifact"), k_values=(10, 100))  # {"ndcg@10": ..., ...}
     evaluate_sts(embed, readers.read_split(registry.get_task("stsb"), "validation"))  # pearson, spearman
+    rerank(score_pairs, queries, corpus, run, top_k=100)  # BEIR's Rerank: {query id: {corpus id: score}}
 
 `embed(texts, kind) -> [N, D]` is any callable, so the search and the metrics are tested with plain arrays.
 
@@ -235,3 +236,27 @@ def evaluate_sts(embed, examples, batch_size: int = 64, similarity: str = "cosin
     scores = sts_similarities(embed, pairs, similarity, batch_size)
     gold = np.array([score for _, _, score in pairs], np.float64)
     return {"pearson": metrics.pearson(scores, gold), "spearman": metrics.spearman(scores, gold), "pairs": len(pairs)}
+
+
+def rerank(score_pairs, queries: dict[str, str], corpus: dict[str, str], first_stage: dict[str, list[str]],
+           top_k: int, chunk_size: int = 1024) -> dict[str, dict[str, float]]:
+    """BEIR's Rerank: each query's first top_k passages of first_stage (query id -> corpus ids, best first)
+    scored again by score_pairs(query texts, passage texts) -> [n] (a cross-encoder), chunk_size pairs a
+    call; the passages beyond top_k are dropped. Returns query id -> {corpus id: score}, the run as BEIR
+    and pytrec_eval take it (retrieval_metrics.trec_ranking ranks it as they do)."""
+    if int(top_k) < 1:
+        raise ValueError(f"top_k={top_k}: rerank at least one passage per query")
+    pairs = [(query_id, corpus_id) for query_id, ranked in first_stage.items() for corpus_id in ranked[:int(top_k)]]
+    scores = np.empty(len(pairs), np.float64)
+    for start in range(0, len(pairs), chunk_size):
+        chunk = pairs[start:start + chunk_size]
+        found = np.asarray(score_pairs([queries[q] for q, _ in chunk], [corpus[d] for _, d in chunk]), np.float64)
+        if found.shape != (len(chunk),):
+            raise ValueError(f"score_pairs returned the shape {found.shape} for {len(chunk)} pairs: one score a pair")
+        if not np.isfinite(found).all():
+            raise ValueError("score_pairs gave NaN or infinite scores: the reranker is broken for some pair")
+        scores[start:start + len(chunk)] = found
+    run = {query_id: {} for query_id in first_stage}
+    for (query_id, corpus_id), score in zip(pairs, scores):
+        run[query_id][corpus_id] = float(score)
+    return run

@@ -33,7 +33,9 @@ a candidate scored equal to the positive ranks ahead of it, so ties never flatte
 spearman (and pearson) of the pair's cosine against its score. <split>_positive_ranks.tsv lists each
 query's rank. Texts (distill_mse): mse (the loss), neg_mse (-mse, the main metric: higher is better, as
 the best checkpoint is chosen) and teacher_cosine (the mean cosine of each text's embedding and its
-teacher's); <split>_teacher_cosines.tsv lists each text's.
+teacher's); <split>_teacher_cosines.tsv lists each text's. Without a dev set (data.validation unset) a run
+trains every step and its last step's model is the model, as sentence-transformers keeps its last without
+an evaluator (bertjax/runs/finetuning.py).
 
 Features (N pairs, G = the most negatives any row keeps, Sq / S query / passage length):
   query_ids, query_mask [N, Sq]; passage_ids, passage_mask [N, S]; score float32 [N] (nan: none)
