@@ -4,7 +4,8 @@ by the loss of rerank.loss (bertjax/models/rerank_losses.py), scored by rerankin
 Data: JSON lines of yours (data.train, data.validation, data.test), in either form:
   field        form       meaning
   query        both       the query (segment A)
-  passages     list       the query's candidates, a list of strings (segment B each)
+  passages     list       the query's candidates, a list of strings (segment B each); each such row is one
+                          list (a query may have several rows)
   labels       list       one relevance per candidate: bce, in [0, 1]; listnet, lambdaloss, ranknet, grades
                           or any numbers; dev sets, whole-number grades (0 not relevant, 1, 2, ... more)
   scores       list       one teacher score per candidate (margin_mse, kl train on these instead of labels;
@@ -87,6 +88,22 @@ def _numbers(value, where: str, field: str, count: int) -> list:
     return [float(v) for v in value]
 
 
+def _list_row(obj: dict, query: str, where: str, idx: int, field: str, why: str, labeled: bool) -> RerankExample:
+    """A row of the list form: its passages, their ids and targets, checked."""
+    passages = obj["passages"]
+    if not isinstance(passages, list) or not passages or not all(isinstance(p, str) for p in passages):
+        raise ValueError(f"{where}: field 'passages' must be a non-empty list of strings")
+    ids = obj.get("passage_ids") or [str(i) for i in range(len(passages))]
+    if len(ids) != len(passages):
+        raise ValueError(f"{where}: 'passage_ids' has {len(ids)} ids for {len(passages)} passages")
+    targets = None
+    if field in obj:
+        targets = _numbers(obj[field], where, field, len(passages))
+    elif labeled:
+        raise ValueError(f"{where}: missing field {field!r}{why}: a list of numbers, one per passage")
+    return RerankExample(idx, query, list(passages), [str(i) for i in ids], targets)
+
+
 def read(task, split: str, path: str | None = None, data_dir: str | None = None, labeled: bool = True) -> list:
     """A JSON-lines file of either form (module docstring) -> RerankExample per query, in the file's order.
     The training split of margin_mse and kl reads "scores" (the teacher's); every other split "labels"."""
@@ -95,26 +112,13 @@ def read(task, split: str, path: str | None = None, data_dir: str | None = None,
     teacher = split == "train" and task.rerank_loss in registry.RERANK_TEACHER_LOSSES
     field, single = ("scores", "score") if teacher else ("labels", "label")
     why = (f" (rerank.loss={task.rerank_loss} trains on a teacher's scores)" if teacher else "")
-    groups: dict[str, RerankExample] = {}
+    examples: list[RerankExample] = []
+    pointwise: dict[str, RerankExample] = {}  # a query's pointwise rows gather into one example
     for number, obj in readers.json_lines(path):
         where = f"{path}:{number}"
         query = readers._string_field(obj, "query", where)
-        if "passages" in obj:
-            passages = obj["passages"]
-            if not isinstance(passages, list) or not passages or not all(isinstance(p, str) for p in passages):
-                raise ValueError(f"{where}: field 'passages' must be a non-empty list of strings")
-            ids = obj.get("passage_ids") or [str(i) for i in range(len(passages))]
-            if len(ids) != len(passages):
-                raise ValueError(f"{where}: 'passage_ids' has {len(ids)} ids for {len(passages)} passages")
-            targets = None
-            if field in obj:
-                targets = _numbers(obj[field], where, field, len(passages))
-            elif labeled:
-                raise ValueError(f"{where}: missing field {field!r}{why}: a list of numbers, one per passage")
-            if query in groups:
-                raise ValueError(f"{where}: query {query[:40]!r} has a row already: give each query's candidates in "
-                                 "one row")
-            groups[query] = RerankExample(len(groups), query, list(passages), [str(i) for i in ids], targets)
+        if "passages" in obj:  # a row is one query's list (the same query may have several rows)
+            examples.append(_list_row(obj, query, where, len(examples), field, why, labeled))
             continue
         passage = readers._string_field(obj, "passage", where)
         if single not in obj and labeled:
@@ -122,14 +126,16 @@ def read(task, split: str, path: str | None = None, data_dir: str | None = None,
         target = obj.get(single)
         if target is not None and not readers._is_number(target):
             raise ValueError(f"{where}: field {single!r} must be a number, got {json.dumps(target)[:60]}")
-        group = groups.setdefault(query, RerankExample(len(groups), query, [], [], [] if target is not None else None))
+        if query not in pointwise:
+            pointwise[query] = RerankExample(len(examples), query, [], [], [] if target is not None else None)
+            examples.append(pointwise[query])
+        group = pointwise[query]
         group.passage_ids.append(str(obj.get("passage_id", len(group.passages))))
         group.passages.append(passage)
         if (group.targets is None) != (target is None):
             raise ValueError(f"{where}: query {query[:40]!r} has candidates with and without {single!r}")
         if target is not None:
             group.targets.append(float(target))
-    examples = list(groups.values())
     if labeled and not teacher and split != "train":  # judged by trec_eval's grades
         for e in examples:
             if any(t < 0 or not float(t).is_integer() for t in e.targets):
