@@ -50,6 +50,11 @@ from bertjax.runs import console
 
 def define_flags(argv: list[str]) -> dict:
     """The flags, defined when the program is entered: importing it defines none."""
+    return {**_step_flags(argv), **_embedding_flags(), **_long_row_flags(), **_mining_flags(), **_output_flags()}
+
+
+def _step_flags(argv: list[str]) -> dict:
+    """What the step benchmark times (sizes, shapes, model overrides) and what it is timed beside."""
     return dict(
         sizes=flags.DEFINE_list("sizes", None, "Model configs (configs/<size>.py: tiny ... large, roberta_base, "
                                 "albert_tiny, modernbert_large, ...). Default: mini,small,base on the CPU, "
@@ -78,6 +83,12 @@ def define_flags(argv: list[str]) -> dict:
                                     "directory and print the device time per step by kernel category."),
         packing=flags.DEFINE_bool("packing", False, "Time bertjax on packed rows against rows of one padded "
                                   "example each, both of the demo corpus's example lengths: real tokens/s."),
+    )
+
+
+def _embedding_flags() -> dict:
+    """--embeddings: sentence embeddings and the contrastive step beside sentence-transformers."""
+    return dict(
         embeddings=flags.DEFINE_bool("embeddings", None, "Sentence embeddings (bertjax.load(...).embed against "
                                      "SentenceTransformer.encode) and the contrastive training step (MNRL) beside "
                                      "sentence-transformers, on one MiniLM-L6-shaped model. Default: off on the "
@@ -88,6 +99,12 @@ def define_flags(argv: list[str]) -> dict:
                                         "(all-MiniLM-L6-v2's max_seq_length)."),
         embed_passes=flags.DEFINE_integer("embed_passes", 3, "--embeddings: timed passes over the texts per side, "
                                           "alternated (the median counts), after one untimed pass."),
+    )
+
+
+def _long_row_flags() -> dict:
+    """--long_rows: the step on long packed rows under each attention implementation."""
+    return dict(
         long_rows=flags.DEFINE_list("long_rows", [], "Sequence lengths (e.g. 2048,4096,8192): time the step on "
                                     "packed rows of each, one row unless --batch_size is given, under each of "
                                     "--attention_impls, each in a fresh process (peak RSS, temporaries, tokens/s)."),
@@ -95,12 +112,24 @@ def define_flags(argv: list[str]) -> dict:
                                           "model.attention_impl values compared (attention dropout off for all)."),
         long_row_timeout=flags.DEFINE_float("long_row_timeout", 1200.0, "--long_rows: seconds one measurement may "
                                             "take before it is reported as not done."),
+    )
+
+
+def _mining_flags() -> dict:
+    """--mining: hard-negative mining at each corpus size, in place of everything else."""
+    return dict(
         mining=flags.DEFINE_list("mining", [], "Corpus sizes (e.g. 100000,1000000): time mining hard negatives "
                                  "(the search and the selection) on synthetic embeddings at each, in a fresh process "
                                  "(seconds, queries/s, peak RSS); nothing else runs."),
         mining_queries=flags.DEFINE_integer("mining_queries", mining_speed.QUERIES, "--mining: queries mined."),
         mining_dim=flags.DEFINE_integer("mining_dim", mining_speed.DIM, "--mining: the embeddings' width "
                                         "(all-MiniLM-L6-v2's)."),
+    )
+
+
+def _output_flags() -> dict:
+    """What is written besides the printed tables, or in their place."""
+    return dict(
         memory_only=flags.DEFINE_bool("memory_only", False, "Compile bertjax's step and print its memory; run nothing "
                                        "(e.g. to choose a remat policy for a GPU on a CPU machine)."),
         json=flags.DEFINE_string("json", None, "Also append each measured row (the step's, --packing's, --long_rows') "
@@ -113,6 +142,7 @@ def define_flags(argv: list[str]) -> dict:
                                 "(the layouts around the attention kernel, readable on any machine); with several "
                                 "sizes or shapes the last one's."),
     )
+
 
 def with_model_overrides(argv: list[str]) -> list[str]:
     """argv with --model_overrides=a=1,b=2 spelt as ml_collections' own --model.a=1 --model.b=2, which then

@@ -3,6 +3,7 @@ embeddings and settings, the random sampling's guarantees, and python -m bertjax
 
 import json
 import signal
+import types
 
 import numpy as np
 import pytest
@@ -11,6 +12,7 @@ from bertjax.bench import mining_speed
 from bertjax.runs import console, start
 from bertjax.runs import mining as mining_run
 from bertjax.tasks import mining, retrieval
+from bertjax.tasks.kinds import contrastive, rerank
 from bertjax.training import sharding
 
 D = 16
@@ -132,6 +134,28 @@ def test_filters_leave_some_queries_short(data):
     assert expected_rows(data, "n-tuple", **settings) == theirs(data, "n-tuple", **settings)
 
 
+def test_labeled_lists_of_sentence_transformers(data):
+    """The program's labeled-list rows from our negatives are sentence-transformers' labeled-list rows, but
+    for one row a query: theirs has one per positive (queries 3 and 7 have two), each with the same negatives,
+    and a query without negatives is left out of both."""
+    settings = dict(num_negatives=3, min_score=0.6, range_max=10)
+    queries, corpus, positive_ids, negatives = ours(data, **settings)
+    assert any(not n for n in negatives) and any(0 < len(n) < 3 for n in negatives)  # none, and short lists
+    pairs = [contrastive.Pair(i, a, p) for i, (a, p) in enumerate(zip(data["anchors"], data["positives"]))]
+    inputs = mining_run.Inputs([{"query": p.query, "positive": p.positive} for p in pairs], pairs, corpus, queries,
+                               positive_ids)
+    got = mining_run.labeled_lists(pairs, mining_run.pair_rows(inputs, negatives))
+    want = {}
+    for row in theirs(data, "labeled-list", sampling_strategy="top", **settings):
+        assert row["labels"] == [1] + [0] * (len(row["positive"]) - 1)
+        positives, found = want.setdefault(row["anchor"], ([], row["positive"][1:]))
+        assert row["positive"][1:] == found
+        positives.append(row["positive"][0])
+    assert [len(positives) for positives, _ in want.values()].count(2) == 2
+    assert got == [{"query": query, "passages": positives + found, "labels": [1] * len(positives) + [0] * len(found)}
+                   for query, (positives, found) in want.items()]
+
+
 def test_random_sampling_draws_distinct_candidates_inside_the_filters(data):
     settings = dict(range_min=1, range_max=10, relative_margin=0.05)
     _, _, positive_ids, every = ours(data, num_negatives=9, **settings)  # the whole candidate window, in order
@@ -222,6 +246,26 @@ def test_the_program_adds_negatives_to_a_pairs_file(program_files):
         assert len(set(mined)) == 2 and w["positive"] not in mined and w["query"] not in mined
         assert set(mined) <= set(texts[20:]) | positives
     assert sorted(p.name for p in out.parent.iterdir()) == ["corpus.jsonl", "mined.jsonl", "pairs.jsonl"]
+
+
+def test_the_labeled_list_is_the_pairs_output_rearranged(pretrained, program_files, tmp_path):
+    """--output_format=labeled-list: each query's line of the pairs output as a reranker's row (its positive
+    labelled 1, then its negatives 0), which the rerank kind reads as it is."""
+    out = tmp_path / "lists.jsonl"
+    report = mining_run.mine(pretrained["workdir"], str(program_files["out"].with_name("pairs.jsonl")), str(out),
+                             corpus_path=str(program_files["corpus"]), output_format="labeled-list", **PROGRAM)
+    assert report == program_files["report"]
+    pairs = [json.loads(line) for line in program_files["out"].read_text(encoding="utf-8").splitlines()]
+    written = [json.loads(line) for line in out.read_text(encoding="utf-8").splitlines()]
+    assert written == [{"query": p["query"], "passages": [p["positive"], *p["negatives"]],
+                        "labels": [1] + [0] * len(p["negatives"])} for p in pairs]
+    examples = rerank.read(types.SimpleNamespace(name="mined", rerank_loss="listnet"), "train", str(out))
+    assert [(e.query, e.passages, e.targets) for e in examples] == [
+        (w["query"], w["passages"], w["labels"]) for w in written]
+    with pytest.raises(ValueError, match="--output_format=triplets: choose one of pairs, labeled-list"):
+        mining_run.mine("no-model", str(program_files["out"].with_name("pairs.jsonl")), str(tmp_path / "no.jsonl"),
+                        output_format="triplets")
+    assert not (tmp_path / "no.jsonl").exists()
 
 
 def test_an_interrupted_run_continues_to_the_same_output(pretrained, program_files, tmp_path, capsys):

@@ -25,11 +25,14 @@ from test_retrieval import write_beir
 from test_rerank_eval import short_retrieval_set
 
 import bertjax
+from bertjax import embeddings
 from bertjax.interop import mteb as bertjax_mteb
+from bertjax.interop import sentence_transformers as st_directories
 from bertjax.runs import exporting, suite_evaluation
+from bertjax.training.checkpoint_meta import EmbeddingRecord
 
 # "document", sentence-transformers 6's name for encode_document's prompt (a model of its own with a "passage"
-# prompt gets an empty "document" one beside it, which its encode_document takes: document_prompt_name).
+# prompt gets an empty "document" one beside it, which its encode_document takes: the export writes both).
 PROMPTS = {"query": "query: ", "document": "passage: "}
 
 
@@ -139,14 +142,15 @@ def test_prompts_are_chosen_as_mteb_chooses_them():
     for task in tasks:
         for prompt_type in (mteb.types.PromptType.query, mteb.types.PromptType.document, None):
             ours = bertjax_mteb.prompt_name(prompts, task.name, task.type, getattr(prompt_type, "value", None))
-            theirs = get_prompt_name(prompts, task, prompt_type)
-            if theirs is None and prompt_type == mteb.types.PromptType.document:
-                theirs = "passage"  # sentence-transformers' encode_document: document, passage, then corpus
-            assert ours == theirs, (task, prompt_type)
+            assert ours == get_prompt_name(prompts, task, prompt_type), (task, prompt_type)
     assert bertjax_mteb.prompt_name({}, "SciFact", "Retrieval", "query") is None
-    assert bertjax_mteb.document_prompt_name({"document": "", "passage": "passage: "}) == "passage"
-    assert bertjax_mteb.document_prompt_name({"corpus": "", "query": "q: "}) == "corpus"  # no prompt, over a default
-    assert bertjax_mteb.document_prompt_name({"query": "q: "}) is None
+    # Where mteb picks none, a document's is embed(task="document")'s: sentence-transformers' encode_document
+    # takes the first of document, passage, corpus, and an empty one hides no later one that is not.
+    passage = lambda prompts: embeddings.resolve(EmbeddingRecord(prompts=prompts), 64, prompt_name=None, prompt=None,
+                                                 task="document").prompt
+    assert passage(prompts) == "f" and passage({"document": "", "passage": "passage: "}) == "passage: "
+    assert st_directories.document_prompt_name({"corpus": "", "query": "q: "}) == "corpus"  # no prompt, over a default
+    assert passage({"query": "q: "}) == "" and st_directories.document_prompt_name({"query": "q: "}) is None
 
 
 def test_without_mteb_or_with_an_unknown_task_it_is_one_line(tmp_path, monkeypatch):

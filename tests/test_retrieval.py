@@ -129,6 +129,29 @@ def test_search_leaves_out_each_querys_own_passage():
     assert not (indices == exclude[:, None]).any(axis=1)[exclude >= 0].any()
 
 
+def test_retrieve_is_the_search_as_a_run():
+    """The first stage (evaluate_retrieval's and the reranking suite's): each query's top k as {corpus id:
+    score}, in numpy's full-sort order (ties by corpus position, not by id), its own id left out when asked;
+    "query" and "passage" texts each embedded as their kind."""
+    queries, corpus = embeddings("dot", num_queries=9, num_passages=40)
+    ids = [f"p{i}" for i in np.random.default_rng(7).permutation(40)]
+    data = retrieval_data.RetrievalSet("ties", ids, [f"passage {i}" for i in range(40)], ids[:9],
+                                       [f"query {i}" for i in range(9)], {})
+    table = {"query": queries, "passage": corpus}
+    embed = lambda texts, kind: table[kind][[int(t.split()[1]) for t in texts if t.startswith(kind)]]
+    found_itself = []
+    for ignore in (False, True):
+        run = retrieval.retrieve(embed, data, 12, "dot", 5, ignore_identical_ids=ignore)
+        scores, order = brute_force(queries, corpus, 12, "dot", np.arange(9) if ignore else None)
+        assert list(run) == data.query_ids
+        for q, query_id in enumerate(data.query_ids):
+            assert list(run[query_id]) == [ids[i] for i in order[q]]
+            assert list(run[query_id].values()) == pytest.approx(list(scores[q]))
+        found_itself.append(sum(query_id in run[query_id] for query_id in data.query_ids))
+        assert (np.diff(scores, axis=1) == 0).any()  # ties were there to keep in order
+    assert found_itself[0] > 0 and found_itself[1] == 0
+
+
 def test_ignore_identical_ids_keeps_a_query_from_finding_itself():
     """Quora's shape: the queries are passages too; judged relevant are their duplicates, not themselves."""
     words = "the river city north old museum bridge water school road tower".split()

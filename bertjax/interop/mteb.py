@@ -7,8 +7,10 @@
 similarity_pairwise, mteb_model_meta), so mteb takes it as it is. Its prompts are sentence-transformers'
 as mteb's wrapper of a SentenceTransformer picks them: a prompt of the model named after the task
 ("SciFact-query", "SciFact"), its type ("Retrieval-query", "Retrieval") or the prompt type ("query"), else
-a query gets the "query" prompt (and the query length: encode_query), a document its passage prompt
-(document_prompt_name, as encode_document picks it), anything else the model's default.
+a query gets the "query" prompt and a document its passage prompt, as embed's task="query" and
+task="document" pick them (sentence-transformers' encode_query and encode_document), anything else the
+model's default. A query is cut at the query length the model was trained with (task="query") whatever
+its prompt.
 
 mteb is an optional dependency (pip install bertjax[mteb]) and takes seconds to import: this module
 imports it only when an encoder is made or tasks are fetched, never on `import bertjax`.
@@ -21,9 +23,7 @@ import numpy as np
 from bertjax.compression import quantize
 
 INSTALL = "pip install bertjax[mteb]"
-# sentence-transformers' encode_document: the first of these prompt names the model has.
-DOCUMENT_PROMPTS = ("document", "passage", "corpus")
-QUERY, DOCUMENT = "query", "document"  # mteb's PromptType values
+QUERY, DOCUMENT = "query", "document"  # mteb's PromptType values, also embed's task names
 EMBEDDER_PARAMS = ("bert", "dense")  # what embeds: the encoder and its Dense layer, not the pretraining heads
 
 
@@ -36,23 +36,13 @@ def require():
     return mteb
 
 
-def document_prompt_name(prompts: dict) -> str | None:
-    """The prompt a passage is embedded with: the first of DOCUMENT_PROMPTS the model has, as
-    sentence-transformers' encode_document picks it, except that an empty one does not hide a later one
-    that is not (sentence-transformers 6 saves an empty "document" placeholder beside a model's own
-    "passage" prompt). None: the model's default prompt, if any."""
-    present = [name for name in DOCUMENT_PROMPTS if name in prompts]
-    return next((name for name in present if prompts[name]), present[0] if present else None)
-
-
 def prompt_name(prompts: dict, task_name: str | None, task_type: str | None, prompt_type: str | None) -> str | None:
     """The name of the model's prompt for this task and prompt type ("query", "document" or None), as
-    mteb's get_prompt_name chooses among a SentenceTransformer's prompts (a query's last choice "query"),
-    a document's last choice document_prompt_name. None: the model's default prompt, if any."""
+    mteb's get_prompt_name chooses among a SentenceTransformer's prompts (a query's last choice "query").
+    None: the one embed's task picks (a document's passage prompt), else the model's default, if any."""
     keys = [f"{task_name}-{prompt_type}" if prompt_type else None, task_name,
             f"{task_type}-{prompt_type}" if prompt_type else None, task_type, QUERY if prompt_type == QUERY else None]
-    chosen = next((key for key in keys if key and key in prompts), None)
-    return document_prompt_name(prompts) if chosen is None and prompt_type == DOCUMENT else chosen
+    return next((key for key in keys if key and key in prompts), None)
 
 
 def embedding_width(model) -> int:
@@ -97,7 +87,7 @@ class Encoder:
         if not texts:
             return np.zeros((0, self.mteb_model_meta.embed_dim), np.float32)
         return self.model.embed(texts, prompt_name=name, batch_size=batch_size,
-                                task=QUERY if kind == QUERY else None)
+                                task=kind if kind in (QUERY, DOCUMENT) else None)
 
     def similarity(self, embeddings1, embeddings2):
         """[N1, N2] scores of every pair, by the model's similarity (mteb's own functions)."""

@@ -3,7 +3,8 @@
 The pairs are read and checked, the corpus is read (the pairs' own positives where none is given), every
 distinct query and corpus text is embedded by the model (its query and document prompts), each query's
 negatives are mined (tasks/mining.py: sentence-transformers' mine_hard_negatives), and the pairs are
-written again with `negatives` added, in one piece: a failure leaves no output file.
+written again with `negatives` added (or as a reranker's labeled lists), in one piece: a failure leaves no
+output file.
 
 Lines with the same query are one query whose positives are all of theirs, as sentence-transformers
 reads them; a positive is always in the corpus; a negative is never one of the query's positives nor
@@ -21,6 +22,7 @@ line naming them, rather than throw away work that may have taken hours. The sel
 at each tenth, or every PROGRESS_SECONDS.
 """
 
+import dataclasses
 import hashlib
 import io
 import json
@@ -37,7 +39,9 @@ from bertjax.text import files
 from bertjax.training import sharding
 from bertjax.training.preemption import Preemption
 
-DOCUMENT_PROMPTS = ("document", "passage", "corpus")  # the prompt names sentence-transformers' encode_document tries
+# What the output holds: the pairs with `negatives` added, or a reranker's rows (tasks/kinds/rerank.py), as
+# sentence-transformers' mine_hard_negatives writes them with output_format="labeled-list".
+OUTPUT_FORMATS = ("pairs", "labeled-list")
 SHARD_SIZE = 8192  # texts embedded per kept part, rounded down to whole batches
 PROGRESS_SECONDS = 30.0  # a progress line at least this often, besides one at each tenth of a stage
 
@@ -57,13 +61,8 @@ def read_corpus(path: str) -> list[str]:
 
 
 def _embedder(model, batch_size: int):
-    prompts = model.embedding.prompts if model.embedding else {}
-    document = next((name for name in DOCUMENT_PROMPTS if name in prompts), None)
-
-    def embed(texts, kind):  # as sentence-transformers' encode_query and encode_document
-        if kind == "query":
-            return model.embed(texts, task="query", batch_size=batch_size)
-        return model.embed(texts, prompt_name=document, batch_size=batch_size)
+    def embed(texts, kind):  # kind "query" | "document": sentence-transformers' encode_query, encode_document
+        return model.embed(texts, task=kind, batch_size=batch_size)
     return embed
 
 
@@ -202,40 +201,67 @@ def embed_in_parts(embed, texts: list[str], kind: str, batch_size: int, shard_si
     return out
 
 
-def mine(model_path: str, pairs_path: str, out_path: str, *, corpus_path: str | None = None, num_negatives: int = 3,
-         range_min: int = 0, range_max: int | None = None, absolute_margin: float | None = None,
-         relative_margin: float | None = None, max_score: float | None = None, min_score: float | None = None,
-         sampling: str = "top", seed: int = 0, batch_size: int = 64, shard_size: int = SHARD_SIZE,
-         query_chunk_size: int = mining.QUERY_CHUNK_SIZE, on_part=None) -> dict:
-    """Write out_path: the pairs of pairs_path, each with its query's mined negatives after any it had.
-    Returns {"pairs", "queries", "corpus", "negatives", "short"} (short: queries given fewer than
-    num_negatives). shard_size: texts embedded per kept part (whole batches); query_chunk_size: queries
-    searched per kept part. on_part(stage, done, total): called after each part is kept, stage being
-    "query", "corpus" or "search"."""
-    # ---- the pairs, the corpus and the settings ------------------------------------------------------
+@dataclasses.dataclass(frozen=True)
+class Inputs:
+    """A pairs file and its corpus, read for mining (the module docstring says how queries and positives
+    are gathered)."""
+
+    lines: list[dict]  # the pairs file's objects, as written
+    pairs: list  # contrastive.Pair per line
+    corpus: list[str]  # the corpus file's texts, then the positives, each once
+    queries: list[str]  # the distinct queries, in the order they first come
+    positive_ids: list[list[int]]  # each query's positives' corpus rows
+
+    def own_rows(self) -> list[int]:
+        """Each query's own text's corpus row (never its negative), -1 where the corpus does not hold it."""
+        row = {text: i for i, text in enumerate(self.corpus)}
+        return [row.get(query, -1) for query in self.queries]
+
+
+def read_inputs(pairs_path: str, corpus_path: str | None) -> Inputs:
+    """The pairs and the corpus (the pairs' positives where corpus_path is None); one line for bad input."""
     pairs = contrastive.read_pairs(pairs_path, "mnrl")
     lines = [obj for _, obj in readers.json_lines(pairs_path)]
     corpus = read_corpus(corpus_path) if corpus_path else []
     if corpus_path and not corpus:
         raise ValueError(f"--corpus={corpus_path}: no texts to mine negatives from")
     corpus = list(dict.fromkeys(corpus + [p.positive for p in pairs]))  # the positives always in it, once
+    if len(corpus) < 2:
+        raise ValueError(f"{pairs_path}: the corpus holds {len(corpus)} text: negatives need more than the "
+                         f"positives (give --corpus=FILE)")
     row = {text: i for i, text in enumerate(corpus)}
     queries = list(dict.fromkeys(p.query for p in pairs))
     query_index = {text: i for i, text in enumerate(queries)}
     positive_ids = [[] for _ in queries]
     for p in pairs:
         positive_ids[query_index[p.query]].append(row[p.positive])
-    if len(corpus) < 2:
-        raise ValueError(f"{pairs_path}: the corpus holds {len(corpus)} text: negatives need more than the "
-                         f"positives (give --corpus=FILE)")
+    return Inputs(lines, pairs, corpus, queries, positive_ids)
+
+
+def mine(model_path: str, pairs_path: str, out_path: str, *, corpus_path: str | None = None, num_negatives: int = 3,
+         range_min: int = 0, range_max: int | None = None, absolute_margin: float | None = None,
+         relative_margin: float | None = None, max_score: float | None = None, min_score: float | None = None,
+         sampling: str = "top", seed: int = 0, batch_size: int = 64, shard_size: int = SHARD_SIZE,
+         query_chunk_size: int = mining.QUERY_CHUNK_SIZE, output_format: str = "pairs", on_part=None) -> dict:
+    """Write out_path: the pairs of pairs_path, each with its query's mined negatives after any it had, or
+    (output_format="labeled-list") those pairs as a reranker's rows (labeled_lists). Returns {"pairs",
+    "queries", "corpus", "negatives", "short"} (short: queries given fewer than num_negatives). shard_size:
+    texts embedded per kept part (whole batches); query_chunk_size: queries searched per kept part.
+    on_part(stage, done, total): called after each part is kept, stage being "query", "corpus" or "search"."""
+    # ---- the pairs, the corpus and the settings ------------------------------------------------------
+    if output_format not in OUTPUT_FORMATS:
+        raise ValueError(f"--output_format={output_format}: choose one of {', '.join(OUTPUT_FORMATS)}")
+    inputs = read_inputs(pairs_path, corpus_path)
+    queries, corpus = inputs.queries, inputs.corpus
     filtered = absolute_margin is not None or relative_margin is not None or max_score is not None
-    range_max = mining.check_settings(positive_ids, len(corpus), range_min=range_min, range_max=range_max,
+    range_max = mining.check_settings(inputs.positive_ids, len(corpus), range_min=range_min, range_max=range_max,
                                       num_negatives=num_negatives, sampling=sampling, filtered=filtered)
     if batch_size < 1 or shard_size < 1 or query_chunk_size < 1:
         raise ValueError(f"batch_size={batch_size}, shard_size={shard_size}, query_chunk_size={query_chunk_size}: "
                          f"each at least 1")
     shard_size = max(batch_size, shard_size // batch_size * batch_size)  # whole batches: the same as unsharded
-    console.say(f"mining: {len(pairs)} pairs, {len(queries)} distinct queries, a corpus of {len(corpus)} texts")
+    console.say(f"mining: {len(inputs.pairs)} pairs, {len(queries)} distinct queries, a corpus of {len(corpus)} "
+                f"texts")
 
     # ---- the work kept from an interrupted run, and the model -------------------------------------------
     partial = Partial(f"{out_path}.partial", dict(
@@ -243,14 +269,7 @@ def mine(model_path: str, pairs_path: str, out_path: str, *, corpus_path: str | 
         batch_size=batch_size, shard_size=shard_size, query_chunk_size=query_chunk_size, range_max=range_max))
     model = inference.load(model_path)
     with Preemption() as preemption:
-
-        def kept(stage: str, done: int, total: int) -> None:
-            if on_part is not None:
-                on_part(stage, done, total)
-            if preemption.should_stop(0):
-                console.say(f"mining: {preemption.name}: stopped; the finished work is kept in {partial.directory}: "
-                            f"the same command continues from it")
-                raise start.Stopped(done, preemption.exit_code)
+        kept = _keeper(preemption, partial, on_part)
 
         # ---- embeddings -------------------------------------------------------------------------------
         embed = _embedder(model, batch_size)
@@ -260,30 +279,78 @@ def mine(model_path: str, pairs_path: str, out_path: str, *, corpus_path: str | 
 
         # ---- mining -----------------------------------------------------------------------------------
         searched = SearchParts(partial)
-        progress = Progress("queries searched", len(queries), searched.done(len(queries), query_chunk_size))
-
-        def chunk_done(done: int, total: int) -> None:
-            progress.advance_to(done)
-            kept("search", done, total)
-
         negatives = mining.mine_negatives(
-            query_embeddings, corpus_embeddings, positive_ids, range_min=range_min, range_max=range_max,
+            query_embeddings, corpus_embeddings, inputs.positive_ids, range_min=range_min, range_max=range_max,
             max_score=max_score, min_score=min_score, absolute_margin=absolute_margin,
             relative_margin=relative_margin, num_negatives=num_negatives, sampling=sampling, seed=seed,
-            exclude=[row.get(q, -1) for q in queries], query_chunk_size=query_chunk_size, searched=searched,
-            on_chunk=chunk_done, mesh=sharding.make_mesh({"data": -1}))
+            exclude=inputs.own_rows(), query_chunk_size=query_chunk_size, searched=searched,
+            on_chunk=_search_progress(searched, len(queries), query_chunk_size, kept),
+            mesh=sharding.make_mesh({"data": -1}))
 
-    # ---- the pairs written with their negatives --------------------------------------------------------
-    out = []
-    for obj, p in zip(lines, pairs):
-        given = list(p.negatives)
-        mined = [corpus[i] for i in negatives[query_index[p.query]] if corpus[i] not in given]
-        record = {key: value for key, value in obj.items() if key != "negative"}
-        out.append(json.dumps({**record, "negatives": given + mined}, ensure_ascii=False) + "\n")
-    files.write_bytes(out_path, "".join(out).encode("utf-8"))
+    # ---- the output, in one piece ------------------------------------------------------------------------
+    rows = pair_rows(inputs, negatives)
+    if output_format == "labeled-list":
+        rows = labeled_lists(inputs.pairs, rows)
+    files.write_bytes(out_path, "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows).encode("utf-8"))
     partial.remove()
     short = sum(len(n) < num_negatives for n in negatives)
     advice = f"; {short} got fewer than {num_negatives} (raise range_max or loosen the margins)" if short else ""
     console.say(f"wrote {out_path}: {sum(map(len, negatives))} negatives for {len(queries)} queries{advice}")
-    return {"pairs": len(pairs), "queries": len(queries), "corpus": len(corpus),
+    return {"pairs": len(inputs.pairs), "queries": len(queries), "corpus": len(corpus),
             "negatives": sum(map(len, negatives)), "short": short}
+
+
+def _keeper(preemption: Preemption, partial: Partial, on_part):
+    """kept(stage, done, total), called after each part is kept: on_part's call, then the run stopped
+    (start.Stopped) where SIGTERM or Ctrl-C asked for it, its work left in partial for the same command."""
+
+    def kept(stage: str, done: int, total: int) -> None:
+        if on_part is not None:
+            on_part(stage, done, total)
+        if preemption.should_stop(0):
+            console.say(f"mining: {preemption.name}: stopped; the finished work is kept in {partial.directory}: "
+                        f"the same command continues from it")
+            raise start.Stopped(done, preemption.exit_code)
+    return kept
+
+
+def _search_progress(searched: SearchParts, total: int, chunk: int, kept):
+    """mine_negatives' on_chunk: a progress line where one is due (the kept chunks counted as done), then kept."""
+    progress = Progress("queries searched", total, searched.done(total, chunk))
+
+    def chunk_done(done: int, total: int) -> None:
+        progress.advance_to(done)
+        kept("search", done, total)
+    return chunk_done
+
+
+def pair_rows(inputs: Inputs, negatives: list[list[int]]) -> list[dict]:
+    """The pairs file's objects as written, each with `negatives`: those it gave (a `negative` of its own
+    folded in), then its query's mined ones (negatives: corpus rows per query) it did not give."""
+    query_index = {text: i for i, text in enumerate(inputs.queries)}
+    rows = []
+    for obj, p in zip(inputs.lines, inputs.pairs):
+        given = list(p.negatives)
+        mined = [inputs.corpus[i] for i in negatives[query_index[p.query]] if inputs.corpus[i] not in given]
+        rows.append({**{key: value for key, value in obj.items() if key != "negative"}, "negatives": given + mined})
+    return rows
+
+
+def labeled_lists(pairs: list, rows: list[dict]) -> list[dict]:
+    """pair_rows' rows (of these pairs) as a reranker's, one per query in the order the queries first come:
+    {"query", "passages": its positives then its negatives, "labels": 1 for each positive, 0 for each
+    negative}, each text once. A query with no negative is left out (its list would rank nothing), as
+    sentence-transformers' labeled-list leaves it out; a query of several lines is one row, not one per
+    positive as there, since the reranker's data takes one row a query."""
+    lists: dict[str, tuple[dict, dict]] = {}
+    for p, row in zip(pairs, rows):
+        positives, negatives = lists.setdefault(p.query, ({}, {}))
+        positives[p.positive] = None
+        negatives.update(dict.fromkeys(row["negatives"]))
+    out = []
+    for query, (positives, negatives) in lists.items():
+        negatives = [text for text in negatives if text not in positives]
+        if negatives:
+            out.append({"query": query, "passages": [*positives, *negatives],
+                        "labels": [1] * len(positives) + [0] * len(negatives)})
+    return out

@@ -233,15 +233,13 @@ def retrieval_suite(init_from: str, directories: list[str], workdir: str, *, spl
                          f"their rows in the table would be confused")
     reranker = pair_scorer(inference.load(rerank_with), rerank_with, batch_size) if rerank_with else None
     model = inference.load(init_from)
-    # Passages get the model's passage prompt, as sentence-transformers' encode_document picks it.
-    passage_prompt = bertjax_mteb.document_prompt_name(model.embedding.prompts if model.embedding else {})
     # The model's own similarity unless asked for another; cosine for a model without an embedding record.
     similarity = similarity or (model.embedding.similarity if model.embedding else "cosine")
 
-    def embed(texts, kind):  # kind: "query" | "passage"; a query gets the model's "query" prompt and the
-        if kind == "query":  # query length it was trained with (sentence-transformers' encode_query)
-            return model.embed(texts, task="query", batch_size=batch_size)
-        return model.embed(texts, prompt_name=passage_prompt, batch_size=batch_size)
+    # A query gets the model's "query" prompt and the query length it was trained with, a passage its passage
+    # prompt: sentence-transformers' encode_query and encode_document.
+    def embed(texts, kind):  # kind: "query" | "passage"
+        return model.embed(texts, task="query" if kind == "query" else "document", batch_size=batch_size)
 
     search = dict(k_values=k_values, similarity=similarity, batch_size=batch_size,
                   mesh=sharding.make_mesh({"data": -1}),  # the corpus split over every device
@@ -298,7 +296,7 @@ def pair_scorer(model, source: str, batch_size: int):
     compiled shape). Any other model is one line."""
     task = model.task
     if task is not None and task.kind in PAIR_SCORING_KINDS:
-        column, what = (lambda logits: logits[:, 0]), f"the {task.kind} head's logit"
+        column, what = (lambda logits: logits.reshape(len(logits), -1)[:, 0]), f"the {task.kind} head's logit"
     elif task is not None and task.kind == "classification" and len(task.labels) == 2:
         yes = relevant_label(task.labels)
         column = lambda logits: logits[:, yes] - logits[:, 1 - yes]
@@ -323,23 +321,16 @@ def pair_scorer(model, source: str, batch_size: int):
 
 def retrieve_and_rerank(embed, score_pairs, data, rerank_top: int, *, k_values, similarity, batch_size, mesh,
                         ignore_identical_ids) -> tuple[dict, dict]:
-    """(first-stage metrics, reranked metrics) of one data set: the exact search's ranking, as
-    evaluate_retrieval finds it (to max(k_values, rerank_top)), then its top rerank_top rescored
-    (retrieval.rerank) and ranked as trec_eval ranks a run."""
-    queries = retrieval.embed_texts(embed, data.queries, "query", batch_size)
-    passages = retrieval.embed_texts(embed, data.passages, "passage", batch_size)
-    exclude = None
-    if ignore_identical_ids:
-        position = {corpus_id: i for i, corpus_id in enumerate(data.corpus_ids)}
-        exclude = np.array([position.get(query_id, -1) for query_id in data.query_ids], np.int32)
-    _, indices = retrieval.search(queries, passages, max(*k_values, rerank_top), similarity=similarity, mesh=mesh,
-                                  exclude=exclude)
-    run = {query_id: [data.corpus_ids[i] for i in row if i >= 0] for query_id, row in zip(data.query_ids, indices)}
+    """(first-stage metrics, reranked metrics) of one data set: the first stage as evaluate_retrieval's
+    (retrieval.retrieve, to max(k_values, rerank_top)), then its top rerank_top rescored (retrieval.rerank)
+    and ranked as trec_eval ranks a run."""
+    run = retrieval.retrieve(embed, data, max(*k_values, rerank_top), similarity, batch_size,
+                             ignore_identical_ids=ignore_identical_ids, mesh=mesh)
     rescored = retrieval.rerank(score_pairs, dict(zip(data.query_ids, data.queries)),
                                 dict(zip(data.corpus_ids, data.passages)), run, rerank_top)
     ranked = {query_id: retrieval_metrics.trec_ranking(found) for query_id, found in rescored.items()}
     counts = {"queries": len(data.queries), "passages": len(data.passages)}
-    return ({**retrieval_metrics.retrieval_scores(data.qrels, run, k_values), **counts},
+    return ({**retrieval_metrics.retrieval_scores(data.qrels, retrieval.rankings(run), k_values), **counts},
             {**retrieval_metrics.retrieval_scores(data.qrels, ranked, k_values), **counts})
 
 

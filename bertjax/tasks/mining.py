@@ -114,6 +114,20 @@ def mine_negatives(query_embeddings, corpus_embeddings, positive_ids, *, range_m
     # The positives and the own row are dropped after the search, among range_max + most_positives + 1
     # candidates, as sentence-transformers drops them: the search's exclude would bring one more candidate.
     k = range_max + max(map(len, positive_ids), default=0) + 1
+    scores, rows = _searched_candidates(queries, corpus, k, query_chunk_size=query_chunk_size, searched=searched,
+                                        on_chunk=on_chunk, mesh=mesh, chunk_size=chunk_size, block_size=block_size)
+    _drop_rejected(scores, rows, queries, corpus, positive_ids, own, max_score=max_score, min_score=min_score,
+                   absolute_margin=absolute_margin, relative_margin=relative_margin)
+    return _choose(scores, rows, range_min=range_min, range_max=range_max, num_negatives=num_negatives,
+                   sampling=sampling, seed=seed)
+
+
+def _searched_candidates(queries: np.ndarray, corpus: np.ndarray, k: int, *, query_chunk_size: int, searched=None,
+                         on_chunk=None, mesh=None, chunk_size: int = retrieval.CHUNK_SIZE,
+                         block_size: int = CORPUS_BLOCK_SIZE) -> tuple[np.ndarray, np.ndarray]:
+    """Each query's k best corpus rows by cosine, (scores [Q, K], rows [Q, K]), fresh arrays: the chunks of
+    query_chunk_size queries that `searched` holds taken from it, the others searched (search) and put in
+    it, on_chunk(done, Q) called after each (mine_negatives says what `searched` is)."""
     searched = {} if searched is None else searched
     for start in range(0, len(queries), query_chunk_size):
         if start not in searched:
@@ -124,11 +138,19 @@ def mine_negatives(query_embeddings, corpus_embeddings, positive_ids, *, range_m
     chunks = [searched[start] for start in range(0, len(queries), query_chunk_size)]
     scores = np.concatenate([s for s, _ in chunks])  # [Q, K], a copy: the store's arrays stay as they are
     rows = np.concatenate([r for _, r in chunks])  # [Q, K]
+    return scores, rows
+
+
+def _drop_rejected(scores: np.ndarray, rows: np.ndarray, queries: np.ndarray, corpus: np.ndarray, positive_ids,
+                   own: np.ndarray, *, max_score: float | None = None, min_score: float | None = None,
+                   absolute_margin: float | None = None, relative_margin: float | None = None) -> None:
+    """scores [Q, K] set to -inf, in place, at every candidate that may not be a negative: an empty place,
+    one of the query's positives, its own row (own [Q], -1 for none), and what the filters reject (the
+    module docstring says how)."""
     dropped = (rows < 0) | (rows == own[:, None])
     for q, ids in enumerate(positive_ids):
         dropped[q] |= np.isin(rows[q], ids)
     scores[dropped] = -np.inf
-
     if absolute_margin is not None or relative_margin is not None:
         unit_queries = retrieval.normalized(queries)
         # The lowest positive score of each query: the margin keeps clear of its hardest positive. Only the
@@ -144,9 +166,14 @@ def mine_negatives(query_embeddings, corpus_embeddings, positive_ids, *, range_m
     if min_score is not None:
         scores[scores < np.float32(min_score)] = -np.inf
 
+
+def _choose(scores: np.ndarray, rows: np.ndarray, *, range_min: int, range_max: int, num_negatives: int,
+            sampling: str, seed: int) -> list[list[int]]:
+    """Each query's negatives as corpus rows, best first: ranks range_min to range_max - 1 of the candidates
+    that survive (finite scores, in the search's order), the first num_negatives of them or a random choice."""
     rng = np.random.default_rng(seed)
     negatives = []
-    for q in range(len(queries)):
+    for q in range(len(scores)):
         kept = np.flatnonzero(np.isfinite(scores[q]))  # the survivors, best first (the search's order)
         candidates = kept[range_min:range_max]
         if sampling == "random" and len(candidates) > num_negatives:

@@ -1,8 +1,9 @@
 """Retrieval and similarity evaluation of a sentence embedder: exact top-k search, BEIR's metrics, STS.
 
-    embed = lambda texts, kind: model.embed(texts, prompt_name=kind)   # kind: "query" | "passage"
+    embed = lambda texts, kind: model.embed(texts, task="query" if kind == "query" else "document")
     evaluate_retrieval(embed, read_retrieval("scifact"), k_values=(10, 100))  # {"ndcg@10": ..., ...}
     evaluate_sts(embed, readers.read_split(registry.get_task("stsb"), "validation"))  # pearson, spearman
+    run = retrieve(embed, read_retrieval("scifact"), top_k=100)  # the first stage: {query id: {corpus id: score}}
     rerank(score_pairs, queries, corpus, run, top_k=100)  # BEIR's Rerank: {query id: {corpus id: score}}
 
 `embed(texts, kind) -> [N, D]` is any callable, so the search and the metrics are tested with plain arrays.
@@ -182,26 +183,42 @@ def embed_texts(embed, texts: list[str], kind: str, batch_size: int) -> np.ndarr
     return out
 
 
-def evaluate_retrieval(embed, dataset: RetrievalSet, k_values=retrieval_metrics.K_VALUES, similarity: str = "cosine",
-                       batch_size: int = 64, *, ignore_identical_ids: bool = False, mesh=None,
-                       chunk_size: int = CHUNK_SIZE) -> dict:
-    """The data set's queries and passages embedded (embed(texts, "query" | "passage")), each query's top
-    max(k_values) passages found, and BEIR's metrics over its judgements (retrieval_metrics):
-    {"ndcg@10": ..., "recall@100": ..., ..., "queries": Q, "passages": N}. ignore_identical_ids: a query
-    never retrieves the passage with its own id (BEIR's option, for Quora and ArguAna)."""
-    k_values = tuple(sorted(set(int(k) for k in k_values)))
+def retrieve(embed, dataset: RetrievalSet, top_k: int, similarity: str = "cosine", batch_size: int = 64, *,
+             ignore_identical_ids: bool = False, mesh=None,
+             chunk_size: int = CHUNK_SIZE) -> dict[str, dict[str, float]]:
+    """The first stage: the data set's queries and passages embedded (embed(texts, "query" | "passage")) and
+    each query's top_k passages found by the exact search. Returns the run, query id -> {corpus id: score},
+    each query's passages in rank order (best first, equal scores in corpus order: the search's).
+    ignore_identical_ids: a query never retrieves the passage with its own id (BEIR's option, for Quora and
+    ArguAna)."""
     queries = embed_texts(embed, dataset.queries, "query", batch_size)
     passages = embed_texts(embed, dataset.passages, "passage", batch_size)
     exclude = None
     if ignore_identical_ids:
         position = {corpus_id: i for i, corpus_id in enumerate(dataset.corpus_ids)}
         exclude = np.array([position.get(query_id, -1) for query_id in dataset.query_ids], np.int32)
-    _, indices = search(queries, passages, max(k_values), similarity=similarity, mesh=mesh, exclude=exclude,
-                        chunk_size=chunk_size)
-    run = {query_id: [dataset.corpus_ids[i] for i in row if i >= 0]
-           for query_id, row in zip(dataset.query_ids, indices)}
-    scores = retrieval_metrics.retrieval_scores(dataset.qrels, run, k_values)
+    scores, indices = search(queries, passages, top_k, similarity=similarity, mesh=mesh, exclude=exclude,
+                             chunk_size=chunk_size)
+    return {query_id: {dataset.corpus_ids[i]: float(score) for i, score in zip(row, found) if i >= 0}
+            for query_id, row, found in zip(dataset.query_ids, indices, scores)}
+
+
+def evaluate_retrieval(embed, dataset: RetrievalSet, k_values=retrieval_metrics.K_VALUES, similarity: str = "cosine",
+                       batch_size: int = 64, *, ignore_identical_ids: bool = False, mesh=None,
+                       chunk_size: int = CHUNK_SIZE) -> dict:
+    """Each query's top max(k_values) passages (retrieve) and BEIR's metrics over the data set's judgements
+    (retrieval_metrics), the passages ranked as the search ranked them: {"ndcg@10": ..., "recall@100": ...,
+    ..., "queries": Q, "passages": N}."""
+    k_values = tuple(sorted(set(int(k) for k in k_values)))
+    run = retrieve(embed, dataset, max(k_values), similarity, batch_size, ignore_identical_ids=ignore_identical_ids,
+                   mesh=mesh, chunk_size=chunk_size)
+    scores = retrieval_metrics.retrieval_scores(dataset.qrels, rankings(run), k_values)
     return {**scores, "queries": len(dataset.queries), "passages": len(dataset.passages)}
+
+
+def rankings(run: dict[str, dict[str, float]]) -> dict[str, list[str]]:
+    """retrieve's run as the metrics take it: query id -> corpus ids in the run's rank order."""
+    return {query_id: list(found) for query_id, found in run.items()}
 
 
 def sts_pairs(examples) -> list[tuple[str, str, float]]:
@@ -238,15 +255,16 @@ def evaluate_sts(embed, examples, batch_size: int = 64, similarity: str = "cosin
     return {"pearson": metrics.pearson(scores, gold), "spearman": metrics.spearman(scores, gold), "pairs": len(pairs)}
 
 
-def rerank(score_pairs, queries: dict[str, str], corpus: dict[str, str], first_stage: dict[str, list[str]],
-           top_k: int, chunk_size: int = 1024) -> dict[str, dict[str, float]]:
-    """BEIR's Rerank: each query's first top_k passages of first_stage (query id -> corpus ids, best first)
-    scored again by score_pairs(query texts, passage texts) -> [n] (a cross-encoder), chunk_size pairs a
-    call; the passages beyond top_k are dropped. Returns query id -> {corpus id: score}, the run as BEIR
-    and pytrec_eval take it (retrieval_metrics.trec_ranking ranks it as they do)."""
+def rerank(score_pairs, queries: dict[str, str], corpus: dict[str, str], first_stage: dict, top_k: int,
+           chunk_size: int = 1024) -> dict[str, dict[str, float]]:
+    """BEIR's Rerank: each query's first top_k passages of first_stage (query id -> corpus ids best first,
+    or retrieve's run) scored again by score_pairs(query texts, passage texts) -> [n] (a cross-encoder),
+    chunk_size pairs a call; the passages beyond top_k are dropped. Returns query id -> {corpus id: score},
+    the run as BEIR and pytrec_eval take it (retrieval_metrics.trec_ranking ranks it as they do)."""
     if int(top_k) < 1:
         raise ValueError(f"top_k={top_k}: rerank at least one passage per query")
-    pairs = [(query_id, corpus_id) for query_id, ranked in first_stage.items() for corpus_id in ranked[:int(top_k)]]
+    pairs = [(query_id, corpus_id) for query_id, ranked in first_stage.items()
+             for corpus_id in list(ranked)[:int(top_k)]]
     scores = np.empty(len(pairs), np.float64)
     for start in range(0, len(pairs), chunk_size):
         chunk = pairs[start:start + chunk_size]
