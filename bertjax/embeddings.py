@@ -20,7 +20,9 @@ from typing import Callable
 import numpy as np
 
 from bertjax.data import packing
+from bertjax.interop import sentence_transformers
 from bertjax.models import pooling
+from bertjax.tasks.kinds.contrastive import DENSE, SPLADE, STATIC
 from bertjax.training.checkpoint_meta import EmbeddingRecord
 
 MIN_BUCKET = 16  # the narrowest row, and the step between widths up to 4 x MIN_BUCKET
@@ -34,6 +36,9 @@ TOKENS_PER_BATCH = {"cpu": 1024}
 # its token states, not normalised.
 DEFAULT = EmbeddingRecord()
 QUERY = "query"  # the task (and prompt name) of queries
+DOCUMENT = "document"  # the task of passages: sentence-transformers' encode_document
+# What a call computes (Settings.representation): pooled token states (DENSE), SPLADE's vectors over the
+# vocabulary, or the static query table's (SPLADE's inference-free query side, for task="query").
 
 
 @dataclasses.dataclass(frozen=True)
@@ -45,20 +50,39 @@ class Settings:
     dense: dict | None  # the record's {"features", "bias", "activation"}
     prompt: str  # prepended to every text ("" for none)
     include_prompt: bool
-    max_length: int  # tokens per text, [CLS] and [SEP] included
+    max_length: int  # tokens per text, [CLS] and [SEP] included (STATIC: the text's tokens alone)
+    representation: str = DENSE  # DENSE | SPLADE | STATIC
+
+
+def representation(record: EmbeddingRecord | None) -> tuple[str, str]:
+    """(DENSE or SPLADE, SPLADE's query side: SPLADE or STATIC) of a model, as its EmbeddingRecord says
+    (None, or a record from before the field: dense)."""
+    record = record or DEFAULT
+    return record.representation, record.splade_query
 
 
 def resolve(record: EmbeddingRecord | None, model_limit: int, *, prompt_name: str | None, prompt: str | None,
-            pooling_modes=None, normalize: bool | None = None, task: str | None = None) -> Settings:
+            pooling_modes=None, normalize: bool | None = None, task: str | None = None,
+            model: tuple = (DENSE, SPLADE)) -> Settings:
     """The settings of one call; a prompt name the model lacks, or pooling its Dense cannot take, is one
     line. model_limit: the most tokens the encoder's positions allow. task="query" (sentence-transformers'
     encode_query): the "query" prompt where none is given and the model has one, and texts cut to the
-    record's max_query_length where it has one (shorter or longer than max_seq_length, as training cut them)."""
+    record's max_query_length where it has one (shorter or longer than max_seq_length, as training cut them).
+    task="document" (encode_document): the passage prompt where none is given
+    (interop/sentence_transformers.document_prompt_name). model: representation()'s pair; a SPLADE model has
+    no pooling or normalisation to choose, and its static query side embeds task="query"'s texts."""
     record = record or DEFAULT
-    if task not in (None, QUERY):
-        raise ValueError(f"task={task!r}: None, or 'query' (the texts are queries)")
-    if task == QUERY and prompt_name is None and prompt is None and QUERY in record.prompts:
-        prompt_name = QUERY  # as sentence-transformers' encode_query
+    kind = STATIC if model == (SPLADE, STATIC) and task == QUERY else model[0]
+    if kind != DENSE and (pooling_modes is not None or normalize is not None):
+        raise ValueError("pooling and normalize are a dense embedder's: a SPLADE model's vector is the max over a "
+                         "text's tokens of log(1 + ReLU(MLM logits)); leave them unset")
+    if task not in (None, QUERY, DOCUMENT):
+        raise ValueError(f"task={task!r}: None, 'query' (the texts are queries) or 'document' (passages)")
+    if prompt_name is None and prompt is None:
+        if task == QUERY and QUERY in record.prompts:
+            prompt_name = QUERY  # as sentence-transformers' encode_query
+        elif task == DOCUMENT:
+            prompt_name = sentence_transformers.document_prompt_name(record.prompts)
     if prompt is None:
         name = prompt_name if prompt_name is not None else record.default_prompt_name
         if name is not None and name not in record.prompts:
@@ -73,7 +97,7 @@ def resolve(record: EmbeddingRecord | None, model_limit: int, *, prompt_name: st
     if task == QUERY and record.max_query_length is not None:  # Transformer.query_length, in place of max_seq_length
         limit = min(record.max_query_length, model_limit)
     return Settings(tuple(modes), record.normalize if normalize is None else bool(normalize), record.dense, prompt,
-                    record.include_prompt, limit)
+                    record.include_prompt, limit, kind)
 
 
 def buckets(limit: int) -> list[int]:

@@ -10,7 +10,8 @@ fine-tuning and export do.
 `load(path, quantize="int8")` runs every dense layer with int8 weights (quantize="int4-g128": int4 with a
 scale per 128 inputs; bertjax/compression/quantize.py).
 `embed(texts)` gives sentence embeddings as the model's own settings say (a sentence-transformers
-directory's pooling, Dense, Normalize and prompts), else the mean of its token states.
+directory's pooling, Dense, Normalize and prompts), else the mean of its token states; a SPLADE model's
+vectors over the vocabulary (bertjax/models/sparse.py), as a dense numpy array [N, V].
 
 Shape legend (as in bertjax/models/bert.py): B batch, S sequence length, H hidden size, L layers.
 """
@@ -28,7 +29,7 @@ from etils import epath
 from bertjax import embeddings, init_from
 from bertjax.compression import quantize as quantization  # `quantize` is load's argument
 from bertjax.models import bert as bert_model
-from bertjax.models import heads, pooling
+from bertjax.models import heads, pooling, sparse
 from bertjax.models.config import BertConfig
 from bertjax.tasks import kinds
 from bertjax.text import files, tf_cpu
@@ -168,7 +169,9 @@ class LoadedBert:
         text itself ("" for none), over prompt_name. pooling: modes of bertjax/models/pooling.py (one, or
         several concatenated) in place of the model's; normalize: L2-normalise (True) or not (False).
         task="query": the texts are queries, as sentence-transformers' encode_query embeds them (the "query"
-        prompt where none is given, cut to the query length the model was trained with). devices: those
+        prompt where none is given, cut to the query length the model was trained with; a SPLADE model with a
+        static query side embeds them through its table, from their tokens alone). A SPLADE model gives its
+        vectors over the vocabulary [N, V], dense (4 V bytes a text), scored by dot product. devices: those
         each batch's rows are split over (default: every local device; on a CPU, XLA_FLAGS=
         --xla_force_host_platform_device_count=<cores> set before Python starts makes one device a core)."""
         if isinstance(texts, str):
@@ -179,10 +182,15 @@ class LoadedBert:
             raise ValueError(f"batch_size={batch_size}: embed needs at least 1")
         limit = self.config.max_position_embeddings - self.config.position_offset
         settings = embeddings.resolve(self.embedding, limit, prompt_name=prompt_name, prompt=prompt,
-                                     pooling_modes=pooling, normalize=normalize, task=task)
+                                     pooling_modes=pooling, normalize=normalize, task=task,
+                                     model=embeddings.representation(self.embedding))
         tok = self.tokenizer
         body = settings.max_length - tok.template.added()
-        rows = [tok.template.single(ids[:body]) for ids in tok.encode([settings.prompt + t for t in texts])]
+        encoded = tok.encode([settings.prompt + t for t in texts])
+        if settings.representation == embeddings.STATIC:  # a query's tokens alone, as SparseStaticEmbedding's
+            rows = [ids[:settings.max_length] for ids in encoded]
+        else:
+            rows = [tok.template.single(ids[:body]) for ids in encoded]
         skipped = 0
         if settings.prompt and not settings.include_prompt:  # [CLS] and the prompt's tokens are not pooled
             skipped = len(tok.template.prefix) + len(tok.encode([settings.prompt])[0])
@@ -198,14 +206,20 @@ class LoadedBert:
         if not devices:
             raise ValueError("embed: devices=[] names no device to embed on")
         dense = settings.dense
-        apply = _embedding_network(self.config, settings.modes, settings.normalize, self.quantize,
-                                   None if dense is None else (dense["features"], dense["bias"], dense["activation"]))
-        encoder = lambda p: {"bert": p["bert"], **({"dense": p["dense"]} if dense else {})}  # noqa: E731
+        if settings.representation == embeddings.DENSE:
+            apply = _embedding_network(self.config, settings.modes, settings.normalize, self.quantize, None if dense
+                                       is None else (dense["features"], dense["bias"], dense["activation"]))
+            names = ("bert", "dense") if dense else ("bert",)
+        else:  # SPLADE: vectors [R, V] over the vocabulary, held dense
+            static = settings.representation == embeddings.STATIC
+            apply = _splade_network(self.config, self.quantize, static)
+            names = ("static_query",) if static else ("bert", "mlm_head")
+        encoder = lambda p: {name: p[name] for name in names}  # noqa: E731
         if len(devices) == 1:  # the params as they are now, where they are (a copy only to another device)
             params = jax.device_put(encoder(self.params), devices[0])
             return lambda batch: apply(params, jax.device_put(batch, devices[0]))
         mesh = jax.sharding.Mesh(np.array(devices), ("rows",))
-        key = (tuple(devices), dense is not None)
+        key = (tuple(devices), names)
         if key not in self._replicas:
             self._replicas[key] = jax.device_put(encoder(self.params),
                                                  jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec()))
@@ -336,6 +350,14 @@ def _embedding_network(config: BertConfig, modes: tuple, normalize: bool, quanti
     net = quantization.network(pooling.SentenceEmbedder(config, modes=modes, dense_features=features, dense_bias=bias,
                                                         dense_activation=activation, normalize=normalize), quantize)
     return jax.jit(lambda params, batch: net.apply({"params": params}, **batch, deterministic=True))
+
+
+@functools.cache
+def _splade_network(config: BertConfig, quantize: str | None, static: bool):
+    """The jitted SpladeEncoder (params, batch) -> vectors over the vocabulary: SPLADE's, or (static) the
+    static query table's."""
+    net = quantization.network(sparse.SpladeEncoder(config, static_queries=static), quantize)
+    return jax.jit(lambda params, batch: net.apply({"params": params}, **batch, deterministic=True, static=static))
 
 
 def _quantized(config: BertConfig, params: dict, task, embedding: EmbeddingRecord | None, mode: str):

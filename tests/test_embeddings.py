@@ -240,22 +240,29 @@ def test_a_query_length_cuts_queries_as_encode_query(query_length, loaded, tmp_p
     """A record's max_query_length (what contrastive training writes from data.max_query_length), shorter or
     longer than its max_seq_length (32): embed(task="query") embeds as sentence-transformers' encode_query on
     the export (the query prompt, the Transformer's query_length); the other texts keep max_seq_length. The
-    record round-trips through the checkpoint, the export and bertjax.load of the export."""
+    record round-trips through the checkpoint, the export and bertjax.load of the export. Passages:
+    embed(task="document") embeds as encode_document, with the "passage" prompt, not the empty "document"
+    one sentence-transformers saved beside it (which its encode_document would take: the export writes the
+    passage prompt under "document" too)."""
     bert = loaded("bert")
     record = dataclasses.replace(bert.embedding, max_query_length=query_length)
+    assert record.prompts == {"query": "query: ", "document": "", "passage": "passage: "}
     workdir = save_workdir(tmp_path / "run", bert, bert.vocab_path, embedding=record)
     assert checkpoint.restore_params(str(workdir))[1].embedding == record
     exported = exporting.export(str(workdir), str(tmp_path / "st"), "sentence-transformers")
     assert json.loads((tmp_path / "st" / "sentence_bert_config.json").read_text())["query_length"] == query_length
-    assert bertjax.load(exported).embedding == record  # read back
+    passage_prompts = {**record.prompts, "document": "passage: "}
+    assert bertjax.load(exported).embedding == dataclasses.replace(record, prompts=passage_prompts)  # read back
     reference, model, texts = SentenceTransformer(exported, device="cpu"), bertjax.load(workdir), held_out_texts()
     queries = model.embed(texts, task="query")
     assert max_difference(queries, reference.encode_query(texts)) < ATOL
-    assert max_difference(model.embed(texts, prompt_name="passage"),
-                          reference.encode(texts, prompt_name="passage")) < ATOL
+    passages = model.embed(texts, task="document")
+    assert max_difference(passages, reference.encode_document(texts)) < ATOL
+    assert max_difference(passages, reference.encode(texts, prompt_name="passage")) < ATOL
+    assert max_difference(passages, model.embed(texts, prompt="")) > 1e-2  # the prompt is in the embeddings
     assert max_difference(queries, model.embed(texts, prompt_name="query")) > 1e-2  # cut elsewhere: other embeddings
-    with pytest.raises(ValueError, match="task='document': None, or 'query'"):
-        model.embed(texts, task="document")
+    with pytest.raises(ValueError, match="task='passage': None, 'query' .* or 'document'"):
+        model.embed(texts, task="passage")
 
 
 def test_a_bertjax_workdir_exports_as_a_sentence_transformer(pretrained, tmp_path):

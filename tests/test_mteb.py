@@ -5,6 +5,7 @@ chooses them; `python -m bertjax.evaluate --suite=mteb` in one line where mteb o
 network: a connection attempt fails the test."""
 
 import json
+import pathlib
 import socket
 import sys
 import types
@@ -120,7 +121,7 @@ def test_the_encoder_embeds_and_scores_as_mteb_wraps_sentence_transformers(promp
     reference = mteb.SentenceTransformerEncoderWrapper(SentenceTransformer(prompted_embedder, device="cpu"))
     meta = encoder.mteb_model_meta
     assert (meta.name, meta.embed_dim, meta.max_tokens, meta.similarity_fn_name.value) == \
-        ("bertjax/exported", 32, 32, "dot")
+        ("bertjax/" + pathlib.Path(prompted_embedder).name, 32, 32, "dot")  # named after its directory
     assert meta.n_parameters == sum(p.numel() for p in reference.model.parameters())
     texts = ["the old bridge by the river", "Music", "a long road north of the city and its famous tower"]
     batches = torch.utils.data.DataLoader(datasets.Dataset.from_dict({"text": texts}), batch_size=2)  # as mteb's

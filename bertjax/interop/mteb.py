@@ -1,6 +1,6 @@
 """MTEB (Muennighoff et al. 2023; the mteb package, 2.26): a bertjax embedder as a model mteb.evaluate runs.
 
-    encoder = Encoder(bertjax.load("runs/embedder"), name="bertjax/embedder")
+    encoder = Encoder(bertjax.load("runs/embedder"), name="my-org/embedder")
     evaluate(encoder, get_tasks(["SciFact", "STSBenchmark"]), "runs/mteb/mteb_results")  # task -> main score
 
 `Encoder` has what mteb's EncoderProtocol asks for (encode over mteb's DataLoader, similarity,

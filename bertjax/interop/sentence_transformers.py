@@ -16,7 +16,9 @@ bertjax runs what models/pooling.py's SentenceEmbedder computes, so it reads the
 shape: Transformer, Pooling, then optionally Dense, then optionally Normalize. The Transformer part is
 any family's Hugging Face directory (interop/hf.py); what the rest says becomes the EmbeddingRecord and
 the embedder's "dense" params. The writer lays out the same files around a Hugging Face export, as
-sentence-transformers 6.2 saves them, and a CrossEncoder directory around a sequence-classification one.
+sentence-transformers 6.2 saves them, a CrossEncoder directory around a sequence-classification one, and a
+SparseEncoder (SPLADE: a fill-mask Transformer and SpladePooling; the inference-free variant a Router whose
+query side is a SparseStaticEmbedding) around a masked-LM one (write_sparse_encoder; written, not read).
 
 Shape legend: H hidden size, D the embedding's width, P pooled width (H times the pooling modes).
 """
@@ -47,6 +49,9 @@ _LEGACY_MODES = (("pooling_mode_cls_token", "cls"), ("pooling_mode_max_tokens", 
 ACTIVATIONS = {"torch.nn.modules.activation.Tanh": "tanh", "torch.nn.modules.linear.Identity": "identity"}
 SIMILARITIES = {"cosine": "cosine", "dot": "dot", "dot_product": "dot"}
 _NO_LIMIT = 1_000_000  # a tokenizer_config's model_max_length above this is transformers' "no limit"
+# sentence-transformers' encode_document: the first of these prompt names the model has.
+DOCUMENT_PROMPTS = ("document", "passage", "corpus")
+DOCUMENT = DOCUMENT_PROMPTS[0]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -71,6 +76,15 @@ def is_directory(path: str) -> bool:
     except ValueError:
         return True  # read() says what is wrong with it
     return model_type != "CrossEncoder"
+
+
+def document_prompt_name(prompts: dict) -> str | None:
+    """The prompt a passage is embedded with: the first of DOCUMENT_PROMPTS the model has, as
+    sentence-transformers' encode_document picks it, except that an empty one does not hide a later one
+    that is not (sentence-transformers 6 saves an empty "document" placeholder beside a model's own
+    "passage" prompt). None: the model's default prompt, if any."""
+    present = [name for name in DOCUMENT_PROMPTS if name in prompts]
+    return next((name for name in present if prompts[name]), present[0] if present else None)
 
 
 def _json(path: Path, default=None):
@@ -240,7 +254,9 @@ def write_embedder(directory: str, record: EmbeddingRecord, dense: dict | None, 
     What sentence-transformers cannot express: before 6.x it has no query_length, so its encode_query cuts
     queries at max_seq_length, not at the record's max_query_length (bertjax's embed(task="query") and 6.x
     agree); and in every version the query length holds for encode_query alone, as it does for
-    embed(task="query") alone: encode(prompt_name="query") cuts queries at max_seq_length in both."""
+    embed(task="query") alone: encode(prompt_name="query") cuts queries at max_seq_length in both. The
+    passage prompt (document_prompt_name's) is written under "document" too, so that encode_document
+    embeds as embed(task="document")."""
     root = Path(directory)
     names = [("Transformer", ""), ("Pooling", "1_Pooling")]
     modes = list(record.modes) if len(record.modes) > 1 else record.modes[0]  # one mode: a string, as 6.x writes it
@@ -256,7 +272,13 @@ def write_embedder(directory: str, record: EmbeddingRecord, dense: dict | None, 
         _write_json(root / folder / "config.json", {"module_input_name": "sentence_embedding",
                                                     "module_output_name": "sentence_embedding"})
     _write_json(root / MODULES_FILE, _modules(names))
-    _write_json(root / MODEL_FILE, {"model_type": "SentenceTransformer", "prompts": dict(record.prompts),
+    prompts = dict(record.prompts)
+    passage = document_prompt_name(prompts)
+    if passage not in (None, DOCUMENT) and prompts[passage]:
+        # sentence-transformers 6.3 gives a model without a "document" prompt an empty one, which its
+        # encode_document then takes before "passage": the passage prompt written under "document" too.
+        prompts[DOCUMENT] = prompts[passage]
+    _write_json(root / MODEL_FILE, {"model_type": "SentenceTransformer", "prompts": prompts,
                                     "default_prompt_name": record.default_prompt_name,
                                     "similarity_fn_name": record.similarity})
     # max_seq_length for sentence-transformers before 6.x; 6.x reads the tokenizer's model_max_length.
@@ -284,6 +306,75 @@ def _write_dense(folder: Path, settings: dict, params: dict, in_features: int) -
     umask = os.umask(0)  # safetensors writes through a private (0600) temporary file: the umask's mode, as the rest
     os.umask(umask)
     os.chmod(folder / "model.safetensors", 0o666 & ~umask)
+
+
+# A SparseEncoder (SPLADE): the modules' classes and folders, as sentence-transformers 6.3 saves them.
+_SPARSE_TYPES = {"Router": "sentence_transformers.base.modules.router.Router",
+                 "SpladePooling": "sentence_transformers.sparse_encoder.modules.splade_pooling.SpladePooling",
+                 "SparseStaticEmbedding":
+                     "sentence_transformers.sparse_encoder.modules.sparse_static_embedding.SparseStaticEmbedding"}
+DOCUMENT_TRANSFORMER = "document_0_Transformer"  # the inference-free Router's document side: the masked-LM model
+_TOKENIZER_FILES = ("vocab.txt", "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")
+
+
+def _write_fill_mask(folder: Path, max_seq_length: int, query_length: int | None, do_lower_case: bool) -> None:
+    """A fill-mask Transformer module's settings beside its Hugging Face masked-LM directory: its logits are
+    the token embeddings SpladePooling reads; texts cut to max_seq_length (queries: query_length)."""
+    query = {} if query_length is None else {"query_length": query_length}
+    _write_json(folder / TRANSFORMER_FILE, {"max_seq_length": max_seq_length, "do_lower_case": do_lower_case,
+                                            "transformer_task": "fill-mask", "modality_config": {
+                                                "text": {"method": "forward", "method_output_name": "logits"}},
+                                            "module_output_name": "token_embeddings", **query})
+    _set_max_length(folder, max_seq_length)
+
+
+def _set_max_length(folder: Path, length: int) -> None:
+    tokenizer_config = folder / "tokenizer_config.json"
+    if tokenizer_config.is_file():
+        _write_json(tokenizer_config, {**_json(tokenizer_config), "model_max_length": length})
+
+
+def write_sparse_encoder(directory: str, record: EmbeddingRecord, vocab_size: int, max_seq_length: int,
+                         static_weight=None, do_lower_case: bool = False) -> None:
+    """The SparseEncoder files around a Hugging Face masked-LM directory already written: SPLADE as a fill-mask
+    Transformer (at the root) then SpladePooling("max", "relu"); with static_weight [V] (the inference-free
+    variant) a Router, its query side a SparseStaticEmbedding (the table, the tokenizer's files copied, cut at
+    the record's max_query_length tokens, no special tokens), its document side the masked-LM model (written
+    at DOCUMENT_TRANSFORMER) and SpladePooling. Prompts as write_embedder's, the similarity the dot product."""
+    root = Path(directory)
+    pooling_config = {"pooling_strategy": "max", "activation_function": "relu", "embedding_dimension": vocab_size}
+    query_length = record.max_query_length
+    if static_weight is None:
+        _write_fill_mask(root, max_seq_length, query_length, do_lower_case)
+        _write_json(root / "1_SpladePooling" / "config.json", pooling_config)
+        _write_json(root / MODULES_FILE, [{"idx": 0, "name": "0", "path": "", "type": _TYPES["Transformer"]},
+                                          {"idx": 1, "name": "1", "path": "1_SpladePooling",
+                                           "type": _SPARSE_TYPES["SpladePooling"]}])
+    else:
+        document, query = root / DOCUMENT_TRANSFORMER, root / "query_0_SparseStaticEmbedding"
+        _write_fill_mask(document, max_seq_length, None, do_lower_case)
+        _write_json(root / "document_1_SpladePooling" / "config.json", pooling_config)
+        query.mkdir(parents=True, exist_ok=True)
+        for name in _TOKENIZER_FILES:
+            if (document / name).is_file():
+                (query / name).write_bytes((document / name).read_bytes())
+        _set_max_length(query, query_length or max_seq_length)
+        _write_json(query / "config.json", {"frozen": False})
+        safetensors.numpy.save_file({"weight": np.asarray(static_weight, np.float32)},
+                                    str(query / "model.safetensors"), metadata={"format": "pt"})
+        _write_json(root / "router_config.json", {
+            "types": {"query_0_SparseStaticEmbedding": _SPARSE_TYPES["SparseStaticEmbedding"],
+                      DOCUMENT_TRANSFORMER: _TYPES["Transformer"],
+                      "document_1_SpladePooling": _SPARSE_TYPES["SpladePooling"]},
+            "structure": {"query": ["query_0_SparseStaticEmbedding"],
+                          "document": [DOCUMENT_TRANSFORMER, "document_1_SpladePooling"]},
+            "parameters": {"default_route": "document", "allow_empty_key": True, "route_mappings": {}}})
+        _write_json(root / MODULES_FILE, [{"idx": 0, "name": "0", "path": "", "type": _SPARSE_TYPES["Router"]}])
+    passage = document_prompt_name(record.prompts)
+    prompts = {"query": "", DOCUMENT: "", **record.prompts}
+    prompts[DOCUMENT] = record.prompts[passage] if passage is not None else ""
+    _write_json(root / MODEL_FILE, {"model_type": "SparseEncoder", "prompts": prompts,
+                                    "default_prompt_name": record.default_prompt_name, "similarity_fn_name": "dot"})
 
 
 def write_cross_encoder(directory: str) -> None:

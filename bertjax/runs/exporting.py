@@ -7,6 +7,7 @@ import json
 import os
 import shutil
 
+import flax.linen as nn
 import jax
 import numpy as np
 from etils import epath
@@ -19,6 +20,7 @@ from bertjax.runs import precision_plan
 from bertjax.runs.console import say
 from bertjax.tasks import registry
 from bertjax.text import templates
+from bertjax.models import bert as bert_model
 from bertjax.models.config import BertConfig, fields_of
 from bertjax.training import checkpoint, saved_models
 from bertjax.training.checkpoint_meta import CheckpointMeta
@@ -119,6 +121,9 @@ def write_sentence_transformers(bert, directory: str) -> None:
         write_hf(bert, directory)
         sentence_transformers.write_cross_encoder(directory)
         return
+    if embeddings.representation(bert.embedding)[0] == embeddings.SPLADE:
+        write_sparse_encoder(bert, directory)
+        return
     record = bert.embedding or embeddings.DEFAULT
     params = {name: tree for name, tree in _plain(bert.params).items() if name != "dense"}
     hf.save_hf_encoder(directory, bert.config, params, vocab_path=_vocabulary_file(bert),
@@ -132,6 +137,34 @@ def write_sentence_transformers(bert, directory: str) -> None:
     lowers = bert.tokenizer.kind == "bpe" and bert.tokenizer.lower_case
     sentence_transformers.write_embedder(directory, record, dense, config.hidden_size,
                                          min(record.max_seq_length or limit, limit), do_lower_case=lowers)
+
+
+def write_sparse_encoder(bert, directory: str) -> None:
+    """A SparseEncoder directory of a SPLADE model: the family's masked-LM class with the tokenizer (at the
+    root, or the inference-free Router's document side), then sentence_transformers.write_sparse_encoder's
+    modules (its static query table where it has one)."""
+    static = bert.params.get("static_query")
+    if static is not None and bert.tokenizer.vocab_size != bert.config.vocab_size:
+        raise ValueError(f"--format=sentence-transformers: the model's vocabulary has {bert.config.vocab_size} rows "
+                         f"and its tokenizer {bert.tokenizer.vocab_size} tokens, and SparseStaticEmbedding's table "
+                         "is the tokenizer's size: export it with --format=params")
+    folder = os.path.join(directory, sentence_transformers.DOCUMENT_TRANSFORMER if static is not None else "")
+    os.makedirs(folder, exist_ok=True)
+    # The pretraining class's params, zeros standing in for the NSP head SPLADE has not: the masked-LM class
+    # written leaves it out.
+    shapes = jax.eval_shape(lambda: bert_model.BertForPreTraining(bert.config).init(
+        jax.random.key(0), **bert_model.dummy_batch(1, 2, 1)))["params"]
+    nsp = jax.tree_util.tree_map(lambda x: np.zeros(x.shape, x.dtype), nn.unbox(shapes["nsp_head"]))
+    params = {**_plain({k: bert.params[k] for k in ("bert", "mlm_head")}), "nsp_head": nsp}
+    hf.save_hf_checkpoint(folder, bert.config, params, vocab_path=_vocabulary_file(bert),
+                          lower_case=bool(bert.tokenizer.lower_case), masked_lm_only=True)
+    _write_tokenizer_files(bert, folder)
+    limit = bert.config.max_position_embeddings - bert.config.position_offset
+    record = bert.embedding or embeddings.DEFAULT
+    sentence_transformers.write_sparse_encoder(
+        directory, record, bert.config.vocab_size, min(record.max_seq_length or limit, limit),
+        static_weight=None if static is None else _plain(static)["weight"],
+        do_lower_case=bert.tokenizer.kind == "bpe" and bert.tokenizer.lower_case)
 
 
 def _check_cross_encoder(task) -> None:
@@ -237,6 +270,8 @@ def export(source: str, to: str, export_format: str, *, step: int | None = None,
             write_savedmodel(bert, temporary, max_seq_length)
         written_config = os.path.join(temporary, *([hf_electra.DISCRIMINATOR_DIR] if meta.electra else []),
                                       "config.json")
+        if not os.path.exists(written_config):  # an inference-free SparseEncoder: its Router's document side
+            written_config = os.path.join(temporary, sentence_transformers.DOCUMENT_TRANSFORMER, "config.json")
         written = (json.loads(open(written_config).read()) if export_format in ("hf", "sentence-transformers")
                    else {})
         card = model_card.model_card(workdir=checkpoint.workdir_of(chosen), meta=meta, params=bert.params,

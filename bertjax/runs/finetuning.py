@@ -30,7 +30,7 @@ from ml_collections import config_dict
 
 from bertjax.compression import projections, pruning, theseus
 from bertjax import init_from
-from bertjax.models import heads
+from bertjax.models import heads, sparse
 from bertjax.runs import config_checks, start
 from bertjax.runs.console import say
 from bertjax.runs.finetuning_compression import (TaskTeacher, distillation_step, replaces_modules, task_teacher,
@@ -100,7 +100,7 @@ def finetune_in_session(config, workdir: str) -> dict:
     elif teacher is not None:  # task distillation: the teacher inside the step
         p_train_step = distillation_step(config, task, num_labels, teacher, setup, layout.data_sharding)
     elif embedding is not None:  # contrastive: the loss of the global batch's embeddings
-        p_train_step = contrastive_train_step(config, setup, data.settings, layout.data_sharding)
+        p_train_step = contrastive_train_step(config, setup, data.settings, layout.data_sharding, data.num_steps)
     else:
         loss = functools.partial(task_loss, net=setup.net, loss=head_loss(task, data.settings))
         p_train_step = setup.compile_train_step(loss, layout.data_sharding, config.train.grad_accum_steps)
@@ -207,6 +207,8 @@ def with_pretrained(params: dict, *, start_from: TaskStart) -> dict:
     """Fresh (boxed) task params with the pretrained encoder in; the classifier too when init_from was
     a fine-tuning checkpoint of this task."""
     params = heads.with_pretrained_encoder(params, start_from.params)
+    if "mlm_head" in params:  # SPLADE reads the pretrained masked-LM head too
+        params = sparse.with_pretrained_mlm_head(params, start_from.params)
     if start_from.whole_head and set(start_from.params) == set(params):  # this task's head: classifier too
         is_box = lambda x: isinstance(x, nn.meta.AxisMetadata)  # noqa: E731
         params = {name: tree if name == "bert" else jax.tree_util.tree_map(
@@ -247,15 +249,15 @@ def check_same_task(step: int, meta: CheckpointMeta, *, task) -> None:
             f"{list(saved.labels)}), not {task.name}: use a new workdir")
 
 
-def contrastive_train_step(config, setup: Setup, settings, data_sharding):
+def contrastive_train_step(config, setup: Setup, settings, data_sharding, num_steps: int):
     """A contrastive task's train step (contrastive_steps.compile_train_step), the whole batch's loss in
-    train.contrastive_microbatch pairs at a time where that is set."""
+    train.contrastive_microbatch pairs at a time where that is set (num_steps: the run's, for SPLADE's warmup)."""
     if config.train.grad_accum_steps != 1:
         raise ValueError(f"train.grad_accum_steps={config.train.grad_accum_steps} would split the in-batch negatives"
                          ": set train.contrastive_microbatch instead (the whole batch's loss, in less memory)")
     chunks = contrastive_chunks(config)  # train.contrastive_microbatch checked
     return contrastive_steps.compile_train_step(setup, settings, data_sharding,
-                                                config.train.batch_size // chunks if chunks > 1 else 0)
+                                                config.train.batch_size // chunks if chunks > 1 else 0, num_steps)
 
 
 def run_meta(config, workdir: str, task, start_from: TaskStart, feature_based, settings) -> CheckpointMeta:

@@ -6,8 +6,8 @@ and present hard negative; a scored pair's two texts; distill_mse's text) are pa
 counts (packing.pack_rows) into a static R rows of W tokens, K texts at most a row, each text with
 positions from 0 and attention only within itself (sequence_ids, position_ids, cls_positions, as
 fine-tuning and LoadedBert.embed pack). A pair's own features (score, example_weight, negative_present,
-target) stay [B, ...] in the unpacked order, and each text's place is one flat index into the R x K
-embeddings the packed rows give: query_slot [B], passage_slot [B], negative_slot [B, G] (row * K + slot;
+target, teacher_scores) stay [B, ...] in the unpacked order, and each text's place is one flat index into
+the R x K embeddings the packed rows give: query_slot [B], passage_slot [B], negative_slot [B, G] (row * K + slot;
 a missing negative points at slot 0 and, negative_present 0, counts for nothing).
 
 GradCache (train.contrastive_microbatch, k microbatches of pairs c::k): microbatch c's texts are packed
@@ -33,7 +33,7 @@ from bertjax.tasks import batches
 ROLES = ("query", "passage", "negative")
 ROW_KEYS = ("input_ids", "input_mask", "sequence_ids", "position_ids", "cls_positions", "prompt_lengths")
 SLOT_KEYS = ("query_slot", "passage_slot", "negative_slot")
-PAIR_KEYS = ("score", "example_weight", "negative_present", "target")  # [B, ...] as unpacked
+PAIR_KEYS = ("score", "example_weight", "negative_present", "target", "teacher_scores")  # [B, ...] as unpacked
 SKIP_KEYS = {"query": "query_skip", "passage": "passage_skip", "negative": "passage_skip"}  # include_prompt=False
 
 

@@ -7,13 +7,16 @@ An unpacked batch (bertjax/tasks/kinds/contrastive.py's features) holds each pai
   negative_ids, negative_mask [B, G, Sp] and negative_present [B, G] (hard negatives, where G > 0)
   query_skip, passage_skip [B] (contrastive.include_prompt=False: leading tokens left out of pooling)
   (distill_mse: query_ids, query_mask [B, S] of each text and its teacher's embedding target [B, Dt]; no passage)
+  teacher_scores [B, 1 + G] (margin_mse, kl: the teacher's score of the positive, then of each negative)
 Queries, passages and negatives each run through the embedder in one call with a dropout key of their
 own (role r: fold_in(key, r)), as sentence-transformers embeds each column in a call of its own.
+SPLADE (bertjax/models/sparse.py): the embeddings are vectors over the vocabulary (D = V); with its static
+query side the queries (their tokens alone) go through the static table, not the encoder.
 
 A packed batch (bertjax/tasks/contrastive_batches.py, data.packing) holds every text of the step in
 R rows: input_ids, input_mask, sequence_ids, position_ids [R, W], cls_positions (and prompt_lengths)
 [R, K], and each text's flat place in the R x K embeddings: query_slot [B], passage_slot [B],
-negative_slot [B, G]; score, example_weight, negative_present, target as unpacked. One embedder call
+negative_slot [B, G]; score, example_weight, negative_present, target, teacher_scores as unpacked. One embedder call
 (one dropout key) gives [R, K, D]; the roles' embeddings are gathered from it, so the loss reads the
 same {"query", "passage", "negative"} either way (without dropout: the same values to float rounding).
 
@@ -23,7 +26,10 @@ come from the whole batch's embeddings; pass 2 re-runs each microbatch's forward
 those embedding gradients and adds up the parameter gradients (a scan). Microbatch c holds pairs c::k
 (strided, as optim.accumulate_gradients splits a batch, so each device keeps its own rows; packed: rows
 c::k, which hold exactly its texts), and its dropout key is fold_in(role key, c) in both passes: the
-same masks, so the two passes agree.
+same masks, so the two passes agree. SPLADE keeps the whole batch's [B, V] vectors of each role between
+the passes (4 V bytes a text).
+
+SPLADE's step reads the state's step for its regularizer's warmup (warmed_up_train_step).
 
 Shape legend: B batch (pairs), G hard negatives per pair, Sq / Sp query / passage length, D embedding
 width, k microbatches, m pairs per microbatch (B = k m); packed: R rows, W row width, K texts per row.
@@ -31,11 +37,14 @@ width, k microbatches, m pairs per microbatch (B = k m); packed: R rows, W row w
 
 import functools
 
+import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from bertjax.models import contrastive_losses
+from bertjax.models import contrastive_losses, sparse
 from bertjax.tasks.contrastive_batches import ROW_KEYS, SLOT_KEYS
+from bertjax.training import step as steps
+from bertjax.training.state import under_rules
 
 ROLES = ("query", "passage", "negative")  # the dropout key of role r is fold_in(key, r)
 PAIR_KEYS = ("query_ids", "query_mask", "passage_ids", "passage_mask")  # what the dev embeddings read
@@ -55,7 +64,8 @@ def batch_keys(features: dict) -> tuple:
     if "target" in features:
         return TEXT_KEYS + skips + ("target", "example_weight")
     keys = PAIR_KEYS + skips + ("score", "example_weight")
-    return keys + (NEGATIVE_KEYS if "negative_ids" in features else ())
+    keys += NEGATIVE_KEYS if "negative_ids" in features else ()
+    return keys + (("teacher_scores",) if "teacher_scores" in features else ())
 
 
 def embedder(settings, features: dict, hidden_size: int) -> dict:
@@ -71,21 +81,37 @@ def embedder(settings, features: dict, hidden_size: int) -> dict:
     return settings.network()
 
 
-def embed(params, ids, mask, rng, *, net, deterministic: bool = False, skip=None):
+def static_queries(net) -> bool:
+    """Whether `net` embeds queries through SPLADE's static table (the inference-free variant)."""
+    return isinstance(net, sparse.SpladeEncoder) and net.static_queries
+
+
+def embed(params, ids, mask, rng, *, net, deterministic: bool = False, skip=None, static: bool = False):
     """Embeddings [N, D] of N tokenized texts ids, mask [N, S] (one segment); skip [N]: leading tokens
-    of each left out of pooling (None: all pooled)."""
+    of each left out of pooling (None: all pooled). static: through SPLADE's static query table instead."""
     return net.apply({"params": params}, ids, jnp.zeros_like(ids), mask, deterministic=deterministic,
-                     rngs=None if rng is None else {"dropout": rng}, prompt_lengths=skip)
+                     rngs=None if rng is None else {"dropout": rng}, prompt_lengths=skip,
+                     **({"static": True} if static else {}))
 
 
 def embed_packed(params, batch: dict, rng, *, net, deterministic: bool = False) -> dict:
-    """A packed batch's embeddings by role, gathered from the [R, K, D] of its rows."""
-    rows = net.apply({"params": params}, batch["input_ids"], jnp.zeros_like(batch["input_ids"]), batch["input_mask"],
-                     deterministic=deterministic, rngs=None if rng is None else {"dropout": rng},
-                     sequence_ids=batch["sequence_ids"], position_ids=batch["position_ids"],
-                     cls_positions=batch["cls_positions"], prompt_lengths=batch.get("prompt_lengths"))
+    """A packed batch's embeddings by role, gathered from the [R, K, D] of its rows. SPLADE's static query side
+    reads the queries' slots of the same rows through its table (their pass through the encoder is unused:
+    short texts, left in the rows so that packing need not know the model)."""
+    def rows_through(static: bool):
+        packed = {k: batch[k] for k in ("sequence_ids", "position_ids", "cls_positions")}
+        return net.apply({"params": params}, batch["input_ids"], jnp.zeros_like(batch["input_ids"]),
+                         batch["input_mask"], deterministic=deterministic,
+                         rngs=None if rng is None else {"dropout": rng}, prompt_lengths=batch.get("prompt_lengths"),
+                         **packed, **({"static": True} if static else {}))
+
+    rows = rows_through(False)
     flat = rows.reshape(-1, rows.shape[-1])  # [R K, D]
-    return {role: jnp.take(flat, batch[f"{role}_slot"], axis=0) for role in ROLES if f"{role}_slot" in batch}
+    out = {role: jnp.take(flat, batch[f"{role}_slot"], axis=0) for role in ROLES if f"{role}_slot" in batch}
+    if static_queries(net):
+        table = rows_through(True)
+        out["query"] = jnp.take(table.reshape(-1, table.shape[-1]), batch["query_slot"], axis=0)
+    return out
 
 
 def embed_batch(params, batch: dict, rng, *, net, deterministic: bool = False) -> dict:
@@ -95,7 +121,7 @@ def embed_batch(params, batch: dict, rng, *, net, deterministic: bool = False) -
         return embed_packed(params, batch, rng, net=net, deterministic=deterministic)
     key = lambda role: None if rng is None else jax.random.fold_in(rng, ROLES.index(role))  # noqa: E731
     out = {"query": embed(params, batch["query_ids"], batch["query_mask"], key("query"), net=net,
-                          deterministic=deterministic, skip=batch.get("query_skip"))}
+                          deterministic=deterministic, skip=batch.get("query_skip"), static=static_queries(net))}
     if "passage_ids" in batch:
         out["passage"] = embed(params, batch["passage_ids"], batch["passage_mask"], key("passage"), net=net,
                                deterministic=deterministic, skip=batch.get("passage_skip"))
@@ -112,7 +138,7 @@ def embed_batch(params, batch: dict, rng, *, net, deterministic: bool = False) -
 def _loss_inputs(batch: dict) -> dict:
     """What the loss reads of a batch besides the embeddings."""
     return {"negative_mask": batch.get("negative_present"), "score": batch.get("score"),
-            "target": batch.get("target")}
+            "target": batch.get("target"), "teacher_scores": batch.get("teacher_scores")}
 
 
 def contrastive_loss(params, batch: dict, dropout_rng, *, net, settings: dict):
@@ -206,11 +232,30 @@ def cached_loss_and_grad(params, batch: dict, dropout_rng, *, net, settings: dic
 # --------------------------------------------------------------------------------------------------
 
 
-def compile_train_step(setup, settings, data_sharding, microbatch: int = 0):
+def _losses(net, loss_settings: dict, microbatch: int) -> tuple:
+    """(loss_fn, loss_and_grad_fn or None) of a contrastive step: all at once, or GradCache's microbatches."""
+    loss = functools.partial(contrastive_loss, net=net, settings=loss_settings)
+    if not microbatch:
+        return loss, None
+    return loss, functools.partial(cached_loss_and_grad, net=net, settings=loss_settings, microbatch=microbatch)
+
+
+def warmed_up_train_step(state, batch: dict, dropout_key, *, net, tx, loss_settings: dict, warmup_steps: int,
+                         microbatch: int):
+    """step.train_step of SPLADE, its regularizer weighted by regularizer_warmup(state.step): the weight is
+    traced from the state's step, so one compiled step serves the warmup and after."""
+    weight = contrastive_losses.regularizer_warmup(state.step, warmup_steps)
+    loss, loss_and_grad = _losses(net, dict(loss_settings, regularizer_weight=weight), microbatch)
+    return steps.train_step(state, batch, dropout_key, loss_fn=loss, tx=tx, grad_accum_steps=1,
+                            loss_and_grad_fn=loss_and_grad, mask_keys=MASK_KEYS)
+
+
+def compile_train_step(setup, settings, data_sharding, microbatch: int = 0, num_steps: int = 0):
     """The train step of a contrastive task (setup: training.state.Setup of its embedder; settings: the kind's):
     its loss on the embeddings of the whole global batch, all at once (microbatch 0) or in cached
-    microbatches of `microbatch` pairs (GradCache: the same gradient). Returns (state, batch, dropout_key)
-    -> (state, sums)."""
+    microbatches of `microbatch` pairs (GradCache: the same gradient). SPLADE's regularizer warms up over
+    contrastive.splade_warmup_fraction of the run's num_steps. Returns (state, batch, dropout_key) ->
+    (state, sums)."""
     contrastive_losses.check_settings(settings.loss, settings.scale, settings.matryoshka_dims,
                                       settings.matryoshka_weights, settings.width(setup.net.config.hidden_size))
     # Queries may be longer than passages (the run checks data.max_seq_length against the positions itself).
@@ -218,10 +263,13 @@ def compile_train_step(setup, settings, data_sharding, microbatch: int = 0):
     if not (settings.scored or settings.distill) and settings.max_query_length > positions:
         raise ValueError(f"data.max_query_length={settings.max_query_length} is longer than the {positions} positions "
                          f"of the model (its model.max_position_embeddings): at most {positions}")
-    loss_settings = settings.loss_settings()
-    loss = functools.partial(contrastive_loss, net=setup.net, settings=loss_settings)
-    loss_and_grad = None
-    if microbatch:
-        loss_and_grad = functools.partial(cached_loss_and_grad, net=setup.net, settings=loss_settings,
-                                          microbatch=microbatch)
-    return setup.compile_train_step(loss, data_sharding, 1, loss_and_grad_fn=loss_and_grad, mask_keys=MASK_KEYS)
+    if not settings.sparse:
+        loss, loss_and_grad = _losses(setup.net, settings.loss_settings(), microbatch)
+        return setup.compile_train_step(loss, data_sharding, 1, loss_and_grad_fn=loss_and_grad, mask_keys=MASK_KEYS)
+    # As Setup.compile_train_step jits a step (the state's shardings, donated), the step's number read inside.
+    warmup = contrastive_losses.regularizer_warmup_steps(num_steps, settings.splade_warmup_fraction)
+    fn = functools.partial(warmed_up_train_step, net=setup.net, tx=setup.tx, loss_settings=settings.loss_settings(),
+                           warmup_steps=warmup, microbatch=microbatch)
+    with jax.set_mesh(setup.mesh), nn.logical_axis_rules(setup.rules):
+        return jax.jit(under_rules(fn, setup.rules), in_shardings=(setup.state_sharding, data_sharding, None),
+                       out_shardings=(setup.state_sharding, None), donate_argnums=(0,))

@@ -52,6 +52,10 @@ class EmbeddingRecord:
     # Queries' own limit (prompt_name="query"; sentence-transformers' Transformer.query_length), or None.
     max_query_length: int | None = None
     similarity: str = "cosine"  # "cosine" | "dot"
+    # What a text becomes: "dense" (pooled token states) or "splade" (a weight per vocabulary token,
+    # bertjax/models/sparse.py); SPLADE's queries: "splade" (the encoder's) or "static" (the token table).
+    representation: str = "dense"
+    splade_query: str = "splade"
 
     def __post_init__(self):
         object.__setattr__(self, "modes", tuple(self.modes))

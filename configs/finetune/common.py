@@ -160,7 +160,9 @@ def contrastive_config(task: str = "contrastive") -> ml_collections.ConfigDict:
     config.contrastive = ml_collections.ConfigDict(dict(
         # mnrl: {query, positive, negatives} rows, in-batch and hard negatives (InfoNCE); cosent or
         # cosine_mse: {text, text_pair, score} rows (cosine_mse: scores are target cosines in [-1, 1]);
-        # distill_mse: {text, target_text (optional)} rows, the MSE to contrastive.teacher's embeddings.
+        # distill_mse: {text, target_text (optional)} rows, the MSE to contrastive.teacher's embeddings;
+        # margin_mse, kl: {query, positive, negatives, scores} rows, a teacher's score of the positive and of
+        # each negative (MarginMSELoss, DistillKLDivLoss; on dot products).
         loss="mnrl",
         scale=20.0,  # the similarity's scale (1 / temperature): 20 is a temperature of 0.05
         symmetric=False,  # mnrl: add the passage -> query direction and average the two
@@ -181,6 +183,25 @@ def contrastive_config(task: str = "contrastive") -> ml_collections.ConfigDict:
         # distill_mse: the model whose embeddings the student learns (any path bertjax.load reads); its
         # embeddings of each {text, target_text} row's target_text (default text) are computed once.
         teacher="",
+        kl_temperature=2.0,  # kl: both softmaxes' temperature (SparseDistillKLDivLoss's 2; DistillKLDivLoss's is 1)
+        # dense: pooled token states (the settings above). splade: each text a vector over the vocabulary,
+        # max over its tokens of log(1 + ReLU(the model's own MLM logits)) (bertjax/models/sparse.py), from a
+        # start with a masked-LM head; pooling, normalize, dense_* and matryoshka_* are the dense embedder's,
+        # include_prompt stays True. Dev retrieval by dot product, with the active dimensions.
+        representation="dense",
+        # splade: queries through the encoder; static: through a learned weight per vocabulary token (ones at
+        # first), documents through the encoder (inference-free, sentence-transformers' SparseStaticEmbedding).
+        splade_query="splade",
+        splade_scale=1.0,  # mnrl's scale on dot products (SparseMultipleNegativesRankingLoss's 1)
+        # FLOPS regularizer weights (SpladeLoss): sentence-transformers' documented 5e-5 / 3e-5; its
+        # inference-free recipe (splade_query=static) uses 0 for queries and 3e-4 for documents.
+        splade_lambda_query=5e-5,
+        splade_lambda_document=3e-5,  # the positives and the hard negatives together
+        # The lambdas grow as (step / warmup)^2 over this share of the steps, then hold
+        # (SpladeRegularizerWeightSchedulerCallback's quadratic default, 1/3).
+        splade_warmup_fraction=1 / 3,
+        # Rows whose [rows, S, V] logits exist at a time (the backward recomputes them): memory, not results.
+        splade_chunk_rows=8,
     ))
     return config
 

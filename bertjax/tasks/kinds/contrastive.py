@@ -1,13 +1,16 @@
-"""Contrastive fine-tuning: a sentence embedder (bertjax/models/pooling.py) trained on pairs, its losses
-in bertjax/models/contrastive_losses.py, its step in bertjax/tasks/contrastive_steps.py.
+"""Contrastive fine-tuning: a sentence embedder (bertjax/models/pooling.py) or a SPLADE encoder
+(bertjax/models/sparse.py: contrastive.representation=splade) trained on pairs, its losses in
+bertjax/models/contrastive_losses.py, its step in bertjax/tasks/contrastive_steps.py.
 
 Data: JSON lines of yours (data.train, data.validation), one row per line (blank lines skipped), the
 fields decided by contrastive.loss:
   data field       required?                 meaning
-  query            mnrl: yes                 the query ("anchor", sentence-transformers' name, is read too)
-  positive         mnrl: yes                 its relevant passage (and a candidate for every other query)
-  negatives        mnrl: no                  hard negatives, a list of texts or one text ("negative" is read
-                                             too); each row's first contrastive.max_negatives are candidates
+  query            mnrl, margin_mse, kl: yes the query ("anchor", sentence-transformers' name, is read too)
+  positive         mnrl, margin_mse, kl: yes its relevant passage (and a candidate for every other query)
+  negatives        mnrl: no; margin_mse, kl: hard negatives, a list of texts or one text ("negative" is read
+                   yes                       too); each row's first contrastive.max_negatives are candidates
+  scores           margin_mse, kl: yes       the teacher's scores: the positive's, then each negative's (a list
+                   (training file)           of 1 + len(negatives) numbers; dev files need none)
   text, text_pair  cosent, cosine_mse: both  the pair; distill_mse: text alone, the text the student embeds
   score            cosent, cosine_mse: yes   cosent: any range (only the order counts); cosine_mse: the
                                              target cosine, in [-1, 1] (STS-B's 0-5 divided by 5)
@@ -24,14 +27,16 @@ Each text is tokenized alone as [CLS] text [SEP]: the query (or text) after cont
 to data.max_query_length tokens (scored pairs: data.max_seq_length); the passage (text_pair) and the
 negatives after contrastive.passage_prompt, cut to data.max_seq_length. With contrastive.include_prompt=False
 [CLS] and the prompt's tokens are left out of pooling (sentence-transformers' Pooling(include_prompt=False));
-they are still encoded. Training may pack these texts several to a row (data.packing:
-bertjax/tasks/contrastive_batches.py); the features here are each text's own.
+they are still encoded. SPLADE's static query side (contrastive.splade_query=static) reads a query's tokens
+alone, no [CLS] or [SEP], the first data.max_query_length of them. Training may pack these texts several to
+a row (data.packing: bertjax/tasks/contrastive_batches.py); the features here are each text's own.
 
 Dev sets: pairs are scored by retrieval inside the set, each dev query against every distinct dev
-positive by cosine: mrr_at_10 (the reciprocal rank of its positive, 0 below rank 10) and recall_at_1;
-a candidate scored equal to the positive ranks ahead of it, so ties never flatter. Scored pairs:
-spearman (and pearson) of the pair's cosine against its score. <split>_positive_ranks.tsv lists each
-query's rank. Texts (distill_mse): mse (the loss), neg_mse (-mse, the main metric: higher is better, as
+positive by cosine (SPLADE: by dot product, and query_active_dims, document_active_dims: the mean non-zeros
+of the queries' and of those positives' vectors): mrr_at_10 (the reciprocal rank of its positive, 0 below
+rank 10) and recall_at_1; a candidate scored equal to the positive ranks ahead of it, so ties never flatter.
+Scored pairs: spearman (and pearson) of the pair's cosine against its score. <split>_positive_ranks.tsv lists
+each query's rank. Texts (distill_mse): mse (the loss), neg_mse (-mse, the main metric: higher is better, as
 the best checkpoint is chosen) and teacher_cosine (the mean cosine of each text's embedding and its
 teacher's); <split>_teacher_cosines.tsv lists each text's. Without a dev set (data.validation unset) a run
 trains every step and its last step's model is the model, as sentence-transformers keeps its last without
@@ -41,6 +46,7 @@ Features (N pairs, G = the most negatives any row keeps, Sq / S query / passage 
   query_ids, query_mask [N, Sq]; passage_ids, passage_mask [N, S]; score float32 [N] (nan: none)
   negative_ids, negative_mask [N, G, S], negative_present [N, G] (G > 0 only; a missing negative is an
   empty text, its prompt alone, with negative_present 0: no candidate); idx, example_weight [N]
+  teacher_scores float32 [N, 1 + G] (margin_mse, kl: the training split's; 0 for a negative not there)
   query_skip, passage_skip int32 [N] (include_prompt=False only): the leading tokens of a query / of a
   passage or negative left out of pooling ([CLS] and the prompt's tokens; 0 without a prompt)
 Texts (distill_mse): query_ids, query_mask [N, S] (the text after contrastive.query_prompt, cut to
@@ -60,6 +66,10 @@ from bertjax.training.checkpoint_meta import EmbeddingRecord
 
 MRR_CUTOFF = 10
 RANK_BLOCK = 1024  # queries ranked at a time in the dev retrieval
+DENSE, SPLADE, STATIC = "dense", "splade", "static"
+REPRESENTATIONS = (DENSE, SPLADE)  # contrastive.representation
+SPLADE_QUERIES = (SPLADE, STATIC)  # contrastive.splade_query: the encoder's SPLADE vector, or the static table
+SPLADE_LOSSES = ("mnrl", "margin_mse", "kl")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -82,26 +92,52 @@ class Settings:
     max_negatives: int = 1
     include_prompt: bool = True  # False: a prompt's tokens (and [CLS]) are left out of pooling
     teacher: str = ""  # distill_mse: the model whose embeddings the student learns (any path bertjax.load reads)
+    kl_temperature: float = 2.0  # kl: both softmaxes' temperature
+    # SPLADE (bertjax/models/sparse.py): vectors over the vocabulary from the model's masked-LM head
+    representation: str = DENSE  # dense | splade
+    splade_query: str = SPLADE  # static: queries through a learned per-token weight table (inference-free)
+    splade_scale: float = 1.0  # mnrl's scale on dot products (scale is the dense cosine's)
+    splade_lambda_query: float = 5e-5
+    splade_lambda_document: float = 3e-5
+    splade_warmup_fraction: float = 1 / 3  # the lambdas grow quadratically over this share of the steps
+    splade_chunk_rows: int = 8  # rows projected to the vocabulary at a time
 
     @property
     def scored(self) -> bool:
         return self.loss in contrastive_losses.SCORED
 
     @property
+    def sparse(self) -> bool:
+        return self.representation == SPLADE
+
+    @property
+    def static_queries(self) -> bool:
+        return self.sparse and self.splade_query == STATIC
+
+    @property
     def distill(self) -> bool:
         return self.loss == contrastive_losses.DISTILL
 
     def loss_settings(self) -> dict:
-        """contrastive_losses.embedding_loss's keywords."""
-        return dict(loss=self.loss, scale=float(self.scale), symmetric=bool(self.symmetric),
-                    matryoshka_dims=tuple(self.matryoshka_dims), matryoshka_weights=tuple(self.matryoshka_weights))
+        """contrastive_losses.embedding_loss's keywords (SPLADE: on dot products, with its regularizer; the
+        step adds the warmup's regularizer_weight)."""
+        out = dict(loss=self.loss, scale=float(self.scale), symmetric=bool(self.symmetric),
+                   matryoshka_dims=tuple(self.matryoshka_dims), matryoshka_weights=tuple(self.matryoshka_weights),
+                   temperature=float(self.kl_temperature))
+        if self.sparse:
+            out.update(scale=float(self.splade_scale), similarity="dot", lambda_query=float(self.splade_lambda_query),
+                       lambda_document=float(self.splade_lambda_document))
+        return out
 
     def width(self, hidden_size: int) -> int:
         """The embeddings' width on an encoder of hidden_size: the Dense projection's, else the pooled modes'."""
         return self.dense_features or hidden_size * len(self.pooling)
 
     def network(self) -> dict:
-        """pooling.SentenceEmbedder's settings (heads.network's embedding)."""
+        """heads.network's embedding: pooling.SentenceEmbedder's settings, or SPLADE's (sparse.SpladeEncoder)."""
+        if self.sparse:
+            return dict(representation=SPLADE, static_queries=self.static_queries,
+                        chunk_rows=int(self.splade_chunk_rows))
         return dict(modes=tuple(self.pooling), dense_features=self.dense_features,
                     dense_activation=self.dense_activation, normalize=bool(self.normalize))
 
@@ -114,10 +150,12 @@ class Settings:
         # Queries of pairs are cut to max_query_length (sentence-transformers' Transformer.query_length);
         # the texts of scored pairs and of distill_mse to max_seq_length.
         query_length = None if self.scored or self.distill else int(self.max_query_length)
-        return EmbeddingRecord(modes=tuple(self.pooling), normalize=bool(self.normalize), dense=dense,
-                               prompts=prompts, include_prompt=bool(self.include_prompt),
+        # SPLADE scores by dot product and has no pooling modes, Dense or normalisation of its own.
+        return EmbeddingRecord(modes=tuple(self.pooling), normalize=bool(self.normalize) and not self.sparse,
+                               dense=dense, prompts=prompts, include_prompt=bool(self.include_prompt),
                                max_seq_length=int(self.max_seq_length), max_query_length=query_length,
-                               similarity="cosine")
+                               similarity="dot" if self.sparse else "cosine", representation=self.representation,
+                               splade_query=self.splade_query if self.sparse else SPLADE)
 
     def skip(self, tokenizer, prompt: str) -> int:
         """The leading tokens of a text after `prompt` left out of pooling: [CLS] and the prompt's tokens
@@ -153,7 +191,42 @@ def settings_from_config(config) -> Settings:
         raise ValueError(f"contrastive.include_prompt={s.include_prompt!r}: True (the prompt's tokens pooled) or False")
     if not isinstance(s.max_negatives, int) or s.max_negatives < 0:
         raise ValueError(f"contrastive.max_negatives={s.max_negatives!r}: a whole number, 0 for in-batch ones only")
+    if s.loss in contrastive_losses.TEACHER and s.max_negatives < 1:
+        raise ValueError(f"contrastive.loss={s.loss} compares each positive with hard negatives: set "
+                         "contrastive.max_negatives to 1 or more")
+    if not s.kl_temperature > 0:
+        raise ValueError(f"contrastive.kl_temperature={s.kl_temperature}: must be positive (2.0 by default)")
+    check_representation(s)
     return s
+
+
+def check_representation(s: Settings) -> None:
+    """contrastive.representation and, for SPLADE, its settings and what it cannot do, each in one line."""
+    if s.representation not in REPRESENTATIONS:
+        raise ValueError(f"contrastive.representation={s.representation!r}: choose one of {', '.join(REPRESENTATIONS)}")
+    if s.splade_query not in SPLADE_QUERIES:
+        raise ValueError(f"contrastive.splade_query={s.splade_query!r}: choose one of {', '.join(SPLADE_QUERIES)}")
+    if not s.sparse:
+        if s.splade_query != SPLADE:
+            raise ValueError(f"contrastive.splade_query={s.splade_query} is for contrastive.representation=splade")
+        return
+    if s.loss not in SPLADE_LOSSES:
+        raise ValueError(f"contrastive.loss={s.loss} with contrastive.representation=splade: choose one of "
+                         f"{', '.join(SPLADE_LOSSES)} (sentence-transformers' sparse losses on dot products)")
+    dense_only = {"matryoshka_dims": (s.matryoshka_dims, ()), "dense_features": (s.dense_features, None),
+                  "include_prompt": (s.include_prompt, True)}
+    for key, (value, default) in dense_only.items():
+        if value != default:
+            raise ValueError(f"contrastive.{key}={value!r} is for dense embeddings: SPLADE's vector is the max over "
+                             f"every token of the vocabulary's log(1 + ReLU(logits)); set it to {default!r}")
+    for key in ("splade_lambda_query", "splade_lambda_document"):
+        if not getattr(s, key) >= 0:
+            raise ValueError(f"contrastive.{key}={getattr(s, key)}: a weight of at least 0")
+    if not (s.splade_scale > 0 and 0 < s.splade_warmup_fraction <= 1):
+        raise ValueError(f"contrastive.splade_scale={s.splade_scale}, splade_warmup_fraction="
+                         f"{s.splade_warmup_fraction}: the scale must be positive and the fraction in (0, 1]")
+    if not isinstance(s.splade_chunk_rows, int) or s.splade_chunk_rows < 1:
+        raise ValueError(f"contrastive.splade_chunk_rows={s.splade_chunk_rows!r}: rows a chunk, at least 1")
 
 
 # --------------------------------------------------------------------------------------------------
@@ -170,6 +243,7 @@ class Pair:
     positive: str
     negatives: tuple = ()
     score: float | None = None
+    scores: tuple = ()  # margin_mse, kl: the teacher's score of the positive, then of each negative
 
 
 def _text(obj: dict, names: tuple, where: str) -> str:
@@ -209,9 +283,26 @@ def _score(obj: dict, where: str, loss: str) -> float:
     return float(value)
 
 
-def read_pairs(path: str, loss: str) -> list:
+def _teacher_scores(obj: dict, where: str, loss: str, negatives: tuple) -> tuple:
+    """margin_mse, kl: the row's "scores", one number for the positive and one for each negative."""
+    value = obj.get("scores")
+    if not negatives:
+        raise ValueError(f"{where}: contrastive.loss={loss} compares the positive with hard negatives: the row has "
+                         "no 'negatives'")
+    if value is None:
+        raise ValueError(f"{where}: missing field 'scores': contrastive.loss={loss} trains on a teacher's scores "
+                         "(a list: the positive's, then each negative's)")
+    if (not isinstance(value, list) or len(value) != 1 + len(negatives)
+            or not all(isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) for v in value)):
+        raise ValueError(f"{where}: field 'scores' must be {1 + len(negatives)} numbers (the positive's score, then "
+                         f"one per negative), got {str(value)[:60]}")
+    return tuple(float(v) for v in value)
+
+
+def read_pairs(path: str, loss: str, teacher_scores: bool = False) -> list:
     """A JSON-lines file of pairs (or scored pairs, for the scored losses; texts for distill_mse, the
-    teacher's text as the positive) -> Pairs, in file order."""
+    teacher's text as the positive) -> Pairs, in file order. teacher_scores: each row's "scores" read too
+    (margin_mse and kl train on them; their dev sets are scored by retrieval, without them)."""
     scored = loss in contrastive_losses.SCORED
     pairs = []
     for number, obj in readers.json_lines(path):
@@ -224,8 +315,10 @@ def read_pairs(path: str, loss: str) -> list:
             pairs.append(Pair(len(pairs), _text(obj, ("text",), where), _text(obj, ("text_pair",), where),
                               score=_score(obj, where, loss)))
         else:
+            negatives = _negatives(obj, where)
+            scores = _teacher_scores(obj, where, loss, negatives) if teacher_scores else ()
             pairs.append(Pair(len(pairs), _text(obj, ("query", "anchor"), where),
-                              _text(obj, ("positive",), where), _negatives(obj, where)))
+                              _text(obj, ("positive",), where), negatives, scores=scores))
     return pairs
 
 
@@ -233,7 +326,8 @@ def read(task, split: str, path: str | None = None, data_dir: str | None = None,
     """The user's JSON-lines file (there is no TFDS contrastive task)."""
     if not path:
         raise ValueError(f"task {task.name} reads the user's JSON-lines files: set data.{split} to a file")
-    return read_pairs(path, task.contrastive_loss)
+    return read_pairs(path, task.contrastive_loss,
+                      teacher_scores=split == "train" and task.contrastive_loss in contrastive_losses.TEACHER)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -248,6 +342,17 @@ def _encoded(tokenizer, texts: list, length: int) -> tuple:
     rows = [features.encode_pair(ids, None, length, **special) for ids in tokenizer.encode_arrays(texts)]
     return (np.stack([r["input_ids"] for r in rows]).astype(np.int32),
             np.stack([r["input_mask"] for r in rows]).astype(np.int32))
+
+
+def _tokens(tokenizer, texts: list, length: int) -> tuple:
+    """Each text's tokens without [CLS] and [SEP] (the static query side's), cut and padded to `length`: ids,
+    mask int32 [N, length]."""
+    ids = np.full([len(texts), length], tokenizer.pad_id, np.int32)
+    mask = np.zeros([len(texts), length], np.int32)
+    for n, row in enumerate(tokenizer.encode_arrays(texts)):
+        kept = row[:length]
+        ids[n, :len(kept)], mask[n, :len(kept)] = kept, 1
+    return ids, mask
 
 
 def featurize(task, examples: list, tokenizer, max_seq_length: int, settings: Settings | None = None) -> dict:
@@ -265,8 +370,9 @@ def featurize(task, examples: list, tokenizer, max_seq_length: int, settings: Se
                 **{k: v for k, v in skips.items() if k == "query_skip"}}
     query_length = s.max_seq_length if s.scored else s.max_query_length
     out = {}
-    out["query_ids"], out["query_mask"] = _encoded(tokenizer, [s.query_prompt + e.query for e in examples],
-                                                   query_length)
+    # The static query side reads a query's tokens alone, as sentence-transformers' SparseStaticEmbedding.
+    out["query_ids"], out["query_mask"] = (_tokens if s.static_queries else _encoded)(
+        tokenizer, [s.query_prompt + e.query for e in examples], query_length)
     out["passage_ids"], out["passage_mask"] = _encoded(
         tokenizer, [s.passage_prompt + e.positive for e in examples], s.max_seq_length)
     g = min(max(len(e.negatives) for e in examples), s.max_negatives)
@@ -277,6 +383,8 @@ def featurize(task, examples: list, tokenizer, max_seq_length: int, settings: Se
         out["negative_ids"] = ids.reshape(len(examples), g, -1)
         out["negative_mask"] = mask.reshape(len(examples), g, -1)
         out["negative_present"] = np.array([[n < len(e.negatives) for n in range(g)] for e in examples], np.float32)
+    if any(e.scores for e in examples):  # margin_mse, kl: the kept negatives' scores (0 for one not there)
+        out["teacher_scores"] = np.array([(list(e.scores) + [0.0] * g)[:1 + g] for e in examples], np.float32)
     out.update(skips)
     out["score"] = np.array([np.nan if e.score is None else e.score for e in examples], np.float32)
     out["idx"] = np.array([e.idx for e in examples], np.int32)
@@ -289,11 +397,14 @@ def featurize(task, examples: list, tokenizer, max_seq_length: int, settings: Se
 # --------------------------------------------------------------------------------------------------
 
 
-def positive_ranks(queries: np.ndarray, candidates: np.ndarray, relevant: np.ndarray) -> np.ndarray:
-    """Each query's rank (1 = first) of its relevant candidate by cosine: 1 + the candidates scoring at
-    least as high, itself left out. queries [N, D], candidates [U, D], relevant [N] int."""
+def positive_ranks(queries: np.ndarray, candidates: np.ndarray, relevant: np.ndarray,
+                   similarity: str = "cosine") -> np.ndarray:
+    """Each query's rank (1 = first) of its relevant candidate by cosine (or dot product: SPLADE): 1 + the
+    candidates scoring at least as high, itself left out. queries [N, D], candidates [U, D], relevant [N] int."""
     unit = lambda x: x / np.maximum(np.linalg.norm(x, axis=-1, keepdims=True), 1e-12)  # noqa: E731
-    queries, candidates = unit(queries.astype(np.float64)), unit(candidates.astype(np.float64))
+    queries, candidates = queries.astype(np.float64), candidates.astype(np.float64)
+    if similarity == "cosine":
+        queries, candidates = unit(queries), unit(candidates)
     ranks = np.empty(len(relevant), np.int64)
     for start in range(0, len(relevant), RANK_BLOCK):  # [block, U] at a time, whatever the dev set's size
         rows = slice(start, start + RANK_BLOCK)
@@ -301,6 +412,12 @@ def positive_ranks(queries: np.ndarray, candidates: np.ndarray, relevant: np.nda
         own = cos[np.arange(cos.shape[0]), relevant[rows]][:, None]
         ranks[rows] = np.sum(cos >= own, axis=-1)  # the relevant candidate counts itself: ranks start at 1
     return ranks
+
+
+def active_dims(vectors: np.ndarray) -> float:
+    """The mean count of non-zero features of vectors [N, V] (SPLADE's sparsity, as sentence-transformers'
+    sparse evaluators report it)."""
+    return float(np.mean(np.count_nonzero(vectors, axis=-1)))
 
 
 def retrieval_metrics(ranks: np.ndarray) -> dict:
@@ -328,8 +445,9 @@ def distill_score(split_name: str, split: Split, student: np.ndarray) -> Scored:
 
 
 def score(task, split_name: str, split: Split, logits: np.ndarray, settings=None, null_threshold: float = 0.0):
-    """logits: each pair's (query, passage) embeddings [N, 2, D] (distill_mse: each text's [N, 1, D]).
-    Retrieval in the set (pairs), the correlations of cosine with score (scored pairs), or the distance to
+    """logits: each pair's (query, passage) embeddings [N, 2, D] (distill_mse: each text's [N, 1, D]; SPLADE:
+    vectors [N, 2, V], held whole: 4 N x 2 x V bytes). Retrieval in the set (pairs; SPLADE by dot product,
+    with the active dimensions), the correlations of cosine with score (scored pairs), or the distance to
     the teacher's embeddings (distill_mse)."""
     if task.contrastive_loss == contrastive_losses.DISTILL:
         return distill_score(split_name, split, logits[:, 0])
@@ -346,9 +464,14 @@ def score(task, split_name: str, split: Split, logits: np.ndarray, settings=None
     distinct = {text: n for n, text in reversed(list(enumerate(texts)))}  # each text at its first row
     order = sorted(distinct.values())
     column = {texts[row]: c for c, row in enumerate(order)}
-    ranks = positive_ranks(queries, passages[order], np.array([column[t] for t in texts]))
+    sparse = settings is not None and settings.sparse
+    ranks = positive_ranks(queries, passages[order], np.array([column[t] for t in texts]),
+                           "dot" if sparse else "cosine")
     lines = ["index\trank"] + [f"{i}\t{r}" for i, r in zip(split.features["idx"], ranks)]
-    return Scored(retrieval_metrics(ranks), {f"{split_name}_positive_ranks.tsv": "\n".join(lines) + "\n"})
+    found = retrieval_metrics(ranks)
+    if sparse:  # the queries' and the distinct documents' mean non-zeros
+        found.update(query_active_dims=active_dims(queries), document_active_dims=active_dims(passages[order]))
+    return Scored(found, {f"{split_name}_positive_ranks.tsv": "\n".join(lines) + "\n"})
 
 
 def predict(model, texts=None, text_pairs=None, choices=None, questions=None, contexts=None) -> list[dict]:
