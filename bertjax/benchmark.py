@@ -9,6 +9,7 @@
     python -m bertjax.benchmark --embeddings                      # embed and contrastive steps vs sentence-transformers
     python -m bertjax.benchmark --long_rows=2048,8192              # one packed row: xla vs blockwise attention
     python -m bertjax.benchmark --mining=100000,1000000            # hard-negative mining at two corpus sizes
+    python -m bertjax.benchmark --sparse_search=100000,1000000     # the SPLADE inverted index at two sizes
     python -m bertjax.benchmark --sizes=base --json=rows.jsonl     # each row also as JSON, as it is measured
     python -m bertjax.benchmark --accelerator --hlo=step.hlo.txt  # and the compiled step as optimized HLO
 
@@ -35,6 +36,9 @@ each of --attention_impls, each in a fresh process: tokens/s, the compiled step'
 process's peak resident memory, to show what attention without an [S, S] matrix buys on long rows.
 --mining times hard-negative mining (search and selection) on synthetic embeddings at each corpus size,
 each in a fresh process: seconds, queries/s and peak resident memory (bertjax/bench/mining_speed.py).
+--sparse_search builds and searches the sparse (SPLADE) inverted index of synthetic Zipf-like vectors at
+each corpus size, each in a fresh process: build seconds, index size, queries/s and resident memory
+(bertjax/bench/sparse_search_speed.py).
 """
 
 import os
@@ -44,13 +48,14 @@ from absl import flags
 from ml_collections import config_flags
 
 import configs.base
-from bertjax.bench import mining_speed, step_speed
+from bertjax.bench import mining_speed, sparse_search_speed, step_speed
 from bertjax.runs import console
 
 
 def define_flags(argv: list[str]) -> dict:
     """The flags, defined when the program is entered: importing it defines none."""
-    return {**_step_flags(argv), **_embedding_flags(), **_long_row_flags(), **_mining_flags(), **_output_flags()}
+    return {**_step_flags(argv), **_embedding_flags(), **_long_row_flags(), **_mining_flags(), **_sparse_search_flags(),
+            **_output_flags()}
 
 
 def _step_flags(argv: list[str]) -> dict:
@@ -127,6 +132,18 @@ def _mining_flags() -> dict:
     )
 
 
+def _sparse_search_flags() -> dict:
+    """--sparse_search: the sparse inverted index at each corpus size, in place of everything else."""
+    return dict(
+        sparse_search=flags.DEFINE_list("sparse_search", [], "Corpus sizes (e.g. 100000,1000000): build and search "
+                                        "the sparse (SPLADE) inverted index of synthetic Zipf-like vectors at each, "
+                                        "in a fresh process (build seconds, index MiB, queries/s, resident "
+                                        "memory); nothing else runs."),
+        sparse_queries=flags.DEFINE_integer("sparse_queries", sparse_search_speed.QUERIES, "--sparse_search: "
+                                            "queries searched (k=10)."),
+    )
+
+
 def _output_flags() -> dict:
     """What is written besides the printed tables, or in their place."""
     return dict(
@@ -168,6 +185,14 @@ def main(argv, args):
         except ValueError:
             console.fail(f"--mining={','.join(args.mining)}: give corpus sizes as whole numbers, e.g. 100000,1000000")
         console.finish(mining_speed.benchmark, passages, num_queries=args.mining_queries, dim=args.mining_dim)
+        return
+    if args.sparse_search:
+        try:
+            documents = [int(n) for n in args.sparse_search]
+        except ValueError:
+            console.fail(f"--sparse_search={','.join(args.sparse_search)}: give corpus sizes as whole numbers, e.g. "
+                         f"100000,1000000")
+        console.finish(sparse_search_speed.in_fresh_processes, documents, args.sparse_queries)
         return
     console.finish(step_speed.benchmark, sizes=args.sizes, seq_len=args.seq, batch_size=args.batch,
                    shape_given=flags.FLAGS["seq_len"].present or flags.FLAGS["batch_size"].present,

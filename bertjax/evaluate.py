@@ -22,12 +22,14 @@ WORKDIR/<suite>.md and <suite>.json.
 corpus.jsonl, queries.jsonl and qrels/<split>.tsv, or Hugging Face datasets written by save_to_disk as
 corpus/, queries/ and qrels/<split>/), whose --split queries the model embeds (its query and passage
 prompts, as sentence-transformers' encode_query and encode_document pick them) and searches the passages of
-exactly, by --similarity. One table, a row per data set: nDCG@10, Recall@100, MRR@10 and MAP@100 as BEIR
-computes them, and their average, written to WORKDIR/retrieval.md and retrieval.json (every metric at k =
-1, 3, 5, 10, 100, 1000). --rerank_with=MODEL: each query's first --rerank_top (default 100) passages
-rescored by MODEL, a fine-tuned model scoring (query, passage) pairs (kind rerank or regression; a
-two-class pair classifier by its log-odds of the relevant class), the rest dropped, as BEIR's Rerank does;
-the table then has a row per data set and stage (first stage, reranked): nDCG@10, MRR@10, Recall@100.
+exactly, by --similarity (a SPLADE model's through an inverted index by dot product, a ColBERT model's by
+MaxSim). One table, a row per data set: nDCG@10, Recall@100, MRR@10 and MAP@100 as BEIR computes them, the
+index's MiB and the milliseconds a query takes (encoding and search), and their average, written to
+WORKDIR/retrieval.md and retrieval.json (every metric at k = 1, 3, 5, 10, 100, 1000).
+--rerank_with=MODEL: each query's first --rerank_top (default 100) passages rescored by MODEL, a
+fine-tuned model scoring (query, passage) pairs (kind rerank or regression; a two-class pair classifier
+by its log-odds of the relevant class), the rest dropped, as BEIR's Rerank does; the table then has a row
+per data set and stage (first stage, reranked): nDCG@10, MRR@10, Recall@100.
 
 --suite=mteb: --tasks names MTEB's tasks (SciFact, STSBenchmark, ...), which mteb itself fetches and
 evaluates (`pip install bertjax[mteb]`) on the model's embeddings, its prompts and similarity
@@ -84,7 +86,7 @@ def define_flags() -> dict:
                                   "(qrels/<split>.tsv)."),
         similarity=flags.DEFINE_enum("similarity", None, ["cosine", "dot"], "retrieval and sts: how a query scores "
                                      "a passage, or two texts each other (unset: the embedder's own similarity, "
-                                     "else cosine)."),
+                                     "else cosine; SPLADE models score by dot, ColBERT ones by MaxSim)."),
         ignore_identical_ids=flags.DEFINE_bool("ignore_identical_ids", False, "retrieval: a query never "
                                                "retrieves the passage of its own id (BEIR's option for Quora, "
                                                "ArguAna)."),

@@ -315,9 +315,13 @@ def test_the_retrieval_table(pretrained, tmp_path, capsys):
     printed = capsys.readouterr().out
     assert out["similarity"] == "cosine"  # a model without an embedding record
     heading, rule, beir, hf, average = out["table"]
-    assert heading == "| Data set | nDCG@10 | Recall@100 | MRR@10 | MAP@100 |"
-    assert beir.startswith("| demo-beir |") and hf.replace("demo-hf", "demo-beir") == beir  # one data set, two layouts
-    assert average.replace("Average", "demo-beir") == beir
+    assert heading == "| Data set | nDCG@10 | Recall@100 | MRR@10 | MAP@100 | Index MiB | ms/query |"
+    cells = lambda row: row.strip("| ").split(" | ")[1:]  # 4 metrics, the index's MiB, the milliseconds
+    assert beir.startswith("| demo-beir |") and cells(hf)[:5] == cells(beir)[:5]  # one data set, two layouts
+    assert cells(average)[:5] == cells(beir)[:5]
+    costs = [out["scores"][name]["query_ms"] for name in ("demo-beir", "demo-hf")]
+    assert cells(beir)[5] == f"{costs[0]:,.2f}" and cells(average)[5] == f"{np.mean(costs):,.2f}" and min(costs) > 0
+    assert out["scores"]["demo-beir"]["index_bytes"] == 36 * 64 * 4  # the passages' float32 embeddings
     assert "\n".join(out["table"]) in printed
     assert (tmp_path / "eval" / "retrieval.md").read_text().splitlines() == out["table"]
     assert json.loads((tmp_path / "eval" / "retrieval.json").read_text())["scores"] == out["scores"]

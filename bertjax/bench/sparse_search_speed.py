@@ -12,11 +12,13 @@ them; making them is not timed.
 
 Printed: the build's seconds, the index's size, the search's seconds (k = 10) and queries/s, the postings
 a query scores, and resident memory before building, after it and at its peak (the whole process's: run it
-in a fresh process).
+in a fresh process, as in_fresh_processes and `python -m bertjax.benchmark --sparse_search=N,...` do).
 """
 
 import argparse
+import json
 import resource
+import subprocess
 import sys
 import time
 
@@ -141,6 +143,30 @@ def _report(r: dict) -> None:
           f"{r['postings_per_query']:,.0f} postings a query", flush=True)
     print(f"    resident memory: {_mib(r['rss_before'])} before building, {_mib(r['rss_built'])} built, peak "
           f"{_mib(r['peak_rss'])}", flush=True)
+
+
+def in_fresh_processes(sizes, queries: int = QUERIES) -> list[dict]:
+    """benchmark at each corpus size of sizes, each in a fresh Python process (its resident memory its own),
+    its lines printed when it ends. A size whose process fails is {"documents", "failed": how}."""
+    if not sizes:
+        raise ValueError("sparse search benchmark: give at least one corpus size")
+    _check(min(sizes), queries, VOCAB_SIZE, DOCUMENT_TERMS, QUERY_TERMS, K, CHUNK_SIZE)
+    code = ("import json, sys; from bertjax.bench import sparse_search_speed as b; "
+            "print('RESULT', json.dumps(b.benchmark(**json.loads(sys.argv[1]))))")
+    rows = []
+    for documents in sizes:
+        args = dict(documents=int(documents), queries=int(queries))
+        done = subprocess.run([sys.executable, "-c", code, json.dumps(args)], capture_output=True, text=True)
+        lines = done.stdout.splitlines()
+        print("\n".join(line for line in lines if not line.startswith("RESULT ")), flush=True)
+        results = [line for line in lines if line.startswith("RESULT ")]
+        if results:
+            rows.append(json.loads(results[-1][len("RESULT "):]))
+        else:
+            last = (done.stderr.strip().splitlines() or [f"exit status {done.returncode}"])[-1]
+            rows.append(dict(args, failed=f"exit status {done.returncode}: {last[-160:]}"))
+            print(f"    {int(documents):,} documents: {rows[-1]['failed']}", flush=True)
+    return rows
 
 
 def main(argv: list[str] | None = None) -> dict:

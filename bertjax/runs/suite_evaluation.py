@@ -3,7 +3,8 @@
     evaluate(init_from, "glue", workdir)   # each task of the suite that TFDS has prepared, fine-tuned with its
                                            # configs/finetune/<task>.py in WORKDIR/<task>; one table
     retrieval_suite(init_from, [dir, ...], workdir)  # retrieval data sets searched with the model's
-                                                     # embeddings, no fine-tuning; one table
+                                                     # embeddings (dense, SPLADE or ColBERT), no
+                                                     # fine-tuning; one table
     retrieval_suite(init_from, [dir], workdir, rerank_with=cross_encoder, rerank_top=100)  # then reranked
     mteb_suite(init_from, ["SciFact", ...], workdir)  # MTEB's tasks run by mteb itself; one table
     sts_suite(init_from, ["stsb", file, ...], workdir)  # zero-shot STS: pairs' similarities against gold
@@ -12,15 +13,17 @@
 
 The suite tables have the layout of the BERT paper's (Devlin et al. 2018: GLUE table 1, SQuAD tables 2 and
 3, CoNLL-2003 table 7), printed and written to WORKDIR/<suite>.md and <suite>.json; retrieval's has a row
-per data set and BEIR's columns, written to WORKDIR/retrieval.md and retrieval.json (reranked: a row per
-data set and stage); STS's a row per set, written to WORKDIR/sts.md and sts.json; MTEB's a row per task
-(its main score), written to WORKDIR/mteb.md and mteb.json.
+per data set, BEIR's columns and the first stage's index size and milliseconds a query, written to
+WORKDIR/retrieval.md and retrieval.json (reranked: a row per data set and stage); STS's a row per set,
+written to WORKDIR/sts.md and sts.json; MTEB's a row per task (its main score), written to WORKDIR/mteb.md
+and mteb.json.
 """
 
 import dataclasses
 import json
 import os
 
+import jax
 import numpy as np
 
 from bertjax import inference
@@ -77,6 +80,11 @@ ALL = ("glue", "squad", "conll")
 # --suite=retrieval's columns (heading, metric), as BEIR's papers report them; every k's figures go to the JSON.
 RETRIEVAL = "retrieval"
 RETRIEVAL_COLUMNS = (("nDCG@10", "ndcg@10"), ("Recall@100", "recall@100"), ("MRR@10", "mrr@10"), ("MAP@100", "map@100"))
+# And what the first stage cost: its index (MiB) and the queries' encoding and search (milliseconds a query).
+COST_COLUMNS = ("Index MiB", "ms/query")
+# The representations a model's embedding record names, each with the similarity it is scored by (None:
+# --similarity chooses, cosine or dot).
+REPRESENTATIONS = {"dense": None, "splade": "dot", "colbert": "maxsim"}
 # --rerank_with: the reranked table's columns, each query's passages rescored by default, and the fine-tuned
 # kinds whose head gives a (query, passage) pair one score (a two-class classifier is taken too: pair_scorer).
 RERANK_COLUMNS = (("nDCG@10", "ndcg@10"), ("MRR@10", "mrr@10"), ("Recall@100", "recall@100"))
@@ -204,13 +212,18 @@ def _evaluate_all(init_from: str, workdir: str, *, tasks=None, **kwargs) -> dict
 
 def retrieval_table(scores: dict[str, dict]) -> tuple[list[str], dict[str, float]]:
     """The markdown table (a row per data set, then their average) and the averages; scores: data set ->
-    evaluate_retrieval's metrics."""
-    lines = ["| Data set | " + " | ".join(h for h, _ in RETRIEVAL_COLUMNS) + " |",
-             "|" + "---|" * (len(RETRIEVAL_COLUMNS) + 1)]
-    for name, metrics in scores.items():
-        lines.append(f"| {name} | " + " | ".join(f"{100 * metrics[m]:.1f}" for _, m in RETRIEVAL_COLUMNS) + " |")
+    retrieval.stage_scores' metrics and costs (the index in MiB, the milliseconds a query)."""
+    costs = lambda found: [found["index_bytes"] / 2**20, found["query_ms"]]
+
+    def row(name, metrics, cost):
+        return (f"| {name} | " + " | ".join(f"{100 * metrics[m]:.1f}" for _, m in RETRIEVAL_COLUMNS) + " | "
+                + " | ".join(f"{value:,.2f}" for value in cost) + " |")
+
+    lines = ["| Data set | " + " | ".join(h for h, _ in RETRIEVAL_COLUMNS) + " | " + " | ".join(COST_COLUMNS) + " |",
+             "|" + "---|" * (len(RETRIEVAL_COLUMNS) + len(COST_COLUMNS) + 1)]
+    lines += [row(name, found, costs(found)) for name, found in scores.items()]
     average = {m: sum(s[m] for s in scores.values()) / len(scores) for _, m in RETRIEVAL_COLUMNS}
-    lines.append("| Average | " + " | ".join(f"{100 * average[m]:.1f}" for _, m in RETRIEVAL_COLUMNS) + " |")
+    lines.append(row("Average", average, np.mean([costs(found) for found in scores.values()], axis=0)))
     return lines, average
 
 
@@ -219,11 +232,12 @@ def retrieval_suite(init_from: str, directories: list[str], workdir: str, *, spl
                     k_values=retrieval_metrics.K_VALUES, rerank_with: str | None = None,
                     rerank_top: int | None = None) -> dict:
     """Each data set's split (a BEIR directory or save_to_disk datasets: tasks/retrieval_data.py) searched
-    with the model's query and passage embeddings over all devices; one table, printed and written to
-    WORKDIR/retrieval.md and retrieval.json. rerank_with: a model scoring (query, passage) pairs
-    (pair_scorer) rescoring each query's top rerank_top (default 100) passages, BEIR's Rerank; the table then
-    has a row per data set and stage. Every data set, and the reranker, is read and checked before the
-    embedder loads."""
+    with the model's queries and passages as its representation makes them (first_stage: dense embeddings
+    exactly over all devices, SPLADE's through the inverted index, ColBERT's by exact MaxSim); one table,
+    printed and written to WORKDIR/retrieval.md and retrieval.json, with the index's size and the queries'
+    milliseconds. rerank_with: a model scoring (query, passage) pairs (pair_scorer) rescoring each query's
+    top rerank_top (default 100) passages, BEIR's Rerank; the table then has a row per data set and stage.
+    Every data set, and the reranker, is read and checked before the embedder loads."""
     rerank_top = check_retrieval_flags(directories, similarity, rerank_with, rerank_top)
     batch_size = batch_size or 32
     data_sets = [retrieval_data.read_retrieval(d, split) for d in directories]
@@ -233,28 +247,19 @@ def retrieval_suite(init_from: str, directories: list[str], workdir: str, *, spl
                          f"their rows in the table would be confused")
     reranker = pair_scorer(inference.load(rerank_with), rerank_with, batch_size) if rerank_with else None
     model = inference.load(init_from)
-    # The model's own similarity unless asked for another; cosine for a model without an embedding record.
-    similarity = similarity or (model.embedding.similarity if model.embedding else "cosine")
-
-    # A query gets the model's "query" prompt and the query length it was trained with, a passage its passage
-    # prompt: sentence-transformers' encode_query and encode_document.
-    def embed(texts, kind):  # kind: "query" | "passage"
-        return model.embed(texts, task="query" if kind == "query" else "document", batch_size=batch_size)
-
-    search = dict(k_values=k_values, similarity=similarity, batch_size=batch_size,
-                  mesh=sharding.make_mesh({"data": -1}),  # the corpus split over every device
-                  ignore_identical_ids=ignore_identical_ids)
+    stage, similarity = first_stage(model, init_from, similarity, batch_size, ignore_identical_ids)
+    depth = max(k_values) if reranker is None else max(*k_values, rerank_top)  # the passages found per query
     files.make(workdir)
     scores, reranked = {}, {}
     for data in data_sets:
         print(f"--- {data.name}: {len(data.queries)} queries, {len(data.passages)} passages ({split})", flush=True)
-        if reranker is None:
-            scores[data.name] = retrieval.evaluate_retrieval(embed, data, **search)
-        else:
-            scores[data.name], reranked[data.name] = retrieve_and_rerank(embed, reranker[0], data, rerank_top,
-                                                                         **search)
+        found = stage(data, depth)
+        scores[data.name] = retrieval.stage_scores(data, found, k_values)
+        if reranker is not None:
+            reranked[data.name] = rerank_scores(reranker[0], data, found.run, rerank_top, k_values)
     out = {"suite": RETRIEVAL, "init_from": init_from, "split": split, "similarity": similarity,
-           "ignore_identical_ids": ignore_identical_ids, "directories": list(map(str, directories)), "scores": scores}
+           "ignore_identical_ids": ignore_identical_ids, "directories": list(map(str, directories)),
+           "backend": jax.default_backend(), "scores": scores}
     if reranker is None:
         out["table"], out["average"] = retrieval_table(scores)
     else:
@@ -264,6 +269,37 @@ def retrieval_suite(init_from: str, directories: list[str], workdir: str, *, spl
     files.write_bytes(files.join(workdir, f"{RETRIEVAL}.json"), json.dumps(out, indent=1).encode())
     files.write_bytes(files.join(workdir, f"{RETRIEVAL}.md"), ("\n".join(out["table"]) + "\n").encode())
     return out
+
+
+def first_stage(model, source: str, similarity: str | None, batch_size: int, ignore_identical_ids: bool):
+    """(stage(data set, k) -> retrieval.FirstStage, what it scores by) for the model's representation (its
+    embedding record's; dense without one): dense embeddings searched exactly over every device by
+    `similarity` (default the model's own, cosine without a record); SPLADE's vectors through the inverted
+    index by dot product, the index recording `source`; ColBERT's token vectors by exact MaxSim
+    (model.embed_tokens). A similarity the representation does not score by is one line."""
+    representation = model.embedding.representation if model.embedding is not None else "dense"
+    if representation not in REPRESENTATIONS:
+        raise ValueError(f"{source} makes {representation} embeddings: --suite=retrieval searches "
+                         f"{', '.join(REPRESENTATIONS)} ones")
+    scores_by = REPRESENTATIONS[representation]
+    if scores_by is not None and similarity not in (None, scores_by):
+        raise ValueError(f"--similarity={similarity}: {source} is a {representation} model, scored by "
+                         f"{scores_by}; leave --similarity unset")
+    task = lambda kind: "query" if kind == "query" else "document"
+    # A query gets the model's "query" prompt and the query length it was trained with, a passage its passage
+    # prompt: sentence-transformers' encode_query and encode_document.
+    embed = lambda texts, kind: model.embed(texts, task=task(kind), batch_size=batch_size)
+    if representation == "splade":
+        return (lambda data, k: retrieval.sparse_first_stage(embed, data, k, batch_size, model=source,
+                                                             ignore_identical_ids=ignore_identical_ids)), scores_by
+    if representation == "colbert":
+        embed_tokens = lambda texts, kind: model.embed_tokens(texts, task=task(kind), batch_size=batch_size)
+        return (lambda data, k: retrieval.multivector_first_stage(
+            embed_tokens, data, k, ignore_identical_ids=ignore_identical_ids)), scores_by
+    similarity = similarity or (model.embedding.similarity if model.embedding else "cosine")
+    mesh = sharding.make_mesh({"data": -1})  # the corpus split over every device
+    return (lambda data, k: retrieval.dense_first_stage(embed, data, k, similarity, batch_size, mesh=mesh,
+                                                        ignore_identical_ids=ignore_identical_ids)), similarity
 
 
 def check_retrieval_flags(directories, similarity: str | None, rerank_with: str | None, rerank_top: int | None) -> int:
@@ -319,19 +355,14 @@ def pair_scorer(model, source: str, batch_size: int):
     return score_pairs, what
 
 
-def retrieve_and_rerank(embed, score_pairs, data, rerank_top: int, *, k_values, similarity, batch_size, mesh,
-                        ignore_identical_ids) -> tuple[dict, dict]:
-    """(first-stage metrics, reranked metrics) of one data set: the first stage as evaluate_retrieval's
-    (retrieval.retrieve, to max(k_values, rerank_top)), then its top rerank_top rescored (retrieval.rerank)
-    and ranked as trec_eval ranks a run."""
-    run = retrieval.retrieve(embed, data, max(*k_values, rerank_top), similarity, batch_size,
-                             ignore_identical_ids=ignore_identical_ids, mesh=mesh)
+def rerank_scores(score_pairs, data, first: dict, rerank_top: int, k_values) -> dict:
+    """The reranked metrics of one data set: the first stage's run (first_stage's) with its top rerank_top
+    rescored (retrieval.rerank) and ranked as trec_eval ranks a run."""
     rescored = retrieval.rerank(score_pairs, dict(zip(data.query_ids, data.queries)),
-                                dict(zip(data.corpus_ids, data.passages)), run, rerank_top)
+                                dict(zip(data.corpus_ids, data.passages)), first, rerank_top)
     ranked = {query_id: retrieval_metrics.trec_ranking(found) for query_id, found in rescored.items()}
-    counts = {"queries": len(data.queries), "passages": len(data.passages)}
-    return ({**retrieval_metrics.retrieval_scores(data.qrels, retrieval.rankings(run), k_values), **counts},
-            {**retrieval_metrics.retrieval_scores(data.qrels, ranked, k_values), **counts})
+    return {**retrieval_metrics.retrieval_scores(data.qrels, ranked, k_values), "queries": len(data.queries),
+            "passages": len(data.passages)}
 
 
 def rerank_table(first: dict[str, dict], reranked: dict[str, dict], rerank_top: int) -> tuple[list[str], dict, dict]:

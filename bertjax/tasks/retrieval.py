@@ -8,6 +8,10 @@
 
 `embed(texts, kind) -> [N, D]` is any callable, so the search and the metrics are tested with plain arrays.
 
+The first stages of the evaluation suite (dense_first_stage, sparse_first_stage, multivector_first_stage)
+also say what they cost: the bytes the corpus's index holds and the seconds the queries took (encoding and
+search, after an untimed pass that compiles what the timed one runs).
+
 Search is exact: every query is scored against every passage, by cosine (both sides normalised) or dot
 product, in float32 at full matmul precision. The corpus is split over the devices of a mesh (each device
 holds a contiguous slice), each device scans its slice in chunks of `chunk_size` passages keeping a running
@@ -19,7 +23,9 @@ Shape legend: Q queries, N passages, D embedding width, B queries per search ste
 n passages per device, k results per query.
 """
 
+import dataclasses
 import functools
+import time
 
 import jax
 import jax.numpy as jnp
@@ -27,13 +33,16 @@ import numpy as np
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from bertjax.tasks import metrics, retrieval_metrics
+from bertjax.tasks import metrics, multivector_search, retrieval_metrics, sparse_search
 from bertjax.tasks.retrieval_data import RetrievalSet
 from bertjax.training import sharding
 
 SIMILARITIES = ("cosine", "dot")  # the names of sentence-transformers' similarity_fn_name
 CHUNK_SIZE = 16_384  # passages scored at a time per device: [B, C] float32 is 16 MB at B = 256
 QUERY_BATCH_SIZE = 256
+# Texts a sparse or multi-vector stage embeds at a time: [C, V] float32 is 119 MiB at BERT's vocabulary,
+# [C, S, D] 90 MiB at ColBERT's 180 tokens of 128.
+TEXT_CHUNK = 1024
 
 
 def normalized(x: np.ndarray) -> np.ndarray:
@@ -183,6 +192,20 @@ def embed_texts(embed, texts: list[str], kind: str, batch_size: int) -> np.ndarr
     return out
 
 
+def own_positions(dataset: RetrievalSet) -> np.ndarray:
+    """[Q] int32: the corpus position of the passage with each query's id, -1 for none (what a query may
+    not retrieve under BEIR's ignore_identical_ids)."""
+    position = {corpus_id: i for i, corpus_id in enumerate(dataset.corpus_ids)}
+    return np.array([position.get(query_id, -1) for query_id in dataset.query_ids], np.int32)
+
+
+def as_run(dataset: RetrievalSet, scores, indices) -> dict[str, dict[str, float]]:
+    """A search's (scores [Q, k], corpus positions [Q, k], -1 for an empty place) as a run, query id ->
+    {corpus id: score} in the search's rank order."""
+    return {query_id: {dataset.corpus_ids[i]: float(score) for i, score in zip(row, found) if i >= 0}
+            for query_id, row, found in zip(dataset.query_ids, indices, scores)}
+
+
 def retrieve(embed, dataset: RetrievalSet, top_k: int, similarity: str = "cosine", batch_size: int = 64, *,
              ignore_identical_ids: bool = False, mesh=None,
              chunk_size: int = CHUNK_SIZE) -> dict[str, dict[str, float]]:
@@ -193,14 +216,10 @@ def retrieve(embed, dataset: RetrievalSet, top_k: int, similarity: str = "cosine
     ArguAna)."""
     queries = embed_texts(embed, dataset.queries, "query", batch_size)
     passages = embed_texts(embed, dataset.passages, "passage", batch_size)
-    exclude = None
-    if ignore_identical_ids:
-        position = {corpus_id: i for i, corpus_id in enumerate(dataset.corpus_ids)}
-        exclude = np.array([position.get(query_id, -1) for query_id in dataset.query_ids], np.int32)
+    exclude = own_positions(dataset) if ignore_identical_ids else None
     scores, indices = search(queries, passages, top_k, similarity=similarity, mesh=mesh, exclude=exclude,
                              chunk_size=chunk_size)
-    return {query_id: {dataset.corpus_ids[i]: float(score) for i, score in zip(row, found) if i >= 0}
-            for query_id, row, found in zip(dataset.query_ids, indices, scores)}
+    return as_run(dataset, scores, indices)
 
 
 def evaluate_retrieval(embed, dataset: RetrievalSet, k_values=retrieval_metrics.K_VALUES, similarity: str = "cosine",
@@ -219,6 +238,144 @@ def evaluate_retrieval(embed, dataset: RetrievalSet, k_values=retrieval_metrics.
 def rankings(run: dict[str, dict[str, float]]) -> dict[str, list[str]]:
     """retrieve's run as the metrics take it: query id -> corpus ids in the run's rank order."""
     return {query_id: list(found) for query_id, found in run.items()}
+
+
+# ----------------------------------------------------------------------------------------------------
+# First stages with their costs: dense, sparse (SPLADE) and multi-vector (ColBERT) embeddings
+# ----------------------------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class FirstStage:
+    """A first stage's run on one data set and what it cost."""
+
+    run: dict[str, dict[str, float]]  # query id -> {corpus id: score}, in rank order
+    index_bytes: int  # what the search holds for the corpus
+    query_seconds: float  # every query encoded and searched, wall-clock (the timed pass)
+
+
+def stage_scores(dataset: RetrievalSet, stage: FirstStage, k_values=retrieval_metrics.K_VALUES) -> dict:
+    """BEIR's metrics of the stage's run, ranked as the stage ranked it, and its costs: {"ndcg@10": ...,
+    "queries": Q, "passages": N, "index_bytes": ..., "query_ms": milliseconds a query}."""
+    scores = retrieval_metrics.retrieval_scores(dataset.qrels, rankings(stage.run), k_values)
+    return {**scores, "queries": len(dataset.queries), "passages": len(dataset.passages),
+            "index_bytes": int(stage.index_bytes), "query_ms": 1000 * stage.query_seconds / len(dataset.queries)}
+
+
+def _timed(step):
+    """(step()'s result, the seconds of its second call): the first compiles the shapes it runs, which a
+    query would not wait for in a served index."""
+    step()
+    began = time.perf_counter()
+    out = step()
+    return out, time.perf_counter() - began
+
+
+def dense_first_stage(embed, dataset: RetrievalSet, top_k: int, similarity: str = "cosine", batch_size: int = 64, *,
+                      ignore_identical_ids: bool = False, mesh=None, chunk_size: int = CHUNK_SIZE) -> FirstStage:
+    """retrieve's run and its costs: the index is the passages' embeddings [N, D] float32; the queries'
+    encoding and search are timed."""
+    passages = embed_texts(embed, dataset.passages, "passage", batch_size)
+    exclude = own_positions(dataset) if ignore_identical_ids else None
+
+    def query_pass():
+        queries = embed_texts(embed, dataset.queries, "query", batch_size)
+        return search(queries, passages, top_k, similarity=similarity, mesh=mesh, exclude=exclude,
+                      chunk_size=chunk_size)
+
+    (scores, indices), seconds = _timed(query_pass)
+    return FirstStage(as_run(dataset, scores, indices), passages.nbytes, seconds)
+
+
+def without(scores, indices, exclude, k: int) -> tuple[np.ndarray, np.ndarray]:
+    """(scores, indices) [Q, K] with each query's excluded corpus position (exclude [Q], -1 for none) taken
+    out and the places after it moved up, cut to k places: [Q, min(k, K)]. A place left empty has index -1
+    and score -inf, as search's."""
+    kept = (indices != np.asarray(exclude)[:, None]) & (indices >= 0)  # [Q, K]
+    place = np.cumsum(kept, axis=1) - 1  # each kept result's place after the taking out
+    rows, columns = np.nonzero(kept & (place < k))
+    width = min(int(k), indices.shape[1])
+    out_scores = np.full((len(indices), width), -np.inf, np.float32)
+    out_indices = np.full((len(indices), width), -1, np.int64)
+    out_scores[rows, place[rows, columns]] = scores[rows, columns]
+    out_indices[rows, place[rows, columns]] = indices[rows, columns]
+    return out_scores, out_indices
+
+
+def sparse_first_stage(embed, dataset: RetrievalSet, top_k: int, batch_size: int = 64, *, model: str,
+                       ignore_identical_ids: bool = False, chunk_size: int = TEXT_CHUNK) -> FirstStage:
+    """A SPLADE model's first stage through the inverted index (tasks/sparse_search.py), exact, by dot
+    product: embed(texts, kind) gives non-negative [n, V] vectors. The passages reach build_index chunk_size
+    at a time (never the corpus as one [N, V] array) and the queries are embedded and searched chunk_size at
+    a time. model: the model's path or name, which the index records. The index's size is its nbytes."""
+    if int(top_k) < 1:
+        raise ValueError(f"k={top_k}: at least one result per query")
+    chunks = (embed_texts(embed, dataset.passages[start:start + chunk_size], "passage", batch_size)
+              for start in range(0, len(dataset.passages), chunk_size))
+    index = sparse_search.build_index(chunks, model=model)
+    exclude = own_positions(dataset) if ignore_identical_ids else np.full(len(dataset.queries), -1, np.int32)
+    depth = int(top_k) + 1 if ignore_identical_ids else int(top_k)  # one more: its own passage is taken out
+
+    def query_pass():
+        found = [sparse_search.search(index, embed_texts(embed, dataset.queries[start:start + chunk_size], "query",
+                                                         batch_size), depth)
+                 for start in range(0, len(dataset.queries), chunk_size)]
+        scores, indices = (np.concatenate(parts) for parts in zip(*found))
+        return without(scores, indices, exclude, int(top_k))
+
+    (scores, indices), seconds = _timed(query_pass)
+    return FirstStage(as_run(dataset, scores, indices), index.nbytes, seconds)
+
+
+def token_vectors(embed_tokens, texts: list[str], kind: str) -> tuple[np.ndarray, np.ndarray]:
+    """embed_tokens(texts, kind) as (vectors [n, S, D] float32, mask [n, S] bool: the tokens that count), or
+    one line saying what it returned instead."""
+    vectors, mask = embed_tokens(list(texts), kind)
+    vectors, mask = np.asarray(vectors, np.float32), np.asarray(mask).astype(bool)
+    if vectors.ndim != 3 or mask.shape != vectors.shape[:2] or len(vectors) != len(texts):
+        raise ValueError(f"embed_tokens returned vectors {vectors.shape} and a mask {mask.shape} for {len(texts)} "
+                         f"{kind} texts: expected [{len(texts)}, tokens, width] and [{len(texts)}, tokens]")
+    return vectors, mask
+
+
+def merge_top_k(best, found, k: int) -> tuple[np.ndarray, np.ndarray]:
+    """The k best of two ranked candidate lists per query, (scores [Q, a], indices [Q, a]) each, best's from
+    earlier corpus positions than found's: best first, equal scores to the earlier position (a stable sort
+    of best, then found), empty places (-1, -inf) last."""
+    scores = np.concatenate([best[0], found[0]], axis=1)
+    indices = np.concatenate([best[1], found[1]], axis=1)
+    order = np.argsort(-scores, axis=1, kind="stable")[:, :k]
+    return np.take_along_axis(scores, order, axis=1), np.take_along_axis(indices, order, axis=1)
+
+
+def _maxsim_chunk(queries, query_mask, vectors, mask, start: int, exclude, best, k: int):
+    """best merged with the top k of one chunk of passages (the corpus's from position start)."""
+    inside = (exclude >= start) & (exclude < start + len(vectors))
+    scores, indices = multivector_search.search(queries, query_mask, vectors, mask, k,
+                                                exclude=np.where(inside, exclude - start, -1))
+    return merge_top_k(best, (scores, np.where(indices >= 0, indices + start, -1)), k)
+
+
+def multivector_first_stage(embed_tokens, dataset: RetrievalSet, top_k: int, *, ignore_identical_ids: bool = False,
+                            chunk_size: int = TEXT_CHUNK) -> FirstStage:
+    """A ColBERT model's first stage by exact MaxSim (tasks/multivector_search.py): embed_tokens(texts, kind)
+    gives (vectors [n, S, D], mask [n, S]). The passages are embedded chunk_size at a time, each chunk
+    searched for every query's top k and merged into the running top k: memory holds one chunk's vectors,
+    never the corpus's. The index's size is its scored token vectors' bytes (a store without padding); the
+    queries' encoding and every chunk's search are timed."""
+    if int(top_k) < 1:
+        raise ValueError(f"k={top_k}: at least one result per query")
+    exclude = own_positions(dataset) if ignore_identical_ids else np.full(len(dataset.queries), -1, np.int32)
+    (queries, query_mask), seconds = _timed(lambda: token_vectors(embed_tokens, dataset.queries, "query"))
+    best = (np.zeros((len(queries), 0), np.float32), np.zeros((len(queries), 0), np.int64))
+    index_bytes = 0
+    for start in range(0, len(dataset.passages), chunk_size):
+        vectors, mask = token_vectors(embed_tokens, dataset.passages[start:start + chunk_size], "passage")
+        index_bytes += int(mask.sum()) * vectors.shape[2] * vectors.itemsize
+        best, spent = _timed(functools.partial(_maxsim_chunk, queries, query_mask, vectors, mask, start, exclude,
+                                               best, int(top_k)))
+        seconds += spent
+    return FirstStage(as_run(dataset, *best), index_bytes, seconds)
 
 
 def sts_pairs(examples) -> list[tuple[str, str, float]]:
