@@ -1,4 +1,5 @@
-"""Sentence embeddings of many texts: how the model's embedding settings resolve, and the batches.
+"""Sentence embeddings of many texts: how the model's embedding settings resolve, and the batches; and
+ColBERT's token vectors (embed_tokens' settings and batches: multivector_settings, embed_token_rows).
 
 Texts are tokenized with their prompt, sorted by length and laid out in rows of a few fixed widths
 (buckets: 16, 32, 48, 64, then four per doubling, 80, 96, 112, 128, 160, ... up to the limit), so that a
@@ -11,7 +12,11 @@ up to a budget of tokens per batch (row width x rows): XLA's CPU code runs an en
 thousand tokens at a time, its intermediates then staying in cache, where PyTorch's kernels keep their
 speed on larger batches (docs/performance.md, "Fewer tokens a batch on CPUs").
 
-Shape legend: N texts, R rows of a batch, S row width (a bucket), K texts per row, D embedding width.
+ColBERT's rows are fixed-width already (bertjax/tasks/multivector_texts.py: a query is exactly its length,
+a document padded to its most tokens), so they are batched as they are, without buckets or packing.
+
+Shape legend: N texts, R rows of a batch, S row width (a bucket), K texts per row, D embedding width, L a
+ColBERT row's width (its query or document length).
 """
 
 import dataclasses
@@ -22,7 +27,8 @@ import numpy as np
 from bertjax.data import packing
 from bertjax.interop import sentence_transformers
 from bertjax.models import pooling
-from bertjax.tasks.kinds.contrastive import DENSE, SPLADE, STATIC
+from bertjax.tasks.contrastive_settings import COLBERT, DENSE, SPLADE, STATIC
+from bertjax.tasks.multivector_texts import MultiVectorTexts
 from bertjax.training.checkpoint_meta import EmbeddingRecord
 
 MIN_BUCKET = 16  # the narrowest row, and the step between widths up to 4 x MIN_BUCKET
@@ -38,7 +44,8 @@ DEFAULT = EmbeddingRecord()
 QUERY = "query"  # the task (and prompt name) of queries
 DOCUMENT = "document"  # the task of passages: sentence-transformers' encode_document
 # What a call computes (Settings.representation): pooled token states (DENSE), SPLADE's vectors over the
-# vocabulary, or the static query table's (SPLADE's inference-free query side, for task="query").
+# vocabulary, the static query table's (SPLADE's inference-free query side, for task="query"), or ColBERT's
+# token vectors (COLBERT: embed_tokens, never embed).
 
 
 @dataclasses.dataclass(frozen=True)
@@ -51,12 +58,12 @@ class Settings:
     prompt: str  # prepended to every text ("" for none)
     include_prompt: bool
     max_length: int  # tokens per text, [CLS] and [SEP] included (STATIC: the text's tokens alone)
-    representation: str = DENSE  # DENSE | SPLADE | STATIC
+    representation: str = DENSE  # DENSE | SPLADE | STATIC | COLBERT
 
 
 def representation(record: EmbeddingRecord | None) -> tuple[str, str]:
-    """(DENSE or SPLADE, SPLADE's query side: SPLADE or STATIC) of a model, as its EmbeddingRecord says
-    (None, or a record from before the field: dense)."""
+    """(DENSE, SPLADE or COLBERT, SPLADE's query side: SPLADE or STATIC) of a model, as its EmbeddingRecord
+    says (None, or a record from before the field: dense)."""
     record = record or DEFAULT
     return record.representation, record.splade_query
 
@@ -72,6 +79,9 @@ def resolve(record: EmbeddingRecord | None, model_limit: int, *, prompt_name: st
     (interop/sentence_transformers.document_prompt_name). model: representation()'s pair; a SPLADE model has
     no pooling or normalisation to choose, and its static query side embeds task="query"'s texts."""
     record = record or DEFAULT
+    if model[0] == COLBERT:
+        raise ValueError("a ColBERT model gives a vector per token, not one per text: call embed_tokens(texts, "
+                         "task='query' or 'document') for its token vectors and masks")
     kind = STATIC if model == (SPLADE, STATIC) and task == QUERY else model[0]
     if kind != DENSE and (pooling_modes is not None or normalize is not None):
         raise ValueError("pooling and normalize are a dense embedder's: a SPLADE model's vector is the max over a "
@@ -98,6 +108,51 @@ def resolve(record: EmbeddingRecord | None, model_limit: int, *, prompt_name: st
         limit = min(record.max_query_length, model_limit)
     return Settings(tuple(modes), record.normalize if normalize is None else bool(normalize), record.dense, prompt,
                     record.include_prompt, limit, kind)
+
+
+def multivector_settings(record: EmbeddingRecord | None, model_limit: int,
+                         task: str | None) -> tuple[MultiVectorTexts, str, Settings]:
+    """(the text settings, the featurize kind "query" or "document", Settings) of an embed_tokens call, as a
+    ColBERT model's record says: task="query" embeds queries, "document" (or None) documents, as
+    sentence-transformers' encode_query and encode_document. One line for a model that is no ColBERT, a task
+    it does not know, or a length beyond the model_limit tokens its positions allow."""
+    record = record or DEFAULT
+    if record.representation != COLBERT or not record.multivector:
+        raise ValueError(f"embed_tokens gives ColBERT's token vectors; this model's representation is "
+                         f"{record.representation}: call embed(texts) for its embeddings")
+    if task not in (None, QUERY, DOCUMENT):
+        raise ValueError(f"task={task!r}: None or 'document' (the texts are documents) or 'query' (queries)")
+    fields = dict(record.multivector)
+    texts = MultiVectorTexts(**{k: v for k, v in fields.items() if k != "dim"})
+    kind = QUERY if task == QUERY else DOCUMENT
+    if texts.length(kind) > model_limit:
+        raise ValueError(f"the model's {kind} length {texts.length(kind)} is beyond its {model_limit} positions: "
+                         "its record and config disagree")
+    return texts, kind, Settings((), False, None, "", True, texts.length(kind), COLBERT)
+
+
+def embed_token_rows(forward: Callable[[dict], object], rows: dict[str, np.ndarray], batch_size: int,
+                     tokens_per_batch: int | None = None) -> np.ndarray:
+    """Token vectors float32 [N, L, D] of fixed-width rows (multivector_texts.featurize's input_ids,
+    segment_ids, input_mask, score_mask [N, L]), in order. forward(batch) -> [R, L, D] device arrays, read
+    back after every batch is dispatched; R is rows_per_batch's (a power of two up to it where the texts
+    are fewer), the last batch padded with copies of its last row, so that one shape compiles."""
+    count, width = rows["input_ids"].shape
+    size = _batch_rows(count, rows_per_batch(batch_size, width, tokens_per_batch))
+    dispatched = []
+    for start in range(0, count, size):
+        part = {key: value[start:start + size] for key, value in rows.items()}
+        extra = size - len(part["input_ids"])
+        if extra:
+            part = {key: np.concatenate([value, np.repeat(value[-1:], extra, axis=0)]) for key, value in part.items()}
+        dispatched.append((start, size - extra, forward(part)))
+    out = None
+    for start, real, result in dispatched:
+        result = np.asarray(result, np.float32)
+        if out is None:
+            out = np.zeros([count, width, result.shape[-1]], np.float32)
+        out[start:start + real] = result[:real]
+    return out
 
 
 def buckets(limit: int) -> list[int]:

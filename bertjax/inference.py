@@ -12,6 +12,8 @@ scale per 128 inputs; bertjax/compression/quantize.py).
 `embed(texts)` gives sentence embeddings as the model's own settings say (a sentence-transformers
 directory's pooling, Dense, Normalize and prompts), else the mean of its token states; a SPLADE model's
 vectors over the vocabulary (bertjax/models/sparse.py), as a dense numpy array [N, V].
+`embed_tokens(texts, task=...)` gives a ColBERT model's token vectors and their masks
+(bertjax/models/multivector.py), as sentence-transformers' MultiVectorEncoder does.
 
 Shape legend (as in bertjax/models/bert.py): B batch, S sequence length, H hidden size, L layers.
 """
@@ -29,9 +31,9 @@ from etils import epath
 from bertjax import embeddings, init_from
 from bertjax.compression import quantize as quantization  # `quantize` is load's argument
 from bertjax.models import bert as bert_model
-from bertjax.models import heads, pooling, sparse
+from bertjax.models import heads, multivector, pooling, sparse
 from bertjax.models.config import BertConfig
-from bertjax.tasks import kinds
+from bertjax.tasks import kinds, multivector_texts
 from bertjax.text import files, tf_cpu
 from bertjax.training.checkpoint_meta import EmbeddingRecord, TaskRecord
 
@@ -199,6 +201,32 @@ class LoadedBert:
                                     settings.max_length, tok.pad_id,
                                     embeddings.TOKENS_PER_BATCH.get(jax.default_backend()))
 
+    def embed_tokens(self, texts: list[str], task: str | None = None, batch_size: int = 32,
+                     devices: list | None = None) -> tuple[np.ndarray, np.ndarray]:
+        """A ColBERT model's token vectors, as sentence-transformers' MultiVectorEncoder computes them
+        (task="query": encode_query; "document" or None: encode_document): (vectors float32 [N, L, D], zero
+        where the mask is False; mask bool [N, L], the tokens MaxSim scores), in the order of `texts`.
+        L is the model's query length for queries (its [MASK] expansion scored) and its document length for
+        documents (a document's skiplist tokens and padding not scored), the same at every call, so that
+        calls concatenate. Score them with bertjax.models.multivector.maxsim, search a store of them with
+        bertjax.tasks.multivector_search. batch_size and devices: as embed's."""
+        if isinstance(texts, str):
+            texts = [texts]
+        if not texts:
+            raise ValueError("embed_tokens needs at least one text")
+        if batch_size < 1:
+            raise ValueError(f"batch_size={batch_size}: embed_tokens needs at least 1")
+        limit = self.config.max_position_embeddings - self.config.position_offset
+        text_settings, kind, settings = embeddings.multivector_settings(self.embedding, limit, task)
+        if self.quantize:
+            raise ValueError(f"embed_tokens runs ColBERT with float weights: load {self.source or 'the model'} "
+                             "without quantize")
+        rows = multivector_texts.featurize(self.tokenizer, list(texts), kind, text_settings)
+        forward = self._embedder(settings, jax.local_devices() if devices is None else list(devices))
+        vectors = embeddings.embed_token_rows(forward, rows, batch_size,
+                                              embeddings.TOKENS_PER_BATCH.get(jax.default_backend()))
+        return vectors, rows["score_mask"] > 0
+
     def _embedder(self, settings: embeddings.Settings, devices: list) -> Callable[[dict], jax.Array]:
         """batch -> embeddings (on the devices), with this model's params. Over several devices each
         batch's rows are split between them (data parallel; the params copied to each once and kept), the
@@ -210,6 +238,9 @@ class LoadedBert:
             apply = _embedding_network(self.config, settings.modes, settings.normalize, self.quantize, None if dense
                                        is None else (dense["features"], dense["bias"], dense["activation"]))
             names = ("bert", "dense") if dense else ("bert",)
+        elif settings.representation == embeddings.COLBERT:  # token vectors [R, L, D]
+            apply = _colbert_network(self.config, int(self.params[multivector.PROJECTION]["kernel"].shape[-1]))
+            names = ("bert", multivector.PROJECTION)
         else:  # SPLADE: vectors [R, V] over the vocabulary, held dense
             static = settings.representation == embeddings.STATIC
             apply = _splade_network(self.config, self.quantize, static)
@@ -358,6 +389,13 @@ def _splade_network(config: BertConfig, quantize: str | None, static: bool):
     static query table's."""
     net = quantization.network(sparse.SpladeEncoder(config, static_queries=static), quantize)
     return jax.jit(lambda params, batch: net.apply({"params": params}, **batch, deterministic=True, static=static))
+
+
+@functools.cache
+def _colbert_network(config: BertConfig, dim: int):
+    """The jitted ColbertEncoder (params, batch) -> token vectors [R, L, D], zero where score_mask is 0."""
+    net = multivector.ColbertEncoder(config, dim=dim)
+    return jax.jit(lambda params, batch: net.apply({"params": params}, **batch, deterministic=True)[0])
 
 
 def _quantized(config: BertConfig, params: dict, task, embedding: EmbeddingRecord | None, mode: str):

@@ -8,9 +8,11 @@ head as it is (`with_pretrained_encoder`). As in Devlin et al. 2018 and Hugging 
   span                          dense H->2 at every position (start and end logits), no dropout (SQuAD)
   tagging                       dropout on every token's output, dense H->K (NER and other tag sets)
   contrastive                   no classifier: the sentence embedder of bertjax/models/pooling.py, its
-                                params {"bert", "dense" (where it projects)}, or SPLADE's encoder
-                                (bertjax/models/sparse.py: {"bert", "mlm_head"}), its losses on embeddings
-                                in bertjax/models/contrastive_losses.py
+                                params {"bert", "dense" (where it projects)}, SPLADE's encoder
+                                (bertjax/models/sparse.py: {"bert", "mlm_head"}) or ColBERT's
+                                (bertjax/models/multivector.py: {"bert", "projection"}), its losses on
+                                embeddings in bertjax/models/contrastive_losses.py (ColBERT's token vectors:
+                                bertjax/models/multivector_losses.py)
 The dropout is BERT's hidden dropout (Hugging Face's classifier_dropout falls back to it). With ModernBERT's
 pooler (model.pooler="gelu_norm"), span and tagging read every token through the pooler's transform,
 as transformers' ModernBERT task classes run their prediction head before the classifier.
@@ -37,7 +39,7 @@ import jax
 import jax.numpy as jnp
 
 from bertjax.models import bert as bert_model
-from bertjax.models import contrastive_losses, pooling, rerank_losses, sparse
+from bertjax.models import contrastive_losses, multivector, pooling, rerank_losses, sparse
 from bertjax.models.config import POOLERS, BertConfig
 from bertjax.models.layers import Dropout, dense
 
@@ -351,9 +353,11 @@ def _value_of_scores(scores):
 def _embedder(cfg: BertConfig, num_labels: int = 0, representation: str = "dense", **embedding) -> nn.Module:
     """The contrastive kind's network: embedding = SentenceEmbedder's settings (modes, dense_features,
     normalize, ...); none gives mean pooling. representation="splade": sparse.SpladeEncoder with its
-    settings (static_queries, chunk_rows)."""
+    settings (static_queries, chunk_rows); "colbert": multivector.ColbertEncoder (dim)."""
     if representation == "splade":
         return sparse.SpladeEncoder(cfg, **embedding)
+    if representation == "colbert":
+        return multivector.ColbertEncoder(cfg, **embedding)
     return pooling.SentenceEmbedder(cfg, **embedding)
 
 

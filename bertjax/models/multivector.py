@@ -39,14 +39,19 @@ class ColbertEncoder(nn.Module):
     Params {"bert": BertModel's, "projection": {"kernel" [H, D]}}. Returns (vectors [B, S, D] float32, zero
     where the mask is 0; mask [B, S] bool): score_mask [B, S] from the text side, or input_mask where none
     is given. A query's expansion positions are scored though input_mask may leave them out of attention
-    (sentence-transformers' attend=False): every position's output is computed, attended or not."""
+    (sentence-transformers' attend=False): every position's output is computed, attended or not.
+    Packed rows (sequence_ids, position_ids [B, S], cls_positions [B, K] as BertModel takes them): each text
+    of a row attends only to itself, and its vectors are the span of its tokens (the caller gathers them)."""
 
     config: BertConfig
     dim: int = DEFAULT_DIM
 
     @nn.compact
-    def __call__(self, input_ids, segment_ids, input_mask, score_mask=None, deterministic: bool = True):
-        encoded = bert_model.BertModel(self.config, name="bert")(input_ids, segment_ids, input_mask, deterministic)
+    def __call__(self, input_ids, segment_ids, input_mask, score_mask=None, deterministic: bool = True,
+                 sequence_ids=None, position_ids=None, cls_positions=None):
+        encoded = bert_model.BertModel(self.config, name="bert")(
+            input_ids, segment_ids, input_mask, deterministic, sequence_ids=sequence_ids, position_ids=position_ids,
+            cls_positions=cls_positions)
         projection = dense(self.config, self.dim, ("embed", None), PROJECTION, use_bias=False)
         vectors = normalize(projection(encoded["sequence_output"]))  # [B, S, D] float32
         mask = (input_mask if score_mask is None else score_mask) > 0  # [B, S]
@@ -65,12 +70,20 @@ def with_trained_projection(params: dict, restored: dict) -> dict:
     kernel = restored[PROJECTION]["kernel"]
     leaf = params[PROJECTION]["kernel"]
     boxed = isinstance(leaf, nn.meta.AxisMetadata)
-    shape = (leaf.unbox() if boxed else leaf).shape
-    if kernel.shape != shape:
-        raise ValueError(f"the checkpoint's ColBERT projection maps {kernel.shape[0]} -> {kernel.shape[1]}, this "
-                         f"model's {shape[0]} -> {shape[1]}: set the projection width to {kernel.shape[1]} (or "
-                         "start from the encoder alone, a fresh projection)")
+    check_projection(params, tuple(kernel.shape))
     return {**params, PROJECTION: {"kernel": leaf.replace_boxed(kernel) if boxed else kernel}}
+
+
+def check_projection(params: dict, trained: tuple) -> None:
+    """One line where a checkpoint's projection kernel, of shape `trained` (H, D), does not fit the projection
+    of `params` (ColbertEncoder's: boxed, plain or shapes): a start (with_trained_projection) or a resume."""
+    leaf = params[PROJECTION]["kernel"]
+    shape = tuple((leaf.unbox() if isinstance(leaf, nn.meta.AxisMetadata) else leaf).shape)
+    if tuple(trained) != shape:
+        raise ValueError(f"the checkpoint's ColBERT projection maps {trained[0]} -> {trained[1]}, this "
+                         f"model's {shape[0]} -> {shape[1]}: set the projection width to {trained[1]} "
+                         "(contrastive.colbert_dim in fine-tuning), or start from the encoder alone (a fresh "
+                         "projection)")
 
 
 def _reduce(similarities, query_mask, doc_mask):

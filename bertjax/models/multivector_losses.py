@@ -10,7 +10,8 @@
   margin_mse  MultiVectorMarginMSELoss: (s_pos - s_neg_j) against the teacher's (t_pos - t_neg_j), the mean
               over every margin (Hofstaetter et al. 2020)
 The score-level KL and margin are bertjax/models/rerank_losses.py's (a reranker's are the same losses on
-a cross-encoder's scores); only MaxSim in front of them is new here.
+a cross-encoder's scores); only MaxSim in front of them is new here. embedding_loss picks one by name for
+the contrastive step (contrastive.representation=colbert).
 
 Shape legend: B queries (pairs), Sq and Sd query and document tokens, D vector width, G hard negatives per
 pair, N candidates per query (distillation; the positive first for margin_mse).
@@ -101,6 +102,43 @@ def margin_mse_loss(queries, query_mask, candidates, candidate_mask, teacher, ca
         teacher = jnp.concatenate([jnp.zeros_like(teacher[:, :1]), -teacher], axis=1)
     weights = jnp.ones_like(scores) if candidate_present is None else candidate_present.astype(jnp.float32)
     return rerank_losses.margin_mse(scores, teacher, weights), {"count": jnp.float32(queries.shape[0])}
+
+
+def embedding_loss(embeddings: dict, masks: dict, negative_present=None, teacher_scores=None, *, loss: str,
+                   scale: float = 1.0, temperature: float = 1.0):
+    """The loss named `loss` (one of LOSSES) of a contrastive batch's token vectors: what the contrastive
+    step computes for contrastive.representation=colbert (bertjax/tasks/contrastive_steps.py).
+
+    input                   shape / dtype          meaning
+    embeddings["query"]     [B, Sq, D] float       the queries' token vectors; masks["query"] [B, Sq] the tokens
+                                                   that count
+    embeddings["passage"]   [B, Sd, D] float       the positives; masks["passage"] [B, Sd]
+    embeddings["negative"]  [B, G, Sd, D] or none  the hard negatives; masks["negative"] [B, G, Sd]
+    negative_present        [B, G] float or None   1 where row b has its g-th negative (None: all there)
+    teacher_scores          [B, 1 + G] float       distill_kl, margin_mse: the teacher's score of the positive,
+                                                   then of each negative
+    scale: mnrl's; temperature: distill_kl's (both sides).
+    Returns (loss: a scalar, the loss's sums: "count", and mnrl's "correct").
+    Example: loss, sums = embedding_loss({"query": q, "passage": p}, {"query": qm, "passage": pm}, loss="mnrl")
+    """
+    queries, query_mask = embeddings["query"], masks["query"] > 0
+    positives, positive_mask = embeddings["passage"], masks["passage"] > 0
+    negatives = embeddings.get("negative")
+    negative_mask = None if negatives is None else masks["negative"] > 0
+    if loss == "mnrl":
+        return mnrl_loss(queries, query_mask, positives, positive_mask, negatives, negative_mask, negative_present,
+                         scale=scale)
+    if negatives is None:
+        raise ValueError(f"multi-vector loss {loss!r} compares each positive with hard negatives: the batch has none")
+    # Each query's candidates: its positive, then its hard negatives.
+    candidates = jnp.concatenate([positives[:, None], negatives], axis=1)  # [B, 1 + G, Sd, D]
+    candidate_mask = jnp.concatenate([positive_mask[:, None], negative_mask], axis=1)  # [B, 1 + G, Sd]
+    present = jnp.ones(negatives.shape[:2]) if negative_present is None else negative_present
+    present = jnp.concatenate([jnp.ones_like(present[:, :1]), present], axis=1)  # [B, 1 + G]
+    if loss == "distill_kl":
+        return distill_kl_loss(queries, query_mask, candidates, candidate_mask, teacher_scores, present,
+                               temperature=temperature)
+    return margin_mse_loss(queries, query_mask, candidates, candidate_mask, teacher_scores, present)
 
 
 def check_settings(loss: str, scale: float, temperature: float) -> None:

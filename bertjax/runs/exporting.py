@@ -1,7 +1,8 @@
 """Exports of a checkpoint to the tools everyone else uses: Hugging Face directories of the model's
 family (pretraining, masked-LM or the task's class), sentence-transformers directories (a
-SentenceTransformer, or a CrossEncoder for a text-pair classifier), TensorFlow SavedModels, params.npz,
-each with a model card; what `python -m bertjax.export` runs (its docstring lists the formats)."""
+SentenceTransformer, SparseEncoder or MultiVectorEncoder as the embedding record says, or a CrossEncoder for
+a text-pair classifier), TensorFlow SavedModels, params.npz, each with a model card; what
+`python -m bertjax.export` runs (its docstring lists the formats)."""
 
 import json
 import os
@@ -15,12 +16,14 @@ from flax import traverse_util
 
 from bertjax import embeddings, inference
 from bertjax.compression import quantize as quantization  # `quantize` is export's argument
-from bertjax.interop import hf, hf_electra, hf_files, hf_tokenizer, model_card, savedmodel, sentence_transformers
+from bertjax.interop import (hf, hf_electra, hf_files, hf_tokenizer, model_card, multivector_export, savedmodel,
+                             sentence_transformers)
 from bertjax.runs import precision_plan
 from bertjax.runs.console import say
 from bertjax.tasks import registry
 from bertjax.text import templates
 from bertjax.models import bert as bert_model
+from bertjax.models import multivector
 from bertjax.models.config import BertConfig, fields_of
 from bertjax.training import checkpoint, saved_models
 from bertjax.training.checkpoint_meta import CheckpointMeta
@@ -124,6 +127,9 @@ def write_sentence_transformers(bert, directory: str) -> None:
     if embeddings.representation(bert.embedding)[0] == embeddings.SPLADE:
         write_sparse_encoder(bert, directory)
         return
+    if embeddings.representation(bert.embedding)[0] == embeddings.COLBERT:
+        write_multivector_encoder(bert, directory)
+        return
     record = bert.embedding or embeddings.DEFAULT
     params = {name: tree for name, tree in _plain(bert.params).items() if name != "dense"}
     hf.save_hf_encoder(directory, bert.config, params, vocab_path=_vocabulary_file(bert),
@@ -165,6 +171,19 @@ def write_sparse_encoder(bert, directory: str) -> None:
         directory, record, bert.config.vocab_size, min(record.max_seq_length or limit, limit),
         static_weight=None if static is None else _plain(static)["weight"],
         do_lower_case=bert.tokenizer.kind == "bpe" and bert.tokenizer.lower_case)
+
+
+def write_multivector_encoder(bert, directory: str) -> None:
+    """A MultiVectorEncoder directory of a ColBERT model: the family's encoder class with the tokenizer, then
+    multivector_export.write_modules' (the projection, the texts' settings from its embedding record)."""
+    limit = bert.config.max_position_embeddings - bert.config.position_offset
+    texts, _, _ = embeddings.multivector_settings(bert.embedding, limit, None)
+    params = _plain({name: bert.params[name] for name in ("bert", multivector.PROJECTION)})
+    hf.save_hf_encoder(directory, bert.config, {"bert": params["bert"]}, vocab_path=_vocabulary_file(bert),
+                       lower_case=bool(bert.tokenizer.lower_case))
+    _write_tokenizer_files(bert, directory)
+    multivector_export.write_modules(directory, params[multivector.PROJECTION]["kernel"], texts,
+                                     do_lower_case=bert.tokenizer.kind == "bpe" and bert.tokenizer.lower_case)
 
 
 def _check_cross_encoder(task) -> None:

@@ -30,7 +30,7 @@ from ml_collections import config_dict
 
 from bertjax.compression import projections, pruning, theseus
 from bertjax import init_from
-from bertjax.models import heads, sparse
+from bertjax.models import heads, multivector, sparse
 from bertjax.runs import config_checks, start
 from bertjax.runs.console import say
 from bertjax.runs.finetuning_compression import (TaskTeacher, distillation_step, replaces_modules, task_teacher,
@@ -209,6 +209,8 @@ def with_pretrained(params: dict, *, start_from: TaskStart) -> dict:
     params = heads.with_pretrained_encoder(params, start_from.params)
     if "mlm_head" in params:  # SPLADE reads the pretrained masked-LM head too
         params = sparse.with_pretrained_mlm_head(params, start_from.params)
+    if multivector.PROJECTION in params:  # ColBERT: a trained projection where the start has one
+        params = multivector.with_trained_projection(params, start_from.params)
     if start_from.whole_head and set(start_from.params) == set(params):  # this task's head: classifier too
         is_box = lambda x: isinstance(x, nn.meta.AxisMetadata)  # noqa: E731
         params = {name: tree if name == "bert" else jax.tree_util.tree_map(
@@ -233,7 +235,8 @@ def restore(checkpointer, setup: Setup, task, init_key) -> tuple[TrainState, dic
     and the best dev result so far."""
     abstract_state = setup.abstract_state
     restored = checkpointer.restore_latest(abstract_state.params, abstract_state.opt_state,
-                                           check_meta=functools.partial(check_same_task, task=task))
+                                           check_meta=functools.partial(check_same_task, task=task,
+                                                                        params=abstract_state.params))
     if restored is None:
         return setup.init(init_key), dict(NO_BEST)
     say(f"resumed from step {restored.step}")
@@ -241,12 +244,15 @@ def restore(checkpointer, setup: Setup, task, init_key) -> tuple[TrainState, dic
     return state, dict(restored.meta.best or NO_BEST)
 
 
-def check_same_task(step: int, meta: CheckpointMeta, *, task) -> None:
+def check_same_task(step: int, meta: CheckpointMeta, *, task, params=None) -> None:
     saved = meta.task
     if saved and (saved.name, saved.kind, list(saved.labels)) != (task.name, task.kind, list(task.labels)):
         raise checkpoint.CheckpointMismatch(
             f"the workdir's checkpoint at step {step} fine-tunes task {saved.name} ({saved.kind}, labels "
             f"{list(saved.labels)}), not {task.name}: use a new workdir")
+    trained = meta.embedding.multivector if meta.embedding is not None else None
+    if trained and params is not None and multivector.PROJECTION in params:  # ColBERT: the projection's width
+        multivector.check_projection(params, (meta.model["hidden_size"], trained["dim"]))
 
 
 def contrastive_train_step(config, setup: Setup, settings, data_sharding, num_steps: int):

@@ -13,6 +13,12 @@ a missing negative points at slot 0 and, negative_present 0, counts for nothing)
 GradCache (train.contrastive_microbatch, k microbatches of pairs c::k): microbatch c's texts are packed
 on their own into rows c::k, so each microbatch's rows hold exactly its texts.
 
+ColBERT (features with score masks): its documents (positives, negatives) are packed and each one's token
+vectors gathered from its slot's span; its queries stay one a row, [B, Sq] pair features beside the rows.
+A query's [MASK] expansion attends to its text without being attended to (attend_expansion=False), which
+packed rows cannot say: they attend by sequence id alone. Nor would packing queries save anything: with
+expansion every query is exactly Sq tokens.
+
 R is data.packed_rows, or unset the most rows any microbatch of the run needs (times k, rounded up to
 what the data-parallel devices divide): every step fits. A step that does not fit a set data.packed_rows
 is an error naming the key, never a text dropped. Each text is already cut to its feature's length.
@@ -34,6 +40,9 @@ ROLES = ("query", "passage", "negative")
 ROW_KEYS = ("input_ids", "input_mask", "sequence_ids", "position_ids", "cls_positions", "prompt_lengths")
 SLOT_KEYS = ("query_slot", "passage_slot", "negative_slot")
 PAIR_KEYS = ("score", "example_weight", "negative_present", "target", "teacher_scores")  # [B, ...] as unpacked
+# ColBERT's features: the tokens MaxSim scores of each role's texts, [N, L] ([N, G, L] for negatives).
+SCORE_MASK_KEYS = ("query_score_mask", "passage_score_mask", "negative_score_mask")
+COLBERT_QUERY_KEYS = ("query_ids", "query_mask", "query_score_mask")  # its queries, unpacked pair features
 SKIP_KEYS = {"query": "query_skip", "passage": "passage_skip", "negative": "passage_skip"}  # include_prompt=False
 
 
@@ -49,10 +58,23 @@ class Texts:
     length: np.ndarray
 
 
+def packed_roles(features: dict) -> tuple:
+    """The roles whose texts share rows: every role the features have, but ColBERT's queries (module docstring)."""
+    roles = tuple(role for role in ROLES if f"{role}_ids" in features)
+    return roles[1:] if "query_score_mask" in features else roles
+
+
+def pair_keys(features: dict) -> tuple:
+    """The features a packed batch keeps [B, ...] in pair order (ColBERT: its queries and score masks too)."""
+    keys = PAIR_KEYS + (COLBERT_QUERY_KEYS + SCORE_MASK_KEYS[1:] if "query_score_mask" in features else ())
+    return tuple(key for key in keys if key in features)
+
+
 def text_lengths(features: dict) -> dict:
-    """Each text's real tokens ([CLS] ... [SEP]) by role: query [N], passage [N], negative [N, G] (0 where
-    the pair has no such negative)."""
-    out = {"query": np.sum(features["query_mask"] > 0, axis=-1).astype(np.int64)}
+    """Each packed text's real tokens ([CLS] ... [SEP]) by role (packed_roles): query [N], passage [N],
+    negative [N, G] (0 where the pair has no such negative)."""
+    roles = packed_roles(features)
+    out = {"query": np.sum(features["query_mask"] > 0, axis=-1).astype(np.int64)} if "query" in roles else {}
     if "passage_mask" in features:
         out["passage"] = np.sum(features["passage_mask"] > 0, axis=-1).astype(np.int64)
     if "negative_mask" in features:
@@ -62,8 +84,8 @@ def text_lengths(features: dict) -> dict:
 
 
 def row_width(features: dict) -> int:
-    """W: the widest text feature."""
-    return max(features[f"{role}_ids"].shape[-1] for role in ROLES if f"{role}_ids" in features)
+    """W: the widest packed text feature."""
+    return max(features[f"{role}_ids"].shape[-1] for role in packed_roles(features))
 
 
 def step_texts(lengths: dict, chosen: np.ndarray, positions: np.ndarray) -> Texts:
@@ -138,7 +160,7 @@ def packed_batch(features: dict, chosen: np.ndarray, texts: Texts, plan: np.ndar
     pair features among `keys` of the pairs `chosen`."""
     num_rows, k = plan.shape
     width = row_width(features)
-    out = {key: features[key][chosen] for key in PAIR_KEYS if key in keys and key in features}
+    out = {key: features[key][chosen] for key in pair_keys(features) if key in keys}
     out["input_ids"] = np.zeros([num_rows, width], np.int32)
     for key in ("input_mask", "sequence_ids", "position_ids"):
         out[key] = np.zeros([num_rows, width], np.int32)
@@ -147,11 +169,8 @@ def packed_batch(features: dict, chosen: np.ndarray, texts: Texts, plan: np.ndar
     if skips:
         out["prompt_lengths"] = np.zeros([num_rows, k], np.int32)
     b = len(chosen)
-    slots = {"query": np.zeros([b], np.int32)}
-    if "passage_ids" in features:
-        slots["passage"] = np.zeros([b], np.int32)
-    if "negative_ids" in features:
-        slots["negative"] = np.zeros([b, features["negative_ids"].shape[1]], np.int32)
+    slots = {role: np.zeros([b, features["negative_ids"].shape[1]] if role == "negative" else [b], np.int32)
+             for role in packed_roles(features)}
     for r in range(num_rows):
         start = 0
         for slot in range(k):
@@ -179,8 +198,8 @@ def packed_batch(features: dict, chosen: np.ndarray, texts: Texts, plan: np.ndar
 def batch_keys(features: dict) -> tuple:
     """The keys of a packed batch of these features (what goes to the devices)."""
     keys = ROW_KEYS if "query_skip" in features else ROW_KEYS[:-1]
-    keys += tuple(f"{role}_slot" for role in ROLES if f"{role}_ids" in features)
-    return keys + tuple(key for key in PAIR_KEYS if key in features)
+    keys += tuple(f"{role}_slot" for role in packed_roles(features))
+    return keys + pair_keys(features)
 
 
 def packed_train_batches(features: dict, batch_size: int, seed: int, start_step: int = 0, *, num_rows: int,

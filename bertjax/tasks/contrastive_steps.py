@@ -11,7 +11,10 @@ An unpacked batch (bertjax/tasks/kinds/contrastive.py's features) holds each pai
 Queries, passages and negatives each run through the embedder in one call with a dropout key of their
 own (role r: fold_in(key, r)), as sentence-transformers embeds each column in a call of its own.
 SPLADE (bertjax/models/sparse.py): the embeddings are vectors over the vocabulary (D = V); with its static
-query side the queries (their tokens alone) go through the static table, not the encoder.
+query side the queries (their tokens alone) go through the static table, not the encoder. ColBERT
+(bertjax/models/multivector.py): the embeddings are token vectors, [B, Sq, D] and [B, Sp, D] ([B, G, Sp, D]
+negatives), zero where the batch's score masks (query_score_mask, passage_score_mask, negative_score_mask)
+are 0; the loss reads those masks (multivector_losses.embedding_loss).
 
 A packed batch (bertjax/tasks/contrastive_batches.py, data.packing) holds every text of the step in
 R rows: input_ids, input_mask, sequence_ids, position_ids [R, W], cls_positions (and prompt_lengths)
@@ -19,6 +22,8 @@ R rows: input_ids, input_mask, sequence_ids, position_ids [R, W], cls_positions 
 negative_slot [B, G]; score, example_weight, negative_present, target, teacher_scores as unpacked. One embedder call
 (one dropout key) gives [R, K, D]; the roles' embeddings are gathered from it, so the loss reads the
 same {"query", "passage", "negative"} either way (without dropout: the same values to float rounding).
+ColBERT packs its documents only: the rows give [R, W, D], and each document's Sp vectors are the span from
+its slot's start (gather_spans); its queries come as unpacked, one a row.
 
 GradCache (Gao et al. 2021): the gradient of the whole batch's loss in k microbatches of m pairs. Pass 1
 embeds every microbatch without gradient; the loss and its gradient with respect to the embeddings
@@ -32,7 +37,8 @@ the passes (4 V bytes a text).
 SPLADE's step reads the state's step for its regularizer's warmup (warmed_up_train_step).
 
 Shape legend: B batch (pairs), G hard negatives per pair, Sq / Sp query / passage length, D embedding
-width, k microbatches, m pairs per microbatch (B = k m); packed: R rows, W row width, K texts per row.
+width, k microbatches, m pairs per microbatch (B = k m); packed: R rows, W row width, K texts per row;
+L a ColBERT text's tokens (Sq or Sp).
 """
 
 import functools
@@ -41,15 +47,15 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from bertjax.models import contrastive_losses, sparse
-from bertjax.tasks.contrastive_batches import ROW_KEYS, SLOT_KEYS
+from bertjax.models import contrastive_losses, multivector, multivector_losses, sparse
+from bertjax.tasks.contrastive_batches import ROW_KEYS, SCORE_MASK_KEYS, SLOT_KEYS
 from bertjax.training import step as steps
 from bertjax.training.state import under_rules
 
 ROLES = ("query", "passage", "negative")  # the dropout key of role r is fold_in(key, r)
 PAIR_KEYS = ("query_ids", "query_mask", "passage_ids", "passage_mask")  # what the dev embeddings read
 SKIP_KEYS = ("query_skip", "passage_skip")  # include_prompt=False: [CLS] and the prompt, not pooled
-EVAL_KEYS = PAIR_KEYS + SKIP_KEYS  # the dev embeddings' inputs, where a split has them
+EVAL_KEYS = PAIR_KEYS + SKIP_KEYS + SCORE_MASK_KEYS[:2]  # the dev embeddings' inputs, where a split has them
 TEXT_KEYS = ("query_ids", "query_mask")  # distill_mse: one text a row (its features have no passage)
 NEGATIVE_KEYS = ("negative_ids", "negative_mask", "negative_present")
 PACKED_KEYS = ROW_KEYS + SLOT_KEYS
@@ -65,6 +71,7 @@ def batch_keys(features: dict) -> tuple:
         return TEXT_KEYS + skips + ("target", "example_weight")
     keys = PAIR_KEYS + skips + ("score", "example_weight")
     keys += NEGATIVE_KEYS if "negative_ids" in features else ()
+    keys += tuple(k for k in SCORE_MASK_KEYS if k in features)  # ColBERT: the tokens MaxSim scores
     return keys + (("teacher_scores",) if "teacher_scores" in features else ())
 
 
@@ -86,6 +93,11 @@ def static_queries(net) -> bool:
     return isinstance(net, sparse.SpladeEncoder) and net.static_queries
 
 
+def colbert(net) -> bool:
+    """Whether `net` gives ColBERT's token vectors (multivector.ColbertEncoder) rather than a vector a text."""
+    return isinstance(net, multivector.ColbertEncoder)
+
+
 def embed(params, ids, mask, rng, *, net, deterministic: bool = False, skip=None, static: bool = False):
     """Embeddings [N, D] of N tokenized texts ids, mask [N, S] (one segment); skip [N]: leading tokens
     of each left out of pooling (None: all pooled). static: through SPLADE's static query table instead."""
@@ -94,10 +106,49 @@ def embed(params, ids, mask, rng, *, net, deterministic: bool = False, skip=None
                      **({"static": True} if static else {}))
 
 
+def embed_tokens(params, ids, mask, score_mask, rng, *, net, deterministic: bool = False):
+    """ColBERT's token vectors [N, S, D] of N texts ids, mask (attended), score_mask (scored) [N, S]; zero where
+    score_mask is 0."""
+    vectors, _ = net.apply({"params": params}, ids, jnp.zeros_like(ids), mask, score_mask,
+                           deterministic=deterministic, rngs=None if rng is None else {"dropout": rng})
+    return vectors
+
+
+def gather_spans(rows, cls_positions, slot, score_mask):
+    """Each packed text's token vectors [..., L, D] from its row's: the L positions from its slot's start on
+    (its tokens, then whatever follows, which score_mask [..., L] leaves out). rows [R, W, D]; cls_positions
+    [R, K]; slot [...] flat indices r * K + k."""
+    num_rows, width, _ = rows.shape
+    start = jnp.take(cls_positions.reshape(-1), slot)  # [...]
+    row = slot // cls_positions.shape[1]
+    positions = jnp.minimum(start[..., None] + jnp.arange(score_mask.shape[-1]), width - 1)  # [..., L]
+    vectors = jnp.take(rows.reshape(num_rows * width, -1), row[..., None] * width + positions, axis=0)
+    return jnp.where(score_mask[..., None] > 0, vectors, 0.0)
+
+
+def embed_packed_tokens(params, batch: dict, rng, *, net, deterministic: bool = False) -> dict:
+    """ColBERT's packed batch: the documents' token vectors gathered from their rows (gather_spans), the queries
+    through the encoder one a row (bertjax/tasks/contrastive_batches.py says why), their dropout key
+    fold_in(key, 0)."""
+    packed = {k: batch[k] for k in ("sequence_ids", "position_ids", "cls_positions")}
+    rows, _ = net.apply({"params": params}, batch["input_ids"], jnp.zeros_like(batch["input_ids"]),
+                        batch["input_mask"], deterministic=deterministic,
+                        rngs=None if rng is None else {"dropout": rng}, **packed)  # [R, W, D]
+    out = {role: gather_spans(rows, batch["cls_positions"], batch[f"{role}_slot"], batch[f"{role}_score_mask"])
+           for role in ROLES[1:] if f"{role}_slot" in batch}
+    out["query"] = embed_tokens(params, batch["query_ids"], batch["query_mask"], batch["query_score_mask"],
+                                None if rng is None else jax.random.fold_in(rng, 0), net=net,
+                                deterministic=deterministic)
+    return out
+
+
 def embed_packed(params, batch: dict, rng, *, net, deterministic: bool = False) -> dict:
     """A packed batch's embeddings by role, gathered from the [R, K, D] of its rows. SPLADE's static query side
     reads the queries' slots of the same rows through its table (their pass through the encoder is unused:
-    short texts, left in the rows so that packing need not know the model)."""
+    short texts, left in the rows so that packing need not know the model). ColBERT: embed_packed_tokens."""
+    if colbert(net):
+        return embed_packed_tokens(params, batch, rng, net=net, deterministic=deterministic)
+
     def rows_through(static: bool):
         packed = {k: batch[k] for k in ("sequence_ids", "position_ids", "cls_positions")}
         return net.apply({"params": params}, batch["input_ids"], jnp.zeros_like(batch["input_ids"]),
@@ -116,22 +167,28 @@ def embed_packed(params, batch: dict, rng, *, net, deterministic: bool = False) 
 
 def embed_batch(params, batch: dict, rng, *, net, deterministic: bool = False) -> dict:
     """{"query" [B, D], "passage" [B, D] (where the batch has passages), "negative" [B, G, D] (where it has
-    negatives)}, from an unpacked or a packed batch."""
+    negatives)}, from an unpacked or a packed batch; ColBERT: token vectors, [B, Sq, D], [B, Sp, D] and
+    [B, G, Sp, D]."""
     if "sequence_ids" in batch:
         return embed_packed(params, batch, rng, net=net, deterministic=deterministic)
-    key = lambda role: None if rng is None else jax.random.fold_in(rng, ROLES.index(role))  # noqa: E731
-    out = {"query": embed(params, batch["query_ids"], batch["query_mask"], key("query"), net=net,
-                          deterministic=deterministic, skip=batch.get("query_skip"), static=static_queries(net))}
+
+    def texts(role: str, ids, mask, skip=None, static: bool = False):  # ids, mask [N, S]
+        key = None if rng is None else jax.random.fold_in(rng, ROLES.index(role))
+        if colbert(net):
+            score_mask = batch[f"{role}_score_mask"].reshape(ids.shape)
+            return embed_tokens(params, ids, mask, score_mask, key, net=net, deterministic=deterministic)
+        return embed(params, ids, mask, key, net=net, deterministic=deterministic, skip=skip, static=static)
+
+    out = {"query": texts("query", batch["query_ids"], batch["query_mask"], batch.get("query_skip"),
+                          static_queries(net))}
     if "passage_ids" in batch:
-        out["passage"] = embed(params, batch["passage_ids"], batch["passage_mask"], key("passage"), net=net,
-                               deterministic=deterministic, skip=batch.get("passage_skip"))
+        out["passage"] = texts("passage", batch["passage_ids"], batch["passage_mask"], batch.get("passage_skip"))
     if "negative_ids" in batch:
         ids, mask = batch["negative_ids"], batch["negative_mask"]  # [B, G, Sp]
         skip = batch.get("passage_skip")  # negatives carry the passage prompt
         skip = None if skip is None else jnp.repeat(skip, ids.shape[1])  # [B * G]
-        flat = embed(params, ids.reshape(-1, ids.shape[-1]), mask.reshape(-1, mask.shape[-1]), key("negative"),
-                     net=net, deterministic=deterministic, skip=skip)  # [B * G, D]
-        out["negative"] = flat.reshape(*ids.shape[:2], -1)
+        flat = texts("negative", ids.reshape(-1, ids.shape[-1]), mask.reshape(-1, mask.shape[-1]), skip)
+        out["negative"] = flat.reshape(*ids.shape[:2], *flat.shape[1:])  # [B, G, D] (ColBERT: [B, G, Sp, D])
     return out
 
 
@@ -141,19 +198,46 @@ def _loss_inputs(batch: dict) -> dict:
             "target": batch.get("target"), "teacher_scores": batch.get("teacher_scores")}
 
 
+def batch_loss(embeddings: dict, batch: dict, *, net, settings: dict):
+    """(loss, sums) of a batch's embeddings: contrastive_losses.embedding_loss, or for ColBERT's token vectors
+    multivector_losses.embedding_loss with the batch's score masks. settings: that function's keywords."""
+    if colbert(net):
+        masks = {role: batch[f"{role}_score_mask"] for role in ROLES if f"{role}_score_mask" in batch}
+        return multivector_losses.embedding_loss(embeddings, masks, batch.get("negative_present"),
+                                                 batch.get("teacher_scores"), **settings)
+    return contrastive_losses.embedding_loss(embeddings, _loss_inputs(batch), **settings)
+
+
 def contrastive_loss(params, batch: dict, dropout_rng, *, net, settings: dict):
     """The loss of a batch, all of it at once: (loss, metric sums), as step.train_step takes it.
-    settings: contrastive_losses.embedding_loss's keywords (loss, scale, symmetric, matryoshka_*)."""
-    embeddings = embed_batch(params, batch, dropout_rng, net=net)
-    return contrastive_losses.embedding_loss(embeddings, _loss_inputs(batch), **settings)
+    settings: batch_loss's (loss, scale, symmetric, matryoshka_*, ...)."""
+    return batch_loss(embed_batch(params, batch, dropout_rng, net=net), batch, net=net, settings=settings)
 
 
 def pair_embeddings(params, batch: dict, *, net):
     """[B, 2, D]: each pair's query (or text) and passage (or text_pair) embedding, no dropout; [B, 1, D]
-    where the batch has no passages (distill_mse: each text's)."""
+    where the batch has no passages (distill_mse: each text's); ColBERT: pair_token_vectors."""
     embeddings = embed_batch(params, {k: batch[k] for k in EVAL_KEYS if k in batch}, None, net=net,
                              deterministic=True)
+    if colbert(net):
+        return pair_token_vectors(embeddings, batch)
     return jnp.stack([embeddings[role] for role in ("query", "passage") if role in embeddings], axis=1)
+
+
+def pair_token_vectors(embeddings: dict, batch: dict):
+    """ColBERT's dev outputs, one array a pair: [B, Sq + Sp, D + 1], the query's token vectors then the
+    passage's along the tokens, each token's score mask (0 or 1) after its D features (split_token_vectors
+    takes it apart)."""
+    with_mask = lambda role: jnp.concatenate(  # noqa: E731
+        [embeddings[role], batch[f"{role}_score_mask"][..., None].astype(embeddings[role].dtype)], axis=-1)
+    return jnp.concatenate([with_mask("query"), with_mask("passage")], axis=1)
+
+
+def split_token_vectors(outputs, query_length: int) -> tuple:
+    """pair_token_vectors' outputs [N, Sq + Sp, D + 1] (numpy) -> (queries [N, Sq, D], query_mask [N, Sq]
+    bool, passages [N, Sp, D], passage_mask [N, Sp] bool)."""
+    vectors, mask = outputs[..., :-1], outputs[..., -1] > 0.5
+    return vectors[:, :query_length], mask[:, :query_length], vectors[:, query_length:], mask[:, query_length:]
 
 
 # --------------------------------------------------------------------------------------------------
@@ -203,14 +287,15 @@ def cached_loss_and_grad(params, batch: dict, dropout_rng, *, net, settings: dic
     """((loss, sums), gradients) of contrastive_loss's loss over the whole batch, computed in microbatches
     of `microbatch` pairs (GradCache): the memory of one microbatch's activations, the whole batch's
     in-batch negatives."""
-    inputs = {k: batch[k] for k in PAIR_KEYS + SKIP_KEYS + NEGATIVE_KEYS + PACKED_KEYS if k in batch}
+    inputs = {k: batch[k] for k in PAIR_KEYS + SKIP_KEYS + NEGATIVE_KEYS + PACKED_KEYS + SCORE_MASK_KEYS
+              if k in batch}
     size = inputs["query_slot" if "query_slot" in inputs else "query_ids"].shape[0]  # pairs (not packed rows)
     if size % microbatch:
         raise ValueError(f"train.contrastive_microbatch={microbatch} must divide train.batch_size={size}")
     k = size // microbatch
     # Pass 1: every microbatch's embeddings, no gradient kept.
     embeddings = embed_in_chunks(jax.lax.stop_gradient(params), inputs, dropout_rng, net=net, num_chunks=k)
-    loss_of = lambda e: contrastive_losses.embedding_loss(e, _loss_inputs(batch), **settings)  # noqa: E731
+    loss_of = lambda e: batch_loss(e, batch, net=net, settings=settings)  # noqa: E731
     (loss, sums), embedding_grads = jax.value_and_grad(loss_of, has_aux=True)(embeddings)
     # Pass 2: each microbatch's forward again, its embeddings' gradients pulled back to the parameters.
     chunks = _chunks(inputs, k)
@@ -260,7 +345,11 @@ def compile_train_step(setup, settings, data_sharding, microbatch: int = 0, num_
                                       settings.matryoshka_weights, settings.width(setup.net.config.hidden_size))
     # Queries may be longer than passages (the run checks data.max_seq_length against the positions itself).
     positions = setup.net.config.max_position_embeddings - setup.net.config.position_offset
-    if not (settings.scored or settings.distill) and settings.max_query_length > positions:
+    for key in ("colbert_query_length", "colbert_document_length") if settings.colbert else ():
+        if getattr(settings, key) > positions:
+            raise ValueError(f"contrastive.{key}={getattr(settings, key)} is longer than the {positions} positions "
+                             f"of the model (its model.max_position_embeddings): at most {positions}")
+    if not (settings.scored or settings.distill or settings.colbert) and settings.max_query_length > positions:
         raise ValueError(f"data.max_query_length={settings.max_query_length} is longer than the {positions} positions "
                          f"of the model (its model.max_position_embeddings): at most {positions}")
     if not settings.sparse:

@@ -51,11 +51,15 @@ class EmbeddingRecord:
     max_seq_length: int | None = None
     # Queries' own limit (prompt_name="query"; sentence-transformers' Transformer.query_length), or None.
     max_query_length: int | None = None
-    similarity: str = "cosine"  # "cosine" | "dot"
-    # What a text becomes: "dense" (pooled token states) or "splade" (a weight per vocabulary token,
-    # bertjax/models/sparse.py); SPLADE's queries: "splade" (the encoder's) or "static" (the token table).
+    similarity: str = "cosine"  # "cosine" | "dot" | "maxsim"
+    # What a text becomes: "dense" (pooled token states), "splade" (a weight per vocabulary token,
+    # bertjax/models/sparse.py) or "colbert" (a vector per token, bertjax/models/multivector.py); SPLADE's
+    # queries: "splade" (the encoder's) or "static" (the token table).
     representation: str = "dense"
     splade_query: str = "splade"
+    # ColBERT: bertjax/tasks/multivector_texts.py's MultiVectorTexts fields (markers, lengths, expansion,
+    # skiplist) and "dim", the projection's width; None for every other representation.
+    multivector: dict | None = None
 
     def __post_init__(self):
         object.__setattr__(self, "modes", tuple(self.modes))

@@ -7,6 +7,8 @@ The model's architecture comes from the checkpoint in train.init_from; the model
 it computes and its dropout.
 """
 
+import string
+
 import ml_collections
 from ml_collections import config_dict
 
@@ -187,7 +189,8 @@ def contrastive_config(task: str = "contrastive") -> ml_collections.ConfigDict:
         # dense: pooled token states (the settings above). splade: each text a vector over the vocabulary,
         # max over its tokens of log(1 + ReLU(the model's own MLM logits)) (bertjax/models/sparse.py), from a
         # start with a masked-LM head; pooling, normalize, dense_* and matryoshka_* are the dense embedder's,
-        # include_prompt stays True. Dev retrieval by dot product, with the active dimensions.
+        # include_prompt stays True. Dev retrieval by dot product, with the active dimensions. colbert: a
+        # vector per token (the colbert_* settings below).
         representation="dense",
         # splade: queries through the encoder; static: through a learned weight per vocabulary token (ones at
         # first), documents through the encoder (inference-free, sentence-transformers' SparseStaticEmbedding).
@@ -202,6 +205,22 @@ def contrastive_config(task: str = "contrastive") -> ml_collections.ConfigDict:
         splade_warmup_fraction=1 / 3,
         # Rows whose [rows, S, V] logits exist at a time (the backward recomputes them): memory, not results.
         splade_chunk_rows=8,
+        # colbert (representation=colbert, bertjax/models/multivector.py): a vector per token, each projected to
+        # colbert_dim and L2-normalised; a query scores a document by MaxSim (the sum over its tokens of the
+        # best dot product with the document's). Losses mnrl, margin_mse, kl (sentence-transformers'
+        # multi-vector ones; kl_temperature above, whose MultiVectorDistillKLDivLoss default is 1). Its rows are
+        # its own (bertjax/tasks/multivector_texts.py): data.max_query_length and max_seq_length are not read;
+        # query_prompt, passage_prompt, dense_*, matryoshka_* and symmetric stay unset. Packing packs its
+        # documents; GradCache applies. Dev retrieval by MaxSim.
+        colbert_dim=128,  # the projection's width (ColBERT's)
+        colbert_markers="prompt",  # prompt: "[Q] " / "[D] " before the text; token: [unused0] / [unused1]; none
+        colbert_query_length=32,  # every query this long: padded with [MASK] (colbert_expansion) or cut
+        colbert_document_length=180,  # a document's most tokens
+        colbert_expansion=True,  # a query's [MASK] padding is scored (ColBERT's query augmentation)
+        colbert_attend_expansion=False,  # ... and attended to by the encoder
+        # Words whose tokens a document does not score: string.punctuation, ColBERT's (each a vocabulary token).
+        colbert_skiplist=tuple(string.punctuation),
+        colbert_scale=1.0,  # mnrl's scale on MaxSim (MultiVectorMultipleNegativesRankingLoss's 1)
     ))
     return config
 

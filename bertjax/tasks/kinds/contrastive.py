@@ -1,6 +1,8 @@
-"""Contrastive fine-tuning: a sentence embedder (bertjax/models/pooling.py) or a SPLADE encoder
-(bertjax/models/sparse.py: contrastive.representation=splade) trained on pairs, its losses in
-bertjax/models/contrastive_losses.py, its step in bertjax/tasks/contrastive_steps.py.
+"""Contrastive fine-tuning: a sentence embedder (bertjax/models/pooling.py), a SPLADE encoder
+(bertjax/models/sparse.py: contrastive.representation=splade) or a ColBERT encoder (bertjax/models/multivector.py:
+contrastive.representation=colbert) trained on pairs, its losses in bertjax/models/contrastive_losses.py
+(ColBERT's: bertjax/models/multivector_losses.py), its settings in bertjax/tasks/contrastive_settings.py, its step
+in bertjax/tasks/contrastive_steps.py.
 
 Data: JSON lines of yours (data.train, data.validation), one row per line (blank lines skipped), the
 fields decided by contrastive.loss:
@@ -28,13 +30,17 @@ to data.max_query_length tokens (scored pairs: data.max_seq_length); the passage
 negatives after contrastive.passage_prompt, cut to data.max_seq_length. With contrastive.include_prompt=False
 [CLS] and the prompt's tokens are left out of pooling (sentence-transformers' Pooling(include_prompt=False));
 they are still encoded. SPLADE's static query side (contrastive.splade_query=static) reads a query's tokens
-alone, no [CLS] or [SEP], the first data.max_query_length of them. Training may pack these texts several to
-a row (data.packing: bertjax/tasks/contrastive_batches.py); the features here are each text's own.
+alone, no [CLS] or [SEP], the first data.max_query_length of them. ColBERT's rows are its own
+(bertjax/tasks/multivector_texts.py: its markers, queries exactly contrastive.colbert_query_length long with
+their [MASK] expansion, documents cut to colbert_document_length, the skiplist's tokens not scored); it reads
+no prompt and neither data length. Training may pack these texts several to a row (data.packing:
+bertjax/tasks/contrastive_batches.py); the features here are each text's own.
 
 Dev sets: pairs are scored by retrieval inside the set, each dev query against every distinct dev
 positive by cosine (SPLADE: by dot product, and query_active_dims, document_active_dims: the mean non-zeros
-of the queries' and of those positives' vectors): mrr_at_10 (the reciprocal rank of its positive, 0 below
-rank 10) and recall_at_1; a candidate scored equal to the positive ranks ahead of it, so ties never flatter.
+of the queries' and of those positives' vectors; ColBERT: by MaxSim): mrr_at_10 (the reciprocal rank of its
+positive, 0 below rank 10) and recall_at_1; a candidate scored equal to the positive ranks ahead of it, so
+ties never flatter.
 Scored pairs: spearman (and pearson) of the pair's cosine against its score. <split>_positive_ranks.tsv lists
 each query's rank. Texts (distill_mse): mse (the loss), neg_mse (-mse, the main metric: higher is better, as
 the best checkpoint is chosen) and teacher_cosine (the mean cosine of each text's embedding and its
@@ -49,6 +55,8 @@ Features (N pairs, G = the most negatives any row keeps, Sq / S query / passage 
   teacher_scores float32 [N, 1 + G] (margin_mse, kl: the training split's; 0 for a negative not there)
   query_skip, passage_skip int32 [N] (include_prompt=False only): the leading tokens of a query / of a
   passage or negative left out of pooling ([CLS] and the prompt's tokens; 0 without a prompt)
+  ColBERT: query_score_mask [N, Sq], passage_score_mask [N, S], negative_score_mask [N, G, S]: the tokens MaxSim
+  scores (query_mask leaves the [MASK] expansion out of attention unless colbert_attend_expansion)
 Texts (distill_mse): query_ids, query_mask [N, S] (the text after contrastive.query_prompt, cut to
   data.max_seq_length), query_skip [N] as above; idx, example_weight [N]; target float32 [N, Dt] (added by
   the run layer)
@@ -57,176 +65,16 @@ Texts (distill_mse): query_ids, query_mask [N, S] (the text after contrastive.qu
 import dataclasses
 import math
 
+import jax
 import numpy as np
 
-from bertjax.models import contrastive_losses, pooling
-from bertjax.tasks import contrastive_steps, features, metrics, readers
+from bertjax.models import contrastive_losses, multivector
+from bertjax.tasks import contrastive_steps, features, metrics, multivector_texts, readers
+from bertjax.tasks.contrastive_settings import Settings, settings_from_config
 from bertjax.tasks.kinds.base import Kind, Scored, Split
-from bertjax.training.checkpoint_meta import EmbeddingRecord
 
 MRR_CUTOFF = 10
 RANK_BLOCK = 1024  # queries ranked at a time in the dev retrieval
-DENSE, SPLADE, STATIC = "dense", "splade", "static"
-REPRESENTATIONS = (DENSE, SPLADE)  # contrastive.representation
-SPLADE_QUERIES = (SPLADE, STATIC)  # contrastive.splade_query: the encoder's SPLADE vector, or the static table
-SPLADE_LOSSES = ("mnrl", "margin_mse", "kl")
-
-
-@dataclasses.dataclass(frozen=True)
-class Settings:
-    """The contrastive section of a config (configs/finetune/contrastive.py), typed and checked once."""
-
-    loss: str = "mnrl"
-    scale: float = 20.0
-    symmetric: bool = False
-    matryoshka_dims: tuple = ()
-    matryoshka_weights: tuple = ()
-    pooling: tuple = ("mean",)
-    normalize: bool = True
-    dense_features: int | None = None
-    dense_activation: str = "tanh"
-    query_prompt: str = ""
-    passage_prompt: str = ""
-    max_query_length: int = 32
-    max_seq_length: int = 128
-    max_negatives: int = 1
-    include_prompt: bool = True  # False: a prompt's tokens (and [CLS]) are left out of pooling
-    teacher: str = ""  # distill_mse: the model whose embeddings the student learns (any path bertjax.load reads)
-    kl_temperature: float = 2.0  # kl: both softmaxes' temperature
-    # SPLADE (bertjax/models/sparse.py): vectors over the vocabulary from the model's masked-LM head
-    representation: str = DENSE  # dense | splade
-    splade_query: str = SPLADE  # static: queries through a learned per-token weight table (inference-free)
-    splade_scale: float = 1.0  # mnrl's scale on dot products (scale is the dense cosine's)
-    splade_lambda_query: float = 5e-5
-    splade_lambda_document: float = 3e-5
-    splade_warmup_fraction: float = 1 / 3  # the lambdas grow quadratically over this share of the steps
-    splade_chunk_rows: int = 8  # rows projected to the vocabulary at a time
-
-    @property
-    def scored(self) -> bool:
-        return self.loss in contrastive_losses.SCORED
-
-    @property
-    def sparse(self) -> bool:
-        return self.representation == SPLADE
-
-    @property
-    def static_queries(self) -> bool:
-        return self.sparse and self.splade_query == STATIC
-
-    @property
-    def distill(self) -> bool:
-        return self.loss == contrastive_losses.DISTILL
-
-    def loss_settings(self) -> dict:
-        """contrastive_losses.embedding_loss's keywords (SPLADE: on dot products, with its regularizer; the
-        step adds the warmup's regularizer_weight)."""
-        out = dict(loss=self.loss, scale=float(self.scale), symmetric=bool(self.symmetric),
-                   matryoshka_dims=tuple(self.matryoshka_dims), matryoshka_weights=tuple(self.matryoshka_weights),
-                   temperature=float(self.kl_temperature))
-        if self.sparse:
-            out.update(scale=float(self.splade_scale), similarity="dot", lambda_query=float(self.splade_lambda_query),
-                       lambda_document=float(self.splade_lambda_document))
-        return out
-
-    def width(self, hidden_size: int) -> int:
-        """The embeddings' width on an encoder of hidden_size: the Dense projection's, else the pooled modes'."""
-        return self.dense_features or hidden_size * len(self.pooling)
-
-    def network(self) -> dict:
-        """heads.network's embedding: pooling.SentenceEmbedder's settings, or SPLADE's (sparse.SpladeEncoder)."""
-        if self.sparse:
-            return dict(representation=SPLADE, static_queries=self.static_queries,
-                        chunk_rows=int(self.splade_chunk_rows))
-        return dict(modes=tuple(self.pooling), dense_features=self.dense_features,
-                    dense_activation=self.dense_activation, normalize=bool(self.normalize))
-
-    def embedding_record(self) -> EmbeddingRecord:
-        """What a checkpoint records for embedding texts as this model was trained to."""
-        prompts = {name: text for name, text in (("query", self.query_prompt), ("passage", self.passage_prompt))
-                   if text}
-        dense = None if self.dense_features is None else {"features": int(self.dense_features), "bias": True,
-                                                          "activation": self.dense_activation}
-        # Queries of pairs are cut to max_query_length (sentence-transformers' Transformer.query_length);
-        # the texts of scored pairs and of distill_mse to max_seq_length.
-        query_length = None if self.scored or self.distill else int(self.max_query_length)
-        # SPLADE scores by dot product and has no pooling modes, Dense or normalisation of its own.
-        return EmbeddingRecord(modes=tuple(self.pooling), normalize=bool(self.normalize) and not self.sparse,
-                               dense=dense, prompts=prompts, include_prompt=bool(self.include_prompt),
-                               max_seq_length=int(self.max_seq_length), max_query_length=query_length,
-                               similarity="dot" if self.sparse else "cosine", representation=self.representation,
-                               splade_query=self.splade_query if self.sparse else SPLADE)
-
-    def skip(self, tokenizer, prompt: str) -> int:
-        """The leading tokens of a text after `prompt` left out of pooling: [CLS] and the prompt's tokens
-        where include_prompt is False and there is a prompt (sentence-transformers' prompt_length), else 0."""
-        if self.include_prompt or not prompt:
-            return 0
-        return 1 + len(tokenizer.encode([prompt])[0])
-
-
-def settings_from_config(config) -> Settings:
-    """config.contrastive and data's max lengths as Settings, each value checked in one line."""
-    section = dict(config.get("contrastive") or {})
-    known = {f.name for f in dataclasses.fields(Settings)} - {"max_query_length", "max_seq_length"}
-    unknown = sorted(set(section) - known)
-    if unknown:
-        raise ValueError(f"contrastive.{unknown[0]} is not a setting: choose from {', '.join(sorted(known))}")
-    s = Settings(**section, max_query_length=int(config.data.get("max_query_length", 32)),
-                 max_seq_length=int(config.data.max_seq_length))
-    s = dataclasses.replace(s, pooling=pooling.check_modes(s.pooling), matryoshka_dims=tuple(s.matryoshka_dims or ()),
-                            matryoshka_weights=tuple(float(w) for w in s.matryoshka_weights or ()))
-    width = None if s.dense_features is None else int(s.dense_features)
-    contrastive_losses.check_settings(s.loss, s.scale, s.matryoshka_dims, s.matryoshka_weights, width)
-    if s.dense_activation not in pooling.ACTIVATIONS:
-        raise ValueError(f"contrastive.dense_activation={s.dense_activation!r}: choose one of "
-                         f"{', '.join(pooling.ACTIVATIONS)}")
-    for key in ("max_query_length", "max_seq_length"):
-        if getattr(s, key) < 3:
-            raise ValueError(f"data.{key}={getattr(s, key)}: needs at least 3 ([CLS] a token [SEP])")
-    if s.distill != bool(s.teacher):
-        raise ValueError("contrastive.loss=distill_mse needs contrastive.teacher=PATH (a model bertjax.load reads)"
-                         if s.distill else f"contrastive.teacher={s.teacher!r} is for contrastive.loss=distill_mse")
-    if not isinstance(s.include_prompt, bool):
-        raise ValueError(f"contrastive.include_prompt={s.include_prompt!r}: True (the prompt's tokens pooled) or False")
-    if not isinstance(s.max_negatives, int) or s.max_negatives < 0:
-        raise ValueError(f"contrastive.max_negatives={s.max_negatives!r}: a whole number, 0 for in-batch ones only")
-    if s.loss in contrastive_losses.TEACHER and s.max_negatives < 1:
-        raise ValueError(f"contrastive.loss={s.loss} compares each positive with hard negatives: set "
-                         "contrastive.max_negatives to 1 or more")
-    if not s.kl_temperature > 0:
-        raise ValueError(f"contrastive.kl_temperature={s.kl_temperature}: must be positive (2.0 by default)")
-    check_representation(s)
-    return s
-
-
-def check_representation(s: Settings) -> None:
-    """contrastive.representation and, for SPLADE, its settings and what it cannot do, each in one line."""
-    if s.representation not in REPRESENTATIONS:
-        raise ValueError(f"contrastive.representation={s.representation!r}: choose one of {', '.join(REPRESENTATIONS)}")
-    if s.splade_query not in SPLADE_QUERIES:
-        raise ValueError(f"contrastive.splade_query={s.splade_query!r}: choose one of {', '.join(SPLADE_QUERIES)}")
-    if not s.sparse:
-        if s.splade_query != SPLADE:
-            raise ValueError(f"contrastive.splade_query={s.splade_query} is for contrastive.representation=splade")
-        return
-    if s.loss not in SPLADE_LOSSES:
-        raise ValueError(f"contrastive.loss={s.loss} with contrastive.representation=splade: choose one of "
-                         f"{', '.join(SPLADE_LOSSES)} (sentence-transformers' sparse losses on dot products)")
-    dense_only = {"matryoshka_dims": (s.matryoshka_dims, ()), "dense_features": (s.dense_features, None),
-                  "include_prompt": (s.include_prompt, True)}
-    for key, (value, default) in dense_only.items():
-        if value != default:
-            raise ValueError(f"contrastive.{key}={value!r} is for dense embeddings: SPLADE's vector is the max over "
-                             f"every token of the vocabulary's log(1 + ReLU(logits)); set it to {default!r}")
-    for key in ("splade_lambda_query", "splade_lambda_document"):
-        if not getattr(s, key) >= 0:
-            raise ValueError(f"contrastive.{key}={getattr(s, key)}: a weight of at least 0")
-    if not (s.splade_scale > 0 and 0 < s.splade_warmup_fraction <= 1):
-        raise ValueError(f"contrastive.splade_scale={s.splade_scale}, splade_warmup_fraction="
-                         f"{s.splade_warmup_fraction}: the scale must be positive and the fraction in (0, 1]")
-    if not isinstance(s.splade_chunk_rows, int) or s.splade_chunk_rows < 1:
-        raise ValueError(f"contrastive.splade_chunk_rows={s.splade_chunk_rows!r}: rows a chunk, at least 1")
 
 
 # --------------------------------------------------------------------------------------------------
@@ -355,6 +203,24 @@ def _tokens(tokenizer, texts: list, length: int) -> tuple:
     return ids, mask
 
 
+def _rows(tokenizer, s: Settings, role: str, texts: list) -> dict:
+    """One role's texts (query, passage or negative) as rows: {role}_ids, {role}_mask [N, L]; ColBERT's also
+    {role}_score_mask, the tokens MaxSim scores (bertjax/tasks/multivector_texts.py: markers, a query's [MASK]
+    expansion, a document's skiplist)."""
+    if s.colbert:
+        kind = "query" if role == "query" else "document"
+        rows = multivector_texts.featurize(tokenizer, texts, kind, s.multivector_texts())
+        return {f"{role}_ids": rows["input_ids"], f"{role}_mask": rows["input_mask"],
+                f"{role}_score_mask": rows["score_mask"]}
+    if role == "query":  # the static query side reads a query's tokens alone, as SparseStaticEmbedding does
+        encode = _tokens if s.static_queries else _encoded
+        length, prompt = s.max_seq_length if s.scored else s.max_query_length, s.query_prompt
+    else:
+        encode, length, prompt = _encoded, s.max_seq_length, s.passage_prompt
+    ids, mask = encode(tokenizer, [prompt + t for t in texts], length)
+    return {f"{role}_ids": ids, f"{role}_mask": mask}
+
+
 def featurize(task, examples: list, tokenizer, max_seq_length: int, settings: Settings | None = None) -> dict:
     """Pairs -> the features in the module docstring."""
     s = settings or Settings(max_seq_length=max_seq_length)
@@ -368,20 +234,13 @@ def featurize(task, examples: list, tokenizer, max_seq_length: int, settings: Se
         return {"query_ids": ids, "query_mask": mask, "idx": np.array([e.idx for e in examples], np.int32),
                 "example_weight": np.ones(len(examples), np.float32),
                 **{k: v for k, v in skips.items() if k == "query_skip"}}
-    query_length = s.max_seq_length if s.scored else s.max_query_length
-    out = {}
-    # The static query side reads a query's tokens alone, as sentence-transformers' SparseStaticEmbedding.
-    out["query_ids"], out["query_mask"] = (_tokens if s.static_queries else _encoded)(
-        tokenizer, [s.query_prompt + e.query for e in examples], query_length)
-    out["passage_ids"], out["passage_mask"] = _encoded(
-        tokenizer, [s.passage_prompt + e.positive for e in examples], s.max_seq_length)
+    out = _rows(tokenizer, s, "query", [e.query for e in examples])
+    out.update(_rows(tokenizer, s, "passage", [e.positive for e in examples]))
     g = min(max(len(e.negatives) for e in examples), s.max_negatives)
     if g and not s.scored:
-        texts = [s.passage_prompt + (e.negatives[n] if n < len(e.negatives) else "") for e in examples
-                 for n in range(g)]
-        ids, mask = _encoded(tokenizer, texts, s.max_seq_length)  # [N * G, S]
-        out["negative_ids"] = ids.reshape(len(examples), g, -1)
-        out["negative_mask"] = mask.reshape(len(examples), g, -1)
+        texts = [e.negatives[n] if n < len(e.negatives) else "" for e in examples for n in range(g)]
+        out.update({key: value.reshape(len(examples), g, -1)  # [N * G, S] -> [N, G, S]
+                    for key, value in _rows(tokenizer, s, "negative", texts).items()})
         out["negative_present"] = np.array([[n < len(e.negatives) for n in range(g)] for e in examples], np.float32)
     if any(e.scores for e in examples):  # margin_mse, kl: the kept negatives' scores (0 for one not there)
         out["teacher_scores"] = np.array([(list(e.scores) + [0.0] * g)[:1 + g] for e in examples], np.float32)
@@ -397,6 +256,12 @@ def featurize(task, examples: list, tokenizer, max_seq_length: int, settings: Se
 # --------------------------------------------------------------------------------------------------
 
 
+def _ranks(scores: np.ndarray, relevant: np.ndarray) -> np.ndarray:
+    """1 + the candidates scoring at least as high as the relevant one, for scores [n, U] and relevant [n]."""
+    own = scores[np.arange(scores.shape[0]), relevant][:, None]
+    return np.sum(scores >= own, axis=-1)  # the relevant candidate counts itself: ranks start at 1
+
+
 def positive_ranks(queries: np.ndarray, candidates: np.ndarray, relevant: np.ndarray,
                    similarity: str = "cosine") -> np.ndarray:
     """Each query's rank (1 = first) of its relevant candidate by cosine (or dot product: SPLADE): 1 + the
@@ -408,9 +273,22 @@ def positive_ranks(queries: np.ndarray, candidates: np.ndarray, relevant: np.nda
     ranks = np.empty(len(relevant), np.int64)
     for start in range(0, len(relevant), RANK_BLOCK):  # [block, U] at a time, whatever the dev set's size
         rows = slice(start, start + RANK_BLOCK)
-        cos = queries[rows] @ candidates.T
-        own = cos[np.arange(cos.shape[0]), relevant[rows]][:, None]
-        ranks[rows] = np.sum(cos >= own, axis=-1)  # the relevant candidate counts itself: ranks start at 1
+        ranks[rows] = _ranks(queries[rows] @ candidates.T, relevant[rows])
+    return ranks
+
+
+_MAXSIM = jax.jit(multivector.maxsim)
+
+
+def maxsim_ranks(queries: np.ndarray, query_mask: np.ndarray, candidates: np.ndarray, candidate_mask: np.ndarray,
+                 relevant: np.ndarray) -> np.ndarray:
+    """positive_ranks by MaxSim (ColBERT): queries [N, Sq, D] and query_mask [N, Sq], candidates [U, Sd, D] and
+    candidate_mask [U, Sd], relevant [N] int."""
+    ranks = np.empty(len(relevant), np.int64)
+    for start in range(0, len(relevant), RANK_BLOCK):
+        rows = slice(start, start + RANK_BLOCK)
+        scores = np.asarray(_MAXSIM(queries[rows], query_mask[rows], candidates, candidate_mask))  # [block, U]
+        ranks[rows] = _ranks(scores, relevant[rows])
     return ranks
 
 
@@ -446,9 +324,10 @@ def distill_score(split_name: str, split: Split, student: np.ndarray) -> Scored:
 
 def score(task, split_name: str, split: Split, logits: np.ndarray, settings=None, null_threshold: float = 0.0):
     """logits: each pair's (query, passage) embeddings [N, 2, D] (distill_mse: each text's [N, 1, D]; SPLADE:
-    vectors [N, 2, V], held whole: 4 N x 2 x V bytes). Retrieval in the set (pairs; SPLADE by dot product,
-    with the active dimensions), the correlations of cosine with score (scored pairs), or the distance to
-    the teacher's embeddings (distill_mse)."""
+    vectors [N, 2, V], held whole: 4 N x 2 x V bytes; ColBERT: token vectors and masks as
+    contrastive_steps.pair_token_vectors lays them out, [N, Sq + Sd, D + 1]). Retrieval in the set (pairs;
+    SPLADE by dot product, with the active dimensions; ColBERT by MaxSim), the correlations of cosine with
+    score (scored pairs), or the distance to the teacher's embeddings (distill_mse)."""
     if task.contrastive_loss == contrastive_losses.DISTILL:
         return distill_score(split_name, split, logits[:, 0])
     queries, passages = logits[:, 0], logits[:, 1]
@@ -465,8 +344,12 @@ def score(task, split_name: str, split: Split, logits: np.ndarray, settings=None
     order = sorted(distinct.values())
     column = {texts[row]: c for c, row in enumerate(order)}
     sparse = settings is not None and settings.sparse
-    ranks = positive_ranks(queries, passages[order], np.array([column[t] for t in texts]),
-                           "dot" if sparse else "cosine")
+    relevant = np.array([column[t] for t in texts])
+    if settings is not None and settings.colbert:
+        q, q_mask, d, d_mask = contrastive_steps.split_token_vectors(logits, settings.colbert_query_length)
+        ranks = maxsim_ranks(q, q_mask, d[order], d_mask[order], relevant)
+    else:
+        ranks = positive_ranks(queries, passages[order], relevant, "dot" if sparse else "cosine")
     lines = ["index\trank"] + [f"{i}\t{r}" for i, r in zip(split.features["idx"], ranks)]
     found = retrieval_metrics(ranks)
     if sparse:  # the queries' and the distinct documents' mean non-zeros
