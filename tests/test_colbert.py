@@ -341,6 +341,7 @@ def test_the_program_trains_colbert_ranks_by_maxsim_and_exports(colbert_run, tmp
     assert colbert_run["summary"]["best"]["metrics"]["validation"]["mrr_at_10"] == pytest.approx(mrr, abs=1e-9)
     exported = MultiVectorEncoder(exporting.export(str(workdir), str(tmp_path / "st"), "sentence-transformers"),
                                   device="cpu")
+    assert "model = MultiVectorEncoder(" in (tmp_path / "st" / "README.md").read_text()  # the card loads its class
     texts = queries[:5] + ["music, history; " * 20]  # cut at either length, its punctuation skipped
     for task, encode in (("query", exported.encode_query), ("document", exported.encode_document)):
         vectors, mask = model.embed_tokens(texts, task=task)

@@ -597,6 +597,7 @@ def test_without_a_dev_set_the_last_step_is_the_model(no_dev_run, pretrained, tm
     assert_trees_close(model.params["bert"], last["bert"], rtol=0, atol=0)
     exported = exporting.export(str(workdir), str(tmp_path / "st"), "sentence-transformers")
     assert SentenceTransformer(exported, device="cpu").encode(["a sentence"]).shape == (1, 64)
+    assert "model = SentenceTransformer(" in (tmp_path / "st" / "README.md").read_text()  # not a CrossEncoder's
     dev_less = dict(pretrained["files"], validation="")
     classification = contrastive_run_config(pretrained, dev_less)
     classification.task, classification.data.labels = "classification", ("no", "yes")

@@ -195,6 +195,7 @@ def test_the_program_trains_splade_reports_active_dimensions_and_exports(splade_
     assert np.count_nonzero(queries[0]) == len(tokens)
     exported = SparseEncoder(exporting.export(str(workdir), str(tmp_path / "st"), "sentence-transformers"),
                              device="cpu")
+    assert "model = SparseEncoder(" in (tmp_path / "st" / "README.md").read_text()  # the card loads its class
     assert np.abs(dense(exported.encode_document(texts)) - model.embed(texts, task="document")).max() < 1e-5
     assert np.abs(dense(exported.encode_query(texts)) - queries).max() < 1e-5
 

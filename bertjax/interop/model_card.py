@@ -47,6 +47,22 @@ from sentence_transformers import SentenceTransformer
 model = SentenceTransformer("{path}")
 embeddings = model.encode(["A sentence.", "Another one."])   # as bertjax.load("{path}").embed([...])
 ```""",
+    "sparse-encoder": """```python
+from sentence_transformers import SparseEncoder
+
+model = SparseEncoder("{path}")
+queries = model.encode_query(["a question"])   # SPLADE vectors over the vocabulary, as bertjax's embed
+documents = model.encode_document(["A passage."])
+model.similarity(queries, documents)   # dot products
+```""",
+    "multi-vector-encoder": """```python
+from sentence_transformers import MultiVectorEncoder
+
+model = MultiVectorEncoder("{path}")
+queries = model.encode_query(["a question"])   # ColBERT token vectors, as bertjax's embed_tokens
+documents = model.encode_document(["A passage."])
+model.similarity(queries, documents)   # MaxSim
+```""",
     "cross-encoder": """```python
 from sentence_transformers import CrossEncoder
 
@@ -97,7 +113,8 @@ def model_card(*, workdir: str, meta: CheckpointMeta, params: dict, export_forma
     lines += _fine_tuning(config, task) if task else _pretraining(config, metrics, step)
     lines += ["", "## Results", ""]
     lines += _dev_results(summary, meta) if task else _pretraining_results(metrics)
-    lines += ["", "## Loading", "", _loading(export_format, task, path_hint, hf_architecture), ""]
+    representation = meta.embedding.representation if meta.embedding is not None else "dense"
+    lines += ["", "## Loading", "", _loading(export_format, task, path_hint, hf_architecture, representation), ""]
     return "\n".join(lines)
 
 
@@ -188,9 +205,11 @@ def _pretraining_results(metrics: list[dict]) -> list[str]:
     return lines
 
 
-def _loading(export_format: str, task: TaskRecord | None, path_hint: str, hf_architecture: str | None) -> str:
+def _loading(export_format: str, task: TaskRecord | None, path_hint: str, hf_architecture: str | None,
+             representation: str = "dense") -> str:
     """How to load the export. A pretraining class (BertForPreTraining, AlbertForPreTraining) loads as
-    itself, with nothing unused; the fill-mask pipeline takes a masked-LM class (--hf_class=masked_lm)."""
+    itself, with nothing unused; the fill-mask pipeline takes a masked-LM class (--hf_class=masked_lm). A
+    sentence-transformers export is the class its representation needs (the EmbeddingRecord's)."""
     pretraining_class = (hf_architecture or "").endswith("ForPreTraining")
     if task:
         hf_class = kinds.get(task.kind).hf_class  # None: no transformers task class (contrastive: the encoder)
@@ -204,5 +223,6 @@ def _loading(export_format: str, task: TaskRecord | None, path_hint: str, hf_arc
     else:
         pipe = 'pipeline("fill-mask", model=model, tokenizer=tokenizer)("The capital of France is [MASK].")\n'
     if export_format == "sentence-transformers" and task:
-        export_format = "cross-encoder"
+        export_format = {"splade": "sparse-encoder", "colbert": "multi-vector-encoder"}.get(
+            representation, "sentence-transformers" if task.kind == "contrastive" else "cross-encoder")
     return _LOADING[export_format].format(path=path_hint, auto_class=auto_class, pipeline=pipe)
