@@ -154,6 +154,8 @@ def test_labeled_lists_of_sentence_transformers(data):
     assert [len(positives) for positives, _ in want.values()].count(2) == 2
     assert got == [{"query": query, "passages": positives + found, "labels": [1] * len(positives) + [0] * len(found)}
                    for query, (positives, found) in want.items()]
+    with pytest.raises(ValueError, match="no query kept a negative, so the labeled lists would be empty: loosen"):
+        mining_run.labeled_lists(pairs, mining_run.pair_rows(inputs, [[] for _ in negatives]))  # never an empty file
 
 
 def test_random_sampling_draws_distinct_candidates_inside_the_filters(data):

@@ -197,7 +197,7 @@ class BertjaxContrastiveStep:
         setup = finetuning.task_setup(config, task, start_from, None, None, 1000, layout, init_key,
                                       settings.network())
         self.state = setup.init(init_key)
-        self.step_fn = finetuning.contrastive_train_step(config, setup, settings, layout.data_sharding)
+        self.step_fn = finetuning.contrastive_train_step(config, setup, settings, layout.data_sharding, num_steps=1)
         # A packed batch holds just what goes to the devices (contrastive_batches.batch_keys).
         keys = tuple(batches[0]) if "input_ids" in batches[0] else contrastive_steps.batch_keys(batches[0])
         self.batches = [sharding.global_batch({k: b[k] for k in keys}, layout.data_sharding) for b in batches]

@@ -222,7 +222,8 @@ def task_classes(model: str, *, sequence: tuple, multiple_choice: tuple, span: t
             "regression": TaskClass(f"{model}ForSequenceClassification", sequence),
             "multiple_choice": TaskClass(f"{model}ForMultipleChoice", multiple_choice),
             "span": TaskClass(f"{model}ForQuestionAnswering", span),
-            "tagging": TaskClass(f"{model}ForTokenClassification", tagging)}
+            "tagging": TaskClass(f"{model}ForTokenClassification", tagging),
+            "rerank": TaskClass(f"{model}ForSequenceClassification", sequence)}  # one score a pair
 
 
 def changed_options(cfg: BertConfig) -> list[str]:

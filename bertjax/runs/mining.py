@@ -353,4 +353,7 @@ def labeled_lists(pairs: list, rows: list[dict]) -> list[dict]:
         if negatives:
             out.append({"query": query, "passages": [*positives, *negatives],
                         "labels": [1] * len(positives) + [0] * len(negatives)})
+    if not out:  # never a silent empty file: the kept work stays for a rerun with looser settings
+        raise ValueError("no query kept a negative, so the labeled lists would be empty: loosen --relative_margin, "
+                         "--absolute_margin or the score bounds, or raise --range_max")
     return out
