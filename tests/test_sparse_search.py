@@ -160,8 +160,8 @@ def test_bad_input_is_one_line(tmp_path, case):
 
 
 def test_the_benchmark_at_a_tiny_size(capsys):
-    result = sparse_search_speed.main(["--documents=3000", "--queries=40", "--vocab_size=2000",
-                                       "--document_terms=50", "--query_terms=12", "--chunk_size=700"])
+    result = sparse_search_speed.benchmark(3000, 40, vocab_size=2000, document_terms=50, query_terms=12,
+                                           chunk_size=700)
     assert result["documents"] == 3000 and result["queries"] == 40
     assert abs(result["document_terms"] - 50) < 5 and abs(result["query_terms"] - 12) < 2  # the draws hit the mean
     assert result["index_bytes"] == 8 * round(3000 * result["document_terms"]) + 8 * 2001  # 8 bytes a non-zero

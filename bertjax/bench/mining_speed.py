@@ -25,7 +25,7 @@ import time
 import jax
 import numpy as np
 
-from bertjax.bench.timing import load_average, print_table
+from bertjax.bench.timing import load_average, mib, print_table, resident_bytes
 from bertjax.tasks import mining
 from bertjax.training import sharding
 
@@ -49,20 +49,11 @@ def synthetic(num_passages: int, num_queries: int, dim: int, seed: int = 0):
     return queries / np.linalg.norm(queries, axis=1, keepdims=True), corpus, positives
 
 
-def _resident_bytes() -> int | None:
-    """The process's resident memory now (Linux's /proc; None elsewhere)."""
-    try:
-        with open("/proc/self/status", encoding="ascii") as status:
-            return next(int(line.split()[1]) * 1024 for line in status if line.startswith("VmRSS:"))
-    except (OSError, StopIteration):
-        return None
-
-
 def measurement(num_passages: int, num_queries: int, dim: int) -> dict:
     """One size mined in this process: seconds, queries/s and memory (bytes); run it in a fresh process for
     a peak of its own."""
     queries, corpus, positives = synthetic(num_passages, num_queries, dim)
-    before = _resident_bytes()
+    before = resident_bytes()
     began = time.perf_counter()
     negatives = mining.mine_negatives(queries, corpus, [[int(p)] for p in positives],
                                       mesh=sharding.make_mesh({"data": -1}), **SETTINGS)
@@ -72,10 +63,6 @@ def measurement(num_passages: int, num_queries: int, dim: int) -> dict:
                 queries_per_second=num_queries / seconds, corpus_bytes=corpus.nbytes, rss_before=before,
                 peak_rss=peak, working=None if before is None else peak - before,
                 negatives=sum(map(len, negatives)))
-
-
-def _mib(n: int | None) -> str:
-    return "-" if n is None else f"{n / 2**20:,.0f} MiB"
 
 
 def benchmark(passages=PASSAGES, num_queries: int = QUERIES, dim: int = DIM) -> list[dict]:
@@ -98,7 +85,7 @@ def benchmark(passages=PASSAGES, num_queries: int = QUERIES, dim: int = DIM) -> 
         if results:
             row = json.loads(results[-1][len("RESULT "):])
             print(f"    {row['passages']:,} passages: {row['seconds']:,.1f} s, {row['queries_per_second']:,.0f} "
-                  f"queries/s, peak RSS {_mib(row['peak_rss'])} ({_mib(row['working'])} above the inputs)", flush=True)
+                  f"queries/s, peak RSS {mib(row['peak_rss'])} ({mib(row['working'])} above the inputs)", flush=True)
         else:
             last = (done.stderr.strip().splitlines() or [f"exit status {done.returncode}"])[-1]
             row = dict(args, failed=f"exit status {done.returncode}: {last[-160:]}")
@@ -109,7 +96,7 @@ def benchmark(passages=PASSAGES, num_queries: int = QUERIES, dim: int = DIM) -> 
                  "peak - before"],
                 [[f"{r['passages']:,}", f"{r['queries']:,}", r.get("failed", "")] + ["-"] * 5 if "failed" in r else
                  [f"{r['passages']:,}", f"{r['queries']:,}", f"{r['seconds']:,.1f}", f"{r['queries_per_second']:,.0f}",
-                  _mib(r["corpus_bytes"]), _mib(r["rss_before"]), _mib(r["peak_rss"]), _mib(r["working"])]
+                  mib(r["corpus_bytes"]), mib(r["rss_before"]), mib(r["peak_rss"]), mib(r["working"])]
                  for r in rows])
     print("seconds: mine_negatives whole (search and selection, compilation included); RSS before: the process "
           "with its embeddings made; peak - before: what mining needs beyond them", flush=True)

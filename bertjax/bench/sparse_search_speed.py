@@ -1,7 +1,7 @@
 """The sparse search benchmark: an inverted index built from synthetic SPLADE-like vectors, then searched
 exactly (bertjax/tasks/sparse_search.py).
 
-    python -m bertjax.bench.sparse_search_speed --documents=1000000 --queries=1000
+    python -m bertjax.benchmark --sparse_search=100000,1000000 --sparse_queries=1000
 
 The vectors: each document has about 120 non-zero terms and each query about 30, over BERT's vocabulary of
 30,522, with weights uniform in [0.05, 2.5] (SPLADE's are positive and mostly below 3). Terms are drawn by
@@ -15,7 +15,6 @@ a query scores, and resident memory before building, after it and at its peak (t
 in a fresh process, as in_fresh_processes and `python -m bertjax.benchmark --sparse_search=N,...` do).
 """
 
-import argparse
 import json
 import resource
 import subprocess
@@ -24,7 +23,7 @@ import time
 
 import numpy as np
 
-from bertjax.bench.timing import load_average
+from bertjax.bench.timing import load_average, mib, resident_bytes
 from bertjax.tasks import sparse_search
 
 DOCUMENTS = 1_000_000
@@ -79,19 +78,6 @@ def synthetic_chunks(documents: int, chunk_size: int, probabilities: np.ndarray,
         yield chunk
 
 
-def _resident_bytes() -> int | None:
-    """The process's resident memory now (Linux's /proc; None elsewhere)."""
-    try:
-        with open("/proc/self/status", encoding="ascii") as status:
-            return next(int(line.split()[1]) * 1024 for line in status if line.startswith("VmRSS:"))
-    except (OSError, StopIteration):
-        return None
-
-
-def _mib(n: int | None) -> str:
-    return "-" if n is None else f"{n / 2**20:,.0f} MiB"
-
-
 def _check(documents, queries, vocab_size, document_terms, query_terms, k, chunk_size) -> None:
     if min(documents, queries, k, chunk_size, document_terms, query_terms) < 1:
         raise ValueError(f"sparse search benchmark: {documents} documents, {queries} queries, k={k}, chunks of "
@@ -113,12 +99,12 @@ def benchmark(documents: int = DOCUMENTS, queries: int = QUERIES, *, vocab_size:
           f"{queries:,} queries of ~{query_terms} ({query_draws} draws), vocabulary {vocab_size:,}, k={k}; load "
           f"{load_average()}", flush=True)
     making = []  # seconds spent making each chunk: not the build's
-    rss_before = _resident_bytes()
+    rss_before = resident_bytes()
     began = time.perf_counter()
     index = sparse_search.build_index(synthetic_chunks(documents, chunk_size, probabilities, document_draws, rng,
                                                        making), model="synthetic-zipf")
     build_seconds = time.perf_counter() - began - sum(making)
-    rss_built = _resident_bytes()
+    rss_built = resident_bytes()
     query_weights = synthetic(queries, probabilities, query_draws, rng)  # [Q, V]
     began = time.perf_counter()
     sparse_search.search(index, query_weights, k)
@@ -138,11 +124,11 @@ def benchmark(documents: int = DOCUMENTS, queries: int = QUERIES, *, vocab_size:
 def _report(r: dict) -> None:
     print(f"    terms a text: {r['document_terms']:.1f} per document, {r['query_terms']:.1f} per query", flush=True)
     print(f"    build: {r['build_seconds']:,.1f} s ({r['making_seconds']:,.1f} s more making the chunks, not "
-          f"counted); index {_mib(r['index_bytes'])}", flush=True)
+          f"counted); index {mib(r['index_bytes'])}", flush=True)
     print(f"    search: {r['search_seconds']:,.1f} s, {r['queries_per_second']:,.1f} queries/s, "
           f"{r['postings_per_query']:,.0f} postings a query", flush=True)
-    print(f"    resident memory: {_mib(r['rss_before'])} before building, {_mib(r['rss_built'])} built, peak "
-          f"{_mib(r['peak_rss'])}", flush=True)
+    print(f"    resident memory: {mib(r['rss_before'])} before building, {mib(r['rss_built'])} built, peak "
+          f"{mib(r['peak_rss'])}", flush=True)
 
 
 def in_fresh_processes(sizes, queries: int = QUERIES) -> list[dict]:
@@ -167,24 +153,3 @@ def in_fresh_processes(sizes, queries: int = QUERIES) -> list[dict]:
             rows.append(dict(args, failed=f"exit status {done.returncode}: {last[-160:]}"))
             print(f"    {int(documents):,} documents: {rows[-1]['failed']}", flush=True)
     return rows
-
-
-def main(argv: list[str] | None = None) -> dict:
-    """The benchmark with argv's flags (the arguments after the program's name)."""
-    parser = argparse.ArgumentParser(prog="python -m bertjax.bench.sparse_search_speed",
-                                     description="Build and search a sparse index of synthetic SPLADE-like vectors.")
-    parser.add_argument("--documents", type=int, default=DOCUMENTS)
-    parser.add_argument("--queries", type=int, default=QUERIES)
-    parser.add_argument("--vocab_size", type=int, default=VOCAB_SIZE)
-    parser.add_argument("--document_terms", type=int, default=DOCUMENT_TERMS, help="non-zeros a document, about")
-    parser.add_argument("--query_terms", type=int, default=QUERY_TERMS, help="non-zeros a query, about")
-    parser.add_argument("--k", type=int, default=K)
-    parser.add_argument("--chunk_size", type=int, default=CHUNK_SIZE, help="documents given to build_index at once")
-    parser.add_argument("--seed", type=int, default=0)
-    return benchmark(**vars(parser.parse_args(argv)))
-
-
-if __name__ == "__main__":
-    from bertjax.runs import console  # only as a program: it brings JAX, which the benchmark does not need
-
-    console.finish(main, sys.argv[1:])

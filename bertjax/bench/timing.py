@@ -48,6 +48,20 @@ def load_average() -> str:
         return "n/a"
 
 
+def resident_bytes() -> int | None:
+    """The process's resident memory now (Linux's /proc; None elsewhere)."""
+    try:
+        with open("/proc/self/status", encoding="ascii") as status:
+            return next(int(line.split()[1]) * 1024 for line in status if line.startswith("VmRSS:"))
+    except (OSError, StopIteration):
+        return None
+
+
+def mib(n: int | None) -> str:
+    """Bytes as MiB for a figure table; "-" where unknown."""
+    return "-" if n is None else f"{n / 2**20:,.0f} MiB"
+
+
 def print_table(header, rows) -> None:
     cells = [header] + [[str(c) for c in r] for r in rows]
     widths = [max(len(r[i]) for r in cells) for i in range(len(header))]

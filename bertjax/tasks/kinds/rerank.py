@@ -33,7 +33,7 @@ import numpy as np
 
 from bertjax.models import heads
 from bertjax.tasks import features, readers, registry, retrieval_metrics
-from bertjax.tasks.kinds import classification
+from bertjax.tasks.kinds.classification import INPUT_KEYS, encode_texts
 from bertjax.tasks.kinds.base import Kind, Scored, Split, refuse_questions
 
 METRIC_NAMES = {"ndcg@10": "ndcg_at_10", "mrr@10": "mrr_at_10", "map@10": "map_at_10", "recall@10": "recall_at_10"}
@@ -157,7 +157,7 @@ def featurize(task, examples: list, tokenizer, max_seq_length: int, settings: Se
     queries = tokenizer.encode_arrays([e.query for e in examples])
     passages = tokenizer.encode_arrays([p for e in examples for p in e.passages])
     n = len(examples)
-    out = {k: np.zeros((n, slots, max_seq_length), np.int32) for k in classification.INPUT_KEYS}
+    out = {k: np.zeros((n, slots, max_seq_length), np.int32) for k in INPUT_KEYS}
     out["label"] = np.zeros((n, slots), np.float32)
     out["label_weight"] = np.zeros((n, slots), np.float32)
     start = 0
@@ -165,7 +165,7 @@ def featurize(task, examples: list, tokenizer, max_seq_length: int, settings: Se
         for j in range(slots):
             real = j < len(e.passages)
             pair = features.encode_pair(queries[i], passages[start + (j if real else 0)], max_seq_length, **special)
-            for k in classification.INPUT_KEYS:
+            for k in INPUT_KEYS:
                 out[k][i, j] = pair[k]
             out["label_weight"][i, j] = float(real)
             if real and e.targets is not None:
@@ -201,7 +201,7 @@ def predict(model, texts=None, text_pairs=None, choices=None, questions=None, co
         raise ValueError("a reranker scores (query, passage) pairs: give texts=queries and text_pairs=passages")
     texts = [texts] if isinstance(texts, str) else list(texts)
     text_pairs = [text_pairs] if isinstance(text_pairs, str) else list(text_pairs)
-    encoded = classification.encode_texts(model, texts, text_pairs)
+    encoded = encode_texts(model, texts, text_pairs)
     return [{"score": float(v)} for v in np.reshape(model.task_logits(encoded, batch_size=32), -1)]
 
 
