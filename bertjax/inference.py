@@ -176,12 +176,7 @@ class LoadedBert:
         vectors over the vocabulary [N, V], dense (4 V bytes a text), scored by dot product. devices: those
         each batch's rows are split over (default: every local device; on a CPU, XLA_FLAGS=
         --xla_force_host_platform_device_count=<cores> set before Python starts makes one device a core)."""
-        if isinstance(texts, str):
-            texts = [texts]
-        if not texts:
-            raise ValueError("embed needs at least one text")
-        if batch_size < 1:
-            raise ValueError(f"batch_size={batch_size}: embed needs at least 1")
+        texts = _texts_to_embed(texts, batch_size, "embed")
         limit = self.config.max_position_embeddings - self.config.position_offset
         settings = embeddings.resolve(self.embedding, limit, prompt_name=prompt_name, prompt=prompt,
                                      pooling_modes=pooling, normalize=normalize, task=task,
@@ -210,12 +205,7 @@ class LoadedBert:
         documents (a document's skiplist tokens and padding not scored), the same at every call, so that
         calls concatenate. Score them with bertjax.models.multivector.maxsim, search a store of them with
         bertjax.tasks.multivector_search. batch_size and devices: as embed's."""
-        if isinstance(texts, str):
-            texts = [texts]
-        if not texts:
-            raise ValueError("embed_tokens needs at least one text")
-        if batch_size < 1:
-            raise ValueError(f"batch_size={batch_size}: embed_tokens needs at least 1")
+        texts = _texts_to_embed(texts, batch_size, "embed_tokens")
         limit = self.config.max_position_embeddings - self.config.position_offset
         text_settings, kind, settings = embeddings.multivector_settings(self.embedding, limit, task)
         if self.quantize:
@@ -371,6 +361,16 @@ class LoadedBert:
                                                      part["input_mask"]), np.float32))
         return np.concatenate(out)
 
+
+
+def _texts_to_embed(texts, batch_size: int, what: str) -> list[str]:
+    """embed's and embed_tokens' texts as a list (one string: a list of it), or one line for no text or no batch."""
+    texts = [texts] if isinstance(texts, str) else texts
+    if not texts:
+        raise ValueError(f"{what} needs at least one text")
+    if batch_size < 1:
+        raise ValueError(f"batch_size={batch_size}: {what} needs at least 1")
+    return texts
 
 
 @functools.cache
