@@ -14,6 +14,8 @@ directory's pooling, Dense, Normalize and prompts), else the mean of its token s
 vectors over the vocabulary (bertjax/models/sparse.py), as a dense numpy array [N, V].
 `embed_tokens(texts, task=...)` gives a ColBERT model's token vectors and their masks
 (bertjax/models/multivector.py), as sentence-transformers' MultiVectorEncoder does.
+A BiLSTM student of task distillation (bertjax/models/bilstm.py) loads as a LoadedBiLSTM: `predict` and
+`task_logits` as a fine-tuned BERT's, no encoder.
 
 Shape legend (as in bertjax/models/bert.py): B batch, S sequence length, H hidden size, L layers.
 """
@@ -27,14 +29,16 @@ from typing import Any, Callable
 import jax
 import numpy as np
 from etils import epath
+from flax import traverse_util
 
 from bertjax import embeddings, init_from
 from bertjax.compression import quantize as quantization  # `quantize` is load's argument
 from bertjax.models import bert as bert_model
-from bertjax.models import heads, multivector, pooling, sparse
+from bertjax.models import bilstm, heads, multivector, pooling, sparse
 from bertjax.models.config import BertConfig
 from bertjax.tasks import kinds, multivector_texts
 from bertjax.text import files, tf_cpu
+from bertjax.training import checkpoint, saved_models
 from bertjax.training.checkpoint_meta import EmbeddingRecord, TaskRecord
 
 
@@ -362,6 +366,61 @@ class LoadedBert:
         return np.concatenate(out)
 
 
+@dataclasses.dataclass
+class LoadedBiLSTM(LoadedBert):
+    """A BiLSTM student of task distillation (bertjax/models/bilstm.py): the teacher's tokenizer and the task's
+    record, its own network and params. `predict` and `task_logits` as a fine-tuned BERT's; it has no encoder, so
+    encode, embed, embed_tokens, features and fill_mask say so. config: the teacher's BertConfig, whose
+    vocabulary and positions the student's rows share."""
+
+    student: bilstm.BiLSTMConfig | None = None
+
+    def __post_init__(self):
+        self.params = jax.device_put(self.params)
+        net = bilstm.BiLSTMClassifier(self.student)
+        self._task_logits = jax.jit(lambda params, ids, segments, mask: net.apply(
+            {"params": params}, ids, segments, mask, deterministic=True))
+
+    def __repr__(self) -> str:
+        s = self.student
+        return (f"LoadedBiLSTM({self.source}: a BiLSTM student, embeddings {s.embedding_size}, {s.hidden_size} units "
+                f"each way{', sentence pairs' if s.pairs else ''}, MLP {s.mlp_size}, vocabulary {s.vocab_size}, "
+                f"{self.num_params():,} parameters, fine-tuned for {self.task.name})")
+
+    def _no_encoder(self, what: str):
+        raise ValueError(f"{what}: {self.source} is a BiLSTM student (task distillation) with no encoder; it has "
+                         "predict and task_logits")
+
+    def encode(self, *args, **kwargs):
+        self._no_encoder("encode")
+
+    def embed(self, *args, **kwargs):
+        self._no_encoder("embed")
+
+    def embed_tokens(self, *args, **kwargs):
+        self._no_encoder("embed_tokens")
+
+    def features(self, *args, **kwargs):
+        self._no_encoder("features")
+
+    def fill_mask(self, *args, **kwargs):
+        self._no_encoder("fill_mask")
+
+
+def _load_bilstm(start: init_from.Start, student: bilstm.BiLSTMConfig, mode: str | None) -> LoadedBiLSTM:
+    """A BiLSTM student's workdir, checkpoint or params export, its params as stored (no encoder layout)."""
+    if mode is not None:
+        raise ValueError(f"bertjax.load: {start.path} is a BiLSTM student (task distillation), which is not "
+                         "quantised: load it without quantize")
+    if start.kind == init_from.BERTJAX:
+        params, _ = checkpoint.restore_params(start.checkpoint)
+        params = jax.tree_util.tree_map(np.asarray, jax.device_get(params))
+    else:
+        with (epath.Path(start.path) / saved_models.PARAMS_FILE).open("rb") as f:
+            params = traverse_util.unflatten_dict(dict(np.load(f)), sep="/")
+    return LoadedBiLSTM(start.config, params, _make_tokenizer(start.tokenizer), source=start.checkpoint or start.path,
+                        task=start.task, vocab_path=start.tokenizer.vocab_path, student=student)
+
 
 def _texts_to_embed(texts, batch_size: int, what: str) -> list[str]:
     """embed's and embed_tokens' texts as a list (one string: a list of it), or one line for no text or no batch."""
@@ -419,7 +478,8 @@ def load(path: str | os.PathLike, dtype: str = "float32", quantize: str | None =
     compute dtype ("bfloat16" on accelerators); the params stay in float32. quantize: "int8" (or
     "int8-weights", "int8-dynamic"; group-wise "int4-g128", "int8-g128", ...: bertjax/compression/quantize.py)
     quantises every dense layer's kernel on load; a quantised params export is so already (quantize then
-    picks the mode its int8 weights run in; by default the one it was exported with)."""
+    picks the mode its int8 weights run in; by default the one it was exported with). A BiLSTM student of task
+    distillation (its workdir or params export) loads as a LoadedBiLSTM."""
     mode = quantization.resolve(quantize)
     path = str(path) if files.is_remote(str(path)) else str(Path(path).expanduser())
     if not epath.Path(path).exists():
@@ -435,8 +495,12 @@ def load(path: str | os.PathLike, dtype: str = "float32", quantize: str | None =
                          f"family (config.json, model.safetensors / model.safetensors.index.json / "
                          f"pytorch_model.bin, and its tokenizer's files); or a sentence-transformers directory "
                          f"(modules.json)")
+    start = init_from.resolve(path, "bertjax.load")
+    student = bilstm.from_record(start.meta.distill) if start.meta is not None else None
+    if student is not None:  # a BiLSTM student: its own network, no BERT to build
+        return _load_bilstm(start, student, mode)
     # How it was computed in training (cuDNN attention on a GPU, say) is chosen anew for this machine.
-    model = init_from.load(init_from.resolve(path, "bertjax.load"), model_overrides=overrides, quantized=True)
+    model = init_from.load(start, model_overrides=overrides, quantized=True)
     stored = model.meta.quantize if model.meta is not None else None
     if mode and stored and not quantization.same_weights(stored, mode):
         raise ValueError(f"bertjax.load: {path} was exported as {stored}, whose weights do not run as {mode}: load it "

@@ -37,6 +37,7 @@ TASK_KINDS = ("classification", "multiple_choice", "tagging", "regression")
 LAYER_MAPS = ("uniform", "skip", "last")
 # TinyBERT's published code zeroes attention scores at or below this before the MSE: the masked keys.
 MASKED_SCORE = -1e2
+SOFT_LOSSES = ("kl", "mse")  # task distillation's: soft_cross_entropy (Hinton et al.), logit_mse (Tang et al.)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -65,6 +66,16 @@ def soft_cross_entropy(student_logits, teacher_logits, weights, temperature: flo
     s = jax.nn.log_softmax(student_logits.astype(jnp.float32) / temperature, axis=-1)
     kl = jnp.sum(jnp.exp(t) * (t - s), axis=-1)  # [...]
     return temperature ** 2 * _weighted_mean(kl, weights.astype(jnp.float32))
+
+
+def logit_mse(student_logits, teacher_logits, weights):
+    """||z_teacher - z_student||^2 per row, summed over the K logits (Tang et al. 2019, eq. 2; torch's MSELoss
+    is this / K), the mean over the weighted rows: a float32 scalar. One logit (regression): the squared difference.
+    student_logits, teacher_logits [..., K] float; weights [...] float, 1 for a real row, 0 for padding.
+    Example: mse = logit_mse(logits, teacher_logits, batch["example_weight"])
+    """
+    diff = student_logits.astype(jnp.float32) - teacher_logits.astype(jnp.float32)
+    return _weighted_mean(jnp.sum(jnp.square(diff), axis=-1), weights.astype(jnp.float32))
 
 
 def cosine_loss(student_hidden, teacher_hidden, mask, eps: float = 1e-8):
@@ -377,26 +388,34 @@ def summarize(window: dict) -> dict:
 
 
 def task_distillation_loss(logits, labels, weights, teacher_logits, *, gold_loss, kind: str, temperature: float,
-                           alpha: float):
+                           alpha: float, soft_loss: str = "kl", gold_weights=None):
     """(1 - alpha) x the task's own loss on the gold labels + alpha x the soft loss toward the teacher:
-    T^2 x KL of the softened distributions for class logits (per example, choice or token), the squared
-    difference of the predicted values for regression (task distillation).
+    soft_loss "kl", T^2 x KL of the softened distributions for class logits (per example, choice or token);
+    "mse", logit_mse (Tang et al. 2019); the squared difference of the predicted values for regression either way.
 
     input           shape / dtype          meaning
     logits          float, the head's      the student's: [B, K], [B, C], [B, S, K] or [B, 1] (regression)
     labels          as gold_loss takes     the gold labels; gold_loss: HEADS[kind].loss
     weights         [B] float ([B, S])     1 for a real example (tagging: a tagged token), 0 for padding
     teacher_logits  as logits              the fine-tuned teacher's, on the same inputs (no gradient)
-    Returns (loss, sums): gold_loss's sums plus soft_loss_sum (the soft loss summed over the weighted rows).
+    gold_weights    [B] float or None      augmented data (bertjax/tasks/augmentation.py): 1 for an original
+                                           example, 0 for a copy, which has no gold label: the gold loss is
+                                           the originals' alone, the soft loss every row's
+    Returns (loss, sums): gold_loss's sums plus soft_loss_sum (the soft loss summed over the weighted rows); with
+    gold_weights, count and soft_loss_sum alone (a batch's gold-label accuracy would count only its originals).
     Example: loss, sums = task_distillation_loss(logits, y, w, t_logits, gold_loss=g, kind=k, temperature=2, alpha=0.5)
     """
-    gold, sums = gold_loss(logits, labels, weights)
+    if gold_weights is not None:
+        gold_weights = gold_weights.reshape(gold_weights.shape + (1,) * (weights.ndim - gold_weights.ndim))
+    gold, sums = gold_loss(logits, labels, weights if gold_weights is None else weights * gold_weights)
     weights = weights.astype(jnp.float32)
     teacher_logits = jax.lax.stop_gradient(teacher_logits)
-    if kind == "regression":
-        soft = _weighted_mean(jnp.square(logits[..., 0] - teacher_logits[..., 0]), weights)
+    if kind == "regression" or soft_loss == "mse":
+        soft = logit_mse(logits, teacher_logits, weights)
     else:
         soft = soft_cross_entropy(logits, teacher_logits, weights, temperature)
+    if gold_weights is not None:
+        sums = {"count": jnp.sum(weights)}
     return (1.0 - alpha) * gold + alpha * soft, dict(sums, soft_loss_sum=soft * jnp.sum(weights))
 
 
@@ -420,7 +439,7 @@ def task_layer_distillation_loss(params, batch, dropout_rng, teacher_params, *, 
                                    mutable=collections)
     teacher_logits, t_recorded = jax.lax.stop_gradient(teacher_net.apply(
         {"params": teacher_params}, *inputs, deterministic=True, mutable=collections))
-    loss, sums = soft_loss(logits, batch["label"], weights, teacher_logits)
+    loss, sums = soft_loss(logits, batch["label"], weights, teacher_logits, gold_weights=batch.get("gold_weight"))
     mask = batch["input_mask"].reshape(-1, batch["input_mask"].shape[-1])  # [B, S] ([B*C, S] for choices)
     rows = batch["example_weight"].astype(jnp.float32)
     rows = jnp.repeat(rows, mask.shape[0] // rows.shape[0])  # each choice row carries its example's weight
@@ -556,13 +575,15 @@ def compile_step_with_teacher(setup, loss_fn, teacher_params, data_sharding, gra
 
 def task_distillation_step(setup, teacher_net, teacher_params, kind: str, temperature: float, alpha: float,
                            data_sharding, grad_accum_steps: int, settings: LayerLosses = LayerLosses(),
-                           layer_map: tuple = ()):
+                           layer_map: tuple = (), soft_loss: str = "kl"):
     """Task distillation's train step: task_loss with the teacher's logits mixed into the loss
-    (task_distillation_loss), jitted with the teacher's params as an argument of the step; with the layer
-    losses of settings on, those added (task_layer_distillation_loss, teacher layer layer_map[i] for student
-    layer i)."""
+    (task_distillation_loss, its soft_loss), jitted with the teacher's params as an argument of the step; with the
+    layer losses of settings on, those added (task_layer_distillation_loss, teacher layer layer_map[i] for student
+    layer i). A batch with gold_weight (augmented data) has the gold loss of its originals alone."""
+    if soft_loss not in SOFT_LOSSES:
+        raise ValueError(f"soft_loss={soft_loss!r}: choose one of {SOFT_LOSSES}")
     soft = functools.partial(task_distillation_loss, gold_loss=heads.head(kind).loss, kind=kind,
-                             temperature=temperature, alpha=alpha)
+                             temperature=temperature, alpha=alpha, soft_loss=soft_loss)
     if settings.on:
         loss_fn = functools.partial(task_layer_distillation_loss, net=setup.net, teacher_net=teacher_net,
                                     soft_loss=soft, settings=settings, layer_map=layer_map)
@@ -571,6 +592,7 @@ def task_distillation_step(setup, teacher_net, teacher_params, kind: str, temper
 
     def loss_fn(params, batch, dropout_rng, teacher_params):
         teacher_logits = functools.partial(teacher_task_logits, teacher_params, net=teacher_net)
-        return task_loss(params, batch, dropout_rng, net=setup.net, loss=soft, teacher=teacher_logits)
+        loss = functools.partial(soft, gold_weights=batch.get("gold_weight"))
+        return task_loss(params, batch, dropout_rng, net=setup.net, loss=loss, teacher=teacher_logits)
 
     return compile_step_with_teacher(setup, loss_fn, teacher_params, data_sharding, grad_accum_steps)

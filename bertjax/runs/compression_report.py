@@ -2,9 +2,9 @@
 one task's dev set, one table: parameters and size against the teacher's, dev score and the share of
 the teacher's retained, latency at batch 1 and batch 32 and the speed-up, measured on this machine.
 
-Every model is read by bertjax.load (a fine-tuning workdir, a params export, a Hugging Face directory;
-`quantize` quantises it on load); every one is fed the same dev examples at the same sequence length S,
-each through its own tokenizer. Size is the bytes of the weights as loaded: what a params export of
+Every model is read by bertjax.load (a fine-tuning workdir, a params export, a Hugging Face directory, a BiLSTM
+student of task distillation; `quantize` quantises it on load); every one is fed the same dev examples at the same
+sequence length S, each through its own tokenizer. Size is the bytes of the weights as loaded: what a params export of
 the model writes (int8 kernels with their scales, float32 for the rest), less the file's headers; the
 dense kernels' size is that of the dense layers' kernels alone (values and scales), what low-bit
 weights shrink (the embedding tables stay int8 at most).

@@ -2,7 +2,8 @@
 family (pretraining, masked-LM or the task's class), sentence-transformers directories (a
 SentenceTransformer, SparseEncoder or MultiVectorEncoder as the embedding record says, or a CrossEncoder for
 a text-pair classifier), TensorFlow SavedModels, params.npz, each with a model card; what
-`python -m bertjax.export` runs (its docstring lists the formats)."""
+`python -m bertjax.export` runs (its docstring lists the formats). A BiLSTM student of task distillation
+(bertjax/models/bilstm.py) exports as params.npz alone, its record in config.json's distill section."""
 
 import json
 import os
@@ -23,7 +24,7 @@ from bertjax.runs.console import say
 from bertjax.tasks import registry
 from bertjax.text import templates
 from bertjax.models import bert as bert_model
-from bertjax.models import multivector
+from bertjax.models import bilstm, multivector
 from bertjax.models.config import BertConfig, fields_of
 from bertjax.training import checkpoint, saved_models
 from bertjax.training.checkpoint_meta import CheckpointMeta
@@ -201,8 +202,9 @@ def _check_cross_encoder(task) -> None:
 def write_params(bert, directory: str, meta: CheckpointMeta, precision: dict | None = None) -> None:
     flat = traverse_util.flatten_dict(_plain(bert.params), sep="/")
     np.savez(os.path.join(directory, "params.npz"), **flat)
+    student = bilstm.from_record(meta.distill) is not None  # its record says what the params are
     record = CheckpointMeta(meta.step, meta.model, tokenizer=meta.tokenizer, task=meta.task,
-                            embedding=meta.embedding).to_json()
+                            embedding=meta.embedding, distill=meta.distill if student else None).to_json()
     config = {"task": None, **record, "tokenizer": dict(record.get("tokenizer") or {})}
     if bert.quantize:  # kernels (qvalue or qpacked, scale) one per layer (unrolled), int8 tables (qrows, row_scale)
         config["model"] = {**meta.model, "scan_layers": False}
@@ -215,6 +217,23 @@ def write_params(bert, directory: str, meta: CheckpointMeta, precision: dict | N
         config["tokenizer"]["path"] = name
     with open(os.path.join(directory, "config.json"), "w") as f:
         json.dump(config, f, indent=1)
+
+
+def student_card(bert: inference.LoadedBiLSTM, meta: CheckpointMeta, path_hint: str) -> str:
+    """A BiLSTM student's model card: what it is, what it was distilled from, how to load it."""
+    s, task = bert.student, bert.task
+    pairs = ", each sentence of a pair read by it and the two combined as [h1, h2, h1*h2, |h1-h2|]" if s.pairs else ""
+    return "\n".join([
+        f"# A BiLSTM student distilled for {task.name}", "",
+        f"Exported by `python -m bertjax.export --format=params` (step {meta.step}).", "", "## Architecture", "",
+        f"- word embeddings of {s.embedding_size} over the teacher's vocabulary ({s.vocab_size} rows), a bidirectional "
+        f"LSTM of {s.hidden_size} units each way max-pooled over the real tokens{pairs}, a ReLU layer of "
+        f"{s.mlp_size}, {s.num_labels} logits (Tang et al. 2019)",
+        f"- {bert.num_params():,} parameters; a {task.kind} task" + (
+            f" over {len(task.labels)} labels ({', '.join(task.labels)})" if task.labels else ""),
+        f"- distilled from `{meta.distill.get('teacher')}`, whose tokenizer it reads", "", "## Loading", "",
+        "```python", "import bertjax", "", f'model = bertjax.load("{path_hint}")',
+        'model.predict(["a sentence"])', "```", ""])
 
 
 def write_savedmodel(bert, directory: str, max_seq_length: int | None) -> None:
@@ -254,6 +273,25 @@ def _check_request(source: str, to: str, export_format: str, quantize: str | Non
     return mixed
 
 
+def _card(bert, meta: CheckpointMeta, chosen: str, directory: str, export_format: str, to: str) -> str:
+    """The export's README.md (written into `directory`, renamed to `to`): the model card, with the quantisation
+    where there is one; a BiLSTM student's own card."""
+    if isinstance(bert, inference.LoadedBiLSTM):
+        return student_card(bert, meta, to)
+    written_config = os.path.join(directory, *([hf_electra.DISCRIMINATOR_DIR] if meta.electra else []), "config.json")
+    if not os.path.exists(written_config):  # an inference-free SparseEncoder: its Router's document side
+        written_config = os.path.join(directory, sentence_transformers.DOCUMENT_TRANSFORMER, "config.json")
+    written = json.loads(open(written_config).read()) if export_format in ("hf", "sentence-transformers") else {}
+    card = model_card.model_card(workdir=checkpoint.workdir_of(chosen), meta=meta, params=bert.params,
+                                 export_format=export_format,
+                                 path_hint=os.path.join(to, hf_electra.DISCRIMINATOR_DIR) if meta.electra else to,
+                                 hf_architecture=(written.get("architectures") or [None])[0])
+    if bert.quantize:
+        card += (f"\nQuantised: every dense layer's kernel is {quantization.describe(bert.quantize)} "
+                 f"({bert.quantize}, bertjax/compression/quantize.py); bertjax.load reads it as such.\n")
+    return card
+
+
 def export(source: str, to: str, export_format: str, *, step: int | None = None, overwrite: bool = False,
            max_seq_length: int | None = None, hf_class: str = "pretraining", quantize: str | None = None,
            size_budget: float | None = None, dev: str | None = None) -> str:
@@ -268,6 +306,9 @@ def export(source: str, to: str, export_format: str, *, step: int | None = None,
     chosen = checkpoint_to_export(source, step)
     bert, precision = (precision_plan.plan_from_path(chosen, dev, size_budget) if mixed
                        else (inference.load(chosen, quantize=quantize), None))
+    if isinstance(bert, inference.LoadedBiLSTM) and export_format != "params":
+        raise ValueError(f"--format={export_format}: {source} is a BiLSTM student (task distillation), which no other "
+                         "tool's format holds: export it with --format=params (bertjax.load reads it)")
     say_smaller_groups(bert.params, quantize)
     _, meta = checkpoint.restore_params(chosen)
     if step is not None and meta.step != step:
@@ -287,21 +328,8 @@ def export(source: str, to: str, export_format: str, *, step: int | None = None,
             write_sentence_transformers(bert, temporary)
         else:
             write_savedmodel(bert, temporary, max_seq_length)
-        written_config = os.path.join(temporary, *([hf_electra.DISCRIMINATOR_DIR] if meta.electra else []),
-                                      "config.json")
-        if not os.path.exists(written_config):  # an inference-free SparseEncoder: its Router's document side
-            written_config = os.path.join(temporary, sentence_transformers.DOCUMENT_TRANSFORMER, "config.json")
-        written = (json.loads(open(written_config).read()) if export_format in ("hf", "sentence-transformers")
-                   else {})
-        card = model_card.model_card(workdir=checkpoint.workdir_of(chosen), meta=meta, params=bert.params,
-                                     export_format=export_format,
-                                     path_hint=os.path.join(to, hf_electra.DISCRIMINATOR_DIR) if meta.electra else to,
-                                     hf_architecture=(written.get("architectures") or [None])[0])
-        if bert.quantize:
-            card += (f"\nQuantised: every dense layer's kernel is {quantization.describe(bert.quantize)} "
-                     f"({bert.quantize}, bertjax/compression/quantize.py); bertjax.load reads it as such.\n")
         with open(os.path.join(temporary, "README.md"), "w") as f:
-            f.write(card)
+            f.write(_card(bert, meta, chosen, temporary, export_format, to))
         if os.path.exists(to):
             old = f"{to}.export-old-{os.getpid()}"
             os.rename(to, old)

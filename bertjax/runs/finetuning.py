@@ -12,7 +12,9 @@ metrics), TensorBoard events, config.json, checkpoints/ (to resume), best/ (the 
 bertjax.load reads), predictions/ (every dev and test split, in each benchmark's own form) and
 summary.json. SIGTERM and Ctrl-C save and raise runs.start.Stopped; re-running resumes. With a
 theseus.predecessor (module replacing) or a distill.teacher (task distillation) the run compresses: its
-start and step come from bertjax/runs/finetuning_compression.py. A contrastive task trains a sentence
+start and step come from bertjax/runs/finetuning_compression.py; with distill.student=bilstm the model trained is
+a BiLSTM (Tang et al. 2019; bertjax/models/bilstm.py) over the teacher's vocabulary, and distill.augment_copies adds
+the paper's augmented copies of the training examples. A contrastive task trains a sentence
 embedder on its loss over the global batch's embeddings (bertjax/tasks/contrastive_steps.py; in cached
 microbatches with train.contrastive_microbatch), and its checkpoints record how it embeds.
 """
@@ -30,11 +32,13 @@ from ml_collections import config_dict
 
 from bertjax.compression import projections, pruning, theseus
 from bertjax import init_from
-from bertjax.models import heads, multivector, sparse
+from bertjax.models import bilstm, heads, multivector, sparse
 from bertjax.runs import config_checks, start
 from bertjax.runs.console import say
-from bertjax.runs.finetuning_compression import (TaskTeacher, distillation_step, replaces_modules, task_teacher,
-                                                 theseus_start, theseus_step, with_projections)
+from bertjax.runs.finetuning_compression import (TaskTeacher, augmentation_settings, augmented_data, bilstm_start,
+                                                 bilstm_student, distillation_step, replaces_modules, student_config,
+                                                 student_of, task_teacher, theseus_start, theseus_step,
+                                                 with_projections)
 from bertjax.runs.task_data import (TaskData, TaskStart, contrastive_chunks, eval_length, feature_based_settings,
                                     task_data, task_from_config)
 from bertjax.tasks import batches as task_batches
@@ -58,6 +62,7 @@ def finetune_or_sweep(config, workdir: str, distributed: start.Distributed | Non
 
 def finetune(config, workdir: str, distributed: start.Distributed | None = None) -> dict:
     """One fine-tuning run; returns its summary (also written to WORKDIR/summary.json)."""
+    config = student_config(config)  # a BiLSTM student or augmented data: checked before anything is written
     config, _ = config_checks.check_finetuning(config)  # a missing file is one line now, not after the model loads
     with start.session(workdir, distributed):
         return finetune_in_session(config, workdir)
@@ -72,15 +77,10 @@ def finetune_in_session(config, workdir: str) -> dict:
     # ---------------------------------------------------------------- task and pretrained model
     task = task_from_config(config)
     num_labels = heads.resolve_num_labels(task.kind, kinds.get(task.kind).num_labels(task.labels))
-    predecessor = teacher = None  # module replacing's or task distillation's model fine-tuned on the task
-    if replaces_modules(config):
-        start_from, predecessor = theseus_start(config, task, num_labels)
-    else:
-        start_from = starting_model(config, task, num_labels)
-        teacher = task_teacher(config, task, num_labels, start_from)  # None without distill.teacher
+    start_from, predecessor, teacher = starting_models(config, task, num_labels)
 
     # ---------------------------------------------------------------- data
-    data = task_data(config, task, start_from.tokenizer, start_from.bert_config, layout)
+    data, student = training_data(config, task, start_from, teacher, num_labels, layout)
 
     # ---------------------------------------------------------------- head, optimizer, state: shapes first
     feature_based = feature_based_settings(config, task, start_from.bert_config.num_layers)
@@ -88,11 +88,11 @@ def finetune_in_session(config, workdir: str) -> dict:
                  if task.kind == registry.CONTRASTIVE else None)  # contrastive: the embedder's pooling
     init_key, dropout_key = root_keys(config.train.seed, config.train.dropout_rng)
     setup = task_setup(config, task, start_from, num_labels, feature_based, data.num_steps, layout, init_key,
-                       embedding, teacher)
+                       embedding, teacher, student)
 
     # ---------------------------------------------------------------- restore: this workdir > init_from
     checkpointer = task_checkpointer(config, workdir, data.steps_per_epoch, teacher)
-    state, best = restore(checkpointer, setup, task, init_key)
+    state, best = restore(checkpointer, setup, task, init_key, student)
 
     # ---------------------------------------------------------------- jitted steps
     if predecessor is not None:  # module replacing: the predecessor's layers inside the step
@@ -115,7 +115,7 @@ def finetune_in_session(config, workdir: str) -> dict:
     writer.write_config(config.to_dict())
     if int(state.step) > 0:
         writer.resumed(int(state.step))
-    meta = run_meta(config, workdir, task, start_from, feature_based, data.settings)
+    meta = run_meta(config, workdir, task, start_from, feature_based, data.settings, student)
     run = Run(config, workdir, task, data, scorer, checkpointer, writer, meta, best, setup.schedule)
     with layout.active():
         state = train_loop(run, state, p_train_step, dropout_key, layout.data_sharding)
@@ -123,6 +123,32 @@ def finetune_in_session(config, workdir: str) -> dict:
         # ------------------------------------------------------------ predictions of the best checkpoint
         written = predict_splits(run, state, projections.without_projections(setup.abstract_state.params))
     return summarize(run, written)
+
+
+def starting_models(config, task, num_labels: int) -> tuple[TaskStart, init_from.Pretrained | None,
+                                                             TaskTeacher | None]:
+    """(the model the run starts from, module replacing's predecessor, task distillation's teacher), as
+    theseus.predecessor, distill.student and distill.teacher ask; None for those the run has not."""
+    if replaces_modules(config):
+        return *theseus_start(config, task, num_labels), None
+    if student_of(config) == bilstm.STUDENT:  # the teacher's tokenizer; the student's weights start fresh
+        start_from, teacher = bilstm_start(config, task, num_labels)
+        return start_from, None, teacher
+    start_from = starting_model(config, task, num_labels)
+    return start_from, None, task_teacher(config, task, num_labels, start_from)  # None without distill.teacher
+
+
+def training_data(config, task, start_from: TaskStart, teacher: TaskTeacher | None, num_labels: int,
+                  layout: start.Layout) -> tuple[TaskData, bilstm.BiLSTMConfig | None]:
+    """The task's splits as features, the training split with the paper's augmented copies where
+    distill.augment_copies asks (the teacher labels them in the step); and a BiLSTM student's shape, which its
+    training split decides (sentence pairs or not), else None."""
+    data = task_data(config, task, start_from.tokenizer, start_from.bert_config, layout)
+    if teacher is not None and augmentation_settings(config) is not None:
+        data = augmented_data(config, start_from.tokenizer, data)
+    if student_of(config) != bilstm.STUDENT:
+        return data, None
+    return data, bilstm_student(config, start_from, num_labels, data.train)
 
 
 def init_from_path(config) -> str:
@@ -174,13 +200,15 @@ def starting_model(config, task, num_labels: int) -> TaskStart:
 
 def task_setup(config, task, start_from: TaskStart, num_labels: int, feature_based: dict | None,
                num_steps: int, layout: start.Layout, init_key, embedding: dict | None = None,
-               teacher: TaskTeacher | None = None) -> Setup:
+               teacher: TaskTeacher | None = None, student: bilstm.BiLSTMConfig | None = None) -> Setup:
     """The task's network, optimizer and state layout (shapes first, created sharded), its fresh
     parameters holding the pretrained encoder (and the whole head, continuing this task's fine-tuning);
     a task distillation student narrower than its teacher also trains projections to its width (under
-    projections.PROJECTIONS, beside the model's params): those init_from's distillation learned, else fresh."""
-    net = heads.network(task.kind, start_from.bert_config, num_labels, feature_based=feature_based,
-                        embedding=embedding)
+    projections.PROJECTIONS, beside the model's params): those init_from's distillation learned, else fresh.
+    A BiLSTM student (student) is its own network, all fresh, at distill.bilstm_learning_rate."""
+    net = (bilstm.BiLSTMClassifier(student) if student is not None else
+           heads.network(task.kind, start_from.bert_config, num_labels, feature_based=feature_based,
+                         embedding=embedding))
     schedule_config = config_dict.ConfigDict(dict(
         warmup_steps=int(round(config.schedule.warmup_fraction * num_steps)), decay=config.schedule.decay,
         power=config.schedule.power))
@@ -188,6 +216,9 @@ def task_setup(config, task, start_from: TaskStart, num_labels: int, feature_bas
     if feature_based:
         optimizer_config = config_dict.ConfigDict(dict(config.optimizer.to_dict(),
                                                        learning_rate=config.feature_based.learning_rate))
+    if student is not None:  # trained from scratch: a rate of its own
+        optimizer_config = config_dict.ConfigDict(dict(config.optimizer.to_dict(),
+                                                       learning_rate=config.distill.bilstm_learning_rate))
     tx, schedule = optim.optimizer_from_config(optimizer_config, schedule_config, num_steps)
     if feature_based:  # the encoder stays as pretrained: only the tagger on its features learns
         tx = optax.chain(tx, optax.masked(optax.set_to_zero(), heads.encoder_mask))
@@ -196,8 +227,8 @@ def task_setup(config, task, start_from: TaskStart, num_labels: int, feature_bas
     if replaces_modules(config):  # module replacing: the successor's layers alone learn
         tx = theseus.successor_layers_only(tx)
     task_inputs = heads.dummy_inputs(task.kind, 1, config.data.max_seq_length, task.num_choices or 1)
-    prepare_params = functools.partial(with_pretrained, start_from=start_from)
-    if teacher is not None:
+    prepare_params = functools.partial(with_pretrained, start_from=start_from) if student is None else None
+    if teacher is not None and student is None:
         prepare_params = with_projections(prepare_params, config, start_from, teacher, init_key)
     return Setup.create(net, task_inputs, tx, schedule, layout.mesh, layout.rules, init_key,
                         prepare_params=prepare_params)
@@ -230,13 +261,14 @@ def task_checkpointer(config, workdir: str, steps_per_epoch: int, teacher: TaskT
     return projections.ProjectionCheckpointer.wrap(checkpointer, names)
 
 
-def restore(checkpointer, setup: Setup, task, init_key) -> tuple[TrainState, dict]:
+def restore(checkpointer, setup: Setup, task, init_key, student: bilstm.BiLSTMConfig | None = None
+            ) -> tuple[TrainState, dict]:
     """The state to start from (this workdir's latest checkpoint, else fresh with the pretrained encoder)
     and the best dev result so far."""
     abstract_state = setup.abstract_state
     restored = checkpointer.restore_latest(abstract_state.params, abstract_state.opt_state,
                                            check_meta=functools.partial(check_same_task, task=task,
-                                                                        params=abstract_state.params))
+                                                                        params=abstract_state.params, student=student))
     if restored is None:
         return setup.init(init_key), dict(NO_BEST)
     say(f"resumed from step {restored.step}")
@@ -244,12 +276,16 @@ def restore(checkpointer, setup: Setup, task, init_key) -> tuple[TrainState, dic
     return state, dict(restored.meta.best or NO_BEST)
 
 
-def check_same_task(step: int, meta: CheckpointMeta, *, task, params=None) -> None:
+def check_same_task(step: int, meta: CheckpointMeta, *, task, params=None, student=None) -> None:
     saved = meta.task
     if saved and (saved.name, saved.kind, list(saved.labels)) != (task.name, task.kind, list(task.labels)):
         raise checkpoint.CheckpointMismatch(
             f"the workdir's checkpoint at step {step} fine-tunes task {saved.name} ({saved.kind}, labels "
             f"{list(saved.labels)}), not {task.name}: use a new workdir")
+    if bilstm.from_record(meta.distill) != student:  # a BiLSTM student (of this shape) or not
+        raise checkpoint.CheckpointMismatch(
+            f"the workdir's checkpoint at step {step} is {bilstm.describe(bilstm.from_record(meta.distill))}, this "
+            f"run trains {bilstm.describe(student)}: use a new workdir")
     trained = meta.embedding.multivector if meta.embedding is not None else None
     if trained and params is not None and multivector.PROJECTION in params:  # ColBERT: the projection's width
         multivector.check_projection(params, (meta.model["hidden_size"], trained["dim"]))
@@ -266,9 +302,11 @@ def contrastive_train_step(config, setup: Setup, settings, data_sharding, num_st
                                                 config.train.batch_size // chunks if chunks > 1 else 0, num_steps)
 
 
-def run_meta(config, workdir: str, task, start_from: TaskStart, feature_based, settings) -> CheckpointMeta:
+def run_meta(config, workdir: str, task, start_from: TaskStart, feature_based, settings,
+             student: bilstm.BiLSTMConfig | None = None) -> CheckpointMeta:
     """What every checkpoint of the run carries: the model, optimizer, tokenizer and task (bertjax.load
-    reads the task's kind, labels and settings back)."""
+    reads the task's kind, labels and settings back); a BiLSTM student's record (what tells bertjax.load, export
+    and a resume that the model is no BERT; `model` is then its teacher's, whose vocabulary it reads)."""
     kind = start_from.files.kind
     name = (workdirs.keep_vocabulary(workdir, start_from.files.vocab_path, kind) if jax.process_index() == 0
             else files.VOCAB_FILES[kind])
@@ -278,7 +316,8 @@ def run_meta(config, workdir: str, task, start_from: TaskStart, feature_based, s
         task=TaskRecord(task.name, task.kind, tuple(task.labels), task.num_choices,
                         eval_length(config, task),
                         task.squad_version, feature_based, dataclasses.asdict(settings) if settings else None),
-        embedding=settings.embedding_record() if task.kind == registry.CONTRASTIVE else None)
+        embedding=settings.embedding_record() if task.kind == registry.CONTRASTIVE else None,
+        distill=bilstm.record(student, config.distill.teacher) if student is not None else None)
 
 
 @dataclasses.dataclass
@@ -349,7 +388,7 @@ def train_loop(run: Run, state: TrainState, p_train_step, dropout_key, data_shar
     train_features = data.train.features
     batch_keys = kinds.get(run.task.kind).batch_keys
     train_keys = batch_keys(train_features) if batch_keys else (
-        TRAIN_KEYS + tuple(k for k in ("label_weight",) if k in train_features))
+        TRAIN_KEYS + tuple(k for k in ("label_weight", "gold_weight") if k in train_features))
     if data.packing is None:
         batches = task_batches.train_batches(train_features, config.train.batch_size, config.train.seed,
                                              int(state.step), process_index=jax.process_index(),
@@ -423,6 +462,7 @@ def summarize(run: Run, written: list[str]) -> dict:
 
 def sweep(config, workdir: str, distributed: start.Distributed | None = None) -> dict:
     """The paper's model selection: one run per learning rate, the best on the dev set's main metric."""
+    student_config(config)  # a BiLSTM student reads no optimizer.learning_rate: one line now
     if not config.data.validation and task_from_config(config).kind == registry.CONTRASTIVE:
         raise ValueError("config.sweep chooses the learning rate on the dev set: set config.data.validation to a "
                          "JSON-lines file")

@@ -94,6 +94,29 @@ def finetune_config(task: str) -> ml_collections.ConfigDict:
         # rows. A narrower student learns projections to the teacher's width (TinyBERT's W_e, W_h), saved
         # beside the optimizer state, never with the model; alpha_pkd needs the teacher's width.
         **distill_configs.layer_losses(),
+        # bert: the student is the model train.init_from names, fine-tuned with the task's head. bilstm: Tang et
+        # al. 2019's BiLSTM (bertjax/models/bilstm.py) over the teacher's vocabulary, from fresh weights
+        # (train.init_from unset), for classification and regression; its soft loss is the squared distance of
+        # the logits (temperature unread; the paper's BiLSTM-soft learns from it alone: alpha=1.0), its record
+        # kept with its checkpoints, so that bertjax.load, export (--format=params) and the report read it.
+        student="bert",
+        bilstm_embedding_size=300,  # E, the word embeddings' width (the paper's word2vec's)
+        bilstm_hidden_size=150,  # LSTM units each way
+        bilstm_mlp_size=200,  # the ReLU layer between the pooled states and the logits
+        bilstm_dropout_rate=0.0,  # on the pooled states, in training
+        bilstm_learning_rate=1e-3,  # replaces optimizer.learning_rate: a student trained from scratch
+        # The paper's augmentation (section 3.2; bertjax/tasks/augmentation.py): augment_copies copies of each
+        # training example (n_iter; duplicates dropped; 0: none), each word masked with augment_p_mask, else
+        # swapped with augment_p_pos for a word of its frequency band (of augment_band words; the paper's same-POS
+        # word, without a tagger), then the copy cut to an n-gram (n in 1..augment_max_ngram) with augment_p_ng.
+        # The teacher labels the copies; the gold loss reads the originals alone. Classification and regression;
+        # data.packing off; epochs count every row.
+        augment_copies=0,
+        augment_p_mask=0.1,
+        augment_p_pos=0.1,
+        augment_p_ng=0.25,
+        augment_max_ngram=5,
+        augment_band=100,
     ))
     # BERT-of-Theseus (Xu et al. 2020; bertjax/compression/theseus.py): the predecessor's modules of N/M layers
     # are replaced at random by successor layers (started from its first M), which alone train; WORKDIR's model
