@@ -28,10 +28,16 @@ def define_flags() -> dict:
     )
 
 
+def check(config):
+    """The config as the run checks it; a BiLSTM student's is completed first (its train.init_from is the
+    teacher), as the run does."""
+    return config_checks.check_finetuning(finetuning.student_config(config))
+
+
 def main(argv, args):
     console.no_arguments(argv)
     if args.dry_run:
-        console.finish(config_checks.dry_run, config_checks.check_finetuning, args.config)
+        console.finish(config_checks.dry_run, check, args.config)
         return
     console.finish(finetuning.finetune_or_sweep, args.config, args.workdir, console.distributed(args))
 

@@ -19,7 +19,8 @@ ROOT = pathlib.Path(__file__).resolve().parents[1]
 FAMILY_CLASSES = {"roberta_tiny": "RobertaForMaskedLM", "albert_tiny": "AlbertForPreTraining",
                   "modernbert_tiny": "ModernBertForMaskedLM", "tiny": "BertForPreTraining",
                   "roberta_base": "RobertaForMaskedLM", "albert_base": "AlbertForPreTraining",
-                  "modernbert_base": "ModernBertForMaskedLM", "modernbert_large": "ModernBertForMaskedLM"}
+                  "modernbert_base": "ModernBertForMaskedLM", "modernbert_large": "ModernBertForMaskedLM",
+                  "mobilebert_tiny": "MobileBertForPreTraining", "mobilebert": "MobileBertForPreTraining"}
 
 
 def test_every_pretraining_config_is_a_size():

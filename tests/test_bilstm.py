@@ -18,7 +18,7 @@ from conftest import finetune_config
 from bertjax.compression import distillation
 from bertjax.models import bilstm, heads
 from bertjax.runs import compression_report as report
-from bertjax.runs import console, exporting, finetuning
+from bertjax.runs import config_checks, console, exporting, finetuning
 from bertjax.tasks import augmentation
 from bertjax.tasks.examples import Example
 from bertjax.text import templates
@@ -280,6 +280,13 @@ def refused(config, tmp_path, capsys) -> str:
     lines = capsys.readouterr().err.strip().splitlines()
     assert len(lines) == 1, lines
     return lines[0]
+
+
+def test_a_bilstm_students_dry_run_is_the_runs_check(student_run, capsys):
+    from bertjax import finetune
+
+    config_checks.dry_run(finetune.check, student_run["config"])
+    assert capsys.readouterr().out.strip().endswith("--dry_run: the config is valid; nothing was built or written")
 
 
 @pytest.mark.parametrize("kind", ["span", "tagging", "multiple_choice", "contrastive", "rerank"])

@@ -1,5 +1,6 @@
-"""The model families (RoBERTa, ALBERT, ModernBERT) as options of the one encoder, against transformers:
-random small weights in float32, logits within 1e-5 of the reference, and HF -> bertjax -> HF bit-exact.
+"""The model families (RoBERTa, ALBERT, ModernBERT; MobileBERT's parity: tests/test_mobilebert.py) as options
+of the one encoder, against transformers: random small weights in float32, logits within 1e-5 of the
+reference, and HF -> bertjax -> HF bit-exact.
 
 As in tests/test_hf.py, every reference parameter (norms and biases included) is overwritten with
 noise, so that a wrong name, transpose or reshape in a family's table shows up in the outputs.
@@ -232,6 +233,21 @@ def test_modernbert_round_trip(modernbert, tmp_path):
     (dict(global_cls=True), "model.global_cls=True opens the local layers' window to [CLS]: it needs"),
     (dict(global_cls=True, local_attention_window=4, attention_impl="splash", attention_dropout_rate=0.0),
      "model.global_cls=True needs model.attention_impl"),
+    # MobileBERT's options: its own, with a bottleneck to read, one attention input, its own post-norm block.
+    (dict(block="transformer"), "model.block='transformer': choose one of"),
+    (dict(trigram_input=True, num_feedforward_networks=2),
+     "model options ['trigram_input', 'num_feedforward_networks'] are MobileBERT's: set model.block='mobilebert'"),
+    (dict(block="mobilebert", key_query_shared_bottleneck=True), "need model.intra_bottleneck_size > 0"),
+    (dict(block="mobilebert", intra_bottleneck_size=16, key_query_shared_bottleneck=True,
+          use_bottleneck_attention=True), "are two inputs of the attention: set one"),
+    (dict(block="mobilebert", intra_bottleneck_size=16), "attends over the H-wide input only where it is"),
+    (dict(block="mobilebert", num_feedforward_networks=0), "model.num_feedforward_networks=0 >= 1"),
+    (dict(block="mobilebert", embedding_size=64), "model.embedding_size=64 is wider than model.hidden_size=32"),
+    (dict(block="mobilebert", intra_bottleneck_size=15, use_bottleneck_attention=True),
+     "model.intra_bottleneck_size=15 is not divisible by model.num_heads=2"),
+    (dict(block="mobilebert", norm_placement="pre", activation="geglu"),
+     "model.block='mobilebert' has post-norm blocks of its own, learned positions, global attention, no shared "
+     "or pruned layers and no gated activation: unset ['norm_placement', 'activation']"),
 ])
 def test_incompatible_options_are_one_line_naming_the_keys(fields, keys):
     with pytest.raises(ValueError) as error:
@@ -252,12 +268,17 @@ SCANNABLE = dict(position_embedding="rotary", rotary_theta=500.0, activation="ge
 
 # Networks whose scanned layout differs from BERT's (scanned_layout), at 4 layers: ALBERT's groups
 # stacked [G, ...], each run L/G times; ModernBERT's layer 0 unrolled and layers 1..3 stacked, local
-# (window 4 < seq 16, rotary base 500) or global (base 20,000) by a flag scanned over.
+# (window 4 < seq 16, rotary base 500) or global (base 20,000) by a flag scanned over. And MobileBERT's
+# block, stacked as BERT's: bottlenecks of 16, the shared query/key one, three FFNs, NoNorm, ReLU.
+MOBILEBERT = dict(block="mobilebert", embedding_size=16, trigram_input=True, intra_bottleneck_size=16,
+                  key_query_shared_bottleneck=True, num_feedforward_networks=3, norm="no_norm", activation="relu",
+                  pooler="first")
 SCANNED_FAMILIES = {
     "albert_one_group": dict(num_layers=4, num_hidden_groups=1, embedding_size=24, activation="gelu_tanh"),
     "albert_two_groups": dict(num_layers=4, num_hidden_groups=2),
     "modernbert": dict(SCANNABLE, num_layers=4, norm_placement="pre", local_attention_window=4,
                        global_attention_every=3, global_rotary_theta=20000.0),
+    "mobilebert": dict(MOBILEBERT, num_layers=4),
 }
 SCAN_BATCH = make_batch(50, pad=0, seq=16, seed=3)
 
@@ -307,7 +328,8 @@ def _assert_trees_close(a, b, atol=1e-5):
 
 
 @pytest.mark.parametrize("family, remat", [("albert_one_group", "none"), ("albert_two_groups", "save_named"),
-                                           ("modernbert", "none"), ("modernbert", "full")])
+                                           ("modernbert", "none"), ("modernbert", "full"),
+                                           ("mobilebert", "save_named")])
 def test_options_under_scan_and_remat_compute_the_unrolled_network(family, remat):
     """The scanned layouts compute the unrolled network, outputs and gradients (the heads' rows taken
     after a scan are compared with transformers in the next test)."""
@@ -410,6 +432,10 @@ def test_the_family_of_a_config_is_the_one_whose_options_it_has(tmp_path):
     assert hf.family_of_config(_small(embedding_size=16)) is hf.FAMILIES["albert"]
     assert hf.family_of_config(_small(embedding_size=16, pooler="gelu")) is hf.FAMILIES["electra"]
     assert hf.config_to_hf(_small(pooler="gelu"))["architectures"] == ["ElectraForPreTraining"]
+    # MobileBERT's block comes with factorised embeddings of its own: MobileBERT's, not ALBERT's.
+    assert hf.family_of_config(_small(**MOBILEBERT)) is hf.FAMILIES["mobilebert"]
+    with pytest.raises(ValueError, match="a MobileBERT checkpoint needs model.block='mobilebert', activation relu"):
+        hf.family_of_config(_small(**dict(MOBILEBERT, norm="rmsnorm")))
     with pytest.raises(ValueError, match=r"model options \['global_cls'\] are not ModernBERT's"):  # Longformer's [CLS]
         hf.family_of_config(_small(**dict(SCANNED_FAMILIES["modernbert"], norm="layernorm"), global_cls=True))
     with pytest.raises(ValueError, match=r"model options \['norm'\] make a network no Hugging Face class has"):

@@ -1,9 +1,9 @@
-"""Task heads of the model families (RoBERTa, ALBERT, ModernBERT; ELECTRA's heads too) to and from their transformers
-task classes, for every task kind: random bertjax heads exported and loaded with nothing missing, logits equal
-within 1e-5 (float32, eval mode, right-padded rows); HF's own randomly initialised task models imported
-and written back bit for bit; a pretraining directory as a head's start; the exported tokenizer
-(WordPiece or SentencePiece) through AutoTokenizer straight into the exported model; and a fine-tuning
-run from a family's directory, exported back to its class."""
+"""Task heads of the model families (RoBERTa, ALBERT, ModernBERT, MobileBERT; ELECTRA's heads too) to and from
+their transformers task classes, for every task kind: random bertjax heads exported and loaded with nothing
+missing, logits equal within 1e-5 (float32, eval mode, right-padded rows); HF's own randomly initialised task
+models imported and written back bit for bit; a pretraining directory as a head's start; the exported
+tokenizer (WordPiece or SentencePiece) through AutoTokenizer straight into the exported model; and a
+fine-tuning run from a family's directory, exported back to its class."""
 
 import functools
 import json
@@ -23,7 +23,7 @@ from bertjax.models import heads
 
 ATOL = 1e-5
 KINDS = ("classification", "regression", "multiple_choice", "span", "tagging")
-FAMILIES = ("roberta", "albert", "modernbert")
+FAMILIES = ("roberta", "albert", "modernbert", "mobilebert")
 # ELECTRA's task classes (its sequence classifier: dense, GELU, out_proj) in the head tests.
 HEAD_FAMILIES = FAMILIES + ("electra",)
 NUM_LABELS = {"classification": 3, "regression": None, "multiple_choice": None, "span": None, "tagging": 5}
@@ -44,12 +44,18 @@ HF_CONFIGS = {
                        sep_token_id=3),
     "electra": dict(vocab_size=95, embedding_size=16, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
                     intermediate_size=48, max_position_embeddings=24, pad_token_id=0),
+    # The published network's options: no pooler dense (classifier_activation false), a shared q/k bottleneck.
+    "mobilebert": dict(vocab_size=93, embedding_size=16, hidden_size=32, intra_bottleneck_size=16,
+                       num_hidden_layers=2, num_attention_heads=2, intermediate_size=24, num_feedforward_networks=2,
+                       max_position_embeddings=24, classifier_activation=False, pad_token_id=0),
 }
 CONFIG_CLASSES = {"roberta": transformers.RobertaConfig, "albert": transformers.AlbertConfig,
-                  "modernbert": transformers.ModernBertConfig, "electra": transformers.ElectraConfig}
+                  "modernbert": transformers.ModernBertConfig, "electra": transformers.ElectraConfig,
+                  "mobilebert": transformers.MobileBertConfig}
 PRETRAINING_CLASSES = {"roberta": transformers.RobertaForMaskedLM, "albert": transformers.AlbertForPreTraining,
                        "modernbert": transformers.ModernBertForMaskedLM,
-                       "electra": transformers.ElectraForPreTraining}
+                       "electra": transformers.ElectraForPreTraining,
+                       "mobilebert": transformers.MobileBertForPreTraining}
 
 
 def hf_config(family: str, kind: str | None = None):
@@ -162,7 +168,9 @@ def test_a_transformers_task_model_imports_and_exports_bit_for_bit(family, kind,
     loaded = init_from.load(init_from.resolve(str(tmp_path), tokenizer=False), head=kind, num_labels=NUM_LABELS[kind])
     family_record = hf.FAMILIES[family]
     # A class without the pooler (RoBERTa's and ALBERT's span and tagging): bertjax's is fresh, and unused.
-    pooler = [] if family_record.task_classes[kind].pooler else ["bert/pooler/bias", "bert/pooler/kernel"]
+    # MobileBERT's "first" pooler has no params to be fresh.
+    has_pooler = family_record.task_classes[kind].pooler or loaded.config.pooler == "first"
+    pooler = [] if has_pooler else ["bert/pooler/bias", "bert/pooler/kernel"]
     assert loaded.missing == pooler
     cfg, params = loaded.config, loaded.params
     segments = cfg.type_vocab_size >= 2
@@ -191,7 +199,7 @@ def test_every_task_kind_has_a_class_in_every_family():
 # The pretraining class's pooler where it has one (ALBERT's; ModernBERT's masked-LM head is its task
 # classes' `head` too, and loads as the pooler, as transformers loads it): else it is fresh.
 FRESH = {"roberta": ["bert/pooler/bias", "bert/pooler/kernel"], "albert": [], "modernbert": [],
-         "electra": ["bert/pooler/bias", "bert/pooler/kernel"]}
+         "electra": ["bert/pooler/bias", "bert/pooler/kernel"], "mobilebert": []}
 
 
 @pytest.mark.parametrize("family", HEAD_FAMILIES)

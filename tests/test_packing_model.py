@@ -30,6 +30,10 @@ FAMILIES = {
     "modernbert": dict(num_layers=3, position_embedding="rotary", activation="geglu", norm_placement="pre",
                        use_bias=False, type_vocab_size=0, local_attention_window=4, global_attention_every=2,
                        rotary_theta=100.0, global_rotary_theta=1000.0, pooler="gelu_norm", layer_norm_eps=1e-5),
+    # Trigram inputs: a sequence's neighbours past its ends are what a row of its own gives (zeros, [PAD]).
+    "mobilebert": dict(block="mobilebert", embedding_size=16, trigram_input=True, intra_bottleneck_size=16,
+                       key_query_shared_bottleneck=True, num_feedforward_networks=2, norm="no_norm",
+                       activation="relu", pooler="first"),
 }
 # Scanned: ModernBERT (layer 0 unrolled, local/global selected per step); ALBERT's scanned groups run the
 # same blocks as unrolled (tests/test_families.py), so its unrolled case covers its packing.

@@ -15,7 +15,7 @@ from bertjax.bench import model_summary
 from bertjax.interop import hf
 from bertjax.models import bert
 from bertjax.models.config import BertConfig
-from configs import albert_base, base, large, modernbert_base, modernbert_large, roberta_base
+from configs import albert_base, base, large, mobilebert, modernbert_base, modernbert_large, roberta_base
 
 # bertjax keeps BertForPreTraining's pooler and next-sentence head in every family (the sentence task of
 # configs whose objective has none is simply not trained); the HF class lacks both where it is a
@@ -29,6 +29,8 @@ CASES = [
     (albert_base, "AlbertForPreTraining", ()),
     (modernbert_base, "ModernBertForMaskedLM", NO_POOLER_NOR_SENTENCE_HEAD),
     (modernbert_large, "ModernBertForMaskedLM", NO_POOLER_NOR_SENTENCE_HEAD),
+    # The published MobileBERT: no pooler on either side (classifier_activation false, model.pooler="first").
+    (mobilebert, "MobileBertForPreTraining", ()),
 ]
 
 

@@ -21,7 +21,8 @@ def torch_cuda_available() -> bool:
 
 
 # The label of the sentence head, by the HF class that has one (the masked-LM classes have none).
-HF_SENTENCE_LABELS = {"BertForPreTraining": "next_sentence_label", "AlbertForPreTraining": "sentence_order_label"}
+HF_SENTENCE_LABELS = {"BertForPreTraining": "next_sentence_label", "AlbertForPreTraining": "sentence_order_label",
+                      "MobileBertForPreTraining": "next_sentence_label"}
 
 
 def hf_peer_config(cfg: BertConfig) -> dict:

@@ -35,8 +35,9 @@ def hf_class_count(cfg: BertConfig) -> tuple[str, int, list[str]] | None:
     except ValueError:
         return None
     architecture, table = family.architecture, family.table
-    # Rows with {i} stand for every layer (or ALBERT's group) of an unrolled stack.
-    named = re.compile("|".join(r"\d+".join(map(re.escape, path.split("{i}"))) for _, path, _ in table))
+    # Rows with {i} stand for every layer (or ALBERT's group) of an unrolled stack, {j} for each of a MobileBERT
+    # layer's extra feed-forward networks.
+    named = re.compile("|".join(r"\d+".join(map(re.escape, re.split(r"\{[ij]\}", path))) for _, path, _ in table))
     unrolled = nn.unbox(abstract_params(dataclasses.replace(cfg, scan_layers=False)))
     count, lacking = 0, []
     for path, leaf in jax.tree_util.tree_leaves_with_path(unrolled):

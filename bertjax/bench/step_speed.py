@@ -22,6 +22,8 @@ import configs.electra_tiny
 import configs.large
 import configs.medium
 import configs.mini
+import configs.mobilebert
+import configs.mobilebert_tiny
 import configs.modernbert_base
 import configs.modernbert_large
 import configs.modernbert_tiny
@@ -63,7 +65,8 @@ SIZES = {"tiny": configs.tiny, "mini": configs.mini, "small": configs.small, "me
          "albert_tiny": configs.albert_tiny, "albert_base": configs.albert_base,
          "modernbert_tiny": configs.modernbert_tiny, "modernbert_base": configs.modernbert_base,
          "modernbert_large": configs.modernbert_large, "electra_tiny": configs.electra_tiny,
-         "electra_small": configs.electra_small, "electra_base": configs.electra_base}
+         "electra_small": configs.electra_small, "electra_base": configs.electra_base,
+         "mobilebert_tiny": configs.mobilebert_tiny, "mobilebert": configs.mobilebert}
 
 
 def load_config(size: str):

@@ -1,12 +1,12 @@
 """Hugging Face checkpoints <-> bertjax, for every family, in both directions, without torch or transformers.
 
-    cfg, params, missing = hf.load_hf_checkpoint("path/to/bert-base-uncased")   # or RoBERTa, ALBERT, ModernBERT
+    cfg, params, missing = hf.load_hf_checkpoint("path/to/bert-base-uncased")   # or any family of FAMILIES
     hf.save_hf_checkpoint("exported/", cfg, params, vocab_path="vocab.txt")      # the family's own class
 
-One API over the family records of `FAMILIES` (BERT, RoBERTa, ALBERT, ModernBERT, ELECTRA; hf_<model_type>.py,
-keyed by config.json's model_type): configs, state dicts, task heads and directories. A directory's
-family is its config.json's model_type (`family_of`); a model's is the one whose class computes its
-network (`family_of_config`). The conversion itself is hf_convert.py's, driven by the family's table;
+One API over the family records of `FAMILIES` (BERT, RoBERTa, ALBERT, ModernBERT, ELECTRA, MobileBERT;
+hf_<model_type>.py, keyed by config.json's model_type): configs, state dicts, task heads and directories. A
+directory's family is its config.json's model_type (`family_of`); a model's is the one whose class computes
+its network (`family_of_config`). The conversion itself is hf_convert.py's, driven by the family's table;
 the files are read and written by hf_files.py.
 
 Task heads (bertjax/models/heads.py) map to each family's task classes (BertForSequenceClassification,
@@ -25,8 +25,8 @@ import numpy as np
 from etils import epath
 from flax import traverse_util
 
-from bertjax.interop import (hf_albert, hf_bert, hf_convert, hf_electra, hf_files, hf_modernbert, hf_roberta,
-                             hf_tokenizer)
+from bertjax.interop import (hf_albert, hf_bert, hf_convert, hf_electra, hf_files, hf_mobilebert, hf_modernbert,
+                             hf_roberta, hf_tokenizer)
 from bertjax.interop.hf_family import HF_HEADS, Family, HFHead, TaskClass, changed_options  # noqa: F401
 from bertjax.models.config import BertConfig, ARCHITECTURE_FIELDS
 from bertjax.models import heads
@@ -35,7 +35,8 @@ from bertjax.text import files
 log = logging.getLogger(__name__)
 
 FAMILIES = {family.model_type: family for family in (hf_bert.BERT, hf_roberta.ROBERTA, hf_albert.ALBERT,
-                                                     hf_modernbert.MODERNBERT, hf_electra.ELECTRA)}
+                                                     hf_modernbert.MODERNBERT, hf_electra.ELECTRA,
+                                                     hf_mobilebert.MOBILEBERT)}
 
 
 def family_of(hf_config: dict) -> Family:
@@ -55,9 +56,10 @@ def family_of_config(cfg: BertConfig) -> Family:
         raise ValueError(f"model options {changed} make a network no Hugging Face class has "
                          f"({', '.join(f.name for f in FAMILIES.values())}): export it with --format=params")
     family = claimed[0]
-    if cfg.head_dim * cfg.num_heads != cfg.hidden_size:
-        raise ValueError(f"model.head_size={cfg.head_dim} x model.num_heads={cfg.num_heads} is not model.hidden_size="
-                         f"{cfg.hidden_size}: Hugging Face classes have head size hidden_size / num_attention_heads")
+    if cfg.head_dim * cfg.num_heads != cfg.true_hidden_size:
+        width = "intra_bottleneck_size" if cfg.intra_bottleneck_size else "hidden_size"
+        raise ValueError(f"model.head_size={cfg.head_dim} x model.num_heads={cfg.num_heads} is not model.{width}="
+                         f"{cfg.true_hidden_size}: Hugging Face classes have head size {width} / num_attention_heads")
     family.config_to_hf(cfg)  # raises, naming what the family cannot have
     others = [k for k in changed if k not in family.options]
     if others:

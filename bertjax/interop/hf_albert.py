@@ -68,8 +68,9 @@ ALBERT = Family(
         span=linear("qa_outputs", "classifier"),
         tagging=linear("classifier", "classifier")),
     # ELECTRA's factorised embeddings come with its own pooler (hf_electra).
-    claims=lambda cfg: cfg.pooler != "gelu" and bool(cfg.embedding_size or cfg.num_hidden_groups
-                                                     or cfg.activation == "gelu_tanh"),
+    # MobileBERT's block comes with factorised embeddings of its own (hf_mobilebert).
+    claims=lambda cfg: cfg.pooler != "gelu" and cfg.block == "bert" and bool(
+        cfg.embedding_size or cfg.num_hidden_groups or cfg.activation == "gelu_tanh"),
     options=("embedding_size", "num_hidden_groups", "activation"),
     tokenizer_files=(("vocab.txt", "wordpiece"), ("spiece.model", "sentencepiece")),
     masked_lm="AlbertForMaskedLM",  # AlbertModel without its pooler, no sentence-order head

@@ -105,7 +105,8 @@ def to_state(family: Family, params: dict, cfg: BertConfig, kind: str | None = N
 
 def _rows(family: Family, cfg: BertConfig, shapes: dict, kind: str | None = None,
           reading: bool = False) -> list:
-    """The family's table for this config: {i} over the parameter groups, rows the config lacks left out.
+    """The family's table for this config: {i} over the parameter groups, {j} over a MobileBERT layer's
+    extra feed-forward networks, rows the config lacks left out.
     With a task kind: the encoder's rows and the rows of the kind's class's head; `reading`, the
     pretraining class's pooler too where the task class has none (a fine-tuning start may use it)."""
     table = family.table
@@ -118,7 +119,8 @@ def _rows(family: Family, cfg: BertConfig, shapes: dict, kind: str | None = None
     rows = []
     for hf_name, path, transform in table:
         groups = range(cfg.num_groups) if "{i}" in hf_name else [None]
-        rows += [(hf_name.format(i=i), path.format(i=i), transform) for i in groups]
+        extra = range(cfg.num_feedforward_networks - 1) if "{j}" in hf_name else [None]
+        rows += [(hf_name.format(i=i, j=j), path.format(i=i, j=j), transform) for i in groups for j in extra]
     return [row for row in rows if row[1] in shapes]
 
 

@@ -77,7 +77,7 @@ ELECTRA = Family(
         tagging=linear("classifier", "classifier")),
     claims=lambda cfg: cfg.pooler == "gelu",
     options=("embedding_size", "pooler"),
-    pooler="gelu",
+    poolers=("gelu",),
     task_config=lambda cfg: {"classifier_dropout": cfg.hidden_dropout_rate},
 )
 

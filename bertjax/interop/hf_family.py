@@ -1,14 +1,15 @@
 """What a Hugging Face model family is to bertjax: the `Family` record, and the pieces its tables are
 written with.
 
-A family (BERT, RoBERTa, ALBERT, ModernBERT: one module each, hf_<model_type>.py) is the one encoder
-with options (models/bert.py BertConfig) plus a record: its config.json translation, its name table,
-the tensors tied to others, its task classes and the tokenizer files bertjax reads from its
+A family (BERT, RoBERTa, ALBERT, ModernBERT, ELECTRA, MobileBERT: one module each, hf_<model_type>.py) is
+the one encoder with options (models/bert.py BertConfig) plus a record: its config.json translation, its
+name table, the tensors tied to others, its task classes and the tokenizer files bertjax reads from its
 directories. The conversion itself (hf_convert.py) and the public functions (hf.py) are the same for
 every family.
 
 A table row is (HF tensor name, bertjax param path, transform). Rows with {i} repeat for every
-parameter group of the stack (a layer, or ALBERT's shared group).
+parameter group of the stack (a layer, or ALBERT's shared group); rows with {j} for each of a MobileBERT
+layer's feed-forward networks before its last (model.num_feedforward_networks - 1).
 
 Layouts differ in two ways only, both exact, so HF -> bertjax -> HF is bit-exact:
   * torch.nn.Linear stores weight [out, in] and computes x @ W.T; flax Dense stores kernel [in, out].
@@ -120,7 +121,7 @@ class Family:
     architecture: str  # the pretraining class written (and read whole)
     base: str  # the encoder's prefix in that class ("roberta."): a bare encoder checkpoint lacks it
     heads: tuple  # prefixes of the pretraining heads' tensors (not under `base`)
-    table: tuple  # (HF name, bertjax path, transform); {i}: each parameter group
+    table: tuple  # (HF name, bertjax path, transform); {i}: each parameter group; {j}: each extra FFN
     tied: dict  # HF name -> the HF name it is a copy of (accepted if equal, never written)
     config_from_hf: Callable[[dict], dict]  # config.json -> BertConfig fields
     config_to_hf: Callable[[BertConfig], dict]  # BertConfig -> config.json; raises on what it cannot have
@@ -134,7 +135,7 @@ class Family:
     not_in_masked_lm: tuple = ()  # prefixes of the pretraining class's tensors the masked-LM class lacks
     to_table: Callable[[dict, BertConfig], dict] = _same  # HF tensors -> the table's names
     from_table: Callable[[dict, BertConfig], dict] = _same  # the table's names -> HF tensors
-    pooler: str = "tanh"  # the model.pooler its task classes compute (POOLERS)
+    poolers: tuple = ("tanh",)  # the model.pooler values its task classes compute (POOLERS)
     task_config: Callable[[BertConfig], dict] = lambda cfg: {}  # a task class's config.json fields
     # Whether an export writes the WordPiece vocabulary as a tokenizer.json too (AutoTokenizer reads only
     # that for ModernBERT's model_type; BERT's builds its tokenizer from vocab.txt).
@@ -147,8 +148,9 @@ class Family:
             raise ValueError(f"a {kind!r} model has no transformers task class: export its encoder and pooling as "
                              "a sentence-transformers directory, or its params (--format=params)")
         task = self.task_classes[kind]
-        if cfg.pooler != self.pooler:
-            raise ValueError(f"a {self.model_type} {kind!r} head needs model.pooler={self.pooler!r} (what "
+        if cfg.pooler not in self.poolers:
+            needed = " or ".join(repr(pooler) for pooler in self.poolers)
+            raise ValueError(f"a {self.model_type} {kind!r} head needs model.pooler={needed} (what "
                              f"{task.architecture} computes), not {cfg.pooler!r}")
         return task
 

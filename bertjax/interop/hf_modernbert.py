@@ -151,6 +151,6 @@ MODERNBERT = Family(
     masked_lm="ModernBertForMaskedLM",
     to_table=_split_qkv,
     from_table=_join_qkv,
-    pooler="gelu_norm",
+    poolers=("gelu_norm",),
     task_config=lambda cfg: {"classifier_pooling": "cls", "classifier_dropout": cfg.hidden_dropout_rate},
 )

@@ -23,7 +23,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.ad_checkpoint import checkpoint_name
 
-from bertjax.models import attention, fp8, fused_norm, layers
+from bertjax.models import attention, fp8, fused_norm, layers, mobilebert
 from bertjax.models.config import BertConfig, REMAT_POLICIES, alternates, scanned_layout
 from bertjax.models.mlm_loss import DecoderInputs, logits_nll
 
@@ -105,8 +105,9 @@ class TransformerBlock(nn.Module):
 
 
 class Encoder(nn.Module):
-    """L blocks, either unrolled (params layers_0 ... layers_{L-1}) or scanned (params stacked on axis 0:
-    scanned_layout gives the layout).
+    """L blocks (TransformerBlock, or with model.block="mobilebert" models/mobilebert.py's MobileBertBlock),
+    either unrolled (params layers_0 ... layers_{L-1}) or scanned (params stacked on axis 0: scanned_layout
+    gives the layout).
 
     With `rows` ([B, Q] positions) only those rows of the output are returned. Unrolled, the last block
     computes only them; scanned, every block is the same compiled body, so the rows are taken after it.
@@ -142,7 +143,7 @@ class Encoder(nn.Module):
         """The block as the unrolled layers and as the scanned ones run it: rematerialised as
         model.remat_policy says (under scan without prevent_cse)."""
         cfg = self.config
-        block = scanned_block = TransformerBlock
+        block = scanned_block = mobilebert.MobileBertBlock if cfg.block == "mobilebert" else TransformerBlock
         if cfg.remat_policy != "none":
             policy = REMAT_POLICIES[cfg.remat_policy]
             block = nn.remat(block, policy=policy, prevent_cse=True)
@@ -346,6 +347,8 @@ class BertModel(nn.Module):
         token in the span and tagging heads where POOLERS[model.pooler] says so."""
         if self.config.pooler == "tanh":
             return jnp.tanh(self.pooler(x))
+        if self.config.pooler == "first":  # MobileBERT without classifier_activation: no params
+            return x
         if self.config.pooler == "gelu":  # ELECTRA's classification head: dense, GELU (then its out_proj)
             return nn.gelu(self.pooler(x), approximate=False)
         return self.pooler_norm(nn.gelu(self.pooler(x), approximate=False))  # ModernBERT's classifier_activation
@@ -358,7 +361,8 @@ class BertModel(nn.Module):
 
 class MaskedLMHead(nn.Module):
     """Dense H->E (E = H but for ALBERT), GELU, LayerNorm, then the tied word-embedding decoder plus a
-    per-token bias (kept without use_bias too: ModernBERT's decoder has one)."""
+    per-token bias (kept without use_bias too: ModernBERT's decoder has one). MobileBERT's: dense H->H, a
+    LayerNorm whatever model.norm says, and the word table widened to H (mobilebert.decoder_table)."""
 
     config: BertConfig
 
@@ -368,9 +372,12 @@ class MaskedLMHead(nn.Module):
         # project=False (model.mlm_loss="chunked"): the decoder's inputs, a DecoderInputs, instead
         # of the [B, P, V] logits; the loss projects them chunk by chunk. The params are the same.
         cfg = self.config
-        x = layers.dense(cfg, cfg.embedding_width, ("embed", None), "transform")(x)  # [B, P, E]
-        x = layers.activation(cfg.activation)(x)
-        x = layers.layer_norm(cfg, "layer_norm")(x)
+        mobile = cfg.block == "mobilebert"
+        x = layers.dense(cfg, cfg.hidden_size if mobile else cfg.embedding_width, ("embed", None), "transform")(x)
+        x = layers.activation(cfg.activation)(x)  # [B, P, E] (MobileBERT: [B, P, H])
+        x = layers.layer_norm(cfg, "layer_norm", norm="layernorm" if mobile else None)(x)
+        if mobile:
+            word_embeddings = mobilebert.decoder_table(self, cfg, word_embeddings)  # [V, H]
         bias = self.param("output_bias", layers.zeros_init(("vocab",)), (cfg.vocab_size,), cfg.param_dtype)
         if not project:
             return DecoderInputs(x, word_embeddings, bias, cfg.mlm_loss_chunk)

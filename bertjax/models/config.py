@@ -52,13 +52,18 @@ REMAT_POLICIES = {
 
 ATTENTION_IMPLS = ("xla", "cudnn", "splash", "blockwise")
 POSITION_EMBEDDINGS = ("learned", "rotary", "none")
-ACTIVATIONS = ("gelu", "gelu_tanh", "geglu")
+ACTIVATIONS = ("gelu", "gelu_tanh", "geglu", "relu")  # relu: MobileBERT's
 NORM_PLACEMENTS = ("post", "pre")
-NORMS = ("layernorm", "rmsnorm")
-# model.pooler -> whether the per-token heads (span, tagging) apply it at every token too. Both start with a
-# dense H->H; "tanh" is BERT's pooler (RoBERTa's and ALBERT's too), "gelu_norm" ModernBERT's prediction head
-# (GELU, then the encoder's norm), which its transformers task classes run before every classifier.
-POOLERS = {"tanh": False, "gelu_norm": True, "gelu": False}
+# no_norm: MobileBERT's NoNorm, x * scale + bias per feature, no mean or variance (cheap on phones' chips)
+NORMS = ("layernorm", "rmsnorm", "no_norm")
+# model.pooler -> whether the per-token heads (span, tagging) apply it at every token too. All but "first"
+# start with a dense H->H; "tanh" is BERT's pooler (RoBERTa's and ALBERT's too), "gelu_norm" ModernBERT's
+# prediction head (GELU, then the encoder's norm), which its transformers task classes run before every
+# classifier; "first" the first token's hidden state as it is (MobileBERT without classifier_activation).
+POOLERS = {"tanh": False, "gelu_norm": True, "gelu": False, "first": False}
+# model.block: "bert" (models/bert.py's TransformerBlock) | "mobilebert" (models/mobilebert.py: bottlenecks,
+# stacked feed-forward networks, and MobileBERT's embedding and masked-LM decoder around them)
+BLOCKS = ("bert", "mobilebert")
 WORD_EMBEDDINGS = ("gather", "one_hot")
 NORM_KERNELS = ("xla", "pallas")
 MATMUL_DTYPES = ("default", "fp8")
@@ -133,7 +138,7 @@ ROLES = ("architecture", "layout", "compute", "training")
 
 def _field(default, role: str, family: bool = False):
     """A BertConfig field with its role; family: one of the options that choose a family's network
-    (RoBERTa, ALBERT, ModernBERT), whose defaults are BERT's."""
+    (RoBERTa, ALBERT, ModernBERT, MobileBERT), whose defaults are BERT's."""
     return dataclasses.field(default=default, metadata={"role": role, "family": family})
 
 
@@ -185,17 +190,17 @@ class BertConfig:
     blockwise_from: int = _field(0, "compute")
     # LayerNorm before each sub-layer plus a final one (not original BERT)
     pre_layer_norm: bool = _field(False, "architecture", family=True)
-    # Family options (RoBERTa, ALBERT, ModernBERT); the defaults are BERT. docs/design.md lists them.
+    # Family options (RoBERTa, ALBERT, ModernBERT; MobileBERT's below), defaults BERT's. docs/design.md lists them.
     # "learned" (a table) | "rotary" (RoPE on q, k) | "none"
     position_embedding: str = _field("learned", "architecture", family=True)
     # first row of the position table (RoBERTa: padding_idx + 1 = 2)
     position_offset: int = _field(0, "architecture", family=True)
-    # "gelu" (erf) | "gelu_tanh" (ALBERT's gelu_new) | "geglu" (input dense -> 2F)
+    # "gelu" (erf) | "gelu_tanh" (ALBERT's gelu_new) | "geglu" (input dense -> 2F) | "relu" (MobileBERT's)
     activation: str = _field("gelu", "architecture", family=True)
     # "post" | "pre": embedding norm, none before layer 0's attention, final norm
     norm_placement: str = _field("post", "architecture", family=True)
     use_bias: bool = _field(True, "architecture", family=True)  # biases of linear layers and norms (ModernBERT: none)
-    norm: str = _field("layernorm", "architecture", family=True)  # "layernorm" | "rmsnorm"
+    norm: str = _field("layernorm", "architecture", family=True)  # "layernorm" | "rmsnorm" | "no_norm"
     rotary_theta: float = _field(10000.0, "architecture")  # RoPE base of the local (or all) layers
     # RoPE base of the global layers (ModernBERT: 160,000); 0: rotary_theta
     global_rotary_theta: float = _field(0.0, "architecture")
@@ -206,18 +211,32 @@ class BertConfig:
     # Longformer's global attention for [CLS] on the local layers: the first token of each sequence sees
     # its whole sequence and every token of the sequence sees it, the window notwithstanding
     global_cls: bool = _field(False, "architecture", family=True)
-    # ALBERT's factorised embedding width E, projected to H once; 0: hidden_size
+    # ALBERT's factorised embedding width E, projected to H once (MobileBERT: the word table's); 0: hidden_size
     embedding_size: int = _field(0, "architecture", family=True)
     # ALBERT's groups of layers sharing parameters; 0: one per layer (BERT)
     num_hidden_groups: int = _field(0, "architecture", family=True)
     # a key of POOLERS: "tanh" (dense, tanh on [CLS]) | "gelu_norm" (ModernBERT's head) | "gelu" (dense,
-    # GELU on [CLS]: ELECTRA's classification head before its out_proj)
+    # GELU on [CLS]: ELECTRA's classification head before its out_proj) | "first" ([CLS] as it is: MobileBERT's)
     pooler: str = _field("tanh", "architecture", family=True)
     # Pruned attention heads (bertjax.compression.pruning): the head count of each parameter group (each
     # layer; ALBERT's shared groups, one count for all the layers of a group), () = num_heads everywhere;
-    # and the head size D, 0 = hidden_size / num_heads. A pruned group's q/k/v kernels are [H, h_g, D].
+    # and the head size D, 0 = true_hidden_size / num_heads. A pruned group's q/k/v kernels are [H, h_g, D].
     layer_heads: tuple = _field((), "architecture")
     head_size: int = _field(0, "architecture")
+    # MobileBERT (Sun et al. 2020; models/mobilebert.py), with model.block="mobilebert": each layer narrows
+    # its H-wide input to W = intra_bottleneck_size (0: no bottleneck, W = H), attends and runs
+    # num_feedforward_networks feed-forward networks W wide, and widens back to H: thin layers, cheap on
+    # phones, between wide residuals. The word table is E = embedding_size wide, its rows (trigram_input:
+    # each token's beside its neighbours', 3E) projected to H before the H-wide position and segment rows
+    # are added; the masked-LM decoder is the word table widened to H by H - E columns of its own. Queries
+    # and keys read a second bottleneck of the input (key_query_shared_bottleneck; values the input itself),
+    # or the first one as values do (use_bottleneck_attention), or the input itself (neither: W = H).
+    block: str = _field("bert", "architecture", family=True)
+    trigram_input: bool = _field(False, "architecture", family=True)
+    intra_bottleneck_size: int = _field(0, "architecture", family=True)
+    key_query_shared_bottleneck: bool = _field(False, "architecture", family=True)
+    use_bottleneck_attention: bool = _field(False, "architecture", family=True)
+    num_feedforward_networks: int = _field(1, "architecture", family=True)
 
     def __post_init__(self):
         # A checkpoint's JSON metadata gives a list: the config must stay hashable (a static jit argument).
@@ -228,9 +247,10 @@ class BertConfig:
                              "(or models.config.resolve_platform) for the platform the model runs on")
         if self.head_size < 0:
             raise ValueError(f"model.head_size={self.head_size} must be >= 0 (0: hidden_size / num_heads)")
-        if not self.head_size and self.hidden_size % self.num_heads:
+        if not self.head_size and self.true_hidden_size % self.num_heads:
+            width = "intra_bottleneck_size" if self.intra_bottleneck_size else "hidden_size"
             raise ValueError(
-                f"model.hidden_size={self.hidden_size} is not divisible by model.num_heads={self.num_heads}"
+                f"model.{width}={self.true_hidden_size} is not divisible by model.num_heads={self.num_heads}"
             )
         if self.attention_impl not in ATTENTION_IMPLS:
             raise ValueError(f"model.attention_impl={self.attention_impl!r}: choose one of {ATTENTION_IMPLS}")
@@ -284,7 +304,7 @@ class BertConfig:
     def _check_family_options(self):
         """One line naming the keys, for a choice that is unknown or that another choice rules out."""
         choices = dict(position_embedding=POSITION_EMBEDDINGS, activation=ACTIVATIONS,
-                       norm_placement=NORM_PLACEMENTS, norm=NORMS, pooler=tuple(POOLERS))
+                       norm_placement=NORM_PLACEMENTS, norm=NORMS, pooler=tuple(POOLERS), block=BLOCKS)
         for name, allowed in choices.items():
             if getattr(self, name) not in allowed:
                 raise ValueError(f"model.{name}={getattr(self, name)!r}: choose one of {allowed}")
@@ -315,8 +335,43 @@ class BertConfig:
         if self.num_groups != self.num_layers and (self.local_attention_window or self.norm_placement == "pre"):
             problems.append("model.num_hidden_groups (shared layers) cannot be combined with "
                             "model.local_attention_window or model.norm_placement='pre' (layers that differ)")
+        problems += self._mobilebert_problems()
         if problems:
             raise ValueError("; ".join(problems))
+
+    def _mobilebert_problems(self) -> list[str]:
+        """What is wrong with the MobileBERT options (model.block="mobilebert"), one phrase each."""
+        own = {"trigram_input": False, "intra_bottleneck_size": 0, "key_query_shared_bottleneck": False,
+               "use_bottleneck_attention": False, "num_feedforward_networks": 1}
+        if self.block != "mobilebert":
+            changed = [name for name, default in own.items() if getattr(self, name) != default]
+            return [f"model options {changed} are MobileBERT's: set model.block='mobilebert'"] if changed else []
+        problems = []
+        if self.intra_bottleneck_size < 0 or self.num_feedforward_networks < 1:
+            problems.append(f"model.intra_bottleneck_size={self.intra_bottleneck_size} must be >= 0 (0: none) and "
+                            f"model.num_feedforward_networks={self.num_feedforward_networks} >= 1")
+        if self.embedding_width > self.hidden_size:
+            problems.append(f"model.embedding_size={self.embedding_size} is wider than model.hidden_size="
+                            f"{self.hidden_size}: MobileBERT's masked-LM decoder widens the word table to H")
+        attention_inputs = self.key_query_shared_bottleneck + self.use_bottleneck_attention
+        if attention_inputs and not self.intra_bottleneck_size:
+            problems.append("model.key_query_shared_bottleneck and model.use_bottleneck_attention read a "
+                            "bottleneck: they need model.intra_bottleneck_size > 0")
+        if attention_inputs > 1:
+            problems.append("model.key_query_shared_bottleneck and model.use_bottleneck_attention are two "
+                            "inputs of the attention: set one")
+        if not attention_inputs and self.intra_bottleneck_size not in (0, self.hidden_size):
+            problems.append(f"model.intra_bottleneck_size={self.intra_bottleneck_size} attends over the H-wide "
+                            "input only where it is model.hidden_size: set model.key_query_shared_bottleneck or "
+                            "model.use_bottleneck_attention")
+        others = dict(norm_placement="post", pre_layer_norm=False, position_embedding="learned",
+                      num_hidden_groups=0, local_attention_window=0, layer_heads=())
+        differ = [name for name, value in others.items() if getattr(self, name) != value]
+        if differ or self.activation == "geglu":
+            problems.append(f"model.block='mobilebert' has post-norm blocks of its own, learned positions, global "
+                            f"attention, no shared or pruned layers and no gated activation: unset "
+                            f"{differ + ['activation'] * (self.activation == 'geglu')}")
+        return problems
 
     @classmethod
     def from_size(cls, size: str, **overrides: Any) -> "BertConfig":
@@ -339,7 +394,12 @@ class BertConfig:
 
     @property
     def head_dim(self) -> int:
-        return self.head_size or self.hidden_size // self.num_heads
+        return self.head_size or self.true_hidden_size // self.num_heads
+
+    @property
+    def true_hidden_size(self) -> int:
+        """The width the attention and feed-forward networks work at: MobileBERT's bottleneck B, else H."""
+        return self.intra_bottleneck_size or self.hidden_size
 
     def heads_of(self, layer: int) -> int:
         """The attention heads of layer `layer` (fewer than num_heads where pruning removed some)."""
@@ -381,7 +441,7 @@ def fields_of(cfg: BertConfig, *roles: str) -> dict:
 ARCHITECTURE_FIELDS = field_names("architecture")
 # What a resumed run must agree on with its checkpoint: the network and how its parameters are stored.
 RESUME_FIELDS = field_names("architecture", "layout")
-# The options that choose a family's network (RoBERTa, ALBERT, ModernBERT); BERT has their defaults.
+# The options that choose a family's network (RoBERTa, ALBERT, ModernBERT, MobileBERT); BERT has their defaults.
 FAMILY_OPTIONS = field_names(family=True)
 # The architecture fields a new phase of a run may change from its parent's (train.init_from): no
 # parameter's shape depends on them, except a learned position table's length (train.extend_positions).

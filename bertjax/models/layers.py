@@ -42,14 +42,44 @@ def zeros_init(names):
     return nn.with_logical_partitioning(nn.initializers.zeros_init(), names)
 
 
-def layer_norm(cfg, name: str) -> nn.Module:
-    """The encoder's norm: LayerNorm (BERT; without bias for ModernBERT, use_bias=False) or RMSNorm."""
+# torch.nn.LayerNorm's default epsilon, at which transformers' MobileBERT leaves two of its norms (the
+# embeddings' and each block's feed-forward output's: it passes layer_norm_eps to the others only).
+TORCH_LAYER_NORM_EPS = 1e-5
+
+
+class NoNorm(nn.Module):
+    """MobileBERT's NoNorm: x * scale + bias per feature, without a mean or a variance."""
+
+    use_bias: bool
+    dtype: Any
+    param_dtype: Any
+
+    @nn.compact
+    def __call__(self, x):
+        width = (x.shape[-1],)
+        scale = self.param("scale", nn.with_logical_partitioning(nn.initializers.ones_init(), ("embed",)), width,
+                           self.param_dtype)
+        if not self.use_bias:
+            x, scale = nn.dtypes.promote_dtype(x, scale, dtype=self.dtype)
+            return x * scale
+        bias = self.param("bias", zeros_init(("embed",)), width, self.param_dtype)
+        x, scale, bias = nn.dtypes.promote_dtype(x, scale, bias, dtype=self.dtype)
+        return x * scale + bias
+
+
+def layer_norm(cfg, name: str, eps: float | None = None, norm: str | None = None) -> nn.Module:
+    """The encoder's norm (`norm` if given, else model.norm): LayerNorm (BERT; without bias for ModernBERT,
+    use_bias=False), RMSNorm or MobileBERT's NoNorm; eps: an epsilon other than model.layer_norm_eps."""
     scale_init = nn.with_logical_partitioning(nn.initializers.ones_init(), ("embed",))
-    if cfg.norm == "rmsnorm":
-        return nn.RMSNorm(epsilon=cfg.layer_norm_eps, dtype=cfg.dtype, param_dtype=cfg.param_dtype,
+    eps = cfg.layer_norm_eps if eps is None else eps
+    norm = norm or cfg.norm
+    if norm == "no_norm":
+        return NoNorm(cfg.use_bias, cfg.dtype, cfg.param_dtype, name=name)
+    if norm == "rmsnorm":
+        return nn.RMSNorm(epsilon=eps, dtype=cfg.dtype, param_dtype=cfg.param_dtype,
                           scale_init=scale_init, name=name)
     return nn.LayerNorm(
-        epsilon=cfg.layer_norm_eps,
+        epsilon=eps,
         dtype=cfg.dtype,
         param_dtype=cfg.param_dtype,
         # The exact two-pass variance, as BERT computes it; E[x^2]-E[x]^2 loses digits.
@@ -76,7 +106,10 @@ def dense(cfg, features: int, names, name: str, use_bias: bool | None = None) ->
 
 
 def activation(name: str):
-    """BERT's exact (erf) GELU, or the tanh approximation ALBERT's checkpoints use ("gelu_new")."""
+    """BERT's exact (erf) GELU, the tanh approximation ALBERT's checkpoints use ("gelu_new"), or MobileBERT's
+    ReLU."""
+    if name == "relu":
+        return nn.relu
     return lambda x: nn.gelu(x, approximate=(name == "gelu_tanh"))
 
 
@@ -128,7 +161,9 @@ class Embeddings(nn.Module):
     Family options: no position table (position_embedding "rotary" or "none": positions enter in the
     attention), positions from position_offset (RoBERTa's start after [PAD]'s id), no segment table
     (type_vocab_size 0), and ALBERT's factorised tables of width E = embedding_size, projected to H
-    once at the end.
+    once at the end. MobileBERT's (model.block="mobilebert"): only the word table is E wide, its rows
+    (with trigram_input: [next, token, previous], 3E) projected to H before the H-wide position and segment
+    rows are added.
     """
 
     config: Any  # the encoder config (see the module docstring)
@@ -136,7 +171,8 @@ class Embeddings(nn.Module):
     def setup(self):
         cfg = self.config
         width = cfg.embedding_width
-        embed = lambda n, names: nn.Embed(  # noqa: E731
+        mobile = cfg.block == "mobilebert"
+        embed = lambda n, names, width=width: nn.Embed(  # noqa: E731
             n,
             width,
             dtype=cfg.dtype,
@@ -144,25 +180,29 @@ class Embeddings(nn.Module):
             embedding_init=kernel_init(cfg, names),
         )
         self.word_embeddings = embed(cfg.vocab_size, ("vocab", "embed"))
+        table_width = cfg.hidden_size if mobile else width  # of the position and segment tables
         if cfg.position_embedding == "learned":
-            self.position_embeddings = embed(cfg.max_position_embeddings, (None, "embed"))
+            self.position_embeddings = embed(cfg.max_position_embeddings, (None, "embed"), table_width)
         if cfg.type_vocab_size > 0:
-            self.token_type_embeddings = embed(cfg.type_vocab_size, (None, "embed"))
-        self.layer_norm = layer_norm(cfg, "layer_norm")
+            self.token_type_embeddings = embed(cfg.type_vocab_size, (None, "embed"), table_width)
+        self.layer_norm = layer_norm(cfg, "layer_norm", eps=TORCH_LAYER_NORM_EPS if mobile else None)
         self.dropout = Dropout(cfg.hidden_dropout_rate)
-        if width != cfg.hidden_size:  # ALBERT: E -> H, once
+        if projects_words(cfg):  # MobileBERT: E or 3E -> H, first
+            self.word_projection = dense(cfg, cfg.hidden_size, (None, "embed"), "word_projection")
+        elif width != cfg.hidden_size and not mobile:  # ALBERT: E -> H, once, last
             self.projection = dense(cfg, cfg.hidden_size, (None, "embed"), "projection")
 
     def __call__(self, input_ids, segment_ids, deterministic: bool, position_ids=None):
         # input_ids, segment_ids: [B, S] int; position_ids: None (0 .. S-1) or [B, S] int (packed rows)
-        x = self.embed(input_ids, segment_ids, deterministic, position_ids)  # [B, S, E]
-        if self.config.embedding_width != self.config.hidden_size:
+        x = self.embed(input_ids, segment_ids, deterministic, position_ids)  # [B, S, E] (MobileBERT: H)
+        if self.config.embedding_width != self.config.hidden_size and self.config.block != "mobilebert":
             x = self.projection(x)  # [B, S, H]
         return nn.with_logical_constraint(x, ("batch", "length", "hidden"))
 
     def embed(self, input_ids, segment_ids, deterministic: bool, position_ids=None):
         """The tables' sum, normed and dropped out, E wide, before any projection: what ELECTRA's
-        generator reads from its discriminator's embeddings and projects to its own width."""
+        generator reads from its discriminator's embeddings and projects to its own width (MobileBERT's:
+        H wide, its words projected first)."""
         cfg = self.config
         seq_len = input_ids.shape[1]
         if seq_len + cfg.position_offset > cfg.max_position_embeddings:
@@ -177,6 +217,10 @@ class Embeddings(nn.Module):
             x = jnp.einsum("bsv,vh->bsh", one_hot, words, precision=jax.lax.Precision.HIGHEST)
         else:
             x = jnp.take(words, input_ids, axis=0)  # [B, S, E]
+        if cfg.trigram_input:
+            x = trigram(x, words[0], position_ids)  # [B, S, 3E]
+        if projects_words(cfg):
+            x = self.word_projection(x)  # [B, S, H]
         if cfg.position_embedding == "learned":
             start = cfg.position_offset
             table = self.position_embeddings.embedding.astype(cfg.dtype)
@@ -195,6 +239,30 @@ class Embeddings(nn.Module):
 
     def word_embedding_table(self):
         return self.word_embeddings.embedding  # [V, E]
+
+
+def projects_words(cfg) -> bool:
+    """Whether the embedding projects the word vectors to H before the sum (MobileBERT's, where they are
+    not H wide already)."""
+    return cfg.block == "mobilebert" and (cfg.trigram_input or cfg.embedding_width != cfg.hidden_size)
+
+
+def trigram(x, pad_row, position_ids=None):
+    """MobileBERT's trigram input: each token's vector beside its neighbours', [next, token, previous]
+    [B, S, 3E] from x [B, S, E], zeros past the row's ends (transformers' padding).
+
+    Packed rows (position_ids [B, S], 0 where a sequence starts) see what each sequence sees alone in a row
+    padded after it: zeros before its first token, and after its last the [PAD] row `pad_row` [E] (id 0, as
+    bertjax's vocabularies and MobileBERT's put it), not the next sequence's first token.
+    """
+    following = jnp.pad(x[:, 1:], ((0, 0), (0, 1), (0, 0)))  # [B, S, E]
+    preceding = jnp.pad(x[:, :-1], ((0, 0), (1, 0), (0, 0)))
+    if position_ids is not None:
+        starts = (position_ids == 0)[..., None]  # [B, S, 1]
+        preceding = jnp.where(starts, 0, preceding)
+        next_starts = jnp.pad(starts[:, 1:], ((0, 0), (0, 1), (0, 0)))  # the row's last: zeros already
+        following = jnp.where(next_starts, pad_row.astype(x.dtype), following)
+    return jnp.concatenate([following, x, preceding], axis=-1)
 
 
 class FeedForward(nn.Module):
