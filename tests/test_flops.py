@@ -1,5 +1,9 @@
-"""FLOPs per token against the reference figures, MFU arithmetic, peaks per device kind."""
+"""FLOPs per token against the reference figures and against the matmuls of the actual model's traced forward
+pass (BERT, MobileBERT), MFU arithmetic, peaks per device kind."""
 
+import math
+
+import jax
 import pytest
 
 from bertjax.training import flops
@@ -104,6 +108,108 @@ def test_config_flops_per_token_reads_the_family_options():
     with_cls = modernbert_base.get_config().model
     with_cls.global_cls = True
     assert flops.config_flops_per_token(with_cls, 1024, 320 / 1024) == 827_559_936 + 258_048
+
+
+# --- against the model's own matmuls -----------------------------------------------------------------
+
+
+def _dot_flops(jaxpr) -> int:
+    """FLOPs of every dot_general in a jaxpr and the jaxprs inside it (jit, remat, custom derivatives; a scan's
+    body times its length): 2 * (output elements) * (contracted elements) each."""
+    total = 0
+    for eqn in jaxpr.eqns:
+        if eqn.primitive.name == "dot_general":
+            (lhs_contract, _), _ = eqn.params["dimension_numbers"]
+            contracted = math.prod(eqn.invars[0].aval.shape[d] for d in lhs_contract)
+            total += 2 * math.prod(eqn.outvars[0].aval.shape) * contracted
+        assert eqn.primitive.name not in ("while", "cond"), f"{eqn.primitive.name}: a trip count unknown here"
+        times = eqn.params.get("length", 1) if eqn.primitive.name == "scan" else 1
+        for value in eqn.params.values():
+            for sub in value if isinstance(value, (tuple, list)) else (value,):
+                inner = getattr(sub, "jaxpr", sub)  # a ClosedJaxpr's, or a Jaxpr
+                if hasattr(inner, "eqns"):
+                    total += times * _dot_flops(inner)
+    return total
+
+
+def traced_flops_per_token(cfg, batch_size: int, seq_len: int, predictions: int) -> float:
+    """An independent count: the matmul FLOPs of BertForPreTraining's forward pass as traced (shapes only:
+    nothing is initialised or run), the last layer at every position as train_flops_per_token charges it,
+    times 3 for the backward pass (two matmuls of the same size per forward one), per token. Less the
+    pooler dense (if any) and the NSP head, once per sequence, which the formulas leave out."""
+    from bertjax.models import bert as bert_model
+
+    model = bert_model.BertForPreTraining(cfg)
+    batch = bert_model.dummy_batch(batch_size, seq_len, predictions)
+    params = jax.eval_shape(lambda: model.init(jax.random.key(0), **batch)["params"])
+    forward = jax.make_jaxpr(lambda p, b: model.apply({"params": p}, **b))(params, batch)
+    hidden = cfg.hidden_size
+    per_sequence = 2 * (2 * hidden + (0 if cfg.pooler == "first" else hidden * hidden))
+    return 3 * (_dot_flops(forward.jaxpr) - batch_size * per_sequence) / (batch_size * seq_len)
+
+
+def _tiny(**fields):
+    from bertjax.models.config import BertConfig
+
+    shape = dict(vocab_size=97, hidden_size=32, num_layers=2, num_heads=2, intermediate_size=24,
+                 max_position_embeddings=24, attention_impl="xla", dtype="float32")
+    return BertConfig.from_dict({**shape, **fields}, platform="cpu")
+
+
+# The two MobileBERT variants: the published model's options (NoNorm, ReLU, trigrams, the shared query/key
+# bottleneck whose values come from the H-wide input, stacked feed-forward networks), and the bottleneck as
+# every attention input with E-wide words and no trigrams (tests/test_mobilebert.py's two).
+MOBILEBERT = dict(block="mobilebert", embedding_size=16, intra_bottleneck_size=16, pooler="first")
+MOBILEBERT_VARIANTS = {
+    "shared_bottleneck": dict(MOBILEBERT, norm="no_norm", activation="relu", trigram_input=True,
+                              key_query_shared_bottleneck=True, num_feedforward_networks=3),
+    "bottleneck_attention": dict(MOBILEBERT, norm="layernorm", activation="gelu", trigram_input=False,
+                                 use_bottleneck_attention=True, num_feedforward_networks=2),
+}
+
+
+def test_traced_count_reproduces_the_bert_formula():
+    # The reference's conventions are the formula's: a tiny BERT (tanh pooler) and ALBERT-shaped embeddings.
+    for fields in (dict(), dict(embedding_size=16, num_hidden_groups=1)):
+        cfg = _tiny(**fields)
+        assert traced_flops_per_token(cfg, 2, 16, 4) == flops.config_flops_per_token(cfg, 16, 4 / 16)
+
+
+@pytest.mark.parametrize("variant", sorted(MOBILEBERT_VARIANTS))
+def test_mobilebert_flops_match_the_traced_model(variant):
+    cfg = _tiny(**MOBILEBERT_VARIANTS[variant])
+    per_token = flops.config_flops_per_token(cfg, 16, 4 / 16)
+    assert per_token == traced_flops_per_token(cfg, 2, 16, 4)
+    # and not BERT's count of the same shapes, which charges H-wide layers and an E-wide decoder.
+    assert per_token != flops.train_flops_per_token(2, 32, 16, 97, 4 / 16, intermediate_size=24, embedding_size=16)
+
+
+def test_mobilebert_configs():
+    from bertjax.models.config import BertConfig
+    from configs import mobilebert, mobilebert_tiny
+
+    # configs/mobilebert.py at S=128, p=20/128: L=24, H=512, W=128, F=512, four feed-forward networks,
+    # trigrams of E=128, V=30522. Multiply-accumulates of a token, each layer:
+    #   bottlenecks: input, shared query/key, output   3 * 512*128             =   196,608
+    #   queries, keys, attention output                3 * 128*128             =    49,152
+    #   values from the H-wide input                   512*128                 =    65,536
+    #   feed-forward networks                          4 * 2 * 128*512         =   524,288
+    #                                                                               835,584
+    #   dense layers   6 * 24 * 835,584                                          = 120,324,096
+    #   attention      12 * 24 * 128 * 128                                       =   4,718,592
+    #   trigram projection 6 * 3*128 * 512                                       =   1,179,648
+    #   MLM head       6 * (20/128) * (512^2 + 512*30522) = 0.9375 * 15,889,408  =  14,896,320
+    #   total                                                                      141,118,656
+    assert flops.config_flops_per_token(mobilebert.get_config().model, 128, 20 / 128) == 141_118_656
+    # configs/mobilebert_tiny.py: L=4, H=128, W=64, F=128, two feed-forward networks, E=64, V=8192.
+    #   dense layers   6 * 4 * (3*128*64 + 3*64^2 + 128*64 + 2*2*64*128)         =   1,867,776
+    #   attention      12 * 4 * 128 * 64                                         =     393,216
+    #   trigram projection 6 * 3*64 * 128                                        =     147,456
+    #   MLM head       6 * (20/128) * (128^2 + 128*8192)                          =     998,400
+    #   total                                                                        3,406,848
+    tiny = BertConfig.from_dict(mobilebert_tiny.get_config().model, platform="cpu")
+    assert flops.config_flops_per_token(tiny, 128, 20 / 128) == 3_406_848
+    assert traced_flops_per_token(tiny, 1, 128, 20) == 3_406_848
 
 
 def test_mfu_arithmetic():

@@ -2,7 +2,8 @@
 
 Imports nothing but the standard library: the figures are plain arithmetic, used by the training
 program's log line, the benchmark and the planner. `config_flops_per_token` reads a model config
-(bertjax.models.config.BertConfig or anything with its attribute names) so that callers pass it once.
+(bertjax.models.config.BertConfig or anything with its attribute names) so that callers pass it once, and
+counts MobileBERT (model.block="mobilebert") by `mobilebert_flops_per_token`.
 """
 
 
@@ -68,6 +69,62 @@ def train_flops_per_token(
     return float(dense + projection + attention + mlm_head)
 
 
+def mobilebert_flops_per_token(
+    num_layers: int,
+    hidden_size: int,
+    seq_len: int,
+    vocab_size: int,
+    predicted_fraction: float,
+    *,
+    intra_bottleneck_size: int,
+    intermediate_size: int,
+    num_feedforward_networks: int = 1,
+    embedding_size: int | None = None,
+    trigram_input: bool = False,
+    key_query_shared_bottleneck: bool = False,
+    gated: bool = False,
+) -> float:
+    """Training FLOPs (forward + backward) per real token of MobileBERT's pretraining (models/mobilebert.py),
+    with train_flops_per_token's conventions: 6 FLOPs a multiply-accumulate of a dense layer, 12*S*(width)
+    a layer's attention, the masked-LM head at the fraction p of the positions, and nothing else.
+
+    Between layers the state is H wide, inside a layer W = intra_bottleneck_size (0: none, W = H). A
+    token's multiply-accumulates, each layer:
+    - the input bottleneck H*W (with one), and the shared query/key bottleneck H*W with
+      key_query_shared_bottleneck;
+    - queries and keys W*W each (from that shared bottleneck, from the input bottleneck with
+      use_bottleneck_attention, or from the H = W wide input with neither); values H*W from the input with
+      key_query_shared_bottleneck, else W*W (so use_bottleneck_attention needs no argument of its own);
+      the attention's output W*W;
+    - num_feedforward_networks feed-forward networks W -> F -> W, W*F + F*W each (gated: W*2F + F*W);
+    - the output bottleneck W*H (with one);
+    and attention over S keys at head size W / heads: 12*S*W per layer and token, as BERT's 12*S*H.
+    Once per token: the words (trigram_input: [next, token, previous], 3E wide; else E, when E != H)
+    projected to H, 3E*H or E*H. The masked-LM head at the predicted positions: a dense H*H, then the
+    decoder, the word table's E columns widened by H - E of its own, H*V: 6*p*(H*H + H*V).
+    Not counted, as for BERT: embedding lookups, the pooler and NSP head, norms and other element-wise work.
+
+    configs/mobilebert.py (L=24, H=512, W=128, F=512, four feed-forward networks, E=128 as trigrams,
+    V=30522) at S=128, p=20/128: 141,118,656 FLOPs a token.
+    """
+    W = intra_bottleneck_size or hidden_size
+    E = hidden_size if embedding_size is None else embedding_size
+    _check_arguments(dict(num_layers=num_layers, hidden_size=hidden_size, seq_len=seq_len, vocab_size=vocab_size,
+                          intermediate_size=intermediate_size, embedding_size=E, intra_bottleneck_size=W,
+                          num_feedforward_networks=num_feedforward_networks), predicted_fraction, 0, 0)
+    L, H, S, V, F = num_layers, hidden_size, seq_len, vocab_size, intermediate_size
+    bottlenecks = H * W * (2 * bool(intra_bottleneck_size) + bool(key_query_shared_bottleneck))
+    value = H * W if key_query_shared_bottleneck else W * W
+    attention_dense = 3 * W * W + value  # queries, keys, output; values
+    mlp = num_feedforward_networks * (W * F * (2 if gated else 1) + F * W)
+    dense = 6 * L * (bottlenecks + attention_dense + mlp)
+    words = 3 * E if trigram_input else E
+    projection = 6 * words * H if trigram_input or E != H else 0
+    attention = 12 * L * S * W
+    mlm_head = 6 * predicted_fraction * (H * H + H * V)
+    return float(dense + projection + attention + mlm_head)
+
+
 def _check_arguments(dimensions: dict, predicted_fraction: float, local_layers: int, local_attention_window: int):
     """train_flops_per_token's arguments, each problem one ValueError line."""
     if min(dimensions.values()) <= 0:
@@ -87,7 +144,19 @@ def config_flops_per_token(model, seq_len: int, predicted_fraction: float) -> fl
     """train_flops_per_token of a model config: any object with BertConfig's attribute names (num_layers,
     hidden_size, vocab_size, intermediate_size, activation, embedding_size, local_attention_window,
     global_attention_every); the family options it lacks are taken as BERT's. Layer i is local when
-    local_attention_window > 0 and i % global_attention_every != 0, as the encoder builds it."""
+    local_attention_window > 0 and i % global_attention_every != 0, as the encoder builds it. A config
+    with block="mobilebert" is counted by mobilebert_flops_per_token, from its MobileBERT options."""
+    if getattr(model, "block", "bert") == "mobilebert":
+        return mobilebert_flops_per_token(
+            model.num_layers, model.hidden_size, seq_len, model.vocab_size, predicted_fraction,
+            intra_bottleneck_size=model.intra_bottleneck_size,
+            intermediate_size=model.intermediate_size,
+            num_feedforward_networks=model.num_feedforward_networks,
+            embedding_size=model.embedding_size or None,
+            trigram_input=model.trigram_input,
+            key_query_shared_bottleneck=model.key_query_shared_bottleneck,
+            gated=getattr(model, "activation", "gelu") == "geglu",
+        )
     window = getattr(model, "local_attention_window", 0)
     every = getattr(model, "global_attention_every", 1)
     local_layers = sum(1 for i in range(model.num_layers) if window and i % every != 0)
