@@ -180,6 +180,7 @@ def test_the_program_trains_splade_reports_active_dimensions_and_exports(splade_
     assert len(losses) == 5 and all(np.isfinite(losses)) and losses[-1] < losses[0]
     assert [r["step"] for r in dev] == [3, 5]
     assert all(0 < r["query_active_dims"] < 20 and 0 < r["document_active_dims"] and "mrr_at_10" in r for r in dev)
+    assert all(0 < r["document_similarity"] < 1 for r in dev)
     _, meta = checkpoint.restore_params(str(workdir / "best"))
     assert (meta.embedding.representation, meta.embedding.splade_query, meta.embedding.similarity) == (
         "splade", "static", "dot")
@@ -217,6 +218,18 @@ def fake_splade_workdir(pretrained, root, settings: contrastive_kind.Settings):
     params = {k: pretrained["params"][k] for k in ("bert", "mlm_head")}
     checkpoint.save_params(str(root), checkpoint.BEST_DIR, 1, params, meta)
     return root
+
+
+def test_document_similarity_is_the_mean_cosine_of_every_two_documents():
+    from bertjax.tasks.kinds import contrastive
+
+    rng = np.random.default_rng(0)
+    vectors = np.maximum(rng.normal(size=(7, 50)), 0.0)
+    vectors[3] = 0.0  # an empty vector is like no other
+    unit = vectors / np.maximum(np.linalg.norm(vectors, axis=1, keepdims=True), 1e-12)
+    pairs = [unit[i] @ unit[j] for i in range(7) for j in range(7) if i != j]
+    assert contrastive.mean_pairwise_cosine(vectors) == pytest.approx(np.mean(pairs), rel=1e-12)
+    assert contrastive.mean_pairwise_cosine(np.ones((4, 3))) == pytest.approx(1.0)
 
 
 def test_splade_vectors_and_their_export_as_sentence_transformers(pretrained, tmp_path):

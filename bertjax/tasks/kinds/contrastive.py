@@ -37,7 +37,8 @@ no prompt and neither data length. Training may pack these texts several to a ro
 bertjax/tasks/contrastive_batches.py); the features here are each text's own.
 
 Dev sets: pairs are scored by retrieval inside the set, each dev query against every distinct dev
-positive by cosine (SPLADE: by dot product, and query_active_dims, document_active_dims: the mean non-zeros
+positive by cosine (SPLADE: by dot product, with document_similarity, the mean cosine of two documents' vectors,
+and query_active_dims, document_active_dims: the mean non-zeros
 of the queries' and of those positives' vectors; ColBERT: by MaxSim): mrr_at_10 (the reciprocal rank of its
 positive, 0 below rank 10) and recall_at_1; a candidate scored equal to the positive ranks ahead of it, so
 ties never flatter.
@@ -298,6 +299,21 @@ def active_dims(vectors: np.ndarray) -> float:
     return float(np.mean(np.count_nonzero(vectors, axis=-1)))
 
 
+def mean_pairwise_cosine(vectors: np.ndarray) -> float:
+    """The mean cosine of every two distinct rows of vectors [N, V] (N >= 2), from the sum of the unit rows
+    (|sum u|^2 = N + the sum over ordered pairs of u_i . u_j), so no [N, N] matrix; a zero row counts as
+    unlike every other. SPLADE's document_similarity: near 1 when a start's masked-LM head gives every text the
+    same terms, as a barely pretrained one does (README, "Sparse (SPLADE) and multi-vector (ColBERT) encoders")."""
+    vectors = vectors.astype(np.float64)
+    count = len(vectors)
+    if count < 2:
+        return 0.0
+    norms = np.linalg.norm(vectors, axis=-1, keepdims=True)
+    units = np.where(norms > 0, vectors / np.maximum(norms, 1e-300), 0.0)
+    total = units.sum(axis=0)
+    return float((total @ total - np.sum(units * units)) / (count * (count - 1)))
+
+
 def retrieval_metrics(ranks: np.ndarray) -> dict:
     """mrr_at_10 and recall_at_1 of the positives' ranks."""
     reciprocal = np.where(ranks <= MRR_CUTOFF, 1.0 / ranks, 0.0)
@@ -353,7 +369,8 @@ def score(task, split_name: str, split: Split, logits: np.ndarray, settings=None
     lines = ["index\trank"] + [f"{i}\t{r}" for i, r in zip(split.features["idx"], ranks)]
     found = retrieval_metrics(ranks)
     if sparse:  # the queries' and the distinct documents' mean non-zeros
-        found.update(query_active_dims=active_dims(queries), document_active_dims=active_dims(passages[order]))
+        found.update(query_active_dims=active_dims(queries), document_active_dims=active_dims(passages[order]),
+                     document_similarity=mean_pairwise_cosine(passages[order]))
     return Scored(found, {f"{split_name}_positive_ranks.tsv": "\n".join(lines) + "\n"})
 
 
