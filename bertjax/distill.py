@@ -14,6 +14,13 @@ encoder (a sentence-transformers BERT, a Hugging Face BertModel) where no loss r
 train.num_steps=0 (its layers copied), or distill.alpha_ce=0 (the soft targets are the loss that reads
 it). WORKDIR reads as any pretraining workdir (bertjax.load, finetune's train.init_from, export). The
 run's story is bertjax/runs/general_distillation.py.
+
+MobileBERT's progressive knowledge transfer (distill.progressive=True) is the same program: one stage per
+layer of the student, then pre-training distillation, from an IB-BERT teacher (compression/progressive.py):
+
+    python -m bertjax.train --config=configs/ibbert_tiny.py --workdir=/tmp/ibbert-tiny
+    python -m bertjax.distill --config=configs/distill/mobilebert_tiny.py \
+        --config.distill.teacher=/tmp/ibbert-tiny --workdir=/tmp/mobilebert-tiny-pkt
 """
 
 from absl import flags

@@ -36,7 +36,8 @@ else:
 
 # configs/<family>_<size>.py: the model families beside BERT's size files (DESIGN.md, wave 3).
 FAMILY_FILES = {"roberta_base", "roberta_tiny", "albert_base", "albert_tiny", "modernbert_base", "modernbert_large",
-                "modernbert_tiny", "electra_tiny", "electra_small", "electra_base", "mobilebert", "mobilebert_tiny"}
+                "modernbert_tiny", "electra_tiny", "electra_small", "electra_base", "mobilebert", "mobilebert_tiny",
+                "ibbert", "ibbert_tiny"}
 
 
 def test_every_size_has_a_config_file():
@@ -53,7 +54,7 @@ def test_family_config_file_is_a_valid_model(name):
     # RoBERTa: positions from [PAD]'s id + 1, and bertjax vocabularies put [PAD] at 0.
     expected = {"roberta": ("none", 1, "learned"), "albert": ("sop", 0, "learned"),
                 "modernbert": ("none", 0, "rotary"), "electra": ("none", 0, "learned"),
-                "mobilebert": ("nsp", 0, "learned")}[family]
+                "mobilebert": ("nsp", 0, "learned"), "ibbert": ("nsp", 0, "learned")}[family]
     assert (config.data.objective, cfg.position_offset, cfg.position_embedding) == expected
 
 

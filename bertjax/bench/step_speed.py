@@ -19,6 +19,8 @@ import configs.base
 import configs.electra_base
 import configs.electra_small
 import configs.electra_tiny
+import configs.ibbert
+import configs.ibbert_tiny
 import configs.large
 import configs.medium
 import configs.mini
@@ -66,7 +68,8 @@ SIZES = {"tiny": configs.tiny, "mini": configs.mini, "small": configs.small, "me
          "modernbert_tiny": configs.modernbert_tiny, "modernbert_base": configs.modernbert_base,
          "modernbert_large": configs.modernbert_large, "electra_tiny": configs.electra_tiny,
          "electra_small": configs.electra_small, "electra_base": configs.electra_base,
-         "mobilebert_tiny": configs.mobilebert_tiny, "mobilebert": configs.mobilebert}
+         "mobilebert_tiny": configs.mobilebert_tiny, "mobilebert": configs.mobilebert,
+         "ibbert_tiny": configs.ibbert_tiny, "ibbert": configs.ibbert}
 
 
 def load_config(size: str):

@@ -8,27 +8,31 @@ Everything but the teacher is pretraining's (runs/pretraining.py): the stream, t
 checkpoints, SIGTERM/Ctrl-C and resume. The teacher runs inside the jitted step as an argument in the
 student's shardings; it is not trained and not saved. The workdir reads as any pretraining workdir: a
 narrower student's learned projections (TinyBERT's) are saved beside the optimizer state, not with the
-student's params (projections.ProjectionCheckpointer).
+student's params (projections.ProjectionCheckpointer). With distill.progressive=True the run is MobileBERT's
+progressive knowledge transfer (compression/progressive.py): a fresh student, the teacher's embedding and heads
+copied into it, one stage per layer and a pre-training distillation stage, each said as it starts.
 Task distillation is part of fine-tuning (runs/finetuning.py; its start and step in runs/finetuning_compression.py).
 """
 
+import dataclasses
 import functools
 
 import ml_collections
 
 from bertjax import init_from
-from bertjax.compression import distillation, projections
+from bertjax.compression import distillation, progressive, projections
 from bertjax.models import bert
 from bertjax.models.config import resolve_platform, BertConfig, field_names
 from bertjax.runs import config_checks, phases, pretraining, start
 from bertjax.runs.console import say
-from bertjax.training import pretraining_step
+from bertjax.training import optim, pretraining_step
 from bertjax.training.state import root_keys
 
 
 def distill(config, workdir: str, distributed: start.Distributed | None = None) -> None:
     """The whole run; raises start.Stopped when SIGTERM or Ctrl-C saved and stopped it."""
     weights, layers, extract_only = distill_settings(config)
+    plan = progressive_plan(config)  # None unless distill.progressive
     config, notes = check(config)  # every value, before anything is built
     with start.session(workdir, distributed):
         # ---------------------------------------------------------------- mesh
@@ -40,15 +44,13 @@ def distill(config, workdir: str, distributed: start.Distributed | None = None) 
 
         # ---------------------------------------------------------------- the teacher
         teacher_start, parent = read_starts(config)  # distill.teacher and train.init_from, each read once
-        teacher = load_teacher(config, teacher_start, weights, extract_only)
-        if layers:  # the student is the teacher's architecture with fewer layers
-            own = resolve_platform({k: config.model[k] for k in field_names("layout", "compute", "training")})
-            config = with_model(config, distillation.student_config_from_teacher(teacher.config, layers, own))
+        teacher = load_teacher(config, teacher_start, weights, extract_only, progressive=plan is not None)
+        config = student_model(config, teacher.config, layers, plan)
 
         # ---------------------------------------------------------------- the student: shapes first
         init_key, dropout_key = root_keys(config.train.seed, config.train.dropout_rng)
         layer_map, names = check_layer_losses(config, teacher.config, weights)
-        setup = student_setup(config, layout, teacher.config, names, init_key, extract_only)
+        setup = student_setup(config, layout, teacher.config, names, init_key, extract_only, plan)
         student = setup.bert_config
         bert.check_input_shapes(student, config.data.max_seq_length, config.data.max_predictions_per_seq)
         distillation.check_student(teacher.config, student, weights)
@@ -61,10 +63,7 @@ def distill(config, workdir: str, distributed: start.Distributed | None = None) 
             pretraining.make_checkpointer(config, workdir, setup.abstract_state), names)
         with layout.active():
             state = pretraining.restore(config, setup, checkpointer, init_key, parent)
-            if layers and int(state.step) == 0:  # neither resumed nor from train.init_from
-                state = state.replace(params=distillation.student_params(teacher.params, teacher.config, student,
-                                                                         layers, setup.abstract_state.params))
-                say(f"student layers: the teacher's {list(layers)}, with its embeddings and heads")
+            state = student_start(state, setup, teacher, teacher_params, layers, plan)
         if not extract_only and pretraining.finished(state, config.train.num_steps, checkpointer):
             return
 
@@ -75,22 +74,37 @@ def distill(config, workdir: str, distributed: start.Distributed | None = None) 
 
         # ---------------------------------------------------------------- jitted steps, the teacher an argument
         p_train_step = compile_step(config, setup, teacher_net, teacher_params, weights, layout.data_sharding,
-                                    layer_map)
+                                    layer_map, plan, int(state.step))
         _, p_eval_step = setup.compile_steps(layout.data_sharding, config.train.grad_accum_steps)  # the student's MLM
 
         # ---------------------------------------------------------------- loop
         run = pretraining.Run(config, workdir, setup, checkpointer, stream, p_eval_step,
-                              summarize_window=distillation.summarize,
-                              distill={"teacher": str(config.distill.teacher), "student_layers": list(layers)})
+                              summarize_window=progressive.summarize_progressive if plan else distillation.summarize,
+                              distill=distill_record(config, layers, plan))
         if extract_only:
             save_extracted(run, state)
         else:
             pretraining.run_steps(run, state, p_train_step, dropout_key)
 
 
+def student_model(config, teacher: BertConfig, layers: tuple, plan: progressive.Progressive | None):
+    """config with the student's model section: the teacher's architecture with `layers` (DistilBERT's), or the
+    section as written, which progressive transfer checks against the teacher (layer l learns its layer l)."""
+    if layers:
+        own = resolve_platform({k: config.model[k] for k in field_names("layout", "compute", "training")})
+        return with_model(config, distillation.student_config_from_teacher(teacher, layers, own))
+    if plan is not None:
+        progressive.check_pair(teacher, BertConfig.from_dict(config.model))
+    return config
+
+
 def distill_settings(config) -> tuple[distillation.LossWeights, tuple[int, ...], bool]:
     """The distill section read and checked: the loss weights, the teacher's layers the student starts from
-    (distill.student_layers; () for none), and whether the run only saves the student so made."""
+    (distill.student_layers; () for none), and whether the run only saves the student so made. Progressive
+    transfer: its pre-training distillation stage's weights, (), False."""
+    plan = progressive_plan(config)
+    if plan is not None:
+        return plan.pd_weights(), (), False
     weights = distillation.LossWeights(**{k: float(config.distill[k]) for k in (
         "temperature", "alpha_ce", "alpha_mlm", "alpha_cos", "alpha_nsp")},
         layers=distillation.LayerLosses.from_config(config.distill))
@@ -115,6 +129,7 @@ def check(config):
     if config.model.get("mlm_loss") == "chunked":
         raise ValueError("model.mlm_loss='chunked' does not apply to general distillation, whose soft targets read "
                          "the student's and the teacher's whole logits: set model.mlm_loss=logits")
+    progressive_plan(config)  # distill.progressive's settings, where it is on
     if config.train.get("batch_warmup_start", 0):
         raise ValueError(f"train.batch_warmup_start={config.train.batch_warmup_start}: general distillation takes the "
                          "whole batch from its first step; set train.batch_warmup_start=0")
@@ -132,7 +147,7 @@ def read_starts(config) -> tuple[init_from.Start, init_from.Start | None]:
 
 
 def load_teacher(config, start: init_from.Start, weights: distillation.LossWeights,
-                 extract_only: bool = False) -> init_from.Pretrained:
+                 extract_only: bool = False, progressive: bool = False) -> init_from.Pretrained:
     """distill.teacher through the one init-from, computing as the student does. Any encoder serves (a
     sentence-transformers BERT, a Hugging Face BertModel): its masked-LM head must be trained only where a
     loss reads it, the soft-target loss (distill.alpha_ce > 0, and not train.num_steps=0, which only copies
@@ -149,6 +164,10 @@ def load_teacher(config, start: init_from.Start, weights: distillation.LossWeigh
         raise ValueError(f"distill.teacher={path} is an ELECTRA run, whose discriminator has no masked-LM head to "
                          "distil from: fine-tune its discriminator, or distil from a masked-LM teacher")
     untrained = [m for m in teacher.missing if "mlm" in m or "predictions" in m]
+    if untrained and progressive:
+        raise ValueError(f"distill.progressive copies the teacher's masked-LM head into the student and distils its "
+                         f"distribution, and distill.teacher={path} has none ({untrained[0]}, ...): give a checkpoint "
+                         "with its pretraining heads (a bertjax pretraining workdir, MobileBertForPreTraining)")
     if untrained and weights.alpha_ce > 0 and not extract_only:
         raise ValueError(f"distill.alpha_ce={weights.alpha_ce} (the soft-target masked-LM loss) reads the teacher's "
                          f"masked-LM head, and distill.teacher={path} has none ({untrained[0]}, ...): set "
@@ -168,8 +187,13 @@ def place_teacher(config, teacher: init_from.Pretrained, layout: start.Layout):
 
 
 def compile_step(config, setup, teacher_net, teacher_params, weights: distillation.LossWeights, data_sharding,
-                 layer_map: tuple = ()):
-    """The jitted train step of the student, the teacher's params an argument of it (not trained, not saved)."""
+                 layer_map: tuple = (), plan: progressive.Progressive | None = None, start_step: int = 0):
+    """The jitted train step of the student, the teacher's params an argument of it (not trained, not saved);
+    progressive transfer's (plan) saying each stage as it starts, the first at start_step."""
+    if plan is not None:
+        step = progressive.compile_step(setup, teacher_net, teacher_params, plan, data_sharding,
+                                        config.train.grad_accum_steps)
+        return StageAnnouncer(step, plan, start_step)
     loss_fn = functools.partial(distillation.pretraining_distillation_loss, net=setup.net,
                                 teacher_net=teacher_net, weights=weights, objective=config.data.objective,
                                 layer_map=layer_map)
@@ -196,11 +220,15 @@ def check_layer_losses(config, teacher: BertConfig, weights: distillation.LossWe
 
 
 def student_setup(config, layout: start.Layout, teacher: BertConfig, names: tuple, init_key,
-                  extract_only: bool):
+                  extract_only: bool, plan: progressive.Progressive | None = None):
     """The student's network, optimizer and state layout (pretraining's), with fresh projections to the
-    teacher's width where it is narrower (projections.PROJECTIONS in its params)."""
+    teacher's width where it is narrower (projections.PROJECTIONS in its params). Progressive transfer: the
+    optimizer at a constant peak, which the stages' schedule scales (what the run logs)."""
     prepare = projections.adding_projections(names, int(config.model.hidden_size), teacher.hidden_size,
                                               float(config.model.initializer_range), init_key)
+    if plan is not None:
+        setup = pretraining_step.setup(constant_learning_rate(config), layout.mesh, layout.rules, init_key)
+        return dataclasses.replace(setup, schedule=plan.learning_rate)
     return pretraining_step.setup(one_step(config) if extract_only else config, layout.mesh, layout.rules, init_key,
                                   prepare_params=prepare)
 
@@ -237,3 +265,89 @@ def save_extracted(run: pretraining.Run, state) -> None:
     run.checkpointer.wait()
     run.checkpointer.close()
     say(f"train.num_steps=0: saved the student as made from the teacher's layers in {run.workdir}")
+
+
+def constant_learning_rate(config):
+    """config with the optimizer's schedule at its peak throughout: progressive transfer's stages scale it."""
+    config = ml_collections.ConfigDict(config.to_dict())
+    config.schedule.update(decay="wsd", warmup_steps=0, decay_steps=0)
+    return config
+
+
+# ----------------------------------------------------------------------------------------------------
+# Progressive knowledge transfer (MobileBERT's): its settings, its start, its console
+# ----------------------------------------------------------------------------------------------------
+
+
+def progressive_plan(config) -> progressive.Progressive | None:
+    """distill.progressive's stages, read and checked against the rest of the config; None where it is off."""
+    section = config.distill
+    if not section.get("progressive", False):
+        return None
+    others = [f"distill.{k}={section[k]}" for k in progressive.OTHER_LOSSES if float(section.get(k, 0.0))]
+    if others:
+        raise ValueError(f"distill.progressive=True has losses of its own (distill.alpha_fmt, alpha_at, pd_alpha): "
+                         f"set {', '.join(others)} to 0")
+    if tuple(section.student_layers or ()) or config.train.init_from:
+        raise ValueError("distill.progressive=True trains a fresh student that starts with the teacher's embedding "
+                         "and heads: set distill.student_layers=() and unset train.init_from")
+    if config.model.get("matmul_dtype", "default") != "default":
+        raise ValueError("distill.progressive=True freezes parameters by name, which fp8's scaling state is not "
+                         "among: set model.matmul_dtype=default")
+    pd_steps, warmup = int(section.pd_steps), config.schedule.warmup_steps
+    if pd_steps and not 0 <= warmup <= pd_steps:
+        raise ValueError(f"schedule.warmup_steps={warmup} warms up the pre-training distillation stage: it must lie "
+                         f"in [0, distill.pd_steps={pd_steps}] (distill.stage_warmup_steps warms up each layer's)")
+    pd_schedule = optim.optimizer_from_config(config.optimizer, config.schedule, pd_steps)[1] if pd_steps else None
+    plan = progressive.Progressive.from_section(
+        section, num_layers=int(config.model.num_layers), objective=config.data.objective,
+        peak_learning_rate=float(config.optimizer.learning_rate), pd_schedule=pd_schedule)
+    if plan.total_steps != config.train.num_steps:
+        raise ValueError(f"train.num_steps={config.train.num_steps}, but distill.progressive's stages take "
+                         f"{plan.num_layers} layers x distill.stage_steps={plan.stage_steps} + distill.pd_steps="
+                         f"{plan.pd_steps} = {plan.total_steps} steps: set train.num_steps={plan.total_steps}")
+    return plan
+
+
+def student_start(state, setup, teacher: init_from.Pretrained, teacher_params, layers: tuple,
+                  plan: progressive.Progressive | None):
+    """The state the loop starts from, where it is step 0 (neither resumed nor from train.init_from): student
+    layer i = the teacher's layers[i] with its embeddings and heads; or, in progressive transfer, the
+    teacher's embedding and heads in a fresh student."""
+    if int(state.step) != 0:
+        return state
+    if layers:
+        state = state.replace(params=distillation.student_params(teacher.params, teacher.config, setup.bert_config,
+                                                                 layers, setup.abstract_state.params))
+        say(f"student layers: the teacher's {list(layers)}, with its embeddings and heads")
+    elif plan is not None:
+        params, copied = progressive.teacher_parts(state.params, teacher_params, setup.bert_config, teacher.config)
+        state = state.replace(params=params)
+        say(f"student: a fresh encoder, with the teacher's {', '.join(copied)} (untrained until stage "
+            f"{plan.pd_stage}, pre-training distillation)")
+    return state
+
+
+def distill_record(config, layers: tuple, plan: progressive.Progressive | None) -> dict:
+    """What the checkpoints record of the distillation: the teacher, the layers, progressive transfer's stages."""
+    record = {"teacher": str(config.distill.teacher), "student_layers": list(layers)}
+    if plan is not None:
+        record["progressive"] = {"stage_steps": plan.stage_steps, "pd_steps": plan.pd_steps}
+    return record
+
+
+class StageAnnouncer:
+    """A train step that says each stage of progressive transfer as it starts (and, first, the stage a resumed
+    run goes on in). It counts the steps on the host, as the loop calls it once a step: reading state.step would
+    wait for the device."""
+
+    def __init__(self, step_fn, plan: progressive.Progressive, start_step: int):
+        self.step_fn, self.plan, self.start_step, self.done = step_fn, plan, start_step, start_step
+
+    def __call__(self, state, batch, dropout_key):
+        stage = self.plan.stage_of(self.done)
+        first = self.plan.first_step(stage)
+        if self.done == first or self.done == self.start_step:
+            say(self.plan.describe(stage, at_step=self.done if self.done != first else None))
+        self.done += 1
+        return self.step_fn(state, batch, dropout_key)

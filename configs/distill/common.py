@@ -39,6 +39,23 @@ def layer_losses() -> dict:
     )
 
 
+def progressive_transfer() -> dict:
+    """MobileBERT's progressive knowledge transfer (Sun et al. 2020; configs/distill/mobilebert.py), off by
+    default: one stage per student layer, then pre-training distillation; the stage is a function of the step."""
+    return dict(
+        # On: a fresh student of the teacher's depth, width between layers and heads, its embedding and heads
+        # copied from the teacher; train.num_steps = model.num_layers x stage_steps + pd_steps.
+        progressive=False,
+        stage_steps=0,  # steps of each layer's stage: layer l learns teacher layer l, the layers above untrained
+        pd_steps=0,  # steps of the last stage, pre-training distillation (every parameter; schedule section's lr)
+        stage_warmup_steps=0,  # each layer stage's linear warmup of the learning rate (0: none)
+        lower_layers_lr=0.0,  # the layers below a stage's, at this x the learning rate (0: frozen, the paper's)
+        alpha_fmt=1.0,  # feature-map transfer: MSE of layer l's outputs (real tokens)
+        alpha_at=1.0,  # attention transfer: KL(teacher || student) of each head's attention, real queries
+        pd_alpha=0.5,  # PD: pd_alpha x MLM + (1 - pd_alpha) x KD (distill.temperature) + the sentence task
+    )
+
+
 def distill_config() -> ml_collections.ConfigDict:
     config = common.base_config()
     config.distill = ml_collections.ConfigDict(dict(
@@ -53,6 +70,7 @@ def distill_config() -> ml_collections.ConfigDict:
         alpha_cos=1.0,  # 1 - cosine between the student's and the teacher's last hidden states (real tokens)
         alpha_nsp=0.0,  # the sentence task of data.objective (nsp | sop); DistilBERT drops it
         **layer_losses(),
+        **progressive_transfer(),
     ))
     # DistilBERT drops next-sentence prediction: rows of full sentences, masked LM only.
     config.data.objective = "none"
