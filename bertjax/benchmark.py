@@ -10,6 +10,7 @@
     python -m bertjax.benchmark --long_rows=2048,8192              # one packed row: xla vs blockwise attention
     python -m bertjax.benchmark --mining=100000,1000000            # hard-negative mining at two corpus sizes
     python -m bertjax.benchmark --sparse_search=100000,1000000     # the SPLADE inverted index at two sizes
+    python -m bertjax.benchmark --student_speed=tiny,base         # BiLSTM-soft's forward against BERT's
     python -m bertjax.benchmark --sizes=base --json=rows.jsonl     # each row also as JSON, as it is measured
     python -m bertjax.benchmark --accelerator --hlo=step.hlo.txt  # and the compiled step as optimized HLO
 
@@ -39,6 +40,10 @@ each in a fresh process: seconds, queries/s and peak resident memory (bertjax/be
 --sparse_search builds and searches the sparse (SPLADE) inverted index of synthetic Zipf-like vectors at
 each corpus size, each in a fresh process: build seconds, index size, queries/s and resident memory
 (bertjax/bench/sparse_search_speed.py).
+--student_speed times the forward (logits to the host) of BERT classifiers of the given sizes and of the
+BiLSTM-soft student in its sentence and pair forms, randomly initialised, on the same rows at batch 1 and 32,
+taking turns as the compression report does: milliseconds and the student's speed-up over each BERT
+(bertjax/bench/student_speed.py).
 """
 
 import os
@@ -48,14 +53,14 @@ from absl import flags
 from ml_collections import config_flags
 
 import configs.base
-from bertjax.bench import mining_speed, sparse_search_speed, step_speed
+from bertjax.bench import mining_speed, sparse_search_speed, step_speed, student_speed
 from bertjax.runs import console
 
 
 def define_flags(argv: list[str]) -> dict:
     """The flags, defined when the program is entered: importing it defines none."""
     return {**_step_flags(argv), **_embedding_flags(), **_long_row_flags(), **_mining_flags(), **_sparse_search_flags(),
-            **_output_flags()}
+            **_student_flags(), **_output_flags()}
 
 
 def _step_flags(argv: list[str]) -> dict:
@@ -144,6 +149,21 @@ def _sparse_search_flags() -> dict:
     )
 
 
+def _student_flags() -> dict:
+    """--student_speed: BiLSTM-soft's forward against BERT classifiers, in place of everything else."""
+    return dict(
+        student_speed=flags.DEFINE_list("student_speed", [], "BERT sizes (e.g. tiny,base): time the forward of a "
+                                        "BERT classifier of each and of the BiLSTM-soft student (sentence and pair "
+                                        "forms) at batch 1 and 32, taking turns; print ms and the student's "
+                                        "speed-ups; nothing else runs."),
+        student_seq_length=flags.DEFINE_integer("student_seq_length", student_speed.SEQ_LENGTH, "--student_speed: "
+                                                "tokens per row."),
+        student_repeats=flags.DEFINE_integer("student_repeats", student_speed.REPEATS, "--student_speed: timed "
+                                             "calls per model and batch size (the median counts), after "
+                                             f"{student_speed.WARMUP} untimed ones."),
+    )
+
+
 def _output_flags() -> dict:
     """What is written besides the printed tables, or in their place."""
     return dict(
@@ -193,6 +213,10 @@ def main(argv, args):
             console.fail(f"--sparse_search={','.join(args.sparse_search)}: give corpus sizes as whole numbers, e.g. "
                          f"100000,1000000")
         console.finish(sparse_search_speed.in_fresh_processes, documents, args.sparse_queries)
+        return
+    if args.student_speed:
+        console.finish(student_speed.benchmark, args.student_speed, seq_length=args.student_seq_length,
+                       repeats=args.student_repeats)
         return
     console.finish(step_speed.benchmark, sizes=args.sizes, seq_len=args.seq, batch_size=args.batch,
                    shape_given=flags.FLAGS["seq_len"].present or flags.FLAGS["batch_size"].present,

@@ -1,5 +1,6 @@
 """python -m bertjax.benchmark runs every family's config beside its Hugging Face class, and --embeddings
-times embedding and contrastive training beside sentence-transformers on one exported model."""
+times embedding and contrastive training beside sentence-transformers on one exported model; --student_speed
+times BiLSTM-soft's forward against BERT's."""
 
 import math
 import os
@@ -10,7 +11,7 @@ import sys
 
 import numpy as np
 import pytest
-from conftest import FAST_COMPILE_FLAGS  # tests/ is on sys.path under pytest
+from conftest import FAST_COMPILE_FLAGS, run_program  # tests/ is on sys.path under pytest
 
 from bertjax.bench import hf_peer, step_speed
 from bertjax.models.config import BertConfig
@@ -122,3 +123,32 @@ def test_embedding_figures_beside_sentence_transformers(capsys):
     assert any(line.startswith("contrastive step") and line.rstrip().endswith("this / sentence-transformers")
                for line in lines)
     assert f"{theirs['ratio']:.2f}x" in printed and f"{packed_step['ratio']:.2f}x" in printed
+
+
+def test_student_speed_prints_speed_ups_of_its_own_figures():
+    """--student_speed: one table, BERT-tiny and both student forms; each speed-up is the BERT row's printed
+    ms over the student's (to the rounding of the printed figures)."""
+    result = run_program("bertjax.benchmark", "--student_speed=tiny", "--student_repeats=2",
+                         "--student_seq_length=16")
+    assert result.returncode == 0, result.stderr[-2000:]
+    lines = result.stdout.splitlines()
+    first = next(i for i, line in enumerate(lines) if line.startswith("model "))
+    header = re.split(r"\s{2,}", lines[first].strip())
+    assert header[:4] == ["model", "parameters", "batch 1 ms", "batch 32 ms"]
+    rows = {cells[0]: cells for cells in (re.split(r"\s{2,}", line.strip()) for line in lines[first + 2:first + 5])}
+    assert list(rows) == ["BERT-tiny", "BiLSTM-soft", "BiLSTM-soft pairs"]
+    assert header[4:] == [f"{student} speed-up {b}" for student in list(rows)[1:] for b in (1, 32)]
+    # The student's parameters: the 30,522 x 300 table, two LSTMs of 150 units, the MLP, the classifier.
+    lstm, mlp = 2 * 4 * (300 * 150 + 150 * 150 + 150), 200 + 2 * 200 + 2
+    assert rows["BiLSTM-soft"][1] == f"{30_522 * 300 + lstm + 300 * 200 + mlp:,}"
+    assert rows["BiLSTM-soft pairs"][1] == f"{30_522 * 300 + lstm + 1200 * 200 + mlp:,}"
+    bert = rows["BERT-tiny"]
+    for column, (student, b) in enumerate([(s, b) for s in list(rows)[1:] for b in (1, 32)], start=4):
+        ms = 2 if b == 1 else 3
+        teacher, theirs = float(bert[ms]), float(rows[student][ms])
+        assert teacher > 0 and theirs > 0 and rows[student][column] == "-"
+        low, high = (teacher - 0.005) / (theirs + 0.005), (teacher + 0.005) / (theirs - 0.005)
+        assert low - 0.005 <= float(bert[column].rstrip("x")) <= high + 0.005, (bert, rows[student])
+    result = run_program("bertjax.benchmark", "--student_speed=huge")
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    assert result.returncode == 2 and len(lines) == 1 and "give sizes of ['tiny'" in lines[0]
