@@ -11,17 +11,16 @@ BERT-Tiny (0.63 M; 0.39 M), twice as deep as either. Expected: held-out masked-L
 most-frequent-token baseline, as tiny.py's.
 """
 
-from configs import common
+from configs import tiny
 
 
 def get_config():
-    config = common.base_config()
+    config = tiny.get_config()  # its data, optimizer, schedule and run length; the network below
     m = config.model
     m.num_layers = 4
     m.hidden_size = 128  # between layers
     m.num_heads = 2  # of intra_bottleneck_size / 2 = 32
     m.intermediate_size = 128  # 2 * intra_bottleneck_size
-    m.vocab_size = 8192
     m.block = "mobilebert"
     m.intra_bottleneck_size = 64  # inside each layer
     m.key_query_shared_bottleneck = True
@@ -33,17 +32,4 @@ def get_config():
     m.activation = "relu"
     m.pooler = "first"
     m.hidden_dropout_rate = 0.0  # as the published config
-
-    config.data.vocab_size = 8192
-    config.data.eval_fraction = 0.05
-
-    config.optimizer.learning_rate = 1e-3
-    config.optimizer.bias_correction = True
-    config.schedule.warmup_steps = 60
-    config.train.batch_size = 32
-    config.train.num_steps = 600
-    config.checkpoint.every_steps = 200
-    config.logging.log_every = 50
-    config.logging.eval_every = 200
-    config.logging.eval_batches = 10
     return config

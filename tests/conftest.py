@@ -234,6 +234,18 @@ def tiny_config(settings: dict, config_file: str = "configs/tiny.py"):
     return config
 
 
+def one_device_layout(config):
+    """(mesh, rules, batch sharding) of one device under the config's rules: the library tests check the
+    numbers (the programs run on the mesh session's eight devices)."""
+    import jax
+
+    from bertjax.training import sharding
+
+    mesh = sharding.make_mesh(dict(data=1, fsdp=1, tensor=1), jax.devices()[:1])
+    rules = sharding.logical_rules(config.logical_axis_rules)
+    return mesh, rules, sharding.batch_sharding(mesh, rules)
+
+
 def config_flags(settings: dict) -> list[str]:
     return [f"--config.{key}={value}" for key, value in settings.items()]
 

@@ -23,6 +23,7 @@ from bertjax.training import checkpoint, optim, pretraining_step, sharding
 from bertjax.training.state import Setup
 from bertjax.data import synthetic
 from configs.distill import tiny as tiny_distill
+from conftest import one_device_layout  # tests/ is on sys.path under pytest
 
 SEQ, PREDS, BATCH = 16, 3, 8
 TEACHER = dict(vocab_size=64, hidden_size=32, num_layers=3, num_heads=2, intermediate_size=64,
@@ -48,20 +49,13 @@ def distill_config(**overrides):
     return config
 
 
-def mesh_and_rules(config):
-    """One device: the library tests check the numbers (the program runs on the eight-device mesh)."""
-    mesh = sharding.make_mesh(dict(data=1, fsdp=1, tensor=1), jax.devices()[:1])
-    rules = sharding.logical_rules(config.logical_axis_rules)
-    return mesh, rules, sharding.batch_sharding(mesh, rules)
-
-
 @pytest.fixture(scope="module")
 def teacher(tmp_path_factory):
     """A 3-layer teacher saved as a pretraining workdir (random weights: what is taught does not matter here)."""
     workdir = str(tmp_path_factory.mktemp("teacher"))
     config = distill_config()
     config.model.num_layers = TEACHER["num_layers"]
-    mesh, rules, _ = mesh_and_rules(config)
+    mesh, rules, _ = one_device_layout(config)
     setup = pretraining_step.setup(config, mesh, rules, jax.random.key(1))
     state = setup.init(jax.random.key(1))
     checkpointer = pretraining_runs.make_checkpointer(config, workdir, setup.abstract_state)
@@ -113,7 +107,7 @@ def test_the_student_is_made_of_the_teachers_layers(teacher, scan_layers):
                                                               dict(scan_layers=scan_layers))
     assert (student_config.num_layers, student_config.hidden_size) == (2, 32)
     config = general_distillation.with_model(config, student_config)
-    mesh, rules, _ = mesh_and_rules(config)
+    mesh, rules, _ = one_device_layout(config)
     setup = pretraining_step.setup(config, mesh, rules, jax.random.key(0))
     params = distillation.student_params(teacher["params"], teacher["config"], setup.bert_config, layers,
                                          setup.abstract_state.params)
@@ -157,7 +151,7 @@ def test_steps_lower_the_loss_and_leave_the_teacher_alone(teacher):
     config = general_distillation.with_model(
         distill_config(**{"train.num_steps": 100}), distillation.student_config_from_teacher(
             teacher["config"], LAYERS, dict(hidden_dropout_rate=0.0, attention_dropout_rate=0.0)))
-    mesh, rules, data_sharding = mesh_and_rules(config)
+    mesh, rules, data_sharding = one_device_layout(config)
     setup = pretraining_step.setup(config, mesh, rules, jax.random.key(0))
     teacher_net = bert.BertForPreTraining(teacher["config"])
     teacher_params = distillation.place_params(teacher_net, bert.dummy_batch(1, SEQ, PREDS), teacher["params"],
@@ -304,7 +298,7 @@ def test_a_teacher_without_a_head_gives_its_layers_and_refuses_only_the_soft_tar
     assert any(m.startswith("mlm_head") for m in teacher.missing)
     config = general_distillation.with_model(config, distillation.student_config_from_teacher(
         teacher.config, layers, {}))
-    mesh, rules, _ = mesh_and_rules(config)
+    mesh, rules, _ = one_device_layout(config)
     setup = pretraining_step.setup(general_distillation.one_step(config), mesh, rules, jax.random.key(0))
     params = distillation.student_params(teacher.params, teacher.config, setup.bert_config, layers,
                                          setup.abstract_state.params)
@@ -344,7 +338,7 @@ def test_a_teacher_without_a_head_gives_its_layers_and_refuses_only_the_soft_tar
 @pytest.mark.slow
 def test_task_distillation_is_exact_at_alpha_zero_and_follows_the_teacher_above():
     config = distill_config()
-    mesh, rules, data_sharding = mesh_and_rules(config)
+    mesh, rules, data_sharding = one_device_layout(config)
     student_cfg = BertConfig(**dict(TEACHER, num_layers=1, hidden_dropout_rate=0.0))
     net = heads.network("classification", student_cfg, 3)
     tx, schedule = optim.optimizer_from_config(config.optimizer, config.schedule, 4)
@@ -580,7 +574,7 @@ def test_task_distillation_with_pkd_runs_and_logs_its_loss():
     """BERT-PKD's patient loss in task distillation: a 2-layer student of a 2-layer teacher (PKD-skip reads
     teacher layer 1 for student layer 1), its pkd_loss a logged mean that the steps lower."""
     config = distill_config()
-    mesh, rules, data_sharding = mesh_and_rules(config)
+    mesh, rules, data_sharding = one_device_layout(config)
     cfg = BertConfig(**dict(TEACHER, num_layers=2, hidden_dropout_rate=0.0, attention_dropout_rate=0.0))
     net = heads.network("classification", cfg, 3)
     tx, schedule = optim.optimizer_from_config(config.optimizer, config.schedule, 4)

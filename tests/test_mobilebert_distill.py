@@ -21,7 +21,9 @@ from bertjax.runs import general_distillation
 from bertjax.runs import pretraining as pretraining_runs
 from bertjax.training import checkpoint, pretraining_step, sharding
 from bertjax.data import synthetic
-from configs.distill import mobilebert_tiny as recipe
+from conftest import one_device_layout, tiny_config  # tests/ is on sys.path under pytest
+
+RECIPE = "configs/distill/mobilebert_tiny.py"
 
 SEQ, PREDS, BATCH, VOCAB = 16, 3, 4, 64
 STUDENT = dict(vocab_size=VOCAB, hidden_size=32, num_layers=2, num_heads=2, intermediate_size=32,
@@ -40,17 +42,7 @@ SMALL = {**{f"model.{k}": v for k, v in STUDENT.items()}, "data.source": "synthe
 
 
 def progressive_config(**overrides):
-    config = recipe.get_config()
-    for key, value in {**SMALL, **overrides}.items():
-        section, name = key.split(".")
-        config[section][name] = value
-    return config
-
-
-def one_device(config):
-    mesh = sharding.make_mesh(dict(data=1, fsdp=1, tensor=1), jax.devices()[:1])
-    rules = sharding.logical_rules(config.logical_axis_rules)
-    return mesh, rules, sharding.batch_sharding(mesh, rules)
+    return tiny_config({**SMALL, **overrides}, RECIPE)
 
 
 @pytest.fixture(scope="module")
@@ -58,7 +50,7 @@ def teacher(tmp_path_factory):
     """An IB-BERT-shaped teacher of random weights saved as a pretraining workdir, with its heads."""
     workdir = str(tmp_path_factory.mktemp("ibbert"))
     config = progressive_config(**{f"model.{k}": v for k, v in TEACHER.items()})
-    mesh, rules, _ = one_device(config)
+    mesh, rules, _ = one_device_layout(config)
     setup = pretraining_step.setup(config, mesh, rules, jax.random.key(1))
     state = setup.init(jax.random.key(1))
     checkpointer = pretraining_runs.make_checkpointer(config, workdir, setup.abstract_state)
@@ -192,7 +184,7 @@ def test_a_stage_trains_its_layer_and_leaves_the_frozen_parameters_as_they_were(
     the embedding and the heads bit for bit as they were), in PD everything."""
     config = progressive_config()
     plan = general_distillation.progressive_plan(config)
-    mesh, rules, data_sharding = one_device(config)
+    mesh, rules, data_sharding = one_device_layout(config)
     setup = pretraining_step.setup(general_distillation.constant_learning_rate(config), mesh, rules,
                                    jax.random.key(0))
     teacher_net = bert.BertForPreTraining(teacher["config"])
