@@ -49,9 +49,10 @@ SHORTER = {
     "bertjax.train": ["--config.train.num_steps=4"],
     "bertjax.finetune": ["--config.train.epochs=0.1"],
 }
-# Data made short: the retrieval demo's training pairs, which the README's retrieval chain embeds, mines and
-# trains on several times over, one command after another, cut to their first lines once written.
-SHORTER_DATA = {"--task=retrieval": ("data/retrieval/train.jsonl", 640)}
+# Data made short: the retrieval demo's training and dev pairs, which the README's retrieval chain embeds,
+# mines, trains and evaluates on several times over, one command after another, cut to their first lines
+# once written.
+SHORTER_DATA = {"--task=retrieval": (("data/retrieval/train.jsonl", 640), ("data/retrieval/dev.jsonl", 48))}
 # The programs that take a word besides their flags.
 COMMANDS = {"bertjax.evaluate": ["compress"], "bertjax.vocab": ["train"]}
 
@@ -312,8 +313,8 @@ def test_the_readme_runs(tmp_path):
             for k, words in enumerate(block_commands):
                 jobs.append(dict(run_job(words), after=after if k == 0 else [len(jobs) - 1]))
                 where.append((line, shlex.join(words)))
-                for flag, (path, lines) in SHORTER_DATA.items():
-                    if flag in words:  # the file cut short before the block's next command reads it
+                for flag, cuts in SHORTER_DATA.items():
+                    for path, lines in cuts if flag in words else ():  # cut before the block's next command
                         cut = f"p = {path!r}\nkept = open(p).readlines()[:{lines}]\nopen(p, 'w').writelines(kept)\n"
                         jobs.append(dict(mode="python", blocks=[(line, cut)], after=[len(jobs) - 1]))
                         where.append((line, f"(the test) {path} cut to {lines} lines"))

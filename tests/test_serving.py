@@ -21,7 +21,7 @@ import flax.linen as nn
 import jax
 import numpy as np
 import pytest
-from conftest import FAST_COMPILE_FLAGS, copy_of  # what this process compiles with: its programs too
+from conftest import FAST_COMPILE_FLAGS, copy_of, run_program  # what this process compiles with: its programs too
 
 import bertjax
 from bertjax.models import heads
@@ -270,9 +270,8 @@ def test_the_exported_savedmodel_loads_with_only_the_imports_the_readme_names(wo
     in a fresh Python. Without tensorflow_text the same load fails with the error the README names, and
     the export's last line says so too."""
     exported = tmp_path / "serving"
-    done = subprocess.run([sys.executable, "-m", "bertjax.export", f"--from={workdir}", f"--to={exported}",
-                           "--format=savedmodel", f"--max_seq_length={S}"], env=ENV, cwd=REPO, capture_output=True,
-                          text=True, timeout=300)
+    done = run_program("bertjax.export", f"--from={workdir}", f"--to={exported}", "--format=savedmodel",
+                       f"--max_seq_length={S}")  # the program as a user runs it; the loads below: fresh Pythons
     assert done.returncode == 0, done.stderr[-3000:]
     last = done.stdout.strip().splitlines()[-1]
     assert "import tensorflow as tf, tensorflow_text" in last and "NormalizeUTF8" in last, last
