@@ -232,14 +232,11 @@ def test_padded_synthetic_rows_are_the_unpacked_rows_packing_is_timed_against():
 
 @pytest.mark.slow
 def test_the_benchmark_times_packed_rows_against_padded_ones():
-    import subprocess
-    import sys
+    from conftest import run_program
 
-    from conftest import FAST_COMPILE_FLAGS, REPO, program_env
-
-    result = subprocess.run([sys.executable, "-m", "bertjax.benchmark", "--packing", "--sizes=tiny", "--seq_len=64",
-                             "--batch_size=4", "--steps=1", "--warmup=1"], capture_output=True, text=True, cwd=REPO,
-                            env=program_env(XLA_FLAGS=FAST_COMPILE_FLAGS), timeout=600)  # one device, as a user runs it
+    # One device, as a user runs it, with the tests' quick compiles (conftest's environment).
+    result = run_program("bertjax.benchmark", "--packing", "--sizes=tiny", "--seq_len=64", "--batch_size=4",
+                         "--steps=1", "--warmup=1", timeout=600)
     assert result.returncode == 0, result.stderr[-3000:]
     rows = {line.split()[4]: line.split() for line in result.stdout.splitlines() if line.startswith("tiny 4 x 64")}
     assert set(rows) == {"padded", "packed"}, result.stdout
