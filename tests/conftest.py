@@ -474,6 +474,25 @@ def pretrained(tmp_path_factory):
                 params=jax.tree_util.tree_map(np.asarray, params), files=files, dev_labels=dev_labels)
 
 
+def untrained_contrastive_workdir(pretrained, root: pathlib.Path, settings, params: dict) -> str:
+    """A fine-tuning workdir's best/ holding params (of `pretrained`'s encoder) as an embedding model of the
+    contrastive kind's settings, its records as a run writes them, untrained: what bertjax.load, the export
+    and the retrieval suite read."""
+    import dataclasses
+
+    from bertjax.training import checkpoint
+    from bertjax.training.checkpoint_meta import CheckpointMeta, TaskRecord, TokenizerRecord
+
+    root.mkdir()
+    shutil.copyfile(pathlib.Path(pretrained["workdir"]) / "vocab.txt", root / "vocab.txt")
+    meta = CheckpointMeta(step=1, model=dataclasses.asdict(pretrained["cfg"]),
+                          tokenizer=TokenizerRecord("wordpiece", "vocab.txt", True),
+                          task=TaskRecord("contrastive", "contrastive", squad_settings=dataclasses.asdict(settings)),
+                          embedding=settings.embedding_record())
+    checkpoint.save_params(str(root), checkpoint.BEST_DIR, 1, params, meta)
+    return str(root)
+
+
 def finetune_config(task, pretrained, **data):
     """configs/finetune/<task> from `pretrained`, small: sequences of 48, batches of 16, 1 epoch."""
     from configs.finetune import common as finetune_configs

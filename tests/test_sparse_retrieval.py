@@ -3,10 +3,7 @@ dot products and MaxSim (a full stable sort), the suite's table against pytrec_e
 same vectors (tiny SPLADE and ColBERT models; a stand-in ColBERT model, reranked too), bad input in one line, and
 `python -m bertjax.benchmark --sparse_search`."""
 
-import dataclasses
 import json
-import pathlib
-import shutil
 import types
 import zlib
 
@@ -15,7 +12,8 @@ import jax
 import numpy as np
 import pytest
 import pytrec_eval
-from conftest import run_program
+from conftest import run_program, untrained_contrastive_workdir
+from test_colbert import brute_maxsim
 from test_retrieval import brute_force, demo_retrieval_set, write_beir
 
 import bertjax
@@ -23,8 +21,6 @@ from bertjax.models import heads, multivector
 from bertjax.runs import suite_evaluation
 from bertjax.tasks import retrieval, retrieval_data
 from bertjax.tasks.kinds import contrastive as contrastive_kind
-from bertjax.training import checkpoint
-from bertjax.training.checkpoint_meta import CheckpointMeta, TaskRecord, TokenizerRecord
 
 # ----------------------------------------------------------------------------------------------------
 # The first stages on plain arrays: numpy's full sort
@@ -80,13 +76,6 @@ def token_table(rng, count, tokens=5, width=4):
     return np.where(mask[..., None], rng.integers(-2, 3, (count, tokens, width)), 0).astype(np.float32), mask
 
 
-def numpy_maxsim(queries, query_mask, docs, doc_mask) -> np.ndarray:
-    """[Q, N] float64: the sum over each query's scored tokens of the max over a document's scored tokens."""
-    similarity = np.einsum("qsd,ntd->qnst", queries.astype(np.float64), docs.astype(np.float64))
-    best = np.where(doc_mask[None, :, None, :], similarity, -np.inf).max(axis=-1)  # [Q, N, Sq]
-    return np.where(query_mask[:, None, :], best, 0).sum(axis=-1)
-
-
 def test_the_multivector_stage_equals_numpy_maxsim_across_chunks():
     """Passages embedded 5 at a time, each call's vectors as wide as its longest text, every chunk's top k
     merged: numpy's stable ranking of MaxSim over the whole corpus, ties in corpus order, its own passage
@@ -102,7 +91,7 @@ def test_the_multivector_stage_equals_numpy_maxsim_across_chunks():
         return vectors[:, :width], mask[:, :width]
 
     data = table_set(9, 40)
-    scores_all = numpy_maxsim(*table["query"], *table["passage"])
+    scores_all = brute_maxsim(*table["query"], *table["passage"])
     for ignore in (False, True):
         stage = retrieval.multivector_first_stage(embed_tokens, data, 12, ignore_identical_ids=ignore, chunk_size=5)
         scores = scores_all.copy()
@@ -153,25 +142,12 @@ def passage_texts(data) -> list[str]:
     return [(p["title"] + " " + p["text"]).strip() for p in data["corpus"]]
 
 
-def saved_model(pretrained, root: pathlib.Path, settings: contrastive_kind.Settings, params: dict) -> str:
-    """A fine-tuning workdir's best/ holding params as a model of the contrastive settings (its records as a
-    run writes them, `pretrained`'s vocabulary), untrained: what bertjax.load reads."""
-    root.mkdir()
-    shutil.copyfile(pathlib.Path(pretrained["workdir"]) / "vocab.txt", root / "vocab.txt")
-    meta = CheckpointMeta(step=1, model=dataclasses.asdict(pretrained["cfg"]),
-                          tokenizer=TokenizerRecord("wordpiece", "vocab.txt", True),
-                          task=TaskRecord("contrastive", "contrastive", squad_settings=dataclasses.asdict(settings)),
-                          embedding=settings.embedding_record())
-    checkpoint.save_params(str(root), checkpoint.BEST_DIR, 1, params, meta)
-    return str(root)
-
-
 @pytest.fixture
 def splade_workdir(pretrained, tmp_path):
     """`pretrained`'s encoder and masked-LM head as a SPLADE model."""
-    return saved_model(pretrained, tmp_path / "splade", contrastive_kind.Settings(representation="splade",
-                                                                                max_seq_length=48),
-                       {k: pretrained["params"][k] for k in ("bert", "mlm_head")})
+    settings = contrastive_kind.Settings(representation="splade", max_seq_length=48)
+    return untrained_contrastive_workdir(pretrained, tmp_path / "splade", settings,
+                                         {k: pretrained["params"][k] for k in ("bert", "mlm_head")})
 
 
 def test_the_table_of_a_splade_model_equals_pytrec_eval_on_numpy_dot_products(splade_workdir, tmp_path):
@@ -252,8 +228,8 @@ def test_the_table_of_a_colbert_model_equals_pytrec_eval_on_numpy_maxsim(pretrai
                                          colbert_document_length=40)
     ids = np.zeros((1, 8), np.int32)
     params = multivector.ColbertEncoder(pretrained["cfg"], dim=16).init(jax.random.key(3), ids, ids, ids + 1)
-    workdir = saved_model(pretrained, tmp_path / "colbert", settings,
-                          heads.with_pretrained_encoder(nn.unbox(params["params"]), pretrained["params"]))
+    encoder = heads.with_pretrained_encoder(nn.unbox(params["params"]), pretrained["params"])
+    workdir = untrained_contrastive_workdir(pretrained, tmp_path / "colbert", settings, encoder)
     data = demo_retrieval_set()
     out = suite_evaluation.retrieval_suite(workdir, [str(write_beir(tmp_path / "demo", **data))],
                                            str(tmp_path / "eval"))
@@ -261,7 +237,7 @@ def test_the_table_of_a_colbert_model_equals_pytrec_eval_on_numpy_maxsim(pretrai
     queries = model.embed_tokens([q["text"] for q in data["queries"]], task="query")
     passages = model.embed_tokens(passage_texts(data), task="document")
     ours = out["scores"]["demo"]
-    assert_figures(ours, trec_figures(judged(data), full_run(data, numpy_maxsim(*queries, *passages))))
+    assert_figures(ours, trec_figures(judged(data), full_run(data, brute_maxsim(*queries, *passages))))
     assert ours["index_bytes"] == passages[1].sum() * 16 * 4 and out["similarity"] == "maxsim"
 
 

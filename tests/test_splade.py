@@ -19,6 +19,7 @@ import torch
 from sentence_transformers import SparseEncoder
 from sentence_transformers.sparse_encoder import losses as st_losses
 from sentence_transformers.sparse_encoder.callbacks.splade_callbacks import SpladeRegularizerWeightSchedulerCallback
+from conftest import untrained_contrastive_workdir  # tests/ is on sys.path under pytest
 from test_contrastive import (TINY, assert_trees_close, contrastive_run_config, demo_pairs, metric_lines,
                               pair_features)
 from transformers.trainer_callback import TrainerState
@@ -29,7 +30,7 @@ from bertjax.runs import exporting, finetuning
 from bertjax.tasks import contrastive_batches, contrastive_steps
 from bertjax.tasks.kinds import contrastive as contrastive_kind
 from bertjax.training import checkpoint
-from bertjax.training.checkpoint_meta import CheckpointMeta, TaskRecord, TokenizerRecord
+from bertjax.training.checkpoint_meta import CheckpointMeta, TokenizerRecord
 
 # --------------------------------------------------------------------------------------------------
 # The losses on sparse vectors against sentence-transformers' own
@@ -206,20 +207,6 @@ def dense(vectors) -> np.ndarray:
     return vectors.to_dense().numpy()
 
 
-def fake_splade_workdir(pretrained, root, settings: contrastive_kind.Settings):
-    """A fine-tuning workdir's best/ holding `pretrained`'s params as a SPLADE model of `settings` (its
-    records as a run writes them), without training: what bertjax.load and the export read."""
-    root.mkdir()
-    shutil.copyfile(pathlib.Path(pretrained["workdir"]) / "vocab.txt", root / "vocab.txt")
-    meta = CheckpointMeta(step=1, model=dataclasses.asdict(pretrained["cfg"]),
-                          tokenizer=TokenizerRecord("wordpiece", "vocab.txt", True),
-                          task=TaskRecord("contrastive", "contrastive", squad_settings=dataclasses.asdict(settings)),
-                          embedding=settings.embedding_record())
-    params = {k: pretrained["params"][k] for k in ("bert", "mlm_head")}
-    checkpoint.save_params(str(root), checkpoint.BEST_DIR, 1, params, meta)
-    return root
-
-
 def test_document_similarity_is_the_mean_cosine_of_every_two_documents():
     from bertjax.tasks.kinds import contrastive
 
@@ -237,9 +224,10 @@ def test_splade_vectors_and_their_export_as_sentence_transformers(pretrained, tm
     length), equals the exported SparseEncoder (a fill-mask Transformer and SpladePooling) within 1e-5."""
     settings = contrastive_kind.Settings(representation="splade", query_prompt="query: ", max_query_length=8,
                                          max_seq_length=48)
-    workdir = fake_splade_workdir(pretrained, tmp_path / "run", settings)
-    model = bertjax.load(str(workdir))
-    exported = SparseEncoder(exporting.export(str(workdir), str(tmp_path / "st"), "sentence-transformers"),
+    workdir = untrained_contrastive_workdir(pretrained, tmp_path / "run", settings,
+                                            {k: pretrained["params"][k] for k in ("bert", "mlm_head")})
+    model = bertjax.load(workdir)
+    exported = SparseEncoder(exporting.export(workdir, str(tmp_path / "st"), "sentence-transformers"),
                              device="cpu")
     texts = ["the history of the city", "a", "music " * 60, "rivers and the sea, mountains and the plains"]
     vectors = model.embed(texts)
