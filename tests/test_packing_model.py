@@ -12,6 +12,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from conftest import run_program  # tests/ is on sys.path under pytest
 
 from bertjax.data import packing, synthetic
 from bertjax.models import bert as bert_model
@@ -232,8 +233,6 @@ def test_padded_synthetic_rows_are_the_unpacked_rows_packing_is_timed_against():
 
 @pytest.mark.slow
 def test_the_benchmark_times_packed_rows_against_padded_ones():
-    from conftest import run_program
-
     # One device, as a user runs it, with the tests' quick compiles (conftest's environment).
     result = run_program("bertjax.benchmark", "--packing", "--sizes=tiny", "--seq_len=64", "--batch_size=4",
                          "--steps=1", "--warmup=1", timeout=600)

@@ -44,15 +44,15 @@ PLACEHOLDERS = {
     "runs/student3": "runs/tiny",
 }
 WORDS = {r"\bDIR\b": "runs/elsewhere"}
-# Real runs made short: the Quickstart's 600 steps take minutes; 4 steps make a workdir the rest reads.
+# Real runs made short, by the program or by a word of an argument: the Quickstart's 600 steps take minutes;
+# 4 steps make a workdir the rest reads. The reranker's commands, the costliest of the retrieval chain: its
+# pairs at half the README's length, each test query's first 5 passages rescored instead of 20.
 SHORTER = {
     "bertjax.train": ["--config.train.num_steps=4"],
     "bertjax.finetune": ["--config.train.epochs=0.1"],
+    "configs/finetune/rerank.py": ["--config.data.max_seq_length=128"],
+    "--rerank_with=": ["--rerank_top=5"],
 }
-# And the reranker's commands, the costliest of the retrieval chain: its pairs at half the README's length,
-# each test query's first 5 passages rescored instead of 20.
-SHORTER_WHERE = {"configs/finetune/rerank.py": ["--config.data.max_seq_length=128"],
-                 "--rerank_with=": ["--rerank_top=5"]}
 # Data made short: the retrieval demo's training and dev pairs, which the README's retrieval chain embeds,
 # mines, trains and evaluates on several times over, one command after another, cut to their first lines
 # once written.
@@ -287,8 +287,8 @@ def run_job(words: list[str]) -> dict:
     job = dict(mode="run", module=module)
     if ">" in args:
         job["stdout"], args = args[args.index(">") + 1], args[:args.index(">")]
-    job["args"] = args + SHORTER.get(module, []) + [
-        flag for word, extra in SHORTER_WHERE.items() if any(word in arg for arg in args) for flag in extra]
+    job["args"] = args + [flag for word, extra in SHORTER.items()
+                          if word == module or any(word in arg for arg in args) for flag in extra]
     return job
 
 
